@@ -1,0 +1,250 @@
+"""Start, find and stop a local multi-process ring on loopback.
+
+Every process is started here and stopped here by its own PID (checked against its
+command line first, so a recycled PID is never signalled). The cluster is recorded
+in a JSON file so `floe status` / `floe down` in another shell find it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+DEFAULT_STATE_FILE = "floe-cluster.json"
+
+
+@dataclass
+class NodeProcess:
+    node_id: str
+    address: str
+    pid: int
+    log: str
+
+    def alive(self) -> bool:
+        return _is_our_node(self.pid, self.node_id)
+
+
+@dataclass
+class LocalCluster:
+    nodes: list[NodeProcess]
+    replicas: int
+    state_file: str
+    reducer: str = "count"
+    extra_args: list[str] = field(default_factory=list)
+
+    # ----------------------------------------------------------- start/stop
+
+    @classmethod
+    def up(cls, nodes: int, replicas: int = 1, *, base_port: int | None = None,
+           workdir: str | Path = ".", reducer: str = "count", tokens_per_node: int = 8,
+           extra_args: list[str] | None = None, ready_timeout: float = 30.0,
+           host: str = "127.0.0.1") -> "LocalCluster":
+        if nodes < 1:
+            raise ValueError("a cluster needs at least one node")
+        if replicas < 0:
+            raise ValueError("replicas must be >= 0")
+        workdir = Path(workdir).resolve()
+        state_file = workdir / DEFAULT_STATE_FILE
+        if state_file.exists():
+            existing = cls.load(state_file)
+            if any(n.alive() for n in existing.nodes):
+                raise RuntimeError(f"a cluster recorded in {state_file} is still running; "
+                                   f"run `floe down` first")
+        ports = _free_ports(host, nodes, base_port)
+        ids = [f"n{i}" for i in range(nodes)]
+        peers = ",".join(f"{i}={host}:{p}" for i, p in zip(ids, ports))
+        log_dir = workdir / "floe-cluster" / "logs"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        procs = []
+        extra = list(extra_args or [])
+        for node_id, port in zip(ids, ports):
+            log_path = log_dir / f"{node_id}.log"
+            cmd = [sys.executable, "-m", "node", "--node-id", node_id,
+                   "--listen", f"{host}:{port}", "--peers", peers,
+                   "--replication", str(replicas), "--tokens-per-node", str(tokens_per_node),
+                   "--reducer", reducer, *extra]
+            with open(log_path, "ab") as log:
+                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, start_new_session=True,
+                                        env=_node_env())
+            procs.append(NodeProcess(node_id, f"{host}:{port}", proc.pid, str(log_path)))
+        cluster = cls(procs, replicas, str(state_file), reducer, extra)
+        cluster.save()
+        try:
+            cluster.wait_ready(ready_timeout)
+        except BaseException:
+            cluster.down()
+            raise
+        return cluster
+
+    def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for node in self.nodes:
+            while not _serving(node.address):
+                if not node.alive():
+                    raise RuntimeError(f"node {node.node_id} exited during start:\n"
+                                       + _tail(node.log))
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"node {node.node_id} not serving after {timeout}s:\n"
+                                       + _tail(node.log))
+                time.sleep(0.05)
+
+    def down(self, grace: float = 5.0) -> None:
+        """SIGTERM every node we started (graceful: final checkpoint), SIGKILL stragglers."""
+        for node in self.nodes:
+            if node.alive():
+                _signal(node.pid, signal.SIGCONT)  # a paused node cannot handle SIGTERM
+                _signal(node.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for node in self.nodes:
+            while node.alive() and time.monotonic() < deadline:
+                _reap(node.pid)
+                time.sleep(0.02)
+            if node.alive():
+                _signal(node.pid, signal.SIGKILL)
+                while node.alive():
+                    _reap(node.pid)
+                    time.sleep(0.01)
+            _reap(node.pid)
+        Path(self.state_file).unlink(missing_ok=True)
+
+    def kill(self, node_id: str, sig: int = signal.SIGKILL) -> None:
+        node = self.node(node_id)
+        if not node.alive():
+            raise RuntimeError(f"node {node_id} (pid {node.pid}) is not running")
+        _signal(node.pid, sig)
+        if sig == signal.SIGKILL:
+            while node.alive():
+                _reap(node.pid)
+                time.sleep(0.005)
+
+    # ------------------------------------------------------------ records
+
+    def node(self, node_id: str) -> NodeProcess:
+        for node in self.nodes:
+            if node.node_id == node_id:
+                return node
+        raise KeyError(f"no node {node_id} in this cluster")
+
+    @property
+    def seeds(self) -> list[str]:
+        return [n.address for n in self.nodes]
+
+    def save(self) -> None:
+        data = {"replicas": self.replicas, "reducer": self.reducer,
+                "extra_args": self.extra_args, "nodes": [asdict(n) for n in self.nodes]}
+        tmp = Path(self.state_file).with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=2))
+        tmp.replace(self.state_file)
+
+    @classmethod
+    def load(cls, state_file: str | Path = DEFAULT_STATE_FILE) -> "LocalCluster":
+        path = Path(state_file).resolve()
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise FileNotFoundError(f"no cluster recorded at {path}; start one with "
+                                    f"`floe up`") from None
+        return cls([NodeProcess(**n) for n in data["nodes"]], data["replicas"], str(path),
+                   data.get("reducer", "count"), data.get("extra_args", []))
+
+    def __enter__(self) -> "LocalCluster":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.down()
+
+
+# ------------------------------------------------------------------ helpers
+
+def _node_env() -> dict:
+    env = dict(os.environ)
+    # The node must import this checkout's packages even when not installed.
+    root = str(Path(__file__).resolve().parent.parent)
+    proto = str(Path(root) / "proto")
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (root, proto, env.get("PYTHONPATH", "")) if p)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def _free_ports(host: str, count: int, base: int | None) -> list[int]:
+    if base is not None:
+        ports = list(range(base, base + count))
+        for port in ports:
+            if not _port_free(host, port):
+                raise OSError(f"port {port} on {host} is in use; pick another --base-port")
+        return ports
+    ports: list[int] = []
+    socks = []
+    try:  # let the kernel pick, holding each until all are chosen
+        for _ in range(count):
+            s = socket.socket()
+            s.bind((host, 0))
+            socks.append(s)
+            ports.append(s.getsockname()[1])
+    finally:
+        for s in socks:
+            s.close()
+    return ports
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _serving(address: str) -> bool:
+    try:
+        with grpc.insecure_channel(address) as channel:
+            reply = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=0.5)
+            return reply.status == health_pb2.HealthCheckResponse.SERVING
+    except grpc.RpcError:
+        return False
+
+
+def _is_our_node(pid: int, node_id: str) -> bool:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    if stat.rsplit(")", 1)[1].split()[0] == "Z":
+        return False  # a zombie has exited
+    return b"node" in cmdline and b"--node-id" in cmdline and node_id.encode() in cmdline
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def _tail(path: str, lines: int = 20) -> str:
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"

@@ -1,0 +1,322 @@
+"""RingClient: the mapper library, usable from plain synchronous code.
+
+Spark executors and scripts are not asyncio programs, so the client runs its own
+event loop on a daemon thread. emit() only routes and buffers on the caller's
+thread; full batches are handed to the loop, which streams them to each token's
+primary and replicas. Create the client inside the process that uses it: gRPC
+channels must not cross fork().
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import os
+import socket
+import threading
+import time
+import uuid
+from typing import Iterable, Iterator
+
+import grpc
+import msgpack
+
+from floering.v1 import floe_pb2
+from node.core.batch import KEY_TYPES, encode_payload, encode_seqs
+from node.core.codec import pack, unpack, unpack_entries
+from node.core.errors import FloeError, InvalidArgument, InvalidKey, StaleRing, Unavailable
+from node.core.ring import Ring
+from mapper.delivery import Delivery, PendingBatch
+from mapper.routing import Router
+from node.transport.status import error_from_rpc
+
+_PLAIN_VALUES = frozenset((int, float, str, bytes, bool, type(None)))
+
+
+class _Buffer:
+    __slots__ = ("keys", "values", "seqs", "since")
+
+    def __init__(self, now: float) -> None:
+        self.keys: list = []
+        self.values: list = []
+        self.seqs: list[int] = []
+        self.since = now
+
+
+class RingClient:
+    """Push (key, value) tuples into a floe ring and query its state.
+
+    `flush()` returns when every tuple emitted so far is acknowledged by its primary
+    and all its replicas. Not thread-safe: use one client per thread.
+    """
+
+    def __init__(self, seeds: str | Iterable[str], *, source: str | None = None,
+                 batch_size: int = 1000, linger: float = 0.05, window: int = 64,
+                 max_pending_batches: int = 512, timeout: float = 60.0,
+                 rpc_timeout: float = 5.0, expect_reducer: str | None = None,
+                 first_seq: int = 1) -> None:
+        seeds = [s.strip() for s in (seeds.split(",") if isinstance(seeds, str) else seeds)
+                 if s.strip()]
+        if not seeds:
+            raise ValueError("RingClient needs at least one seed address host:port")
+        if batch_size < 1 or max_pending_batches < 1:
+            raise ValueError("batch_size and max_pending_batches must be >= 1")
+        self.source = source or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        self.batch_size = batch_size
+        self.linger = linger
+        self.max_pending_batches = max_pending_batches
+        self.timeout = timeout
+        self.rpc_timeout = rpc_timeout
+        self._next_seq = first_seq
+        self._batch_ids = itertools.count(1)
+        self._buffers: dict[int, _Buffer] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="floe-mapper",
+                                        daemon=True)
+        self._thread.start()
+        self._delivery = Delivery(seeds, window, rpc_timeout, expect_reducer)
+        try:
+            ring = self._call(self._delivery.fetch_ring())
+        except BaseException:
+            self._stop_loop()
+            raise
+        self._router = Router(ring)
+        self._delivery.on_ring_change = self._router.update
+        self._linger_task = self._call(self._start_linger())
+
+    # ------------------------------------------------------------- plumbing
+
+    def _call(self, coro, timeout: float | None = None):
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return future.result(timeout if timeout is not None else self.timeout)
+        except TimeoutError:
+            future.cancel()
+            raise Unavailable("the ring did not answer in time") from None
+
+    async def _start_linger(self):
+        return asyncio.create_task(self._linger_loop())
+
+    async def _linger_loop(self) -> None:
+        # Seal buffers older than `linger` so a slow stream still gets delivered.
+        while True:
+            await asyncio.sleep(self.linger / 2)
+            now = time.monotonic()
+            with self._lock:
+                stale = [t for t, b in self._buffers.items() if now - b.since >= self.linger]
+                sealed = [self._seal_locked(t) for t in stale]
+            for batch in sealed:
+                self._delivery.submit(batch)
+
+    @property
+    def ring(self) -> Ring:
+        return self._delivery.ring
+
+    @property
+    def reducer(self) -> str:
+        return self._delivery.reducer
+
+    # --------------------------------------------------------------- emit
+
+    def emit(self, key, value=1) -> None:
+        """Queue one tuple. Blocks while too many batches are unacknowledged."""
+        if type(key) not in KEY_TYPES:
+            raise InvalidKey(f"key must be str, bytes or int, not {type(key).__name__}")
+        if type(value) not in _PLAIN_VALUES:
+            _check_value(value)
+        token = self._router.token(key)
+        with self._lock:
+            buf = self._buffers.get(token)
+            if buf is None:
+                buf = self._buffers[token] = _Buffer(time.monotonic())
+            buf.keys.append(key)
+            buf.values.append(value)
+            buf.seqs.append(self._next_seq)
+            self._next_seq += 1
+            batch = self._seal_locked(token) if len(buf.keys) >= self.batch_size else None
+        if batch is not None:
+            self._hand_over(batch)
+
+    def emit_many(self, keys: Iterable, value=1) -> None:
+        """emit(key, value) for every key, several times faster than a loop of emit()."""
+        if type(value) not in _PLAIN_VALUES:
+            _check_value(value)
+        route = self._router.token
+        size = self.batch_size
+        full = []
+        with self._lock:
+            buffers = self._buffers
+            seq = self._next_seq
+            try:
+                for key in keys:
+                    if type(key) not in KEY_TYPES:
+                        raise InvalidKey(f"key must be str, bytes or int, not {type(key).__name__}")
+                    token = route(key)
+                    buf = buffers.get(token)
+                    if buf is None:
+                        buf = buffers[token] = _Buffer(time.monotonic())
+                    buf.keys.append(key)
+                    buf.values.append(value)
+                    buf.seqs.append(seq)
+                    seq += 1
+                    if len(buf.keys) >= size:
+                        self._next_seq = seq
+                        full.append(self._seal_locked(token))
+            finally:
+                self._next_seq = seq
+        for batch in full:
+            self._hand_over(batch)
+
+    def _seal_locked(self, token: int) -> PendingBatch:
+        buf = self._buffers.pop(token)
+        seqs = buf.seqs
+        return PendingBatch(next(self._batch_ids), token, self.source, seqs[0], seqs[-1],
+                            len(seqs), encode_payload(buf.keys, buf.values), encode_seqs(seqs))
+
+    def _hand_over(self, batch: PendingBatch) -> None:
+        d = self._delivery
+        if d.fatal is not None:
+            raise d.fatal
+        with d.changed:
+            deadline = time.monotonic() + self.timeout
+            while len(d.undelivered) >= self.max_pending_batches and d.fatal is None:
+                if not d.changed.wait(max(0.0, deadline - time.monotonic())):
+                    raise Unavailable(f"{len(d.undelivered)} batches unacknowledged for "
+                                      f"{self.timeout}s; the ring is not accepting tuples")
+        self._loop.call_soon_threadsafe(d.submit, batch)
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Send every buffered tuple and wait until all are on their r+1 nodes."""
+        with self._lock:
+            sealed = [self._seal_locked(t) for t in list(self._buffers)]
+        for batch in sealed:
+            self._hand_over(batch)
+        # Barrier: the loop runs callbacks in order, so once this no-op has run every
+        # batch handed over above is in `undelivered`.
+        self._call(_noop())
+        d = self._delivery
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        with d.changed:
+            while True:
+                if d.fatal is not None:
+                    raise d.fatal
+                if not d.undelivered:
+                    return
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise Unavailable(f"flush timed out with {len(d.undelivered)} batches "
+                                      f"unacknowledged")
+                d.changed.wait(min(remaining, 0.05))
+
+    def close(self) -> None:
+        """Flush, then release the connections and the loop thread."""
+        if self._closed:
+            return
+        try:
+            self.flush()
+        finally:
+            self._closed = True
+            self._stop_loop()
+
+    def _stop_loop(self) -> None:
+        async def shutdown():
+            task = getattr(self, "_linger_task", None)
+            if task:
+                task.cancel()
+            await self._delivery.close()
+        try:
+            asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(5)
+        except Exception:
+            pass
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+        if not self._thread.is_alive():
+            self._loop.close()
+
+    def __enter__(self) -> "RingClient":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self._closed = True
+            self._stop_loop()
+
+    # --------------------------------------------------------------- queries
+
+    def _query(self, make_call):
+        """Run make_call(ring) on the loop; on a stale ring refresh and retry."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                return self._call(make_call(self._delivery.ring))
+            except grpc.RpcError as exc:
+                err = error_from_rpc(exc)
+            if not err.refresh_ring or time.monotonic() > deadline:
+                raise err
+            time.sleep(0.05)
+            self._call(self._delivery.fetch_ring())
+
+    def get(self, key):
+        """The reducer state of `key`, or None if the ring has never seen it."""
+        if type(key) not in KEY_TYPES:
+            raise InvalidKey(f"key must be str, bytes or int, not {type(key).__name__}")
+
+        async def call(ring: Ring):
+            stub = self._delivery.query_stub(ring.address(ring.owner(key)))
+            return await stub.Get(floe_pb2.GetRequest(key=pack(key), ring_version=ring.version),
+                                  timeout=self.rpc_timeout)
+
+        reply = self._query(call)
+        return unpack(reply.state) if reply.found else None
+
+    def top(self, k: int = 10) -> list[tuple[object, object]]:
+        """The k keys with the highest rank (the count, for word count), best first."""
+        async def call(ring: Ring):
+            return await asyncio.gather(*(
+                self._delivery.query_stub(address).Top(floe_pb2.TopRequest(k=k),
+                                                       timeout=self.rpc_timeout)
+                for _, address in ring.addresses))
+
+        entries = [e for reply in self._query(call) for e in unpack(reply.entries)]
+        return [(key, state) for key, state, _ in heapq.nlargest(k, entries, key=lambda e: e[2])]
+
+    def scan(self) -> Iterator[tuple[object, object]]:
+        """Every (key, state) in the ring, node by node."""
+        for node, address in self._delivery.ring.addresses:
+            async def call(ring: Ring, address=address):
+                stub = self._delivery.query_stub(address)
+                return [chunk.entries async for chunk in stub.Scan(
+                    floe_pb2.ScanRequest(), timeout=max(self.rpc_timeout, 30.0))]
+            for entries in self._query(call):
+                yield from unpack_entries(entries).items()
+
+    def stats(self) -> list[dict]:
+        """NodeStats of every node (an unreachable node gives {'node_id', 'error'})."""
+        async def call(ring: Ring):
+            async def one(node, address):
+                try:
+                    s = await self._delivery.query_stub(address).Stats(
+                        floe_pb2.StatsRequest(), timeout=self.rpc_timeout)
+                except grpc.RpcError as exc:
+                    return {"node_id": node, "address": address, "error": exc.code().name}
+                from google.protobuf.json_format import MessageToDict
+                return MessageToDict(s, preserving_proto_field_name=True,
+                                     always_print_fields_with_no_presence=True)
+            return await asyncio.gather(*(one(n, a) for n, a in ring.addresses))
+        return self._query(call)
+
+
+async def _noop():
+    return None
+
+
+def _check_value(value) -> None:
+    try:
+        msgpack.packb(value)
+    except Exception as exc:
+        raise InvalidArgument(f"value {value!r} is not msgpack-serialisable: {exc}") from None

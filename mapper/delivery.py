@@ -1,0 +1,272 @@
+"""The mapper's asyncio side: one Push stream per destination node, acks, resends.
+
+A batch is delivered when every destination of its token (primary + replicas) has
+acknowledged it. A stream that fails is reopened and its unacknowledged batches are
+resent in order; a stale-ring refusal or a dead node makes the client fetch the ring
+and re-route every undelivered batch to its token's current destinations. Resends
+carry the same (source, seq)s, so the nodes' dedup drops what they already applied.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+
+import grpc
+
+from floering.v1 import floe_pb2, floe_pb2_grpc
+from node.core.errors import FloeError, Unavailable
+from node.core.ring import Ring
+from node.transport.status import error_from_rpc
+
+log = logging.getLogger("floe.mapper")
+
+STREAM_IDLE = 5.0  # seconds an idle Push stream stays open
+
+
+@dataclass(eq=False)
+class PendingBatch:
+    id: int
+    token: int
+    source: str
+    first_seq: int
+    last_seq: int
+    count: int
+    payload: bytes
+    seqs: bytes
+    waiting_for: set[str] = field(default_factory=set)  # destinations yet to ack
+
+    def message(self, ring_version: int) -> floe_pb2.Batch:
+        return floe_pb2.Batch(ring_version=ring_version, token=self.token, source=self.source,
+                              first_seq=self.first_seq, last_seq=self.last_seq,
+                              count=self.count, payload=self.payload, seqs=self.seqs,
+                              id=self.id)
+
+
+class NodeSender:
+    """Keeps one Push stream to one node, in order, with a bounded window."""
+
+    def __init__(self, delivery: "Delivery", node: str, address: str) -> None:
+        self.delivery = delivery
+        self.node = node
+        self.address = address
+        self.queue: deque[PendingBatch] = deque()
+        self.inflight: deque[PendingBatch] = deque()
+        self.wakeup = asyncio.Event()
+        self.task = asyncio.create_task(self._run(), name=f"send-{node}")
+
+    def enqueue(self, batch: PendingBatch) -> None:
+        self.queue.append(batch)
+        self.wakeup.set()
+
+    def take_all(self) -> list[PendingBatch]:
+        batches = list(self.inflight) + list(self.queue)
+        self.inflight.clear()
+        self.queue.clear()
+        return batches
+
+    async def _run(self) -> None:
+        backoff = 0.02
+        while True:
+            await self.wakeup.wait()
+            self.wakeup.clear()
+            if not self.queue:
+                continue
+            try:
+                await self._stream()
+                backoff = 0.02
+            except asyncio.CancelledError:
+                raise
+            except FloeError as exc:
+                # Unacknowledged batches go back to the front, in their order.
+                self.queue.extendleft(reversed(self.inflight))
+                self.inflight.clear()
+                self.delivery.stream_failed(self, exc)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 0.5)
+                self.wakeup.set()
+
+    async def _stream(self) -> None:
+        d = self.delivery
+        call = d.data_stub(self.address).Push()
+        reader = asyncio.create_task(self._read_acks(call))
+        try:
+            while True:
+                while self.queue and len(self.inflight) < d.window:
+                    batch = self.queue.popleft()
+                    self.inflight.append(batch)
+                    await call.write(batch.message(d.ring.version))
+                self.wakeup.clear()
+                waiter = asyncio.create_task(self.wakeup.wait())
+                idle = not self.queue and not self.inflight
+                done, _ = await asyncio.wait({reader, waiter}, timeout=STREAM_IDLE if idle else None,
+                                             return_when=asyncio.FIRST_COMPLETED)
+                waiter.cancel()
+                if reader in done:
+                    reader.result()
+                    raise Unavailable(f"{self.node} ended the stream")
+                if not done:
+                    break  # idle for a while: close the stream, reopen on demand
+            await call.done_writing()
+            await reader
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc) from None
+        finally:
+            reader.cancel()
+            call.cancel()
+
+    async def _read_acks(self, call) -> None:
+        try:
+            while True:
+                ack = await call.read()
+                if ack is grpc.aio.EOF:
+                    if self.inflight:
+                        raise Unavailable(f"{self.node} closed the stream with batches unacked")
+                    return
+                batch = self.inflight.popleft()
+                if batch.id != ack.id:
+                    raise Unavailable(f"{self.node} acked batch {ack.id}, expected {batch.id}")
+                self.delivery.acked(batch, self.node)
+                self.wakeup.set()
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc) from None
+
+
+class Delivery:
+    """Everything the mapper does on its event loop thread."""
+
+    def __init__(self, seeds: list[str], window: int, rpc_timeout: float,
+                 expect_reducer: str | None) -> None:
+        self.seeds = seeds
+        self.window = window
+        self.rpc_timeout = rpc_timeout
+        self.expect_reducer = expect_reducer
+        self.ring: Ring | None = None
+        self.reducer = ""
+        self.channels: dict[str, grpc.aio.Channel] = {}
+        self.senders: dict[str, NodeSender] = {}
+        self.undelivered: dict[int, PendingBatch] = {}
+        self.fatal: FloeError | None = None
+        self.changed = threading.Condition()   # the user thread waits on it in flush()
+        self._refreshing: asyncio.Task | None = None
+        self.on_ring_change = None             # set by the client (router update)
+
+    # ------------------------------------------------------------- channels
+
+    def channel(self, address: str) -> grpc.aio.Channel:
+        channel = self.channels.get(address)
+        if channel is None:
+            channel = self.channels[address] = grpc.aio.insecure_channel(
+                address, options=[("grpc.max_receive_message_length", 64 << 20),
+                                  ("grpc.max_send_message_length", 64 << 20)])
+        return channel
+
+    def data_stub(self, address: str) -> floe_pb2_grpc.DataPlaneStub:
+        return floe_pb2_grpc.DataPlaneStub(self.channel(address))
+
+    def query_stub(self, address: str) -> floe_pb2_grpc.QueryPlaneStub:
+        return floe_pb2_grpc.QueryPlaneStub(self.channel(address))
+
+    # ------------------------------------------------------------------ ring
+
+    async def fetch_ring(self) -> Ring:
+        """Ask every known address; adopt the highest ring version any of them has."""
+        addresses = list(dict.fromkeys(
+            self.seeds + ([a for _, a in self.ring.addresses] if self.ring else [])))
+        request = floe_pb2.GetRingRequest(expect_reducer=self.expect_reducer or "")
+
+        async def ask(address):
+            stub = floe_pb2_grpc.ControlPlaneStub(self.channel(address))
+            return await stub.GetRing(request, timeout=self.rpc_timeout)
+
+        replies = await asyncio.gather(*(ask(a) for a in addresses), return_exceptions=True)
+        views = [r for r in replies if isinstance(r, floe_pb2.RingView)]
+        errors = [error_from_rpc(r) if isinstance(r, grpc.RpcError) else r
+                  for r in replies if not isinstance(r, floe_pb2.RingView)]
+        for err in errors:
+            if not getattr(err, "retriable", True):
+                raise err  # e.g. ReducerMismatch: retrying cannot help
+        if not views:
+            raise Unavailable(f"no ring node reachable at {', '.join(addresses)}: "
+                              f"{errors[0] if errors else 'no reply'}")
+        best = max(views, key=lambda v: v.version)
+        ring = Ring.from_wire(best.ring)
+        if self.ring is None or ring.version > self.ring.version:
+            self.adopt(ring)
+        self.reducer = best.reducer
+        return self.ring
+
+    def adopt(self, ring: Ring) -> None:
+        old = self.ring
+        self.ring = ring
+        if self.on_ring_change:
+            self.on_ring_change(ring)
+        if old is None:
+            return
+        # Re-route every undelivered batch, in creation order, to its token's
+        # destinations in the new ring; every one of them must ack anew.
+        for sender in self.senders.values():
+            sender.task.cancel()
+            sender.take_all()
+        self.senders.clear()
+        for batch in sorted(self.undelivered.values(), key=lambda b: b.id):
+            self._route(batch)
+
+    def stream_failed(self, sender: NodeSender, exc: FloeError) -> None:
+        log.debug("stream to %s failed: %s", sender.node, exc)
+        if not exc.retriable and not exc.refresh_ring:
+            self._fail(exc, sender)
+            return
+        if exc.refresh_ring and (self._refreshing is None or self._refreshing.done()):
+            self._refreshing = asyncio.create_task(self._refresh())
+
+    async def _refresh(self) -> None:
+        try:
+            await self.fetch_ring()
+        except FloeError as exc:
+            if not exc.retriable:
+                self._fail(exc, None)
+            log.debug("ring refresh failed: %s", exc)
+
+    def _fail(self, exc: FloeError, sender: NodeSender | None) -> None:
+        """A batch the ring refuses for good (bad input): drop it, report it."""
+        with self.changed:
+            self.fatal = self.fatal or exc
+            if sender is not None and sender.queue:
+                bad = sender.queue.popleft()
+                self.undelivered.pop(bad.id, None)
+            self.changed.notify_all()
+
+    # ------------------------------------------------------------- batches
+
+    def submit(self, batch: PendingBatch) -> None:
+        self.undelivered[batch.id] = batch
+        self._route(batch)
+
+    def _route(self, batch: PendingBatch) -> None:
+        ring = self.ring
+        destinations = ring.destinations(batch.token)
+        batch.waiting_for = set(destinations)
+        for node in destinations:
+            sender = self.senders.get(node)
+            if sender is None:
+                sender = self.senders[node] = NodeSender(self, node, ring.address(node))
+            sender.enqueue(batch)
+
+    def acked(self, batch: PendingBatch, node: str) -> None:
+        batch.waiting_for.discard(node)
+        if not batch.waiting_for and self.undelivered.pop(batch.id, None) is not None:
+            with self.changed:
+                self.changed.notify_all()
+
+    async def close(self) -> None:
+        for sender in self.senders.values():
+            sender.task.cancel()
+        await asyncio.gather(*(s.task for s in self.senders.values()), return_exceptions=True)
+        if self._refreshing:
+            self._refreshing.cancel()
+        for channel in self.channels.values():
+            await channel.close()

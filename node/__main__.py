@@ -1,0 +1,31 @@
+"""python -m node --node-id n0 --listen 127.0.0.1:7000 --peers n0=127.0.0.1:7000,..."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+
+from node.app import serve
+from node.config import load_config
+from node.core.errors import UnknownReducer
+
+
+def main(argv=None) -> int:
+    try:
+        config = load_config(argv)
+    except (ValueError, OSError) as exc:
+        print(f"floe node: bad configuration: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=config.log_level.upper(),
+                        format=f"%(asctime)s {config.node_id} %(levelname)s %(name)s: %(message)s")
+    try:
+        asyncio.run(serve(config))
+    except UnknownReducer as exc:
+        print(f"floe node: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,141 @@
+"""The node's one frozen config object.
+
+Precedence, lowest first: defaults below < TOML file (--config) < FLOE_* environment
+variables < command-line flags. Nothing else in the node reads the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    node_id: str
+    listen: str                                  # host:port this node serves on
+    peers: tuple[tuple[str, str], ...]           # (node_id, host:port) of every initial member, self included
+    replication: int = 1                         # r: each range lives on r+1 nodes
+    tokens_per_node: int = 8                     # more tokens spread a dead node's load over more heirs
+    reducer: str = "count"                       # alias or package.module:Class
+    reducer_args: tuple[tuple[str, str], ...] = ()
+    checkpoint_interval: float = 0.2             # seconds; short keeps backups and replay small
+    queue_batches: int = 256                     # inbound queue bound; full queue slows senders
+    max_batch_bytes: int = 4 << 20               # larger batches are refused RESOURCE_EXHAUSTED
+    max_message_bytes: int = 64 << 20            # gRPC message limit (scan chunks, full checkpoints)
+    rpc_timeout: float = 2.0                     # deadline on every outbound call, seconds
+    shutdown_grace: float = 2.0                  # seconds in-flight RPCs get on SIGTERM
+    verify_keys: bool = False                    # hash every key of a batch to check its range
+    log_level: str = "INFO"
+
+    def __post_init__(self) -> None:
+        if not self.node_id:
+            raise ValueError("node_id is required")
+        _check_address(self.listen)
+        ids = [node for node, _ in self.peers]
+        if self.node_id not in ids:
+            raise ValueError(f"peers must include this node ({self.node_id}); got {ids}")
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"duplicate node ids in peers: {ids}")
+        for _, address in self.peers:
+            _check_address(address)
+        if self.replication < 0:
+            raise ValueError("replication must be >= 0")
+        if self.tokens_per_node < 1:
+            raise ValueError("tokens_per_node must be >= 1")
+        for name in ("checkpoint_interval", "rpc_timeout"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0")
+        if self.queue_batches < 1 or self.max_batch_bytes < 1:
+            raise ValueError("queue_batches and max_batch_bytes must be >= 1")
+
+
+def _check_address(address: str) -> None:
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ValueError(f"address must be host:port, got {address!r}")
+
+
+def parse_peers(text: str) -> tuple[tuple[str, str], ...]:
+    """'n0=127.0.0.1:7000,n1=127.0.0.1:7001' -> (('n0', '127.0.0.1:7000'), ...)"""
+    pairs = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        node, sep, address = item.partition("=")
+        if not sep:
+            raise ValueError(f"peer must be id=host:port, got {item!r}")
+        pairs.append((node.strip(), address.strip()))
+    return tuple(pairs)
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(NodeConfig)}
+
+
+def _coerce(name: str, value):
+    if name == "peers":
+        return parse_peers(value) if isinstance(value, str) else tuple(
+            (k, v) for k, v in (value.items() if isinstance(value, Mapping) else value))
+    if name == "reducer_args":
+        if isinstance(value, str):
+            value = [value]
+        if isinstance(value, Mapping):
+            return tuple((str(k), str(v)) for k, v in value.items())
+        return tuple(tuple(item.split("=", 1)) if isinstance(item, str) else tuple(item)
+                     for item in value)
+    kind = _FIELDS[name].type
+    if kind == "bool" and isinstance(value, str):
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    if kind in ("int", "float") and isinstance(value, str):
+        return int(value) if kind == "int" else float(value)
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m node", description="Run one floe-ring reducer node.")
+    p.add_argument("--config", help="TOML file with any of the settings below")
+    p.add_argument("--node-id")
+    p.add_argument("--listen", help="host:port to serve on")
+    p.add_argument("--peers", help="every initial member as id=host:port,... (self included)")
+    p.add_argument("--replication", type=int, help="r: replicas per range (default 1)")
+    p.add_argument("--tokens-per-node", type=int)
+    p.add_argument("--reducer", help="count, sum, min, max, topk, window or package.module:Class")
+    p.add_argument("--reducer-arg", action="append", dest="reducer_args",
+                   help="name=value passed to the reducer's constructor (repeatable)")
+    p.add_argument("--checkpoint-interval", type=float)
+    p.add_argument("--queue-batches", type=int)
+    p.add_argument("--max-batch-bytes", type=int)
+    p.add_argument("--rpc-timeout", type=float)
+    p.add_argument("--shutdown-grace", type=float)
+    p.add_argument("--verify-keys", action="store_true", default=None)
+    p.add_argument("--log-level")
+    return p
+
+
+def load_config(argv: Sequence[str] | None = None,
+                environ: Mapping[str, str] | None = None) -> NodeConfig:
+    args = build_parser().parse_args(argv)
+    environ = os.environ if environ is None else environ
+    values: dict = {}
+    config_path = args.config or environ.get("FLOE_CONFIG")
+    if config_path:
+        with open(config_path, "rb") as fh:
+            table = tomllib.load(fh)
+        table = table.get("node", table)
+        unknown = set(table) - set(_FIELDS)
+        if unknown:
+            raise ValueError(f"unknown settings in {config_path}: {sorted(unknown)}")
+        values.update({k: _coerce(k, v) for k, v in table.items()})
+    for name in _FIELDS:
+        env = environ.get("FLOE_" + name.upper())
+        if env is not None:
+            values[name] = _coerce(name, env)
+    for name, value in vars(args).items():
+        if name != "config" and value is not None:
+            values[name] = _coerce(name, value)
+    missing = [n for n in ("node_id", "listen", "peers") if n not in values]
+    if missing:
+        raise ValueError("missing required settings: " + ", ".join(missing))
+    return NodeConfig(**values)

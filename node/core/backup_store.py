@@ -1,0 +1,94 @@
+"""What a replica keeps of other primaries' tuples until their checkpoint covers them.
+
+A replica stores each batch as received (payload bytes, not decoded: backing up costs
+almost nothing), per token range and source, in seq order. A checkpoint carries the
+primary's per-source watermarks; every batch whose last seq is at or below its
+source's watermark is evicted, exactly, with no clock-skew allowance.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Iterator
+
+
+@dataclass(frozen=True, slots=True)
+class BackupEntry:
+    first_seq: int
+    last_seq: int
+    count: int
+    payload: bytes
+    seqs: bytes
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.payload) + len(self.seqs)
+
+
+class BackupStore:
+    def __init__(self) -> None:
+        self._entries: dict[int, dict[str, deque[BackupEntry]]] = {}
+        self.tuples = 0
+        self.bytes = 0
+
+    def add(self, token: int, source: str, entry: BackupEntry) -> None:
+        per_source = self._entries.setdefault(token, {})
+        queue = per_source.get(source)
+        if queue is None:
+            queue = per_source[source] = deque()
+        elif queue and entry.last_seq <= queue[-1].last_seq:
+            return  # a resend of something already held: keep one copy
+        queue.append(entry)
+        self.tuples += entry.count
+        self.bytes += entry.nbytes
+
+    def evict(self, token: int, watermarks: dict[str, int]) -> int:
+        """Drop every batch the watermarks cover; return the number of tuples dropped."""
+        per_source = self._entries.get(token)
+        if not per_source:
+            return 0
+        dropped = 0
+        for source, queue in list(per_source.items()):
+            mark = watermarks.get(source, 0)
+            while queue and queue[0].last_seq <= mark:
+                entry = queue.popleft()
+                dropped += entry.count
+                self.bytes -= entry.nbytes
+            if not queue:
+                del per_source[source]
+        self.tuples -= dropped
+        return dropped
+
+    def entries(self, token: int) -> Iterator[tuple[str, BackupEntry]]:
+        """The token's batches, per source in seq order."""
+        for source, queue in self._entries.get(token, {}).items():
+            for entry in queue:
+                yield source, entry
+
+    def drop_token(self, token: int) -> None:
+        for queue in self._entries.pop(token, {}).values():
+            for entry in queue:
+                self.tuples -= entry.count
+                self.bytes -= entry.nbytes
+
+    def tokens(self) -> list[int]:
+        return list(self._entries)
+
+    def tuples_of(self, token: int) -> int:
+        return sum(e.count for _, e in self.entries(token))
+
+    def check_invariants(self) -> None:
+        tuples = nbytes = 0
+        for token, per_source in self._entries.items():
+            for source, queue in per_source.items():
+                if not queue:
+                    raise AssertionError(f"empty queue kept for {token}/{source}")
+                for a, b in zip(queue, list(queue)[1:]):
+                    if a.last_seq >= b.first_seq:
+                        raise AssertionError(f"backup of {token}/{source} out of seq order")
+                tuples += sum(e.count for e in queue)
+                nbytes += sum(e.nbytes for e in queue)
+        if (tuples, nbytes) != (self.tuples, self.bytes):
+            raise AssertionError(f"backup totals {self.tuples}/{self.bytes} but entries hold "
+                                 f"{tuples}/{nbytes}")

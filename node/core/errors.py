@@ -1,0 +1,65 @@
+"""The project's errors, each with the flags a client's retry loop branches on.
+
+`node/transport/status.py` is the one table that maps these to gRPC status codes.
+"""
+
+from __future__ import annotations
+
+
+class FloeError(Exception):
+    """Base class. `retriable`: the same call may succeed later unchanged.
+    `refresh_ring`: the caller's ring view is stale; fetch the ring, then retry."""
+
+    retriable = False
+    refresh_ring = False
+
+
+class InvalidArgument(FloeError):
+    """Malformed input: bad msgpack, wrong field types, bad key or value."""
+
+
+class InvalidKey(InvalidArgument):
+    """A key that is not str, bytes or int, or a str that is not valid UTF-8."""
+
+
+class TooLarge(FloeError):
+    """A batch or message over the configured size limit."""
+
+
+class Overloaded(FloeError):
+    """The node is shedding load; slow down and retry."""
+
+    retriable = True
+
+
+class StaleRing(FloeError):
+    """The sender's ring version differs from the receiver's, or the receiver is
+    not a destination of the batch's range in its ring."""
+
+    retriable = True
+    refresh_ring = True
+
+
+class Fenced(FloeError):
+    """The node was removed from the ring; it must rejoin empty."""
+
+    refresh_ring = True
+
+
+class ReducerMismatch(FloeError):
+    """The caller expects a different reducer than the ring runs."""
+
+
+class UnknownReducer(FloeError):
+    """A reducer import path that cannot be loaded."""
+
+
+class RangeLost(FloeError):
+    """Every copy of a range is gone; queries for it cannot be answered exactly."""
+
+
+class Unavailable(FloeError):
+    """A node could not be reached."""
+
+    retriable = True
+    refresh_ring = True

@@ -1,0 +1,222 @@
+"""The reducer node's protocol core: no I/O, no clock, no randomness.
+
+It decides what a batch does (apply as primary, back up as replica, refuse), cuts
+checkpoints and merges the ones it receives, and answers queries. The asyncio shell
+(`node.runtime`) feeds it events and carries out what it returns.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from typing import Iterator
+
+from node.core.backup_store import BackupEntry
+from node.core.batch import Limits, check_header
+from node.core.errors import InvalidArgument, RangeLost, StaleRing
+from node.core.ranges import Checkpoint, PrimaryRange, ReplicaSide
+from node.core.reducers import Reducer
+from node.core.ring import Ring
+
+
+@dataclass(frozen=True)
+class Shipment:
+    """Send `checkpoint` to `replica`; `base_seq` is what the replica should hold."""
+
+    replica: str
+    checkpoint: Checkpoint
+    base_seq: int
+
+
+@dataclass(frozen=True)
+class PushResult:
+    applied: int
+    duplicates: int
+
+
+class NodeCore:
+    def __init__(self, node_id: str, ring: Ring, reducer: Reducer,
+                 limits: Limits = Limits(), verify_keys: bool = False) -> None:
+        self.node_id = node_id
+        self.reducer = reducer
+        self.limits = limits
+        self.verify_keys = verify_keys
+        self.ring = ring
+        self.primaries: dict[int, PrimaryRange] = {}
+        self.replicas = ReplicaSide(reducer)
+        self.lost_tokens: set[int] = set()
+        self.counters = dict(applied=0, duplicates=0, refused=0, backed_up=0,
+                             checkpoints_shipped=0, checkpoints_received=0)
+        self._own_tokens(ring)
+
+    def _own_tokens(self, ring: Ring) -> None:
+        for token in ring.tokens_of(self.node_id):
+            if token not in self.primaries:
+                self.primaries[token] = PrimaryRange(token, self.reducer)
+
+    # ------------------------------------------------------------- data path
+
+    def receive_batch(self, ring_version: int, token: int, source: str, first_seq: int,
+                      last_seq: int, count: int, payload: bytes, seqs: bytes) -> PushResult:
+        try:
+            return self._receive_batch(ring_version, token, source, first_seq, last_seq,
+                                       count, payload, seqs)
+        except Exception:
+            self.counters["refused"] += 1
+            raise
+
+    def _receive_batch(self, ring_version, token, source, first_seq, last_seq, count,
+                       payload, seqs) -> PushResult:
+        ring = self.ring
+        if ring_version != ring.version:
+            raise StaleRing(f"batch was routed with ring version {ring_version}, "
+                            f"node {self.node_id} is at version {ring.version}")
+        if not source:
+            raise InvalidArgument("batch has no source id")
+        check_header(count, first_seq, last_seq, seqs, payload, self.limits)
+        role = ring.role_of(self.node_id, token) if ring.has_token(token) else None
+        if role == "primary":
+            verify = self._verify_all if self.verify_keys else self._verify_first
+            applied, dups = self.primaries[token].apply(
+                source, first_seq, last_seq, count, payload, seqs,
+                verify=lambda keys: verify(token, keys))
+            self.counters["applied"] += applied
+            self.counters["duplicates"] += dups
+            return PushResult(applied, dups)
+        if role == "replica":
+            stored, dups = self.replicas.store(
+                token, ring.owner_of_token(token), source,
+                BackupEntry(first_seq, last_seq, count, payload, seqs))
+            self.counters["backed_up"] += stored
+            return PushResult(stored, dups)
+        raise StaleRing(f"node {self.node_id} is not a destination of token {token} "
+                        f"in ring version {ring.version}")
+
+    def _verify_first(self, token: int, keys) -> None:
+        # One hash per batch catches a mis-routed batch; hashing every key would cost
+        # about as much as applying it (--verify-keys does it anyway).
+        self._verify_all(token, keys[:1])
+
+    def _verify_all(self, token: int, keys) -> None:
+        token_for_key = self.ring.token_for_key
+        for key in keys:
+            if token_for_key(key) != token:
+                raise InvalidArgument(f"key {key!r} does not belong to token {token}")
+
+    # ----------------------------------------------------------- checkpoints
+
+    def plan_checkpoints(self) -> list[Shipment]:
+        """Cut a checkpoint of every primary range that changed (or has a replica that
+        needs a full copy) and say what to ship where. Processing goes on meanwhile
+        into fresh active layers; call `checkpoint_done(token)` after shipping."""
+        shipments = []
+        for token, rng in self.primaries.items():
+            if rng.state.inactive is not None:
+                continue  # the previous checkpoint of this range is still in flight
+            replicas = self.ring.replicas_of_token(token)
+            behind = [r for r in replicas if rng.replica_seq.get(r) != rng.checkpoint_seq]
+            if not rng.has_changes() and not behind:
+                continue
+            delta = rng.cut_checkpoint()
+            full = None
+            for replica in replicas:
+                base = rng.replica_seq.get(replica)
+                if base == delta.seq - 1:
+                    shipments.append(Shipment(replica, delta, base))
+                else:
+                    full = full or rng.full_checkpoint(delta)
+                    shipments.append(Shipment(replica, full, 0))
+            if not replicas:
+                rng.checkpoint_shipped()
+        return shipments
+
+    def checkpoint_acked(self, token: int, replica: str, seq: int, need_full: bool) -> None:
+        rng = self.primaries.get(token)
+        if rng is None:
+            return
+        if need_full:
+            rng.replica_seq.pop(replica, None)
+        else:
+            rng.replica_seq[replica] = seq
+            self.counters["checkpoints_shipped"] += 1
+
+    def checkpoint_failed(self, token: int, replica: str) -> None:
+        rng = self.primaries.get(token)
+        if rng is not None:
+            rng.replica_seq.pop(replica, None)
+
+    def checkpoint_done(self, token: int) -> None:
+        rng = self.primaries.get(token)
+        if rng is not None and rng.state.inactive is not None:
+            rng.checkpoint_shipped()
+
+    def receive_checkpoint(self, sender: str, ring_version: int, token: int, seq: int,
+                           base_seq: int, full: bool, states: dict,
+                           watermarks: dict[str, int]) -> tuple[bool, int]:
+        ring = self.ring
+        if ring_version != ring.version:
+            raise StaleRing(f"checkpoint from ring version {ring_version}, node "
+                            f"{self.node_id} is at version {ring.version}")
+        if not ring.has_token(token) or ring.owner_of_token(token) != sender \
+                or ring.role_of(self.node_id, token) != "replica":
+            raise StaleRing(f"{self.node_id} does not back up token {token} of {sender}")
+        self.counters["checkpoints_received"] += 1
+        return self.replicas.apply_checkpoint(token, sender, seq, base_seq, full, states,
+                                              watermarks)
+
+    # --------------------------------------------------------------- queries
+
+    def get(self, key) -> tuple[bool, object]:
+        token = self.ring.token_for_key(key)
+        if token in self.lost_tokens:
+            raise RangeLost(f"every copy of the range of token {token} is lost")
+        rng = self.primaries.get(token)
+        if rng is None:
+            raise StaleRing(f"node {self.node_id} does not own key {key!r} in ring "
+                            f"version {self.ring.version}")
+        state = rng.state.get(key, _ABSENT)
+        return (False, None) if state is _ABSENT else (True, state)
+
+    def top(self, k: int) -> list[tuple[object, object, object]]:
+        sort_key = self.reducer.sort_key
+        best = heapq.nlargest(k, self.items(), key=lambda item: sort_key(item[1]))
+        return [(key, state, sort_key(state)) for key, state in best]
+
+    def items(self) -> Iterator[tuple[object, object]]:
+        for rng in self.primaries.values():
+            yield from rng.state.items()
+
+    def snapshot_items(self) -> list[tuple[object, object]]:
+        """A consistent copy, safe to stream while batches keep being applied."""
+        return [item for rng in self.primaries.values() for item in rng.state.snapshot().items()]
+
+    def inspect_range(self, token: int) -> tuple[str, dict]:
+        if token in self.primaries:
+            return "primary", self.primaries[token].state.snapshot()
+        if token in self.replicas.ranges or token in self.replicas.backups.tokens():
+            return "replica", self.replicas.rebuild(token)[0]
+        return "", {}
+
+    def stats(self) -> dict:
+        return dict(
+            self.counters,
+            keys=sum(len(r.state) for r in self.primaries.values()),
+            backup_tuples=self.replicas.backups.tuples,
+            backup_bytes=self.replicas.backups.bytes,
+            ring_version=self.ring.version,
+            ring_share=self.ring.share_of(self.node_id),
+            lost_ranges=len(self.lost_tokens),
+        )
+
+    def check_invariants(self) -> None:
+        self.ring.check_invariants()
+        owned = set(self.ring.tokens_of(self.node_id))
+        if set(self.primaries) != owned:
+            raise AssertionError(f"{self.node_id} applies {sorted(self.primaries)} but owns "
+                                 f"{sorted(owned)}")
+        for rng in self.primaries.values():
+            rng.check_invariants()
+        self.replicas.backups.check_invariants()
+
+
+_ABSENT = object()

@@ -1,0 +1,152 @@
+"""Per token range state: as its primary and as one of its replicas.
+
+A primary range applies batches (deduplicated by watermark) to layered state and
+cuts incremental checkpoints. A replica range keeps the primary's last checkpoint,
+the watermarks it covers and the backed-up batches past them; from these it can
+rebuild exactly what the primary has, which is what a takeover does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from node.core.backup_store import BackupEntry, BackupStore
+from node.core.batch import decode_payload, decode_seqs
+from node.core.dedup import first_new_index
+from node.core.reducers import Reducer
+from node.core.state_store import LayeredState, ReplicaState
+
+
+@dataclass
+class Checkpoint:
+    """One checkpoint of a primary range, ready to ship."""
+
+    token: int
+    seq: int
+    states: dict          # keys changed since the previous checkpoint (all keys if full)
+    watermarks: dict[str, int]
+    full: bool = False
+
+
+class PrimaryRange:
+    def __init__(self, token: int, reducer: Reducer) -> None:
+        self.token = token
+        self.state = LayeredState(reducer)
+        self.watermarks: dict[str, int] = {}
+        self.checkpoint_seq = 0
+        self._watermarks_at_checkpoint: dict[str, int] = {}
+        # replica node id -> last checkpoint seq it acknowledged (absent: needs a full one)
+        self.replica_seq: dict[str, int] = {}
+
+    def apply(self, source: str, first_seq: int, last_seq: int, count: int,
+              payload: bytes, seqs: bytes, verify=None) -> tuple[int, int]:
+        """Apply a batch; return (applied, duplicates). Raises before changing anything
+        when the batch is malformed. `verify(keys)` may refuse keys outside the range."""
+        mark = self.watermarks.get(source, 0)
+        start = first_new_index(mark, first_seq, last_seq, count,
+                                lambda: decode_seqs(first_seq, last_seq, count, seqs))
+        if start == count:
+            return 0, count
+        keys, values = decode_payload(payload, count)
+        if verify is not None:
+            verify(keys)
+        if start:
+            keys, values = keys[start:], values[start:]
+        self.state.apply(keys, values)
+        self.watermarks[source] = last_seq
+        return count - start, start
+
+    def has_changes(self) -> bool:
+        return bool(self.state.active) or self.watermarks != self._watermarks_at_checkpoint
+
+    def cut_checkpoint(self) -> Checkpoint:
+        """Swap active into inactive (processing goes on into a fresh active) and
+        return the delta. The caller ships it, then calls `checkpoint_shipped`."""
+        fragment = self.state.swap()
+        self.checkpoint_seq += 1
+        self._watermarks_at_checkpoint = dict(self.watermarks)
+        return Checkpoint(self.token, self.checkpoint_seq, fragment,
+                          self._watermarks_at_checkpoint)
+
+    def full_checkpoint(self, delta: Checkpoint) -> Checkpoint:
+        """The whole range as of `delta` (master + inactive), for a replica out of sync."""
+        states = dict(self.state.master)
+        states.update(delta.states)
+        return Checkpoint(self.token, delta.seq, states, delta.watermarks, full=True)
+
+    def checkpoint_shipped(self) -> None:
+        self.state.merge_inactive()
+
+    def check_invariants(self) -> None:
+        self.state.check_invariants()
+        for source, mark in self._watermarks_at_checkpoint.items():
+            if self.watermarks.get(source, 0) < mark:
+                raise AssertionError(f"watermark of {source} went backwards")
+
+
+@dataclass
+class ReplicaRange:
+    token: int
+    primary: str
+    copy: ReplicaState
+    watermarks: dict[str, int] = field(default_factory=dict)
+    checkpoint_seq: int = 0
+
+
+class ReplicaSide:
+    """All ranges this node backs up, with their checkpoints and backup tuples."""
+
+    def __init__(self, reducer: Reducer) -> None:
+        self.reducer = reducer
+        self.ranges: dict[int, ReplicaRange] = {}
+        self.backups = BackupStore()
+
+    def _range(self, token: int, primary: str) -> ReplicaRange:
+        rng = self.ranges.get(token)
+        if rng is None or rng.primary != primary:
+            # A new primary numbers its checkpoints afresh: wait for a full one. The
+            # backups stay: the new primary inherits the watermarks that evict them.
+            rng = self.ranges[token] = ReplicaRange(
+                token, primary, ReplicaState(), dict(rng.watermarks) if rng else {})
+        return rng
+
+    def store(self, token: int, primary: str, source: str, entry: BackupEntry) -> tuple[int, int]:
+        rng = self._range(token, primary)
+        if entry.last_seq <= rng.watermarks.get(source, 0):
+            return 0, entry.count  # already covered by a checkpoint
+        self.backups.add(token, source, entry)
+        return entry.count, 0
+
+    def apply_checkpoint(self, token: int, primary: str, seq: int, base_seq: int, full: bool,
+                         states: dict, watermarks: dict[str, int]) -> tuple[bool, int]:
+        """Merge a checkpoint; return (need_full, latest seq held)."""
+        rng = self._range(token, primary)
+        if full:
+            rng.copy.replace(states)
+        elif base_seq != rng.checkpoint_seq:
+            return True, rng.checkpoint_seq
+        else:
+            rng.copy.apply_fragment(states)
+        rng.checkpoint_seq = seq
+        rng.watermarks = dict(watermarks)
+        self.backups.evict(token, rng.watermarks)
+        return False, seq
+
+    def rebuild(self, token: int) -> tuple[dict, dict[str, int]]:
+        """The range's state as the primary has it: checkpoint + backups past it."""
+        rng = self.ranges.get(token)
+        state = LayeredState(self.reducer)
+        watermarks: dict[str, int] = {}
+        if rng is not None:
+            state.replace(dict(rng.copy.master))
+            watermarks = dict(rng.watermarks)
+        replay = PrimaryRange(token, self.reducer)
+        replay.state, replay.watermarks = state, watermarks
+        for source, entry in self.backups.entries(token):
+            replay.apply(source, entry.first_seq, entry.last_seq, entry.count,
+                         entry.payload, entry.seqs)
+        return replay.state.snapshot(), replay.watermarks
+
+    def drop(self, token: int) -> None:
+        self.ranges.pop(token, None)
+        self.backups.drop_token(token)

@@ -1,0 +1,45 @@
+"""Outbound calls from one node to another, each with a deadline."""
+
+from __future__ import annotations
+
+import grpc
+
+from floering.v1 import floe_pb2, floe_pb2_grpc
+from node.core.codec import pack, pack_entries
+from node.transport.status import error_from_rpc
+
+
+def channel_options(max_message_bytes: int) -> list[tuple[str, int]]:
+    return [("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.max_receive_message_length", max_message_bytes)]
+
+
+class PeerPool:
+    def __init__(self, timeout: float, max_message_bytes: int) -> None:
+        self.timeout = timeout
+        self._options = channel_options(max_message_bytes)
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    def _control(self, address: str) -> floe_pb2_grpc.ControlPlaneStub:
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = self._channels[address] = grpc.aio.insecure_channel(
+                address, options=self._options)
+        return floe_pb2_grpc.ControlPlaneStub(channel)
+
+    async def ship_checkpoint(self, address: str, *, sender: str, ring_version: int,
+                              checkpoint, base_seq: int) -> tuple[bool, int]:
+        request = floe_pb2.CheckpointFragment(
+            sender=sender, ring_version=ring_version, token=checkpoint.token,
+            checkpoint_seq=checkpoint.seq, base_seq=base_seq, full=checkpoint.full,
+            states=pack_entries(checkpoint.states), watermarks=pack(checkpoint.watermarks))
+        try:
+            reply = await self._control(address).ShipCheckpoint(request, timeout=self.timeout)
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc) from None
+        return reply.need_full, reply.checkpoint_seq
+
+    async def close(self) -> None:
+        for channel in self._channels.values():
+            await channel.close()
+        self._channels.clear()

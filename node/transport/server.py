@@ -1,0 +1,146 @@
+"""gRPC servicers: thin adapters from protobuf messages to the runtime and core."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+
+from floering.v1 import floe_pb2, floe_pb2_grpc
+from node.core.codec import pack, pack_entries, unpack, unpack_entries
+from node.core.errors import FloeError, InvalidArgument, ReducerMismatch
+from node.runtime.node import NodeRuntime, StreamState
+from node.transport.peers import channel_options
+from node.transport.status import abort
+
+log = logging.getLogger("floe.transport")
+
+SCAN_CHUNK = 5000
+
+
+class DataPlane(floe_pb2_grpc.DataPlaneServicer):
+    def __init__(self, runtime: NodeRuntime) -> None:
+        self.runtime = runtime
+
+    async def Push(self, request_iterator, context):
+        runtime = self.runtime
+        stream = StreamState()
+        pending: asyncio.Queue = asyncio.Queue()
+
+        async def read():
+            try:
+                async for batch in request_iterator:
+                    await pending.put((batch.id, await runtime.submit(batch, stream)))
+            finally:
+                await pending.put(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while True:
+                item = await pending.get()
+                if item is None:
+                    break
+                batch_id, done = item
+                try:
+                    result = await done
+                except FloeError as exc:
+                    await abort(context, exc)
+                yield floe_pb2.PushAck(id=batch_id, applied=result.applied,
+                                       duplicates=result.duplicates,
+                                       ring_version=runtime.core.ring.version)
+            await reader  # surfaces a failed read (the client went away)
+        finally:
+            reader.cancel()
+
+
+class ControlPlane(floe_pb2_grpc.ControlPlaneServicer):
+    def __init__(self, runtime: NodeRuntime) -> None:
+        self.runtime = runtime
+
+    def _view(self) -> floe_pb2.RingView:
+        ring = self.runtime.core.ring
+        return floe_pb2.RingView(version=ring.version, ring=ring.to_wire(),
+                                 reducer=self.runtime.reducer.name,
+                                 sender=self.runtime.config.node_id)
+
+    async def GetRing(self, request, context):
+        if request.expect_reducer and request.expect_reducer != self.runtime.reducer.name:
+            await abort(context, ReducerMismatch(
+                f"the ring runs reducer {self.runtime.reducer.name!r}, "
+                f"the caller expects {request.expect_reducer!r}"))
+        return self._view()
+
+    async def ExchangeRing(self, request, context):
+        return self._view()
+
+    async def Heartbeat(self, request, context):
+        return floe_pb2.HeartbeatReply(sender=self.runtime.config.node_id,
+                                       ring_version=self.runtime.core.ring.version)
+
+    async def ShipCheckpoint(self, request, context):
+        core = self.runtime.core
+        try:
+            watermarks = unpack(request.watermarks) if request.watermarks else {}
+            if not isinstance(watermarks, dict):
+                raise InvalidArgument("watermarks must be a msgpack map")
+            need_full, seq = core.receive_checkpoint(
+                request.sender, request.ring_version, request.token, request.checkpoint_seq,
+                request.base_seq, request.full, unpack_entries(request.states), watermarks)
+        except FloeError as exc:
+            await abort(context, exc)
+        return floe_pb2.CheckpointAck(need_full=need_full, checkpoint_seq=seq,
+                                      ring_version=core.ring.version)
+
+    async def Handoff(self, request, context):
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED,
+                            "handoff is not supported by this node version")
+
+
+class QueryPlane(floe_pb2_grpc.QueryPlaneServicer):
+    def __init__(self, runtime: NodeRuntime) -> None:
+        self.runtime = runtime
+
+    async def Get(self, request, context):
+        core = self.runtime.core
+        try:
+            key = unpack(request.key)
+            found, state = core.get(key)
+        except FloeError as exc:
+            await abort(context, exc)
+        return floe_pb2.GetReply(found=found, state=pack(state) if found else b"",
+                                 ring_version=core.ring.version)
+
+    async def Top(self, request, context):
+        return floe_pb2.TopReply(entries=pack(self.runtime.core.top(request.k or 10)))
+
+    async def Scan(self, request, context):
+        items = self.runtime.core.snapshot_items()
+        chunk = request.chunk or SCAN_CHUNK
+        for start in range(0, len(items), chunk):
+            yield floe_pb2.ScanChunk(entries=pack_entries(items[start:start + chunk]))
+
+    async def Stats(self, request, context):
+        return floe_pb2.NodeStats(**self.runtime.stats())
+
+    async def InspectRange(self, request, context):
+        role, states = self.runtime.core.inspect_range(request.token)
+        return floe_pb2.RangeState(role=role, entries=pack_entries(states))
+
+
+async def start_server(runtime: NodeRuntime) -> tuple[grpc.aio.Server, health_aio.HealthServicer, int]:
+    """Serve on runtime.config.listen; returns (server, health, bound port)."""
+    server = grpc.aio.server(options=channel_options(runtime.config.max_message_bytes))
+    floe_pb2_grpc.add_DataPlaneServicer_to_server(DataPlane(runtime), server)
+    floe_pb2_grpc.add_ControlPlaneServicer_to_server(ControlPlane(runtime), server)
+    floe_pb2_grpc.add_QueryPlaneServicer_to_server(QueryPlane(runtime), server)
+    health = health_aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    port = server.add_insecure_port(runtime.config.listen)
+    if port == 0:
+        raise OSError(f"cannot bind {runtime.config.listen}")
+    await server.start()
+    await health.set("", health_pb2.HealthCheckResponse.SERVING)
+    return server, health, port

@@ -1,0 +1,59 @@
+"""The one table between the project's errors and gRPC status codes."""
+
+from __future__ import annotations
+
+import grpc
+
+from node.core import errors
+
+# Most specific first: the first matching class decides.
+_TO_CODE: tuple[tuple[type[errors.FloeError], grpc.StatusCode], ...] = (
+    (errors.InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),
+    (errors.TooLarge, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (errors.Overloaded, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (errors.Fenced, grpc.StatusCode.FAILED_PRECONDITION),
+    (errors.StaleRing, grpc.StatusCode.FAILED_PRECONDITION),
+    (errors.ReducerMismatch, grpc.StatusCode.FAILED_PRECONDITION),
+    (errors.UnknownReducer, grpc.StatusCode.FAILED_PRECONDITION),
+    (errors.RangeLost, grpc.StatusCode.DATA_LOSS),
+    (errors.Unavailable, grpc.StatusCode.UNAVAILABLE),
+)
+
+# The error class is carried in the status details' first word so the client can
+# rebuild the exact type (several classes share FAILED_PRECONDITION).
+_BY_NAME = {cls.__name__: cls for cls, _ in _TO_CODE}
+
+
+def code_for(exc: errors.FloeError) -> grpc.StatusCode:
+    for cls, code in _TO_CODE:
+        if isinstance(exc, cls):
+            return code
+    return grpc.StatusCode.INTERNAL
+
+
+def details_for(exc: errors.FloeError) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+async def abort(context, exc: errors.FloeError):
+    await context.abort(code_for(exc), details_for(exc))
+
+
+def error_from_rpc(exc: grpc.RpcError) -> errors.FloeError:
+    """Turn a failed call into the project's error (Unavailable for transport trouble)."""
+    code = exc.code()
+    details = exc.details() or ""
+    name, sep, message = details.partition(": ")
+    cls = _BY_NAME.get(name) if sep else None
+    if cls is not None:
+        return cls(message)
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+                grpc.StatusCode.CANCELLED):
+        return errors.Unavailable(f"{code.name}: {details}")
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return errors.TooLarge(details)
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        return errors.InvalidArgument(details)
+    if code == grpc.StatusCode.FAILED_PRECONDITION:
+        return errors.StaleRing(details)
+    return errors.FloeError(f"{code.name}: {details}")

@@ -1,0 +1,225 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable
+from typing import ClassVar as _ClassVar, Optional as _Optional
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Batch(_message.Message):
+    __slots__ = ("ring_version", "token", "source", "first_seq", "last_seq", "count", "payload", "seqs", "id")
+    RING_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    FIRST_SEQ_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEQ_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    SEQS_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    ring_version: int
+    token: int
+    source: str
+    first_seq: int
+    last_seq: int
+    count: int
+    payload: bytes
+    seqs: bytes
+    id: int
+    def __init__(self, ring_version: _Optional[int] = ..., token: _Optional[int] = ..., source: _Optional[str] = ..., first_seq: _Optional[int] = ..., last_seq: _Optional[int] = ..., count: _Optional[int] = ..., payload: _Optional[bytes] = ..., seqs: _Optional[bytes] = ..., id: _Optional[int] = ...) -> None: ...
+
+class PushAck(_message.Message):
+    __slots__ = ("id", "applied", "duplicates", "ring_version")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATES_FIELD_NUMBER: _ClassVar[int]
+    RING_VERSION_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    applied: int
+    duplicates: int
+    ring_version: int
+    def __init__(self, id: _Optional[int] = ..., applied: _Optional[int] = ..., duplicates: _Optional[int] = ..., ring_version: _Optional[int] = ...) -> None: ...
+
+class RingView(_message.Message):
+    __slots__ = ("version", "ring", "reducer", "sender")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    RING_FIELD_NUMBER: _ClassVar[int]
+    REDUCER_FIELD_NUMBER: _ClassVar[int]
+    SENDER_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    ring: bytes
+    reducer: str
+    sender: str
+    def __init__(self, version: _Optional[int] = ..., ring: _Optional[bytes] = ..., reducer: _Optional[str] = ..., sender: _Optional[str] = ...) -> None: ...
+
+class GetRingRequest(_message.Message):
+    __slots__ = ("expect_reducer",)
+    EXPECT_REDUCER_FIELD_NUMBER: _ClassVar[int]
+    expect_reducer: str
+    def __init__(self, expect_reducer: _Optional[str] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("sender", "ring_version", "sent_at")
+    SENDER_FIELD_NUMBER: _ClassVar[int]
+    RING_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SENT_AT_FIELD_NUMBER: _ClassVar[int]
+    sender: str
+    ring_version: int
+    sent_at: float
+    def __init__(self, sender: _Optional[str] = ..., ring_version: _Optional[int] = ..., sent_at: _Optional[float] = ...) -> None: ...
+
+class HeartbeatReply(_message.Message):
+    __slots__ = ("sender", "ring_version")
+    SENDER_FIELD_NUMBER: _ClassVar[int]
+    RING_VERSION_FIELD_NUMBER: _ClassVar[int]
+    sender: str
+    ring_version: int
+    def __init__(self, sender: _Optional[str] = ..., ring_version: _Optional[int] = ...) -> None: ...
+
+class CheckpointFragment(_message.Message):
+    __slots__ = ("sender", "ring_version", "token", "checkpoint_seq", "base_seq", "full", "states", "watermarks")
+    SENDER_FIELD_NUMBER: _ClassVar[int]
+    RING_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_SEQ_FIELD_NUMBER: _ClassVar[int]
+    BASE_SEQ_FIELD_NUMBER: _ClassVar[int]
+    FULL_FIELD_NUMBER: _ClassVar[int]
+    STATES_FIELD_NUMBER: _ClassVar[int]
+    WATERMARKS_FIELD_NUMBER: _ClassVar[int]
+    sender: str
+    ring_version: int
+    token: int
+    checkpoint_seq: int
+    base_seq: int
+    full: bool
+    states: bytes
+    watermarks: bytes
+    def __init__(self, sender: _Optional[str] = ..., ring_version: _Optional[int] = ..., token: _Optional[int] = ..., checkpoint_seq: _Optional[int] = ..., base_seq: _Optional[int] = ..., full: _Optional[bool] = ..., states: _Optional[bytes] = ..., watermarks: _Optional[bytes] = ...) -> None: ...
+
+class CheckpointAck(_message.Message):
+    __slots__ = ("need_full", "checkpoint_seq", "ring_version")
+    NEED_FULL_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_SEQ_FIELD_NUMBER: _ClassVar[int]
+    RING_VERSION_FIELD_NUMBER: _ClassVar[int]
+    need_full: bool
+    checkpoint_seq: int
+    ring_version: int
+    def __init__(self, need_full: _Optional[bool] = ..., checkpoint_seq: _Optional[int] = ..., ring_version: _Optional[int] = ...) -> None: ...
+
+class HandoffRequest(_message.Message):
+    __slots__ = ("sender", "ring_version", "tokens", "target")
+    SENDER_FIELD_NUMBER: _ClassVar[int]
+    RING_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    sender: str
+    ring_version: int
+    tokens: _containers.RepeatedScalarFieldContainer[int]
+    target: str
+    def __init__(self, sender: _Optional[str] = ..., ring_version: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., target: _Optional[str] = ...) -> None: ...
+
+class HandoffReply(_message.Message):
+    __slots__ = ("accepted", "ring_version", "detail")
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    RING_VERSION_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    accepted: bool
+    ring_version: int
+    detail: str
+    def __init__(self, accepted: _Optional[bool] = ..., ring_version: _Optional[int] = ..., detail: _Optional[str] = ...) -> None: ...
+
+class GetRequest(_message.Message):
+    __slots__ = ("key", "ring_version")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    RING_VERSION_FIELD_NUMBER: _ClassVar[int]
+    key: bytes
+    ring_version: int
+    def __init__(self, key: _Optional[bytes] = ..., ring_version: _Optional[int] = ...) -> None: ...
+
+class GetReply(_message.Message):
+    __slots__ = ("found", "state", "ring_version")
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    RING_VERSION_FIELD_NUMBER: _ClassVar[int]
+    found: bool
+    state: bytes
+    ring_version: int
+    def __init__(self, found: _Optional[bool] = ..., state: _Optional[bytes] = ..., ring_version: _Optional[int] = ...) -> None: ...
+
+class TopRequest(_message.Message):
+    __slots__ = ("k",)
+    K_FIELD_NUMBER: _ClassVar[int]
+    k: int
+    def __init__(self, k: _Optional[int] = ...) -> None: ...
+
+class TopReply(_message.Message):
+    __slots__ = ("entries",)
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    entries: bytes
+    def __init__(self, entries: _Optional[bytes] = ...) -> None: ...
+
+class ScanRequest(_message.Message):
+    __slots__ = ("chunk",)
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    chunk: int
+    def __init__(self, chunk: _Optional[int] = ...) -> None: ...
+
+class ScanChunk(_message.Message):
+    __slots__ = ("entries",)
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    entries: bytes
+    def __init__(self, entries: _Optional[bytes] = ...) -> None: ...
+
+class StatsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class NodeStats(_message.Message):
+    __slots__ = ("node_id", "address", "ring_version", "keys", "applied", "duplicates", "queue_length", "backup_tuples", "backup_bytes", "ring_share", "checkpoints_shipped", "lost_ranges", "reducer", "pid", "uptime", "refused")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    RING_VERSION_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATES_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    BACKUP_TUPLES_FIELD_NUMBER: _ClassVar[int]
+    BACKUP_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RING_SHARE_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINTS_SHIPPED_FIELD_NUMBER: _ClassVar[int]
+    LOST_RANGES_FIELD_NUMBER: _ClassVar[int]
+    REDUCER_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    UPTIME_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    address: str
+    ring_version: int
+    keys: int
+    applied: int
+    duplicates: int
+    queue_length: int
+    backup_tuples: int
+    backup_bytes: int
+    ring_share: float
+    checkpoints_shipped: int
+    lost_ranges: int
+    reducer: str
+    pid: int
+    uptime: float
+    refused: int
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., ring_version: _Optional[int] = ..., keys: _Optional[int] = ..., applied: _Optional[int] = ..., duplicates: _Optional[int] = ..., queue_length: _Optional[int] = ..., backup_tuples: _Optional[int] = ..., backup_bytes: _Optional[int] = ..., ring_share: _Optional[float] = ..., checkpoints_shipped: _Optional[int] = ..., lost_ranges: _Optional[int] = ..., reducer: _Optional[str] = ..., pid: _Optional[int] = ..., uptime: _Optional[float] = ..., refused: _Optional[int] = ...) -> None: ...
+
+class RangeRequest(_message.Message):
+    __slots__ = ("token",)
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    token: int
+    def __init__(self, token: _Optional[int] = ...) -> None: ...
+
+class RangeState(_message.Message):
+    __slots__ = ("role", "entries")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    role: str
+    entries: bytes
+    def __init__(self, role: _Optional[str] = ..., entries: _Optional[bytes] = ...) -> None: ...

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Create .venv (Python >= 3.11) and install floe-ring with its test tools. Idempotent.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON="${PYTHON:-python3}"
+if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+  echo "floe-ring needs Python >= 3.11 (found $("$PYTHON" --version 2>&1))" >&2
+  exit 1
+fi
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON" -m venv .venv
+fi
+stamp=.venv/.installed-$(cat pyproject.toml | cksum | cut -d' ' -f1)
+if [ ! -f "$stamp" ]; then
+  .venv/bin/python -m pip install --quiet --upgrade pip
+  .venv/bin/python -m pip install --quiet -e '.[dev]'
+  rm -f .venv/.installed-*
+  touch "$stamp"
+fi
