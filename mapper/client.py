@@ -304,9 +304,7 @@ class RingClient:
                         floe_pb2.StatsRequest(), timeout=self.rpc_timeout)
                 except grpc.RpcError as exc:
                     return {"node_id": node, "address": address, "error": exc.code().name}
-                from google.protobuf.json_format import MessageToDict
-                return MessageToDict(s, preserving_proto_field_name=True,
-                                     always_print_fields_with_no_presence=True)
+                return {f.name: getattr(s, f.name) for f in s.DESCRIPTOR.fields}
             return await asyncio.gather(*(one(n, a) for n, a in ring.addresses))
         return self._query(call)
 

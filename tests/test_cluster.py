@@ -1,0 +1,113 @@
+"""Real node processes on loopback ports, fed through the real client."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import grpc
+import pytest
+
+from chaos.cluster import LocalCluster
+from chaos.corpus import kjv_lines
+from floering.v1 import floe_pb2, floe_pb2_grpc
+from mapper import RingClient, split_words
+from node.core.codec import unpack_entries
+
+pytestmark = pytest.mark.multiprocess
+
+ROOT = Path(__file__).resolve().parent.parent
+WORDS = [w for line in kjv_lines(6000) for w in split_words(line)]
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    with LocalCluster.up(4, 1, workdir=tmp_path) as cluster:
+        yield cluster
+    assert not any(node.alive() for node in cluster.nodes)
+
+
+def wait_for(condition, timeout=10.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def test_corpus_counts_are_exact_and_resends_are_not_counted(cluster):
+    with RingClient(cluster.seeds, source="corpus", batch_size=500) as client:
+        client.emit_many(WORDS)
+        client.flush()
+        assert dict(client.scan()) == Counter(WORDS)
+    # A second incarnation resending the same (source, seq)s, e.g. a retried task.
+    with RingClient(cluster.seeds, source="corpus", batch_size=300) as again:
+        again.emit_many(WORDS[:20_000])
+        again.flush()
+        assert dict(again.scan()) == Counter(WORDS)
+        assert again.get("god") == Counter(WORDS)["god"]
+        top = again.top(5)
+    assert [w for w, _ in top] == [w for w, _ in Counter(WORDS).most_common(5)]
+
+
+def inspect(address, token):
+    with grpc.insecure_channel(address) as channel:
+        reply = floe_pb2_grpc.QueryPlaneStub(channel).InspectRange(
+            floe_pb2.RangeRequest(token=token), timeout=10)
+    return reply.role, unpack_entries(reply.entries)
+
+
+def test_every_replica_holds_a_complete_copy_after_a_checkpoint(cluster):
+    with RingClient(cluster.seeds) as client:
+        client.emit_many(WORDS)
+        client.flush()
+        ring = client.ring
+        # a checkpoint covers everything once no backed-up tuple is left to evict
+        wait_for(lambda: all(s["backup_tuples"] == 0 for s in client.stats()),
+                 what="checkpoints to evict every backup")
+    for token in ring.tokens:
+        role, primary = inspect(ring.address(ring.owner_of_token(token)), token)
+        assert role == "primary"
+        for replica in ring.replicas_of_token(token):
+            assert inspect(ring.address(replica), token) == ("replica", primary)
+
+
+def floe(*args, cwd):
+    result = subprocess.run([sys.executable, "-m", "chaos.cli", *args], cwd=cwd,
+                            capture_output=True, text=True, timeout=120,
+                            env=dict(os.environ, PYTHONPATH=f"{ROOT}:{ROOT / 'proto'}"))
+    return result
+
+
+def test_cli_up_feed_query_status_down(tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(kjv_lines(2000)))
+    expect = Counter(w for line in kjv_lines(2000) for w in split_words(line))
+    up = floe("up", "--nodes", "3", "--replicas", "1", cwd=tmp_path)
+    assert up.returncode == 0, up.stderr
+    pids = [n["pid"] for n in json.loads((tmp_path / "floe-cluster.json").read_text())["nodes"]]
+    try:
+        again = floe("up", "--nodes", "3", cwd=tmp_path)
+        assert again.returncode == 1 and "still running" in again.stderr
+        feed = floe("feed", str(corpus), cwd=tmp_path)
+        assert feed.returncode == 0, feed.stderr
+        assert f"fed {sum(expect.values())} words" in feed.stdout
+        get = floe("get", "lord", cwd=tmp_path)
+        assert get.stdout.strip() == str(expect["lord"])
+        top = floe("top", "3", cwd=tmp_path)
+        assert [line.split("\t")[1] for line in top.stdout.splitlines()] == \
+            [w for w, _ in expect.most_common(3)]
+        status = json.loads(floe("status", "--json", cwd=tmp_path).stdout)
+        assert sorted(n["pid"] for n in status["nodes"]) == sorted(int(p) for p in pids)
+        assert sum(int(n["keys"]) for n in status["nodes"]) == len(expect)
+        table = floe("status", cwd=tmp_path).stdout
+        assert table.splitlines()[0].split()[:3] == ["node", "address", "pid"]
+    finally:
+        down = floe("down", cwd=tmp_path)
+    assert down.returncode == 0, down.stderr
+    for pid in pids:
+        assert not Path(f"/proc/{pid}").exists() or \
+            Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] == "Z"

@@ -1,0 +1,117 @@
+from collections import Counter
+
+import msgpack
+import pytest
+
+from node.core.errors import InvalidArgument, InvalidKey, StaleRing, TooLarge
+from tests.helpers import CoreCluster
+
+WORDS = ("the quick brown fox jumps over the lazy dog and the dog sleeps " * 20).split()
+
+
+def test_push_applies_exactly_once_per_key():
+    c = CoreCluster()
+    c.push("s1", WORDS)
+    assert c.state() == Counter(WORDS)
+    for core in c.cores.values():
+        core.check_invariants()
+
+
+def test_resent_batches_are_not_counted_twice():
+    c = CoreCluster()
+    c.push("s1", WORDS)
+    applied = c.push("s1", WORDS)              # the same (source, seq)s again
+    assert applied == 0
+    c.push("s2", WORDS)                        # another source counts
+    assert c.state() == Counter(WORDS * 2)
+
+
+def test_partially_applied_batch_applies_only_its_new_tail():
+    c = CoreCluster(nodes=1, replication=0, tokens_per_node=1)
+    c.push("s", WORDS[:10])
+    c.push("s", WORDS[:20])                   # seqs 1..20: 1..10 already applied
+    assert c.state() == Counter(WORDS[:20])
+
+
+def test_replica_rebuild_equals_primary_after_checkpoints():
+    c = CoreCluster(nodes=4, replication=2)
+    c.push("s1", WORDS[:100])
+    c.checkpoint()
+    c.push("s1", WORDS[100:], first_seq=101)  # past the checkpoint: only in backups
+    c.push("s2", WORDS)
+    c.checkpoint()
+    c.push("s3", WORDS[:50])
+    for token in c.ring.tokens:
+        primary = c.ring.owner_of_token(token)
+        role, expect = c.cores[primary].inspect_range(token)
+        assert role == "primary"
+        for replica in c.ring.replicas_of_token(token):
+            assert c.cores[replica].inspect_range(token) == ("replica", expect)
+
+
+def test_checkpoint_evicts_exactly_the_covered_backups():
+    c = CoreCluster(nodes=2, replication=1)
+    c.push("s1", WORDS)
+    assert sum(core.replicas.backups.tuples for core in c.cores.values()) == len(WORDS)
+    c.checkpoint()
+    assert sum(core.replicas.backups.tuples for core in c.cores.values()) == 0
+
+
+def test_replica_that_missed_a_checkpoint_gets_a_full_one():
+    c = CoreCluster(nodes=2, replication=1, tokens_per_node=1)
+    c.push("s1", WORDS[:50])
+    c.checkpoint()
+    c.push("s1", WORDS[50:], first_seq=51)
+    # the next checkpoint of n0 is lost on the way
+    n0 = c.cores["n0"]
+    for s in n0.plan_checkpoints():
+        n0.checkpoint_failed(s.checkpoint.token, s.replica)
+    for token in n0.primaries:
+        n0.checkpoint_done(token)
+    c.checkpoint()  # n0 now ships a full checkpoint to n1
+    for token in c.ring.tokens:
+        owner = c.ring.owner_of_token(token)
+        replica = c.ring.replicas_of_token(token)[0]
+        assert c.cores[replica].inspect_range(token)[1] == c.cores[owner].inspect_range(token)[1]
+
+
+def _fields(c, **overrides):
+    token, fields = c.batches("s", ["a", "a", "b"])[0]
+    fields.update(overrides)
+    return c.ring.owner_of_token(fields["token"]), fields
+
+
+@pytest.mark.parametrize("overrides, error", [
+    (dict(payload=b"\xc1\x00"), InvalidArgument),
+    (dict(payload=msgpack.packb([[1.5, 2.5, 3.5], [1, 1, 1]])), InvalidKey),
+    (dict(payload=msgpack.packb([["a", "a", "b"], ["x", 1, 1]])), InvalidArgument),
+    (dict(payload=b"x" * (5 << 20)), TooLarge),
+    (dict(ring_version=99), StaleRing),
+    (dict(source=""), InvalidArgument),
+])
+def test_bad_batches_change_nothing(overrides, error):
+    c = CoreCluster(nodes=1, replication=0, tokens_per_node=1)
+    owner, fields = _fields(c, **overrides)
+    with pytest.raises(error):
+        c.cores[owner].receive_batch(**fields)
+    assert c.state() == {}
+    c.push("ok", ["z"])                        # and the node keeps working
+    assert c.state() == {"z": 1}
+
+
+def test_batch_for_a_token_the_node_does_not_serve_is_refused():
+    c = CoreCluster(nodes=3, replication=0)
+    token, fields = c.batches("s", ["a"])[0]
+    stranger = next(n for n in c.cores if n != c.ring.owner_of_token(token))
+    with pytest.raises(StaleRing):
+        c.cores[stranger].receive_batch(**fields)
+
+
+def test_misrouted_key_is_refused():
+    c = CoreCluster(nodes=2, replication=0, tokens_per_node=2)
+    token, fields = c.batches("s", ["a"])[0]
+    other = next(t for t in c.ring.tokens if t != token and
+                 c.ring.owner_of_token(t) == c.ring.owner_of_token(token))
+    fields["token"] = other
+    with pytest.raises(InvalidArgument):
+        c.cores[c.ring.owner_of_token(other)].receive_batch(**fields)
