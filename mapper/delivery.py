@@ -93,6 +93,7 @@ class NodeSender:
         d = self.delivery
         call = d.data_stub(self.address).Push()
         reader = asyncio.create_task(self._read_acks(call))
+        waiter = None
         try:
             while True:
                 while self.queue and len(self.inflight) < d.window:
@@ -116,6 +117,8 @@ class NodeSender:
             raise error_from_rpc(exc) from None
         finally:
             reader.cancel()
+            if waiter is not None:
+                waiter.cancel()
             call.cancel()
 
     async def _read_acks(self, call) -> None:

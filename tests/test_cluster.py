@@ -50,7 +50,8 @@ def test_corpus_counts_are_exact_and_resends_are_not_counted(cluster):
         assert dict(again.scan()) == Counter(WORDS)
         assert again.get("god") == Counter(WORDS)["god"]
         top = again.top(5)
-    assert [w for w, _ in top] == [w for w, _ in Counter(WORDS).most_common(5)]
+    assert [c for _, c in top] == [c for _, c in Counter(WORDS).most_common(5)]
+    assert all(Counter(WORDS)[w] == c for w, c in top)
 
 
 def inspect(address, token):
@@ -98,8 +99,8 @@ def test_cli_up_feed_query_status_down(tmp_path):
         get = floe("get", "lord", cwd=tmp_path)
         assert get.stdout.strip() == str(expect["lord"])
         top = floe("top", "3", cwd=tmp_path)
-        assert [line.split("\t")[1] for line in top.stdout.splitlines()] == \
-            [w for w, _ in expect.most_common(3)]
+        assert [(int(c), expect[w]) for c, w in (l.split("\t") for l in top.stdout.splitlines())] \
+            == [(c, c) for _, c in expect.most_common(3)]
         status = json.loads(floe("status", "--json", cwd=tmp_path).stdout)
         assert sorted(n["pid"] for n in status["nodes"]) == sorted(int(p) for p in pids)
         assert sum(int(n["keys"]) for n in status["nodes"]) == len(expect)

@@ -49,6 +49,8 @@ async def test_health_and_ring(node):
                 floe_pb2.GetRingRequest(expect_reducer="sum"))
         assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert "count" in info.value.details()
+        stats = await floe_pb2_grpc.QueryPlaneStub(channel).Stats(floe_pb2.StatsRequest())
+        assert (stats.node_id, stats.ring_share, stats.keys, stats.reducer) == ("n0", 1.0, 0, "count")
 
 
 async def test_client_round_trip_is_exact(node):

@@ -175,7 +175,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class NodeStats(_message.Message):
-    __slots__ = ("node_id", "address", "ring_version", "keys", "applied", "duplicates", "queue_length", "backup_tuples", "backup_bytes", "ring_share", "checkpoints_shipped", "lost_ranges", "reducer", "pid", "uptime", "refused")
+    __slots__ = ("node_id", "address", "ring_version", "keys", "applied", "duplicates", "queue_length", "backup_tuples", "backup_bytes", "ring_share", "checkpoints_shipped", "lost_ranges", "reducer", "pid", "uptime", "refused", "backed_up", "checkpoints_received")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     RING_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -192,6 +192,8 @@ class NodeStats(_message.Message):
     PID_FIELD_NUMBER: _ClassVar[int]
     UPTIME_FIELD_NUMBER: _ClassVar[int]
     REFUSED_FIELD_NUMBER: _ClassVar[int]
+    BACKED_UP_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINTS_RECEIVED_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     ring_version: int
@@ -208,7 +210,9 @@ class NodeStats(_message.Message):
     pid: int
     uptime: float
     refused: int
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., ring_version: _Optional[int] = ..., keys: _Optional[int] = ..., applied: _Optional[int] = ..., duplicates: _Optional[int] = ..., queue_length: _Optional[int] = ..., backup_tuples: _Optional[int] = ..., backup_bytes: _Optional[int] = ..., ring_share: _Optional[float] = ..., checkpoints_shipped: _Optional[int] = ..., lost_ranges: _Optional[int] = ..., reducer: _Optional[str] = ..., pid: _Optional[int] = ..., uptime: _Optional[float] = ..., refused: _Optional[int] = ...) -> None: ...
+    backed_up: int
+    checkpoints_received: int
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., ring_version: _Optional[int] = ..., keys: _Optional[int] = ..., applied: _Optional[int] = ..., duplicates: _Optional[int] = ..., queue_length: _Optional[int] = ..., backup_tuples: _Optional[int] = ..., backup_bytes: _Optional[int] = ..., ring_share: _Optional[float] = ..., checkpoints_shipped: _Optional[int] = ..., lost_ranges: _Optional[int] = ..., reducer: _Optional[str] = ..., pid: _Optional[int] = ..., uptime: _Optional[float] = ..., refused: _Optional[int] = ..., backed_up: _Optional[int] = ..., checkpoints_received: _Optional[int] = ...) -> None: ...
 
 class RangeRequest(_message.Message):
     __slots__ = ("token",)
