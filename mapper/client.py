@@ -17,6 +17,7 @@ import socket
 import threading
 import time
 import uuid
+from collections import deque
 from typing import Iterable, Iterator
 
 import grpc
@@ -71,6 +72,11 @@ class RingClient:
         self._next_seq = first_seq
         self._batch_ids = itertools.count(1)
         self._buffers: dict[int, _Buffer] = {}
+        # Sealed batches wait here in seal order. Per token, seqs must reach a node in
+        # order (dedup keeps one watermark per range and source), so both the caller's
+        # thread and the linger task only ever append here, under the lock, and the
+        # loop drains it front to back.
+        self._sealed: deque[PendingBatch] = deque()
         self._lock = threading.Lock()
         self._closed = False
         self._loop = asyncio.new_event_loop()
@@ -106,10 +112,9 @@ class RingClient:
             await asyncio.sleep(self.linger / 2)
             now = time.monotonic()
             with self._lock:
-                stale = [t for t, b in self._buffers.items() if now - b.since >= self.linger]
-                sealed = [self._seal_locked(t) for t in stale]
-            for batch in sealed:
-                self._delivery.submit(batch)
+                for token in [t for t, b in self._buffers.items() if now - b.since >= self.linger]:
+                    self._seal_locked(token)
+            self._drain()
 
     @property
     def ring(self) -> Ring:
@@ -136,9 +141,11 @@ class RingClient:
             buf.values.append(value)
             buf.seqs.append(self._next_seq)
             self._next_seq += 1
-            batch = self._seal_locked(token) if len(buf.keys) >= self.batch_size else None
-        if batch is not None:
-            self._hand_over(batch)
+            full = len(buf.keys) >= self.batch_size
+            if full:
+                self._seal_locked(token)
+        if full:
+            self._hand_over()
 
     def emit_many(self, keys: Iterable, value=1) -> None:
         """emit(key, value) for every key, several times faster than a loop of emit()."""
@@ -146,7 +153,7 @@ class RingClient:
             _check_value(value)
         route = self._router.token
         size = self.batch_size
-        full = []
+        full = False
         with self._lock:
             buffers = self._buffers
             seq = self._next_seq
@@ -163,20 +170,27 @@ class RingClient:
                     buf.seqs.append(seq)
                     seq += 1
                     if len(buf.keys) >= size:
-                        self._next_seq = seq
-                        full.append(self._seal_locked(token))
+                        self._seal_locked(token)
+                        full = True
             finally:
                 self._next_seq = seq
-        for batch in full:
-            self._hand_over(batch)
+        if full:
+            self._hand_over()
 
-    def _seal_locked(self, token: int) -> PendingBatch:
+    def _seal_locked(self, token: int) -> None:
         buf = self._buffers.pop(token)
         seqs = buf.seqs
-        return PendingBatch(next(self._batch_ids), token, self.source, seqs[0], seqs[-1],
-                            len(seqs), encode_payload(buf.keys, buf.values), encode_seqs(seqs))
+        self._sealed.append(PendingBatch(
+            next(self._batch_ids), token, self.source, seqs[0], seqs[-1], len(seqs),
+            encode_payload(buf.keys, buf.values), encode_seqs(seqs)))
 
-    def _hand_over(self, batch: PendingBatch) -> None:
+    def _drain(self) -> None:
+        """On the loop: submit sealed batches in seal order."""
+        sealed, submit = self._sealed, self._delivery.submit
+        while sealed:
+            submit(sealed.popleft())
+
+    def _hand_over(self) -> None:
         d = self._delivery
         if d.fatal is not None:
             raise d.fatal
@@ -186,14 +200,14 @@ class RingClient:
                 if not d.changed.wait(max(0.0, deadline - time.monotonic())):
                     raise Unavailable(f"{len(d.undelivered)} batches unacknowledged for "
                                       f"{self.timeout}s; the ring is not accepting tuples")
-        self._loop.call_soon_threadsafe(d.submit, batch)
+        self._loop.call_soon_threadsafe(self._drain)
 
     def flush(self, timeout: float | None = None) -> None:
         """Send every buffered tuple and wait until all are on their r+1 nodes."""
         with self._lock:
-            sealed = [self._seal_locked(t) for t in list(self._buffers)]
-        for batch in sealed:
-            self._hand_over(batch)
+            for token in list(self._buffers):
+                self._seal_locked(token)
+        self._hand_over()
         # Barrier: the loop runs callbacks in order, so once this no-op has run every
         # batch handed over above is in `undelivered`.
         self._call(_noop())

@@ -112,3 +112,16 @@ def test_cli_up_feed_query_status_down(tmp_path):
     for pid in pids:
         assert not Path(f"/proc/{pid}").exists() or \
             Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] == "Z"
+
+
+def test_linger_sealing_racing_full_batches_keeps_counts_exact(cluster):
+    # A tiny linger makes the client's timer seal buffers while emit() seals full ones;
+    # seqs of a token must still reach the nodes in order or dedup would drop tuples.
+    words = WORDS[:60_000]
+    with RingClient(cluster.seeds, batch_size=40, linger=0.001) as client:
+        for start in range(0, len(words), 500):
+            for word in words[start:start + 500]:
+                client.emit(word)
+            time.sleep(0.001)
+        client.flush()
+        assert dict(client.scan()) == Counter(words)
