@@ -182,7 +182,7 @@ class RingClient:
         seqs = buf.seqs
         self._sealed.append(PendingBatch(
             next(self._batch_ids), token, self.source, seqs[0], seqs[-1], len(seqs),
-            encode_payload(buf.keys, buf.values), encode_seqs(seqs)))
+            encode_payload(buf.keys, buf.values), encode_seqs(seqs), buf.since))
 
     def _drain(self) -> None:
         """On the loop: submit sealed batches in seal order."""
@@ -308,6 +308,11 @@ class RingClient:
                     floe_pb2.ScanRequest(), timeout=max(self.rpc_timeout, 30.0))]
             for entries in self._query(call):
                 yield from unpack_entries(entries).items()
+
+    def delivery_latencies(self) -> list[tuple[float, int]]:
+        """(seconds from a batch's first emit to its last ack, tuples in it) for the
+        most recent batches delivered."""
+        return list(self._delivery.latencies)
 
     def stats(self) -> list[dict]:
         """NodeStats of every node (an unreachable node gives {'node_id', 'error'})."""

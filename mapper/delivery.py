@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -37,6 +38,7 @@ class PendingBatch:
     count: int
     payload: bytes
     seqs: bytes
+    born: float = 0.0                                   # monotonic time of its first emit
     waiting_for: set[str] = field(default_factory=set)  # destinations yet to ack
 
     def message(self, ring_version: int) -> floe_pb2.Batch:
@@ -156,6 +158,8 @@ class Delivery:
         self.changed = threading.Condition()   # the user thread waits on it in flush()
         self._refreshing: asyncio.Task | None = None
         self.on_ring_change = None             # set by the client (router update)
+        # (seconds from first emit to the last destination's ack, tuples) per batch
+        self.latencies: deque[tuple[float, int]] = deque(maxlen=100_000)
 
     # ------------------------------------------------------------- channels
 
@@ -262,6 +266,7 @@ class Delivery:
     def acked(self, batch: PendingBatch, node: str) -> None:
         batch.waiting_for.discard(node)
         if not batch.waiting_for and self.undelivered.pop(batch.id, None) is not None:
+            self.latencies.append((time.monotonic() - batch.born, batch.count))
             with self.changed:
                 self.changed.notify_all()
 

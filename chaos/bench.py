@@ -1,0 +1,126 @@
+"""Throughput and latency benchmark, measured side by side in one run.
+
+    python -m chaos.bench [--tuples 2000000] [--nodes 4]
+
+Prints: the in-process ceiling (msgpack decode + reducer apply in one process), the
+feeder's own ceiling (route + batch + encode, no network), end-to-end throughput from
+one feeder process to N node processes with r=0 and r=1, and emit-to-acknowledged
+latency at half the measured r=1 throughput.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from collections import Counter, defaultdict
+
+from chaos.cluster import LocalCluster
+from chaos.corpus import kjv_lines
+from mapper import RingClient, split_words
+from mapper.routing import Router
+from node.core.batch import decode_payload, encode_payload
+from node.core.reducers import Count
+from node.core.ring import Ring
+from node.core.state_store import LayeredState
+
+CHUNK = 50_000
+
+
+def corpus_words(n: int) -> list[str]:
+    words = [w for line in kjv_lines() for w in split_words(line)]
+    return (words * (n // len(words) + 1))[:n]
+
+
+def ceiling_apply(words: list[str], batch: int = 1000) -> float:
+    chunks = [words[i:i + batch] for i in range(0, len(words), batch)]
+    payloads = [(encode_payload(c, [1] * len(c)), len(c)) for c in chunks]
+    state = LayeredState(Count())
+    started = time.perf_counter()
+    for payload, count in payloads:
+        keys, values = decode_payload(payload, count)
+        state.apply(keys, values)
+    return len(words) / (time.perf_counter() - started)
+
+
+def ceiling_feeder(words: list[str], nodes: int, batch: int = 1000) -> float:
+    ring = Ring.initial({f"n{i}": f"127.0.0.1:{i + 1}" for i in range(nodes)}, 1, 8)
+    router = Router(ring)
+    started = time.perf_counter()
+    buffers: dict = defaultdict(list)
+    for word in words:
+        buf = buffers[router.token(word)]
+        buf.append(word)
+        if len(buf) >= batch:
+            encode_payload(buf, [1] * len(buf))
+            buf.clear()
+    return len(words) / (time.perf_counter() - started)
+
+
+def end_to_end(words: list[str], nodes: int, replicas: int) -> tuple[float, bool]:
+    with tempfile.TemporaryDirectory(prefix="floe-bench-") as workdir:
+        with LocalCluster.up(nodes, replicas, workdir=workdir) as cluster:
+            with RingClient(cluster.seeds) as client:
+                started = time.perf_counter()
+                for i in range(0, len(words), CHUNK):
+                    client.emit_many(words[i:i + CHUNK])
+                client.flush()
+                rate = len(words) / (time.perf_counter() - started)
+                exact = dict(client.scan()) == Counter(words)
+    return rate, exact
+
+
+def latency(words: list[str], nodes: int, replicas: int, rate: float) -> tuple[float, float]:
+    """Feed at `rate` tuples/s; tuple-weighted p50/p99 of first-emit -> last-ack."""
+    with tempfile.TemporaryDirectory(prefix="floe-bench-") as workdir:
+        with LocalCluster.up(nodes, replicas, workdir=workdir) as cluster:
+            with RingClient(cluster.seeds, linger=0.005) as client:
+                tick = 0.005
+                per_tick = max(1, int(rate * tick))
+                started = time.perf_counter()
+                for n, i in enumerate(range(0, len(words), per_tick)):
+                    client.emit_many(words[i:i + per_tick])
+                    delay = started + (n + 1) * tick - time.perf_counter()
+                    if delay > 0:
+                        time.sleep(delay)
+                client.flush()
+                samples = client.delivery_latencies()
+    samples.sort()
+    total = sum(c for _, c in samples)
+    def pct(p):
+        seen = 0
+        for seconds, count in samples:
+            seen += count
+            if seen >= p * total:
+                return seconds
+        return samples[-1][0]
+    return pct(0.50), pct(0.99)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tuples", type=int, default=2_000_000)
+    parser.add_argument("--nodes", type=int, default=4)
+    args = parser.parse_args(argv)
+    words = corpus_words(args.tuples)
+    print(f"workload: {len(words):,} words of the King James Bible (word count), "
+          f"{args.nodes} nodes, batches of 1000")
+    apply_rate = ceiling_apply(words)
+    print(f"ceiling, decode + apply in one process : {apply_rate / 1e6:6.2f} M tuples/s")
+    feed_rate = ceiling_feeder(words, args.nodes)
+    print(f"ceiling, feeder route + batch + encode : {feed_rate / 1e6:6.2f} M tuples/s")
+    r0, exact0 = end_to_end(words, args.nodes, 0)
+    print(f"end to end, r=0                        : {r0 / 1e6:6.2f} M tuples/s "
+          f"({r0 / apply_rate:.0%} of ceiling, exact={exact0})")
+    r1, exact1 = end_to_end(words, args.nodes, 1)
+    print(f"end to end, r=1                        : {r1 / 1e6:6.2f} M tuples/s "
+          f"(r=1 / r=0 = {r1 / r0:.2f}, exact={exact1})")
+    half = r1 / 2
+    p50, p99 = latency(words[: max(200_000, len(words) // 4)], args.nodes, 1, half)
+    print(f"latency at {half / 1e6:.2f} M tuples/s (half load), r=1  : "
+          f"p50 {p50 * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms (first emit -> acked by r+1)")
+    return 0 if exact0 and exact1 else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
