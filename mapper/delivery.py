@@ -25,7 +25,8 @@ from node.transport.status import error_from_rpc
 
 log = logging.getLogger("floe.mapper")
 
-STREAM_IDLE = 5.0  # seconds an idle Push stream stays open
+STREAM_IDLE = 5.0           # seconds an idle Push stream stays open
+MESSAGE_BYTES = 2 << 20     # batches are packed into one message up to about this size
 
 
 @dataclass(eq=False)
@@ -56,7 +57,7 @@ class NodeSender:
         self.node = node
         self.address = address
         self.queue: deque[PendingBatch] = deque()
-        self.inflight: deque[PendingBatch] = deque()
+        self.inflight: deque[PendingBatch] = deque()   # sent, unacknowledged, in order
         self.wakeup = asyncio.Event()
         self.task = asyncio.create_task(self._run(), name=f"send-{node}")
 
@@ -99,9 +100,14 @@ class NodeSender:
         try:
             while True:
                 while self.queue and len(self.inflight) < d.window:
-                    batch = self.queue.popleft()
-                    self.inflight.append(batch)
-                    await call.write(batch.message(d.ring.version))
+                    # Everything queued (up to the window and a size cap) in one message.
+                    batches, size = [], 0
+                    while self.queue and len(self.inflight) < d.window and size < MESSAGE_BYTES:
+                        batch = self.queue.popleft()
+                        self.inflight.append(batch)
+                        batches.append(batch.message(d.ring.version))
+                        size += len(batch.payload) + len(batch.seqs)
+                    await call.write(floe_pb2.PushRequest(batches=batches))
                 self.wakeup.clear()
                 waiter = asyncio.create_task(self.wakeup.wait())
                 idle = not self.queue and not self.inflight
@@ -126,15 +132,16 @@ class NodeSender:
     async def _read_acks(self, call) -> None:
         try:
             while True:
-                ack = await call.read()
-                if ack is grpc.aio.EOF:
+                reply = await call.read()
+                if reply is grpc.aio.EOF:
                     if self.inflight:
                         raise Unavailable(f"{self.node} closed the stream with batches unacked")
                     return
-                batch = self.inflight.popleft()
-                if batch.id != ack.id:
-                    raise Unavailable(f"{self.node} acked batch {ack.id}, expected {batch.id}")
-                self.delivery.acked(batch, self.node)
+                for ack in reply.acks:
+                    batch = self.inflight.popleft()
+                    if batch.id != ack.id:
+                        raise Unavailable(f"{self.node} acked batch {ack.id}, expected {batch.id}")
+                    self.delivery.acked(batch, self.node)
                 self.wakeup.set()
         except grpc.RpcError as exc:
             raise error_from_rpc(exc) from None

@@ -34,8 +34,9 @@ def batch(ring_version, token, payload, count, first=1, source="t", **kw):
 
 async def push(address, *batches):
     async with grpc.aio.insecure_channel(address) as channel:
-        call = floe_pb2_grpc.DataPlaneStub(channel).Push(iter(batches))
-        return [ack async for ack in call]
+        call = floe_pb2_grpc.DataPlaneStub(channel).Push(
+            iter([floe_pb2.PushRequest(batches=[b]) for b in batches]))
+        return [ack async for reply in call for ack in reply.acks]
 
 
 async def test_health_and_ring(node):

@@ -31,7 +31,7 @@ class StreamState:
 
 @dataclass
 class _Inbound:
-    batch: object
+    batches: list
     stream: StreamState
     done: asyncio.Future = field(repr=False)
 
@@ -84,11 +84,11 @@ class NodeRuntime:
 
     # ------------------------------------------------------------- data path
 
-    async def submit(self, batch, stream: StreamState) -> asyncio.Future:
-        """Queue a batch; waits while the queue is full (that wait is the flow control
-        the sender feels). Returns a future resolving to the PushResult."""
+    async def submit(self, batches, stream: StreamState) -> asyncio.Future:
+        """Queue one request's batches; waits while the queue is full (that wait is
+        the flow control the sender feels). Returns a future of [(batch id, PushResult)]."""
         done = asyncio.get_running_loop().create_future()
-        await self.inbound.put(_Inbound(batch, stream, done))
+        await self.inbound.put(_Inbound(batches, stream, done))
         return done
 
     async def _apply_loop(self) -> None:
@@ -100,10 +100,12 @@ class NodeRuntime:
             if item.stream.failed:
                 item.done.set_exception(InvalidArgument("an earlier batch on this stream was refused"))
                 continue
-            b = item.batch
+            acks = []
             try:
-                result = core.receive_batch(b.ring_version, b.token, b.source, b.first_seq,
-                                            b.last_seq, b.count, b.payload, b.seqs)
+                for b in item.batches:
+                    result = core.receive_batch(b.ring_version, b.token, b.source, b.first_seq,
+                                                b.last_seq, b.count, b.payload, b.seqs)
+                    acks.append((b.id, result))
             except FloeError as exc:
                 item.stream.failed = True
                 item.done.set_exception(exc)
@@ -112,7 +114,7 @@ class NodeRuntime:
                 item.stream.failed = True
                 item.done.set_exception(InvalidArgument(f"reducer failed: {exc!r}"))
             else:
-                item.done.set_result(result)
+                item.done.set_result(acks)
 
     # ----------------------------------------------------------- checkpoints
 

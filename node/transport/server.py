@@ -32,25 +32,25 @@ class DataPlane(floe_pb2_grpc.DataPlaneServicer):
 
         async def read():
             try:
-                async for batch in request_iterator:
-                    await pending.put((batch.id, await runtime.submit(batch, stream)))
+                async for request in request_iterator:
+                    await pending.put(await runtime.submit(request.batches, stream))
             finally:
                 await pending.put(None)
 
         reader = asyncio.create_task(read())
         try:
             while True:
-                item = await pending.get()
-                if item is None:
+                done = await pending.get()
+                if done is None:
                     break
-                batch_id, done = item
                 try:
-                    result = await done
+                    acks = await done
                 except FloeError as exc:
                     await abort(context, exc)
-                yield floe_pb2.PushAck(id=batch_id, applied=result.applied,
-                                       duplicates=result.duplicates,
-                                       ring_version=runtime.core.ring.version)
+                version = runtime.core.ring.version
+                yield floe_pb2.PushReply(acks=[
+                    floe_pb2.PushAck(id=batch_id, applied=r.applied, duplicates=r.duplicates,
+                                     ring_version=version) for batch_id, r in acks])
             await reader  # surfaces a failed read (the client went away)
         finally:
             reader.cancel()

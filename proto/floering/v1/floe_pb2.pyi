@@ -1,8 +1,8 @@
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Iterable as _Iterable
-from typing import ClassVar as _ClassVar, Optional as _Optional
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -39,6 +39,18 @@ class PushAck(_message.Message):
     duplicates: int
     ring_version: int
     def __init__(self, id: _Optional[int] = ..., applied: _Optional[int] = ..., duplicates: _Optional[int] = ..., ring_version: _Optional[int] = ...) -> None: ...
+
+class PushRequest(_message.Message):
+    __slots__ = ("batches",)
+    BATCHES_FIELD_NUMBER: _ClassVar[int]
+    batches: _containers.RepeatedCompositeFieldContainer[Batch]
+    def __init__(self, batches: _Optional[_Iterable[_Union[Batch, _Mapping]]] = ...) -> None: ...
+
+class PushReply(_message.Message):
+    __slots__ = ("acks",)
+    ACKS_FIELD_NUMBER: _ClassVar[int]
+    acks: _containers.RepeatedCompositeFieldContainer[PushAck]
+    def __init__(self, acks: _Optional[_Iterable[_Union[PushAck, _Mapping]]] = ...) -> None: ...
 
 class RingView(_message.Message):
     __slots__ = ("version", "ring", "reducer", "sender")

@@ -36,8 +36,8 @@ class DataPlaneStub:
         """
         self.Push = channel.stream_stream(
                 '/floering.v1.DataPlane/Push',
-                request_serializer=floering_dot_v1_dot_floe__pb2.Batch.SerializeToString,
-                response_deserializer=floering_dot_v1_dot_floe__pb2.PushAck.FromString,
+                request_serializer=floering_dot_v1_dot_floe__pb2.PushRequest.SerializeToString,
+                response_deserializer=floering_dot_v1_dot_floe__pb2.PushReply.FromString,
                 _registered_method=True)
 
 
@@ -45,10 +45,11 @@ class DataPlaneServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Push(self, request_iterator, context):
-        """Bidirectional stream: batches in, one ack per batch out, in order. Per
+        """Bidirectional stream: requests in, one reply per request out, in order. Per
         (source, node) order is the stream order. A batch the node cannot take ends the
         stream with a status: INVALID_ARGUMENT (malformed), RESOURCE_EXHAUSTED (too
-        large), FAILED_PRECONDITION (stale ring: fetch the ring and resend).
+        large), FAILED_PRECONDITION (stale ring: fetch the ring and resend); nothing
+        after it on the stream is applied.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -59,8 +60,8 @@ def add_DataPlaneServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Push': grpc.stream_stream_rpc_method_handler(
                     servicer.Push,
-                    request_deserializer=floering_dot_v1_dot_floe__pb2.Batch.FromString,
-                    response_serializer=floering_dot_v1_dot_floe__pb2.PushAck.SerializeToString,
+                    request_deserializer=floering_dot_v1_dot_floe__pb2.PushRequest.FromString,
+                    response_serializer=floering_dot_v1_dot_floe__pb2.PushReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -88,8 +89,8 @@ class DataPlane:
             request_iterator,
             target,
             '/floering.v1.DataPlane/Push',
-            floering_dot_v1_dot_floe__pb2.Batch.SerializeToString,
-            floering_dot_v1_dot_floe__pb2.PushAck.FromString,
+            floering_dot_v1_dot_floe__pb2.PushRequest.SerializeToString,
+            floering_dot_v1_dot_floe__pb2.PushReply.FromString,
             options,
             channel_credentials,
             insecure,
