@@ -111,13 +111,19 @@ class NodeSender:
                 self.wakeup.clear()
                 waiter = asyncio.create_task(self.wakeup.wait())
                 idle = not self.queue and not self.inflight
-                done, _ = await asyncio.wait({reader, waiter}, timeout=STREAM_IDLE if idle else None,
+                # Waiting for acks is bounded too: a paused or wedged node must not
+                # hold the stream (and flush) forever.
+                done, _ = await asyncio.wait({reader, waiter},
+                                             timeout=STREAM_IDLE if idle else d.ack_timeout,
                                              return_when=asyncio.FIRST_COMPLETED)
                 waiter.cancel()
                 if reader in done:
                     reader.result()
                     raise Unavailable(f"{self.node} ended the stream")
                 if not done:
+                    if not idle:
+                        raise Unavailable(f"{self.node} acknowledged nothing for "
+                                          f"{d.ack_timeout}s")
                     break  # idle for a while: close the stream, reopen on demand
             await call.done_writing()
             await reader
@@ -155,6 +161,7 @@ class Delivery:
         self.seeds = seeds
         self.window = window
         self.rpc_timeout = rpc_timeout
+        self.ack_timeout = rpc_timeout
         self.expect_reducer = expect_reducer
         self.ring: Ring | None = None
         self.reducer = ""

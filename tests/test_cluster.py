@@ -2,6 +2,7 @@
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -125,3 +126,22 @@ def test_linger_sealing_racing_full_batches_keeps_counts_exact(cluster):
             time.sleep(0.001)
         client.flush()
         assert dict(client.scan()) == Counter(words)
+
+
+def test_sigterm_drains_and_ships_a_final_checkpoint(tmp_path):
+    # Periodic checkpoints are far apart, so only the shutdown one can evict backups.
+    with LocalCluster.up(4, 1, workdir=tmp_path,
+                         extra_args=["--checkpoint-interval", "60"]) as cluster:
+        with RingClient(cluster.seeds) as client:
+            client.emit_many(WORDS)
+            client.flush()
+            before = {s["node_id"]: s["backup_tuples"] for s in client.stats()}
+            assert all(before.values())
+            cluster.kill("n0", signal.SIGTERM)
+            wait_for(lambda: not cluster.node("n0").alive(), what="n0 to exit")
+            after = {s["node_id"]: s.get("backup_tuples") for s in client.stats()}
+        log = Path(cluster.node("n0").log).read_text()
+        assert "n0 stopped" in log and "Traceback" not in log
+        # n1 backs up n0's ranges: the final checkpoint covered all of them
+        assert after["n1"] == 0
+        assert after["n2"] == before["n2"] and after["n3"] == before["n3"]

@@ -1,0 +1,62 @@
+import subprocess
+import sys
+
+import pytest
+
+from node.config import NodeConfig, load_config, parse_peers
+
+PEERS = "n0=127.0.0.1:7000,n1=127.0.0.1:7001"
+
+
+def test_flags_override_env_override_file(tmp_path):
+    toml = tmp_path / "node.toml"
+    toml.write_text('[node]\nnode_id = "n0"\nlisten = "127.0.0.1:7000"\n'
+                    f'peers = "{PEERS}"\nreplication = 2\ncheckpoint_interval = 1.5\n'
+                    'reducer = "sum"\n')
+    env = {"FLOE_REPLICATION": "1", "FLOE_VERIFY_KEYS": "true"}
+    config = load_config(["--config", str(toml), "--reducer", "max"], environ=env)
+    assert (config.replication, config.checkpoint_interval, config.reducer, config.verify_keys) \
+        == (1, 1.5, "max", True)
+    assert config.peers == (("n0", "127.0.0.1:7000"), ("n1", "127.0.0.1:7001"))
+
+
+def test_config_is_frozen():
+    config = NodeConfig(node_id="n0", listen="127.0.0.1:1", peers=(("n0", "127.0.0.1:1"),))
+    with pytest.raises(AttributeError):
+        config.replication = 3
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--node-id", "n0", "--listen", "127.0.0.1:7000"], "missing required settings: peers"),
+    (["--node-id", "n9", "--listen", "127.0.0.1:7000", "--peers", PEERS], "must include this node"),
+    (["--node-id", "n0", "--listen", "nowhere", "--peers", PEERS], "host:port"),
+    (["--node-id", "n0", "--listen", "127.0.0.1:7000", "--peers", PEERS,
+      "--replication", "-1"], "replication"),
+])
+def test_bad_settings_are_refused_clearly(argv, message):
+    with pytest.raises(ValueError, match=message):
+        load_config(argv, environ={})
+
+
+def test_unknown_setting_in_file_is_refused(tmp_path):
+    toml = tmp_path / "node.toml"
+    toml.write_text("replicaton = 2\n")
+    with pytest.raises(ValueError, match="replicaton"):
+        load_config(["--config", str(toml)], environ={})
+
+
+def test_parse_peers_rejects_garbage():
+    with pytest.raises(ValueError):
+        parse_peers("n0:127.0.0.1:7000")
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--reducer", "no.such.module:Thing"], "cannot import"),
+    (["--listen", "bad"], "host:port"),
+])
+def test_node_process_exits_2_with_a_message(extra, message):
+    argv = ["--node-id", "n0", "--listen", "127.0.0.1:0", "--peers", "n0=127.0.0.1:0", *extra]
+    result = subprocess.run([sys.executable, "-m", "node", *argv], capture_output=True,
+                            text=True, timeout=30)
+    assert result.returncode == 2
+    assert message in result.stderr
