@@ -14,7 +14,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
@@ -29,9 +29,18 @@ class NodeProcess:
     address: str
     pid: int
     log: str
+    # Set when this process started the node: poll() is exact, and it also covers the
+    # instant after fork() before exec(), when /proc still shows the parent's cmdline.
+    popen: subprocess.Popen | None = field(default=None, repr=False, compare=False)
 
     def alive(self) -> bool:
+        if self.popen is not None:
+            return self.popen.poll() is None
         return _is_our_node(self.pid, self.node_id)
+
+    def record(self) -> dict:
+        return {"node_id": self.node_id, "address": self.address, "pid": self.pid,
+                "log": self.log}
 
 
 @dataclass
@@ -77,7 +86,7 @@ class LocalCluster:
                 proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL, start_new_session=True,
                                         env=_node_env())
-            procs.append(NodeProcess(node_id, f"{host}:{port}", proc.pid, str(log_path)))
+            procs.append(NodeProcess(node_id, f"{host}:{port}", proc.pid, str(log_path), proc))
         cluster = cls(procs, replicas, str(state_file), reducer, extra)
         cluster.save()
         try:
@@ -142,7 +151,7 @@ class LocalCluster:
 
     def save(self) -> None:
         data = {"replicas": self.replicas, "reducer": self.reducer,
-                "extra_args": self.extra_args, "nodes": [asdict(n) for n in self.nodes]}
+                "extra_args": self.extra_args, "nodes": [n.record() for n in self.nodes]}
         tmp = Path(self.state_file).with_suffix(".tmp")
         tmp.write_text(json.dumps(data, indent=2))
         tmp.replace(self.state_file)

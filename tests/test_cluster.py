@@ -145,3 +145,33 @@ def test_sigterm_drains_and_ships_a_final_checkpoint(tmp_path):
         # n1 backs up n0's ranges: the final checkpoint covered all of them
         assert after["n1"] == 0
         assert after["n2"] == before["n2"] and after["n3"] == before["n3"]
+
+
+def test_flush_to_a_dead_node_fails_cleanly_instead_of_hanging(tmp_path):
+    from node.core.errors import Unavailable
+    with LocalCluster.up(2, 1, workdir=tmp_path) as cluster:
+        client = RingClient(cluster.seeds, timeout=3.0, rpc_timeout=0.5)
+        client.emit_many(WORDS[:1000])
+        client.flush()
+        cluster.kill("n1")
+        client.emit_many(WORDS[:1000])
+        started = time.monotonic()
+        with pytest.raises(Unavailable):
+            client.flush()
+        assert time.monotonic() - started < 10
+        with pytest.raises(Unavailable):   # close() will not pretend the tuples arrived
+            client.close()
+        assert not client._thread.is_alive()
+
+
+def test_bad_keys_and_values_are_refused_at_emit(cluster):
+    from node.core.errors import InvalidArgument, InvalidKey
+    with RingClient(cluster.seeds) as client:
+        for key in (1.5, None, True, ("a",), "\ud800"):
+            with pytest.raises(InvalidKey):
+                client.emit(key)
+        with pytest.raises(InvalidArgument):
+            client.emit("k", object())
+        client.emit("fine")
+        client.flush()
+        assert client.get("fine") == 1
