@@ -74,7 +74,7 @@ def latency(words: list[str], nodes: int, replicas: int, rate: float) -> tuple[f
     """Feed at `rate` tuples/s; tuple-weighted p50/p99 of first-emit -> last-ack."""
     with tempfile.TemporaryDirectory(prefix="floe-bench-") as workdir:
         with LocalCluster.up(nodes, replicas, workdir=workdir) as cluster:
-            with RingClient(cluster.seeds, linger=0.005) as client:
+            with RingClient(cluster.seeds, linger=0.002) as client:
                 tick = 0.005
                 per_tick = max(1, int(rate * tick))
                 started = time.perf_counter()

@@ -34,6 +34,24 @@ from node.transport.status import error_from_rpc
 
 _PLAIN_VALUES = frozenset((int, float, str, bytes, bool, type(None)))
 
+_shared: tuple[int, asyncio.AbstractEventLoop, threading.Thread] | None = None
+_shared_lock = threading.Lock()
+
+
+def _client_loop() -> tuple[asyncio.AbstractEventLoop, threading.Thread]:
+    """One event loop thread per process, shared by every client and never closed:
+    grpc.aio binds its completion queue to the loops that use it, and a closed loop
+    left bound makes later clients' callbacks fail. Keyed by pid so a forked child
+    (Spark's Python workers) starts its own instead of inheriting a dead thread."""
+    global _shared
+    with _shared_lock:
+        if _shared is None or _shared[0] != os.getpid() or not _shared[2].is_alive():
+            loop = asyncio.new_event_loop()
+            thread = threading.Thread(target=loop.run_forever, name="floe-mapper", daemon=True)
+            thread.start()
+            _shared = (os.getpid(), loop, thread)
+        return _shared[1], _shared[2]
+
 
 class _Buffer:
     __slots__ = ("keys", "values", "seqs", "since")
@@ -79,10 +97,7 @@ class RingClient:
         self._sealed: deque[PendingBatch] = deque()
         self._lock = threading.Lock()
         self._closed = False
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="floe-mapper",
-                                        daemon=True)
-        self._thread.start()
+        self._loop, self._thread = _client_loop()
         self._delivery = Delivery(seeds, window, rpc_timeout, expect_reducer)
         try:
             ring = self._call(self._delivery.fetch_ring())
@@ -226,7 +241,7 @@ class RingClient:
                 d.changed.wait(min(remaining, 0.05))
 
     def close(self) -> None:
-        """Flush, then release the connections and the loop thread."""
+        """Flush, then release the connections."""
         if self._closed:
             return
         try:
@@ -244,11 +259,7 @@ class RingClient:
         try:
             asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(5)
         except Exception:
-            pass
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(5)
-        if not self._thread.is_alive():
-            self._loop.close()
+            pass  # closing is best effort; the loop thread is shared and stays
 
     def __enter__(self) -> "RingClient":
         return self

@@ -292,3 +292,4 @@ class Delivery:
             self._refreshing.cancel()
         for channel in self.channels.values():
             await channel.close()
+        self.channels.clear()
