@@ -55,3 +55,13 @@ class CoreCluster:
 
     def state(self) -> dict:
         return {k: v for core in self.cores.values() for k, v in core.items()}
+
+
+def fail(cluster: CoreCluster, *dead: str) -> None:
+    """Kill nodes: the survivors adopt the ring without them (as a detector would)."""
+    for node in dead:
+        del cluster.cores[node]
+    ring = next(iter(cluster.cores.values())).ring.without(dead)
+    for core in cluster.cores.values():
+        core.adopt_ring(ring)
+    cluster.ring = ring

@@ -3,7 +3,7 @@ from collections import Counter
 import msgpack
 import pytest
 
-from node.core.errors import InvalidArgument, InvalidKey, StaleRing, TooLarge
+from node.core.errors import Fenced, InvalidArgument, InvalidKey, RangeLost, StaleRing, TooLarge
 from tests.helpers import CoreCluster
 
 WORDS = ("the quick brown fox jumps over the lazy dog and the dog sleeps " * 20).split()
@@ -115,3 +115,58 @@ def test_misrouted_key_is_refused():
     fields["token"] = other
     with pytest.raises(InvalidArgument):
         c.cores[c.ring.owner_of_token(other)].receive_batch(**fields)
+
+
+from tests.helpers import fail  # noqa: E402
+
+
+def test_takeover_rebuilds_the_dead_primarys_ranges_exactly():
+    c = CoreCluster(nodes=4, replication=1)
+    c.push("s1", WORDS[:150])
+    c.checkpoint()
+    c.push("s1", WORDS[150:], first_seq=151)   # only in backups when n1 dies
+    fail(c, "n1")
+    assert c.ring.version == 2 and "n1" in c.ring.removed
+    assert c.state() == Counter(WORDS)
+    c.push("s1", WORDS)                         # the mapper resends: deduplicated
+    c.push("s2", WORDS[:10])
+    assert c.state() == Counter(WORDS + WORDS[:10])
+    for core in c.cores.values():
+        core.check_invariants()
+        assert not core.lost_tokens
+
+
+def test_two_adjacent_failures_with_r2_lose_nothing():
+    c = CoreCluster(nodes=5, replication=2)
+    c.push("s", WORDS)
+    c.checkpoint()
+    c.push("t", WORDS[:40])
+    fail(c, "n1", "n2")
+    assert c.state() == Counter(WORDS + WORDS[:40])
+
+
+def test_more_than_r_adjacent_failures_are_reported_lost():
+    c = CoreCluster(nodes=4, replication=1)
+    c.push("s", WORDS)
+    fail(c, "n1", "n2")
+    owners = {c.ring.owner_of_token(t) for t in c.ring.lost}
+    assert c.ring.lost and owners
+    with pytest.raises(RangeLost):
+        for node in owners:
+            c.cores[node].snapshot_items()
+
+
+def test_concurrent_removals_merge_to_the_same_ring():
+    c = CoreCluster(nodes=6, replication=1)
+    a, b = c.ring.without(["n1"]), c.ring.without(["n4"])
+    assert a.merge(b) == b.merge(a) == c.ring.without(["n1", "n4"]).with_version(3)
+
+
+def test_a_removed_node_is_fenced():
+    c = CoreCluster(nodes=3, replication=1)
+    stale = c.cores["n0"]
+    change = stale.adopt_ring(c.ring.without(["n0"]))
+    assert change.fenced and stale.fenced
+    token, fields = c.batches("s", ["a"])[0]
+    with pytest.raises(Fenced):
+        stale.receive_batch(**fields)

@@ -145,3 +145,23 @@ def test_hashing_is_stable_and_typed():
             position(bad)
     with pytest.raises(InvalidKey):
         position("\ud800")
+
+
+@settings(max_examples=200)
+@given(rings(), st.data())
+def test_concurrent_removals_merge_the_same_way_on_every_node(ring, data):
+    assume(len(ring.nodes) > 2)
+    first = data.draw(st.sets(st.sampled_from(ring.nodes), min_size=1, max_size=len(ring.nodes) - 2))
+    rest = [n for n in ring.nodes if n not in first]
+    second = data.draw(st.sets(st.sampled_from(rest), min_size=1, max_size=len(rest) - 1))
+    a, b = ring.without(first), ring.without(second)
+    merged = a.merge(b)
+    assert merged == b.merge(a)
+    together = ring.without(first | second)
+    assert (merged.owners, merged.removed) == (together.owners, together.removed)
+    # every token of a removed node went to the first surviving node clockwise
+    survivors = set(ring.nodes) - first - second
+    n = len(ring.tokens)
+    for i, token in enumerate(ring.tokens):
+        heir = next(ring.owners[(i + s) % n] for s in range(n) if ring.owners[(i + s) % n] in survivors)
+        assert merged.owner_of_token(token) == heir

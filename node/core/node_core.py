@@ -13,7 +13,7 @@ from typing import Iterator
 
 from node.core.backup_store import BackupEntry
 from node.core.batch import Limits, check_header
-from node.core.errors import InvalidArgument, RangeLost, StaleRing
+from node.core.errors import Fenced, InvalidArgument, RangeLost, StaleRing
 from node.core.ranges import Checkpoint, PrimaryRange, ReplicaSide
 from node.core.reducers import Reducer
 from node.core.ring import Ring
@@ -26,6 +26,16 @@ class Shipment:
     replica: str
     checkpoint: Checkpoint
     base_seq: int
+
+
+@dataclass(frozen=True)
+class RingChange:
+    """What adopting a ring did here."""
+
+    ring: Ring
+    taken_over: tuple[int, ...] = ()   # tokens this node now applies, rebuilt from its copy
+    lost: tuple[int, ...] = ()         # tokens taken over with no complete copy anywhere
+    fenced: bool = False               # this node was removed: it must stop serving
 
 
 @dataclass(frozen=True)
@@ -44,15 +54,73 @@ class NodeCore:
         self.ring = ring
         self.primaries: dict[int, PrimaryRange] = {}
         self.replicas = ReplicaSide(reducer)
-        self.lost_tokens: set[int] = set()
+        self.lost_tokens: set[int] = set(ring.lost)
+        self.fenced = False
         self.counters = dict(applied=0, duplicates=0, refused=0, backed_up=0,
-                             checkpoints_shipped=0, checkpoints_received=0)
-        self._own_tokens(ring)
+                             checkpoints_shipped=0, checkpoints_received=0, takeovers=0)
+        for token in ring.tokens_of(node_id):
+            self.primaries[token] = PrimaryRange(token, reducer)
+        if ring.version == 1:
+            for token in ring.tokens:
+                if ring.role_of(node_id, token) == "replica":
+                    self.replicas.start_complete(token, ring.owner_of_token(token))
 
-    def _own_tokens(self, ring: Ring) -> None:
-        for token in ring.tokens_of(self.node_id):
-            if token not in self.primaries:
-                self.primaries[token] = PrimaryRange(token, self.reducer)
+    # ------------------------------------------------------------ ring changes
+
+    def adopt_ring(self, other: Ring) -> RingChange | None:
+        """Merge another view of the ring into ours; take over the ranges it gives us.
+        Returns None when nothing changed."""
+        old = self.ring
+        new = old.merge(other)
+        if new is old:
+            return None
+        self.ring = new
+        if self.node_id in new.removed:
+            # Declared dead (we were paused or cut off): everything here is stale.
+            self.fenced = True
+            self.primaries.clear()
+            self.replicas = ReplicaSide(self.reducer)
+            return RingChange(new, fenced=True)
+        taken, lost = [], []
+        for token in new.tokens_of(self.node_id):
+            if token in self.primaries:
+                continue
+            rng = PrimaryRange(token, self.reducer)
+            if self.replicas.is_complete(token) and token not in new.lost:
+                state, watermarks = self.replicas.rebuild(token)
+                rng.state.replace(state)
+                rng.watermarks = watermarks
+                taken.append(token)
+            else:
+                lost.append(token)
+                self.lost_tokens.add(token)
+            self.replicas.drop(token)
+            self.primaries[token] = rng
+        for token in list(self.primaries):
+            if new.owner_of_token(token) != self.node_id:
+                del self.primaries[token]   # handed away (load shedding, scale-in)
+        for token in list(self.replicas.ranges):
+            if new.role_of(self.node_id, token) != "replica":
+                self.replicas.drop(token)
+        self.lost_tokens |= set(new.lost)
+        self.counters["takeovers"] += len(taken)
+        return RingChange(new, tuple(taken), tuple(lost))
+
+    def monitored_primaries(self) -> set[str]:
+        """The nodes whose ranges we back up: the ones we watch for failure."""
+        ring = self.ring
+        return {ring.owner_of_token(t) for t in ring.tokens
+                if ring.role_of(self.node_id, t) == "replica"}
+
+    def heartbeat_targets(self) -> set[str]:
+        """Our replicas: the nodes that watch us."""
+        ring = self.ring
+        return {r for t in ring.tokens_of(self.node_id) for r in ring.replicas_of_token(t)}
+
+    def under_replicated(self) -> list[int]:
+        """Our ranges not yet on all r+1 nodes (a replica lacks a checkpoint)."""
+        return [t for t, rng in self.primaries.items()
+                if any(rng.replica_seq.get(r) is None for r in self.ring.replicas_of_token(t))]
 
     # ------------------------------------------------------------- data path
 
@@ -68,6 +136,9 @@ class NodeCore:
     def _receive_batch(self, ring_version, token, source, first_seq, last_seq, count,
                        payload, seqs) -> PushResult:
         ring = self.ring
+        if self.fenced:
+            raise Fenced(f"node {self.node_id} was removed from the ring (version "
+                         f"{ring.version}); it must rejoin empty")
         if ring_version != ring.version:
             raise StaleRing(f"batch was routed with ring version {ring_version}, "
                             f"node {self.node_id} is at version {ring.version}")
@@ -154,6 +225,8 @@ class NodeCore:
                            base_seq: int, full: bool, states: dict,
                            watermarks: dict[str, int]) -> tuple[bool, int]:
         ring = self.ring
+        if self.fenced:
+            raise Fenced(f"node {self.node_id} was removed from the ring")
         if ring_version != ring.version:
             raise StaleRing(f"checkpoint from ring version {ring_version}, node "
                             f"{self.node_id} is at version {ring.version}")
@@ -167,6 +240,8 @@ class NodeCore:
     # --------------------------------------------------------------- queries
 
     def get(self, key) -> tuple[bool, object]:
+        if self.fenced:
+            raise Fenced(f"node {self.node_id} was removed from the ring")
         token = self.ring.token_for_key(key)
         if token in self.lost_tokens:
             raise RangeLost(f"every copy of the range of token {token} is lost")
@@ -177,7 +252,15 @@ class NodeCore:
         state = rng.state.get(key, _ABSENT)
         return (False, None) if state is _ABSENT else (True, state)
 
+    def _check_complete(self) -> None:
+        if self.fenced:
+            raise Fenced(f"node {self.node_id} was removed from the ring")
+        if self.lost_tokens:
+            raise RangeLost(f"node {self.node_id} owns {len(self.lost_tokens)} ranges whose "
+                            f"every copy was lost; results would be partial")
+
     def top(self, k: int) -> list[tuple[object, object, object]]:
+        self._check_complete()
         sort_key = self.reducer.sort_key
         best = heapq.nlargest(k, self.items(), key=lambda item: sort_key(item[1]))
         return [(key, state, sort_key(state)) for key, state in best]
@@ -188,6 +271,7 @@ class NodeCore:
 
     def snapshot_items(self) -> list[tuple[object, object]]:
         """A consistent copy, safe to stream while batches keep being applied."""
+        self._check_complete()
         return [item for rng in self.primaries.values() for item in rng.state.snapshot().items()]
 
     def inspect_range(self, token: int) -> tuple[str, dict]:
@@ -206,6 +290,7 @@ class NodeCore:
             ring_version=self.ring.version,
             ring_share=self.ring.share_of(self.node_id),
             lost_ranges=len(self.lost_tokens),
+            under_replicated=len(self.under_replicated()),
         )
 
     def check_invariants(self) -> None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from node.core.backup_store import BackupEntry, BackupStore
 from node.core.batch import decode_payload, decode_seqs
 from node.core.dedup import first_new_index
+from node.core.errors import FloeError
 from node.core.reducers import Reducer
 from node.core.state_store import LayeredState, ReplicaState
 
@@ -91,6 +92,10 @@ class ReplicaRange:
     copy: ReplicaState
     watermarks: dict[str, int] = field(default_factory=dict)
     checkpoint_seq: int = 0
+    # The copy is the primary's whole range: true from the ring's first version (all
+    # empty) or once a full checkpoint arrived. A takeover from an incomplete copy
+    # would serve partial state, so it is reported lost instead.
+    complete: bool = False
 
 
 class ReplicaSide:
@@ -123,6 +128,7 @@ class ReplicaSide:
         rng = self._range(token, primary)
         if full:
             rng.copy.replace(states)
+            rng.complete = True
         elif base_seq != rng.checkpoint_seq:
             return True, rng.checkpoint_seq
         else:
@@ -133,7 +139,9 @@ class ReplicaSide:
         return False, seq
 
     def rebuild(self, token: int) -> tuple[dict, dict[str, int]]:
-        """The range's state as the primary has it: checkpoint + backups past it."""
+        """The range's state as the primary has it: checkpoint + backups past it.
+        Backed-up batches that fail to decode are skipped: the primary refused them
+        too, so no mapper counted them delivered."""
         rng = self.ranges.get(token)
         state = LayeredState(self.reducer)
         watermarks: dict[str, int] = {}
@@ -143,9 +151,20 @@ class ReplicaSide:
         replay = PrimaryRange(token, self.reducer)
         replay.state, replay.watermarks = state, watermarks
         for source, entry in self.backups.entries(token):
-            replay.apply(source, entry.first_seq, entry.last_seq, entry.count,
-                         entry.payload, entry.seqs)
+            try:
+                replay.apply(source, entry.first_seq, entry.last_seq, entry.count,
+                             entry.payload, entry.seqs)
+            except FloeError:
+                continue
         return replay.state.snapshot(), replay.watermarks
+
+    def start_complete(self, token: int, primary: str) -> None:
+        """In the ring's first version every range is empty: any copy is complete."""
+        self._range(token, primary).complete = True
+
+    def is_complete(self, token: int) -> bool:
+        rng = self.ranges.get(token)
+        return rng is not None and rng.complete
 
     def drop(self, token: int) -> None:
         self.ranges.pop(token, None)

@@ -25,6 +25,12 @@ class Ring:
     tokens: tuple[int, ...]
     owners: tuple[str, ...]
     addresses: tuple[tuple[str, str], ...]
+    # Nodes declared dead or removed. Permanent: such a node is fenced and may only
+    # come back as a new, empty member. Kept so concurrent removals merge.
+    removed: frozenset[str] = frozenset()
+    # Tokens whose every copy died at once (more than r consecutive failures): their
+    # owner serves new tuples but refuses queries, loudly, instead of partial counts.
+    lost: frozenset[int] = frozenset()
     # Lookup tables derived once: lookups are on hot paths.
     _index: dict = field(init=False, repr=False, compare=False)
     _address: dict = field(init=False, repr=False, compare=False)
@@ -149,7 +155,8 @@ class Ring:
 
     def _with(self, **changes) -> "Ring":
         values = dict(version=self.version + 1, replication=self.replication,
-                      tokens=self.tokens, owners=self.owners, addresses=self.addresses)
+                      tokens=self.tokens, owners=self.owners, addresses=self.addresses,
+                      removed=self.removed, lost=self.lost)
         values.update(changes)
         ring = Ring(**values)
         ring.check_invariants()
@@ -199,12 +206,53 @@ class Ring:
             raise ValueError("cannot remove the last node")
         owners = list(self.owners)
         n = len(owners)
+        gone = self.removed | {node}
+        lost = set(self.lost)
         for i, owner in enumerate(self.owners):
             if owner == node:
                 owners[i] = next(self.owners[(i + s) % n] for s in range(1, n)
                                  if self.owners[(i + s) % n] != node)
+                if set(self._destinations[i]) <= gone:
+                    lost.add(self.tokens[i])
         return self._with(owners=tuple(owners),
-                          addresses=tuple(a for a in self.addresses if a[0] != node))
+                          addresses=tuple(a for a in self.addresses if a[0] != node),
+                          removed=frozenset(gone), lost=frozenset(lost))
+
+    def without(self, nodes: Iterable[str]) -> "Ring":
+        """Remove several nodes in one change (version + 1). The result does not depend
+        on the order: each token goes to the next token's owner that survives."""
+        ring = self
+        for node in sorted(set(nodes) - self.removed):
+            if node in ring._address and len(ring.addresses) > 1:
+                ring = ring.remove_node(node)
+        if ring is self:
+            return self
+        # Loss is judged on the copies that existed before: removing A then its
+        # replica B one at a time would otherwise look like a clean handover.
+        gone = ring.removed
+        lost = {t for t, dest in zip(self.tokens, self._destinations) if set(dest) <= gone}
+        return ring._with(version=self.version + 1, lost=ring.lost | lost)
+
+    def merge(self, other: "Ring") -> "Ring":
+        """Combine two views. A newer view that already has every removal we know is
+        adopted as is; otherwise the missing removals are applied on top of the newer
+        one and the version moves past both, so every node that merges the same two
+        views reaches the same ring."""
+        if other.version == self.version and other == self:
+            return self
+        newer, older = (other, self) if other.version > self.version else (self, other)
+        missing = older.removed - newer.removed
+        if not missing:
+            return newer
+        # Apply each side's missing removals to the other; both give the same owners,
+        # and the union of what each judged lost keeps the merge symmetric.
+        merged = newer.without(missing)
+        mirror = older.without(newer.removed - older.removed)
+        return merged._with(version=max(self.version, other.version) + 1,
+                            lost=merged.lost | mirror.lost)
+
+    def is_removed(self, node: str) -> bool:
+        return node in self.removed
 
     # ---------------------------------------------------------- invariants
 
@@ -224,13 +272,16 @@ class Ring:
             raise AssertionError("duplicate member")
         if not set(self.owners) <= members:
             raise AssertionError(f"owners {set(self.owners) - members} are not members")
+        if members & self.removed:
+            raise AssertionError(f"removed nodes {members & self.removed} are still members")
 
     # ---------------------------------------------------------------- wire
 
     def to_wire(self) -> bytes:
         return msgpack.packb({"version": self.version, "replication": self.replication,
                               "tokens": list(self.tokens), "owners": list(self.owners),
-                              "addresses": [list(a) for a in self.addresses]})
+                              "addresses": [list(a) for a in self.addresses],
+                              "removed": sorted(self.removed), "lost": sorted(self.lost)})
 
     @classmethod
     def from_wire(cls, data: bytes) -> "Ring":
@@ -238,7 +289,9 @@ class Ring:
             d = msgpack.unpackb(data)
             ring = cls(int(d["version"]), int(d["replication"]),
                        tuple(int(t) for t in d["tokens"]), tuple(str(o) for o in d["owners"]),
-                       tuple((str(n), str(a)) for n, a in d["addresses"]))
+                       tuple((str(n), str(a)) for n, a in d["addresses"]),
+                       frozenset(str(n) for n in d.get("removed", ())),
+                       frozenset(int(t) for t in d.get("lost", ())))
             ring.check_invariants()
         except InvalidArgument:
             raise

@@ -114,10 +114,16 @@ class QueryPlane(floe_pb2_grpc.QueryPlaneServicer):
                                  ring_version=core.ring.version)
 
     async def Top(self, request, context):
-        return floe_pb2.TopReply(entries=pack(self.runtime.core.top(request.k or 10)))
+        try:
+            return floe_pb2.TopReply(entries=pack(self.runtime.core.top(request.k or 10)))
+        except FloeError as exc:
+            await abort(context, exc)
 
     async def Scan(self, request, context):
-        items = self.runtime.core.snapshot_items()
+        try:
+            items = self.runtime.core.snapshot_items()
+        except FloeError as exc:
+            await abort(context, exc)
         chunk = request.chunk or SCAN_CHUNK
         for start in range(0, len(items), chunk):
             yield floe_pb2.ScanChunk(entries=pack_entries(items[start:start + chunk]))

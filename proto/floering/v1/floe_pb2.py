@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x66loering/v1/floe.proto\x12\x0b\x66loering.v1\"\x9b\x01\n\x05\x42\x61tch\x12\x14\n\x0cring_version\x18\x01 \x01(\x04\x12\r\n\x05token\x18\x02 \x01(\x04\x12\x0e\n\x06source\x18\x03 \x01(\t\x12\x11\n\tfirst_seq\x18\x04 \x01(\x04\x12\x10\n\x08last_seq\x18\x05 \x01(\x04\x12\r\n\x05\x63ount\x18\x06 \x01(\r\x12\x0f\n\x07payload\x18\x07 \x01(\x0c\x12\x0c\n\x04seqs\x18\x08 \x01(\x0c\x12\n\n\x02id\x18\t \x01(\x04\"P\n\x07PushAck\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x0f\n\x07\x61pplied\x18\x02 \x01(\r\x12\x12\n\nduplicates\x18\x03 \x01(\r\x12\x14\n\x0cring_version\x18\x04 \x01(\x04\"2\n\x0bPushRequest\x12#\n\x07\x62\x61tches\x18\x01 \x03(\x0b\x32\x12.floering.v1.Batch\"/\n\tPushReply\x12\"\n\x04\x61\x63ks\x18\x01 \x03(\x0b\x32\x14.floering.v1.PushAck\"J\n\x08RingView\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x0c\n\x04ring\x18\x02 \x01(\x0c\x12\x0f\n\x07reducer\x18\x03 \x01(\t\x12\x0e\n\x06sender\x18\x04 \x01(\t\"(\n\x0eGetRingRequest\x12\x16\n\x0e\x65xpect_reducer\x18\x01 \x01(\t\"I\n\x10HeartbeatRequest\x12\x0e\n\x06sender\x18\x01 \x01(\t\x12\x14\n\x0cring_version\x18\x02 \x01(\x04\x12\x0f\n\x07sent_at\x18\x03 \x01(\x01\"6\n\x0eHeartbeatReply\x12\x0e\n\x06sender\x18\x01 \x01(\t\x12\x14\n\x0cring_version\x18\x02 \x01(\x04\"\xa5\x01\n\x12\x43heckpointFragment\x12\x0e\n\x06sender\x18\x01 \x01(\t\x12\x14\n\x0cring_version\x18\x02 \x01(\x04\x12\r\n\x05token\x18\x03 \x01(\x04\x12\x16\n\x0e\x63heckpoint_seq\x18\x04 \x01(\x04\x12\x10\n\x08\x62\x61se_seq\x18\x05 \x01(\x04\x12\x0c\n\x04\x66ull\x18\x06 \x01(\x08\x12\x0e\n\x06states\x18\x07 \x01(\x0c\x12\x12\n\nwatermarks\x18\x08 \x01(\x0c\"P\n\rCheckpointAck\x12\x11\n\tneed_full\x18\x01 \x01(\x08\x12\x16\n\x0e\x63heckpoint_seq\x18\x02 \x01(\x04\x12\x14\n\x0cring_version\x18\x03 \x01(\x04\"V\n\x0eHandoffRequest\x12\x0e\n\x06sender\x18\x01 \x01(\t\x12\x14\n\x0cring_version\x18\x02 \x01(\x04\x12\x0e\n\x06tokens\x18\x03 \x03(\x04\x12\x0e\n\x06target\x18\x04 \x01(\t\"F\n\x0cHandoffReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x14\n\x0cring_version\x18\x02 \x01(\x04\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\"/\n\nGetRequest\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\x14\n\x0cring_version\x18\x02 \x01(\x04\">\n\x08GetReply\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12\r\n\x05state\x18\x02 \x01(\x0c\x12\x14\n\x0cring_version\x18\x03 \x01(\x04\"\x17\n\nTopRequest\x12\t\n\x01k\x18\x01 \x01(\r\"\x1b\n\x08TopReply\x12\x0f\n\x07\x65ntries\x18\x01 \x01(\x0c\"\x1c\n\x0bScanRequest\x12\r\n\x05\x63hunk\x18\x01 \x01(\r\"\x1c\n\tScanChunk\x12\x0f\n\x07\x65ntries\x18\x01 \x01(\x0c\"\x0e\n\x0cStatsRequest\"\xef\x02\n\tNodeStats\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x14\n\x0cring_version\x18\x03 \x01(\x04\x12\x0c\n\x04keys\x18\x04 \x01(\x04\x12\x0f\n\x07\x61pplied\x18\x05 \x01(\x04\x12\x12\n\nduplicates\x18\x06 \x01(\x04\x12\x14\n\x0cqueue_length\x18\x07 \x01(\x04\x12\x15\n\rbackup_tuples\x18\x08 \x01(\x04\x12\x14\n\x0c\x62\x61\x63kup_bytes\x18\t \x01(\x04\x12\x12\n\nring_share\x18\n \x01(\x01\x12\x1b\n\x13\x63heckpoints_shipped\x18\x0b \x01(\x04\x12\x13\n\x0blost_ranges\x18\x0c \x01(\x04\x12\x0f\n\x07reducer\x18\r \x01(\t\x12\x0b\n\x03pid\x18\x0e \x01(\x03\x12\x0e\n\x06uptime\x18\x0f \x01(\x01\x12\x0f\n\x07refused\x18\x10 \x01(\x04\x12\x11\n\tbacked_up\x18\x11 \x01(\x04\x12\x1c\n\x14\x63heckpoints_received\x18\x12 \x01(\x04\"\x1d\n\x0cRangeRequest\x12\r\n\x05token\x18\x01 \x01(\x04\"+\n\nRangeState\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x65ntries\x18\x02 \x01(\x0c\x32I\n\tDataPlane\x12<\n\x04Push\x12\x18.floering.v1.PushRequest\x1a\x16.floering.v1.PushReply(\x01\x30\x01\x32\xe6\x02\n\x0c\x43ontrolPlane\x12=\n\x07GetRing\x12\x1b.floering.v1.GetRingRequest\x1a\x15.floering.v1.RingView\x12<\n\x0c\x45xchangeRing\x12\x15.floering.v1.RingView\x1a\x15.floering.v1.RingView\x12G\n\tHeartbeat\x12\x1d.floering.v1.HeartbeatRequest\x1a\x1b.floering.v1.HeartbeatReply\x12M\n\x0eShipCheckpoint\x12\x1f.floering.v1.CheckpointFragment\x1a\x1a.floering.v1.CheckpointAck\x12\x41\n\x07Handoff\x12\x1b.floering.v1.HandoffRequest\x1a\x19.floering.v1.HandoffReply2\xb6\x02\n\nQueryPlane\x12\x35\n\x03Get\x12\x17.floering.v1.GetRequest\x1a\x15.floering.v1.GetReply\x12\x35\n\x03Top\x12\x17.floering.v1.TopRequest\x1a\x15.floering.v1.TopReply\x12:\n\x04Scan\x12\x18.floering.v1.ScanRequest\x1a\x16.floering.v1.ScanChunk0\x01\x12:\n\x05Stats\x12\x19.floering.v1.StatsRequest\x1a\x16.floering.v1.NodeStats\x12\x42\n\x0cInspectRange\x12\x19.floering.v1.RangeRequest\x1a\x17.floering.v1.RangeStateb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x66loering/v1/floe.proto\x12\x0b\x66loering.v1\"\x9b\x01\n\x05\x42\x61tch\x12\x14\n\x0cring_version\x18\x01 \x01(\x04\x12\r\n\x05token\x18\x02 \x01(\x04\x12\x0e\n\x06source\x18\x03 \x01(\t\x12\x11\n\tfirst_seq\x18\x04 \x01(\x04\x12\x10\n\x08last_seq\x18\x05 \x01(\x04\x12\r\n\x05\x63ount\x18\x06 \x01(\r\x12\x0f\n\x07payload\x18\x07 \x01(\x0c\x12\x0c\n\x04seqs\x18\x08 \x01(\x0c\x12\n\n\x02id\x18\t \x01(\x04\"P\n\x07PushAck\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x0f\n\x07\x61pplied\x18\x02 \x01(\r\x12\x12\n\nduplicates\x18\x03 \x01(\r\x12\x14\n\x0cring_version\x18\x04 \x01(\x04\"2\n\x0bPushRequest\x12#\n\x07\x62\x61tches\x18\x01 \x03(\x0b\x32\x12.floering.v1.Batch\"/\n\tPushReply\x12\"\n\x04\x61\x63ks\x18\x01 \x03(\x0b\x32\x14.floering.v1.PushAck\"J\n\x08RingView\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x0c\n\x04ring\x18\x02 \x01(\x0c\x12\x0f\n\x07reducer\x18\x03 \x01(\t\x12\x0e\n\x06sender\x18\x04 \x01(\t\"(\n\x0eGetRingRequest\x12\x16\n\x0e\x65xpect_reducer\x18\x01 \x01(\t\"I\n\x10HeartbeatRequest\x12\x0e\n\x06sender\x18\x01 \x01(\t\x12\x14\n\x0cring_version\x18\x02 \x01(\x04\x12\x0f\n\x07sent_at\x18\x03 \x01(\x01\"6\n\x0eHeartbeatReply\x12\x0e\n\x06sender\x18\x01 \x01(\t\x12\x14\n\x0cring_version\x18\x02 \x01(\x04\"\xa5\x01\n\x12\x43heckpointFragment\x12\x0e\n\x06sender\x18\x01 \x01(\t\x12\x14\n\x0cring_version\x18\x02 \x01(\x04\x12\r\n\x05token\x18\x03 \x01(\x04\x12\x16\n\x0e\x63heckpoint_seq\x18\x04 \x01(\x04\x12\x10\n\x08\x62\x61se_seq\x18\x05 \x01(\x04\x12\x0c\n\x04\x66ull\x18\x06 \x01(\x08\x12\x0e\n\x06states\x18\x07 \x01(\x0c\x12\x12\n\nwatermarks\x18\x08 \x01(\x0c\"P\n\rCheckpointAck\x12\x11\n\tneed_full\x18\x01 \x01(\x08\x12\x16\n\x0e\x63heckpoint_seq\x18\x02 \x01(\x04\x12\x14\n\x0cring_version\x18\x03 \x01(\x04\"/\n\x0cProbeRequest\x12\x0e\n\x06target\x18\x01 \x01(\t\x12\x0f\n\x07timeout\x18\x02 \x01(\x01\"\x1b\n\nProbeReply\x12\r\n\x05\x61live\x18\x01 \x01(\x08\"V\n\x0eHandoffRequest\x12\x0e\n\x06sender\x18\x01 \x01(\t\x12\x14\n\x0cring_version\x18\x02 \x01(\x04\x12\x0e\n\x06tokens\x18\x03 \x03(\x04\x12\x0e\n\x06target\x18\x04 \x01(\t\"F\n\x0cHandoffReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x14\n\x0cring_version\x18\x02 \x01(\x04\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\"/\n\nGetRequest\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\x14\n\x0cring_version\x18\x02 \x01(\x04\">\n\x08GetReply\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12\r\n\x05state\x18\x02 \x01(\x0c\x12\x14\n\x0cring_version\x18\x03 \x01(\x04\"\x17\n\nTopRequest\x12\t\n\x01k\x18\x01 \x01(\r\"\x1b\n\x08TopReply\x12\x0f\n\x07\x65ntries\x18\x01 \x01(\x0c\"\x1c\n\x0bScanRequest\x12\r\n\x05\x63hunk\x18\x01 \x01(\r\"\x1c\n\tScanChunk\x12\x0f\n\x07\x65ntries\x18\x01 \x01(\x0c\"\x0e\n\x0cStatsRequest\"\xac\x03\n\tNodeStats\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x14\n\x0cring_version\x18\x03 \x01(\x04\x12\x0c\n\x04keys\x18\x04 \x01(\x04\x12\x0f\n\x07\x61pplied\x18\x05 \x01(\x04\x12\x12\n\nduplicates\x18\x06 \x01(\x04\x12\x14\n\x0cqueue_length\x18\x07 \x01(\x04\x12\x15\n\rbackup_tuples\x18\x08 \x01(\x04\x12\x14\n\x0c\x62\x61\x63kup_bytes\x18\t \x01(\x04\x12\x12\n\nring_share\x18\n \x01(\x01\x12\x1b\n\x13\x63heckpoints_shipped\x18\x0b \x01(\x04\x12\x13\n\x0blost_ranges\x18\x0c \x01(\x04\x12\x0f\n\x07reducer\x18\r \x01(\t\x12\x0b\n\x03pid\x18\x0e \x01(\x03\x12\x0e\n\x06uptime\x18\x0f \x01(\x01\x12\x0f\n\x07refused\x18\x10 \x01(\x04\x12\x11\n\tbacked_up\x18\x11 \x01(\x04\x12\x1c\n\x14\x63heckpoints_received\x18\x12 \x01(\x04\x12\x18\n\x10under_replicated\x18\x13 \x01(\x04\x12\x11\n\ttakeovers\x18\x14 \x01(\x04\x12\x0e\n\x06\x66\x65nced\x18\x15 \x01(\x08\"\x1d\n\x0cRangeRequest\x12\r\n\x05token\x18\x01 \x01(\x04\"+\n\nRangeState\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x65ntries\x18\x02 \x01(\x0c\x32I\n\tDataPlane\x12<\n\x04Push\x12\x18.floering.v1.PushRequest\x1a\x16.floering.v1.PushReply(\x01\x30\x01\x32\xa3\x03\n\x0c\x43ontrolPlane\x12=\n\x07GetRing\x12\x1b.floering.v1.GetRingRequest\x1a\x15.floering.v1.RingView\x12<\n\x0c\x45xchangeRing\x12\x15.floering.v1.RingView\x1a\x15.floering.v1.RingView\x12G\n\tHeartbeat\x12\x1d.floering.v1.HeartbeatRequest\x1a\x1b.floering.v1.HeartbeatReply\x12;\n\x05Probe\x12\x19.floering.v1.ProbeRequest\x1a\x17.floering.v1.ProbeReply\x12M\n\x0eShipCheckpoint\x12\x1f.floering.v1.CheckpointFragment\x1a\x1a.floering.v1.CheckpointAck\x12\x41\n\x07Handoff\x12\x1b.floering.v1.HandoffRequest\x1a\x19.floering.v1.HandoffReply2\xb6\x02\n\nQueryPlane\x12\x35\n\x03Get\x12\x17.floering.v1.GetRequest\x1a\x15.floering.v1.GetReply\x12\x35\n\x03Top\x12\x17.floering.v1.TopRequest\x1a\x15.floering.v1.TopReply\x12:\n\x04Scan\x12\x18.floering.v1.ScanRequest\x1a\x16.floering.v1.ScanChunk0\x01\x12:\n\x05Stats\x12\x19.floering.v1.StatsRequest\x1a\x16.floering.v1.NodeStats\x12\x42\n\x0cInspectRange\x12\x19.floering.v1.RangeRequest\x1a\x17.floering.v1.RangeStateb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -51,34 +51,38 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CHECKPOINTFRAGMENT']._serialized_end=795
   _globals['_CHECKPOINTACK']._serialized_start=797
   _globals['_CHECKPOINTACK']._serialized_end=877
-  _globals['_HANDOFFREQUEST']._serialized_start=879
-  _globals['_HANDOFFREQUEST']._serialized_end=965
-  _globals['_HANDOFFREPLY']._serialized_start=967
-  _globals['_HANDOFFREPLY']._serialized_end=1037
-  _globals['_GETREQUEST']._serialized_start=1039
-  _globals['_GETREQUEST']._serialized_end=1086
-  _globals['_GETREPLY']._serialized_start=1088
-  _globals['_GETREPLY']._serialized_end=1150
-  _globals['_TOPREQUEST']._serialized_start=1152
-  _globals['_TOPREQUEST']._serialized_end=1175
-  _globals['_TOPREPLY']._serialized_start=1177
-  _globals['_TOPREPLY']._serialized_end=1204
-  _globals['_SCANREQUEST']._serialized_start=1206
-  _globals['_SCANREQUEST']._serialized_end=1234
-  _globals['_SCANCHUNK']._serialized_start=1236
-  _globals['_SCANCHUNK']._serialized_end=1264
-  _globals['_STATSREQUEST']._serialized_start=1266
-  _globals['_STATSREQUEST']._serialized_end=1280
-  _globals['_NODESTATS']._serialized_start=1283
-  _globals['_NODESTATS']._serialized_end=1650
-  _globals['_RANGEREQUEST']._serialized_start=1652
-  _globals['_RANGEREQUEST']._serialized_end=1681
-  _globals['_RANGESTATE']._serialized_start=1683
-  _globals['_RANGESTATE']._serialized_end=1726
-  _globals['_DATAPLANE']._serialized_start=1728
-  _globals['_DATAPLANE']._serialized_end=1801
-  _globals['_CONTROLPLANE']._serialized_start=1804
-  _globals['_CONTROLPLANE']._serialized_end=2162
-  _globals['_QUERYPLANE']._serialized_start=2165
-  _globals['_QUERYPLANE']._serialized_end=2475
+  _globals['_PROBEREQUEST']._serialized_start=879
+  _globals['_PROBEREQUEST']._serialized_end=926
+  _globals['_PROBEREPLY']._serialized_start=928
+  _globals['_PROBEREPLY']._serialized_end=955
+  _globals['_HANDOFFREQUEST']._serialized_start=957
+  _globals['_HANDOFFREQUEST']._serialized_end=1043
+  _globals['_HANDOFFREPLY']._serialized_start=1045
+  _globals['_HANDOFFREPLY']._serialized_end=1115
+  _globals['_GETREQUEST']._serialized_start=1117
+  _globals['_GETREQUEST']._serialized_end=1164
+  _globals['_GETREPLY']._serialized_start=1166
+  _globals['_GETREPLY']._serialized_end=1228
+  _globals['_TOPREQUEST']._serialized_start=1230
+  _globals['_TOPREQUEST']._serialized_end=1253
+  _globals['_TOPREPLY']._serialized_start=1255
+  _globals['_TOPREPLY']._serialized_end=1282
+  _globals['_SCANREQUEST']._serialized_start=1284
+  _globals['_SCANREQUEST']._serialized_end=1312
+  _globals['_SCANCHUNK']._serialized_start=1314
+  _globals['_SCANCHUNK']._serialized_end=1342
+  _globals['_STATSREQUEST']._serialized_start=1344
+  _globals['_STATSREQUEST']._serialized_end=1358
+  _globals['_NODESTATS']._serialized_start=1361
+  _globals['_NODESTATS']._serialized_end=1789
+  _globals['_RANGEREQUEST']._serialized_start=1791
+  _globals['_RANGEREQUEST']._serialized_end=1820
+  _globals['_RANGESTATE']._serialized_start=1822
+  _globals['_RANGESTATE']._serialized_end=1865
+  _globals['_DATAPLANE']._serialized_start=1867
+  _globals['_DATAPLANE']._serialized_end=1940
+  _globals['_CONTROLPLANE']._serialized_start=1943
+  _globals['_CONTROLPLANE']._serialized_end=2362
+  _globals['_QUERYPLANE']._serialized_start=2365
+  _globals['_QUERYPLANE']._serialized_end=2675
 # @@protoc_insertion_point(module_scope)

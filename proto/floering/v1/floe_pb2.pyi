@@ -118,6 +118,20 @@ class CheckpointAck(_message.Message):
     ring_version: int
     def __init__(self, need_full: _Optional[bool] = ..., checkpoint_seq: _Optional[int] = ..., ring_version: _Optional[int] = ...) -> None: ...
 
+class ProbeRequest(_message.Message):
+    __slots__ = ("target", "timeout")
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    target: str
+    timeout: float
+    def __init__(self, target: _Optional[str] = ..., timeout: _Optional[float] = ...) -> None: ...
+
+class ProbeReply(_message.Message):
+    __slots__ = ("alive",)
+    ALIVE_FIELD_NUMBER: _ClassVar[int]
+    alive: bool
+    def __init__(self, alive: _Optional[bool] = ...) -> None: ...
+
 class HandoffRequest(_message.Message):
     __slots__ = ("sender", "ring_version", "tokens", "target")
     SENDER_FIELD_NUMBER: _ClassVar[int]
@@ -187,7 +201,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class NodeStats(_message.Message):
-    __slots__ = ("node_id", "address", "ring_version", "keys", "applied", "duplicates", "queue_length", "backup_tuples", "backup_bytes", "ring_share", "checkpoints_shipped", "lost_ranges", "reducer", "pid", "uptime", "refused", "backed_up", "checkpoints_received")
+    __slots__ = ("node_id", "address", "ring_version", "keys", "applied", "duplicates", "queue_length", "backup_tuples", "backup_bytes", "ring_share", "checkpoints_shipped", "lost_ranges", "reducer", "pid", "uptime", "refused", "backed_up", "checkpoints_received", "under_replicated", "takeovers", "fenced")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     RING_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -206,6 +220,9 @@ class NodeStats(_message.Message):
     REFUSED_FIELD_NUMBER: _ClassVar[int]
     BACKED_UP_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINTS_RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    UNDER_REPLICATED_FIELD_NUMBER: _ClassVar[int]
+    TAKEOVERS_FIELD_NUMBER: _ClassVar[int]
+    FENCED_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     ring_version: int
@@ -224,7 +241,10 @@ class NodeStats(_message.Message):
     refused: int
     backed_up: int
     checkpoints_received: int
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., ring_version: _Optional[int] = ..., keys: _Optional[int] = ..., applied: _Optional[int] = ..., duplicates: _Optional[int] = ..., queue_length: _Optional[int] = ..., backup_tuples: _Optional[int] = ..., backup_bytes: _Optional[int] = ..., ring_share: _Optional[float] = ..., checkpoints_shipped: _Optional[int] = ..., lost_ranges: _Optional[int] = ..., reducer: _Optional[str] = ..., pid: _Optional[int] = ..., uptime: _Optional[float] = ..., refused: _Optional[int] = ..., backed_up: _Optional[int] = ..., checkpoints_received: _Optional[int] = ...) -> None: ...
+    under_replicated: int
+    takeovers: int
+    fenced: bool
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., ring_version: _Optional[int] = ..., keys: _Optional[int] = ..., applied: _Optional[int] = ..., duplicates: _Optional[int] = ..., queue_length: _Optional[int] = ..., backup_tuples: _Optional[int] = ..., backup_bytes: _Optional[int] = ..., ring_share: _Optional[float] = ..., checkpoints_shipped: _Optional[int] = ..., lost_ranges: _Optional[int] = ..., reducer: _Optional[str] = ..., pid: _Optional[int] = ..., uptime: _Optional[float] = ..., refused: _Optional[int] = ..., backed_up: _Optional[int] = ..., checkpoints_received: _Optional[int] = ..., under_replicated: _Optional[int] = ..., takeovers: _Optional[int] = ..., fenced: _Optional[bool] = ...) -> None: ...
 
 class RangeRequest(_message.Message):
     __slots__ = ("token",)

@@ -126,6 +126,11 @@ class ControlPlaneStub:
                 request_serializer=floering_dot_v1_dot_floe__pb2.HeartbeatRequest.SerializeToString,
                 response_deserializer=floering_dot_v1_dot_floe__pb2.HeartbeatReply.FromString,
                 _registered_method=True)
+        self.Probe = channel.unary_unary(
+                '/floering.v1.ControlPlane/Probe',
+                request_serializer=floering_dot_v1_dot_floe__pb2.ProbeRequest.SerializeToString,
+                response_deserializer=floering_dot_v1_dot_floe__pb2.ProbeReply.FromString,
+                _registered_method=True)
         self.ShipCheckpoint = channel.unary_unary(
                 '/floering.v1.ControlPlane/ShipCheckpoint',
                 request_serializer=floering_dot_v1_dot_floe__pb2.CheckpointFragment.SerializeToString,
@@ -160,6 +165,12 @@ class ControlPlaneServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Probe(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ShipCheckpoint(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -189,6 +200,11 @@ def add_ControlPlaneServicer_to_server(servicer, server):
                     servicer.Heartbeat,
                     request_deserializer=floering_dot_v1_dot_floe__pb2.HeartbeatRequest.FromString,
                     response_serializer=floering_dot_v1_dot_floe__pb2.HeartbeatReply.SerializeToString,
+            ),
+            'Probe': grpc.unary_unary_rpc_method_handler(
+                    servicer.Probe,
+                    request_deserializer=floering_dot_v1_dot_floe__pb2.ProbeRequest.FromString,
+                    response_serializer=floering_dot_v1_dot_floe__pb2.ProbeReply.SerializeToString,
             ),
             'ShipCheckpoint': grpc.unary_unary_rpc_method_handler(
                     servicer.ShipCheckpoint,
@@ -282,6 +298,33 @@ class ControlPlane:
             '/floering.v1.ControlPlane/Heartbeat',
             floering_dot_v1_dot_floe__pb2.HeartbeatRequest.SerializeToString,
             floering_dot_v1_dot_floe__pb2.HeartbeatReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Probe(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/floering.v1.ControlPlane/Probe',
+            floering_dot_v1_dot_floe__pb2.ProbeRequest.SerializeToString,
+            floering_dot_v1_dot_floe__pb2.ProbeReply.FromString,
             options,
             channel_credentials,
             insecure,
