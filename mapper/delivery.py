@@ -89,7 +89,7 @@ class NodeSender:
                 self.inflight.clear()
                 self.delivery.stream_failed(self, exc)
                 await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 0.5)
+                backoff = min(backoff * 2, 0.2)
                 self.wakeup.set()
 
     async def _stream(self) -> None:

@@ -30,6 +30,10 @@ class NodeConfig:
     rpc_timeout: float = 2.0                     # deadline on every outbound call, seconds
     shutdown_grace: float = 2.0                  # seconds in-flight RPCs get on SIGTERM
     verify_keys: bool = False                    # hash every key of a batch to check its range
+    heartbeat_interval: float = 0.05             # primary -> replicas; checkpoints count too
+    suspect_min: float = 0.2                     # silence never suspected sooner (seconds)
+    suspect_max: float = 1.0                     # silence always suspected after this
+    probe_timeout: float = 0.15                  # direct and indirect probe deadline
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
@@ -47,7 +51,8 @@ class NodeConfig:
             raise ValueError("replication must be >= 0")
         if self.tokens_per_node < 1:
             raise ValueError("tokens_per_node must be >= 1")
-        for name in ("checkpoint_interval", "rpc_timeout"):
+        for name in ("checkpoint_interval", "rpc_timeout", "heartbeat_interval", "suspect_min",
+                     "probe_timeout"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0")
         if self.queue_batches < 1 or self.max_batch_bytes < 1:
@@ -110,6 +115,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rpc-timeout", type=float)
     p.add_argument("--shutdown-grace", type=float)
     p.add_argument("--verify-keys", action="store_true", default=None)
+    p.add_argument("--heartbeat-interval", type=float)
+    p.add_argument("--suspect-min", type=float, help="seconds of silence before suspecting")
+    p.add_argument("--suspect-max", type=float)
+    p.add_argument("--probe-timeout", type=float)
     p.add_argument("--log-level")
     return p
 

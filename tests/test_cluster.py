@@ -148,8 +148,9 @@ def test_sigterm_drains_and_ships_a_final_checkpoint(tmp_path):
 
 
 def test_flush_to_a_dead_node_fails_cleanly_instead_of_hanging(tmp_path):
+    # With r=0 nobody holds a copy to take over from: the client must give up, not hang.
     from node.core.errors import Unavailable
-    with LocalCluster.up(2, 1, workdir=tmp_path) as cluster:
+    with LocalCluster.up(2, 0, workdir=tmp_path) as cluster:
         client = RingClient(cluster.seeds, timeout=3.0, rpc_timeout=0.5)
         client.emit_many(WORDS[:1000])
         client.flush()

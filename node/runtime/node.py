@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 
 from node.config import NodeConfig
 from node.core.batch import Limits
-from node.core.errors import FloeError, InvalidArgument
-from node.core.node_core import NodeCore, PushResult
+from node.core.detector import DetectorConfig, FailureDetector
+from node.core.errors import Fenced, FloeError, InvalidArgument, StaleRing
+from node.core.node_core import NodeCore, PushResult, RingChange
 from node.core.reducers import Reducer
 from node.core.ring import Ring
 
@@ -46,6 +47,12 @@ class NodeRuntime:
         self.started_at = time.monotonic()
         self._tasks: list[asyncio.Task] = []
         self._stopping = False
+        self.detector = FailureDetector(DetectorConfig(
+            min_timeout=config.suspect_min, max_timeout=config.suspect_max,
+            probe_timeout=config.probe_timeout))
+        self.on_fenced = None          # set by the app: turn health NOT_SERVING
+        self._syncing: asyncio.Task | None = None
+        self._background: set[asyncio.Task] = set()
 
     def _make_core(self, config: NodeConfig) -> NodeCore:
         ring = Ring.initial(dict(config.peers), config.replication, config.tokens_per_node)
@@ -64,7 +71,9 @@ class NodeRuntime:
 
     async def start(self) -> None:
         self._tasks = [asyncio.create_task(self._apply_loop(), name="apply"),
-                       asyncio.create_task(self._checkpoint_loop(), name="checkpoint")]
+                       asyncio.create_task(self._checkpoint_loop(), name="checkpoint"),
+                       asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
+                       asyncio.create_task(self._monitor_loop(), name="monitor")]
         log.info("node %s up on %s, %s", self.config.node_id, self.config.listen,
                  self.core.ring.describe())
 
@@ -73,9 +82,9 @@ class NodeRuntime:
         self._stopping = True
         while not self.inbound.empty():
             await asyncio.sleep(0.01)
-        for task in self._tasks:
+        for task in [*self._tasks, *self._background]:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*self._tasks, *self._background, return_exceptions=True)
         try:
             await asyncio.wait_for(self.checkpoint_once(), self.config.rpc_timeout)
         except (asyncio.TimeoutError, FloeError) as exc:
@@ -109,6 +118,8 @@ class NodeRuntime:
             except FloeError as exc:
                 item.stream.failed = True
                 item.done.set_exception(exc)
+                if isinstance(exc, StaleRing) and b.ring_version > core.ring.version:
+                    self.sync_ring()   # a mapper knows a newer ring than we do
             except Exception as exc:  # a reducer bug must not kill the node
                 log.exception("batch %s from %s failed", b.id, b.source)
                 item.stream.failed = True
@@ -144,6 +155,8 @@ class NodeRuntime:
             except FloeError as exc:
                 log.debug("checkpoint of %s to %s failed: %s", s.checkpoint.token, s.replica, exc)
                 core.checkpoint_failed(s.checkpoint.token, s.replica)
+                if exc.refresh_ring:
+                    self.sync_ring(ring.address(s.replica))
             else:
                 core.checkpoint_acked(s.checkpoint.token, s.replica, seq, need_full)
 
@@ -151,9 +164,167 @@ class NodeRuntime:
         for token in {s.checkpoint.token for s in shipments}:
             core.checkpoint_done(token)
 
+    # ------------------------------------------------------ ring and failures
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def adopt(self, ring) -> RingChange | None:
+        """Merge a ring view from anywhere; act on what it changes here."""
+        before = self.core.ring
+        change = self.core.adopt_ring(ring)
+        if change is None:
+            return None
+        new = change.ring
+        log.info("ring v%d -> v%d (%s)", before.version, new.version, new.describe())
+        if change.fenced:
+            log.error("node %s was declared dead in ring v%d: fenced, serving nothing; "
+                      "restart it to rejoin empty", self.config.node_id, new.version)
+            if self.on_fenced:
+                self.on_fenced()
+            return change
+        if change.taken_over:
+            log.info("took over %d ranges at %.6f", len(change.taken_over), time.time())
+        for token in change.lost:
+            log.error("range of token %d LOST: every copy died; its queries will fail", token)
+        self.detector.watch(self.core.monitored_primaries(), time.monotonic())
+        return change
+
+    def sync_ring(self, address: str | None = None) -> None:
+        """Exchange ring views with one peer, or all, in the background."""
+        if address is None and self._syncing is not None and not self._syncing.done():
+            return
+        ring = self.core.ring
+        targets = [address] if address else [a for n, a in ring.addresses
+                                             if n != self.config.node_id]
+
+        async def exchange(target):
+            try:
+                wire = await self.peers.exchange_ring(
+                    target, sender=self.config.node_id, ring_wire=self.core.ring.to_wire(),
+                    version=self.core.ring.version, reducer=self.reducer.name)
+            except FloeError:
+                return
+            self.adopt(Ring.from_wire(wire))
+
+        async def run():
+            await asyncio.gather(*(exchange(t) for t in targets))
+
+        task = asyncio.create_task(run())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        if address is None:
+            self._syncing = task
+
+    def heard_from(self, node: str, ring_version: int, address: str | None = None) -> None:
+        self.detector.heard(node, time.monotonic())
+        if ring_version > self.core.ring.version:
+            self.sync_ring(address or self._address_of(node))
+
+    def _address_of(self, node: str) -> str | None:
+        try:
+            return self.core.ring.address(node)
+        except ValueError:
+            return None
+
+    async def _heartbeat_loop(self) -> None:
+        interval = self.config.heartbeat_interval
+        while True:
+            await asyncio.sleep(interval)
+            if self.core.fenced:
+                continue
+            ring = self.core.ring
+            for node in self.core.heartbeat_targets():
+                self._spawn(self._heartbeat(node, ring.address(node), ring.version))
+
+    async def _heartbeat(self, node: str, address: str, version: int) -> None:
+        try:
+            theirs = await self.peers.heartbeat(address, sender=self.config.node_id,
+                                                ring_version=version,
+                                                timeout=self.config.heartbeat_interval * 4)
+        except FloeError as exc:
+            if isinstance(exc, (StaleRing, Fenced)):
+                self.sync_ring(address)
+            return
+        if theirs != self.core.ring.version:
+            self.sync_ring(address)
+
+    async def _monitor_loop(self) -> None:
+        tick = self.config.heartbeat_interval / 2
+        self.detector.watch(self.core.monitored_primaries(), time.monotonic())
+        while True:
+            await asyncio.sleep(tick)
+            if self.core.fenced:
+                continue
+            for node in self.detector.suspects(time.monotonic()):
+                self._spawn(self._probe(node))
+
+    async def _probe(self, node: str) -> None:
+        """A suspect is declared dead only when we cannot reach it and neither can a
+        third node (a broken link between two live nodes must not remove either)."""
+        ring = self.core.ring
+        if node not in ring.nodes:
+            return
+        suspected_at = time.monotonic()
+        timeout = self.config.probe_timeout
+        address = ring.address(node)
+        via = next((n for n in _clockwise_after(ring, node)
+                    if n not in (node, self.config.node_id)), None)
+
+        async def direct():
+            await self.peers.heartbeat(address, sender=self.config.node_id,
+                                       ring_version=ring.version, timeout=timeout)
+            return True
+
+        async def indirect():
+            if via is None:
+                return False
+            return await self.peers.probe(ring.address(via), node, timeout)
+
+        results = await asyncio.gather(direct(), indirect(), return_exceptions=True)
+        if any(r is True for r in results):
+            self.detector.probe_succeeded(node, time.monotonic())
+            return
+        self.detector.probe_failed(node)
+        if node not in self.core.ring.nodes:
+            return  # someone else declared it meanwhile
+        log.warning("declaring %s dead: it and %s's view of it both failed probes in %.0f ms",
+                    node, via, 1000 * (time.monotonic() - suspected_at))
+        change = self.adopt(self.core.ring.without([node]))
+        if change is not None:
+            self.sync_ring()   # tell everyone now rather than wait for heartbeats
+
+    async def probe_for(self, target: str, timeout: float) -> bool:
+        """Serve an indirect probe: can we reach `target`?"""
+        address = self._address_of(target)
+        if address is None:
+            return False
+        try:
+            await self.peers.heartbeat(address, sender=self.config.node_id,
+                                       ring_version=self.core.ring.version, timeout=timeout)
+        except FloeError:
+            return False
+        return True
+
     # --------------------------------------------------------------- queries
 
     def stats(self) -> dict:
-        return dict(self.core.stats(), node_id=self.config.node_id, address=self.config.listen,
+        return dict(self.core.stats(), fenced=self.core.fenced, node_id=self.config.node_id, address=self.config.listen,
                     queue_length=self.inbound.qsize(), reducer=self.reducer.name,
                     pid=os.getpid(), uptime=time.monotonic() - self.started_at)
+
+
+def _clockwise_after(ring: Ring, node: str) -> list[str]:
+    """Distinct nodes met walking clockwise from `node`'s first token."""
+    tokens = ring.tokens_of(node)
+    if not tokens:
+        return list(ring.nodes)
+    start = ring.token_index(tokens[0])
+    seen: list[str] = []
+    for step in range(1, len(ring.tokens) + 1):
+        owner = ring.owners[(start + step) % len(ring.tokens)]
+        if owner not in seen:
+            seen.append(owner)
+    return seen

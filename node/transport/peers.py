@@ -39,6 +39,37 @@ class PeerPool:
             raise error_from_rpc(exc) from None
         return reply.need_full, reply.checkpoint_seq
 
+    async def heartbeat(self, address: str, *, sender: str, ring_version: int,
+                        timeout: float | None = None) -> int:
+        """Returns the peer's ring version."""
+        try:
+            reply = await self._control(address).Heartbeat(
+                floe_pb2.HeartbeatRequest(sender=sender, ring_version=ring_version),
+                timeout=timeout or self.timeout)
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc) from None
+        return reply.ring_version
+
+    async def probe(self, address: str, target: str, timeout: float) -> bool:
+        """Ask the node at `address` whether it can reach `target`."""
+        try:
+            reply = await self._control(address).Probe(
+                floe_pb2.ProbeRequest(target=target, timeout=timeout), timeout=timeout * 2)
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc) from None
+        return reply.alive
+
+    async def exchange_ring(self, address: str, *, sender: str, ring_wire: bytes,
+                            version: int, reducer: str) -> bytes:
+        """Send our ring view, get the peer's (each side merges the other's)."""
+        try:
+            reply = await self._control(address).ExchangeRing(
+                floe_pb2.RingView(version=version, ring=ring_wire, reducer=reducer,
+                                  sender=sender), timeout=self.timeout)
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc) from None
+        return reply.ring
+
     async def close(self) -> None:
         for channel in self._channels.values():
             await channel.close()

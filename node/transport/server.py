@@ -11,7 +11,8 @@ from grpc_health.v1.health import aio as health_aio
 
 from floering.v1 import floe_pb2, floe_pb2_grpc
 from node.core.codec import pack, pack_entries, unpack, unpack_entries
-from node.core.errors import FloeError, InvalidArgument, ReducerMismatch
+from node.core.errors import Fenced, FloeError, InvalidArgument, ReducerMismatch
+from node.core.ring import Ring
 from node.runtime.node import NodeRuntime, StreamState
 from node.transport.peers import channel_options
 from node.transport.status import abort
@@ -74,14 +75,26 @@ class ControlPlane(floe_pb2_grpc.ControlPlaneServicer):
         return self._view()
 
     async def ExchangeRing(self, request, context):
+        try:
+            self.runtime.adopt(Ring.from_wire(request.ring))
+        except FloeError as exc:
+            await abort(context, exc)
         return self._view()
 
     async def Heartbeat(self, request, context):
+        if self.runtime.core.fenced:
+            await abort(context, Fenced(f"{self.runtime.config.node_id} was removed from the ring"))
+        self.runtime.heard_from(request.sender, request.ring_version)
         return floe_pb2.HeartbeatReply(sender=self.runtime.config.node_id,
                                        ring_version=self.runtime.core.ring.version)
 
+    async def Probe(self, request, context):
+        timeout = min(max(request.timeout, 0.01), 5.0)
+        return floe_pb2.ProbeReply(alive=await self.runtime.probe_for(request.target, timeout))
+
     async def ShipCheckpoint(self, request, context):
         core = self.runtime.core
+        self.runtime.heard_from(request.sender, request.ring_version)
         try:
             watermarks = unpack(request.watermarks) if request.watermarks else {}
             if not isinstance(watermarks, dict):

@@ -1,0 +1,126 @@
+"""Real processes, real signals: nodes die or pause under a steady feed, and the ring's
+counts still equal an independent count of everything flush() acknowledged."""
+
+import signal
+import threading
+import time
+from collections import Counter
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from floering.v1 import floe_pb2, floe_pb2_grpc
+
+from chaos.cluster import LocalCluster
+from chaos.corpus import kjv_lines
+from mapper import RingClient, split_words
+
+pytestmark = pytest.mark.multiprocess
+
+WORDS = [w for line in kjv_lines(8000) for w in split_words(line)]
+
+
+class Feeder(threading.Thread):
+    """Emits WORDS in flushed rounds until stopped; `acked` counts what flush() confirmed."""
+
+    def __init__(self, seeds, rounds=10_000):
+        super().__init__(daemon=True)
+        self.client = RingClient(seeds, linger=0.01, timeout=30)
+        self.acked = Counter()
+        self.stop = threading.Event()
+        self.error = None
+        self.rounds = rounds
+
+    def run(self):
+        try:
+            i = 0
+            while not self.stop.is_set() and i < self.rounds:
+                chunk = WORDS[(i * 2000) % len(WORDS):][:2000]
+                self.client.emit_many(chunk)
+                self.client.flush()
+                self.acked.update(chunk)
+                i += 1
+        except Exception as exc:   # surfaced by the test
+            self.error = exc
+
+    def finish(self):
+        self.stop.set()
+        self.join(60)
+        assert not self.is_alive(), "feeder hung"
+        assert self.error is None, f"feeder failed: {self.error!r}"
+        return self.client
+
+
+def run_with_faults(cluster, inject, settle=1.0):
+    feeder = Feeder(cluster.seeds)
+    feeder.start()
+    time.sleep(0.5)
+    inject()
+    time.sleep(settle)
+    client = feeder.finish()
+    got = dict(client.scan())
+    stats = client.stats()
+    client.close()
+    assert got == feeder.acked, diff(got, feeder.acked)
+    return stats
+
+
+def diff(got, expect):
+    keys = [k for k in expect.keys() | got.keys() if got.get(k) != expect.get(k)]
+    return f"{len(keys)} keys differ, e.g. " + ", ".join(
+        f"{k}: {got.get(k)} != {expect.get(k)}" for k in sorted(keys)[:5])
+
+
+def live(stats):
+    return [s for s in stats if "error" not in s]
+
+
+def test_sigkill_one_node_under_load(tmp_path):
+    with LocalCluster.up(4, 1, workdir=tmp_path) as cluster:
+        stats = run_with_faults(cluster, lambda: cluster.kill("n1"))
+    alive = live(stats)
+    assert {s["node_id"] for s in alive} == {"n0", "n2", "n3"}
+    assert sum(s["takeovers"] for s in alive) == 8          # n1's 8 tokens
+    assert all(s["lost_ranges"] == 0 for s in alive)
+    assert sum(s["ring_share"] for s in alive) == pytest.approx(1.0)
+
+
+def test_sigkill_two_non_adjacent_nodes_at_once(tmp_path):
+    with LocalCluster.up(6, 1, workdir=tmp_path) as cluster:
+        def inject():
+            cluster.kill("n1")
+            cluster.kill("n4")
+        stats = run_with_faults(cluster, inject)
+    alive = live(stats)
+    assert len(alive) == 4 and all(s["lost_ranges"] == 0 for s in alive)
+    assert max(s["ring_version"] for s in alive) >= 2
+
+
+def test_sigkill_two_adjacent_nodes_with_r2(tmp_path):
+    with LocalCluster.up(5, 2, workdir=tmp_path) as cluster:
+        def inject():
+            cluster.kill("n1")
+            cluster.kill("n2")
+        stats = run_with_faults(cluster, inject)
+    assert all(s["lost_ranges"] == 0 for s in live(stats))
+
+
+def test_sigstop_past_detection_then_sigcont_is_fenced(tmp_path):
+    with LocalCluster.up(4, 1, workdir=tmp_path) as cluster:
+        def inject():
+            cluster.kill("n2", signal.SIGSTOP)
+            time.sleep(1.5)                      # well past detection
+            cluster.kill("n2", signal.SIGCONT)
+        stats = run_with_faults(cluster, inject, settle=1.5)
+        assert "n2" not in {s["node_id"] for s in stats}     # out of the ring
+        # the resumed node learned it was removed, and serves nothing
+        address = cluster.node("n2").address
+        with grpc.insecure_channel(address) as channel:
+            stats = floe_pb2_grpc.QueryPlaneStub(channel).Stats(floe_pb2.StatsRequest(), timeout=5)
+            assert stats.fenced and stats.keys == 0
+            with pytest.raises(grpc.RpcError) as info:
+                floe_pb2_grpc.QueryPlaneStub(channel).Scan(floe_pb2.ScanRequest(), timeout=5).next()
+            assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+            assert health.status == health_pb2.HealthCheckResponse.NOT_SERVING
