@@ -108,11 +108,14 @@ class ReplicaSide:
 
     def _range(self, token: int, primary: str) -> ReplicaRange:
         rng = self.ranges.get(token)
-        if rng is None or rng.primary != primary:
-            # A new primary numbers its checkpoints afresh: wait for a full one. The
-            # backups stay: the new primary inherits the watermarks that evict them.
-            rng = self.ranges[token] = ReplicaRange(
-                token, primary, ReplicaState(), dict(rng.watermarks) if rng else {})
+        if rng is None:
+            rng = self.ranges[token] = ReplicaRange(token, primary, ReplicaState())
+        elif rng.primary != primary:
+            # The range was taken over: the new primary's state is the old one's plus
+            # the same backed-up tuples, so the copy, the backups and the watermarks
+            # stay valid. Only its checkpoint numbering starts afresh.
+            rng.primary = primary
+            rng.checkpoint_seq = 0
         return rng
 
     def store(self, token: int, primary: str, source: str, entry: BackupEntry) -> tuple[int, int]:

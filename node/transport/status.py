@@ -47,8 +47,10 @@ def error_from_rpc(exc: grpc.RpcError) -> errors.FloeError:
     cls = _BY_NAME.get(name) if sep else None
     if cls is not None:
         return cls(message)
+    # INTERNAL/UNKNOWN without one of our error names come from the transport (a peer
+    # killed mid-stream resets it): as retriable as a refused connection.
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
-                grpc.StatusCode.CANCELLED):
+                grpc.StatusCode.CANCELLED, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN):
         return errors.Unavailable(f"{code.name}: {details}")
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
         return errors.TooLarge(details)
