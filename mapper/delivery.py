@@ -105,7 +105,7 @@ class NodeSender:
                     while self.queue and len(self.inflight) < d.window and size < MESSAGE_BYTES:
                         batch = self.queue.popleft()
                         self.inflight.append(batch)
-                        batches.append(batch.message(d.ring.version))
+                        batches.append(batch.message(d.ring.stamp))
                         size += len(batch.payload) + len(batch.seqs)
                     await call.write(floe_pb2.PushRequest(batches=batches))
                 self.wakeup.clear()

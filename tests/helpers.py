@@ -26,7 +26,7 @@ class CoreCluster:
             k.append(key)
             v.append(value)
             s.append(first_seq + i)
-        return [(token, dict(ring_version=self.ring.version, token=token, source=source,
+        return [(token, dict(ring_version=self.ring.stamp, token=token, source=source,
                              first_seq=s[0], last_seq=s[-1], count=len(s),
                              payload=encode_payload(k, v), seqs=encode_seqs(s)))
                 for token, (k, v, s) in by_token.items()]
@@ -47,7 +47,7 @@ class CoreCluster:
             for s in core.plan_checkpoints():
                 cp = s.checkpoint
                 need_full, seq = self.cores[s.replica].receive_checkpoint(
-                    name, core.ring.version, cp.token, cp.seq, s.base_seq, cp.full,
+                    name, core.ring.stamp, cp.token, cp.seq, s.base_seq, cp.full,
                     dict(cp.states), dict(cp.watermarks))
                 core.checkpoint_acked(cp.token, s.replica, seq, need_full)
             for token in core.primaries:

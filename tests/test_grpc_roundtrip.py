@@ -71,31 +71,31 @@ async def test_client_round_trip_is_exact(node):
 
 
 @pytest.mark.parametrize("make, code, words", [
-    (lambda t: batch(1, t, b"\xc1", 1), grpc.StatusCode.INVALID_ARGUMENT, "msgpack"),
-    (lambda t: batch(1, t, msgpack.packb([[1.5], [1]]), 1), grpc.StatusCode.INVALID_ARGUMENT, "keys"),
-    (lambda t: batch(1, t, msgpack.packb([["a"], ["x"]]), 1), grpc.StatusCode.INVALID_ARGUMENT, "int"),
-    (lambda t: batch(1, t, b"\x92\x91\xa2\xff\xfe\x91\x01", 1), grpc.StatusCode.INVALID_ARGUMENT, "UTF-8"),
-    (lambda t: batch(1, t, b"x" * 70_000, 1), grpc.StatusCode.RESOURCE_EXHAUSTED, "limit"),
-    (lambda t: batch(7, t, encode_payload(["a"], [1]), 1), grpc.StatusCode.FAILED_PRECONDITION, "version"),
-    (lambda t: batch(1, t - 1, encode_payload(["a"], [1]), 1), grpc.StatusCode.FAILED_PRECONDITION, "token"),
+    (lambda t, v: batch(v, t, b"\xc1", 1), grpc.StatusCode.INVALID_ARGUMENT, "msgpack"),
+    (lambda t, v: batch(v, t, msgpack.packb([[1.5], [1]]), 1), grpc.StatusCode.INVALID_ARGUMENT, "keys"),
+    (lambda t, v: batch(v, t, msgpack.packb([["a"], ["x"]]), 1), grpc.StatusCode.INVALID_ARGUMENT, "int"),
+    (lambda t, v: batch(v, t, b"\x92\x91\xa2\xff\xfe\x91\x01", 1), grpc.StatusCode.INVALID_ARGUMENT, "UTF-8"),
+    (lambda t, v: batch(v, t, b"x" * 70_000, 1), grpc.StatusCode.RESOURCE_EXHAUSTED, "limit"),
+    (lambda t, v: batch(v + 1, t, encode_payload(["a"], [1]), 1), grpc.StatusCode.FAILED_PRECONDITION, "version"),
+    (lambda t, v: batch(v, t - 1, encode_payload(["a"], [1]), 1), grpc.StatusCode.FAILED_PRECONDITION, "token"),
 ])
 async def test_bad_input_gets_a_clear_status_and_changes_nothing(node, make, code, words):
     token = node.runtime.core.ring.tokens[0]
     with pytest.raises(grpc.aio.AioRpcError) as info:
-        await push(node.address, make(token))
+        await push(node.address, make(token, node.runtime.core.ring.stamp))
     assert info.value.code() == code
     assert words.lower() in info.value.details().lower()
     assert node.runtime.core.stats()["keys"] == 0
     # the node keeps serving
-    acks = await push(node.address, batch(1, token, encode_payload(["ok"], [1]), 1))
+    acks = await push(node.address, batch(node.runtime.core.ring.stamp, token, encode_payload(["ok"], [1]), 1))
     assert [a.applied for a in acks] == [1]
 
 
 async def test_batches_after_a_refused_one_on_the_stream_are_not_applied(node):
     token = node.runtime.core.ring.tokens[0]
-    good_then_bad_then_good = [batch(1, token, encode_payload(["a"], [1]), 1, first=1, id=1),
-                               batch(1, token, b"\xc1", 1, first=2, id=2),
-                               batch(1, token, encode_payload(["b"], [1]), 1, first=3, id=3)]
+    good_then_bad_then_good = [batch(node.runtime.core.ring.stamp, token, encode_payload(["a"], [1]), 1, first=1, id=1),
+                               batch(node.runtime.core.ring.stamp, token, b"\xc1", 1, first=2, id=2),
+                               batch(node.runtime.core.ring.stamp, token, encode_payload(["b"], [1]), 1, first=3, id=3)]
     with pytest.raises(grpc.aio.AioRpcError):
         await push(node.address, *good_then_bad_then_good)
     await asyncio.sleep(0.05)
@@ -104,7 +104,7 @@ async def test_batches_after_a_refused_one_on_the_stream_are_not_applied(node):
 
 async def test_resent_stream_is_deduplicated(node):
     token = node.runtime.core.ring.tokens[0]
-    b = batch(1, token, encode_payload(["a", "b"], [1, 1]), 2)
+    b = batch(node.runtime.core.ring.stamp, token, encode_payload(["a", "b"], [1, 1]), 2)
     first = await push(node.address, b)
     again = await push(node.address, b)
     assert (first[0].applied, again[0].applied, again[0].duplicates) == (2, 0, 2)

@@ -139,9 +139,10 @@ class NodeCore:
         if self.fenced:
             raise Fenced(f"node {self.node_id} was removed from the ring (version "
                          f"{ring.version}); it must rejoin empty")
-        if ring_version != ring.version:
-            raise StaleRing(f"batch was routed with ring version {ring_version}, "
-                            f"node {self.node_id} is at version {ring.version}")
+        if ring_version != ring.stamp:
+            raise StaleRing(f"batch was routed with ring version "
+                            f"{Ring.version_of_stamp(ring_version)} ({ring_version:#x}), node "
+                            f"{self.node_id} is at version {ring.version} ({ring.stamp:#x})")
         if not source:
             raise InvalidArgument("batch has no source id")
         check_header(count, first_seq, last_seq, seqs, payload, self.limits)
@@ -227,9 +228,9 @@ class NodeCore:
         ring = self.ring
         if self.fenced:
             raise Fenced(f"node {self.node_id} was removed from the ring")
-        if ring_version != ring.version:
-            raise StaleRing(f"checkpoint from ring version {ring_version}, node "
-                            f"{self.node_id} is at version {ring.version}")
+        if ring_version != ring.stamp:
+            raise StaleRing(f"checkpoint from ring stamp {ring_version:#x}, node "
+                            f"{self.node_id} is at {ring.stamp:#x}")
         if not ring.has_token(token) or ring.owner_of_token(token) != sender \
                 or ring.role_of(self.node_id, token) != "replica":
             raise StaleRing(f"{self.node_id} does not back up token {token} of {sender}")

@@ -12,6 +12,7 @@ from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
+import mmh3
 import msgpack
 
 from node.core.errors import InvalidArgument
@@ -35,8 +36,16 @@ class Ring:
     _index: dict = field(init=False, repr=False, compare=False)
     _address: dict = field(init=False, repr=False, compare=False)
     _destinations: tuple = field(init=False, repr=False, compare=False)
+    stamp: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        # The stamp is what RPCs carry: the version plus a digest of the content, so
+        # two different rings that happen to share a version number (concurrent
+        # removals not yet merged) are never taken for the same one.
+        content = msgpack.packb((self.replication, self.tokens, self.owners, self.addresses,
+                                 sorted(self.removed), sorted(self.lost)))
+        digest = mmh3.hash(content, seed=0, signed=False) & 0xFFFFFF
+        object.__setattr__(self, "stamp", (self.version << 24) | digest)
         object.__setattr__(self, "_index", {t: i for i, t in enumerate(self.tokens)})
         object.__setattr__(self, "_address", dict(self.addresses))
         object.__setattr__(self, "_destinations",
@@ -250,6 +259,10 @@ class Ring:
         mirror = older.without(newer.removed - older.removed)
         return merged._with(version=max(self.version, other.version) + 1,
                             lost=merged.lost | mirror.lost)
+
+    @staticmethod
+    def version_of_stamp(stamp: int) -> int:
+        return stamp >> 24
 
     def is_removed(self, node: str) -> bool:
         return node in self.removed

@@ -118,7 +118,7 @@ class NodeRuntime:
             except FloeError as exc:
                 item.stream.failed = True
                 item.done.set_exception(exc)
-                if isinstance(exc, StaleRing) and b.ring_version > core.ring.version:
+                if isinstance(exc, StaleRing) and Ring.version_of_stamp(b.ring_version) >= core.ring.version:
                     self.sync_ring()   # a mapper knows a newer ring than we do
             except Exception as exc:  # a reducer bug must not kill the node
                 log.exception("batch %s from %s failed", b.id, b.source)
@@ -150,7 +150,7 @@ class NodeRuntime:
         async def ship(s):
             try:
                 need_full, seq = await self.peers.ship_checkpoint(
-                    ring.address(s.replica), sender=core.node_id, ring_version=ring.version,
+                    ring.address(s.replica), sender=core.node_id, ring_version=ring.stamp,
                     checkpoint=s.checkpoint, base_seq=s.base_seq)
             except FloeError as exc:
                 log.debug("checkpoint of %s to %s failed: %s", s.checkpoint.token, s.replica, exc)
@@ -220,7 +220,7 @@ class NodeRuntime:
 
     def heard_from(self, node: str, ring_version: int, address: str | None = None) -> None:
         self.detector.heard(node, time.monotonic())
-        if ring_version > self.core.ring.version:
+        if ring_version != self.core.ring.stamp:
             self.sync_ring(address or self._address_of(node))
 
     def _address_of(self, node: str) -> str | None:
@@ -237,7 +237,7 @@ class NodeRuntime:
                 continue
             ring = self.core.ring
             for node in self.core.heartbeat_targets():
-                self._spawn(self._heartbeat(node, ring.address(node), ring.version))
+                self._spawn(self._heartbeat(node, ring.address(node), ring.stamp))
 
     async def _heartbeat(self, node: str, address: str, version: int) -> None:
         try:
@@ -248,7 +248,7 @@ class NodeRuntime:
             if isinstance(exc, (StaleRing, Fenced)):
                 self.sync_ring(address)
             return
-        if theirs != self.core.ring.version:
+        if theirs != self.core.ring.stamp:
             self.sync_ring(address)
 
     async def _monitor_loop(self) -> None:
@@ -275,7 +275,7 @@ class NodeRuntime:
 
         async def direct():
             await self.peers.heartbeat(address, sender=self.config.node_id,
-                                       ring_version=ring.version, timeout=timeout)
+                                       ring_version=ring.stamp, timeout=timeout)
             return True
 
         async def indirect():
@@ -303,7 +303,7 @@ class NodeRuntime:
             return False
         try:
             await self.peers.heartbeat(address, sender=self.config.node_id,
-                                       ring_version=self.core.ring.version, timeout=timeout)
+                                       ring_version=self.core.ring.stamp, timeout=timeout)
         except FloeError:
             return False
         return True

@@ -48,7 +48,7 @@ class DataPlane(floe_pb2_grpc.DataPlaneServicer):
                     acks = await done
                 except FloeError as exc:
                     await abort(context, exc)
-                version = runtime.core.ring.version
+                version = runtime.core.ring.stamp
                 yield floe_pb2.PushReply(acks=[
                     floe_pb2.PushAck(id=batch_id, applied=r.applied, duplicates=r.duplicates,
                                      ring_version=version) for batch_id, r in acks])
@@ -86,7 +86,7 @@ class ControlPlane(floe_pb2_grpc.ControlPlaneServicer):
             await abort(context, Fenced(f"{self.runtime.config.node_id} was removed from the ring"))
         self.runtime.heard_from(request.sender, request.ring_version)
         return floe_pb2.HeartbeatReply(sender=self.runtime.config.node_id,
-                                       ring_version=self.runtime.core.ring.version)
+                                       ring_version=self.runtime.core.ring.stamp)
 
     async def Probe(self, request, context):
         timeout = min(max(request.timeout, 0.01), 5.0)
@@ -105,7 +105,7 @@ class ControlPlane(floe_pb2_grpc.ControlPlaneServicer):
         except FloeError as exc:
             await abort(context, exc)
         return floe_pb2.CheckpointAck(need_full=need_full, checkpoint_seq=seq,
-                                      ring_version=core.ring.version)
+                                      ring_version=core.ring.stamp)
 
     async def Handoff(self, request, context):
         await context.abort(grpc.StatusCode.UNIMPLEMENTED,
