@@ -130,6 +130,7 @@ class RingClient:
                 for token in [t for t, b in self._buffers.items() if now - b.since >= self.linger]:
                     self._seal_locked(token)
             self._drain()
+            self._delivery.check_progress()
 
     @property
     def ring(self) -> Ring:

@@ -174,6 +174,7 @@ class Delivery:
         self.on_ring_change = None             # set by the client (router update)
         # (seconds from first emit to the last destination's ack, tuples) per batch
         self.latencies: deque[tuple[float, int]] = deque(maxlen=100_000)
+        self.last_progress = time.monotonic()
 
     # ------------------------------------------------------------- channels
 
@@ -236,6 +237,16 @@ class Delivery:
         for batch in sorted(self.undelivered.values(), key=lambda b: b.id):
             self._route(batch)
 
+    def check_progress(self, stall: float = 0.5) -> None:
+        """Called periodically: batches waiting with no ack for `stall` seconds make
+        the client look for a newer ring, whatever path the failure took."""
+        if self.undelivered and time.monotonic() - self.last_progress > stall:
+            self.last_progress = time.monotonic()
+            if self._refreshing is None or self._refreshing.done():
+                self._refreshing = asyncio.create_task(self._refresh())
+            for sender in self.senders.values():
+                sender.wakeup.set()
+
     def stream_failed(self, sender: NodeSender, exc: FloeError) -> None:
         log.debug("stream to %s failed: %s", sender.node, exc)
         if not exc.retriable and not exc.refresh_ring:
@@ -279,6 +290,7 @@ class Delivery:
 
     def acked(self, batch: PendingBatch, node: str) -> None:
         batch.waiting_for.discard(node)
+        self.last_progress = time.monotonic()
         if not batch.waiting_for and self.undelivered.pop(batch.id, None) is not None:
             self.latencies.append((time.monotonic() - batch.born, batch.count))
             with self.changed:
