@@ -1,18 +1,24 @@
-"""The main job: start a local ring, stream the bundled corpus in, print exact results.
+"""The main job: a local ring, the bundled corpus streamed in, a node SIGKILLed
+mid-stream, and exact results printed.
 
-    python -m chaos.demo [--nodes 4] [--replicas 1] [--lines N]
+    python -m chaos.demo [--nodes 4] [--replicas 1] [--lines N] [--no-kill]
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import tempfile
+import threading
 import time
 from collections import Counter
+from pathlib import Path
 
 from chaos.cluster import LocalCluster
 from chaos.corpus import kjv_lines
 from mapper import RingClient, split_words
+
+TAKEOVER = re.compile(r"took over \d+ ranges at ([0-9.]+)")
 
 
 def main(argv=None) -> int:
@@ -20,6 +26,7 @@ def main(argv=None) -> int:
     parser.add_argument("--nodes", type=int, default=4)
     parser.add_argument("--replicas", type=int, default=1)
     parser.add_argument("--lines", type=int, help="only the first N lines of the corpus")
+    parser.add_argument("--no-kill", action="store_true", help="do not kill a node")
     args = parser.parse_args(argv)
 
     lines = kjv_lines(args.lines)
@@ -34,14 +41,29 @@ def main(argv=None) -> int:
             print(f"ring: {args.nodes} nodes, r={args.replicas}, up in "
                   f"{time.perf_counter() - started:.1f}s "
                   f"({', '.join(n.address for n in cluster.nodes)})")
-            with RingClient(cluster.seeds) as client:
+            victim = cluster.nodes[len(cluster.nodes) // 2] if not args.no_kill else None
+            killed_at = None
+            with RingClient(cluster.seeds, linger=0.01) as client:
+                chunks = [words[i:i + 20_000] for i in range(0, len(words), 20_000)]
                 t0 = time.perf_counter()
-                for start in range(0, len(words), 50_000):
-                    client.emit_many(words[start:start + 50_000])
+                for n, chunk in enumerate(chunks):
+                    client.emit_many(chunk)
+                    if victim is not None and n == len(chunks) // 2:
+                        client.flush()
+                        killed_at = time.time()
+                        cluster.kill(victim.node_id)
+                        print(f"SIGKILL {victim.node_id} (pid {victim.pid}) after "
+                              f"{sum(map(len, chunks[:n + 1]))} words")
                 client.flush()
                 elapsed = time.perf_counter() - t0
                 print(f"fed {len(words)} tuples in {elapsed:.2f}s "
                       f"({len(words) / elapsed:,.0f}/s), every one acknowledged by r+1 nodes")
+                if killed_at is not None:
+                    taken = [float(m.group(1)) - killed_at for node in cluster.nodes
+                             for m in TAKEOVER.finditer(Path(node.log).read_text())]
+                    if taken:
+                        print(f"recovery: {victim.node_id}'s ranges applied again by their "
+                              f"heir {max(taken) * 1e3:.0f} ms after the kill")
                 got = dict(client.scan())
                 print("top 20 words:")
                 for word, count in client.top(20):

@@ -124,3 +124,13 @@ def test_sigstop_past_detection_then_sigcont_is_fenced(tmp_path):
             assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
             health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
             assert health.status == health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+def test_main_job_kills_a_node_and_stays_exact():
+    import subprocess
+    import sys
+    result = subprocess.run([sys.executable, "-m", "chaos.demo", "--lines", "6000"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SIGKILL n2" in result.stdout and "recovery:" in result.stdout
+    assert "exact: the ring's" in result.stdout
