@@ -65,14 +65,38 @@ def one_trial(nodes: int, replicas: int, kill: int, words: list[str]) -> dict:
             "stall_s": stall, "exact": exact}
 
 
+def false_positives(nodes: int, replicas: int, seconds: float, words: list[str]) -> tuple[int, int]:
+    """Run a healthy cluster busy (full-speed feed) then idle; return how many nodes
+    were wrongly declared dead in each phase."""
+    with tempfile.TemporaryDirectory(prefix="floe-fp-") as workdir:
+        with LocalCluster.up(nodes, replicas, workdir=workdir) as cluster:
+            with RingClient(cluster.seeds) as client:
+                deadline = time.monotonic() + seconds
+                while time.monotonic() < deadline:
+                    client.emit_many(words[:50_000])
+                client.flush()
+                busy = len(client.refresh_ring().removed)
+                time.sleep(seconds)
+                idle = len(client.refresh_ring().removed) - busy
+    return busy, idle
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=4)
     parser.add_argument("--replicas", type=int, default=1)
     parser.add_argument("--trials", type=int, default=10)
     parser.add_argument("--kill", type=int, default=1, help="non-adjacent nodes killed at once")
+    parser.add_argument("--false-positives", type=float, metavar="SECONDS",
+                        help="instead: run a healthy cluster busy, then idle, this long each, "
+                             "and count wrong declarations")
     args = parser.parse_args(argv)
     words = [w for line in kjv_lines(5000) for w in split_words(line)]
+    if args.false_positives:
+        busy, idle = false_positives(args.nodes, args.replicas, args.false_positives, words)
+        print(f"false declarations: {busy} in {args.false_positives:.0f}s at full load, "
+              f"{idle} in {args.false_positives:.0f}s idle")
+        return 0 if busy == idle == 0 else 1
     results = []
     for trial in range(args.trials):
         r = one_trial(args.nodes, args.replicas, args.kill, words)

@@ -136,6 +136,11 @@ class RingClient:
     def ring(self) -> Ring:
         return self._delivery.ring
 
+    def refresh_ring(self) -> Ring:
+        """Ask the nodes for the newest ring now (the client also does so by itself
+        whenever a send is refused or stalls)."""
+        return self._call(self._delivery.fetch_ring())
+
     @property
     def reducer(self) -> str:
         return self._delivery.reducer
