@@ -1,0 +1,325 @@
+"""Deterministic simulation: NodeCores (production code) over a seeded in-memory
+network with a virtual clock, simulated mappers, kills, pauses and message loss.
+
+Everything random comes from one `random.Random(seed)`, time is a number advanced by an
+event queue, so a failing seed replays identically. Links behave like the real streams:
+FIFO, and a lost message breaks the link until its sender reconnects (a gRPC stream
+dies with its first lost message; nothing behind it is delivered).
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+
+from node.core.batch import encode_payload, encode_seqs
+from node.core.detector import DetectorConfig, FailureDetector
+from node.core.errors import FloeError
+from node.core.node_core import NodeCore
+from node.core.reducers import load_reducer
+from node.core.ring import Ring
+
+HEARTBEAT = 0.05
+CHECKPOINT = 0.2
+ACK_TIMEOUT = 0.4
+
+
+@dataclass
+class SimNode:
+    core: NodeCore
+    detector: FailureDetector
+    alive: bool = True
+    paused_until: float = 0.0
+
+
+@dataclass
+class Batch:
+    id: int
+    source: str
+    token: int
+    keys: list
+    seqs: list
+    waiting: set = field(default_factory=set)
+    stamp: int = 0
+    sent_at: float = 0.0
+
+
+class Simulation:
+    def __init__(self, seed: int, nodes: int = 5, replication: int = 1, tokens: int = 2,
+                 loss: float = 0.0) -> None:
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.now = 0.0
+        self.events: list = []
+        self.counter = 0
+        self.loss = loss
+        members = {f"n{i}": f"sim:{i}" for i in range(nodes)}
+        ring = Ring.initial(members, replication, tokens)
+        cfg = DetectorConfig()
+        self.nodes = {n: SimNode(NodeCore(n, ring, load_reducer("count")), FailureDetector(cfg))
+                      for n in members}
+        for node in self.nodes.values():
+            node.detector.watch(node.core.monitored_primaries(), 0.0)
+        self.broken: set[tuple[str, str]] = set()
+        self.last_on_link: dict[tuple[str, str], float] = defaultdict(float)
+        # one simulated mapper
+        self.mapper_ring = ring
+        self.next_seq = 1
+        self.batch_ids = 0
+        self.undelivered: dict[int, Batch] = {}
+        self.acked = Counter()
+        self.sent = Counter()
+        self.log: list[str] = []
+
+    # ------------------------------------------------------------ event queue
+
+    def at(self, when: float, action, *args) -> None:
+        self.counter += 1
+        heapq.heappush(self.events, (when, self.counter, action, args))
+
+    def send(self, src: str, dst: str, action, *args) -> None:
+        """FIFO per link. The mapper's links are streams: a lost message breaks one until
+        `reconnect`. Node-to-node messages are separate unary calls: each may be lost."""
+        link = (src, dst)
+        if link in self.broken:
+            return
+        if self.loss and self.rng.random() < self.loss:
+            if src == "m":
+                self.broken.add(link)
+            return
+        when = max(self.now + self.rng.uniform(0.0005, 0.005), self.last_on_link[link])
+        self.last_on_link[link] = when
+        self.at(when, self._deliver, link, action, args)
+
+    def _deliver(self, link, action, args) -> None:
+        src, dst = link
+        if link in self.broken:
+            return
+        for end in (src, dst):
+            node = self.nodes.get(end)
+            if node is not None and (not node.alive or node.paused_until > self.now):
+                if src == "m":
+                    self.broken.add(link)  # the stream times out; nothing behind it arrives
+                return
+        action(*args)
+
+    def reconnect(self, src: str, dst: str) -> None:
+        self.broken.discard((src, dst))
+
+    def usable(self, name: str) -> bool:
+        node = self.nodes[name]
+        return node.alive and node.paused_until <= self.now and not node.core.fenced
+
+    # ------------------------------------------------------------------ nodes
+
+    def tick_node(self, name: str) -> None:
+        node = self.nodes[name]
+        if not node.alive:
+            return
+        self.at(self.now + HEARTBEAT, self.tick_node, name)
+        if node.paused_until > self.now or node.core.fenced:
+            return
+        core = node.core
+        for target in core.heartbeat_targets():
+            self.send(name, target, self._heartbeat, name, target, core.ring)
+        for suspect in node.detector.suspects(self.now):
+            self.at(self.now + 0.15, self._probe_result, name, suspect)
+
+    def _heartbeat(self, src: str, dst: str, ring: Ring) -> None:
+        node = self.nodes[dst]
+        node.detector.heard(src, self.now)
+        self.adopt(dst, ring)
+
+    def _probe_result(self, name: str, suspect: str) -> None:
+        node = self.nodes[name]
+        if not self.usable(name) or suspect not in node.core.ring.nodes:
+            return
+        # direct and indirect probes: both fail only if the suspect is down or paused
+        if self.usable(suspect):
+            node.detector.probe_succeeded(suspect, self.now)
+            return
+        node.detector.probe_failed(suspect)
+        self.log.append(f"{self.now:.3f} {name} declares {suspect}")
+        self.adopt(name, node.core.ring.without([suspect]))
+        for other in self.nodes:
+            if other != name:
+                self.send(name, other, self.adopt, other, node.core.ring)
+
+    def adopt(self, name: str, ring: Ring) -> None:
+        node = self.nodes[name]
+        change = node.core.adopt_ring(ring)
+        if change is not None and not change.fenced:
+            node.detector.watch(node.core.monitored_primaries(), self.now)
+
+    def checkpoint_node(self, name: str) -> None:
+        node = self.nodes[name]
+        if not node.alive:
+            return
+        self.at(self.now + CHECKPOINT, self.checkpoint_node, name)
+        if not self.usable(name):
+            return
+        core = node.core
+        shipments = core.plan_checkpoints()
+        for s in shipments:
+            cp = s.checkpoint
+            self.send(name, s.replica, self._receive_checkpoint, name, s.replica,
+                      core.ring.stamp, cp, s.base_seq)
+        for token in {s.checkpoint.token for s in shipments}:
+            core.checkpoint_done(token)   # shipping is asynchronous: merge now
+
+    def _receive_checkpoint(self, src, dst, stamp, cp, base_seq) -> None:
+        node = self.nodes[dst]
+        node.detector.heard(src, self.now)
+        try:
+            need_full, seq = node.core.receive_checkpoint(
+                src, stamp, cp.token, cp.seq, base_seq, cp.full, dict(cp.states),
+                dict(cp.watermarks))
+        except FloeError:
+            self.send(dst, src, self._checkpoint_failed, src, cp.token, dst, node.core.ring)
+            return
+        self.send(dst, src, self._checkpoint_acked, src, cp.token, dst, seq, need_full)
+
+    def _checkpoint_acked(self, name, token, replica, seq, need_full) -> None:
+        self.nodes[name].core.checkpoint_acked(token, replica, seq, need_full)
+
+    def _checkpoint_failed(self, name, token, replica, ring) -> None:
+        self.nodes[name].core.checkpoint_failed(token, replica)
+        self.adopt(name, ring)
+
+    # ----------------------------------------------------------------- mapper
+
+    def emit(self, keys: list[str]) -> None:
+        by_token = defaultdict(lambda: ([], []))
+        for key in keys:
+            k, s = by_token[self.mapper_ring.token_for_key(key)]
+            k.append(key)
+            s.append(self.next_seq)
+            self.next_seq += 1
+            self.sent[key] += 1
+        for token, (k, s) in by_token.items():
+            self.batch_ids += 1
+            batch = Batch(self.batch_ids, "m", token, k, s)
+            self.undelivered[batch.id] = batch
+            self._route(batch)
+
+    def _route(self, batch: Batch) -> None:
+        ring = self.mapper_ring
+        batch.waiting = set(ring.destinations(batch.token))
+        batch.stamp = ring.stamp
+        batch.sent_at = self.now
+        fields = dict(ring_version=ring.stamp, token=batch.token, source=batch.source,
+                      first_seq=batch.seqs[0], last_seq=batch.seqs[-1], count=len(batch.seqs),
+                      payload=encode_payload(batch.keys, [1] * len(batch.keys)),
+                      seqs=encode_seqs(batch.seqs))
+        for dest in batch.waiting:
+            self.send("m", dest, self._node_receive, dest, batch.id, batch.stamp, fields)
+
+    def _node_receive(self, name, batch_id, stamp, fields) -> None:
+        try:
+            self.nodes[name].core.receive_batch(**fields)
+        except FloeError:
+            self.broken.add(("m", name))      # the stream ends with the refusal
+            self.send(name, "m", self._mapper_refused, self.nodes[name].core.ring)
+            return
+        self.send(name, "m", self._mapper_ack, batch_id, name, stamp)
+
+    def _mapper_ack(self, batch_id, node, stamp) -> None:
+        batch = self.undelivered.get(batch_id)
+        if batch is None or batch.stamp != stamp:
+            return
+        batch.waiting.discard(node)
+        if not batch.waiting:
+            del self.undelivered[batch_id]
+            self.acked.update(batch.keys)
+
+    def _mapper_refused(self, ring: Ring) -> None:
+        self.refresh_mapper()
+
+    def refresh_mapper(self) -> None:
+        """Like RingClient: newest ring among reachable nodes, re-route everything."""
+        views = [n.core.ring for name, n in self.nodes.items() if self.usable(name)]
+        if not views:
+            return
+        best = max(views, key=lambda r: r.version)
+        for node in list(self.nodes):
+            self.reconnect("m", node)
+        if best.stamp != self.mapper_ring.stamp:
+            self.mapper_ring = best
+        for batch in sorted(self.undelivered.values(), key=lambda b: b.id):
+            self._route(batch)
+
+    def mapper_tick(self) -> None:
+        self.at(self.now + 0.1, self.mapper_tick)
+        stalled = [b for b in self.undelivered.values() if self.now - b.sent_at > ACK_TIMEOUT]
+        if stalled:
+            self.refresh_mapper()
+
+    # -------------------------------------------------------------- scenario
+
+    def run(self, until: float, emit_until: float, faults: list) -> None:
+        for name in self.nodes:
+            self.at(self.rng.uniform(0, HEARTBEAT), self.tick_node, name)
+            self.at(self.rng.uniform(0, CHECKPOINT), self.checkpoint_node, name)
+        self.at(0.1, self.mapper_tick)
+        words = [f"w{i}" for i in range(40)]
+        t = 0.0
+        while t < emit_until:
+            self.at(t, self.emit, [self.rng.choice(words) for _ in range(self.rng.randint(1, 8))])
+            t += self.rng.uniform(0.005, 0.03)
+        for when, action, args in faults:
+            self.at(when, action, *args)
+        while self.events and self.events[0][0] <= until:
+            self.now, _, action, args = heapq.heappop(self.events)
+            action(*args)
+            self.check_invariants()
+
+    def kill(self, name: str) -> None:
+        self.log.append(f"{self.now:.3f} kill {name}")
+        self.nodes[name].alive = False
+
+    def pause(self, name: str, seconds: float) -> None:
+        self.log.append(f"{self.now:.3f} pause {name} {seconds:.2f}s")
+        self.nodes[name].paused_until = self.now + seconds
+
+    # ------------------------------------------------------------- invariants
+
+    def check_invariants(self) -> None:
+        latest = max((n.core.ring for name, n in self.nodes.items() if self.usable(name)),
+                     key=lambda r: r.version, default=None)
+        if latest is None:
+            return
+        for name, node in self.nodes.items():
+            if not self.usable(name):
+                continue
+            node.core.check_invariants()
+            if node.core.ring.stamp == latest.stamp:
+                # one primary per token per ring: this node applies exactly its tokens
+                for token in node.core.primaries:
+                    if latest.owner_of_token(token) != name:
+                        raise AssertionError(f"{name} applies token {token} it does not own")
+        for key, count in self.acked.items():
+            if count > self.sent[key]:
+                raise AssertionError(f"{key} acknowledged more often than sent")
+
+    def final_state(self) -> tuple[Counter, set]:
+        """Counts held by the owners in the newest ring, and the keys in lost ranges."""
+        ring = max((n.core.ring for name, n in self.nodes.items() if self.usable(name)),
+                   key=lambda r: r.version)
+        state, lost_keys = Counter(), set()
+        for name, node in self.nodes.items():
+            if not self.usable(name) or node.core.ring.stamp != ring.stamp:
+                continue
+            for token, rng in node.core.primaries.items():
+                for key, count in rng.state.snapshot().items():
+                    state[key] += count
+                if token in node.core.lost_tokens:
+                    lost_keys |= set(rng.state.snapshot())
+        lost_positions = {t for t in ring.lost}
+        for key in self.sent:
+            if ring.token_for_key(key) in lost_positions or any(
+                    ring.token_for_key(key) in n.core.lost_tokens
+                    for name, n in self.nodes.items() if self.usable(name)):
+                lost_keys.add(key)
+        return state, lost_keys
