@@ -42,11 +42,11 @@ class PendingBatch:
     born: float = 0.0                                   # monotonic time of its first emit
     waiting_for: set[str] = field(default_factory=set)  # destinations yet to ack
 
-    def message(self, ring_version: int) -> floe_pb2.Batch:
+    def message(self, ring_version: int, stream: int) -> floe_pb2.Batch:
         return floe_pb2.Batch(ring_version=ring_version, token=self.token, source=self.source,
                               first_seq=self.first_seq, last_seq=self.last_seq,
                               count=self.count, payload=self.payload, seqs=self.seqs,
-                              id=self.id)
+                              id=self.id, stream=stream)
 
 
 class NodeSender:
@@ -94,6 +94,7 @@ class NodeSender:
 
     async def _stream(self) -> None:
         d = self.delivery
+        stream = d.next_stream()
         call = d.data_stub(self.address).Push()
         reader = asyncio.create_task(self._read_acks(call))
         waiter = None
@@ -105,7 +106,7 @@ class NodeSender:
                     while self.queue and len(self.inflight) < d.window and size < MESSAGE_BYTES:
                         batch = self.queue.popleft()
                         self.inflight.append(batch)
-                        batches.append(batch.message(d.ring.stamp))
+                        batches.append(batch.message(d.ring.stamp, stream))
                         size += len(batch.payload) + len(batch.seqs)
                     await call.write(floe_pb2.PushRequest(batches=batches))
                 self.wakeup.clear()
@@ -175,6 +176,11 @@ class Delivery:
         # (seconds from first emit to the last destination's ack, tuples) per batch
         self.latencies: deque[tuple[float, int]] = deque(maxlen=100_000)
         self.last_progress = time.monotonic()
+        self._streams = 0
+
+    def next_stream(self) -> int:
+        self._streams += 1
+        return self._streams
 
     # ------------------------------------------------------------- channels
 

@@ -63,6 +63,9 @@ class Simulation:
         for node in self.nodes.values():
             node.detector.watch(node.core.monitored_primaries(), 0.0)
         self.broken: set[tuple[str, str]] = set()
+        self.stream_no = 0
+        self.failed_streams: set[tuple[str, int]] = set()
+        self.streams: dict[tuple[str, str], int] = defaultdict(int)
         self.last_on_link: dict[tuple[str, str], float] = defaultdict(float)
         # one simulated mapper
         self.mapper_ring = ring
@@ -107,6 +110,8 @@ class Simulation:
 
     def reconnect(self, src: str, dst: str) -> None:
         self.broken.discard((src, dst))
+        self.stream_no += 1
+        self.streams[(src, dst)] = self.stream_no
 
     def usable(self, name: str) -> bool:
         node = self.nodes[name]
@@ -214,15 +219,20 @@ class Simulation:
                       payload=encode_payload(batch.keys, [1] * len(batch.keys)),
                       seqs=encode_seqs(batch.seqs))
         for dest in batch.waiting:
-            self.send("m", dest, self._node_receive, dest, batch.id, batch.stamp, fields)
+            self.send("m", dest, self._node_receive, dest, batch.id, batch.stamp,
+                      dict(fields, stream=self.streams[("m", dest)]))
 
     def _node_receive(self, name, batch_id, stamp, fields) -> None:
+        if (name, fields["stream"]) in self.failed_streams:
+            return  # like the real node: nothing behind a refusal on a stream is applied
         try:
             self.nodes[name].core.receive_batch(**fields)
         except FloeError:
-            self.broken.add(("m", name))      # the stream ends with the refusal
-            self.send(name, "m", self._mapper_refused, self.nodes[name].core.ring)
-            return
+            self.failed_streams.add((name, fields["stream"]))
+            if fields["stream"] == self.streams[("m", name)]:
+                self.broken.add(("m", name))  # the stream ends with the refusal
+                self.send(name, "m", self._mapper_refused, self.nodes[name].core.ring)
+            return                            # (a replaced stream's refusal goes nowhere)
         self.send(name, "m", self._mapper_ack, batch_id, name, stamp)
 
     def _mapper_ack(self, batch_id, node, stamp) -> None:

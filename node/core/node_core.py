@@ -55,6 +55,7 @@ class NodeCore:
         self.primaries: dict[int, PrimaryRange] = {}
         self.replicas = ReplicaSide(reducer)
         self.lost_tokens: set[int] = set(ring.lost)
+        self.streams: dict[str, int] = {}   # newest stream number seen per source
         self.fenced = False
         self.counters = dict(applied=0, duplicates=0, refused=0, backed_up=0,
                              checkpoints_shipped=0, checkpoints_received=0, takeovers=0)
@@ -125,8 +126,14 @@ class NodeCore:
     # ------------------------------------------------------------- data path
 
     def receive_batch(self, ring_version: int, token: int, source: str, first_seq: int,
-                      last_seq: int, count: int, payload: bytes, seqs: bytes) -> PushResult:
+                      last_seq: int, count: int, payload: bytes, seqs: bytes,
+                      stream: int = 0) -> PushResult:
         try:
+            newest = self.streams.get(source, 0)
+            if stream < newest:
+                raise StaleRing(f"batch from {source}'s stream {stream}, which stream "
+                                f"{newest} replaced")
+            self.streams[source] = stream
             return self._receive_batch(ring_version, token, source, first_seq, last_seq,
                                        count, payload, seqs)
         except Exception:

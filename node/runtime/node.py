@@ -113,7 +113,8 @@ class NodeRuntime:
             try:
                 for b in item.batches:
                     result = core.receive_batch(b.ring_version, b.token, b.source, b.first_seq,
-                                                b.last_seq, b.count, b.payload, b.seqs)
+                                                b.last_seq, b.count, b.payload, b.seqs,
+                                                b.stream)
                     acks.append((b.id, result))
             except FloeError as exc:
                 item.stream.failed = True

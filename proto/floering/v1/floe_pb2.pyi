@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Batch(_message.Message):
-    __slots__ = ("ring_version", "token", "source", "first_seq", "last_seq", "count", "payload", "seqs", "id")
+    __slots__ = ("ring_version", "token", "source", "first_seq", "last_seq", "count", "payload", "seqs", "id", "stream")
     RING_VERSION_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
@@ -17,6 +17,7 @@ class Batch(_message.Message):
     PAYLOAD_FIELD_NUMBER: _ClassVar[int]
     SEQS_FIELD_NUMBER: _ClassVar[int]
     ID_FIELD_NUMBER: _ClassVar[int]
+    STREAM_FIELD_NUMBER: _ClassVar[int]
     ring_version: int
     token: int
     source: str
@@ -26,7 +27,8 @@ class Batch(_message.Message):
     payload: bytes
     seqs: bytes
     id: int
-    def __init__(self, ring_version: _Optional[int] = ..., token: _Optional[int] = ..., source: _Optional[str] = ..., first_seq: _Optional[int] = ..., last_seq: _Optional[int] = ..., count: _Optional[int] = ..., payload: _Optional[bytes] = ..., seqs: _Optional[bytes] = ..., id: _Optional[int] = ...) -> None: ...
+    stream: int
+    def __init__(self, ring_version: _Optional[int] = ..., token: _Optional[int] = ..., source: _Optional[str] = ..., first_seq: _Optional[int] = ..., last_seq: _Optional[int] = ..., count: _Optional[int] = ..., payload: _Optional[bytes] = ..., seqs: _Optional[bytes] = ..., id: _Optional[int] = ..., stream: _Optional[int] = ...) -> None: ...
 
 class PushAck(_message.Message):
     __slots__ = ("id", "applied", "duplicates", "ring_version")
