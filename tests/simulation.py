@@ -63,6 +63,7 @@ class Simulation:
         for node in self.nodes.values():
             node.detector.watch(node.core.monitored_primaries(), 0.0)
         self.broken: set[tuple[str, str]] = set()
+        self.cut: set[frozenset] = set()   # node pairs that cannot talk (partitions)
         self.stream_no = 0
         self.failed_streams: set[tuple[str, int]] = set()
         self.streams: dict[tuple[str, str], int] = defaultdict(int)
@@ -86,7 +87,7 @@ class Simulation:
         """FIFO per link. The mapper's links are streams: a lost message breaks one until
         `reconnect`. Node-to-node messages are separate unary calls: each may be lost."""
         link = (src, dst)
-        if link in self.broken:
+        if link in self.broken or frozenset(link) in self.cut:
             return
         if self.loss and self.rng.random() < self.loss:
             if src == "m":
@@ -141,8 +142,14 @@ class Simulation:
         node = self.nodes[name]
         if not self.usable(name) or suspect not in node.core.ring.nodes:
             return
-        # direct and indirect probes: both fail only if the suspect is down or paused
-        if self.usable(suspect):
+        # direct probe, and indirect through the next node clockwise (as the runtime does)
+        cut = lambda a, b: frozenset((a, b)) in self.cut
+        ring = node.core.ring
+        via = next((n for n in ring.nodes if n not in (name, suspect)), None)
+        direct = self.usable(suspect) and not cut(name, suspect)
+        indirect = (via is not None and self.usable(via) and self.usable(suspect)
+                    and not cut(name, via) and not cut(via, suspect))
+        if direct or indirect:
             node.detector.probe_succeeded(suspect, self.now)
             return
         node.detector.probe_failed(suspect)
@@ -289,6 +296,16 @@ class Simulation:
         self.log.append(f"{self.now:.3f} kill {name}")
         self.nodes[name].alive = False
 
+    def partition(self, name: str, others: list[str], seconds: float) -> None:
+        self.log.append(f"{self.now:.3f} cut {name} from {','.join(others)} for {seconds:.2f}s")
+        pairs = {frozenset((name, o)) for o in others}
+        self.cut |= pairs
+        self.at(self.now + seconds, self._heal, pairs)
+
+    def _heal(self, pairs) -> None:
+        self.log.append(f"{self.now:.3f} heal")
+        self.cut -= pairs
+
     def pause(self, name: str, seconds: float) -> None:
         self.log.append(f"{self.now:.3f} pause {name} {seconds:.2f}s")
         self.nodes[name].paused_until = self.now + seconds
@@ -312,6 +329,11 @@ class Simulation:
         for key, count in self.acked.items():
             if count > self.sent[key]:
                 raise AssertionError(f"{key} acknowledged more often than sent")
+
+    def under_replicated(self) -> dict[str, list[int]]:
+        """Ranges of usable owners not yet on all their replicas."""
+        return {name: n.core.under_replicated() for name, n in self.nodes.items()
+                if self.usable(name) and n.core.under_replicated()}
 
     def final_state(self) -> tuple[Counter, set]:
         """Counts held by the owners in the newest ring, and the keys in lost ranges."""

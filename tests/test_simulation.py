@@ -27,6 +27,11 @@ def scenario(seed: int) -> Simulation:
     elif pick.random() < 0.4:
         other = (victim + 2) % nodes
         faults.append((pick.uniform(0.2, 1.0), sim.pause, (names[other], pick.uniform(0.1, 0.8))))
+    elif pick.random() < 0.5:
+        # a node cut off from one neighbour: the indirect probe must keep it alive
+        a = (victim + 2) % nodes
+        faults.append((pick.uniform(0.1, 1.0), sim.partition,
+                       (names[a], [names[(a + 1) % nodes]], pick.uniform(0.3, 1.0))))
     sim.run(until=5.0, emit_until=1.5, faults=faults)
     return sim
 
@@ -37,6 +42,7 @@ def run_seed(seed: int) -> None:
     context = f"seed {seed}: " + "; ".join(sim.log)
     assert not lost, f"{context}: ranges lost with at most r failures in a row"
     assert not sim.undelivered, f"{context}: {len(sim.undelivered)} batches never delivered"
+    assert not sim.under_replicated(), f"{context}: not re-replicated: {sim.under_replicated()}"
     for key in sim.sent:
         assert state[key] == sim.sent[key] == sim.acked[key], (
             f"{context}: {key} holds {state[key]}, sent {sim.sent[key]}, acked {sim.acked[key]}")
