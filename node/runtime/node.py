@@ -161,9 +161,13 @@ class NodeRuntime:
             else:
                 core.checkpoint_acked(s.checkpoint.token, s.replica, seq, need_full)
 
+        behind_before = set(core.under_replicated())
         await asyncio.gather(*(ship(s) for s in shipments))
         for token in {s.checkpoint.token for s in shipments}:
             core.checkpoint_done(token)
+        if behind_before and not core.under_replicated() and core.ring.version > 1:
+            log.info("re-replicated at %.6f: every range of %s is on r+1 nodes again",
+                     time.time(), core.node_id)
 
     # ------------------------------------------------------ ring and failures
 
