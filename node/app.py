@@ -7,8 +7,6 @@ import dataclasses
 import logging
 import signal
 
-from grpc_health.v1 import health_pb2
-
 from node.config import NodeConfig
 from node.core.reducers import load_reducer, parse_reducer_args
 from node.runtime.node import NodeRuntime
@@ -37,10 +35,6 @@ async def start_node(config: NodeConfig) -> RunningNode:
     reducer.name = config.reducer
     runtime = NodeRuntime(config, reducer, PeerPool(config.rpc_timeout, config.max_message_bytes))
     server, health, port = await start_server(runtime)
-    loop = asyncio.get_running_loop()
-    # A fenced node says so to health checks and load balancers.
-    runtime.on_fenced = lambda: loop.create_task(
-        health.set("", health_pb2.HealthCheckResponse.NOT_SERVING))
     if config.listen.endswith(":0"):
         # Bound to an ephemeral port (tests): publish the real address in the ring.
         address = f"{config.listen.rpartition(':')[0]}:{port}"

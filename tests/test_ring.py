@@ -165,3 +165,13 @@ def test_concurrent_removals_merge_the_same_way_on_every_node(ring, data):
     for i, token in enumerate(ring.tokens):
         heir = next(ring.owners[(i + s) % n] for s in range(n) if ring.owners[(i + s) % n] in survivors)
         assert merged.owner_of_token(token) == heir
+
+
+def test_a_member_joining_in_one_view_survives_a_merge_with_a_removal():
+    ring = Ring.initial({"a": "h:1", "b": "h:2", "c": "h:3"}, 1, 2)
+    joined = ring.add_node("a#1", "h:9", ())          # an empty member, no tokens yet
+    shrunk = ring.without(["b"])
+    for merged in (joined.merge(shrunk), shrunk.merge(joined)):
+        assert "a#1" in merged.nodes and "b" not in merged.nodes
+        assert merged.share_of("a#1") == 0 and merged.version == 3
+    assert joined.merge(shrunk) == shrunk.merge(joined)

@@ -251,14 +251,23 @@ class Ring:
             return self
         newer, older = (other, self) if other.version > self.version else (self, other)
         missing = older.removed - newer.removed
-        if not missing:
+        gone = newer.removed | older.removed
+        # Members that joined in one view only (with no tokens yet) survive the merge.
+        joined = tuple(a for a in older.addresses
+                       if a[0] not in newer._address and a[0] not in gone)
+        if not missing and not joined:
             return newer
+        if not missing:
+            return newer._with(version=max(self.version, other.version) + 1,
+                               addresses=tuple(sorted(newer.addresses + joined)))
         # Apply each side's missing removals to the other; both give the same owners,
         # and the union of what each judged lost keeps the merge symmetric.
         merged = newer.without(missing)
         mirror = older.without(newer.removed - older.removed)
+        joined = tuple(a for a in joined if a[0] not in merged._address)
         return merged._with(version=max(self.version, other.version) + 1,
-                            lost=merged.lost | mirror.lost)
+                            lost=merged.lost | mirror.lost,
+                            addresses=tuple(sorted(merged.addresses + joined)))
 
     @staticmethod
     def version_of_stamp(stamp: int) -> int:

@@ -50,7 +50,8 @@ class NodeRuntime:
         self.detector = FailureDetector(DetectorConfig(
             min_timeout=config.suspect_min, max_timeout=config.suspect_max,
             probe_timeout=config.probe_timeout))
-        self.on_fenced = None          # set by the app: turn health NOT_SERVING
+        self.incarnation = 0           # bumped each time we rejoin after being fenced
+        self.rejoined = 0
         self._syncing: asyncio.Task | None = None
         self._background: set[asyncio.Task] = set()
 
@@ -185,10 +186,7 @@ class NodeRuntime:
         new = change.ring
         log.info("ring v%d -> v%d (%s)", before.version, new.version, new.describe())
         if change.fenced:
-            log.error("node %s was declared dead in ring v%d: fenced, serving nothing; "
-                      "restart it to rejoin empty", self.config.node_id, new.version)
-            if self.on_fenced:
-                self.on_fenced()
+            self._rejoin_empty(new)
             return change
         if change.taken_over:
             log.info("took over %d ranges at %.6f", len(change.taken_over), time.time())
@@ -197,18 +195,35 @@ class NodeRuntime:
         self.detector.watch(self.core.monitored_primaries(), time.monotonic())
         return change
 
+    def _rejoin_empty(self, ring: Ring) -> None:
+        """We were declared dead (paused or cut off too long): everything we hold is
+        stale. Come back as a new incarnation with no state and no tokens; the ring
+        gives it ranges only through a handoff, like any new node."""
+        base = self.config.node_id
+        self.incarnation += 1
+        node_id = f"{base}#{self.incarnation}"
+        log.error("%s was declared dead in ring v%d: dropping all state, rejoining empty "
+                  "as %s", self.core.node_id, ring.version, node_id)
+        joined = ring.add_node(node_id, self.config.listen, ())
+        self.core = NodeCore(node_id, joined, self.reducer,
+                             Limits(max_batch_bytes=self.config.max_batch_bytes),
+                             verify_keys=self.config.verify_keys)
+        self.detector.watch((), time.monotonic())
+        self.rejoined += 1
+        self.sync_ring()
+
     def sync_ring(self, address: str | None = None) -> None:
         """Exchange ring views with one peer, or all, in the background."""
         if address is None and self._syncing is not None and not self._syncing.done():
             return
         ring = self.core.ring
         targets = [address] if address else [a for n, a in ring.addresses
-                                             if n != self.config.node_id]
+                                             if n != self.core.node_id]
 
         async def exchange(target):
             try:
                 wire = await self.peers.exchange_ring(
-                    target, sender=self.config.node_id, ring_wire=self.core.ring.to_wire(),
+                    target, sender=self.core.node_id, ring_wire=self.core.ring.to_wire(),
                     version=self.core.ring.version, reducer=self.reducer.name)
             except FloeError:
                 return
@@ -246,7 +261,7 @@ class NodeRuntime:
 
     async def _heartbeat(self, node: str, address: str, version: int) -> None:
         try:
-            theirs = await self.peers.heartbeat(address, sender=self.config.node_id,
+            theirs = await self.peers.heartbeat(address, sender=self.core.node_id,
                                                 ring_version=version,
                                                 timeout=self.config.heartbeat_interval * 4)
         except FloeError as exc:
@@ -276,10 +291,10 @@ class NodeRuntime:
         timeout = self.config.probe_timeout
         address = ring.address(node)
         via = next((n for n in _clockwise_after(ring, node)
-                    if n not in (node, self.config.node_id)), None)
+                    if n not in (node, self.core.node_id)), None)
 
         async def direct():
-            await self.peers.heartbeat(address, sender=self.config.node_id,
+            await self.peers.heartbeat(address, sender=self.core.node_id,
                                        ring_version=ring.stamp, timeout=timeout)
             return True
 
@@ -307,7 +322,7 @@ class NodeRuntime:
         if address is None:
             return False
         try:
-            await self.peers.heartbeat(address, sender=self.config.node_id,
+            await self.peers.heartbeat(address, sender=self.core.node_id,
                                        ring_version=self.core.ring.stamp, timeout=timeout)
         except FloeError:
             return False
@@ -316,7 +331,7 @@ class NodeRuntime:
     # --------------------------------------------------------------- queries
 
     def stats(self) -> dict:
-        return dict(self.core.stats(), fenced=self.core.fenced, node_id=self.config.node_id, address=self.config.listen,
+        return dict(self.core.stats(), fenced=self.core.fenced, rejoined=self.rejoined, node_id=self.core.node_id, address=self.config.listen,
                     queue_length=self.inbound.qsize(), reducer=self.reducer.name,
                     pid=os.getpid(), uptime=time.monotonic() - self.started_at)
 

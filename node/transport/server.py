@@ -65,7 +65,7 @@ class ControlPlane(floe_pb2_grpc.ControlPlaneServicer):
         ring = self.runtime.core.ring
         return floe_pb2.RingView(version=ring.version, ring=ring.to_wire(),
                                  reducer=self.runtime.reducer.name,
-                                 sender=self.runtime.config.node_id)
+                                 sender=self.runtime.core.node_id)
 
     async def GetRing(self, request, context):
         if request.expect_reducer and request.expect_reducer != self.runtime.reducer.name:
@@ -83,9 +83,9 @@ class ControlPlane(floe_pb2_grpc.ControlPlaneServicer):
 
     async def Heartbeat(self, request, context):
         if self.runtime.core.fenced:
-            await abort(context, Fenced(f"{self.runtime.config.node_id} was removed from the ring"))
+            await abort(context, Fenced(f"{self.runtime.core.node_id} was removed from the ring"))
         self.runtime.heard_from(request.sender, request.ring_version)
-        return floe_pb2.HeartbeatReply(sender=self.runtime.config.node_id,
+        return floe_pb2.HeartbeatReply(sender=self.runtime.core.node_id,
                                        ring_version=self.runtime.core.ring.stamp)
 
     async def Probe(self, request, context):
