@@ -77,9 +77,25 @@ def live(stats):
     return [s for s in stats if "error" not in s]
 
 
+def floe_status(tmp_path) -> dict:
+    import json
+    import os
+    import subprocess
+    import sys
+    root = Path(__file__).resolve().parent.parent
+    result = subprocess.run([sys.executable, "-m", "chaos.cli", "status", "--json"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=60,
+                            env=dict(os.environ, PYTHONPATH=f"{root}:{root / 'proto'}"))
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
 def test_sigkill_one_node_under_load(tmp_path):
     with LocalCluster.up(4, 1, workdir=tmp_path) as cluster:
-        stats = run_with_faults(cluster, lambda: cluster.kill("n1"))
+        run_with_faults(cluster, lambda: cluster.kill("n1"))
+        status = floe_status(tmp_path)              # what an operator sees
+    stats = status["nodes"]
+    assert status["ring_version"] >= 2
     alive = live(stats)
     assert {s["node_id"] for s in alive} == {"n0", "n2", "n3"}
     assert sum(s["takeovers"] for s in alive) == 8          # n1's 8 tokens
