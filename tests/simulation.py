@@ -128,7 +128,7 @@ class Simulation:
         if node.paused_until > self.now or node.core.fenced:
             return
         core = node.core
-        for target in core.heartbeat_targets():
+        for target in sorted(core.heartbeat_targets()):
             self.send(name, target, self._heartbeat, name, target, core.ring)
         for suspect in node.detector.suspects(self.now):
             self.at(self.now + 0.15, self._probe_result, name, suspect)
@@ -178,7 +178,7 @@ class Simulation:
             cp = s.checkpoint
             self.send(name, s.replica, self._receive_checkpoint, name, s.replica,
                       core.ring.stamp, cp, s.base_seq)
-        for token in {s.checkpoint.token for s in shipments}:
+        for token in sorted({s.checkpoint.token for s in shipments}):
             core.checkpoint_done(token)   # shipping is asynchronous: merge now
 
     def _receive_checkpoint(self, src, dst, stamp, cp, base_seq) -> None:
@@ -225,7 +225,7 @@ class Simulation:
                       first_seq=batch.seqs[0], last_seq=batch.seqs[-1], count=len(batch.seqs),
                       payload=encode_payload(batch.keys, [1] * len(batch.keys)),
                       seqs=encode_seqs(batch.seqs))
-        for dest in batch.waiting:
+        for dest in sorted(batch.waiting):
             self.send("m", dest, self._node_receive, dest, batch.id, batch.stamp,
                       dict(fields, stream=self.streams[("m", dest)]))
 

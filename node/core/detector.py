@@ -42,7 +42,7 @@ class FailureDetector:
         for node in list(self._watches):
             if node not in nodes:
                 del self._watches[node]
-        for node in nodes:
+        for node in sorted(nodes):   # a stable order keeps simulations reproducible
             if node not in self._watches:
                 self._watches[node] = _Watch(now, deque(maxlen=self.config.window))
 
