@@ -62,10 +62,11 @@ class Simulation:
                       for n in members}
         for node in self.nodes.values():
             node.detector.watch(node.core.monitored_primaries(), 0.0)
-        self.broken: set[tuple[str, str]] = set()
+        self.dead_from: dict = {}          # (link, stream) -> first message index not delivered
+        self.sent_on_link: dict = defaultdict(int)
+        self.delivering = None
         self.cut: set[frozenset] = set()   # node pairs that cannot talk (partitions)
         self.stream_no = 0
-        self.failed_streams: set[tuple[str, int]] = set()
         self.streams: dict[tuple[str, str], int] = defaultdict(int)
         self.last_on_link: dict[tuple[str, str], float] = defaultdict(float)
         # one simulated mapper
@@ -84,33 +85,45 @@ class Simulation:
         heapq.heappush(self.events, (when, self.counter, action, args))
 
     def send(self, src: str, dst: str, action, *args) -> None:
-        """FIFO per link. The mapper's links are streams: a lost message breaks one until
-        `reconnect`. Node-to-node messages are separate unary calls: each may be lost."""
+        """FIFO per link. The mapper's links are streams: once a message of a stream is
+        lost (or arrives at a paused or dead node, or is refused), neither it nor
+        anything sent after it on that stream arrives; what was sent before it still
+        does, in order. Node-to-node messages are separate unary calls: each may be
+        lost on its own."""
         link = (src, dst)
-        if link in self.broken or frozenset(link) in self.cut:
+        if frozenset(link) in self.cut:
+            return
+        stream = self.streams[link] if src == "m" else None
+        self.sent_on_link[link] += 1
+        index = self.sent_on_link[link]
+        if stream is not None and index >= self.dead_from.get((link, stream), index + 1):
             return
         if self.loss and self.rng.random() < self.loss:
-            if src == "m":
-                self.broken.add(link)
+            if stream is not None:
+                self._kill_stream(link, stream, index)
             return
         when = max(self.now + self.rng.uniform(0.0005, 0.005), self.last_on_link[link])
         self.last_on_link[link] = when
-        self.at(when, self._deliver, link, action, args)
+        self.at(when, self._deliver, link, stream, index, action, args)
 
-    def _deliver(self, link, action, args) -> None:
+    def _kill_stream(self, link, stream, index) -> None:
+        key = (link, stream)
+        self.dead_from[key] = min(self.dead_from.get(key, index), index)
+
+    def _deliver(self, link, stream, index, action, args) -> None:
         src, dst = link
-        if link in self.broken:
+        if stream is not None and index >= self.dead_from.get((link, stream), index + 1):
             return
         for end in (src, dst):
             node = self.nodes.get(end)
             if node is not None and (not node.alive or node.paused_until > self.now):
-                if src == "m":
-                    self.broken.add(link)  # the stream times out; nothing behind it arrives
+                if stream is not None:
+                    self._kill_stream(link, stream, index)  # the stream times out
                 return
+        self.delivering = (link, stream, index)
         action(*args)
 
     def reconnect(self, src: str, dst: str) -> None:
-        self.broken.discard((src, dst))
         self.stream_no += 1
         self.streams[(src, dst)] = self.stream_no
 
@@ -230,16 +243,15 @@ class Simulation:
                       dict(fields, stream=self.streams[("m", dest)]))
 
     def _node_receive(self, name, batch_id, stamp, fields) -> None:
-        if (name, fields["stream"]) in self.failed_streams:
-            return  # like the real node: nothing behind a refusal on a stream is applied
         try:
             self.nodes[name].core.receive_batch(**fields)
         except FloeError:
-            self.failed_streams.add((name, fields["stream"]))
-            if fields["stream"] == self.streams[("m", name)]:
-                self.broken.add(("m", name))  # the stream ends with the refusal
+            # like the real node: the refusal ends the stream, nothing behind it applies
+            link, stream, index = self.delivering
+            self._kill_stream(link, stream, index + 1)
+            if stream == self.streams[link]:
                 self.send(name, "m", self._mapper_refused, self.nodes[name].core.ring)
-            return                            # (a replaced stream's refusal goes nowhere)
+            return
         self.send(name, "m", self._mapper_ack, batch_id, name, stamp)
 
     def _mapper_ack(self, batch_id, node, stamp) -> None:
