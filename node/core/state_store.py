@@ -1,8 +1,9 @@
-"""Per key state in master / inactive / active layers (Floe §V-C).
+"""Per key state in master / inactive / active layers (Floe §V-C incremental checkpoints).
 
-Updates go to active. A checkpoint swaps active into inactive in O(1) and ships it,
-then merges it into master, while updates keep going into a fresh active. Reads look
-active -> inactive -> master, so they always see the newest state.
+Updates go to active. A checkpoint swaps active into inactive in O(1) and ships it (it
+holds exactly the keys changed since the previous checkpoint), then merges it into
+master, while updates keep going into a fresh active. Reads look active -> inactive ->
+master, so they always see the newest state.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Iterator
 
 from node.core.reducers import Reducer
 
-_ABSENT = object()
+MISSING = object()  # "no such key", for callers whose states may be None
 
 
 class LayeredState:
@@ -22,30 +23,53 @@ class LayeredState:
         self.active: dict = {}
 
     def get(self, key, default=None):
-        state = self.active.get(key, _ABSENT)
-        if state is _ABSENT and self.inactive is not None:
-            state = self.inactive.get(key, _ABSENT)
-        if state is _ABSENT:
-            state = self.master.get(key, _ABSENT)
-        return default if state is _ABSENT else state
+        if key in self.active:
+            return self.active[key]
+        inactive = self.inactive
+        if inactive is not None and key in inactive:
+            return inactive[key]
+        return self.master.get(key, default)
 
     def lookup(self, key):
-        state = self.get(key, _ABSENT)
-        return self.reducer.initial() if state is _ABSENT else state
+        """The state of `key`, or the reducer's initial state for a key never seen.
+        Called by apply for every key new to active, so get() is inlined."""
+        if key in self.active:
+            return self.active[key]
+        inactive = self.inactive
+        if inactive is not None and key in inactive:
+            return inactive[key]
+        master = self.master
+        return master[key] if key in master else self.reducer.initial()
 
     def apply(self, keys, values) -> None:
+        """Fold a batch; raises InvalidArgument, changing nothing, for a bad one."""
         self.reducer.apply_batch(keys, values, self.active, self.lookup)
 
     def swap(self) -> dict:
+        """Start a checkpoint: return the fragment (the keys changed since the previous
+        one), which stays readable as the inactive layer until merge_inactive."""
         if self.inactive is not None:
             raise RuntimeError("the previous checkpoint has not been merged yet")
         self.inactive, self.active = self.active, {}
         return self.inactive
 
     def merge_inactive(self) -> None:
+        """Finish a checkpoint once its fragment is shipped; no-op without one."""
         if self.inactive is not None:
             self.master.update(self.inactive)
             self.inactive = None
+
+    def items(self) -> Iterator[tuple[object, object]]:
+        """Each key once with its newest state, without copying master. Lazy: do not
+        apply, swap or merge while iterating (take a snapshot() for that)."""
+        active, inactive = self.active, self.inactive or {}
+        yield from active.items()
+        for key, state in inactive.items():
+            if key not in active:
+                yield key, state
+        for key, state in self.master.items():
+            if key not in active and key not in inactive:
+                yield key, state
 
     def snapshot(self) -> dict:
         full = dict(self.master)
@@ -54,26 +78,30 @@ class LayeredState:
         full.update(self.active)
         return full
 
-    def items(self) -> Iterator[tuple[object, object]]:
-        return iter(self.snapshot().items())
-
     def replace(self, full: dict) -> None:
+        """Take over a range: `full` (now owned by this store) becomes master."""
         self.master, self.inactive, self.active = full, None, {}
 
     def __len__(self) -> int:
+        master = self.master
         if not self.active and not self.inactive:
-            return len(self.master)
-        return len(self.master.keys() | (self.inactive or {}).keys() | self.active.keys())
+            return len(master)
+        # Only the small layers are scanned, never master.
+        changed = self.active.keys() | (self.inactive or {}).keys()
+        return len(master) + len(changed) - sum(map(master.__contains__, changed))
 
     def check_invariants(self) -> None:
         if not isinstance(self.master, dict) or not isinstance(self.active, dict):
             raise AssertionError("master and active must be dicts")
         if self.inactive is not None and not isinstance(self.inactive, dict):
             raise AssertionError("inactive must be None or a dict")
+        if self.active is self.master or self.active is self.inactive \
+                or self.inactive is self.master:
+            raise AssertionError("two state layers are the same dict")
 
 
 class ReplicaState:
-    """A replica's copy of a primary range as of the primary's last checkpoint."""
+    """A replica's copy of a primary's range as of the primary's last checkpoint."""
 
     def __init__(self) -> None:
         self.master: dict = {}
@@ -82,6 +110,7 @@ class ReplicaState:
         self.master.update(fragment)
 
     def replace(self, full: dict) -> None:
+        # Copied: one full checkpoint may be handed to several replicas in-process.
         self.master = dict(full)
 
     def get(self, key, default=None):
