@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -21,6 +22,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 DEFAULT_STATE_FILE = "floe-cluster.json"
+_TAKEOVER = re.compile(r"took over \d+ ranges at ([0-9.]+)")
 
 
 @dataclass
@@ -136,6 +138,17 @@ class LocalCluster:
             while node.alive():
                 _reap(node.pid)
                 time.sleep(0.005)
+
+    def takeover_times(self) -> list[float]:
+        """Wall-clock times at which any node logged taking ranges over."""
+        times = []
+        for node in self.nodes:
+            try:
+                text = Path(node.log).read_text(errors="replace")
+            except OSError:
+                continue
+            times += [float(m.group(1)) for m in _TAKEOVER.finditer(text)]
+        return times
 
     # ------------------------------------------------------------ records
 

@@ -7,18 +7,13 @@ mid-stream, and exact results printed.
 from __future__ import annotations
 
 import argparse
-import re
 import tempfile
-import threading
 import time
 from collections import Counter
-from pathlib import Path
 
 from chaos.cluster import LocalCluster
 from chaos.corpus import kjv_lines
 from mapper import RingClient, split_words
-
-TAKEOVER = re.compile(r"took over \d+ ranges at ([0-9.]+)")
 
 
 def main(argv=None) -> int:
@@ -59,8 +54,7 @@ def main(argv=None) -> int:
                 print(f"fed {len(words)} tuples in {elapsed:.2f}s "
                       f"({len(words) / elapsed:,.0f}/s), every one acknowledged by r+1 nodes")
                 if killed_at is not None:
-                    taken = [float(m.group(1)) - killed_at for node in cluster.nodes
-                             for m in TAKEOVER.finditer(Path(node.log).read_text())]
+                    taken = [t - killed_at for t in cluster.takeover_times()]
                     if taken:
                         print(f"recovery: {victim.node_id}'s ranges applied again by their "
                               f"heir {max(taken) * 1e3:.0f} ms after the kill")

@@ -12,19 +12,15 @@ owners again. Counts are checked exactly against what flush() acknowledged.
 from __future__ import annotations
 
 import argparse
-import re
 import statistics
 import tempfile
 import threading
 import time
 from collections import Counter
-from pathlib import Path
 
 from chaos.cluster import LocalCluster
 from chaos.corpus import kjv_lines
 from mapper import RingClient, split_words
-
-TAKEOVER = re.compile(r"took over \d+ ranges at ([0-9.]+)")
 
 
 def one_trial(nodes: int, replicas: int, kill: int, words: list[str]) -> dict:
@@ -56,10 +52,7 @@ def one_trial(nodes: int, replicas: int, kill: int, words: list[str]) -> dict:
             thread.join(60)
             exact = dict(client.scan()) == acked
             client.close()
-            takeovers = []
-            for node in cluster.nodes:
-                for match in TAKEOVER.finditer(Path(node.log).read_text()):
-                    takeovers.append(float(match.group(1)) - killed_at)
+            takeovers = [t - killed_at for t in cluster.takeover_times()]
             stall = max((end - start for start, end in gaps if end >= killed_at), default=0.0)
     return {"killed": victims, "takeover_s": max(takeovers) if takeovers else None,
             "stall_s": stall, "exact": exact}

@@ -26,7 +26,7 @@ import msgpack
 from floering.v1 import floe_pb2
 from node.core.batch import KEY_TYPES, encode_payload, encode_seqs
 from node.core.codec import pack, unpack, unpack_entries
-from node.core.errors import FloeError, InvalidArgument, InvalidKey, StaleRing, Unavailable
+from node.core.errors import InvalidArgument, InvalidKey, Unavailable
 from node.core.ring import Ring
 from mapper.delivery import Delivery, PendingBatch
 from mapper.routing import Router

@@ -11,7 +11,6 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from floering.v1 import floe_pb2, floe_pb2_grpc
 
 from chaos.cluster import LocalCluster
 from chaos.corpus import kjv_lines

@@ -15,7 +15,7 @@ from node.config import NodeConfig
 from node.core.batch import Limits
 from node.core.detector import DetectorConfig, FailureDetector
 from node.core.errors import Fenced, FloeError, InvalidArgument, StaleRing
-from node.core.node_core import NodeCore, PushResult, RingChange
+from node.core.node_core import NodeCore, RingChange
 from node.core.reducers import Reducer
 from node.core.ring import Ring
 
