@@ -1,0 +1,1 @@
+"""The spark-submit driver: a Structured Streaming query whose executors act as mappers."""
