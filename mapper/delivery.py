@@ -179,7 +179,11 @@ class Delivery:
         self._streams = 0
 
     def next_stream(self) -> int:
-        self._streams += 1
+        # Wall-clock microseconds, never less than the previous number + 1: stream
+        # numbers must also grow across client incarnations that reuse a source (a
+        # retried Spark task resends its partition under the same source), or the
+        # nodes would refuse the newer incarnation as a replaced stream.
+        self._streams = max(self._streams + 1, time.time_ns() // 1000)
         return self._streams
 
     # ------------------------------------------------------------- channels

@@ -12,6 +12,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Iterator
 
+from node.core.epochs import effective_mark
+
 
 @dataclass(frozen=True, slots=True)
 class BackupEntry:
@@ -50,7 +52,7 @@ class BackupStore:
             return 0
         dropped = 0
         for source, queue in list(per_source.items()):
-            mark = watermarks.get(source, 0)
+            mark = effective_mark(watermarks, source)
             while queue and queue[0].last_seq <= mark:
                 entry = queue.popleft()
                 dropped += entry.count
@@ -84,8 +86,10 @@ class BackupStore:
             for source, queue in per_source.items():
                 if not queue:
                     raise AssertionError(f"empty queue kept for {token}/{source}")
+                # Batches may overlap (two attempts of a retried task batch the same
+                # tuples differently); their last seqs still strictly increase.
                 for a, b in zip(queue, list(queue)[1:]):
-                    if a.last_seq >= b.first_seq:
+                    if a.last_seq >= b.last_seq:
                         raise AssertionError(f"backup of {token}/{source} out of seq order")
                 tuples += sum(e.count for e in queue)
                 nbytes += sum(e.nbytes for e in queue)

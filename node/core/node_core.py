@@ -13,6 +13,7 @@ from typing import Iterator
 
 from node.core.backup_store import BackupEntry
 from node.core.batch import Limits, check_header
+from node.core.epochs import check_source
 from node.core.errors import Fenced, InvalidArgument, RangeLost, StaleRing
 from node.core.ranges import Checkpoint, PrimaryRange, ReplicaSide
 from node.core.reducers import Reducer
@@ -152,6 +153,7 @@ class NodeCore:
                             f"{self.node_id} is at version {ring.version} ({ring.stamp:#x})")
         if not source:
             raise InvalidArgument("batch has no source id")
+        check_source(source)
         check_header(count, first_seq, last_seq, seqs, payload, self.limits)
         role = ring.role_of(self.node_id, token) if ring.has_token(token) else None
         if role == "primary":

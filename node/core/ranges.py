@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from node.core.backup_store import BackupEntry, BackupStore
 from node.core.batch import decode_payload, decode_seqs
 from node.core.dedup import first_new_index
+from node.core.epochs import effective_mark, raise_floor, replay_order
 from node.core.errors import FloeError
 from node.core.reducers import Reducer
 from node.core.state_store import LayeredState, ReplicaState
@@ -43,7 +44,7 @@ class PrimaryRange:
               payload: bytes, seqs: bytes, verify=None) -> tuple[int, int]:
         """Apply a batch; return (applied, duplicates). Raises before changing anything
         when the batch is malformed. `verify(keys)` may refuse keys outside the range."""
-        mark = self.watermarks.get(source, 0)
+        mark = effective_mark(self.watermarks, source)
         start = first_new_index(mark, first_seq, last_seq, count,
                                 lambda: decode_seqs(first_seq, last_seq, count, seqs))
         if start == count:
@@ -55,6 +56,7 @@ class PrimaryRange:
             keys, values = keys[start:], values[start:]
         self.state.apply(keys, values)
         self.watermarks[source] = last_seq
+        raise_floor(self.watermarks, source, first_seq)
         return count - start, start
 
     def has_changes(self) -> bool:
@@ -81,7 +83,7 @@ class PrimaryRange:
     def check_invariants(self) -> None:
         self.state.check_invariants()
         for source, mark in self._watermarks_at_checkpoint.items():
-            if self.watermarks.get(source, 0) < mark:
+            if effective_mark(self.watermarks, source) < mark:
                 raise AssertionError(f"watermark of {source} went backwards")
 
 
@@ -120,7 +122,7 @@ class ReplicaSide:
 
     def store(self, token: int, primary: str, source: str, entry: BackupEntry) -> tuple[int, int]:
         rng = self._range(token, primary)
-        if entry.last_seq <= rng.watermarks.get(source, 0):
+        if entry.last_seq <= effective_mark(rng.watermarks, source):
             return 0, entry.count  # already covered by a checkpoint
         self.backups.add(token, source, entry)
         return entry.count, 0
@@ -153,7 +155,7 @@ class ReplicaSide:
             watermarks = dict(rng.watermarks)
         replay = PrimaryRange(token, self.reducer)
         replay.state, replay.watermarks = state, watermarks
-        for source, entry in self.backups.entries(token):
+        for source, entry in replay_order(self.backups.entries(token)):
             try:
                 replay.apply(source, entry.first_seq, entry.last_seq, entry.count,
                              entry.payload, entry.seqs)
