@@ -1,0 +1,241 @@
+"""Stream a Structured Streaming source into a floe ring; Spark's executors are the mappers.
+
+    spark-submit --master 'local[2]' spark_driver/driver.py --ring HOST:PORT[,HOST:PORT...] \\
+        --source dir:PATH | rate:ROWS_PER_SECOND | socket:HOST:PORT \\
+        [--map package.module:function] [--checkpoint DIR] [--available-now]
+
+Each micro-batch goes through foreachBatch -> foreachPartition: every partition is a
+RingClient numbering its tuples from (query id, batch id, partition id, position), so a
+retried task or a batch replayed after a restart from --checkpoint is deduplicated by
+the ring: exactly-once end to end for a replayable source (dir, rate) and a
+deterministic map step. Without --available-now the query runs until SIGTERM/SIGINT.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# spark-submit runs this file as a script: make this checkout's packages importable
+# (an installed floe-ring needs nothing here).
+_ROOT = Path(__file__).resolve().parent.parent
+if (_ROOT / "proto" / "floering").is_dir():
+    for _p in (str(_ROOT / "proto"), str(_ROOT)):
+        if _p not in sys.path:
+            sys.path.insert(0, _p)
+
+import argparse  # noqa: E402
+import os  # noqa: E402
+import signal  # noqa: E402
+import tempfile  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+
+from spark_driver.maps import DEFAULT_RATE_MAP, DEFAULT_TEXT_MAP, load_map  # noqa: E402
+from spark_driver.partition import PartitionConfig, write_partition  # noqa: E402
+
+
+class UsageError(Exception):
+    pass
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="spark_driver/driver.py",
+                                description=__doc__.splitlines()[0])
+    p.add_argument("--ring", required=True, help="seed nodes host:port[,host:port...]")
+    p.add_argument("--source", required=True,
+                   help="dir:PATH (text files, watched), rate:ROWS_PER_SECOND, socket:HOST:PORT")
+    p.add_argument("--map", dest="map_spec",
+                   help=f"map step package.module:function (default {DEFAULT_TEXT_MAP}; "
+                        f"{DEFAULT_RATE_MAP} for rate)")
+    p.add_argument("--reducer", default="count",
+                   help="the reducer the ring must run; refused if it differs (default count)")
+    p.add_argument("--checkpoint", help="Spark checkpoint location; rerun with the same one "
+                                        "to resume exactly where a stopped driver left off")
+    p.add_argument("--available-now", action="store_true",
+                   help="process everything in the source, flush, exit 0")
+    p.add_argument("--trigger", type=float, default=0.0,
+                   help="seconds between micro-batches (default: as fast as possible)")
+    p.add_argument("--max-files-per-trigger", type=int, help="dir source: files per batch")
+    p.add_argument("--partitions", type=int, default=2, help="rate source partitions")
+    p.add_argument("--combine", action="store_true",
+                   help="sum values per key within a partition before sending (count/sum "
+                        "reducers only)")
+    p.add_argument("--batch-size", type=int, default=2000, help="tuples per ring batch")
+    p.add_argument("--progress", type=float, default=5.0,
+                   help="seconds between progress lines (0: none)")
+    p.add_argument("--shuffle-partitions", type=int, default=2)
+    p.add_argument("--inject-task-failure", metavar="MARKER",
+                   help="testing: the first task to create MARKER fails half-way")
+    p.add_argument("--inject-hang", metavar="MARKER",
+                   help="testing: the first task to create MARKER hangs half-way")
+    args = p.parse_args(argv)
+    kind, _, rest = args.source.partition(":")
+    if kind not in ("dir", "rate", "socket") or not rest:
+        raise UsageError(f"--source {args.source!r}: expected dir:PATH, rate:ROWS_PER_SECOND "
+                         f"or socket:HOST:PORT")
+    if args.available_now and kind != "dir":
+        raise UsageError(f"--available-now needs a bounded source (dir:PATH); {kind} never ends")
+    if args.combine and args.reducer not in ("count", "sum"):
+        raise UsageError("--combine only applies to the count and sum reducers")
+    args.map_spec = args.map_spec or (DEFAULT_RATE_MAP if kind == "rate" else DEFAULT_TEXT_MAP)
+    load_map(args.map_spec)     # fail here, not in every task
+    args.seeds = [s.strip() for s in args.ring.split(",") if s.strip()]
+    return args
+
+
+def check_ring(seeds: list[str], reducer: str):
+    """Refuse to start against a ring that is down or runs another reducer."""
+    from mapper import RingClient
+    from node.core.errors import FloeError
+    try:
+        client = RingClient(seeds, expect_reducer=reducer, timeout=15, rpc_timeout=3)
+    except FloeError as exc:
+        raise UsageError(f"cannot use the ring at {','.join(seeds)}: {exc}") from None
+    return client
+
+
+def read_stream(spark, args):
+    kind, _, rest = args.source.partition(":")
+    reader = spark.readStream
+    if kind == "dir":
+        Path(rest).mkdir(parents=True, exist_ok=True)
+        if args.max_files_per_trigger:
+            reader = reader.option("maxFilesPerTrigger", args.max_files_per_trigger)
+        return reader.format("text").load(rest)
+    if kind == "rate":
+        return (reader.format("rate").option("rowsPerSecond", int(rest))
+                .option("numPartitions", args.partitions).load().select("value"))
+    host, _, port = rest.rpartition(":")
+    if not host or not port.isdigit():
+        raise UsageError(f"--source socket:{rest}: expected socket:HOST:PORT")
+    return reader.format("socket").option("host", host).option("port", int(port)).load()
+
+
+def build_session(args):
+    from pyspark.sql import SparkSession
+    # Executors run this same Python (and import this checkout) unless told otherwise.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = (SparkSession.builder.appName("floe-ring driver")
+               .config("spark.sql.shuffle.partitions", args.shuffle_partitions)
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.streaming.stopGracefullyOnShutdown", "true"))
+    if (_ROOT / "proto" / "floering").is_dir():
+        path = os.pathsep.join(p for p in (str(_ROOT), str(_ROOT / "proto"),
+                                           os.environ.get("PYTHONPATH", "")) if p)
+        builder = builder.config("spark.executorEnv.PYTHONPATH", path)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def run(args) -> int:
+    ring = check_ring(args.seeds, args.reducer)
+    print(f"ring: {len(ring.ring.nodes)} nodes, reducer {ring.reducer}, version "
+          f"{ring.ring.version}", flush=True)
+    spark = build_session(args)
+    checkpoint = args.checkpoint
+    if not checkpoint:
+        checkpoint = tempfile.mkdtemp(prefix="floe-spark-checkpoint-")
+        print(f"no --checkpoint: using {checkpoint}; a restarted driver would start over",
+              file=sys.stderr, flush=True)
+    query_id = threading.Event()
+    ids: dict = {}
+
+    def each_batch(df, batch_id: int) -> None:
+        query_id.wait()
+        config = PartitionConfig(tuple(args.seeds), ids["query"], args.map_spec, args.reducer,
+                                 args.combine, args.batch_size, args.inject_task_failure,
+                                 args.inject_hang)
+        # Only the input column travels to the mappers, as it was read: no shuffle, so
+        # a replayed batch has the same partitions in the same order.
+        df.select(df.columns[0]).foreachPartition(_task(config, batch_id))
+
+    writer = (read_stream(spark, args).writeStream.foreachBatch(each_batch)
+              .option("checkpointLocation", checkpoint).queryName("floe_ring"))
+    if args.available_now:
+        writer = writer.trigger(availableNow=True)
+    elif args.trigger:
+        writer = writer.trigger(processingTime=f"{args.trigger} seconds")
+    query = writer.start()
+    ids["query"] = query.id      # persisted in the checkpoint: the same after a restart
+    query_id.set()
+    print(f"query {query.id} (run {query.runId}) started, checkpoint {checkpoint}", flush=True)
+
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    reporter = ProgressReporter(query, ring, args.progress)
+    try:
+        while query.isActive and not stop.is_set():
+            query.awaitTermination(0.5)
+            reporter.maybe_report()
+        if stop.is_set():
+            print("stopping the query (signal)", flush=True)
+            query.stop()
+        error = query.exception()
+        if error is not None:
+            print(f"query failed: {error}", file=sys.stderr, flush=True)
+            return 1
+        reporter.report()
+        return 0
+    finally:
+        ring.close()
+        spark.stop()
+
+
+def _task(config: PartitionConfig, batch_id: int):
+    def task(rows) -> None:
+        from pyspark import TaskContext
+        write_partition(config, batch_id, TaskContext.get().partitionId(), rows)
+    return task
+
+
+class ProgressReporter:
+    """Spark's progress (rows/s, batch duration) next to the ring's (tuples applied)."""
+
+    def __init__(self, query, ring, interval: float) -> None:
+        self.query = query
+        self.ring = ring
+        self.interval = interval
+        self.last = time.monotonic()
+        self.last_batch = -1
+
+    def maybe_report(self) -> None:
+        if self.interval and time.monotonic() - self.last >= self.interval:
+            self.report()
+
+    def report(self) -> None:
+        self.last = time.monotonic()
+        progress = self.query.lastProgress
+        spark = "spark: waiting for the first batch"
+        if progress:
+            duration = progress.get("durationMs", {}).get("triggerExecution", 0)
+            spark = (f"spark: batch {progress['batchId']}, {progress['numInputRows']} rows in "
+                     f"{duration} ms, {progress.get('processedRowsPerSecond', 0.0):,.0f} rows/s")
+        try:
+            stats = self.ring.stats()
+            live = [s for s in stats if "error" not in s]
+            applied = sum(s["applied"] for s in live)
+            dups = sum(s["duplicates"] for s in live)
+            ring = (f"ring: {applied:,} tuples applied, {dups:,} duplicates dropped, "
+                    f"{len(live)}/{len(stats)} nodes up")
+        except Exception as exc:   # progress must never stop the query
+            ring = f"ring: stats unavailable ({exc})"
+        print(f"{spark} | {ring}", flush=True)
+
+
+def main(argv=None) -> int:
+    try:
+        args = parse_args(argv)
+        return run(args)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
