@@ -1,0 +1,160 @@
+"""The spark-submit driver with real Spark (local[2]) and real ring processes: the ring's
+counts equal an independent count of the input after a task failure, a driver killed
+mid-batch and restarted from its checkpoint, and a node SIGKILLed mid-stream."""
+
+import time
+from collections import Counter
+
+import pytest
+
+from chaos.cluster import LocalCluster
+from chaos.corpus import kjv_lines
+from mapper import RingClient, split_words
+from spark_driver import driver
+from spark_driver.launch import SparkDriver
+
+pytestmark = [pytest.mark.spark, pytest.mark.multiprocess]
+
+LINES = kjv_lines(6000)
+FILES = 6
+
+
+def write_corpus(directory, files=FILES, lines=LINES):
+    """The corpus in `files` text files; returns an independent count of its words."""
+    directory.mkdir(parents=True, exist_ok=True)
+    per = -(-len(lines) // files)
+    for i in range(files):
+        tmp = directory / f".part-{i}.tmp"
+        tmp.write_text("\n".join(lines[i * per:(i + 1) * per]) + "\n")
+        tmp.rename(directory / f"part-{i:02d}.txt")   # the source never sees half a file
+    return Counter(w for line in lines for w in split_words(line))
+
+
+@pytest.fixture
+def ring(tmp_path):
+    with LocalCluster.up(4, 1, workdir=tmp_path / "ring") as cluster:
+        yield cluster
+
+
+def ring_state(cluster):
+    with RingClient(cluster.seeds) as client:
+        return dict(client.scan()), client.stats()
+
+
+def diff(got, expect):
+    keys = [k for k in expect.keys() | got.keys() if got.get(k) != expect.get(k)]
+    return f"{len(keys)} keys differ, e.g. " + ", ".join(
+        f"{k}: ring {got.get(k)} != {expect.get(k)}" for k in sorted(keys)[:5])
+
+
+def run_driver(tmp_path, cluster, *extra, master="local[2]", name="driver"):
+    return SparkDriver(["--ring", ",".join(cluster.seeds), "--source", f"dir:{tmp_path / 'in'}",
+                        "--checkpoint", str(tmp_path / "checkpoint"), "--progress", "1",
+                        "--max-files-per-trigger", "2", *extra],
+                       master=master, log=tmp_path / f"{name}.log")
+
+
+def finish(spark, timeout=180):
+    try:
+        rc = spark.wait(timeout)
+    finally:
+        if spark.proc.poll() is None:
+            spark.kill()
+    assert not spark.descendants(), "spark-submit left processes behind"
+    return rc
+
+
+def wait_for(condition, timeout, what):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def applied(cluster):
+    with RingClient(cluster.seeds) as client:
+        return sum(s.get("applied", 0) for s in client.stats())
+
+
+def test_available_now_counts_exactly(tmp_path, ring):
+    expected = write_corpus(tmp_path / "in")
+    spark = run_driver(tmp_path, ring, "--available-now")
+    assert finish(spark) == 0, spark.output()
+    got, stats = ring_state(ring)
+    assert got == expected, diff(got, expected)
+    out = spark.output()
+    assert "spark: batch 2," in out and "tuples applied" in out   # 6 files, 2 per batch
+
+
+def test_a_task_failing_half_way_is_retried_and_counted_once(tmp_path, ring):
+    expected = write_corpus(tmp_path / "in")
+    marker = tmp_path / "failed-once"
+    # local[2,2]: two cores, a task may fail once (plain local[N] never retries).
+    spark = run_driver(tmp_path, ring, "--available-now", "--inject-task-failure",
+                       str(marker), master="local[2,2]")
+    assert finish(spark) == 0, spark.output()
+    assert marker.exists(), "the fault was never injected"
+    got, stats = ring_state(ring)
+    assert got == expected, diff(got, expected)
+    # the retry resent the tuples the failed attempt had delivered; the ring dropped them
+    assert sum(s["duplicates"] for s in stats) > 0
+
+
+def test_driver_killed_mid_batch_resumes_from_its_checkpoint(tmp_path, ring):
+    expected = write_corpus(tmp_path / "in")
+    marker = tmp_path / "hung"
+    first = run_driver(tmp_path, ring, "--inject-hang", str(marker), name="first")
+    try:
+        wait_for(marker.exists, 120, "a task to reach the middle of its partition")
+        tree = first.descendants()
+        assert tree, "no process started by spark-submit"
+        partial = applied(ring)
+    finally:
+        first.kill()                     # SIGKILL: spark-submit, JVM, Python workers
+    assert not first.descendants()
+    assert 0 < partial < sum(expected.values())
+    second = run_driver(tmp_path, ring, "--available-now", name="second")
+    assert finish(second) == 0, second.output()
+    got, stats = ring_state(ring)
+    assert got == expected, diff(got, expected)
+    assert sum(s["duplicates"] for s in stats) > 0   # the replayed batch was resent
+
+
+def test_a_node_killed_mid_stream_loses_and_doubles_nothing(tmp_path, ring):
+    expected = write_corpus(tmp_path / "in", files=12)
+    total = sum(expected.values())
+    spark = run_driver(tmp_path, ring, "--available-now", "--max-files-per-trigger", "1")
+    try:
+        wait_for(lambda: applied(ring) > total // 4, 120, "a quarter of the corpus applied")
+        victim = ring.nodes[1]
+        ring.kill(victim.node_id)
+        killed_at = applied(ring)
+    finally:
+        rc = finish(spark)
+    assert rc == 0, spark.output()
+    assert killed_at < total, "the stream was over before the kill"
+    got, stats = ring_state(ring)
+    assert got == expected, diff(got, expected)
+    assert sorted(s["node_id"] for s in stats) == sorted(
+        n.node_id for n in ring.nodes if n is not victim)    # the ring dropped it
+
+
+def test_refuses_an_unreachable_ring_or_another_reducer(tmp_path, ring, capsys):
+    assert driver.main(["--ring", ",".join(ring.seeds), "--source", "dir:/nonexistent",
+                        "--reducer", "sum"]) == 2
+    assert "reducer" in capsys.readouterr().err
+    # through spark-submit, against a port nobody listens on
+    dead = SparkDriver(["--ring", "127.0.0.1:1", "--source", f"dir:{tmp_path / 'in'}"],
+                       log=tmp_path / "dead.log")
+    assert finish(dead, timeout=120) == 2
+    assert "cannot use the ring at 127.0.0.1:1" in dead.output()
+
+
+def test_bad_arguments_are_refused_before_spark_starts(capsys):
+    assert driver.main(["--ring", "x:1", "--source", "kafka:topic"]) == 2
+    assert "expected dir:PATH" in capsys.readouterr().err
+    assert driver.main(["--ring", "x:1", "--source", "rate:10", "--available-now"]) == 2
+    assert "bounded source" in capsys.readouterr().err
+    assert driver.main(["--ring", "x:1", "--source", "dir:/tmp", "--map", "nope:fn"]) == 2
+    assert "cannot import" in capsys.readouterr().err
