@@ -218,8 +218,8 @@ class ProgressReporter:
             live = [s for s in stats if "error" not in s]
             applied = sum(s["applied"] for s in live)
             dups = sum(s["duplicates"] for s in live)
-            ring = (f"ring: {applied:,} tuples applied, {dups:,} duplicates dropped, "
-                    f"{len(live)}/{len(stats)} nodes up")
+            ring = (f"ring: {len(live)}/{len(stats)} nodes up, {applied:,} tuples applied "
+                    f"and {dups:,} duplicates dropped by them")
         except Exception as exc:   # progress must never stop the query
             ring = f"ring: stats unavailable ({exc})"
         print(f"{spark} | {ring}", flush=True)
