@@ -32,7 +32,7 @@ import threading  # noqa: E402
 import time  # noqa: E402
 
 from spark_driver.maps import DEFAULT_RATE_MAP, DEFAULT_TEXT_MAP, load_map  # noqa: E402
-from spark_driver.partition import PartitionConfig, write_partition  # noqa: E402
+from spark_driver.sink import RingSink, session_builder  # noqa: E402
 
 
 class UsageError(Exception):
@@ -113,18 +113,8 @@ def read_stream(spark, args):
 
 
 def build_session(args):
-    from pyspark.sql import SparkSession
-    # Executors run this same Python (and import this checkout) unless told otherwise.
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    builder = (SparkSession.builder.appName("floe-ring driver")
-               .config("spark.sql.shuffle.partitions", args.shuffle_partitions)
-               .config("spark.ui.showConsoleProgress", "false")
-               .config("spark.sql.streaming.stopGracefullyOnShutdown", "true"))
-    if (_ROOT / "proto" / "floering").is_dir():
-        path = os.pathsep.join(p for p in (str(_ROOT), str(_ROOT / "proto"),
-                                           os.environ.get("PYTHONPATH", "")) if p)
-        builder = builder.config("spark.executorEnv.PYTHONPATH", path)
-    spark = builder.getOrCreate()
+    spark = (session_builder("floe-ring driver", args.shuffle_partitions)
+             .config("spark.sql.streaming.stopGracefullyOnShutdown", "true").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 
@@ -139,27 +129,17 @@ def run(args) -> int:
         checkpoint = tempfile.mkdtemp(prefix="floe-spark-checkpoint-")
         print(f"no --checkpoint: using {checkpoint}; a restarted driver would start over",
               file=sys.stderr, flush=True)
-    query_id = threading.Event()
-    ids: dict = {}
-
-    def each_batch(df, batch_id: int) -> None:
-        query_id.wait()
-        config = PartitionConfig(tuple(args.seeds), ids["query"], args.map_spec, args.reducer,
-                                 args.combine, args.batch_size, args.inject_task_failure,
-                                 args.inject_hang)
-        # Only the input column travels to the mappers, as it was read: no shuffle, so
-        # a replayed batch has the same partitions in the same order.
-        df.select(df.columns[0]).foreachPartition(_task(config, batch_id))
-
-    writer = (read_stream(spark, args).writeStream.foreachBatch(each_batch)
+    sink = RingSink(seeds=tuple(args.seeds), map_spec=args.map_spec, reducer=args.reducer,
+                    combine=args.combine, batch_size=args.batch_size,
+                    fail_once=args.inject_task_failure, hang_once=args.inject_hang)
+    writer = (read_stream(spark, args).writeStream.foreachBatch(sink)
               .option("checkpointLocation", checkpoint).queryName("floe_ring"))
     if args.available_now:
         writer = writer.trigger(availableNow=True)
     elif args.trigger:
         writer = writer.trigger(processingTime=f"{args.trigger} seconds")
     query = writer.start()
-    ids["query"] = query.id      # persisted in the checkpoint: the same after a restart
-    query_id.set()
+    sink.bind(query.id)          # persisted in the checkpoint: the same after a restart
     print(f"query {query.id} (run {query.runId}) started, checkpoint {checkpoint}", flush=True)
 
     stop = threading.Event()
@@ -182,13 +162,6 @@ def run(args) -> int:
     finally:
         ring.close()
         spark.stop()
-
-
-def _task(config: PartitionConfig, batch_id: int):
-    def task(rows) -> None:
-        from pyspark import TaskContext
-        write_partition(config, batch_id, TaskContext.get().partitionId(), rows)
-    return task
 
 
 class ProgressReporter:
