@@ -99,7 +99,8 @@ def read_stream(spark, args):
     kind, _, rest = args.source.partition(":")
     reader = spark.readStream
     if kind == "dir":
-        Path(rest).mkdir(parents=True, exist_ok=True)
+        if "://" not in rest:
+            Path(rest).mkdir(parents=True, exist_ok=True)   # a local inbox may start empty
         if args.max_files_per_trigger:
             reader = reader.option("maxFilesPerTrigger", args.max_files_per_trigger)
         return reader.format("text").load(rest)

@@ -1,0 +1,256 @@
+"""Spark's own stateful word count against the same query feeding the ring, side by side.
+
+    python -m spark_driver.bench [--copies 1] [--files 8] [--latency-files 6]
+
+One SparkSession (local[2], 2 shuffle partitions, RocksDB state store with changelog
+checkpointing) runs, on the same text files:
+  spark    readStream.text -> explode(regexp_extract_all(lower(value))) ->
+           groupBy(word).count(), complete mode into the memory sink
+  ring     readStream.text -> foreachBatch -> foreachPartition mappers (the driver's
+           RingSink) into a fresh 4-node ring (r=1): tuples as they come, and combined
+           per partition first (--combine)
+Throughput: available-now over the whole input (2 files per batch), words / wall time.
+Latency: files dropped one at a time into a watched directory; per file, the time from
+its arrival to the end of the micro-batch that made its counts visible.
+Both results are checked exactly against a Counter over the input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from collections import Counter
+from datetime import datetime
+from pathlib import Path
+
+from chaos.cluster import LocalCluster
+from chaos.corpus import kjv_lines
+from mapper import RingClient, split_words
+from spark_driver.launch import LOG_CONFIG
+from spark_driver.sink import RingSink, session_builder
+
+WORD_PATTERN = r"[a-z]+(?:'[a-z]+)*"      # mapper.words, in Spark SQL
+
+
+def write_files(directory: Path, lines: list[str], files: int, start: int = 0) -> list[Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    per = -(-len(lines) // files)
+    paths = []
+    for i in range(files):
+        path = directory / f"part-{start + i:03d}.txt"
+        tmp = directory / f".{path.name}.tmp"
+        tmp.write_text("\n".join(lines[i * per:(i + 1) * per]) + "\n")
+        tmp.rename(path)
+        paths.append(path)
+    return paths
+
+
+class SparkCount:
+    name = "spark groupBy(word).count()"
+
+    def __init__(self, spark) -> None:
+        self.spark = spark
+        self.table = ""
+
+    def start(self, source: Path, checkpoint: Path, available_now: bool, files_per_batch: int):
+        from pyspark.sql import functions as F
+        self.table = f"counts_{time.monotonic_ns()}"     # one memory table per query
+        lines = (self.spark.readStream.option("maxFilesPerTrigger", files_per_batch)
+                 .text(str(source)))
+        words = lines.select(F.explode(F.regexp_extract_all(
+            F.lower("value"), F.lit(WORD_PATTERN), F.lit(0))).alias("word"))
+        writer = (words.groupBy("word").count().writeStream.outputMode("complete")
+                  .format("memory").queryName(self.table)
+                  .option("checkpointLocation", str(checkpoint)))
+        if available_now:
+            writer = writer.trigger(availableNow=True)
+        return writer.start()
+
+    def result(self) -> dict:
+        return {r["word"]: r["count"] for r in self.spark.table(self.table).collect()}
+
+    def close(self) -> None:
+        pass
+
+
+class RingCount:
+    def __init__(self, spark, workdir: Path, combine: bool) -> None:
+        self.spark = spark
+        self.combine = combine
+        self.name = self.label(combine)
+        self.cluster = LocalCluster.up(4, 1, workdir=workdir)
+
+    @staticmethod
+    def label(combine: bool) -> str:
+        return "ring, combined per partition" if combine else "ring, every tuple"
+
+    def start(self, source: Path, checkpoint: Path, available_now: bool, files_per_batch: int):
+        sink = RingSink(seeds=tuple(self.cluster.seeds), map_spec="mapper.words:split_words",
+                        reducer="count", combine=self.combine)
+        writer = (self.spark.readStream.option("maxFilesPerTrigger", files_per_batch)
+                  .text(str(source)).writeStream.foreachBatch(sink)
+                  .option("checkpointLocation", str(checkpoint)))
+        if available_now:
+            writer = writer.trigger(availableNow=True)
+        query = writer.start()
+        sink.bind(query.id)
+        return query
+
+    def result(self) -> dict:
+        with RingClient(self.cluster.seeds) as client:
+            return dict(client.scan())
+
+    def query_latency(self, keys: list[str], rounds: int = 200) -> tuple[float, float]:
+        """Live state queries while nothing else runs: get(key) p50, top(20) p50 (ms)."""
+        with RingClient(self.cluster.seeds) as client:
+            gets, tops = [], []
+            for i in range(rounds):
+                t = time.perf_counter()
+                client.get(keys[i % len(keys)])
+                gets.append(time.perf_counter() - t)
+                if i % 10 == 0:
+                    t = time.perf_counter()
+                    client.top(20)
+                    tops.append(time.perf_counter() - t)
+        return statistics.median(gets) * 1e3, statistics.median(tops) * 1e3
+
+    def close(self) -> None:
+        self.cluster.down()
+
+
+def throughput(path, source: Path, workdir: Path, expected: Counter) -> tuple[float, bool]:
+    started = time.perf_counter()
+    query = path.start(source, workdir / f"ck-{time.monotonic_ns()}", True, 2)
+    query.awaitTermination()
+    elapsed = time.perf_counter() - started
+    if query.exception():
+        raise RuntimeError(f"{path.name} failed: {query.exception()}")
+    return sum(expected.values()) / elapsed, path.result() == expected
+
+
+def latency(path, lines: list[str], files: int, interval: float,
+            workdir: Path) -> tuple[list[float], bool]:
+    """Drop `files` files one by one; arrival -> end of the batch that counted it."""
+    inbox = workdir / f"inbox-{time.monotonic_ns()}"
+    inbox.mkdir()
+    query = path.start(inbox, workdir / f"ck-{time.monotonic_ns()}", False, 1)
+    try:
+        time.sleep(2.0)                        # the query is polling the directory
+        arrivals = []
+        per = -(-len(lines) // files)
+        for i in range(files):
+            arrivals.append(time.time())
+            write_files(inbox, lines[i * per:(i + 1) * per], 1, start=i)
+            time.sleep(interval)
+        deadline = time.monotonic() + 120
+        while _batches_with_rows(query) < files and time.monotonic() < deadline:
+            time.sleep(0.1)
+        ends = [_batch_end(p) for p in query.recentProgress if p["numInputRows"] > 0]
+    finally:
+        query.stop()
+    expected = Counter(w for line in lines for w in split_words(line))
+    exact = path.result() == expected
+    return [end - arrived for end, arrived in zip(ends, arrivals)], exact
+
+
+def _batches_with_rows(query) -> int:
+    return sum(1 for p in query.recentProgress if p["numInputRows"] > 0)
+
+
+def _batch_end(progress: dict) -> float:
+    started = datetime.fromisoformat(progress["timestamp"].replace("Z", "+00:00")).timestamp()
+    return started + progress["durationMs"]["triggerExecution"] / 1e3
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--copies", type=int, default=1, help="the corpus N times over")
+    parser.add_argument("--files", type=int, default=8)
+    parser.add_argument("--latency-files", type=int, default=6)
+    parser.add_argument("--latency-lines", type=int, default=2000)
+    parser.add_argument("--interval", type=float, default=3.0)
+    parser.add_argument("--rounds", type=int, default=3, help="throughput runs per path")
+    args = parser.parse_args(argv)
+
+    lines = kjv_lines() * args.copies
+    expected = Counter(w for line in lines for w in split_words(line))
+    os.environ.setdefault("PYSPARK_SUBMIT_ARGS", f"--driver-java-options "
+                          f"-Dlog4j2.configurationFile=file:{LOG_CONFIG} pyspark-shell")
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    spark = (session_builder("floe-ring benchmark", 2)
+             .master("local[2]")
+             .config("spark.ui.enabled", "false")
+             .config("spark.sql.streaming.stateStore.providerClass",
+                     "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
+             .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled",
+                     "true")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    print(f"input: King James Bible x{args.copies}, {len(lines)} lines, "
+          f"{sum(expected.values()):,} words in {args.files} files; local[2], 2 shuffle "
+          f"partitions, RocksDB changelog state store; ring: 4 nodes, r=1")
+    with tempfile.TemporaryDirectory(prefix="floe-spark-bench-") as tmp:
+        workdir = Path(tmp)
+        source = workdir / "input"
+        write_files(source, lines, args.files)
+        warm = workdir / "warm"
+        warm_lines = lines[:2000]
+        write_files(warm, warm_lines, 2)
+        warm_expected = Counter(w for line in warm_lines for w in split_words(line))
+        makers = {SparkCount.name: lambda: SparkCount(spark)}
+        for combine in (False, True):
+            makers[RingCount.label(combine)] = (
+                lambda c=combine: RingCount(spark, workdir / f"ring-{time.monotonic_ns()}", c))
+        rates = {name: [] for name in makers}
+        exact = {name: True for name in makers}
+        for name, make in makers.items():      # JIT, Python workers, first-query costs
+            path = make()
+            try:
+                throughput(path, warm, workdir, warm_expected)
+            finally:
+                path.close()
+        # Throughput: the paths take turns, so the machine's noise hits them alike.
+        for _ in range(args.rounds):
+            for name, make in makers.items():
+                path = make()
+                try:
+                    rate, ok = throughput(path, source, workdir, expected)
+                finally:
+                    path.close()
+                rates[name].append(rate)
+                exact[name] &= ok
+        latencies, queries = {}, {}
+        for name, make in makers.items():
+            path = make()
+            try:
+                latencies[name], ok = latency(path, lines[:args.latency_lines],
+                                              args.latency_files, args.interval, workdir)
+                exact[name] &= ok
+                if isinstance(path, RingCount):
+                    queries[name] = path.query_latency(list(expected)[:500])
+            finally:
+                path.close()
+    spark.stop()
+    print(f"throughput: median of {args.rounds} runs (min-max); latency: file arrival -> end "
+          f"of its micro-batch, {args.latency_files} files of {args.latency_lines} lines")
+    for name in makers:
+        r, lat = rates[name], latencies[name]
+        q = queries.get(name)
+        print(f"{name:32}: {statistics.median(r):>9,.0f} words/s ({min(r):,.0f}-{max(r):,.0f}), "
+              f"latency p50 {statistics.median(lat) * 1e3:,.0f} ms, max {max(lat) * 1e3:,.0f} ms, "
+              f"exact={exact[name]}"
+              + (f"; live get p50 {q[0]:.1f} ms, top(20) p50 {q[1]:.1f} ms" if q else ""))
+    base_rate = statistics.median(rates[SparkCount.name])
+    base_lat = statistics.median(latencies[SparkCount.name])
+    for name in makers:
+        if name != SparkCount.name:
+            print(f"{name} / spark: throughput x{statistics.median(rates[name]) / base_rate:.2f}, "
+                  f"latency p50 x{statistics.median(latencies[name]) / base_lat:.2f}")
+    return 0 if all(exact.values()) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
