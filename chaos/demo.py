@@ -8,6 +8,9 @@ corpus dropped into it file by file, a ring node SIGKILLed mid-stream, exact res
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -34,6 +37,10 @@ def main(argv=None) -> int:
     parser.add_argument("--timeout", type=float, default=300.0,
                         help="give up waiting for the ring after this many seconds")
     args = parser.parse_args(argv)
+    if not (shutil.which("java") or os.environ.get("JAVA_HOME")):
+        print("the main job runs Spark, which needs Java 17 (install a JDK, e.g. "
+              "`apt-get install openjdk-17-jre-headless`, or set JAVA_HOME)", file=sys.stderr)
+        return 2
 
     lines = kjv_lines(args.lines)
     expected = Counter(w for line in lines for w in split_words(line))

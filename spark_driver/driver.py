@@ -114,8 +114,7 @@ def read_stream(spark, args):
 
 
 def build_session(args):
-    spark = (session_builder("floe-ring driver", args.shuffle_partitions)
-             .config("spark.sql.streaming.stopGracefullyOnShutdown", "true").getOrCreate())
+    spark = session_builder("floe-ring driver", args.shuffle_partitions).getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 

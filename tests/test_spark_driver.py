@@ -158,3 +158,42 @@ def test_bad_arguments_are_refused_before_spark_starts(capsys):
     assert "bounded source" in capsys.readouterr().err
     assert driver.main(["--ring", "x:1", "--source", "dir:/tmp", "--map", "nope:fn"]) == 2
     assert "cannot import" in capsys.readouterr().err
+
+
+def test_socket_source_then_sigterm_stops_gracefully(tmp_path, ring):
+    """A socket stream is counted exactly; SIGTERM stops the query and exits 0."""
+    import socket
+    import threading
+
+    lines = LINES[:1500]
+    expected = Counter(w for line in lines for w in split_words(line))
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    sent = threading.Event()
+
+    def serve():
+        conn, _ = server.accept()        # Spark's socket source connects once
+        with conn:
+            conn.sendall(("\n".join(lines) + "\n").encode())
+            sent.set()
+            while conn.recv(1024):       # hold the connection until Spark closes it
+                pass
+
+    feeder = threading.Thread(target=serve, daemon=True)
+    feeder.start()
+    spark = SparkDriver(["--ring", ",".join(ring.seeds), "--source", f"socket:127.0.0.1:{port}",
+                         "--checkpoint", str(tmp_path / "checkpoint"), "--progress", "1"],
+                        log=tmp_path / "socket.log")
+    try:
+        wait_for(sent.is_set, 120, "Spark to connect to the socket")
+        total = sum(expected.values())
+        wait_for(lambda: sum(ring_state(ring)[0].values()) >= total, 120, "the ring to count it")
+        assert spark.terminate() == 0, spark.output()
+    finally:
+        if spark.proc.poll() is None:
+            spark.kill()
+        server.close()
+    assert not spark.descendants()
+    assert "stopping the query (signal)" in spark.output()
+    got, _ = ring_state(ring)
+    assert got == expected, diff(got, expected)
