@@ -57,6 +57,7 @@ class NodeCore:
         self.lost_tokens: set[int] = set(ring.lost)
         self.streams: dict[str, int] = {}   # newest stream number seen per source
         self.fenced = False
+        self.applied_by_token: dict[int, int] = {}   # tuples applied per owned token, cumulative
         self.counters = dict(applied=0, duplicates=0, refused=0, backed_up=0,
                              checkpoints_shipped=0, checkpoints_received=0, takeovers=0,
                              handed_off=0)
@@ -174,6 +175,7 @@ class NodeCore:
                 verify=lambda keys: verify(token, keys))
             self.counters["applied"] += applied
             self.counters["duplicates"] += dups
+            self.applied_by_token[token] = self.applied_by_token.get(token, 0) + applied
             return PushResult(applied, dups)
         if role == "replica":
             stored, dups = self.replicas.store(
