@@ -70,6 +70,7 @@ def test_scale_out_3_to_5_and_back_to_3_under_load(tmp_path):
         feeder.start()
         time.sleep(0.5)
         out = floe(tmp_path, "scale", "--add", "2")
+        cluster.nodes[:] = LocalCluster.load(cluster.state_file).nodes   # stopped on exit
         assert "added n3, n4" in out
         grown = status(tmp_path)
         assert set(grown) == {"n0", "n1", "n2", "n3", "n4"}
