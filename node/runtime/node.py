@@ -49,6 +49,7 @@ class NodeRuntime:
         self.core = self._make_core(config)
         self.inbound: asyncio.Queue[_Inbound] = asyncio.Queue(config.queue_batches)
         self.started_at = time.monotonic()
+        self.queued_batches = 0        # batches in the inbound queue (load measure)
         self._tasks: list[asyncio.Task] = []
         self._stopping = False
         self.detector = FailureDetector(DetectorConfig(
@@ -111,24 +112,34 @@ class NodeRuntime:
         the flow control the sender feels). Returns a future of [(batch id, PushResult)]."""
         done = asyncio.get_running_loop().create_future()
         await self.inbound.put(_Inbound(batches, stream, done))
+        self.queued_batches += len(batches)
         return done
 
     async def _apply_loop(self) -> None:
-        core, inbound = self.core, self.inbound
+        inbound = self.inbound
         while True:
             item = await inbound.get()
+            core = self.core           # replaced when we rejoin after being fenced
+            self.queued_batches -= len(item.batches)
             if item.done.cancelled():
                 continue
             if item.stream.failed:
                 item.done.set_exception(InvalidArgument("an earlier batch on this stream was refused"))
                 continue
             acks = []
+            started = time.monotonic()
             try:
                 for b in item.batches:
                     result = core.receive_batch(b.ring_version, b.token, b.source, b.first_seq,
                                                 b.last_seq, b.count, b.payload, b.seqs,
                                                 b.stream)
                     acks.append((b.id, result))
+                    if time.monotonic() - started > 0.01:
+                        # A long message (or a costly reducer) must not starve heartbeats
+                        # and probes: a busy node is not a dead one.
+                        await asyncio.sleep(0)
+                        started = time.monotonic()
+                        core = self.core
             except FloeError as exc:
                 item.stream.failed = True
                 item.done.set_exception(exc)
@@ -429,8 +440,13 @@ class NodeRuntime:
             await asyncio.sleep(0.1)
             now = time.monotonic()
             core = self.core
-            self.load.sample(now, self.inbound.qsize(), time.process_time(),
+            was = self.load.overloaded
+            self.load.sample(now, self.queued_batches, time.process_time(),
                              {t: n for t, n in core.applied_by_token.items() if t in core.primaries})
+            if self.load.overloaded != was:
+                log.info("load: %s at %.6f (queue %.1f batches, cpu %.0f%%, %.0f tuples/s)",
+                         "overloaded" if self.load.overloaded else "relieved", time.time(),
+                         self.load.queue(), 100 * self.load.cpu(), self.load.rate())
             if (self.config.balance and self.load.overloaded and self.load.may_move(now)
                     and self.handoff is None and not core.fenced and not self.leaving):
                 self.load.moved(now)
