@@ -142,7 +142,8 @@ def analyse(samples, events, exact, acked, seconds) -> dict:
         names = sorted({n for s in rows for n in s})
         return {n: sum(s.get(n, {}).get("apply_rate", 0.0) for s in rows) / max(1, len(rows))
                 for n in names}
-    before = window(max(0.0, t_over - 2.0), t_over)
+    # before: until the first move (the load is still the unbalanced one)
+    before = window(max(0.0, t_over - 2.0), moved if moved is not None else t_over)
     after = window((relieved or moved or t_over) + 1.0, seconds)
     out.update(before=before, after=after, ratio_before=_ratio(before), ratio_after=_ratio(after))
     # the split decision, replayed on the per-range loads measured just before the move

@@ -80,7 +80,7 @@ def cmd_status(args) -> int:
             row.pop("load", None)
         print(json.dumps({"ring_version": version, "nodes": rows}, indent=2))
         return 0
-    header = ("node", "address", "pid", "share", "tokens", "rate/s", "cpu", "load", "keys",
+    header = ("node", "address", "pid", "share", "tokens", "rate/s", "busy", "load", "keys",
               "queue", "backup", "ring", "lost")
     table = [header]
     for r in rows:
@@ -90,7 +90,7 @@ def cmd_status(args) -> int:
                           r["error"]))
             continue
         table.append((r["node_id"], r["address"], str(r["pid"]), f"{r['ring_share']:.1%}",
-                      str(r["tokens"]), f"{r['apply_rate']:,.0f}", f"{r['cpu']:.0%}",
+                      str(r["tokens"]), f"{r['apply_rate']:,.0f}", f"{r['busy']:.0%}",
                       "HIGH" if r["overloaded"] else "ok",
                       str(r["keys"]), str(r["queue_length"]), str(r["backup_tuples"]),
                       str(r["ring_version"]), str(r["lost_ranges"])))

@@ -3,7 +3,9 @@ samples with explicit times and carries out what `decide` returns.
 
 A node is *overloaded* when both its inbound queue and its CPU use are above high
 thresholds for a whole sampling window, and *relieved* only when both are under low
-ones (hysteresis: between the two it keeps its verdict). After shedding it waits a
+ones. CPU use is measured as the applier's busy fraction (time spent applying batches
+over wall time): on a machine shared with other processes a saturated node may get
+only part of a core, and its process CPU time would then never look high (hysteresis: between the two it keeps its verdict). After shedding it waits a
 cool-down before it may shed again, so a move has time to show its effect and ranges
 do not bounce between neighbours.
 """
@@ -19,10 +21,10 @@ from node.core.ring import Ring
 @dataclass(frozen=True)
 class LoadConfig:
     high_queue: float = 8.0        # batches waiting, averaged over the window
-    high_cpu: float = 0.80         # fraction of one core
+    high_cpu: float = 0.80         # applier busy fraction
     low_queue: float = 2.0
     low_cpu: float = 0.50
-    window: float = 0.5            # seconds a verdict averages over
+    window: float = 0.3            # seconds a verdict averages over
     cooldown: float = 2.0          # seconds after a move before the next one
     rate_window: float = 2.0       # seconds per-token rates average over
 
@@ -30,23 +32,23 @@ class LoadConfig:
 class LoadMonitor:
     def __init__(self, config: LoadConfig = LoadConfig()) -> None:
         self.config = config
-        self.samples: deque[tuple[float, float, float]] = deque()   # (now, queue, cpu seconds)
+        self.samples: deque[tuple[float, float, float, float]] = deque()  # now, queue, busy s, cpu s
         self.applied: deque[tuple[float, dict[int, int]]] = deque()  # (now, applied per token)
         self.overloaded = False
         self.overloaded_since: float | None = None
         self.last_move = float("-inf")
 
-    def sample(self, now: float, queue: float, cpu_seconds: float,
-               applied_by_token: dict[int, int]) -> None:
-        """One observation: queue length, the process's CPU time so far, and the
-        cumulative tuples applied per token."""
-        self.samples.append((now, queue, cpu_seconds))
+    def sample(self, now: float, queue: float, busy_seconds: float,
+               applied_by_token: dict[int, int], cpu_seconds: float = 0.0) -> None:
+        """One observation: queue length, the applier's busy time so far, the cumulative
+        tuples applied per token, and the process's CPU time (reported only)."""
+        self.samples.append((now, queue, busy_seconds, cpu_seconds))
         self.applied.append((now, dict(applied_by_token)))
         while len(self.samples) > 2 and now - self.samples[1][0] >= self.config.window:
             self.samples.popleft()
         while len(self.applied) > 2 and now - self.applied[1][0] >= self.config.rate_window:
             self.applied.popleft()
-        queue_avg, cpu = self.queue(), self.cpu()
+        queue_avg, cpu = self.queue(), self.busy()
         was = self.overloaded
         if queue_avg > self.config.high_queue and cpu > self.config.high_cpu:
             self.overloaded = True
@@ -58,13 +60,21 @@ class LoadMonitor:
             self.overloaded_since = None
 
     def queue(self) -> float:
-        return sum(q for _, q, _ in self.samples) / len(self.samples) if self.samples else 0.0
+        return sum(s[1] for s in self.samples) / len(self.samples) if self.samples else 0.0
 
-    def cpu(self) -> float:
+    def _fraction(self, i: int) -> float:
         if len(self.samples) < 2:
             return 0.0
-        (t0, _, c0), (t1, _, c1) = self.samples[0], self.samples[-1]
-        return (c1 - c0) / (t1 - t0) if t1 > t0 else 0.0
+        first, last = self.samples[0], self.samples[-1]
+        return (last[i] - first[i]) / (last[0] - first[0]) if last[0] > first[0] else 0.0
+
+    def busy(self) -> float:
+        """Fraction of the window the applier spent applying."""
+        return self._fraction(2)
+
+    def cpu(self) -> float:
+        """Fraction of one core the process used over the window."""
+        return self._fraction(3)
 
     def token_rates(self) -> dict[int, float]:
         """Tuples applied per second per token over the rate window."""

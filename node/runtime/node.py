@@ -39,6 +39,7 @@ class _Inbound:
     batches: list
     stream: StreamState
     done: asyncio.Future = field(repr=False)
+    applied: int = 0                       # batches of it already applied
 
 
 class NodeRuntime:
@@ -49,7 +50,8 @@ class NodeRuntime:
         self.core = self._make_core(config)
         self.inbound: asyncio.Queue[_Inbound] = asyncio.Queue(config.queue_batches)
         self.started_at = time.monotonic()
-        self.queued_batches = 0        # batches in the inbound queue (load measure)
+        self.queued_batches = 0        # batches received, not yet applied (load measure)
+        self.busy_seconds = 0.0        # time the applier spent applying (load measure)
         self._tasks: list[asyncio.Task] = []
         self._stopping = False
         self.detector = FailureDetector(DetectorConfig(
@@ -120,36 +122,49 @@ class NodeRuntime:
         while True:
             item = await inbound.get()
             core = self.core           # replaced when we rejoin after being fenced
-            self.queued_batches -= len(item.batches)
-            if item.done.cancelled():
-                continue
-            if item.stream.failed:
-                item.done.set_exception(InvalidArgument("an earlier batch on this stream was refused"))
-                continue
-            acks = []
-            started = time.monotonic()
             try:
-                for b in item.batches:
-                    result = core.receive_batch(b.ring_version, b.token, b.source, b.first_seq,
-                                                b.last_seq, b.count, b.payload, b.seqs,
-                                                b.stream)
-                    acks.append((b.id, result))
-                    if time.monotonic() - started > 0.01:
-                        # A long message (or a costly reducer) must not starve heartbeats
-                        # and probes: a busy node is not a dead one.
-                        await asyncio.sleep(0)
-                        started = time.monotonic()
-                        core = self.core
-            except FloeError as exc:
-                item.stream.failed = True
+                if item.done.cancelled():
+                    continue
+                if item.stream.failed:
+                    item.done.set_exception(InvalidArgument("an earlier batch on this stream was refused"))
+                    continue
+                await self._apply(core, item)
+            finally:
+                self.queued_batches -= len(item.batches) - item.applied
+
+    async def _apply(self, core: NodeCore, item: _Inbound) -> None:
+        acks = []
+        started = mark = time.monotonic()
+        try:
+            for b in item.batches:
+                result = core.receive_batch(b.ring_version, b.token, b.source, b.first_seq,
+                                            b.last_seq, b.count, b.payload, b.seqs,
+                                            b.stream)
+                acks.append((b.id, result))
+                now = time.monotonic()
+                self.busy_seconds += now - mark
+                mark = now
+                item.applied += 1
+                self.queued_batches -= 1
+                if now - started > 0.01:
+                    # A long message (or a costly reducer) must not starve heartbeats
+                    # and probes: a busy node is not a dead one.
+                    await asyncio.sleep(0)
+                    started = mark = time.monotonic()
+                    core = self.core
+        except FloeError as exc:
+            item.stream.failed = True
+            if not item.done.done():
                 item.done.set_exception(exc)
-                if isinstance(exc, StaleRing) and Ring.version_of_stamp(b.ring_version) >= core.ring.version:
-                    self.sync_ring()   # a mapper knows a newer ring than we do
-            except Exception as exc:  # a reducer bug must not kill the node
-                log.exception("batch %s from %s failed", b.id, b.source)
-                item.stream.failed = True
+            if isinstance(exc, StaleRing) and Ring.version_of_stamp(b.ring_version) >= core.ring.version:
+                self.sync_ring()   # a mapper knows a newer ring than we do
+        except Exception as exc:  # a reducer bug must not kill the node
+            log.exception("batch %s from %s failed", b.id, b.source)
+            item.stream.failed = True
+            if not item.done.done():
                 item.done.set_exception(InvalidArgument(f"reducer failed: {exc!r}"))
-            else:
+        else:
+            if not item.done.done():   # the stream may have gone while we yielded
                 item.done.set_result(acks)
 
     # ----------------------------------------------------------- checkpoints
@@ -441,12 +456,14 @@ class NodeRuntime:
             now = time.monotonic()
             core = self.core
             was = self.load.overloaded
-            self.load.sample(now, self.queued_batches, time.process_time(),
-                             {t: n for t, n in core.applied_by_token.items() if t in core.primaries})
+            self.load.sample(now, self.queued_batches, self.busy_seconds,
+                             {t: n for t, n in core.applied_by_token.items() if t in core.primaries},
+                             time.process_time())
             if self.load.overloaded != was:
-                log.info("load: %s at %.6f (queue %.1f batches, cpu %.0f%%, %.0f tuples/s)",
-                         "overloaded" if self.load.overloaded else "relieved", time.time(),
-                         self.load.queue(), 100 * self.load.cpu(), self.load.rate())
+                log.info("load: %s at %.6f (queue %.1f batches, busy %.0f%%, cpu %.0f%%, "
+                         "%.0f tuples/s)", "overloaded" if self.load.overloaded else "relieved",
+                         time.time(), self.load.queue(), 100 * self.load.busy(),
+                         100 * self.load.cpu(), self.load.rate())
             if (self.config.balance and self.load.overloaded and self.load.may_move(now)
                     and self.handoff is None and not core.fenced and not self.leaving):
                 self.load.moved(now)
@@ -472,9 +489,9 @@ class NodeRuntime:
                 busy.add(heir)
         rates = self.load.token_rates()
         moves = choose_shed(ring, me, rates, heir_rates, busy)
-        log.info("load: %s at %.6f, rate %.0f/s, queue %.1f, cpu %.0f%%; neighbours %s busy %s; "
+        log.info("load: %s at %.6f, rate %.0f/s, queue %.1f, busy %.0f%%; neighbours %s busy %s; "
                  "moving %d ranges", reason, time.time(), self.load.rate(), self.load.queue(),
-                 100 * self.load.cpu(), {h: round(r) for h, r in heir_rates.items()},
+                 100 * self.load.busy(), {h: round(r) for h, r in heir_rates.items()},
                  sorted(busy), len(moves))
         if moves:
             h = await self.hand_off(moves)
@@ -494,7 +511,7 @@ class NodeRuntime:
     def stats(self) -> dict:
         rates = self.load.token_rates()
         return dict(self.core.stats(), fenced=self.core.fenced,
-                    cpu=self.load.cpu(), apply_rate=sum(rates.values()),
+                    cpu=self.load.cpu(), busy=self.load.busy(), apply_rate=sum(rates.values()),
                     overloaded=self.load.overloaded,
                     tokens=len(self.core.ring.tokens_of(self.core.node_id)),
                     load=msgpack.packb({t: r for t, r in rates.items()}), rejoined=self.rejoined, node_id=self.core.node_id, address=self.config.listen,
