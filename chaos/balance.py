@@ -83,7 +83,7 @@ def run(workdir: str | Path, seconds: float = 20.0, rate: float = 30_000, nodes:
              "--balance-cooldown", "3",
              # A node saturating its core answers probes late; on this shared 2-core
              # machine the default 150 ms probe deadline declares it dead.
-             "--suspect-min", "0.5", "--suspect-max", "2", "--probe-timeout", "0.5"]
+             "--suspect-min", "1", "--suspect-max", "3", "--probe-timeout", "1"]
     with LocalCluster.up(nodes, 1, workdir=workdir, reducer="chaos.costly:CostlyCount",
                          tokens_per_node=8, extra_args=extra) as cluster:
         probe = RingClient(cluster.seeds, timeout=30)

@@ -6,6 +6,7 @@
     floe get KEY | floe top K           query state
     floe move NODE --to POSITION        NODE takes over the range holding POSITION, live
     floe scale --add N | --remove NODE  add nodes (they take ranges) or remove one
+    floe scale --auto SECONDS           add/remove nodes by load, within --min/--max-nodes
     floe down                           stop exactly the processes `up` started
 """
 
@@ -149,6 +150,12 @@ def cmd_move(args) -> int:
 def cmd_scale(args) -> int:
     from chaos.elastic import carry_out, plan_scale_out
     cluster = LocalCluster.load(args.cluster_file)
+    if args.auto:
+        from chaos.elastic import autoscale_loop
+        autoscale_loop(cluster, seconds=args.auto, min_nodes=args.min_nodes,
+                       max_nodes=args.max_nodes)
+        print(f"{len(cluster.nodes)} nodes")
+        return 0
     if args.remove:
         cluster.remove(args.remove, timeout=args.timeout)
         print(f"{args.remove} handed its ranges to its neighbours and exited; "
@@ -211,6 +218,11 @@ def build_parser() -> argparse.ArgumentParser:
     how = scale.add_mutually_exclusive_group(required=True)
     how.add_argument("--add", type=int, metavar="N", help="start N nodes; they take ranges")
     how.add_argument("--remove", metavar="NODE", help="hand NODE's ranges over, then stop it")
+    how.add_argument("--auto", type=float, metavar="SECONDS",
+                     help="for SECONDS, add a node when all are overloaded, remove one when it "
+                          "and its neighbour are idle")
+    scale.add_argument("--min-nodes", type=int, default=1)
+    scale.add_argument("--max-nodes", type=int, default=8)
     scale.set_defaults(func=cmd_scale)
 
     top = sub.add_parser("top", help="the K keys ranked highest")

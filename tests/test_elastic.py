@@ -125,3 +125,39 @@ def test_a_skewed_stream_rebalances_by_itself_and_stays_exact(tmp_path):
     assert "t_over" in result, "no node became overloaded: the workload is too light here"
     assert result["t_moved"] is not None, "the overloaded node moved nothing"
     assert result["ratio_after"] < result["ratio_before"]
+
+
+def test_autoscale_adds_a_node_under_load_and_removes_it_when_idle(tmp_path):
+    from chaos.balance import OpenLoopFeeder
+    from chaos.elastic import autoscale_loop
+    extra = ["--reducer-arg", "work=4000", "--high-queue", "16", "--low-queue", "4",
+             "--high-cpu", "0.85", "--low-cpu", "0.7",
+             "--suspect-min", "1", "--suspect-max", "3", "--probe-timeout", "1"]
+    with LocalCluster.up(3, 1, workdir=tmp_path, reducer="chaos.costly:CostlyCount",
+                         tokens_per_node=4, extra_args=extra) as cluster:
+        words = [f"w{i}" for i in range(5000)]          # uniform: every node gets its share
+        feeder = OpenLoopFeeder(cluster.seeds, 60_000, words)
+        feeder.start()
+        changes = []
+        scaler = threading.Thread(target=lambda: autoscale_loop(
+            cluster, seconds=60, min_nodes=3, max_nodes=4, cooldown=2.0, log=lambda m: None,
+            changes=changes, until=lambda c: any("removed" in what for _, what in c)))
+        scaler.start()
+        deadline = time.monotonic() + 20
+        while not any("added" in c for _, c in changes) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(1.0)
+        feeder.stop.set()                               # now idle: the extra node goes
+        feeder.join(120)
+        assert feeder.error is None, feeder.error
+        scaler.join(90)
+        assert not scaler.is_alive()
+        cluster.nodes[:] = LocalCluster.load(cluster.state_file).nodes
+        kinds = [c.split()[0] for _, c in changes]
+        assert kinds[:2] == ["added", "removed"], changes
+        client = feeder.client
+        got = dict(client.scan())
+        ring = client.refresh_ring()
+        client.close()
+        assert got == dict(feeder.acked), diff(got, feeder.acked)
+        assert len(ring.nodes) == 3

@@ -61,3 +61,22 @@ def test_measured_split_moves_the_hot_ranges_and_beats_halving():
     assert choose_shed(ring, "a", rates, {"b": 50.0}, busy={"b"}) == {}   # cascade instead
     halved = halving_shed(ring, "a")
     assert len(halved) == 2                       # half the share, whatever the load
+
+
+def test_autoscale_adds_when_all_overloaded_and_removes_idle_neighbours():
+    from node.core.load import autoscale
+    ring = Ring.initial({"a": "h:1", "b": "h:2", "c": "h:3"}, 1, 2)
+
+    def stats(over, busy, rate=100.0):
+        return {n: {"overloaded": over[i], "busy": busy[i], "apply_rate": rate * (i + 1)}
+                for i, n in enumerate("abc")}
+    hot = stats([True, True, True], [1, 1, 1])
+    assert autoscale(ring, hot, min_nodes=1, max_nodes=4) == ("add", None)
+    assert autoscale(ring, hot, min_nodes=1, max_nodes=3) == ("hold", None)   # the limit
+    mixed = stats([True, False, True], [1, 0.1, 1])
+    assert autoscale(ring, mixed, min_nodes=1, max_nodes=4) == ("hold", None)
+    idle = stats([False, False, False], [0.05, 0.05, 0.05])
+    assert autoscale(ring, idle, min_nodes=2, max_nodes=4) == ("remove", "a")
+    assert autoscale(ring, idle, min_nodes=3, max_nodes=4) == ("hold", None)
+    del idle["c"]                                   # unreachable node: no decision
+    assert autoscale(ring, idle, min_nodes=1, max_nodes=4) == ("hold", None)

@@ -137,3 +137,24 @@ def halving_shed(ring: Ring, me: str) -> dict[int, str]:
             moves[token] = heir
             moved += Ring.range_size(ring.range_of_token(token))
     return moves
+
+
+def autoscale(ring: Ring, stats: dict[str, dict], *, min_nodes: int, max_nodes: int) -> tuple[str, str | None]:
+    """The operator's rule (paper §VI): add a node when every node is overloaded and the
+    limit allows it; remove one when it and its clockwise neighbour are both lightly
+    loaded (relieved and their applier mostly idle). Returns ("add", None),
+    ("remove", node) or ("hold", None). `stats` maps node -> its NodeStats fields."""
+    nodes = [n for n in ring.nodes if n in stats]
+    if not nodes or len(nodes) < len(ring.nodes):
+        return "hold", None                     # someone is unreachable: not now
+    if all(stats[n]["overloaded"] for n in nodes):
+        return ("add", None) if len(nodes) < max_nodes else ("hold", None)
+    if len(nodes) > min_nodes:
+        def light(n):
+            return not stats[n]["overloaded"] and stats[n]["busy"] < 0.2
+        for node in sorted(nodes, key=lambda n: stats[n]["apply_rate"]):
+            tokens = ring.tokens_of(node)
+            heir = ring.heir(tokens[0]) if tokens else None
+            if light(node) and (heir is None or light(heir)):
+                return "remove", node
+    return "hold", None
