@@ -4,6 +4,9 @@
     floe status [--json]                one row per node
     floe feed FILE...                   stream the words of text files in (.gz too)
     floe get KEY | floe top K           query state
+    floe move NODE --to POSITION        NODE takes over the range holding POSITION, live
+    floe scale --add N | --remove NODE  add nodes (they take ranges) or remove one
+    floe scale --auto SECONDS           add/remove nodes by load, within --min/--max-nodes
     floe down                           stop exactly the processes `up` started
 """
 
@@ -74,16 +77,22 @@ def cmd_status(args) -> int:
             row["pid"] = node.pid
             row["alive"] = node.alive()
     if args.json:
+        for row in rows:
+            row.pop("load", None)
         print(json.dumps({"ring_version": version, "nodes": rows}, indent=2))
         return 0
-    header = ("node", "address", "pid", "share", "keys", "queue", "backup", "ring", "lost")
+    header = ("node", "address", "pid", "share", "tokens", "rate/s", "busy", "load", "keys",
+              "queue", "backup", "ring", "lost")
     table = [header]
     for r in rows:
+        r.pop("load", None)   # per-token rates: bytes, shown by --json as their total only
         if "error" in r:
-            table.append((r["node_id"], r["address"], str(r.get("pid", "?")), "-", "-", "-",
-                          "-", "-", r["error"]))
+            table.append((r["node_id"], r["address"], str(r.get("pid", "?")), *["-"] * 9,
+                          r["error"]))
             continue
         table.append((r["node_id"], r["address"], str(r["pid"]), f"{r['ring_share']:.1%}",
+                      str(r["tokens"]), f"{r['apply_rate']:,.0f}", f"{r['busy']:.0%}",
+                      "HIGH" if r["overloaded"] else "ok",
                       str(r["keys"]), str(r["queue_length"]), str(r["backup_tuples"]),
                       str(r["ring_version"]), str(r["lost_ranges"])))
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
@@ -130,6 +139,43 @@ def cmd_top(args) -> int:
     return 0
 
 
+def cmd_move(args) -> int:
+    from chaos.elastic import move, parse_position
+    with _client(args) as client:
+        ring = client.refresh_ring()
+    print(move(ring, args.node, parse_position(args.to), timeout=args.timeout))
+    return 0
+
+
+def cmd_scale(args) -> int:
+    from chaos.elastic import carry_out, plan_scale_out
+    cluster = LocalCluster.load(args.cluster_file)
+    if args.auto:
+        from chaos.elastic import autoscale_loop
+        autoscale_loop(cluster, seconds=args.auto, min_nodes=args.min_nodes,
+                       max_nodes=args.max_nodes)
+        print(f"{len(cluster.nodes)} nodes")
+        return 0
+    if args.remove:
+        cluster.remove(args.remove, timeout=args.timeout)
+        print(f"{args.remove} handed its ranges to its neighbours and exited; "
+              f"{len(cluster.nodes)} nodes left")
+        return 0
+    added = cluster.add_nodes(args.add)
+    names = [n.node_id for n in added]
+    deadline = time.monotonic() + args.timeout
+    with _client(args) as client:
+        while not set(names) <= set(client.refresh_ring().nodes):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{', '.join(names)} did not join in {args.timeout}s")
+            time.sleep(0.05)
+        ring = client.ring
+    for line in carry_out(ring, plan_scale_out(ring, names), timeout=args.timeout):
+        print(line)
+    print(f"added {', '.join(names)}; {len(cluster.nodes)} nodes")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="floe", description=__doc__.splitlines()[0])
     parser.add_argument("--cluster-file", default=DEFAULT_STATE_FILE,
@@ -162,6 +208,22 @@ def build_parser() -> argparse.ArgumentParser:
     get.add_argument("key")
     get.add_argument("--int-key", action="store_true", help="the key is an integer")
     get.set_defaults(func=cmd_get)
+
+    mv = sub.add_parser("move", help="NODE takes over the range holding POSITION, live")
+    mv.add_argument("node")
+    mv.add_argument("--to", required=True, help="a ring position, 0 .. 2^64-1 (0x... allowed)")
+    mv.set_defaults(func=cmd_move)
+
+    scale = sub.add_parser("scale", help="add nodes or remove one, live")
+    how = scale.add_mutually_exclusive_group(required=True)
+    how.add_argument("--add", type=int, metavar="N", help="start N nodes; they take ranges")
+    how.add_argument("--remove", metavar="NODE", help="hand NODE's ranges over, then stop it")
+    how.add_argument("--auto", type=float, metavar="SECONDS",
+                     help="for SECONDS, add a node when all are overloaded, remove one when it "
+                          "and its neighbour are idle")
+    scale.add_argument("--min-nodes", type=int, default=1)
+    scale.add_argument("--max-nodes", type=int, default=8)
+    scale.set_defaults(func=cmd_scale)
 
     top = sub.add_parser("top", help="the K keys ranked highest")
     top.add_argument("k", type=int)

@@ -129,6 +129,62 @@ class LocalCluster:
             _reap(node.pid)
         Path(self.state_file).unlink(missing_ok=True)
 
+    # ------------------------------------------------------------ scale
+
+    def add_nodes(self, count: int, *, tokens_per_node: int = 8, ready_timeout: float = 30.0,
+                  host: str = "127.0.0.1") -> list[NodeProcess]:
+        """Start `count` new node processes that join the running ring with no ranges
+        (give them ranges with chaos.elastic.carry_out)."""
+        if count < 1:
+            raise ValueError("add at least one node")
+        seeds = ",".join(n.address for n in self.nodes if n.alive())
+        if not seeds:
+            raise RuntimeError("no running node to join")
+        taken = {n.node_id for n in self.nodes}
+        ids, i = [], 0
+        while len(ids) < count:
+            if f"n{i}" not in taken:
+                ids.append(f"n{i}")
+            i += 1
+        ports = _free_ports(host, count, None)
+        log_dir = Path(self.state_file).parent / "floe-cluster" / "logs"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        added = []
+        for node_id, port in zip(ids, ports):
+            log_path = log_dir / f"{node_id}.log"
+            address = f"{host}:{port}"
+            cmd = [sys.executable, "-m", "node", "--node-id", node_id, "--listen", address,
+                   "--peers", f"{node_id}={address}", "--join", seeds,
+                   "--replication", str(self.replicas), "--tokens-per-node", str(tokens_per_node),
+                   "--reducer", self.reducer, *self.extra_args]
+            with open(log_path, "ab") as log:
+                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, start_new_session=True,
+                                        env=_node_env())
+            added.append(NodeProcess(node_id, address, proc.pid, str(log_path), proc))
+        self.nodes += added
+        self.save()
+        LocalCluster(added, self.replicas, self.state_file).wait_ready(ready_timeout)
+        return added
+
+    def remove(self, node_id: str, timeout: float = 60.0) -> None:
+        """Scale-in: the node hands every range to its first replica, leaves the ring
+        and exits by itself; we wait for the exit and forget it."""
+        from chaos.elastic import request_handoff
+        node = self.node(node_id)
+        reply = request_handoff(node.address, [], leave=True, timeout=timeout)
+        if not reply.accepted:
+            raise RuntimeError(f"{node_id} did not leave: {reply.detail}")
+        deadline = time.monotonic() + 15
+        while node.alive() and time.monotonic() < deadline:
+            _reap(node.pid)
+            time.sleep(0.02)
+        if node.alive():
+            raise RuntimeError(f"{node_id} left the ring but its process {node.pid} is still running")
+        _reap(node.pid)
+        self.nodes.remove(node)
+        self.save()
+
     def kill(self, node_id: str, sig: int = signal.SIGKILL) -> None:
         node = self.node(node_id)
         if not node.alive():

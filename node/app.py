@@ -40,8 +40,30 @@ async def start_node(config: NodeConfig) -> RunningNode:
         address = f"{config.listen.rpartition(':')[0]}:{port}"
         peers = tuple((n, address if n == config.node_id else a) for n, a in config.peers)
         runtime.reconfigure(dataclasses.replace(config, listen=address, peers=peers))
+    if config.join:
+        await _join(runtime, config)
     await runtime.start()
+    if config.join:
+        runtime.sync_ring()
     return RunningNode(runtime, server, health, port)
+
+
+async def _join(runtime: NodeRuntime, config: NodeConfig) -> None:
+    from node.core.errors import FloeError, Unavailable
+    from node.core.ring import Ring
+    errors = []
+    for seed in filter(None, (s.strip() for s in config.join.split(","))):
+        try:
+            ring = Ring.from_wire(await runtime.peers.get_ring(seed))
+        except FloeError as exc:
+            errors.append(f"{seed}: {exc}")
+            continue
+        if ring.replication != config.replication:
+            raise ValueError(f"the ring runs r={ring.replication}, this node was started "
+                             f"with --replication {config.replication}")
+        runtime.join(ring)
+        return
+    raise Unavailable("no seed to join answered: " + "; ".join(errors))
 
 
 async def serve(config: NodeConfig) -> None:
@@ -51,7 +73,11 @@ async def serve(config: NodeConfig) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     print(f"READY {config.node_id} {node.address}", flush=True)
-    await stop.wait()
+    left = asyncio.create_task(node.runtime.left.wait())
+    stopped = asyncio.create_task(stop.wait())
+    await asyncio.wait({left, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    left.cancel()
+    stopped.cancel()
     log.info("node %s stopping", config.node_id)
     await node.stop()
     log.info("node %s stopped", config.node_id)

@@ -34,6 +34,13 @@ class NodeConfig:
     suspect_min: float = 0.2                     # silence never suspected sooner (seconds)
     suspect_max: float = 1.0                     # silence always suspected after this
     probe_timeout: float = 0.15                  # direct and indirect probe deadline
+    balance: bool = False                        # shed load to neighbours when overloaded
+    high_queue: float = 8.0                      # overloaded: queue above this AND cpu above high_cpu
+    high_cpu: float = 0.8
+    low_queue: float = 2.0                       # relieved: queue below this AND cpu below low_cpu
+    low_cpu: float = 0.5
+    balance_cooldown: float = 2.0                # seconds between two moves of one node
+    join: str = ""                               # seed host:port,...: join a running ring with no tokens
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
@@ -119,6 +126,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--suspect-min", type=float, help="seconds of silence before suspecting")
     p.add_argument("--suspect-max", type=float)
     p.add_argument("--probe-timeout", type=float)
+    p.add_argument("--balance", action="store_true", default=None,
+                   help="shed load to ring neighbours when overloaded")
+    p.add_argument("--high-queue", type=float)
+    p.add_argument("--high-cpu", type=float)
+    p.add_argument("--low-queue", type=float)
+    p.add_argument("--low-cpu", type=float)
+    p.add_argument("--balance-cooldown", type=float)
+    p.add_argument("--join", help="seed addresses host:port,... of a running ring to join "
+                                  "(as a member with no ranges; --peers names only this node)")
     p.add_argument("--log-level")
     return p
 

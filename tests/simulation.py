@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 
 from node.core.batch import encode_payload, encode_seqs
 from node.core.detector import DetectorConfig, FailureDetector
-from node.core.errors import FloeError
+from node.core.errors import FloeError, InvalidArgument
+from node.core.handoff import Handoff, retired_extras
 from node.core.node_core import NodeCore
 from node.core.reducers import load_reducer
 from node.core.ring import Ring
@@ -32,6 +33,7 @@ class SimNode:
     detector: FailureDetector
     alive: bool = True
     paused_until: float = 0.0
+    handoff: Handoff | None = None
 
 
 @dataclass
@@ -193,6 +195,67 @@ class Simulation:
                       core.ring.stamp, cp, s.base_seq)
         for token in sorted({s.checkpoint.token for s in shipments}):
             core.checkpoint_done(token)   # shipping is asynchronous: merge now
+        self._step_handoff(name)
+
+    # --------------------------------------------------------------- handoffs
+
+    def handoff(self, name: str, to: str = "heir") -> None:
+        """`name` hands one of its tokens to its first replica ("heir") or to another
+        member picked by the seed ("any"), as the runtime's handoff task does."""
+        node = self.nodes[name]
+        if not self.usable(name) or node.handoff is not None or not node.core.primaries:
+            return
+        core = node.core
+        token = self.rng.choice(sorted(core.primaries))
+        others = [n for n in core.ring.nodes if n != name]
+        if not others:
+            return
+        target = core.ring.heir(token) if to == "heir" else self.rng.choice(others)
+        h = Handoff(name, {token: target}, deadline=self.now + 2.0)
+        try:
+            ring = h.prepare(core, self.now)
+        except InvalidArgument as exc:
+            self.log.append(f"{self.now:.3f} {name} handoff refused: {exc}")
+            return
+        self.log.append(f"{self.now:.3f} {name} hands {token} to {target}")
+        node.handoff = h
+        self._spread(name, ring)
+
+    def join(self, name: str, via: str) -> None:
+        """A new, empty member joins through `via`'s view, then `via` hands it a token
+        (the delayed transition: extra replica first, owner once it holds the range)."""
+        if not self.usable(via):
+            return
+        self.log.append(f"{self.now:.3f} {name} joins via {via}")
+        ring = self.nodes[via].core.ring.add_node(name, f"sim:{name}", ())
+        node = SimNode(NodeCore(name, ring, load_reducer("count")),
+                       FailureDetector(DetectorConfig()))
+        self.nodes[name] = node
+        self.at(self.now + HEARTBEAT, self.tick_node, name)
+        self.at(self.now + CHECKPOINT, self.checkpoint_node, name)
+        self._spread(name, ring)
+        self.at(self.now + 0.05, self.handoff, via, "any")
+
+    def _spread(self, name: str, ring: Ring) -> None:
+        self.adopt(name, ring)
+        for other in sorted(self.nodes):
+            if other != name:
+                self.send(name, other, self.adopt, other, self.nodes[name].core.ring)
+
+    def _step_handoff(self, name: str) -> None:
+        node = self.nodes[name]
+        h = node.handoff
+        retired = retired_extras(node.core, busy=h.moves if h else ())
+        if retired is not None:
+            self._spread(name, retired)
+        if h is None:
+            return
+        ring = h.step(node.core, self.now)
+        if ring is not None:
+            self._spread(name, ring)
+        if h.state != "prepared":
+            self.log.append(f"{self.now:.3f} {name} handoff {h.state} {h.reason}")
+            node.handoff = None
 
     def _receive_checkpoint(self, src, dst, stamp, cp, base_seq) -> None:
         node = self.nodes[dst]

@@ -51,3 +51,56 @@ def run_seed(seed: int) -> None:
 @pytest.mark.parametrize("seed", range(SEEDS))
 def test_seed(seed):
     run_seed(seed)
+
+
+HANDOFF_SEEDS = int(os.environ.get("FLOE_SIM_HANDOFF_SEEDS", "200"))
+
+
+def handoff_scenario(seed: int) -> Simulation:
+    """Live handoffs (to the first replica, to any member, to a node that just joined)
+    interleaved with a kill of either side, a pause or a partition."""
+    import random
+    pick = random.Random(seed * 104729)
+    nodes = pick.randint(4, 6)
+    replication = pick.choice([1, 1, 2])
+    sim = Simulation(seed, nodes=nodes, replication=replication, tokens=pick.randint(1, 3),
+                     loss=pick.choice([0.0, 0.0, 0.002]))
+    names = sorted(sim.nodes)
+    faults = []
+    for _ in range(pick.randint(1, 3)):
+        faults.append((pick.uniform(0.1, 1.2), sim.handoff,
+                       (pick.choice(names), pick.choice(["heir", "any"]))))
+    if pick.random() < 0.5:
+        faults.append((pick.uniform(0.1, 1.0), sim.join, ("n9", pick.choice(names))))
+    kind = pick.choice(["kill", "kill", "pause", "partition", "none"])
+    victim = pick.randrange(nodes)
+    when = pick.uniform(0.2, 1.3)
+    if kind == "kill":
+        faults.append((when, sim.kill, (names[victim],)))
+    elif kind == "pause":
+        faults.append((when, sim.pause, (names[victim], pick.uniform(0.1, 0.8))))
+    elif kind == "partition":
+        faults.append((when, sim.partition,
+                       (names[victim], [names[(victim + 1) % nodes]], pick.uniform(0.3, 1.0))))
+    sim.run(until=6.0, emit_until=1.5, faults=faults)
+    return sim
+
+
+def check(sim: Simulation, seed: int) -> None:
+    state, lost = sim.final_state()
+    context = f"seed {seed}: " + "; ".join(sim.log)
+    assert not lost, f"{context}: ranges lost with at most r failures in a row"
+    assert not sim.undelivered, f"{context}: {len(sim.undelivered)} batches never delivered"
+    assert not sim.under_replicated(), f"{context}: not re-replicated: {sim.under_replicated()}"
+    for key in sim.sent:
+        assert state[key] == sim.sent[key] == sim.acked[key], (
+            f"{context}: {key} holds {state[key]}, sent {sim.sent[key]}, acked {sim.acked[key]}")
+
+
+def run_handoff_seed(seed: int) -> None:
+    check(handoff_scenario(seed), seed)
+
+
+@pytest.mark.parametrize("seed", range(HANDOFF_SEEDS))
+def test_handoff_seed(seed):
+    run_handoff_seed(seed)

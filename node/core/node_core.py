@@ -58,8 +58,10 @@ class NodeCore:
         self.lost_tokens: set[int] = set(ring.lost)
         self.streams: dict[str, int] = {}   # newest stream number seen per source
         self.fenced = False
+        self.applied_by_token: dict[int, int] = {}   # tuples applied per owned token, cumulative
         self.counters = dict(applied=0, duplicates=0, refused=0, backed_up=0,
-                             checkpoints_shipped=0, checkpoints_received=0, takeovers=0)
+                             checkpoints_shipped=0, checkpoints_received=0, takeovers=0,
+                             handed_off=0)
         for token in ring.tokens_of(node_id):
             self.primaries[token] = PrimaryRange(token, reducer)
         if ring.version == 1:
@@ -100,10 +102,22 @@ class NodeCore:
             self.primaries[token] = rng
         for token in list(self.primaries):
             if new.owner_of_token(token) != self.node_id:
-                del self.primaries[token]   # handed away (load shedding, scale-in)
+                # Handed away (load shedding, scale-in). If we stay one of its replicas
+                # our state is a complete copy: keep it as one.
+                rng = self.primaries.pop(token)
+                if new.role_of(self.node_id, token) == "replica":
+                    self.replicas.adopt_copy(token, new.owner_of_token(token),
+                                             rng.state.snapshot(), dict(rng.watermarks))
+                self.counters["handed_off"] += 1
         for token in list(self.replicas.ranges):
             if new.role_of(self.node_id, token) != "replica":
                 self.replicas.drop(token)
+        for token, rng in self.primaries.items():
+            # A node that stopped being a replica dropped its copy: what it acknowledged
+            # before no longer counts.
+            replicas = new.replicas_of_token(token)
+            for node in [r for r in rng.replica_seq if r not in replicas]:
+                del rng.replica_seq[node]
         self.lost_tokens |= set(new.lost)
         self.counters["takeovers"] += len(taken)
         return RingChange(new, tuple(taken), tuple(lost))
@@ -163,6 +177,7 @@ class NodeCore:
                 verify=lambda keys: verify(token, keys))
             self.counters["applied"] += applied
             self.counters["duplicates"] += dups
+            self.applied_by_token[token] = self.applied_by_token.get(token, 0) + applied
             return PushResult(applied, dups)
         if role == "replica":
             stored, dups = self.replicas.store(

@@ -39,6 +39,11 @@ class PrimaryRange:
         self._watermarks_at_checkpoint: dict[str, int] = {}
         # replica node id -> last checkpoint seq it acknowledged (absent: needs a full one)
         self.replica_seq: dict[str, int] = {}
+        self._forced = False
+
+    def force_checkpoint(self) -> None:
+        """Cut a checkpoint next round even if nothing changed (a handoff's final one)."""
+        self._forced = True
 
     def apply(self, source: str, first_seq: int, last_seq: int, count: int,
               payload: bytes, seqs: bytes, verify=None) -> tuple[int, int]:
@@ -60,12 +65,14 @@ class PrimaryRange:
         return count - start, start
 
     def has_changes(self) -> bool:
-        return bool(self.state.active) or self.watermarks != self._watermarks_at_checkpoint
+        return bool(self.state.active) or self._forced or \
+            self.watermarks != self._watermarks_at_checkpoint
 
     def cut_checkpoint(self) -> Checkpoint:
         """Swap active into inactive (processing goes on into a fresh active) and
         return the delta. The caller ships it, then calls `checkpoint_shipped`."""
         fragment = self.state.swap()
+        self._forced = False
         self.checkpoint_seq += 1
         self._watermarks_at_checkpoint = dict(self.watermarks)
         return Checkpoint(self.token, self.checkpoint_seq, fragment,
@@ -162,6 +169,15 @@ class ReplicaSide:
             except FloeError:
                 continue
         return replay.state.snapshot(), replay.watermarks
+
+    def adopt_copy(self, token: int, primary: str, state: dict, watermarks: dict[str, int]) -> None:
+        """We handed the range to `primary` and stay its replica: our last state is a
+        complete copy as of `watermarks`."""
+        self.drop(token)
+        rng = self._range(token, primary)
+        rng.copy.replace(state)
+        rng.watermarks = dict(watermarks)
+        rng.complete = True
 
     def start_complete(self, token: int, primary: str) -> None:
         """In the ring's first version every range is empty: any copy is complete."""

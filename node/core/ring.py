@@ -32,22 +32,38 @@ class Ring:
     # Tokens whose every copy died at once (more than r consecutive failures): their
     # owner serves new tuples but refuses queries, loudly, instead of partial counts.
     lost: frozenset[int] = frozenset()
+    # Per token, how often its owner or extra replicas changed. Merging two views keeps,
+    # per token, the entry with the higher generation: a handoff is never undone by a
+    # concurrent, unrelated ring change, and every node merges to the same ring.
+    generations: tuple[int, ...] = ()
+    # Extra destinations of a token beyond its r replicas, sorted by token: the nodes a
+    # handoff will make destinations, filled with the range's state before it commits
+    # (the "delayed transition"). Mappers send them the token's tuples too.
+    extras: tuple[tuple[int, tuple[str, ...]], ...] = ()
+    # Extras that hold a complete copy: former destinations kept after a handoff until
+    # the token's new replicas are filled. A removed owner's token goes to one of them.
+    retiring: frozenset[tuple[int, str]] = frozenset()
     # Lookup tables derived once: lookups are on hot paths.
     _index: dict = field(init=False, repr=False, compare=False)
     _address: dict = field(init=False, repr=False, compare=False)
     _destinations: tuple = field(init=False, repr=False, compare=False)
+    _extras: dict = field(init=False, repr=False, compare=False)
     stamp: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        if not self.generations:
+            object.__setattr__(self, "generations", (0,) * len(self.tokens))
         # The stamp is what RPCs carry: the version plus a digest of the content, so
         # two different rings that happen to share a version number (concurrent
         # removals not yet merged) are never taken for the same one.
         content = msgpack.packb((self.replication, self.tokens, self.owners, self.addresses,
-                                 sorted(self.removed), sorted(self.lost)))
+                                 sorted(self.removed), sorted(self.lost), self.generations,
+                                 self.extras, sorted(self.retiring)))
         digest = mmh3.hash(content, seed=0, signed=False) & 0xFFFFFF
         object.__setattr__(self, "stamp", (self.version << 24) | digest)
         object.__setattr__(self, "_index", {t: i for i, t in enumerate(self.tokens)})
         object.__setattr__(self, "_address", dict(self.addresses))
+        object.__setattr__(self, "_extras", dict(self.extras))
         object.__setattr__(self, "_destinations",
                            tuple(self._walk(i) for i in range(len(self.tokens))))
 
@@ -62,6 +78,7 @@ class Ring:
             node = self.owners[(index + step) % n]
             if node not in chosen:
                 chosen.append(node)
+        chosen += [n for n in self._extras.get(self.tokens[index], ()) if n not in chosen]
         return tuple(chosen)
 
     # ------------------------------------------------------------ building
@@ -106,6 +123,22 @@ class Ring:
 
     def destinations(self, token: int) -> tuple[str, ...]:
         return self._destinations[self._index[token]]
+
+    def regular_replicas(self, token: int) -> tuple[str, ...]:
+        """The r nodes clockwise after the owner, without extra destinations."""
+        return self._walk_only(self._index[token])
+
+    def _walk_only(self, index: int) -> tuple[str, ...]:
+        owner = self.owners[index]
+        chosen = [owner]
+        n = len(self.tokens)
+        for step in range(1, n):
+            if len(chosen) > self.replication:
+                break
+            node = self.owners[(index + step) % n]
+            if node not in chosen:
+                chosen.append(node)
+        return tuple(chosen[1:])
 
     def replicas_of_token(self, token: int) -> tuple[str, ...]:
         return self._destinations[self._index[token]][1:]
@@ -165,7 +198,8 @@ class Ring:
     def _with(self, **changes) -> "Ring":
         values = dict(version=self.version + 1, replication=self.replication,
                       tokens=self.tokens, owners=self.owners, addresses=self.addresses,
-                      removed=self.removed, lost=self.lost)
+                      removed=self.removed, lost=self.lost, generations=self.generations,
+                      extras=self.extras, retiring=self.retiring)
         values.update(changes)
         ring = Ring(**values)
         ring.check_invariants()
@@ -174,12 +208,56 @@ class Ring:
     def with_version(self, version: int) -> "Ring":
         return self._with(version=version)
 
+    def extras_of(self, token: int) -> tuple[str, ...]:
+        return self._extras.get(token, ())
+
+    def generation_of(self, token: int) -> int:
+        return self.generations[self._index[token]]
+
     def with_token_owner(self, token: int, node: str) -> "Ring":
-        if node not in self._address:
-            raise ValueError(f"node {node!r} is not a member")
-        owners = list(self.owners)
-        owners[self._index[token]] = node
-        return self._with(owners=tuple(owners))
+        """Hand a token to `node`: its extra destinations become ordinary ones."""
+        return self.with_owners({token: node})
+
+    def with_owners(self, moves: Mapping[int, str]) -> "Ring":
+        owners, generations = list(self.owners), list(self.generations)
+        extras = dict(self._extras)
+        for token, node in moves.items():
+            if node not in self._address:
+                raise ValueError(f"node {node!r} is not a member")
+            if token not in self._index:
+                raise ValueError(f"no token {token} in ring version {self.version}")
+            i = self._index[token]
+            owners[i] = node
+            generations[i] += 1
+            extras.pop(token, None)
+        return self._with(owners=tuple(owners), generations=tuple(generations),
+                          extras=tuple(sorted(extras.items())),
+                          retiring=frozenset(p for p in self.retiring if p[0] not in moves))
+
+    def with_extras(self, extras_by_token: Mapping[int, Iterable[str]],
+                    holding: Iterable[tuple[int, str]] = ()) -> "Ring":
+        """Set (or clear, with an empty list) the extra destinations of tokens;
+        `holding` marks (token, node) extras that hold a complete copy."""
+        holding = set(holding)
+        generations = list(self.generations)
+        extras = dict(self._extras)
+        for token, nodes in extras_by_token.items():
+            nodes = tuple(sorted(set(nodes)))
+            if not set(nodes) <= set(self._address):
+                raise ValueError(f"extra destinations {nodes} are not all members")
+            if token not in self._index:
+                raise ValueError(f"no token {token} in ring version {self.version}")
+            if nodes == extras.get(token, ()) and not any(p[0] == token for p in holding):
+                continue
+            generations[self._index[token]] += 1
+            if nodes:
+                extras[token] = nodes
+            else:
+                extras.pop(token, None)
+        retiring = {p for p in self.retiring if p[0] not in extras_by_token} | {
+            p for p in holding if p[1] in extras.get(p[0], ())}
+        return self._with(generations=tuple(generations), extras=tuple(sorted(extras.items())),
+                          retiring=frozenset(retiring))
 
     def move_token(self, token: int, new_position: int) -> "Ring":
         i = self._index[token]
@@ -192,9 +270,12 @@ class Ring:
                                  f"({prev}, {nxt}) or taken")
         if not 0 <= new_position < HASH_SPACE:
             raise ValueError(f"position {new_position} outside the hash space")
-        pairs = sorted((new_position if t == token else t, o)
-                       for t, o in zip(self.tokens, self.owners))
-        return self._with(tokens=tuple(t for t, _ in pairs), owners=tuple(o for _, o in pairs))
+        if self._extras:
+            raise ValueError("cannot move a token while a handoff is in progress")
+        pairs = sorted((new_position if t == token else t, o, g)
+                       for t, o, g in zip(self.tokens, self.owners, self.generations))
+        return self._with(tokens=tuple(p[0] for p in pairs), owners=tuple(p[1] for p in pairs),
+                          generations=tuple(p[2] for p in pairs))
 
     def add_node(self, node: str, address: str, tokens: Iterable[int]) -> "Ring":
         if node in self._address:
@@ -202,8 +283,10 @@ class Ring:
         new = list(tokens)
         if any(t in self._index for t in new) or len(set(new)) != len(new):
             raise ValueError("new tokens collide with existing ones")
-        pairs = sorted(list(zip(self.tokens, self.owners)) + [(t, node) for t in new])
-        return self._with(tokens=tuple(t for t, _ in pairs), owners=tuple(o for _, o in pairs),
+        pairs = sorted(list(zip(self.tokens, self.owners, self.generations))
+                       + [(t, node, 0) for t in new])
+        return self._with(tokens=tuple(p[0] for p in pairs), owners=tuple(p[1] for p in pairs),
+                          generations=tuple(p[2] for p in pairs),
                           addresses=tuple(sorted(self.addresses + ((node, address),))))
 
     def remove_node(self, node: str) -> "Ring":
@@ -213,17 +296,33 @@ class Ring:
             raise ValueError(f"node {node!r} is not a member")
         if len(self.addresses) == 1:
             raise ValueError("cannot remove the last node")
-        owners = list(self.owners)
+        owners, generations = list(self.owners), list(self.generations)
         n = len(owners)
         gone = self.removed | {node}
         lost = set(self.lost)
         for i, owner in enumerate(self.owners):
             if owner == node:
-                owners[i] = next(self.owners[(i + s) % n] for s in range(1, n)
-                                 if self.owners[(i + s) % n] != node)
+                holders = sorted(x for t, x in self.retiring if t == self.tokens[i] and x != node)
+                owners[i] = holders[0] if holders else next(
+                    self.owners[(i + s) % n] for s in range(1, n)
+                    if self.owners[(i + s) % n] != node)
+                generations[i] += 1
                 if set(self._destinations[i]) <= gone:
                     lost.add(self.tokens[i])
-        return self._with(owners=tuple(owners),
+        extras = {}
+        for token, nodes in self.extras:
+            # A handoff of the removed node's own token dies with it.
+            kept = () if self.owner_of_token(token) == node else \
+                tuple(x for x in nodes if x != node)
+            if kept != nodes:
+                generations[self._index[token]] += 1
+            if kept:
+                extras[token] = kept
+        retiring = frozenset((t, x) for t, x in self.retiring
+                             if x != node and x in extras.get(t, ()))
+        retiring -= {(t, x) for t, x in retiring if owners[self._index[t]] == x}
+        return self._with(owners=tuple(owners), generations=tuple(generations),
+                          extras=tuple(sorted(extras.items())), retiring=retiring,
                           addresses=tuple(a for a in self.addresses if a[0] != node),
                           removed=frozenset(gone), lost=frozenset(lost))
 
@@ -243,31 +342,55 @@ class Ring:
         return ring._with(version=self.version + 1, lost=ring.lost | lost)
 
     def merge(self, other: "Ring") -> "Ring":
-        """Combine two views. A newer view that already has every removal we know is
-        adopted as is; otherwise the missing removals are applied on top of the newer
-        one and the version moves past both, so every node that merges the same two
-        views reaches the same ring."""
-        if other.version == self.version and other == self:
+        """Combine two views; every node that merges the same two views reaches the
+        same ring, whichever it held. Per token the entry with the higher generation
+        wins (a handoff or a removal's reassignment is never undone); removals and
+        joins of either side are kept; the version moves past both unless the newer
+        view already contains everything."""
+        if other.stamp == self.stamp and other == self:
             return self
-        newer, older = (other, self) if other.version > self.version else (self, other)
-        missing = older.removed - newer.removed
-        gone = newer.removed | older.removed
-        # Members that joined in one view only (with no tokens yet) survive the merge.
-        joined = tuple(a for a in older.addresses
-                       if a[0] not in newer._address and a[0] not in gone)
-        if not missing and not joined:
+        older, newer = sorted((self, other), key=lambda r: (r.version, r.stamp))
+        gone = older.removed | newer.removed
+        entries: dict[int, tuple] = {}
+        for ring in (older, newer):          # on a tie the newer view's entry wins
+            for i, token in enumerate(ring.tokens):
+                entry = (ring.generations[i], ring.owners[i], ring.extras_of(token),
+                         frozenset(x for t, x in ring.retiring if t == token))
+                held = entries.get(token)
+                if held is None or entry[0] > held[0] or (
+                        entry[0] == held[0] and not (entry[1] in gone and held[1] not in gone)):
+                    if held is not None and held[:2] == entry[:2]:
+                        # the same change seen from two sides: keep every extra
+                        entry = (entry[0], entry[1], tuple(sorted(set(entry[2]) | set(held[2]))),
+                                 entry[3] | held[3])
+                    entries[token] = entry
+        addresses = dict(older.addresses)
+        addresses.update(newer.addresses)
+        tokens = tuple(sorted(entries))
+        owners_now = {e[1] for e in entries.values()}
+
+        def live(nodes):
+            return tuple(x for x in nodes if x not in gone)
+        base = Ring(max(self.version, other.version) + 1, newer.replication, tokens,
+                    tuple(entries[t][1] for t in tokens),
+                    tuple(sorted(a for a in addresses.items()
+                                 if a[0] not in gone or a[0] in owners_now)),
+                    frozenset(), older.lost | newer.lost,
+                    tuple(entries[t][0] for t in tokens),
+                    tuple((t, live(entries[t][2])) for t in tokens if live(entries[t][2])),
+                    frozenset((t, x) for t in tokens for x in entries[t][3]
+                              if x not in gone and x in entries[t][2]))
+        gone_members = gone & set(base._address)
+        merged = base.without(gone_members) if gone_members else base
+        merged = merged._with(version=base.version, removed=frozenset(gone),
+                              addresses=tuple(a for a in merged.addresses if a[0] not in gone))
+        if merged._content() == newer._content():
             return newer
-        if not missing:
-            return newer._with(version=max(self.version, other.version) + 1,
-                               addresses=tuple(sorted(newer.addresses + joined)))
-        # Apply each side's missing removals to the other; both give the same owners,
-        # and the union of what each judged lost keeps the merge symmetric.
-        merged = newer.without(missing)
-        mirror = older.without(newer.removed - older.removed)
-        joined = tuple(a for a in joined if a[0] not in merged._address)
-        return merged._with(version=max(self.version, other.version) + 1,
-                            lost=merged.lost | mirror.lost,
-                            addresses=tuple(sorted(merged.addresses + joined)))
+        return merged
+
+    def _content(self) -> tuple:
+        return (self.replication, self.tokens, self.owners, self.addresses, self.removed,
+                self.lost, self.generations, self.extras, self.retiring)
 
     @staticmethod
     def version_of_stamp(stamp: int) -> int:
@@ -296,6 +419,14 @@ class Ring:
             raise AssertionError(f"owners {set(self.owners) - members} are not members")
         if members & self.removed:
             raise AssertionError(f"removed nodes {members & self.removed} are still members")
+        if len(self.generations) != len(self.tokens):
+            raise AssertionError("generations and tokens differ in length")
+        for token, nodes in self.extras:
+            if token not in self._index or not nodes or not set(nodes) <= members:
+                raise AssertionError(f"bad extra destinations {nodes} of token {token}")
+        for token, node in self.retiring:
+            if node not in self._extras.get(token, ()):
+                raise AssertionError(f"retiring {node} is not an extra of token {token}")
 
     # ---------------------------------------------------------------- wire
 
@@ -303,7 +434,10 @@ class Ring:
         return msgpack.packb({"version": self.version, "replication": self.replication,
                               "tokens": list(self.tokens), "owners": list(self.owners),
                               "addresses": [list(a) for a in self.addresses],
-                              "removed": sorted(self.removed), "lost": sorted(self.lost)})
+                              "removed": sorted(self.removed), "lost": sorted(self.lost),
+                              "generations": list(self.generations),
+                              "extras": [[t, list(n)] for t, n in self.extras],
+                              "retiring": sorted([t, x] for t, x in self.retiring)})
 
     @classmethod
     def from_wire(cls, data: bytes) -> "Ring":
@@ -313,7 +447,11 @@ class Ring:
                        tuple(int(t) for t in d["tokens"]), tuple(str(o) for o in d["owners"]),
                        tuple((str(n), str(a)) for n, a in d["addresses"]),
                        frozenset(str(n) for n in d.get("removed", ())),
-                       frozenset(int(t) for t in d.get("lost", ())))
+                       frozenset(int(t) for t in d.get("lost", ())),
+                       tuple(int(g) for g in d.get("generations", ())),
+                       tuple((int(t), tuple(str(n) for n in nodes))
+                             for t, nodes in d.get("extras", ())),
+                       frozenset((int(t), str(x)) for t, x in d.get("retiring", ())))
             ring.check_invariants()
         except InvalidArgument:
             raise

@@ -11,10 +11,14 @@ import os
 import time
 from dataclasses import dataclass, field
 
+import msgpack
+
 from node.config import NodeConfig
 from node.core.batch import Limits
 from node.core.detector import DetectorConfig, FailureDetector
 from node.core.errors import Fenced, FloeError, InvalidArgument, StaleRing
+from node.core.handoff import Handoff, retired_extras
+from node.core.load import LoadConfig, LoadMonitor, choose_shed
 from node.core.node_core import NodeCore, RingChange
 from node.core.reducers import Reducer
 from node.core.ring import Ring
@@ -35,6 +39,7 @@ class _Inbound:
     batches: list
     stream: StreamState
     done: asyncio.Future = field(repr=False)
+    applied: int = 0                       # batches of it already applied
 
 
 class NodeRuntime:
@@ -45,6 +50,8 @@ class NodeRuntime:
         self.core = self._make_core(config)
         self.inbound: asyncio.Queue[_Inbound] = asyncio.Queue(config.queue_batches)
         self.started_at = time.monotonic()
+        self.queued_batches = 0        # batches received, not yet applied (load measure)
+        self.busy_seconds = 0.0        # time the applier spent applying (load measure)
         self._tasks: list[asyncio.Task] = []
         self._stopping = False
         self.detector = FailureDetector(DetectorConfig(
@@ -54,6 +61,13 @@ class NodeRuntime:
         self.rejoined = 0
         self._syncing: asyncio.Task | None = None
         self._background: set[asyncio.Task] = set()
+        self.handoff: Handoff | None = None     # the one handoff this node runs, if any
+        self._handoff_lock = asyncio.Lock()
+        self.leaving = False
+        self.left = asyncio.Event()             # set once we left the ring: the process exits
+        self.load = LoadMonitor(LoadConfig(
+            high_queue=config.high_queue, high_cpu=config.high_cpu, low_queue=config.low_queue,
+            low_cpu=config.low_cpu, cooldown=config.balance_cooldown))
 
     def _make_core(self, config: NodeConfig) -> NodeCore:
         ring = Ring.initial(dict(config.peers), config.replication, config.tokens_per_node)
@@ -74,7 +88,8 @@ class NodeRuntime:
         self._tasks = [asyncio.create_task(self._apply_loop(), name="apply"),
                        asyncio.create_task(self._checkpoint_loop(), name="checkpoint"),
                        asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
-                       asyncio.create_task(self._monitor_loop(), name="monitor")]
+                       asyncio.create_task(self._monitor_loop(), name="monitor"),
+                       asyncio.create_task(self._load_loop(), name="load")]
         log.info("node %s up on %s, %s", self.config.node_id, self.config.listen,
                  self.core.ring.describe())
 
@@ -99,34 +114,57 @@ class NodeRuntime:
         the flow control the sender feels). Returns a future of [(batch id, PushResult)]."""
         done = asyncio.get_running_loop().create_future()
         await self.inbound.put(_Inbound(batches, stream, done))
+        self.queued_batches += len(batches)
         return done
 
     async def _apply_loop(self) -> None:
-        core, inbound = self.core, self.inbound
+        inbound = self.inbound
         while True:
             item = await inbound.get()
-            if item.done.cancelled():
-                continue
-            if item.stream.failed:
-                item.done.set_exception(InvalidArgument("an earlier batch on this stream was refused"))
-                continue
-            acks = []
+            core = self.core           # replaced when we rejoin after being fenced
             try:
-                for b in item.batches:
-                    result = core.receive_batch(b.ring_version, b.token, b.source, b.first_seq,
-                                                b.last_seq, b.count, b.payload, b.seqs,
-                                                b.stream)
-                    acks.append((b.id, result))
-            except FloeError as exc:
-                item.stream.failed = True
+                if item.done.cancelled():
+                    continue
+                if item.stream.failed:
+                    item.done.set_exception(InvalidArgument("an earlier batch on this stream was refused"))
+                    continue
+                await self._apply(core, item)
+            finally:
+                self.queued_batches -= len(item.batches) - item.applied
+
+    async def _apply(self, core: NodeCore, item: _Inbound) -> None:
+        acks = []
+        started = mark = time.monotonic()
+        try:
+            for b in item.batches:
+                result = core.receive_batch(b.ring_version, b.token, b.source, b.first_seq,
+                                            b.last_seq, b.count, b.payload, b.seqs,
+                                            b.stream)
+                acks.append((b.id, result))
+                now = time.monotonic()
+                self.busy_seconds += now - mark
+                mark = now
+                item.applied += 1
+                self.queued_batches -= 1
+                if now - started > 0.01:
+                    # A long message (or a costly reducer) must not starve heartbeats
+                    # and probes: a busy node is not a dead one.
+                    await asyncio.sleep(0)
+                    started = mark = time.monotonic()
+                    core = self.core
+        except FloeError as exc:
+            item.stream.failed = True
+            if not item.done.done():
                 item.done.set_exception(exc)
-                if isinstance(exc, StaleRing) and Ring.version_of_stamp(b.ring_version) >= core.ring.version:
-                    self.sync_ring()   # a mapper knows a newer ring than we do
-            except Exception as exc:  # a reducer bug must not kill the node
-                log.exception("batch %s from %s failed", b.id, b.source)
-                item.stream.failed = True
+            if isinstance(exc, StaleRing) and Ring.version_of_stamp(b.ring_version) >= core.ring.version:
+                self.sync_ring()   # a mapper knows a newer ring than we do
+        except Exception as exc:  # a reducer bug must not kill the node
+            log.exception("batch %s from %s failed", b.id, b.source)
+            item.stream.failed = True
+            if not item.done.done():
                 item.done.set_exception(InvalidArgument(f"reducer failed: {exc!r}"))
-            else:
+        else:
+            if not item.done.done():   # the stream may have gone while we yielded
                 item.done.set_result(acks)
 
     # ----------------------------------------------------------- checkpoints
@@ -166,6 +204,11 @@ class NodeRuntime:
         await asyncio.gather(*(ship(s) for s in shipments))
         for token in {s.checkpoint.token for s in shipments}:
             core.checkpoint_done(token)
+        busy = self.handoff.moves if self.handoff is not None else ()
+        retired = retired_extras(core, busy)
+        if retired is not None and core is self.core:
+            self.adopt(retired)
+            self.sync_ring()
         if behind_before and not core.under_replicated() and core.ring.version > 1:
             log.info("re-replicated at %.6f: every range of %s is on r+1 nodes again",
                      time.time(), core.node_id)
@@ -186,7 +229,11 @@ class NodeRuntime:
         new = change.ring
         log.info("ring v%d -> v%d (%s)", before.version, new.version, new.describe())
         if change.fenced:
-            self._rejoin_empty(new)
+            if self.leaving:
+                log.info("%s left the ring at v%d", self.core.node_id, new.version)
+                self.left.set()
+            else:
+                self._rejoin_empty(new)
             return change
         if change.taken_over:
             log.info("took over %d ranges at %.6f", len(change.taken_over), time.time())
@@ -328,10 +375,146 @@ class NodeRuntime:
             return False
         return True
 
+    # -------------------------------------------------------------- handoffs
+
+    async def hand_off(self, moves: dict[int, str], timeout: float | None = None) -> Handoff:
+        """Hand token ranges to other nodes live (prepare, final checkpoint, commit).
+        Returns the finished Handoff: committed, or aborted with a reason."""
+        timeout = timeout or max(10.0, 20 * self.config.checkpoint_interval)
+        async with self._handoff_lock:
+            core = self.core
+            h = Handoff(core.node_id, dict(moves), deadline=time.monotonic() + timeout)
+            started = time.monotonic()
+            self.adopt(h.prepare(core, time.monotonic()))
+            self.sync_ring()
+            self.handoff = h
+            log.info("handing %d ranges to %s (ring v%d)", len(moves),
+                     ",".join(sorted(set(moves.values()))), self.core.ring.version)
+            try:
+                while h.state == "prepared":
+                    await self.checkpoint_once()
+                    ring = h.step(self.core, time.monotonic())
+                    if ring is not None:
+                        self.adopt(ring)
+                        self.sync_ring()
+                    if h.state == "prepared":
+                        await asyncio.sleep(0.01)
+            finally:
+                self.handoff = None
+            if h.state == "committed":
+                log.info("handed off %d ranges at %.6f in %.0f ms", len(moves), time.time(),
+                         1000 * (time.monotonic() - started))
+            else:
+                log.warning("handoff aborted: %s", h.reason)
+            return h
+
+    async def leave(self, timeout: float | None = None) -> None:
+        """Scale-in: hand every range to its first replica, wait until the new owners
+        no longer need our copies, leave the ring (removed for good) and stop."""
+        timeout = timeout or 30.0
+        deadline = time.monotonic() + timeout
+        ring = self.core.ring
+        if len(ring.nodes) < 2:
+            raise InvalidArgument("the last node cannot leave the ring")
+        moves = {t: ring.heir(t) or next(n for n in ring.nodes if n != self.core.node_id)
+                 for t in ring.tokens_of(self.core.node_id)}
+        if moves:
+            h = await self.hand_off(moves, timeout)
+            if h.state != "committed":
+                raise InvalidArgument(f"cannot leave: {h.reason}")
+        me = self.core.node_id
+        while any(me in self.core.ring.extras_of(t) for t in self.core.ring.tokens):
+            if time.monotonic() > deadline:
+                log.warning("leaving while other ranges still use our copy")
+                break
+            self.sync_ring()
+            await asyncio.sleep(0.05)
+        self.leaving = True
+        self.adopt(self.core.ring.remove_node(me))
+        # Tell everyone before we go; a node we miss learns it from the others.
+        ring = self.core.ring
+        await asyncio.gather(*(self.peers.exchange_ring(
+            a, sender=me, ring_wire=ring.to_wire(), version=ring.version,
+            reducer=self.reducer.name) for n, a in ring.addresses), return_exceptions=True)
+        self.left.set()
+
+    def join(self, ring: Ring) -> None:
+        """Start as a new member with no tokens in `ring` (fetched from a seed); ranges
+        come to us by handoff (`floe scale --add`)."""
+        joined = ring.add_node(self.config.node_id, self.config.listen, ()) \
+            if self.config.node_id not in ring.nodes else ring
+        self.core = NodeCore(self.config.node_id, joined, self.reducer,
+                             Limits(max_batch_bytes=self.config.max_batch_bytes),
+                             verify_keys=self.config.verify_keys)
+        log.info("%s joins ring v%d", self.config.node_id, joined.version)
+
+    # --------------------------------------------------------- load balancing
+
+    async def _load_loop(self) -> None:
+        while True:
+            await asyncio.sleep(0.1)
+            now = time.monotonic()
+            core = self.core
+            was = self.load.overloaded
+            self.load.sample(now, self.queued_batches, self.busy_seconds,
+                             {t: n for t, n in core.applied_by_token.items() if t in core.primaries},
+                             time.process_time())
+            if self.load.overloaded != was:
+                log.info("load: %s at %.6f (queue %.1f batches, busy %.0f%%, cpu %.0f%%, "
+                         "%.0f tuples/s)", "overloaded" if self.load.overloaded else "relieved",
+                         time.time(), self.load.queue(), 100 * self.load.busy(),
+                         100 * self.load.cpu(), self.load.rate())
+            if (self.config.balance and self.load.overloaded and self.load.may_move(now)
+                    and self.handoff is None and not core.fenced and not self.leaving):
+                self.load.moved(now)
+                self._spawn(self.shed_load(reason="overloaded"))
+
+    async def shed_load(self, reason: str, depth: int = 0) -> str:
+        """Hand the hottest ranges to neighbours that are not busy themselves; when
+        every neighbour is busy, ask the first one to shed first (the request cascades
+        clockwise, at most once round the ring)."""
+        core = self.core
+        ring = core.ring
+        me = core.node_id
+        heirs = sorted({h for t in ring.tokens_of(me) if (h := ring.heir(t))})
+        stats = await asyncio.gather(*(self.peers.stats(ring.address(h)) for h in heirs),
+                                     return_exceptions=True)
+        heir_rates, busy = {}, set()
+        for heir, st in zip(heirs, stats):
+            if isinstance(st, BaseException):
+                busy.add(heir)           # unreachable: not a place to move load to
+                continue
+            heir_rates[heir] = st.apply_rate
+            if st.overloaded:
+                busy.add(heir)
+        rates = self.load.token_rates()
+        moves = choose_shed(ring, me, rates, heir_rates, busy)
+        log.info("load: %s at %.6f, rate %.0f/s, queue %.1f, busy %.0f%%; neighbours %s busy %s; "
+                 "moving %d ranges", reason, time.time(), self.load.rate(), self.load.queue(),
+                 100 * self.load.busy(), {h: round(r) for h, r in heir_rates.items()},
+                 sorted(busy), len(moves))
+        if moves:
+            h = await self.hand_off(moves)
+            self.load.moved(time.monotonic())
+            return f"moved {len(moves)} ranges: {h.state} {h.reason}"
+        if busy and depth < len(ring.nodes) and heirs:
+            target = sorted(busy)[0]
+            try:
+                await self.peers.request_shed(ring.address(target), me, depth + 1)
+            except FloeError as exc:
+                return f"cascade to {target} failed: {exc}"
+            return f"asked {target} to shed first"
+        return "nothing to move"
+
     # --------------------------------------------------------------- queries
 
     def stats(self) -> dict:
-        return dict(self.core.stats(), fenced=self.core.fenced, rejoined=self.rejoined, node_id=self.core.node_id, address=self.config.listen,
+        rates = self.load.token_rates()
+        return dict(self.core.stats(), fenced=self.core.fenced,
+                    cpu=self.load.cpu(), busy=self.load.busy(), apply_rate=sum(rates.values()),
+                    overloaded=self.load.overloaded,
+                    tokens=len(self.core.ring.tokens_of(self.core.node_id)),
+                    load=msgpack.packb({t: r for t, r in rates.items()}), rejoined=self.rejoined, node_id=self.core.node_id, address=self.config.listen,
                     queue_length=self.inbound.qsize(), reducer=self.reducer.name,
                     pid=os.getpid(), uptime=time.monotonic() - self.started_at)
 

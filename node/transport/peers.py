@@ -20,12 +20,15 @@ class PeerPool:
         self._options = channel_options(max_message_bytes)
         self._channels: dict[str, grpc.aio.Channel] = {}
 
-    def _control(self, address: str) -> floe_pb2_grpc.ControlPlaneStub:
+    def _channel(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
         if channel is None:
             channel = self._channels[address] = grpc.aio.insecure_channel(
                 address, options=self._options)
-        return floe_pb2_grpc.ControlPlaneStub(channel)
+        return channel
+
+    def _control(self, address: str) -> floe_pb2_grpc.ControlPlaneStub:
+        return floe_pb2_grpc.ControlPlaneStub(self._channel(address))
 
     async def ship_checkpoint(self, address: str, *, sender: str, ring_version: int,
                               checkpoint, base_seq: int) -> tuple[bool, int]:
@@ -58,6 +61,30 @@ class PeerPool:
         except grpc.RpcError as exc:
             raise error_from_rpc(exc) from None
         return reply.alive
+
+    async def stats(self, address: str):
+        try:
+            return await floe_pb2_grpc.QueryPlaneStub(self._channel(address)).Stats(
+                floe_pb2.StatsRequest(), timeout=self.timeout)
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc) from None
+
+    async def request_shed(self, address: str, sender: str, depth: int) -> str:
+        """Ask a neighbour to shed its own load first (empty Handoff request)."""
+        try:
+            reply = await self._control(address).Handoff(
+                floe_pb2.HandoffRequest(sender=sender, ring_version=depth), timeout=30.0)
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc) from None
+        return reply.detail
+
+    async def get_ring(self, address: str) -> bytes:
+        try:
+            reply = await self._control(address).GetRing(floe_pb2.GetRingRequest(),
+                                                          timeout=self.timeout)
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc) from None
+        return reply.ring
 
     async def exchange_ring(self, address: str, *, sender: str, ring_wire: bytes,
                             version: int, reducer: str) -> bytes:

@@ -108,8 +108,27 @@ class ControlPlane(floe_pb2_grpc.ControlPlaneServicer):
                                       ring_version=core.ring.stamp)
 
     async def Handoff(self, request, context):
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED,
-                            "handoff is not supported by this node version")
+        runtime = self.runtime
+        try:
+            if request.leave:
+                await runtime.leave(request.timeout or None)
+                return floe_pb2.HandoffReply(accepted=True, ring_version=runtime.core.ring.version,
+                                             detail="left the ring")
+            if not request.tokens and not request.target:
+                # a neighbour asks us to shed load first (the cascade); ring_version
+                # carries how far the request has travelled
+                detail = await runtime.shed_load(f"asked by {request.sender}",
+                                                 depth=request.ring_version)
+                return floe_pb2.HandoffReply(accepted=True, detail=detail,
+                                             ring_version=runtime.core.ring.version)
+            moves = {int(t): request.target for t in request.tokens}
+            h = await runtime.hand_off(moves, request.timeout or None)
+        except FloeError as exc:
+            await abort(context, exc)
+        except ValueError as exc:
+            await abort(context, InvalidArgument(str(exc)))
+        return floe_pb2.HandoffReply(accepted=h.state == "committed",
+                                     ring_version=runtime.core.ring.version, detail=h.reason)
 
 
 class QueryPlane(floe_pb2_grpc.QueryPlaneServicer):

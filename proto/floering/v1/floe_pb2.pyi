@@ -135,16 +135,20 @@ class ProbeReply(_message.Message):
     def __init__(self, alive: _Optional[bool] = ...) -> None: ...
 
 class HandoffRequest(_message.Message):
-    __slots__ = ("sender", "ring_version", "tokens", "target")
+    __slots__ = ("sender", "ring_version", "tokens", "target", "leave", "timeout")
     SENDER_FIELD_NUMBER: _ClassVar[int]
     RING_VERSION_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
+    LEAVE_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     sender: str
     ring_version: int
     tokens: _containers.RepeatedScalarFieldContainer[int]
     target: str
-    def __init__(self, sender: _Optional[str] = ..., ring_version: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., target: _Optional[str] = ...) -> None: ...
+    leave: bool
+    timeout: float
+    def __init__(self, sender: _Optional[str] = ..., ring_version: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., target: _Optional[str] = ..., leave: _Optional[bool] = ..., timeout: _Optional[float] = ...) -> None: ...
 
 class HandoffReply(_message.Message):
     __slots__ = ("accepted", "ring_version", "detail")
@@ -203,7 +207,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class NodeStats(_message.Message):
-    __slots__ = ("node_id", "address", "ring_version", "keys", "applied", "duplicates", "queue_length", "backup_tuples", "backup_bytes", "ring_share", "checkpoints_shipped", "lost_ranges", "reducer", "pid", "uptime", "refused", "backed_up", "checkpoints_received", "under_replicated", "takeovers", "fenced", "rejoined")
+    __slots__ = ("node_id", "address", "ring_version", "keys", "applied", "duplicates", "queue_length", "backup_tuples", "backup_bytes", "ring_share", "checkpoints_shipped", "lost_ranges", "reducer", "pid", "uptime", "refused", "backed_up", "checkpoints_received", "under_replicated", "takeovers", "fenced", "rejoined", "handed_off", "cpu", "apply_rate", "overloaded", "tokens", "load", "busy")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     RING_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -226,6 +230,13 @@ class NodeStats(_message.Message):
     TAKEOVERS_FIELD_NUMBER: _ClassVar[int]
     FENCED_FIELD_NUMBER: _ClassVar[int]
     REJOINED_FIELD_NUMBER: _ClassVar[int]
+    HANDED_OFF_FIELD_NUMBER: _ClassVar[int]
+    CPU_FIELD_NUMBER: _ClassVar[int]
+    APPLY_RATE_FIELD_NUMBER: _ClassVar[int]
+    OVERLOADED_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    LOAD_FIELD_NUMBER: _ClassVar[int]
+    BUSY_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     ring_version: int
@@ -248,7 +259,14 @@ class NodeStats(_message.Message):
     takeovers: int
     fenced: bool
     rejoined: int
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., ring_version: _Optional[int] = ..., keys: _Optional[int] = ..., applied: _Optional[int] = ..., duplicates: _Optional[int] = ..., queue_length: _Optional[int] = ..., backup_tuples: _Optional[int] = ..., backup_bytes: _Optional[int] = ..., ring_share: _Optional[float] = ..., checkpoints_shipped: _Optional[int] = ..., lost_ranges: _Optional[int] = ..., reducer: _Optional[str] = ..., pid: _Optional[int] = ..., uptime: _Optional[float] = ..., refused: _Optional[int] = ..., backed_up: _Optional[int] = ..., checkpoints_received: _Optional[int] = ..., under_replicated: _Optional[int] = ..., takeovers: _Optional[int] = ..., fenced: _Optional[bool] = ..., rejoined: _Optional[int] = ...) -> None: ...
+    handed_off: int
+    cpu: float
+    apply_rate: float
+    overloaded: bool
+    tokens: int
+    load: bytes
+    busy: float
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., ring_version: _Optional[int] = ..., keys: _Optional[int] = ..., applied: _Optional[int] = ..., duplicates: _Optional[int] = ..., queue_length: _Optional[int] = ..., backup_tuples: _Optional[int] = ..., backup_bytes: _Optional[int] = ..., ring_share: _Optional[float] = ..., checkpoints_shipped: _Optional[int] = ..., lost_ranges: _Optional[int] = ..., reducer: _Optional[str] = ..., pid: _Optional[int] = ..., uptime: _Optional[float] = ..., refused: _Optional[int] = ..., backed_up: _Optional[int] = ..., checkpoints_received: _Optional[int] = ..., under_replicated: _Optional[int] = ..., takeovers: _Optional[int] = ..., fenced: _Optional[bool] = ..., rejoined: _Optional[int] = ..., handed_off: _Optional[int] = ..., cpu: _Optional[float] = ..., apply_rate: _Optional[float] = ..., overloaded: _Optional[bool] = ..., tokens: _Optional[int] = ..., load: _Optional[bytes] = ..., busy: _Optional[float] = ...) -> None: ...
 
 class RangeRequest(_message.Message):
     __slots__ = ("token",)

@@ -1,0 +1,155 @@
+"""Handing token ranges from their owner to other nodes while tuples keep flowing.
+
+A handoff of {token: target} runs on the tokens' owner A as two ring changes:
+
+1. prepare: every node that will be a destination of the token once the target owns
+   it, and is not one now, becomes an *extra* destination. Mappers send it the token's
+   tuples from then on and A's checkpoint rounds ship it a full copy. A brand-new node
+   taking a range thus first serves as a replica (the paper's "delayed transition");
+   A's first replica, which already holds checkpoint + backups, needs nothing extra
+   itself, only its own replica becomes an extra.
+2. commit: once every future destination has acknowledged a checkpoint of the range
+   cut no earlier than the prepare (A's final checkpoint), A gives the token to the
+   target (generation + 1, extras cleared). The target rebuilds the range from its
+   complete copy exactly as a failover heir does; the stamps on every batch make a
+   mapper resend whatever was routed with the old ring.
+
+If A dies at any point the failover path takes over (its first replica has a complete
+copy, and so do the extras once prepared). If a target dies or the handoff times out,
+the extras are cleared and A keeps the range. Pure: the caller passes `now` and carries
+out the rings this returns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from node.core.errors import InvalidArgument
+from node.core.ring import Ring
+
+
+@dataclass
+class Handoff:
+    node_id: str
+    moves: dict[int, str]
+    deadline: float
+    state: str = "new"            # new -> prepared -> committed | aborted
+    reason: str = ""
+    marks: dict[int, int] = field(default_factory=dict)  # checkpoint seq at prepare
+
+    def prepare(self, core, now: float) -> Ring:
+        """Validate against the core and return the ring that adds the extras."""
+        ring = core.ring
+        if core.fenced:
+            raise InvalidArgument(f"{self.node_id} was removed from the ring")
+        if not self.moves:
+            raise InvalidArgument("nothing to hand off")
+        for token, target in self.moves.items():
+            if token not in core.primaries:
+                raise InvalidArgument(f"{self.node_id} does not own token {token} in ring "
+                                      f"version {ring.version}")
+            if target == self.node_id or target not in ring.nodes:
+                raise InvalidArgument(f"cannot hand token {token} to {target!r}: not another "
+                                      f"member of ring version {ring.version}")
+            if token in core.lost_tokens:
+                raise InvalidArgument(f"token {token}'s range is lost; it cannot move")
+            if ring.extras_of(token):
+                raise InvalidArgument(f"token {token} is already being handed off")
+        self.marks = {t: core.primaries[t].checkpoint_seq for t in self.moves}
+        for token in self.moves:
+            core.primaries[token].force_checkpoint()   # the final checkpoint
+        self.state = "prepared"
+        return self._extras_ring(ring) or ring.with_version(ring.version + 1)
+
+    def _extras_ring(self, ring: Ring) -> Ring | None:
+        """The ring pinning every future destination as an extra, or None. Pinned, not
+        left to the clockwise walk: a concurrent handoff elsewhere may change the walk,
+        and a node that stops being a destination drops its copy."""
+        future = ring.with_owners(self.moves)
+        needed = {}
+        for token in self.moves:
+            want = tuple(sorted({x for x in future.destinations(token) if x != self.node_id}
+                                | set(ring.extras_of(token))))
+            if want != ring.extras_of(token):
+                needed[token] = want
+        return ring.with_extras(needed) if needed else None
+
+    def future_destinations(self, ring: Ring, token: int) -> tuple[str, ...]:
+        return ring.with_owners(self.moves).destinations(token)
+
+    def ready(self, core) -> bool:
+        """Every future destination acknowledged a checkpoint cut after the prepare (so
+        it held the pinned ring, and a complete copy)."""
+        ring = core.ring
+        for token in self.moves:
+            rng = core.primaries.get(token)
+            if rng is None:
+                return False
+            for node in self.future_destinations(ring, token):
+                if node == self.node_id:
+                    continue
+                seq = rng.replica_seq.get(node)
+                if seq is None or seq <= self.marks[token]:
+                    return False
+        return True
+
+    def step(self, core, now: float) -> Ring | None:
+        """The next ring to adopt (re-prepare, commit or abort), or None to wait."""
+        if self.state != "prepared":
+            return None
+        ring = core.ring
+        if core.fenced:
+            self.state, self.reason = "aborted", "this node was removed from the ring"
+            return None
+        mine = [t for t in self.moves if ring.owner_of_token(t) == self.node_id]
+        gone = sorted({x for x in self.moves.values() if x not in ring.nodes})
+        if len(mine) < len(self.moves) or gone or now > self.deadline:
+            self.state = "aborted"
+            self.reason = (f"target {', '.join(gone)} left the ring" if gone else
+                           "a token changed owner meanwhile" if len(mine) < len(self.moves)
+                           else "timed out before every destination held the range")
+            return ring.with_extras({t: () for t in mine if ring.extras_of(t)}) \
+                if any(ring.extras_of(t) for t in mine) else None
+        again = self._extras_ring(ring)
+        if again is not None:
+            return again               # the ring changed (a failure): prepare anew
+        if not self.ready(core):
+            return None
+        self.state = "committed"
+        return commit_ring(ring, self.moves)
+
+
+def commit_ring(ring: Ring, moves: dict[int, str]) -> Ring:
+    """Give the tokens to their targets. Every node that stops being a destination of
+    any token (the old owner of a moved one, or a replica whose place in a neighbour's
+    clockwise walk the move took) stays an extra destination, keeping its complete copy
+    until the token's owner has the new replicas filled (`retired_extras`)."""
+    committed = ring.with_owners(moves)
+    retiring, holding = {}, set()
+    for token in ring.tokens:
+        old = set(ring.destinations(token))
+        if token not in moves:
+            # pinned future destinations of someone's prepare do not hold a copy yet
+            old -= set(ring.extras_of(token)) - {x for t, x in ring.retiring if t == token}
+        new = committed.destinations(token)
+        leaving = old - set(new)
+        keep = sorted(leaving | (set(committed.extras_of(token)) - {new[0]}))
+        if keep != list(committed.extras_of(token)):
+            retiring[token] = keep
+            holding |= {(token, x) for x in leaving} | {
+                (t, x) for t, x in ring.retiring if t == token and x in keep}
+    ring = committed.with_extras(retiring, holding) if retiring else committed
+    return ring.with_version(committed.version)
+
+
+def retired_extras(core, busy=()) -> Ring | None:
+    """The owner's cleanup: drop the extras of its tokens (not in `busy`, i.e. not being
+    handed off) once every regular replica acknowledged a checkpoint."""
+    ring = core.ring
+    done = {}
+    for token, rng in core.primaries.items():
+        if token in busy or not ring.extras_of(token):
+            continue
+        if all(rng.replica_seq.get(r) is not None for r in ring.regular_replicas(token)):
+            done[token] = ()
+    return ring.with_extras(done) if done else None

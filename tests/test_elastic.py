@@ -1,0 +1,163 @@
+"""Elasticity on real processes: ranges move, nodes join and leave while a mapper
+streams, and the ring's counts equal an independent count of what flush() confirmed."""
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from chaos.cluster import LocalCluster
+from chaos.elastic import request_handoff
+from tests.test_failover import Feeder, diff
+
+pytestmark = pytest.mark.multiprocess
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def floe(tmp_path, *args, timeout=120):
+    result = subprocess.run([sys.executable, "-m", "chaos.cli", *args], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=timeout,
+                            env=dict(os.environ, PYTHONPATH=f"{ROOT}:{ROOT / 'proto'}"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+def status(tmp_path):
+    return {n["node_id"]: n for n in json.loads(floe(tmp_path, "status", "--json"))["nodes"]}
+
+
+def finish_exact(feeder):
+    client = feeder.finish()
+    got = dict(client.scan())
+    ring = client.refresh_ring()
+    client.close()
+    assert got == feeder.acked, diff(got, feeder.acked)
+    return ring
+
+
+def test_floe_move_under_a_streaming_mapper(tmp_path):
+    with LocalCluster.up(3, 1, workdir=tmp_path, tokens_per_node=4) as cluster:
+        feeder = Feeder(cluster.seeds)
+        feeder.start()
+        time.sleep(0.5)
+        ring = feeder.client.refresh_ring()
+        to_heir = ring.tokens_of("n0")[0]                 # n0's first replica takes it
+        heir = ring.heir(to_heir)
+        other = next(n for n in ring.nodes if n not in ("n0", heir))
+        to_other = ring.tokens_of("n0")[1]                # delayed transition via extras
+        out1 = floe(tmp_path, "move", heir, "--to", hex(to_heir))
+        time.sleep(0.3)
+        out2 = floe(tmp_path, "move", other, "--to", str(to_other - 5))
+        time.sleep(0.5)
+        ring = finish_exact(feeder)
+        assert "handed the range" in out1 and "handed the range" in out2
+        assert ring.owner_of_token(to_heir) == heir and ring.owner_of_token(to_other) == other
+        nodes = status(tmp_path)
+        assert sum(n["ring_share"] for n in nodes.values()) == pytest.approx(1.0)
+        assert nodes["n0"]["tokens"] == 2 and nodes["n0"]["handed_off"] >= 2
+        assert all(n["lost_ranges"] == 0 for n in nodes.values())
+
+
+def test_scale_out_3_to_5_and_back_to_3_under_load(tmp_path):
+    with LocalCluster.up(3, 1, workdir=tmp_path, tokens_per_node=4) as cluster:
+        feeder = Feeder(cluster.seeds)
+        feeder.start()
+        time.sleep(0.5)
+        out = floe(tmp_path, "scale", "--add", "2")
+        cluster.nodes[:] = LocalCluster.load(cluster.state_file).nodes   # stopped on exit
+        assert "added n3, n4" in out
+        grown = status(tmp_path)
+        assert set(grown) == {"n0", "n1", "n2", "n3", "n4"}
+        assert grown["n3"]["tokens"] >= 2 and grown["n4"]["tokens"] >= 2
+        time.sleep(0.5)
+        for node in ("n3", "n4"):
+            floe(tmp_path, "scale", "--remove", node)
+        cluster.nodes[:] = LocalCluster.load(cluster.state_file).nodes
+        time.sleep(0.3)
+        ring = finish_exact(feeder)
+        assert set(ring.nodes) == {"n0", "n1", "n2"} and {"n3", "n4"} <= ring.removed
+        shrunk = status(tmp_path)
+        assert set(shrunk) == {"n0", "n1", "n2"}
+        assert all(n["lost_ranges"] == 0 for n in shrunk.values())
+        logs = {n: Path(tmp_path / "floe-cluster" / "logs" / f"{n}.log").read_text()
+                for n in ("n3", "n4")}
+        assert all("left the ring" in text and "stopped" in text for text in logs.values())
+
+
+@pytest.mark.parametrize("victim", ["owner", "target"])
+def test_a_kill_in_the_middle_of_a_move_loses_nothing(tmp_path, victim):
+    with LocalCluster.up(4, 1, workdir=tmp_path, tokens_per_node=4) as cluster:
+        feeder = Feeder(cluster.seeds)
+        feeder.start()
+        time.sleep(0.5)
+        ring = feeder.client.refresh_ring()
+        tokens = ring.tokens_of("n0")[:2]
+        target = "n2"                                     # not n0's neighbour: extras first
+        result = {}
+
+        def move():
+            try:
+                result["reply"] = request_handoff(ring.address("n0"), tokens, target, timeout=10)
+            except Exception as exc:      # the owner may die under it
+                result["error"] = exc
+        mover = threading.Thread(target=move)
+        mover.start()
+        time.sleep(0.05)
+        cluster.kill("n0" if victim == "owner" else target)
+        mover.join(30)
+        time.sleep(1.5)
+        ring = finish_exact(feeder)
+        assert ("n0" if victim == "owner" else target) in ring.removed
+        nodes = status(tmp_path)
+        assert all(n["lost_ranges"] == 0 for n in nodes.values() if "error" not in n)
+
+
+def test_a_skewed_stream_rebalances_by_itself_and_stays_exact(tmp_path):
+    from chaos.balance import run
+    result = run(tmp_path, seconds=8, rate=24000, work=4000)   # hot words: ~1.5x one core
+    assert result["exact"], "counts differ from the independent count"
+    assert "t_over" in result, "no node became overloaded: the workload is too light here"
+    assert result["t_moved"] is not None, "the overloaded node moved nothing"
+    assert result["ratio_after"] < result["ratio_before"]
+
+
+def test_autoscale_adds_a_node_under_load_and_removes_it_when_idle(tmp_path):
+    from chaos.balance import OpenLoopFeeder
+    from chaos.elastic import autoscale_loop
+    extra = ["--reducer-arg", "work=4000", "--high-queue", "16", "--low-queue", "4",
+             "--high-cpu", "0.85", "--low-cpu", "0.7",
+             "--suspect-min", "1", "--suspect-max", "3", "--probe-timeout", "1"]
+    with LocalCluster.up(3, 1, workdir=tmp_path, reducer="chaos.costly:CostlyCount",
+                         tokens_per_node=4, extra_args=extra) as cluster:
+        words = [f"w{i}" for i in range(5000)]          # uniform: every node gets its share
+        feeder = OpenLoopFeeder(cluster.seeds, 60_000, words)
+        feeder.start()
+        changes = []
+        scaler = threading.Thread(target=lambda: autoscale_loop(
+            cluster, seconds=60, min_nodes=3, max_nodes=4, cooldown=2.0, log=lambda m: None,
+            changes=changes, until=lambda c: any("removed" in what for _, what in c)))
+        scaler.start()
+        deadline = time.monotonic() + 20
+        while not any("added" in c for _, c in changes) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(1.0)
+        feeder.stop.set()                               # now idle: the extra node goes
+        feeder.join(120)
+        assert feeder.error is None, feeder.error
+        scaler.join(90)
+        assert not scaler.is_alive()
+        cluster.nodes[:] = LocalCluster.load(cluster.state_file).nodes
+        kinds = [c.split()[0] for _, c in changes]
+        assert kinds[:2] == ["added", "removed"], changes
+        client = feeder.client
+        got = dict(client.scan())
+        ring = client.refresh_ring()
+        client.close()
+        assert got == dict(feeder.acked), diff(got, feeder.acked)
+        assert len(ring.nodes) == 3

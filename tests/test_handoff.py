@@ -1,0 +1,177 @@
+"""The pure handoff protocol over in-process NodeCores: ranges move between live nodes
+while tuples keep arriving, and counts stay exact whoever dies along the way."""
+
+from collections import Counter
+
+import pytest
+
+from node.core.errors import InvalidArgument
+from node.core.handoff import Handoff, retired_extras
+from node.core.node_core import NodeCore
+from node.core.reducers import load_reducer
+from tests.helpers import CoreCluster, fail
+
+WORDS = [f"w{i % 97}" for i in range(3000)]
+
+
+def spread(c: CoreCluster, ring) -> None:
+    """Gossip: every core adopts `ring` (and the cluster's mapper routes with it)."""
+    for core in c.cores.values():
+        core.adopt_ring(ring)
+    c.ring = next(iter(c.cores.values())).ring
+
+
+def run(c: CoreCluster, handoff: Handoff, owner: str, feed, rounds: int = 10):
+    """Drive a handoff to its end as the runtime does, pushing between steps."""
+    spread(c, handoff.prepare(c.cores[owner], now=0.0))
+    for i in range(rounds):
+        feed()
+        c.checkpoint()
+        ring = handoff.step(c.cores[owner], now=float(i))
+        if ring is not None:
+            c.cores[owner].adopt_ring(ring)
+            spread(c, ring)
+        if handoff.state != "prepared":
+            return
+    raise AssertionError(f"handoff still {handoff.state} after {rounds} rounds")
+
+
+class Feed:
+    def __init__(self, c):
+        self.c, self.seq, self.sent = c, 1, Counter()
+
+    def __call__(self, n=300):
+        words = WORDS[self.seq % 2000:][:n]
+        self.c.push("m", words, first_seq=self.seq)
+        self.seq += len(words)
+        self.sent.update(words)
+
+
+def test_hand_a_range_to_the_first_replica_under_load():
+    c = CoreCluster(nodes=3, replication=1, tokens_per_node=2)
+    feed = Feed(c)
+    feed()
+    token = c.ring.tokens_of("n0")[0]
+    heir = c.ring.heir(token)
+    h = Handoff("n0", {token: heir}, deadline=100)
+    run(c, h, "n0", feed)
+    assert h.state == "committed"
+    assert c.ring.owner_of_token(token) == heir
+    assert "n0" in c.ring.extras_of(token)           # the old owner keeps a copy for now
+    assert token in c.cores[heir].primaries and token not in c.cores["n0"].primaries
+    c.checkpoint()                                    # the new replicas are filled
+    for core in list(c.cores.values()):
+        retired = retired_extras(core)
+        if retired is not None:
+            spread(c, retired)
+    assert not c.ring.extras and not c.ring.retiring
+    assert c.ring.generation_of(token) >= 1
+    feed()
+    assert c.state() == feed.sent
+    for core in c.cores.values():
+        core.check_invariants()
+
+
+def test_a_new_node_is_an_extra_replica_first_then_takes_over():
+    c = CoreCluster(nodes=3, replication=1, tokens_per_node=2)
+    feed = Feed(c)
+    feed()
+    joined = c.ring.add_node("n9", "127.0.0.1:7999", ())
+    c.cores["n9"] = NodeCore("n9", joined, load_reducer("count"))
+    spread(c, joined)
+    token = c.ring.tokens_of("n1")[1]
+    h = Handoff("n1", {token: "n9"}, deadline=100)
+    prepared = h.prepare(c.cores["n1"], now=0.0)
+    assert "n9" in prepared.extras_of(token)
+    assert prepared.destinations(token)[:2] == c.ring.destinations(token)
+    spread(c, prepared)
+    feed()                                            # n9 now receives the token's tuples
+    assert c.cores["n9"].replicas.backups.tuples_of(token) > 0
+    assert not h.ready(c.cores["n1"])                 # no full copy yet
+    assert h.step(c.cores["n1"], now=1.0) is None
+    c.checkpoint()                                    # the full copy arrives
+    assert h.ready(c.cores["n1"])
+    ring = h.step(c.cores["n1"], now=2.0)
+    spread(c, ring)
+    assert c.ring.owner_of_token(token) == "n9" and c.cores["n9"].counters["takeovers"] == 1
+    feed()
+    assert c.state() == feed.sent
+
+
+@pytest.mark.parametrize("victim", ["owner", "target", "target_replica"])
+def test_a_death_right_after_the_commit_loses_nothing(victim):
+    c = CoreCluster(nodes=4, replication=1, tokens_per_node=2)
+    feed = Feed(c)
+    feed()
+    token = c.ring.tokens_of("n0")[0]
+    heir = c.ring.heir(token)
+    h = Handoff("n0", {token: heir}, deadline=100)
+    run(c, h, "n0", feed)
+    feed()                                            # acknowledged by the new owner only
+    dead = {"owner": "n0", "target": heir,
+            "target_replica": c.ring.replicas_of_token(token)[0]}[victim]
+    fail(c, dead)                                     # before any new checkpoint
+    assert all(not core.lost_tokens for core in c.cores.values())
+    feed()
+    assert c.state() == feed.sent
+
+
+def test_the_owner_dying_while_prepared_falls_back_to_failover():
+    c = CoreCluster(nodes=4, replication=1, tokens_per_node=2)
+    feed = Feed(c)
+    feed()
+    token = c.ring.tokens_of("n0")[0]
+    spread(c, Handoff("n0", {token: "n2"}, deadline=100).prepare(c.cores["n0"], 0.0))
+    feed()
+    c.checkpoint()
+    fail(c, "n0")
+    assert c.ring.owner_of_token(token) == "n1" and not c.ring.extras
+    feed()
+    assert c.state() == feed.sent
+
+
+def test_a_target_that_dies_aborts_and_the_owner_keeps_the_range():
+    c = CoreCluster(nodes=4, replication=1, tokens_per_node=2)
+    feed = Feed(c)
+    token = c.ring.tokens_of("n0")[0]
+    h = Handoff("n0", {token: "n2"}, deadline=100)
+    spread(c, h.prepare(c.cores["n0"], 0.0))
+    feed()
+    fail(c, "n2")
+    ring = h.step(c.cores["n0"], now=1.0)
+    assert h.state == "aborted" and "n2" in h.reason
+    assert ring is None or not ring.extras_of(token)
+    assert c.ring.owner_of_token(token) == "n0"
+    feed()
+    assert c.state() == feed.sent
+
+
+def test_timeout_aborts_and_clears_the_extras():
+    c = CoreCluster(nodes=3, replication=1, tokens_per_node=1)
+    c.ring = c.ring.add_node("n9", "h:9", ())
+    for core in c.cores.values():
+        core.adopt_ring(c.ring)
+    token = c.ring.tokens_of("n0")[0]
+    h = Handoff("n0", {token: "n9"}, deadline=5)
+    spread(c, h.prepare(c.cores["n0"], 0.0))
+    ring = h.step(c.cores["n0"], now=6.0)             # n9 never acknowledged a checkpoint
+    assert h.state == "aborted" and not ring.extras_of(token)
+
+
+def test_bad_requests_are_refused_clearly():
+    c = CoreCluster(nodes=3, replication=1, tokens_per_node=1)
+    mine, theirs = c.ring.tokens_of("n0")[0], c.ring.tokens_of("n1")[0]
+    for moves in ({theirs: "n2"}, {mine: "n0"}, {mine: "zz"}, {}):
+        with pytest.raises(InvalidArgument):
+            Handoff("n0", moves, deadline=1).prepare(c.cores["n0"], 0.0)
+
+
+def test_a_handoff_and_a_concurrent_removal_merge_the_same_way_everywhere():
+    c = CoreCluster(nodes=5, replication=1, tokens_per_node=2)
+    token = c.ring.tokens_of("n0")[0]
+    handed = c.ring.with_owners({token: c.ring.heir(token)})
+    removed = c.ring.without(["n3"])
+    a, b = handed.merge(removed), removed.merge(handed)
+    assert a == b and a.owner_of_token(token) == c.ring.heir(token) and "n3" in a.removed
+    # a stale view of the token (older generation) never undoes the handoff
+    assert a.merge(c.ring) .owner_of_token(token) == c.ring.heir(token)
