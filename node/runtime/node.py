@@ -54,6 +54,9 @@ class NodeRuntime:
         self.rejoined = 0
         self._syncing: asyncio.Task | None = None
         self._background: set[asyncio.Task] = set()
+        # Ranges taken over whose first new tuples are not applied yet: token -> the
+        # dead owner. Logged once applied, so recovery can be timed to that moment.
+        self._resuming: dict[int, str] = {}
 
     def _make_core(self, config: NodeConfig) -> NodeCore:
         ring = Ring.initial(dict(config.peers), config.replication, config.tokens_per_node)
@@ -102,7 +105,7 @@ class NodeRuntime:
         return done
 
     async def _apply_loop(self) -> None:
-        core, inbound = self.core, self.inbound
+        core, inbound, resuming = self.core, self.inbound, self._resuming
         while True:
             item = await inbound.get()
             if item.done.cancelled():
@@ -117,6 +120,8 @@ class NodeRuntime:
                                                 b.last_seq, b.count, b.payload, b.seqs,
                                                 b.stream)
                     acks.append((b.id, result))
+                    if resuming and result.applied and b.token in resuming:
+                        self._applying_again(b.token)
             except FloeError as exc:
                 item.stream.failed = True
                 item.done.set_exception(exc)
@@ -189,11 +194,20 @@ class NodeRuntime:
             self._rejoin_empty(new)
             return change
         if change.taken_over:
-            log.info("took over %d ranges at %.6f", len(change.taken_over), time.time())
+            previous = {t: before.owner_of_token(t) for t in change.taken_over}
+            log.info("took over %d ranges at %.6f from %s", len(change.taken_over),
+                     time.time(), ",".join(sorted(set(previous.values()))))
+            self._resuming.update(previous)
         for token in change.lost:
             log.error("range of token %d LOST: every copy died; its queries will fail", token)
         self.detector.watch(self.core.monitored_primaries(), time.monotonic())
         return change
+
+    def _applying_again(self, token: int) -> None:
+        previous = self._resuming.pop(token)
+        if token in self.core.primaries:
+            log.info("applying again at %.6f: range of token %d taken over from %s",
+                     time.time(), token, previous)
 
     def _rejoin_empty(self, ring: Ring) -> None:
         """We were declared dead (paused or cut off too long): everything we hold is
@@ -209,6 +223,7 @@ class NodeRuntime:
                              Limits(max_batch_bytes=self.config.max_batch_bytes),
                              verify_keys=self.config.verify_keys)
         self.detector.watch((), time.monotonic())
+        self._resuming.clear()
         self.rejoined += 1
         self.sync_ring()
 
@@ -310,8 +325,8 @@ class NodeRuntime:
         self.detector.probe_failed(node)
         if node not in self.core.ring.nodes:
             return  # someone else declared it meanwhile
-        log.warning("declaring %s dead: it and %s's view of it both failed probes in %.0f ms",
-                    node, via, 1000 * (time.monotonic() - suspected_at))
+        log.warning("declaring %s dead at %.6f: it and %s's view of it both failed probes "
+                    "in %.0f ms", node, time.time(), via, 1000 * (time.monotonic() - suspected_at))
         change = self.adopt(self.core.ring.without([node]))
         if change is not None:
             self.sync_ring()   # tell everyone now rather than wait for heartbeats
