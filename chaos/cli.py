@@ -5,6 +5,7 @@
     floe feed FILE...                   stream the words of text files in (.gz too)
     floe get KEY | floe top K           query state
     floe down                           stop exactly the processes `up` started
+    floe chaos list | run SCENARIO      chaos scenarios (chaos/chaos_cli.py)
 """
 
 from __future__ import annotations
@@ -166,6 +167,9 @@ def build_parser() -> argparse.ArgumentParser:
     top = sub.add_parser("top", help="the K keys ranked highest")
     top.add_argument("k", type=int)
     top.set_defaults(func=cmd_top)
+
+    from chaos.chaos_cli import add_chaos_command
+    add_chaos_command(sub)
     return parser
 
 

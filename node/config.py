@@ -34,6 +34,7 @@ class NodeConfig:
     suspect_min: float = 0.2                     # silence never suspected sooner (seconds)
     suspect_max: float = 1.0                     # silence always suspected after this
     probe_timeout: float = 0.15                  # direct and indirect probe deadline
+    startup_grace: float = 10.0                  # a starting node suspects a peer it never heard from only after this
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
@@ -55,6 +56,8 @@ class NodeConfig:
                      "probe_timeout"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0")
+        if self.startup_grace < 0:
+            raise ValueError("startup_grace must be >= 0")
         if self.queue_batches < 1 or self.max_batch_bytes < 1:
             raise ValueError("queue_batches and max_batch_bytes must be >= 1")
 
@@ -119,6 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--suspect-min", type=float, help="seconds of silence before suspecting")
     p.add_argument("--suspect-max", type=float)
     p.add_argument("--probe-timeout", type=float)
+    p.add_argument("--startup-grace", type=float,
+                   help="seconds before a starting node suspects a peer it has not heard from")
     p.add_argument("--log-level")
     return p
 

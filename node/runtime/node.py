@@ -74,6 +74,9 @@ class NodeRuntime:
     # ------------------------------------------------------------- lifecycle
 
     async def start(self) -> None:
+        # Peers are starting too: do not suspect one before we have heard it once.
+        self.detector.watch(self.core.monitored_primaries(), time.monotonic(),
+                            grace=self.config.startup_grace)
         self._tasks = [asyncio.create_task(self._apply_loop(), name="apply"),
                        asyncio.create_task(self._checkpoint_loop(), name="checkpoint"),
                        asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
@@ -288,7 +291,6 @@ class NodeRuntime:
 
     async def _monitor_loop(self) -> None:
         tick = self.config.heartbeat_interval / 2
-        self.detector.watch(self.core.monitored_primaries(), time.monotonic())
         while True:
             await asyncio.sleep(tick)
             if self.core.fenced:
