@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from dataclasses import replace
 
 from chaos.cluster import LocalCluster
 from chaos.mapper_proc import MapperHandle
@@ -45,30 +46,25 @@ def pause_nodes(cluster: LocalCluster, node_ids) -> Injected:
 
 
 def resume_nodes(cluster: LocalCluster, fault: Injected) -> Injected:
-    resumed = signal_nodes(cluster, fault.victims, signal.SIGCONT)
-    return Injected(fault.kind, fault.victims, fault.at, resumed, fault.detail)
+    return replace(fault, resumed=signal_nodes(cluster, fault.victims, signal.SIGCONT))
 
 
-def kill_mapper_mid_chunk(mapper: MapperHandle, timeout: float = 5.0,
-                          into: float = 0.01) -> Injected:
-    """SIGKILL the mapper while a chunk is emitted but not yet acknowledged: the
-    journal's last line is `E i`, `into` seconds ago (so some of its batches are on
-    the wire). Gives up waiting after `timeout` and kills anyway; the detail records
-    whether a chunk really was in flight."""
+def kill_mapper_mid_chunk(mapper: MapperHandle, timeout: float = 5.0) -> Injected:
+    """SIGKILL the mapper while a chunk is being flushed: handed to the client (its
+    batches on the wire) but not acknowledged, i.e. the journal's last line is `S i`.
+    Gives up waiting after `timeout` and kills anyway; the detail records whether a
+    chunk really was in flight when the signal landed."""
     deadline = time.monotonic() + timeout
-    mid = False
     while time.monotonic() < deadline and mapper.alive():
         state = mapper.journal_state()
-        emitted = state["emitted"]
-        if emitted and emitted[-1] not in state["acked"] and emitted[-1] not in state["failed"]:
-            mid = True
-            time.sleep(into)
+        flushing = state["flushing"]
+        if flushing and flushing[-1] not in state["acked"] and flushing[-1] not in state["failed"]:
             break
-        time.sleep(0.001)
+        time.sleep(0.0005)
     at = time.time()
     mapper.kill()
     state = mapper.journal_state()
     in_flight = [i for i in state["emitted"] if i not in state["acked"]]
     return Injected("kill-mapper", (f"mapper-{mapper.mapper}",), at,
-                    detail={"mid_chunk": mid and bool(in_flight), "in_flight_chunks": in_flight,
-                            "pid": mapper.pid})
+                    detail={"mid_chunk": any(i in state["flushing"] for i in in_flight),
+                            "in_flight_chunks": in_flight, "pid": mapper.pid})

@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from chaos import faults as fault_ops
@@ -95,7 +95,7 @@ class Sampler(threading.Thread):
                     rows = []
                 nodes = {r["node_id"]: {k: r[k] for k in (
                     "applied", "backup_tuples", "queue_length", "under_replicated", "keys",
-                    "ring_version", "lost_ranges", "fenced")} for r in rows if "error" not in r}
+                    "ring_version", "lost_ranges", "fenced", "ring_share", "rejoined")} for r in rows if "error" not in r}
                 self.samples.append({"t": t, "nodes": nodes})
                 self.stopping.wait(self.interval)
         finally:
@@ -194,9 +194,11 @@ def run_round(scenario: Scenario, seed: int, index: int, planned: list[PlannedFa
         for at, step, p in actions:
             _sleep_until(t0 + at, progress, f"{scenario.name} {tag}", t0, end, result)
             if p.kind == "kill":
-                result.injected.append(fault_ops.kill_nodes(cluster, p.victims))
+                result.injected.append(replace(fault_ops.kill_nodes(cluster, p.victims),
+                                               tokens=dict(p.ranges)))
             elif p.kind == "pause" and step == 0:
-                paused[id(p)] = fault_ops.pause_nodes(cluster, p.victims)
+                paused[id(p)] = replace(fault_ops.pause_nodes(cluster, p.victims),
+                                        tokens=dict(p.ranges))
             elif p.kind == "pause":
                 result.injected.append(fault_ops.resume_nodes(cluster, paused.pop(id(p))))
             elif p.kind == "kill-mapper":
@@ -344,6 +346,9 @@ def run_scenario(scenario: Scenario, seed: int = 1, out: str | Path | None = Non
                  progress: Progress | None = None, plots: bool = True) -> dict:
     progress = progress or Progress()
     out = Path(out or f"chaos-results/{scenario.name}-seed{seed}-{time.strftime('%Y%m%d-%H%M%S')}")
+    if out.exists() and any(out.iterdir()):
+        # Old journals and logs would be read as this run's.
+        raise ValueError(f"output directory {out} is not empty; choose another --out")
     out.mkdir(parents=True, exist_ok=True)
     rounds_plan = plan(scenario, seed)
     rounds = []
@@ -422,10 +427,10 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         scenario = load_scenario(args.scenario)
+        result = run_scenario(scenario, args.seed, args.out, plots=not args.no_plots)
     except ValueError as exc:
         print(f"floe chaos: {exc}", file=sys.stderr)
         return 2
-    result = run_scenario(scenario, args.seed, args.out, plots=not args.no_plots)
     print(summary_table(result))
     return 0 if result["ok"] else 1
 

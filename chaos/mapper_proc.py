@@ -9,6 +9,7 @@ hand and exits 0). It journals, unbuffered, one line per step:
 
     start SOURCE T
     E I T          chunk I is about to be emitted
+    S I T          chunk I is handed to the client; flush() starts
     A I T          flush() returned: chunk I is on r+1 nodes
     F I T ERROR    flush() failed; the process exits 3
 
@@ -40,8 +41,8 @@ class Journal:
 def read_journal(path: str) -> dict:
     """{'source', 'emitted': [i...], 'acked': {i: t}, 'failed': {i: error},
     'first': t of the first emit, 'started': t}."""
-    out = {"source": None, "started": None, "emitted": [], "acked": {}, "failed": {},
-           "first": None, "last_emitted_at": None}
+    out = {"source": None, "started": None, "emitted": [], "flushing": [], "acked": {},
+           "failed": {}, "first": None, "last_emitted_at": None}
     try:
         text = open(path, encoding="utf-8").read()
     except FileNotFoundError:
@@ -55,6 +56,8 @@ def read_journal(path: str) -> dict:
             out["last_emitted_at"] = float(parts[2])
             if out["first"] is None:
                 out["first"] = float(parts[2])
+        elif parts[0] == "S" and len(parts) >= 3:
+            out["flushing"].append(int(parts[1]))
         elif parts[0] == "A" and len(parts) >= 3:
             out["acked"][int(parts[1])] = float(parts[2])
         elif parts[0] == "F" and len(parts) >= 3:
@@ -95,6 +98,7 @@ def main(argv=None) -> int:
         journal.write("E", index, f"{time.time():.6f}")
         try:
             client.emit_many(keys)
+            journal.write("S", index, f"{time.time():.6f}")
             client.flush()
         except Exception as exc:  # reported through the journal and the exit code
             journal.write("F", index, f"{time.time():.6f}", repr(exc).replace("\n", " "))

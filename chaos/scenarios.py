@@ -24,7 +24,8 @@ from node.core.ring import Ring
 
 NODE_FAULTS = ("kill", "pause")
 FAULT_KINDS = NODE_FAULTS + ("kill-mapper",)
-TARGETS = ("one", "consecutive", "every-other", "non-adjacent", "random", "hottest", "mapper")
+TARGETS = ("one", "consecutive", "beyond-r", "every-other", "non-adjacent", "random", "hottest",
+           "mapper")
 KEY_DISTRIBUTIONS = ("zipf", "corpus", "burst")
 
 
@@ -143,19 +144,23 @@ class PlannedFault:
     kind: str
     victims: tuple[str, ...]      # node ids, or "mapper-<i>"
     pause: float = 0.0
+    # (victim, the tokens it owns when hit): what its heirs must take over
+    ranges: tuple[tuple[str, tuple[int, ...]], ...] = ()
+
+
+def _initial_ring(nodes: int, replicas: int, tokens_per_node: int) -> Ring:
+    """The ring the nodes build at start (token positions do not depend on addresses)."""
+    return Ring.initial({f"n{i}": f"127.0.0.1:{i + 1}" for i in range(nodes)}, replicas,
+                        tokens_per_node)
 
 
 def ring_order(nodes: int, tokens_per_node: int = 8) -> list[str]:
     """Node ids in clockwise ring order, as the nodes themselves will build the ring."""
-    ring = Ring.initial({f"n{i}": f"127.0.0.1:{i + 1}" for i in range(nodes)}, 0,
-                        tokens_per_node)
-    return list(dict.fromkeys(ring.owners))
+    return list(dict.fromkeys(_initial_ring(nodes, 0, tokens_per_node).owners))
 
 
 def owner_of(key: str, nodes: int, tokens_per_node: int = 8) -> str:
-    ring = Ring.initial({f"n{i}": f"127.0.0.1:{i + 1}" for i in range(nodes)}, 0,
-                        tokens_per_node)
-    return ring.owner(key)
+    return _initial_ring(nodes, 0, tokens_per_node).owner(key)
 
 
 def loses_data(live: list[str], victims, replicas: int) -> bool:
@@ -188,14 +193,18 @@ def plan(scenario: Scenario, seed: int) -> list[list[PlannedFault]]:
     for index, rnd in enumerate(scenario.rounds):
         rng = random.Random(f"{scenario.name}/{seed}/{index}")
         live = list(order)
+        ring = _initial_ring(scenario.nodes, scenario.replicas, scenario.tokens_per_node)
         faults = []
         for fault in sorted(rnd.faults, key=lambda f: f.at):
             at = fault.at + (rng.uniform(0, fault.jitter) if fault.jitter else 0.0)
             victims = _victims(scenario, fault, live, rng, seed)
-            faults.append(PlannedFault(round(at, 3), fault.kind, victims,
-                                       fault.pause if fault.kind == "pause" else 0.0))
+            ranges = ()
             if fault.kind in NODE_FAULTS:   # a paused node is declared dead and fenced too
+                ranges = tuple((v, ring.tokens_of(v)) for v in victims)
                 live = [n for n in live if n not in victims]
+                ring = ring.without(victims)
+            faults.append(PlannedFault(round(at, 3), fault.kind, victims,
+                                       fault.pause if fault.kind == "pause" else 0.0, ranges))
         planned.append(sorted(faults, key=lambda f: f.at))
     return planned
 
@@ -221,6 +230,10 @@ def _victims(scenario: Scenario, fault: Fault, live: list[str], rng: random.Rand
             raise ValueError(f"{scenario.name}: 'consecutive' needs 1 <= r < live nodes")
         start = rng.randrange(n)
         return tuple(live[(start + i) % n] for i in range(r))
+    if target == "beyond-r":
+        # r+1 consecutive: some range loses every copy. The run must say so and fail.
+        start = rng.randrange(n)
+        return tuple(live[(start + i) % n] for i in range(min(r + 1, n)))
     if target == "every-other":
         # Keep one node of every r+1: n*r/(r+1) victims, never more than r in a row.
         shift = rng.randrange(n)
@@ -281,6 +294,9 @@ BUILTIN: dict[str, Scenario] = {s.name: s for s in [
     Scenario("corpus", "the bundled corpus in order; SIGKILL two non-adjacent nodes", 6, 1,
              (Round((_kill("non-adjacent", at=1.0, count=2),)),), Load("corpus", rate=4000),
              ci=True),
+    Scenario("lose-range", "SIGKILL r+1 consecutive nodes: ranges lose every copy; the run "
+             "must FAIL and report them lost (checks the checker)", 4, 1,
+             (Round((_kill("beyond-r", at=1.0),)),), Load("zipf", rate=3000), ci=True),
     simultaneous_kills("target-n8", "n=8, r=1: 1..4 non-adjacent SIGKILLs at once, 5 "
                        "rounds each (the recovery target)", 8, range(1, 5), 5, rate=10_000),
     simultaneous_kills("fig8b", "the paper's Fig. 8b: n=12, r=1, 1..6 non-adjacent "

@@ -27,7 +27,8 @@ from dataclasses import asdict, dataclass, field
 _STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) ")
 _PATTERNS = {
     "detected": re.compile(r"declaring (\S+) dead at ([0-9.]+)"),
-    "taken_over": re.compile(r"took over (\d+) ranges at ([0-9.]+) from (\S+)"),
+    "taken_over": re.compile(r"took over (\d+) ranges at ([0-9.]+) from ([^\s:]+)"
+                             r"(?:: tokens ([0-9,]+))?"),
     "applying": re.compile(r"applying again at ([0-9.]+): range of token (\d+) taken over "
                            r"from (\S+)"),
     "re_replicated": re.compile(r"re-replicated at ([0-9.]+): every range of (\S+) is on"),
@@ -42,7 +43,7 @@ class Event:
     t: float                      # wall-clock seconds (time.time())
     node: str                     # the node whose log it is
     about: tuple[str, ...] = ()   # the dead node(s) it concerns
-    token: int | None = None
+    tokens: tuple[int, ...] = ()  # the ranges it concerns
 
 
 def parse_log(node: str, text: str) -> list[Event]:
@@ -55,11 +56,12 @@ def parse_log(node: str, text: str) -> list[Event]:
             if kind == "detected":
                 events.append(Event(kind, float(m.group(2)), node, (m.group(1),)))
             elif kind == "taken_over":
+                tokens = tuple(int(t) for t in m.group(4).split(",")) if m.group(4) else ()
                 events.append(Event(kind, float(m.group(2)), node,
-                                    tuple(m.group(3).split(","))))
+                                    tuple(m.group(3).split(",")), tokens))
             elif kind == "applying":
                 events.append(Event(kind, float(m.group(1)), node, (m.group(3),),
-                                    int(m.group(2))))
+                                    (int(m.group(2)),)))
             elif kind == "re_replicated":
                 events.append(Event(kind, float(m.group(1)), node))
             elif kind == "fenced":
@@ -87,6 +89,10 @@ class Injected:
     at: float                     # wall clock when the signal was sent
     resumed: float | None = None  # pause: when SIGCONT was sent
     detail: dict = field(default_factory=dict)
+    # The ranges each victim owned when it was hit: a range can pass through a dead
+    # node on its way to a live heir (two neighbours killed with r=2), so takeovers
+    # are matched by range, not by the previous owner a node logs.
+    tokens: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -129,26 +135,45 @@ def failure_timelines(faults: list[Injected], events: list[Event]) -> list[Failu
 
 
 def _timeline(fault: Injected, victim: str, events: list[Event]) -> FailureTimeline:
-    after = [e for e in events if e.t >= fault.at - 0.001 and victim in e.about]
+    since = fault.at - 0.001
+    events = sorted((e for e in events if e.t >= since), key=lambda e: e.t)
     tl = FailureTimeline(victim, fault.kind, len(fault.victims), fault.at)
-    detected = [e.t for e in after if e.kind == "detected"]
-    takeovers = [e for e in after if e.kind == "taken_over"]
-    applying = [e for e in after if e.kind == "applying"]
-    fenced = [e.t for e in after if e.kind == "fenced" and e.node == victim]
-    tl.detected = min(detected, default=None)
-    tl.taken_over = max((e.t for e in takeovers), default=None)
-    tl.applying = max((e.t for e in applying), default=None)
-    tl.ranges_applying = len({e.token for e in applying})
-    tl.fenced = min(fenced, default=None)
-    tl.heirs = tuple(sorted({e.node for e in takeovers}))
+    tl.detected = min((e.t for e in events if e.kind == "detected" and victim in e.about),
+                      default=None)
+    tl.fenced = min((e.t for e in events if e.kind == "fenced" and e.node == victim),
+                    default=None)
+    tokens = set(fault.tokens.get(victim, ()))
+    if tokens:
+        takes = _first_per_token(events, "taken_over", tokens)
+        applying = _first_per_token(events, "applying", tokens)
+        complete = len(takes) == len(tokens)
+    else:   # no range map: trust the previous owner the heir logged
+        takes = {i: e for i, e in enumerate(
+            e for e in events if e.kind == "taken_over" and victim in e.about)}
+        applying = {e.tokens: e for e in events if e.kind == "applying" and victim in e.about}
+        complete = bool(takes)
+    if complete:
+        tl.taken_over = max(e.t for e in takes.values())
+    tl.applying = max((e.t for e in applying.values()), default=None)
+    tl.ranges_applying = len(applying)
+    tl.heirs = tuple(sorted({e.node for e in takes.values()}))
     done = []
-    for take in takeovers:
+    for take in set(takes.values()):
         later = [e.t for e in events if e.kind == "re_replicated" and e.node == take.node
                  and e.t >= take.t]
         done.append(min(later, default=None))
-    if done and None not in done:
+    if complete and None not in done:
         tl.re_replicated = max(done)
     return tl
+
+
+def _first_per_token(events: list[Event], kind: str, tokens: set[int]) -> dict[int, Event]:
+    first: dict[int, Event] = {}
+    for e in events:
+        if e.kind == kind:
+            for t in tokens.intersection(e.tokens):
+                first.setdefault(t, e)
+    return first
 
 
 # ---------------------------------------------------------------- summaries

@@ -198,8 +198,9 @@ class NodeRuntime:
             return change
         if change.taken_over:
             previous = {t: before.owner_of_token(t) for t in change.taken_over}
-            log.info("took over %d ranges at %.6f from %s", len(change.taken_over),
-                     time.time(), ",".join(sorted(set(previous.values()))))
+            log.info("took over %d ranges at %.6f from %s: tokens %s", len(change.taken_over),
+                     time.time(), ",".join(sorted(set(previous.values()))),
+                     ",".join(map(str, sorted(change.taken_over))))
             self._resuming.update(previous)
         for token in change.lost:
             log.error("range of token %d LOST: every copy died; its queries will fail", token)
