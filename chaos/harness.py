@@ -26,9 +26,9 @@ from pathlib import Path
 
 from chaos import faults as fault_ops
 from chaos.cluster import LocalCluster
-from chaos.load import chunk_keys
+from chaos.load import chunk_ids, chunk_keys
 from chaos.mapper_proc import MapperHandle
-from chaos.oracle import Verdict, check, unreadable
+from chaos.oracle import Verdict, check, check_ids, unreadable
 from chaos.scenarios import PlannedFault, Scenario, load_scenario, plan
 from chaos.timeline import (STAGES, FailureTimeline, Injected, by_simultaneous,
                             failure_timelines, parse_log, stage_summary)
@@ -169,7 +169,8 @@ def run_round(scenario: Scenario, seed: int, index: int, planned: list[PlannedFa
     tag = f"round {index + 1}/{of}"
     progress.update(f"{scenario.name} {tag}: starting {scenario.nodes} nodes")
     cluster = LocalCluster.up(scenario.nodes, scenario.replicas, workdir=workdir,
-                              tokens_per_node=scenario.tokens_per_node)
+                              tokens_per_node=scenario.tokens_per_node,
+                              reducer=scenario.reducer)
     mappers: list[MapperHandle] = []
     retired: list[MapperHandle] = []
     sampler = None
@@ -232,7 +233,7 @@ def run_round(scenario: Scenario, seed: int, index: int, planned: list[PlannedFa
         progress.update(f"{scenario.name} {tag}: checking every tuple")
         acked, unacked, summaries = _journals(scenario, seed, retired + mappers)
         result.mappers = summaries
-        result.verdict = _verify(cluster, acked, unacked)
+        result.verdict = _verify(cluster, acked, unacked, scenario.load.ids)
         events = [e for node in cluster.nodes for e in parse_log(node.node_id, _read(node.log))]
         result.timelines = failure_timelines(result.injected, events)
         faulted = {v for i in result.injected for v in i.victims}
@@ -296,17 +297,25 @@ def _settle(sampler: Sampler, cluster: LocalCluster, deadline: float) -> None:
 
 
 def _journals(scenario: Scenario, seed: int, handles: list[MapperHandle]):
-    """Acknowledged and unacknowledged tuples per key, rebuilt from the journals."""
-    acked, unacked, summaries = Counter(), Counter(), []
+    """What was acknowledged and what was not, per key, rebuilt from the journals:
+    counts, or with Load.ids the set of tuple ids."""
+    ids = scenario.load.ids
+    acked = {} if ids else Counter()
+    unacked = {} if ids else Counter()
+    summaries = []
     for h in handles:
         state = h.journal_state()
         emitted = state["emitted"]
         acknowledged = [i for i in emitted if i in state["acked"]]
         pending = [i for i in emitted if i not in state["acked"]]
-        for i in acknowledged:
-            acked.update(chunk_keys(scenario.load, seed, h.mapper, i))
-        for i in pending:
-            unacked.update(chunk_keys(scenario.load, seed, h.mapper, i))
+        for chunks, into in ((acknowledged, acked), (pending, unacked)):
+            for i in chunks:
+                keys = chunk_keys(scenario.load, seed, h.mapper, i)
+                if ids:
+                    for key, tid in zip(keys, chunk_ids(h.mapper, i, len(keys))):
+                        into.setdefault(key, set()).add(tid)
+                else:
+                    into.update(keys)
         summaries.append({"mapper": h.mapper, "pid": h.pid, "source": state["source"],
                           "chunks_acknowledged": len(acknowledged),
                           "chunks_unacknowledged": pending,
@@ -315,7 +324,7 @@ def _journals(scenario: Scenario, seed: int, handles: list[MapperHandle]):
     return acked, unacked, summaries
 
 
-def _verify(cluster: LocalCluster, acked: Counter, unacked: Counter) -> Verdict:
+def _verify(cluster: LocalCluster, acked, unacked, ids: bool) -> Verdict:
     from mapper import RingClient
     seeds = [n.address for n in cluster.nodes if n.alive()]
     try:
@@ -325,8 +334,11 @@ def _verify(cluster: LocalCluster, acked: Counter, unacked: Counter) -> Verdict:
         finally:
             client.close()
     except Exception as exc:
+        if ids:
+            acked = Counter({k: len(v) for k, v in acked.items()})
+            unacked = Counter({k: len(v) for k, v in unacked.items()})
         return unreadable(f"{type(exc).__name__}: {exc}", acked, unacked)
-    return check(counted, acked, unacked)
+    return check_ids(counted, acked, unacked) if ids else check(counted, acked, unacked)
 
 
 def _read(path: str) -> str:

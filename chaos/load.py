@@ -68,3 +68,13 @@ def chunk_keys(load: Load, seed: int, mapper: int, index: int) -> list[str]:
     while len(out) < n:                  # wrap around the end of the corpus
         out += words[:n - len(out)]
     return out
+
+
+def tuple_id(mapper: int, index: int, position: int) -> int:
+    """A tuple's unique id (Load.ids): mapper, chunk number, position in the chunk."""
+    return (mapper << 48) | (index << 16) | position
+
+
+def chunk_ids(mapper: int, index: int, size: int) -> list[int]:
+    base = (mapper << 48) | (index << 16)
+    return [base | position for position in range(size)]

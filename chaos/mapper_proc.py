@@ -26,7 +26,7 @@ import signal
 import sys
 import time
 
-from chaos.load import chunk_keys
+from chaos.load import chunk_ids, chunk_keys
 from chaos.scenarios import Load
 
 
@@ -97,7 +97,11 @@ def main(argv=None) -> int:
                 break
         journal.write("E", index, f"{time.time():.6f}")
         try:
-            client.emit_many(keys)
+            if load.ids:
+                for key, tid in zip(keys, chunk_ids(args.mapper, index, len(keys))):
+                    client.emit(key, tid)
+            else:
+                client.emit_many(keys)
             journal.write("S", index, f"{time.time():.6f}")
             client.flush()
         except Exception as exc:  # reported through the journal and the exit code

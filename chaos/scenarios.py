@@ -41,6 +41,9 @@ class Load:
     zipf_v: float = 2.72
     vocabulary: int = 10_000      # distinct keys of the zipf distribution
     burst_words: int = 3          # burst: this many words repeated over and over
+    # Each tuple carries a unique id and the nodes keep the ids per key (reducer
+    # chaos.oracle:TupleIds), so the oracle checks every tuple, not just counts.
+    ids: bool = False
 
     def __post_init__(self) -> None:
         if self.keys not in KEY_DISTRIBUTIONS:
@@ -48,6 +51,8 @@ class Load:
                              f"got {self.keys!r}")
         if self.rate <= 0 or self.mappers < 1 or self.chunk < 1:
             raise ValueError("load rate, mappers and chunk must be positive")
+        if self.ids and self.chunk >= 1 << 16:
+            raise ValueError("with ids, a chunk holds fewer than 65536 tuples")
         if self.zipf_s <= 0 or self.zipf_v <= -1 or self.vocabulary < 1 or self.burst_words < 1:
             raise ValueError("zipf_s > 0, zipf_v > -1, vocabulary >= 1, burst_words >= 1")
 
@@ -101,6 +106,10 @@ class Scenario:
             raise ValueError("a scenario needs nodes >= 1, replicas >= 0 and a round")
         if self.duration <= 0 or self.settle < 0:
             raise ValueError("duration must be > 0 and settle >= 0")
+
+    @property
+    def reducer(self) -> str:
+        return "chaos.oracle:TupleIds" if self.load.ids else "count"
 
     @property
     def round_seconds(self) -> float:
@@ -286,9 +295,9 @@ BUILTIN: dict[str, Scenario] = {s.name: s for s in [
              (Round((Fault("pause", "one", at=0.8, pause=1.5),)),), Load("zipf", rate=3000),
              ci=True),
     Scenario("kill-mapper", "SIGKILL a mapper process between emitting a chunk and its "
-             "acknowledgement, then SIGKILL a node", 4, 1,
+             "acknowledgement, then SIGKILL a node; every tuple checked by its id", 4, 1,
              (Round((Fault("kill-mapper", "mapper", at=0.8), _kill("one", at=1.6))),),
-             Load("zipf", rate=3000, mappers=2, chunk=300), ci=True),
+             Load("zipf", rate=3000, mappers=2, chunk=300, ids=True), ci=True),
     Scenario("burst", "a few words repeated over and over; SIGKILL the hottest word's owner",
              4, 1, (Round((_kill("hottest", at=1.0),)),), Load("burst", rate=4000), ci=True),
     Scenario("corpus", "the bundled corpus in order; SIGKILL two non-adjacent nodes", 6, 1,

@@ -175,6 +175,35 @@ def test_oracle_exact_lost_duplicated_and_unacknowledged():
     assert not check({"a": "3", "b": 2}, acked, Counter()).ok
 
 
+def test_oracle_per_tuple_ids():
+    from chaos.oracle import check_ids
+    acked = {"a": {1, 2, 3}, "b": {4}}
+    assert check_ids({"a": (3, 1, 2), "b": (4,)}, acked, {}).ok
+    v = check_ids({"a": (1, 2, 2), "b": (4,)}, acked, {})     # 3 lost, 2 twice: same count
+    assert not v.ok and v.lost == {"a": (3, 3)} and v.duplicated == {"a": (3, 3)}
+    assert v.tuples["a"] == {"missing": [3], "doubled": [2], "unknown": []}
+    assert "missing ids [3]" in v.describe()
+    pending = {"a": {9}, "c": {7}}
+    ok = check_ids({"a": (1, 2, 3, 9), "b": (4,)}, acked, pending)
+    assert ok.ok and ok.unacknowledged == 2 and ok.unacknowledged_counted == 1
+    assert check_ids({"a": (1, 2, 3, 9, 9), "b": (4,)}, acked, pending).tuples["a"]["doubled"] == [9]
+    assert check_ids({"a": (1, 2, 3), "b": (4, 5)}, acked, pending).tuples["b"]["unknown"] == [5]
+
+
+def test_tuple_ids_reducer_through_the_node_state_store():
+    from node.core.reducers import load_reducer
+    from node.core.state_store import LayeredState
+    from chaos.load import chunk_ids, tuple_id
+    reducer = load_reducer("chaos.oracle:TupleIds")
+    state = LayeredState(reducer)
+    state.apply(["x", "y", "x"], [tuple_id(1, 2, 0), tuple_id(1, 2, 1), tuple_id(1, 2, 2)])
+    assert dict(state.items()) == {"x": (tuple_id(1, 2, 0), tuple_id(1, 2, 2)),
+                                   "y": (tuple_id(1, 2, 1),)}
+    assert len(set(chunk_ids(0, 0, 500) + chunk_ids(0, 1, 500) + chunk_ids(1, 0, 500))) == 1500
+    with pytest.raises(Exception, match="int tuple ids"):
+        state.apply(["x"], ["nope"])
+
+
 # ------------------------------------------------------------------- timeline
 
 LOG = """\
@@ -291,6 +320,7 @@ def test_ci_scenario_loses_nothing_and_times_every_failure(name, tmp_path):
         (mapper_kill,) = [i for i in rnd["injected"] if i["kind"] == "kill-mapper"]
         assert mapper_kill["detail"]["mid_chunk"], mapper_kill
         assert rnd["oracle"]["unacknowledged"] > 0
+        assert BUILTIN[name].load.ids       # checked tuple by tuple
         assert len(rnd["mappers"]) == 3 and rnd["mappers"][0]["exit"] == -9
 
 
