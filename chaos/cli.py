@@ -8,6 +8,7 @@
     floe scale --add N | --remove NODE  add nodes (they take ranges) or remove one
     floe scale --auto SECONDS           add/remove nodes by load, within --min/--max-nodes
     floe down                           stop exactly the processes `up` started
+    floe chaos list | run SCENARIO      chaos scenarios (chaos/chaos_cli.py)
 """
 
 from __future__ import annotations
@@ -228,6 +229,9 @@ def build_parser() -> argparse.ArgumentParser:
     top = sub.add_parser("top", help="the K keys ranked highest")
     top.add_argument("k", type=int)
     top.set_defaults(func=cmd_top)
+
+    from chaos.chaos_cli import add_chaos_command
+    add_chaos_command(sub)
     return parser
 
 

@@ -41,6 +41,7 @@ class NodeConfig:
     low_cpu: float = 0.5
     balance_cooldown: float = 2.0                # seconds between two moves of one node
     join: str = ""                               # seed host:port,...: join a running ring with no tokens
+    startup_grace: float = 10.0                  # a starting node suspects a peer it never heard from only after this
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
@@ -62,6 +63,8 @@ class NodeConfig:
                      "probe_timeout"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0")
+        if self.startup_grace < 0:
+            raise ValueError("startup_grace must be >= 0")
         if self.queue_batches < 1 or self.max_batch_bytes < 1:
             raise ValueError("queue_batches and max_batch_bytes must be >= 1")
 
@@ -135,6 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--balance-cooldown", type=float)
     p.add_argument("--join", help="seed addresses host:port,... of a running ring to join "
                                   "(as a member with no ranges; --peers names only this node)")
+    p.add_argument("--startup-grace", type=float,
+                   help="seconds before a starting node suspects a peer it has not heard from")
     p.add_argument("--log-level")
     return p
 

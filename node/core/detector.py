@@ -36,15 +36,18 @@ class FailureDetector:
         self.config = config
         self._watches: dict[str, _Watch] = {}
 
-    def watch(self, nodes, now: float) -> None:
-        """Monitor exactly `nodes` (the primaries we back up); new ones start fresh."""
+    def watch(self, nodes, now: float, grace: float = 0.0) -> None:
+        """Monitor exactly `nodes` (the primaries we back up); new ones start fresh.
+        A new node's silence counts only from `now + grace`: a cluster starting up must
+        not declare dead a peer whose process has not finished starting. The grace
+        ends at the first heartbeat heard."""
         nodes = set(nodes)
         for node in list(self._watches):
             if node not in nodes:
                 del self._watches[node]
         for node in sorted(nodes):   # a stable order keeps simulations reproducible
             if node not in self._watches:
-                self._watches[node] = _Watch(now, deque(maxlen=self.config.window))
+                self._watches[node] = _Watch(now + grace, deque(maxlen=self.config.window))
 
     def heard(self, node: str, now: float) -> None:
         w = self._watches.get(node)

@@ -68,6 +68,9 @@ class NodeRuntime:
         self.load = LoadMonitor(LoadConfig(
             high_queue=config.high_queue, high_cpu=config.high_cpu, low_queue=config.low_queue,
             low_cpu=config.low_cpu, cooldown=config.balance_cooldown))
+        # Ranges taken over whose first new tuples are not applied yet: token -> the
+        # dead owner. Logged once applied, so recovery can be timed to that moment.
+        self._resuming: dict[int, str] = {}
 
     def _make_core(self, config: NodeConfig) -> NodeCore:
         ring = Ring.initial(dict(config.peers), config.replication, config.tokens_per_node)
@@ -85,6 +88,9 @@ class NodeRuntime:
     # ------------------------------------------------------------- lifecycle
 
     async def start(self) -> None:
+        # Peers are starting too: do not suspect one before we have heard it once.
+        self.detector.watch(self.core.monitored_primaries(), time.monotonic(),
+                            grace=self.config.startup_grace)
         self._tasks = [asyncio.create_task(self._apply_loop(), name="apply"),
                        asyncio.create_task(self._checkpoint_loop(), name="checkpoint"),
                        asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
@@ -141,6 +147,8 @@ class NodeRuntime:
                                             b.last_seq, b.count, b.payload, b.seqs,
                                             b.stream)
                 acks.append((b.id, result))
+                if self._resuming and result.applied and b.token in self._resuming:
+                    self._applying_again(b.token)
                 now = time.monotonic()
                 self.busy_seconds += now - mark
                 mark = now
@@ -236,11 +244,21 @@ class NodeRuntime:
                 self._rejoin_empty(new)
             return change
         if change.taken_over:
-            log.info("took over %d ranges at %.6f", len(change.taken_over), time.time())
+            previous = {t: before.owner_of_token(t) for t in change.taken_over}
+            log.info("took over %d ranges at %.6f from %s: tokens %s", len(change.taken_over),
+                     time.time(), ",".join(sorted(set(previous.values()))),
+                     ",".join(map(str, sorted(change.taken_over))))
+            self._resuming.update(previous)
         for token in change.lost:
             log.error("range of token %d LOST: every copy died; its queries will fail", token)
         self.detector.watch(self.core.monitored_primaries(), time.monotonic())
         return change
+
+    def _applying_again(self, token: int) -> None:
+        previous = self._resuming.pop(token)
+        if token in self.core.primaries:
+            log.info("applying again at %.6f: range of token %d taken over from %s",
+                     time.time(), token, previous)
 
     def _rejoin_empty(self, ring: Ring) -> None:
         """We were declared dead (paused or cut off too long): everything we hold is
@@ -256,6 +274,7 @@ class NodeRuntime:
                              Limits(max_batch_bytes=self.config.max_batch_bytes),
                              verify_keys=self.config.verify_keys)
         self.detector.watch((), time.monotonic())
+        self._resuming.clear()
         self.rejoined += 1
         self.sync_ring()
 
@@ -320,7 +339,6 @@ class NodeRuntime:
 
     async def _monitor_loop(self) -> None:
         tick = self.config.heartbeat_interval / 2
-        self.detector.watch(self.core.monitored_primaries(), time.monotonic())
         while True:
             await asyncio.sleep(tick)
             if self.core.fenced:
@@ -357,8 +375,8 @@ class NodeRuntime:
         self.detector.probe_failed(node)
         if node not in self.core.ring.nodes:
             return  # someone else declared it meanwhile
-        log.warning("declaring %s dead: it and %s's view of it both failed probes in %.0f ms",
-                    node, via, 1000 * (time.monotonic() - suspected_at))
+        log.warning("declaring %s dead at %.6f: it and %s's view of it both failed probes "
+                    "in %.0f ms", node, time.time(), via, 1000 * (time.monotonic() - suspected_at))
         change = self.adopt(self.core.ring.without([node]))
         if change is not None:
             self.sync_ring()   # tell everyone now rather than wait for heartbeats

@@ -10,8 +10,14 @@ from node.transport.status import error_from_rpc
 
 
 def channel_options(max_message_bytes: int) -> list[tuple[str, int]]:
+    # gRPC waits 1 s (then longer) before reconnecting after a failed connect, and
+    # fails calls at once meanwhile: a peer that was still starting would stay unheard,
+    # and a probe of it would fail though it is up. Peers are on a LAN: retry fast.
     return [("grpc.max_send_message_length", max_message_bytes),
-            ("grpc.max_receive_message_length", max_message_bytes)]
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.initial_reconnect_backoff_ms", 100),
+            ("grpc.min_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 500)]
 
 
 class PeerPool:

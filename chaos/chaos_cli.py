@@ -1,0 +1,50 @@
+"""`floe chaos`: list the built-in scenarios, run one.
+
+    floe chaos list
+    floe chaos run SCENARIO [--seed N] [--out DIR] [--no-plots]
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def cmd_list(args) -> int:
+    from chaos.scenarios import BUILTIN
+    width = max(len(name) for name in BUILTIN)
+    for name, s in BUILTIN.items():
+        size = "ci  " if s.ci else "long"
+        print(f"{name.ljust(width)}  {size}  n={s.nodes} r={s.replicas} "
+              f"rounds={len(s.rounds)}  {s.description}")
+    return 0
+
+
+def cmd_run(args) -> int:
+    from chaos.harness import run_scenario, summary_table
+    from chaos.scenarios import load_scenario
+    scenario = load_scenario(args.scenario)
+    result = run_scenario(scenario, args.seed, args.out, plots=not args.no_plots)
+    print(summary_table(result))
+    if result.get("plots"):
+        print("plots: " + ", ".join(result["plots"]))
+    return 0 if result["ok"] else 1
+
+
+def add_chaos_command(sub) -> None:
+    """Register `chaos` on the `floe` parser's subcommands."""
+    chaos = sub.add_parser("chaos", help="kill nodes under load, measure recovery, "
+                                         "check nothing is lost")
+    verbs = chaos.add_subparsers(dest="chaos_command", required=True)
+    verbs.add_parser("list", help="the built-in scenarios").set_defaults(func=cmd_list)
+    run = verbs.add_parser("run", help="run a scenario; exit 1 if anything was lost or "
+                                       "doubled")
+    run.add_argument("scenario", help="a built-in name (floe chaos list) or a .json/.toml file")
+    run.add_argument("--seed", type=int, default=1, help="same seed, same faults and load")
+    run.add_argument("--out", help="output directory (default chaos-results/NAME-seedN-TIME)")
+    run.add_argument("--no-plots", action="store_true")
+    run.set_defaults(func=cmd_run)
+
+
+if __name__ == "__main__":
+    from chaos.cli import main
+    sys.exit(main(["chaos", *sys.argv[1:]]))

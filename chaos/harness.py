@@ -1,0 +1,452 @@
+"""Run a chaos scenario against a real local cluster and judge it.
+
+    python -m chaos.harness SCENARIO [--seed N] [--out DIR]     (also: floe chaos run)
+
+Each round: start the cluster with the same launcher `floe up` uses, start the mapper
+processes (real RingClients, fixed rate), inject the planned faults into processes
+started here (by PID), sample every node's stats, stop the load, let re-replication
+settle, read the ring back and check it against the mappers' journals (chaos.oracle),
+and time every failure from the nodes' logs (chaos.timeline). Writes result.json and
+PNG plots to the output directory and prints a summary table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import sys
+import threading
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+from chaos import faults as fault_ops
+from chaos.cluster import LocalCluster
+from chaos.load import chunk_ids, chunk_keys
+from chaos.mapper_proc import MapperHandle
+from chaos.oracle import Verdict, check, check_ids, unreadable
+from chaos.scenarios import PlannedFault, Scenario, load_scenario, plan
+from chaos.timeline import (STAGES, FailureTimeline, Injected, by_simultaneous,
+                            failure_timelines, parse_log, stage_summary)
+
+
+class Progress:
+    """One line on stderr, rewritten in place on a terminal; quiet otherwise."""
+
+    def __init__(self, stream=None, enabled: bool | None = None) -> None:
+        self.stream = stream or sys.stderr
+        self.enabled = self.stream.isatty() if enabled is None else enabled
+        self._width = 0
+
+    def update(self, text: str) -> None:
+        if self.enabled:
+            pad = max(0, self._width - len(text))
+            self.stream.write("\r" + text + " " * pad)
+            self.stream.flush()
+            self._width = len(text)
+
+    def done(self) -> None:
+        if self.enabled and self._width:
+            self.stream.write("\r" + " " * self._width + "\r")
+            self.stream.flush()
+            self._width = 0
+
+
+def bar(fraction: float, width: int = 24) -> str:
+    filled = int(round(max(0.0, min(1.0, fraction)) * width))
+    return "[" + "#" * filled + "." * (width - filled) + "]"
+
+
+class Sampler(threading.Thread):
+    """Polls every node's stats (applied tuples, backup size, queue) every `interval`."""
+
+    def __init__(self, seeds: list[str], interval: float = 0.1) -> None:
+        super().__init__(daemon=True, name="chaos-sampler")
+        self.seeds, self.interval = seeds, interval
+        self.samples: list[dict] = []
+        self.stopping = threading.Event()
+        self.error: str | None = None
+
+    def run(self) -> None:
+        from mapper import RingClient
+        try:
+            client = RingClient(self.seeds, rpc_timeout=0.3, timeout=10)
+        except Exception as exc:
+            self.error = repr(exc)
+            return
+        last_refresh = 0.0
+        try:
+            while not self.stopping.is_set():
+                now = time.monotonic()
+                if now - last_refresh > 0.5:
+                    try:
+                        client.refresh_ring()
+                    except Exception:
+                        pass
+                    last_refresh = now
+                t = time.time()
+                try:
+                    rows = client.stats()
+                except Exception:
+                    rows = []
+                nodes = {r["node_id"]: {k: r[k] for k in (
+                    "applied", "backup_tuples", "queue_length", "under_replicated", "keys",
+                    "ring_version", "lost_ranges", "fenced", "ring_share", "rejoined")} for r in rows if "error" not in r}
+                self.samples.append({"t": t, "nodes": nodes})
+                self.stopping.wait(self.interval)
+        finally:
+            try:
+                client._stop_loop()     # nothing was emitted: no flush needed
+            except Exception:
+                pass
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join(15)
+
+
+def series(samples: list[dict], since: float, window: float = 0.3) -> list[dict]:
+    """Per sample: seconds since `since`, applied tuples/s across the ring over the last
+    `window` seconds (the sum of per-node increases, so a dead node's counter vanishing
+    is not a negative rate), and the total backup-buffer size."""
+    out = []
+    j = 0
+    for cur in samples[1:]:
+        while j + 1 < len(samples) and samples[j + 1]["t"] <= cur["t"] - window:
+            j += 1
+        prev = samples[j]
+        dt = cur["t"] - prev["t"]
+        if dt <= 0:
+            continue
+        gained = sum(max(0, n["applied"] - prev["nodes"][k]["applied"])
+                     for k, n in cur["nodes"].items() if k in prev["nodes"])
+        out.append({"t": round(cur["t"] - since, 3), "applied_per_s": round(gained / dt, 1),
+                    "backup_tuples": sum(n["backup_tuples"] for n in cur["nodes"].values()),
+                    "live_nodes": len(cur["nodes"])})
+    return out
+
+
+@dataclass
+class RoundResult:
+    index: int
+    label: str
+    planned: list[PlannedFault]
+    load_started: float = 0.0
+    injected: list[Injected] = field(default_factory=list)
+    timelines: list[FailureTimeline] = field(default_factory=list)
+    verdict: Verdict | None = None
+    series: list[dict] = field(default_factory=list)
+    mappers: list[dict] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    final_stats: list[dict] = field(default_factory=list)
+    workdir: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.verdict and self.verdict.ok) and not self.errors
+
+    def to_dict(self) -> dict:
+        return {"index": self.index, "label": self.label, "ok": self.ok,
+                "workdir": self.workdir, "load_started": self.load_started,
+                "planned": [asdict(p) for p in self.planned],
+                "injected": [{**asdict(i), "at_s": round(i.at - self.load_started, 3)}
+                             for i in self.injected],
+                "timelines": [t.to_dict() for t in self.timelines],
+                "oracle": self.verdict.to_dict() if self.verdict else None,
+                "mappers": self.mappers, "errors": self.errors,
+                "final_stats": self.final_stats, "series": self.series}
+
+
+def run_round(scenario: Scenario, seed: int, index: int, planned: list[PlannedFault],
+              workdir: Path, progress: Progress, of: int) -> RoundResult:
+    label = scenario.rounds[index].label or scenario.name
+    result = RoundResult(index, label, planned, workdir=str(workdir))
+    workdir.mkdir(parents=True, exist_ok=True)
+    tag = f"round {index + 1}/{of}"
+    progress.update(f"{scenario.name} {tag}: starting {scenario.nodes} nodes")
+    cluster = LocalCluster.up(scenario.nodes, scenario.replicas, workdir=workdir,
+                              tokens_per_node=scenario.tokens_per_node,
+                              reducer=scenario.reducer)
+    mappers: list[MapperHandle] = []
+    retired: list[MapperHandle] = []
+    sampler = None
+    try:
+        def start_mapper(m: int, first: int = 0, generation: int = 0) -> MapperHandle:
+            name = f"mapper-{m}" + (f".{generation}" if generation else "")
+            return MapperHandle(cluster.seeds, scenario.load, seed, m,
+                                str(workdir / f"{name}.journal"), str(workdir / f"{name}.log"),
+                                first_chunk=first)
+
+        sampler = Sampler(cluster.seeds)
+        sampler.start()
+        mappers = [start_mapper(m) for m in range(scenario.load.mappers)]
+        result.load_started = _wait_load_started(mappers)
+        t0 = result.load_started
+        actions = sorted([(p.at, 0, p) for p in planned] +
+                         [(p.at + p.pause, 1, p) for p in planned if p.kind == "pause"],
+                         key=lambda a: (a[0], a[1]))
+        paused: dict[int, Injected] = {}
+        end = t0 + scenario.round_seconds
+        generations = Counter()
+        for at, step, p in actions:
+            _sleep_until(t0 + at, progress, f"{scenario.name} {tag}", t0, end, result)
+            if p.kind == "kill":
+                result.injected.append(replace(fault_ops.kill_nodes(cluster, p.victims),
+                                               tokens=dict(p.ranges)))
+            elif p.kind == "pause" and step == 0:
+                paused[id(p)] = replace(fault_ops.pause_nodes(cluster, p.victims),
+                                        tokens=dict(p.ranges))
+            elif p.kind == "pause":
+                result.injected.append(fault_ops.resume_nodes(cluster, paused.pop(id(p))))
+            elif p.kind == "kill-mapper":
+                m = int(p.victims[0].split("-")[1])
+                victim = mappers[m]
+                injected = fault_ops.kill_mapper_mid_chunk(victim)
+                result.injected.append(injected)
+                retired.append(victim)
+                # A replacement process (a new source) carries on with the next chunks,
+                # as a restarted task would; the killed chunk is never resent.
+                state = victim.journal_state()
+                nxt = max(state["emitted"], default=victim.first_chunk - 1) + 1
+                generations[m] += 1
+                mappers[m] = start_mapper(m, nxt, generations[m])
+        for fault in paused.values():     # a pause still running at the end
+            result.injected.append(fault_ops.resume_nodes(cluster, fault))
+        _sleep_until(end, progress, f"{scenario.name} {tag}", t0, end, result)
+        progress.update(f"{scenario.name} {tag}: stopping the load")
+        for m in mappers:
+            code = m.stop()
+            if code != 0:
+                result.errors.append(f"mapper-{m.mapper} (pid {m.pid}) exited {code}: "
+                                     + _tail(m.log))
+        progress.update(f"{scenario.name} {tag}: settling")
+        _settle(sampler, cluster, deadline=time.monotonic() + 10)
+        sampler.stop()
+        result.series = series(sampler.samples, t0)
+        if sampler.samples:
+            result.final_stats = [dict(node_id=k, **v) for k, v in
+                                  sorted(sampler.samples[-1]["nodes"].items())]
+        progress.update(f"{scenario.name} {tag}: checking every tuple")
+        acked, unacked, summaries = _journals(scenario, seed, retired + mappers)
+        result.mappers = summaries
+        result.verdict = _verify(cluster, acked, unacked, scenario.load.ids)
+        events = [e for node in cluster.nodes for e in parse_log(node.node_id, _read(node.log))]
+        result.timelines = failure_timelines(result.injected, events)
+        faulted = {v for i in result.injected for v in i.victims}
+        for e in events:
+            if e.kind == "detected" and e.about[0] not in faulted:
+                result.errors.append(f"false positive: {e.node} declared {e.about[0]} dead "
+                                     f"at {e.t - t0:+.3f}s, though no fault touched it")
+        lost = sum(s.get("lost_ranges", 0) for s in result.final_stats)
+        if lost:
+            result.errors.append(f"{lost} ranges reported lost")
+    except Exception as exc:
+        result.errors.append(f"{type(exc).__name__}: {exc}")
+    finally:
+        for m in retired + mappers:
+            if m.alive():
+                m.kill()
+        if sampler is not None and sampler.is_alive():
+            sampler.stop()
+        cluster.down()
+    return result
+
+
+def _wait_load_started(mappers: list[MapperHandle], timeout: float = 60.0) -> float:
+    """The load starts when every mapper has emitted its first chunk."""
+    deadline = time.monotonic() + timeout
+    while True:
+        states = [m.journal_state() for m in mappers]
+        if all(s["first"] is not None for s in states):
+            return max(s["first"] for s in states)
+        for m in mappers:
+            if not m.alive():
+                raise RuntimeError(f"mapper-{m.mapper} exited at start: " + _tail(m.log))
+        if time.monotonic() > deadline:
+            raise TimeoutError("mappers did not start sending within 60 s")
+        time.sleep(0.02)
+
+
+def _sleep_until(t: float, progress: Progress, what: str, t0: float, end: float,
+                 result: RoundResult) -> None:
+    while True:
+        now = time.time()
+        if now >= t:
+            return
+        done = len(result.injected)
+        progress.update(f"{what} {bar((now - t0) / (end - t0))} {now - t0:4.1f}/"
+                        f"{end - t0:.1f}s  faults injected {done}/{len(result.planned)}")
+        time.sleep(min(0.1, t - now))
+
+
+def _settle(sampler: Sampler, cluster: LocalCluster, deadline: float) -> None:
+    """Wait until every live node has drained its queue and has every range it owns on
+    r+1 nodes again (or the deadline passes: the timeline will then show it)."""
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
+        if not sampler.samples:
+            continue
+        nodes = sampler.samples[-1]["nodes"]
+        if nodes and all(n["queue_length"] == 0 and n["under_replicated"] == 0
+                         for n in nodes.values()):
+            return
+
+
+def _journals(scenario: Scenario, seed: int, handles: list[MapperHandle]):
+    """What was acknowledged and what was not, per key, rebuilt from the journals:
+    counts, or with Load.ids the set of tuple ids."""
+    ids = scenario.load.ids
+    acked = {} if ids else Counter()
+    unacked = {} if ids else Counter()
+    summaries = []
+    for h in handles:
+        state = h.journal_state()
+        emitted = state["emitted"]
+        acknowledged = [i for i in emitted if i in state["acked"]]
+        pending = [i for i in emitted if i not in state["acked"]]
+        for chunks, into in ((acknowledged, acked), (pending, unacked)):
+            for i in chunks:
+                keys = chunk_keys(scenario.load, seed, h.mapper, i)
+                if ids:
+                    for key, tid in zip(keys, chunk_ids(h.mapper, i, len(keys))):
+                        into.setdefault(key, set()).add(tid)
+                else:
+                    into.update(keys)
+        summaries.append({"mapper": h.mapper, "pid": h.pid, "source": state["source"],
+                          "chunks_acknowledged": len(acknowledged),
+                          "chunks_unacknowledged": pending,
+                          "failed": state["failed"], "exit": h.popen.returncode,
+                          "acked_at": sorted(state["acked"].values())})
+    return acked, unacked, summaries
+
+
+def _verify(cluster: LocalCluster, acked, unacked, ids: bool) -> Verdict:
+    from mapper import RingClient
+    seeds = [n.address for n in cluster.nodes if n.alive()]
+    try:
+        client = RingClient(seeds, timeout=60)
+        try:
+            counted = dict(client.scan())
+        finally:
+            client.close()
+    except Exception as exc:
+        if ids:
+            acked = Counter({k: len(v) for k, v in acked.items()})
+            unacked = Counter({k: len(v) for k, v in unacked.items()})
+        return unreadable(f"{type(exc).__name__}: {exc}", acked, unacked)
+    return check_ids(counted, acked, unacked) if ids else check(counted, acked, unacked)
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def _tail(path: str, lines: int = 5) -> str:
+    return " | ".join(_read(path).splitlines()[-lines:])
+
+
+# ------------------------------------------------------------------- a scenario
+
+def run_scenario(scenario: Scenario, seed: int = 1, out: str | Path | None = None,
+                 progress: Progress | None = None, plots: bool = True) -> dict:
+    progress = progress or Progress()
+    out = Path(out or f"chaos-results/{scenario.name}-seed{seed}-{time.strftime('%Y%m%d-%H%M%S')}")
+    if out.exists() and any(out.iterdir()):
+        # Old journals and logs would be read as this run's.
+        raise ValueError(f"output directory {out} is not empty; choose another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    rounds_plan = plan(scenario, seed)
+    rounds = []
+    started = time.time()
+    for index, planned in enumerate(rounds_plan):
+        rounds.append(run_round(scenario, seed, index, planned, out / f"round-{index + 1:02d}",
+                                progress, len(rounds_plan)))
+    progress.done()
+    timelines = [t for r in rounds for t in r.timelines]
+    result = {
+        "scenario": scenario.to_dict(), "seed": seed, "started": started,
+        "seconds": round(time.time() - started, 1),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                    "platform": platform.platform()},
+        "ok": all(r.ok for r in rounds),
+        "summary": {stage: stage_summary(timelines, stage) for stage in STAGES},
+        "recovery_by_simultaneous": by_simultaneous(timelines, "applying"),
+        "takeover_by_simultaneous": by_simultaneous(timelines, "taken_over"),
+        "rounds": [r.to_dict() for r in rounds],
+    }
+    (out / "result.json").write_text(json.dumps(result, indent=1, default=str))
+    result["out"] = str(out)
+    if plots:
+        from chaos.plots import plot_result
+        result["plots"] = plot_result(result, out)
+    return result
+
+
+def summary_table(result: dict) -> str:
+    """The terminal summary: one row per failure, then per-stage p50/max."""
+    head = ("round", "fault", "victim", "detected", "taken over", "applying", "re-replicated")
+    rows = [head]
+    for r in result["rounds"]:
+        for t in r["timelines"]:
+            rows.append((str(r["index"] + 1), f"{t['kind']} x{t['simultaneous']}", t["victim"],
+                         *(_ms(t[f"{s}_ms"]) for s in STAGES)))
+        for inj in r["injected"]:
+            if inj["kind"] == "kill-mapper":
+                d = inj["detail"]
+                rows.append((str(r["index"] + 1), "kill-mapper", inj["victims"][0],
+                             "mid-chunk" if d.get("mid_chunk") else "between chunks",
+                             f"in flight {d.get('in_flight_chunks')}", "", ""))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    s = result["summary"]
+    lines.append("")
+    lines.append("ms after injection   " + "   ".join(
+        f"{name}: p50 {_ms(s[st]['p50'])} max {_ms(s[st]['max'])}"
+        + (f" ({s[st]['missing']} missing)" if s[st]["missing"] else "")
+        for name, st in zip(("detected", "taken over", "applying", "re-replicated"), STAGES)))
+    by_k = result["recovery_by_simultaneous"]
+    if len(by_k) > 1:
+        lines.append("recovery (applying again) by failures at once: " + ", ".join(
+            f"{k}: p50 {_ms(v['p50'])} max {_ms(v['max'])}" for k, v in by_k.items()))
+    for r in result["rounds"]:
+        o = r["oracle"]
+        verdict = o["summary"] if o else "not checked"
+        errors = ("; errors: " + "; ".join(r["errors"])) if r["errors"] else ""
+        lines.append(f"round {r['index'] + 1} ({r['label']}): {verdict}{errors}")
+    lines.append(("PASS" if result["ok"] else "FAIL") + f": {result['scenario']['name']} "
+                 f"seed {result['seed']}, {len(result['rounds'])} rounds in "
+                 f"{result['seconds']}s; results in {result.get('out', '?')}")
+    return "\n".join(lines)
+
+
+def _ms(value) -> str:
+    return "-" if value is None else f"{value:.0f} ms" if isinstance(value, (int, float)) else str(value)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("scenario", help="a built-in scenario name or a .json/.toml file")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--out", help="output directory (default chaos-results/NAME-seedN-TIME)")
+    parser.add_argument("--no-plots", action="store_true")
+    args = parser.parse_args(argv)
+    try:
+        scenario = load_scenario(args.scenario)
+        result = run_scenario(scenario, args.seed, args.out, plots=not args.no_plots)
+    except ValueError as exc:
+        print(f"floe chaos: {exc}", file=sys.stderr)
+        return 2
+    print(summary_table(result))
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    sys.exit(main())

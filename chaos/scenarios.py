@@ -1,0 +1,331 @@
+"""Chaos scenarios as data: a cluster, a load and a fault schedule, fully determined by
+a seed.
+
+A scenario has one or more rounds; each round runs on a fresh cluster (after killing
+six of twelve nodes there is nothing left to kill non-adjacently). `plan(scenario, seed)`
+turns the fault specs into concrete victims and times, with no I/O: the same seed
+always gives the same plan, so a failing run can be replayed exactly.
+
+Adjacency is ring adjacency: `Ring.initial` deals tokens round-robin over the sorted
+node ids, so each node's replicas are the next `r` live nodes in that order, and a
+dead node's ranges pass to the next live one. A set of victims loses data only when
+more than `r` of them are consecutive among the live nodes.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import tomllib
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+
+from node.core.ring import Ring
+
+NODE_FAULTS = ("kill", "pause")
+FAULT_KINDS = NODE_FAULTS + ("kill-mapper",)
+TARGETS = ("one", "consecutive", "beyond-r", "every-other", "non-adjacent", "random", "hottest",
+           "mapper")
+KEY_DISTRIBUTIONS = ("zipf", "corpus", "burst")
+
+
+@dataclass(frozen=True)
+class Load:
+    """What the mappers send: each mapper is a separate process at a fixed rate."""
+
+    keys: str = "zipf"            # zipf | corpus | burst
+    rate: float = 5000.0          # tuples per second, per mapper
+    mappers: int = 1
+    chunk: int = 500              # tuples emitted then flushed as one unit
+    zipf_s: float = 1.1           # P(rank k) ~ 1 / (v + k)^s
+    zipf_v: float = 2.72
+    vocabulary: int = 10_000      # distinct keys of the zipf distribution
+    burst_words: int = 3          # burst: this many words repeated over and over
+    # Each tuple carries a unique id and the nodes keep the ids per key (reducer
+    # chaos.oracle:TupleIds), so the oracle checks every tuple, not just counts.
+    ids: bool = False
+
+    def __post_init__(self) -> None:
+        if self.keys not in KEY_DISTRIBUTIONS:
+            raise ValueError(f"load keys must be one of {', '.join(KEY_DISTRIBUTIONS)}, "
+                             f"got {self.keys!r}")
+        if self.rate <= 0 or self.mappers < 1 or self.chunk < 1:
+            raise ValueError("load rate, mappers and chunk must be positive")
+        if self.ids and self.chunk >= 1 << 16:
+            raise ValueError("with ids, a chunk holds fewer than 65536 tuples")
+        if self.zipf_s <= 0 or self.zipf_v <= -1 or self.vocabulary < 1 or self.burst_words < 1:
+            raise ValueError("zipf_s > 0, zipf_v > -1, vocabulary >= 1, burst_words >= 1")
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One fault of a round. `at` is seconds after the load starts (plus a seeded
+    uniform jitter); `count` is how many nodes for non-adjacent and random."""
+
+    kind: str                     # kill (SIGKILL) | pause (SIGSTOP, then SIGCONT) | kill-mapper
+    target: str = "one"           # which processes; see TARGETS
+    at: float = 1.0
+    jitter: float = 0.0
+    count: int = 1
+    pause: float = 1.5            # pause: seconds between SIGSTOP and SIGCONT
+
+    def __post_init__(self) -> None:
+        if self.kind not in FAULT_KINDS:
+            raise ValueError(f"fault kind must be one of {', '.join(FAULT_KINDS)}, "
+                             f"got {self.kind!r}")
+        if self.target not in TARGETS:
+            raise ValueError(f"fault target must be one of {', '.join(TARGETS)}, "
+                             f"got {self.target!r}")
+        if (self.kind == "kill-mapper") != (self.target == "mapper"):
+            raise ValueError("kill-mapper goes with target 'mapper', and only it")
+        if self.at < 0 or self.jitter < 0 or self.count < 1 or self.pause <= 0:
+            raise ValueError("fault at/jitter >= 0, count >= 1, pause > 0")
+
+
+@dataclass(frozen=True)
+class Round:
+    faults: tuple[Fault, ...]
+    label: str = ""
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    description: str
+    nodes: int
+    replicas: int
+    rounds: tuple[Round, ...]
+    load: Load = field(default_factory=Load)
+    duration: float = 3.0         # seconds of load per round
+    settle: float = 0.5           # extra seconds after the last fault before the load stops
+    tokens_per_node: int = 8
+    ci: bool = False              # small enough for the test suite
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1 or self.replicas < 0 or not self.rounds:
+            raise ValueError("a scenario needs nodes >= 1, replicas >= 0 and a round")
+        if self.duration <= 0 or self.settle < 0:
+            raise ValueError("duration must be > 0 and settle >= 0")
+
+    @property
+    def reducer(self) -> str:
+        return "chaos.oracle:TupleIds" if self.load.ids else "count"
+
+    @property
+    def round_seconds(self) -> float:
+        """Load time of a round: the duration, stretched to outlast its last fault."""
+        last = max((f.at + f.jitter + (f.pause if f.kind == "pause" else 0.0)
+                    for r in self.rounds for f in r.faults), default=0.0)
+        return max(self.duration, last + self.settle)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Scenario":
+        """Build from plain data (JSON/TOML). Unknown fields are an error."""
+        data = dict(data)
+        _no_unknown(cls, data, "scenario")
+        load = data.pop("load", {}) or {}
+        _no_unknown(Load, load, "load")
+        rounds = []
+        for r in data.pop("rounds", []):
+            _no_unknown(Round, r, "round")
+            faults = []
+            for f in r.get("faults", []):
+                _no_unknown(Fault, f, "fault")
+                faults.append(Fault(**f))
+            rounds.append(Round(tuple(faults), r.get("label", "")))
+        return cls(load=Load(**load), rounds=tuple(rounds), **data)
+
+
+def _no_unknown(kind, data: dict, what: str) -> None:
+    unknown = set(data) - {f.name for f in fields(kind)}
+    if unknown:
+        raise ValueError(f"unknown {what} fields: {', '.join(sorted(unknown))}")
+
+
+# ------------------------------------------------------------------ the plan
+
+@dataclass(frozen=True)
+class PlannedFault:
+    at: float                     # seconds after the load starts
+    kind: str
+    victims: tuple[str, ...]      # node ids, or "mapper-<i>"
+    pause: float = 0.0
+    # (victim, the tokens it owns when hit): what its heirs must take over
+    ranges: tuple[tuple[str, tuple[int, ...]], ...] = ()
+
+
+def _initial_ring(nodes: int, replicas: int, tokens_per_node: int) -> Ring:
+    """The ring the nodes build at start (token positions do not depend on addresses)."""
+    return Ring.initial({f"n{i}": f"127.0.0.1:{i + 1}" for i in range(nodes)}, replicas,
+                        tokens_per_node)
+
+
+def ring_order(nodes: int, tokens_per_node: int = 8) -> list[str]:
+    """Node ids in clockwise ring order, as the nodes themselves will build the ring."""
+    return list(dict.fromkeys(_initial_ring(nodes, 0, tokens_per_node).owners))
+
+
+def owner_of(key: str, nodes: int, tokens_per_node: int = 8) -> str:
+    return _initial_ring(nodes, 0, tokens_per_node).owner(key)
+
+
+def loses_data(live: list[str], victims, replicas: int) -> bool:
+    """Would killing `victims` at once leave a range with no live copy? True when more
+    than `replicas` of them are consecutive among the live nodes (cyclically)."""
+    dead = [n in set(victims) for n in live]
+    if all(dead):
+        return True
+    start = dead.index(False)            # walk from a survivor, so runs do not wrap
+    run = 0
+    for i in range(1, len(dead) + 1):
+        if dead[(start + i) % len(dead)]:
+            run += 1
+            if run > replicas:
+                return True
+        else:
+            run = 0
+    return False
+
+
+def adjacent(live: list[str], victims) -> bool:
+    """Are two of `victims` neighbours among the live nodes?"""
+    return loses_data(live, victims, 1) if len(live) > 1 else False
+
+
+def plan(scenario: Scenario, seed: int) -> list[list[PlannedFault]]:
+    """Concrete victims and times for every round. Pure: same seed, same plan."""
+    order = ring_order(scenario.nodes, scenario.tokens_per_node)
+    planned = []
+    for index, rnd in enumerate(scenario.rounds):
+        rng = random.Random(f"{scenario.name}/{seed}/{index}")
+        live = list(order)
+        ring = _initial_ring(scenario.nodes, scenario.replicas, scenario.tokens_per_node)
+        faults = []
+        for fault in sorted(rnd.faults, key=lambda f: f.at):
+            at = fault.at + (rng.uniform(0, fault.jitter) if fault.jitter else 0.0)
+            victims = _victims(scenario, fault, live, rng, seed)
+            ranges = ()
+            if fault.kind in NODE_FAULTS:   # a paused node is declared dead and fenced too
+                ranges = tuple((v, ring.tokens_of(v)) for v in victims)
+                live = [n for n in live if n not in victims]
+                ring = ring.without(victims)
+            faults.append(PlannedFault(round(at, 3), fault.kind, victims,
+                                       fault.pause if fault.kind == "pause" else 0.0, ranges))
+        planned.append(sorted(faults, key=lambda f: f.at))
+    return planned
+
+
+def _victims(scenario: Scenario, fault: Fault, live: list[str], rng: random.Random,
+             seed: int):
+    r, n = scenario.replicas, len(live)
+    target = fault.target
+    if target == "mapper":
+        return (f"mapper-{rng.randrange(scenario.load.mappers)}",)
+    if n < 2:
+        raise ValueError(f"{scenario.name}: no node left to fault")
+    if target == "one":
+        return (rng.choice(live),)
+    if target == "hottest":
+        from chaos.load import hottest_key
+        owner = owner_of(hottest_key(scenario.load, seed), scenario.nodes, scenario.tokens_per_node)
+        if owner not in live:
+            raise ValueError(f"{scenario.name}: the hottest key's owner {owner} is already down")
+        return (owner,)
+    if target == "consecutive":
+        if r < 1 or r >= n:
+            raise ValueError(f"{scenario.name}: 'consecutive' needs 1 <= r < live nodes")
+        start = rng.randrange(n)
+        return tuple(live[(start + i) % n] for i in range(r))
+    if target == "beyond-r":
+        # r+1 consecutive: some range loses every copy. The run must say so and fail.
+        start = rng.randrange(n)
+        return tuple(live[(start + i) % n] for i in range(min(r + 1, n)))
+    if target == "every-other":
+        # Keep one node of every r+1: n*r/(r+1) victims, never more than r in a row.
+        shift = rng.randrange(n)
+        return tuple(sorted((live[(shift + i) % n] for i in range(n) if i % (r + 1)),
+                            key=live.index))
+    if target in ("non-adjacent", "random"):
+        if target == "non-adjacent" and fault.count > n // 2:
+            raise ValueError(f"{scenario.name}: {fault.count} non-adjacent nodes out of {n} "
+                             f"is impossible")
+        bad = adjacent if target == "non-adjacent" else (lambda lv, v: loses_data(lv, v, r))
+        for _ in range(100_000):
+            victims = rng.sample(live, fault.count)
+            if not bad(live, victims):
+                return tuple(sorted(victims, key=live.index))
+        raise ValueError(f"{scenario.name}: found no {fault.count} {target} victims "
+                         f"among {n} nodes that keep every range alive")
+    raise ValueError(f"unknown target {target!r}")
+
+
+# -------------------------------------------------------------- the catalogue
+
+def _kill(target: str, at: float = 1.0, count: int = 1, **kw) -> Fault:
+    return Fault("kill", target, at=at, count=count, **kw)
+
+
+def simultaneous_kills(name: str, description: str, nodes: int, counts, repeats: int,
+                       rate: float, duration: float = 3.5, at: float = 1.5,
+                       mappers: int = 1) -> Scenario:
+    """k non-adjacent nodes SIGKILLed at once, for each k, `repeats` rounds each."""
+    rounds = tuple(Round((_kill("non-adjacent", at=at, count=k),), f"{k} at once")
+                   for k in counts for _ in range(repeats))
+    return Scenario(name, description, nodes, 1, rounds,
+                    Load("zipf", rate=rate, mappers=mappers, chunk=max(100, int(rate / 20))),
+                    duration=duration)
+
+
+BUILTIN: dict[str, Scenario] = {s.name: s for s in [
+    Scenario("kill-one", "SIGKILL one node under a Zipf load", 4, 1,
+             (Round((_kill("one", at=1.0),)),), Load("zipf", rate=4000), ci=True),
+    Scenario("kill-consecutive", "SIGKILL r consecutive nodes at once (n=5, r=2)", 5, 2,
+             (Round((_kill("consecutive", at=1.0),)),), Load("zipf", rate=3000), ci=True),
+    Scenario("kill-every-other", "SIGKILL every other node at once: n*r/(r+1) of them", 6, 1,
+             (Round((_kill("every-other", at=1.0),)),), Load("zipf", rate=3000), ci=True),
+    Scenario("kill-random", "two SIGKILLs of random nodes at random times, never more "
+             "than r neighbours down at once", 5, 1,
+             (Round((_kill("random", at=0.8, jitter=0.4), _kill("random", at=2.2, jitter=0.4))),),
+             Load("zipf", rate=3000), duration=3.5, ci=True),
+    Scenario("pause", "SIGSTOP one node past detection, then SIGCONT: it is fenced and "
+             "rejoins empty", 4, 1,
+             (Round((Fault("pause", "one", at=0.8, pause=1.5),)),), Load("zipf", rate=3000),
+             ci=True),
+    Scenario("kill-mapper", "SIGKILL a mapper process between emitting a chunk and its "
+             "acknowledgement, then SIGKILL a node; every tuple checked by its id", 4, 1,
+             (Round((Fault("kill-mapper", "mapper", at=0.8), _kill("one", at=1.6))),),
+             Load("zipf", rate=3000, mappers=2, chunk=300, ids=True), ci=True),
+    Scenario("burst", "a few words repeated over and over; SIGKILL the hottest word's owner",
+             4, 1, (Round((_kill("hottest", at=1.0),)),), Load("burst", rate=4000), ci=True),
+    Scenario("corpus", "the bundled corpus in order; SIGKILL two non-adjacent nodes", 6, 1,
+             (Round((_kill("non-adjacent", at=1.0, count=2),)),), Load("corpus", rate=4000),
+             ci=True),
+    Scenario("lose-range", "SIGKILL r+1 consecutive nodes: ranges lose every copy; the run "
+             "must FAIL and report them lost (checks the checker)", 4, 1,
+             (Round((_kill("beyond-r", at=1.0),)),), Load("zipf", rate=3000), ci=True),
+    simultaneous_kills("target-n8", "n=8, r=1: 1..4 non-adjacent SIGKILLs at once, 5 "
+                       "rounds each (the recovery target)", 8, range(1, 5), 5, rate=10_000),
+    simultaneous_kills("fig8b", "the paper's Fig. 8b: n=12, r=1, 1..6 non-adjacent "
+                       "SIGKILLs at once at a fixed rate, 3 rounds each", 12, range(1, 7), 3,
+                       rate=10_000),
+]}
+
+
+def load_scenario(name_or_path: str) -> Scenario:
+    """A built-in scenario by name, or a .json / .toml file with the same fields."""
+    if name_or_path in BUILTIN:
+        return BUILTIN[name_or_path]
+    path = Path(name_or_path)
+    if path.suffix in (".json", ".toml") and path.exists():
+        data = json.loads(path.read_text()) if path.suffix == ".json" else \
+            tomllib.loads(path.read_text())
+        return Scenario.from_dict(data)
+    raise ValueError(f"no scenario {name_or_path!r}: use one of {', '.join(BUILTIN)} "
+                     f"or a .json/.toml file")
+
+
+def with_overrides(scenario: Scenario, **changes) -> Scenario:
+    return replace(scenario, **{k: v for k, v in changes.items() if v is not None})

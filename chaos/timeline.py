@@ -1,0 +1,202 @@
+"""Per-failure timings, from the moment a fault is injected to the moment its ranges
+are safe again, read from what the nodes log.
+
+For each victim of a node fault:
+
+- injected:      the harness sent the signal (its own clock; same machine as the nodes);
+- detected:      the first node that declared it dead ("declaring X dead at T");
+- taken over:    the last heir that rebuilt its ranges from its replica copy
+                 ("took over N ranges at T from X");
+- applying:      the last of its ranges to apply new tuples again at the heir
+                 ("applying again at T: range of token K taken over from X"); this is
+                 what we call recovery: the range is serving the load again;
+- re-replicated: the last heir that had every range on r+1 nodes again
+                 ("re-replicated at T: ...", first one after its takeover);
+- fenced:        a paused victim learnt it was declared dead and rejoined empty.
+
+Pure: parsing takes log text, matching takes events and faults.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+
+_STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) ")
+_PATTERNS = {
+    "detected": re.compile(r"declaring (\S+) dead at ([0-9.]+)"),
+    "taken_over": re.compile(r"took over (\d+) ranges at ([0-9.]+) from ([^\s:]+)"
+                             r"(?:: tokens ([0-9,]+))?"),
+    "applying": re.compile(r"applying again at ([0-9.]+): range of token (\d+) taken over "
+                           r"from (\S+)"),
+    "re_replicated": re.compile(r"re-replicated at ([0-9.]+): every range of (\S+) is on"),
+    "fenced": re.compile(r"(\S+) was declared dead in ring v\d+: dropping all state"),
+}
+STAGES = ("detected", "taken_over", "applying", "re_replicated")
+
+
+@dataclass(frozen=True)
+class Event:
+    kind: str                     # one of _PATTERNS
+    t: float                      # wall-clock seconds (time.time())
+    node: str                     # the node whose log it is
+    about: tuple[str, ...] = ()   # the dead node(s) it concerns
+    tokens: tuple[int, ...] = ()  # the ranges it concerns
+
+
+def parse_log(node: str, text: str) -> list[Event]:
+    events = []
+    for line in text.splitlines():
+        for kind, pattern in _PATTERNS.items():
+            m = pattern.search(line)
+            if m is None:
+                continue
+            if kind == "detected":
+                events.append(Event(kind, float(m.group(2)), node, (m.group(1),)))
+            elif kind == "taken_over":
+                tokens = tuple(int(t) for t in m.group(4).split(",")) if m.group(4) else ()
+                events.append(Event(kind, float(m.group(2)), node,
+                                    tuple(m.group(3).split(",")), tokens))
+            elif kind == "applying":
+                events.append(Event(kind, float(m.group(1)), node, (m.group(3),),
+                                    (int(m.group(2)),)))
+            elif kind == "re_replicated":
+                events.append(Event(kind, float(m.group(1)), node))
+            elif kind == "fenced":
+                stamp = _line_time(line)
+                if stamp is not None:
+                    events.append(Event(kind, stamp, node, (m.group(1),)))
+            break
+    return events
+
+
+def _line_time(line: str) -> float | None:
+    """The logging module's asctime (local time, millisecond resolution)."""
+    m = _STAMP.match(line)
+    if m is None:
+        return None
+    return time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")) + int(m.group(2)) / 1e3
+
+
+@dataclass(frozen=True)
+class Injected:
+    """A fault as the harness carried it out."""
+
+    kind: str                     # kill | pause | kill-mapper
+    victims: tuple[str, ...]
+    at: float                     # wall clock when the signal was sent
+    resumed: float | None = None  # pause: when SIGCONT was sent
+    detail: dict = field(default_factory=dict)
+    # The ranges each victim owned when it was hit: a range can pass through a dead
+    # node on its way to a live heir (two neighbours killed with r=2), so takeovers
+    # are matched by range, not by the previous owner a node logs.
+    tokens: dict = field(default_factory=dict)
+
+
+@dataclass
+class FailureTimeline:
+    victim: str
+    kind: str
+    simultaneous: int             # victims of the same fault
+    injected: float
+    detected: float | None = None
+    taken_over: float | None = None
+    applying: float | None = None
+    re_replicated: float | None = None
+    fenced: float | None = None
+    heirs: tuple[str, ...] = ()
+    ranges_applying: int = 0      # taken-over ranges seen applying new tuples again
+
+    def ms(self, stage: str) -> float | None:
+        value = getattr(self, stage)
+        return None if value is None else round((value - self.injected) * 1e3, 1)
+
+    @property
+    def complete(self) -> bool:
+        return all(getattr(self, s) is not None for s in STAGES)
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data.update({f"{s}_ms": self.ms(s) for s in (*STAGES, "fenced")})
+        return data
+
+
+def failure_timelines(faults: list[Injected], events: list[Event]) -> list[FailureTimeline]:
+    """One timeline per victim of every node fault (mapper kills have none)."""
+    out = []
+    for fault in faults:
+        if fault.kind not in ("kill", "pause"):
+            continue
+        for victim in fault.victims:
+            out.append(_timeline(fault, victim, events))
+    return out
+
+
+def _timeline(fault: Injected, victim: str, events: list[Event]) -> FailureTimeline:
+    since = fault.at - 0.001
+    events = sorted((e for e in events if e.t >= since), key=lambda e: e.t)
+    tl = FailureTimeline(victim, fault.kind, len(fault.victims), fault.at)
+    tl.detected = min((e.t for e in events if e.kind == "detected" and victim in e.about),
+                      default=None)
+    tl.fenced = min((e.t for e in events if e.kind == "fenced" and e.node == victim),
+                    default=None)
+    tokens = set(fault.tokens.get(victim, ()))
+    if tokens:
+        takes = _first_per_token(events, "taken_over", tokens)
+        applying = _first_per_token(events, "applying", tokens)
+        complete = len(takes) == len(tokens)
+    else:   # no range map: trust the previous owner the heir logged
+        takes = {i: e for i, e in enumerate(
+            e for e in events if e.kind == "taken_over" and victim in e.about)}
+        applying = {e.tokens: e for e in events if e.kind == "applying" and victim in e.about}
+        complete = bool(takes)
+    if complete:
+        tl.taken_over = max(e.t for e in takes.values())
+    tl.applying = max((e.t for e in applying.values()), default=None)
+    tl.ranges_applying = len(applying)
+    tl.heirs = tuple(sorted({e.node for e in takes.values()}))
+    done = []
+    for take in set(takes.values()):
+        later = [e.t for e in events if e.kind == "re_replicated" and e.node == take.node
+                 and e.t >= take.t]
+        done.append(min(later, default=None))
+    if complete and None not in done:
+        tl.re_replicated = max(done)
+    return tl
+
+
+def _first_per_token(events: list[Event], kind: str, tokens: set[int]) -> dict[int, Event]:
+    first: dict[int, Event] = {}
+    for e in events:
+        if e.kind == kind:
+            for t in tokens.intersection(e.tokens):
+                first.setdefault(t, e)
+    return first
+
+
+# ---------------------------------------------------------------- summaries
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile (q in 0..100) of the values, None if there are none."""
+    data = sorted(values)
+    if not data:
+        return None
+    rank = max(1, -(-len(data) * q // 100))     # ceil(n*q/100), at least 1
+    return data[int(rank) - 1]
+
+
+def stage_summary(timelines: list[FailureTimeline], stage: str) -> dict:
+    values = [v for v in (t.ms(stage) for t in timelines) if v is not None]
+    return {"n": len(values), "missing": len(timelines) - len(values),
+            "p50": percentile(values, 50), "max": max(values, default=None),
+            "mean": round(statistics.fmean(values), 1) if values else None}
+
+
+def by_simultaneous(timelines: list[FailureTimeline], stage: str = "applying") -> dict:
+    """{k: summary} over failures that happened k at once (the paper's Fig. 8b)."""
+    groups: dict[int, list[FailureTimeline]] = {}
+    for t in timelines:
+        groups.setdefault(t.simultaneous, []).append(t)
+    return {k: stage_summary(v, stage) for k, v in sorted(groups.items())}

@@ -1,0 +1,356 @@
+"""The chaos harness: its pure parts checked directly, and every CI-sized scenario run
+against a real cluster (real node and mapper processes, real signals)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from chaos.harness import run_scenario, series
+from chaos.load import burst_vocabulary, chunk_keys, zipf_probability
+from chaos.oracle import check
+from chaos.scenarios import (BUILTIN, Fault, Load, Round, Scenario, loses_data, plan,
+                             ring_order)
+from chaos.timeline import (Injected, by_simultaneous, failure_timelines, parse_log,
+                            percentile)
+from node.core.ring import Ring
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def node_ring(nodes: int, r: int) -> Ring:
+    return Ring.initial({f"n{i}": f"127.0.0.1:{i + 1}" for i in range(nodes)}, r, 8)
+
+
+# ------------------------------------------------------------ scenarios and plans
+
+def test_every_builtin_plans_the_same_for_the_same_seed():
+    for scenario in BUILTIN.values():
+        assert plan(scenario, 7) == plan(scenario, 7), scenario.name
+
+
+def test_seed_changes_random_choices():
+    s = BUILTIN["kill-random"]
+    plans = {tuple((f.at, f.victims) for f in plan(s, seed)[0]) for seed in range(20)}
+    assert len(plans) > 5
+
+
+def test_ring_order_is_the_nodes_own_ring_order():
+    assert ring_order(12)[:4] == ["n0", "n1", "n10", "n11"]   # ids sort as strings
+    ring = node_ring(12, 1)
+    order = ring_order(12)
+    for i, node in enumerate(order):   # each node's replica is the next one in order
+        token = ring.tokens_of(node)[0]
+        assert ring.replicas_of_token(token) == (order[(i + 1) % 12],)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(3, 12), st.integers(1, 3), st.data())
+def test_loses_data_agrees_with_the_rings_own_loss_accounting(nodes, r, data):
+    r = min(r, nodes - 1)
+    victims = data.draw(st.sets(st.sampled_from([f"n{i}" for i in range(nodes)]),
+                                min_size=1, max_size=nodes - 1))
+    lost = node_ring(nodes, r).without(victims).lost
+    assert loses_data(ring_order(nodes), victims, r) == bool(lost)
+
+
+@pytest.mark.parametrize("nodes,k", [(8, k) for k in range(1, 5)] + [(12, k) for k in range(1, 7)])
+def test_non_adjacent_victims_never_lose_a_range(nodes, k):
+    s = Scenario("t", "", nodes, 1, (Round((Fault("kill", "non-adjacent", count=k),)),))
+    for seed in range(10):
+        (fault,), = plan(s, seed)
+        assert len(set(fault.victims)) == k
+        assert not node_ring(nodes, 1).without(fault.victims).lost
+
+
+@pytest.mark.parametrize("nodes,r,expect", [(6, 1, 3), (8, 1, 4), (6, 2, 4), (9, 2, 6)])
+def test_every_other_kills_n_r_over_r_plus_1_and_keeps_every_range(nodes, r, expect):
+    s = Scenario("t", "", nodes, r, (Round((Fault("kill", "every-other"),)),))
+    for seed in range(5):
+        (fault,), = plan(s, seed)
+        assert len(fault.victims) == expect
+        assert not node_ring(nodes, r).without(fault.victims).lost
+
+
+def test_consecutive_and_beyond_r():
+    s = Scenario("t", "", 6, 2, (Round((Fault("kill", "consecutive"),)),
+                                 Round((Fault("kill", "beyond-r"),))))
+    (safe,), (fatal,) = plan(s, 3)
+    assert len(safe.victims) == 2 and not node_ring(6, 2).without(safe.victims).lost
+    assert len(fatal.victims) == 3 and node_ring(6, 2).without(fatal.victims).lost
+
+
+def test_sequential_random_kills_respect_earlier_deaths():
+    s = Scenario("t", "", 5, 1, (Round((Fault("kill", "random", at=1), Fault("kill", "random", at=3),
+                                        Fault("kill", "random", at=5))),))
+    for seed in range(30):
+        ring = node_ring(5, 1)
+        for fault in plan(s, seed)[0]:
+            ring = ring.without(fault.victims)
+            assert not ring.lost, seed
+
+
+def test_hottest_targets_the_owner_of_the_hottest_key():
+    s = BUILTIN["burst"]
+    for seed in range(5):
+        (fault,), = plan(s, seed)
+        hot = burst_vocabulary(s.load, seed)[0]
+        assert fault.victims == (node_ring(4, 1).owner(hot),)
+
+
+def test_scenarios_round_trip_through_json_and_reject_unknown_fields(tmp_path):
+    for scenario in BUILTIN.values():
+        again = Scenario.from_dict(json.loads(json.dumps(scenario.to_dict())))
+        assert again == scenario
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps({"name": "mine", "description": "", "nodes": 3, "replicas": 1,
+                                "rounds": [{"faults": [{"kind": "kill", "at": 0.5}]}]}))
+    from chaos.scenarios import load_scenario
+    assert load_scenario(str(path)).rounds[0].faults[0].at == 0.5
+    with pytest.raises(ValueError, match="unknown fault fields: when"):
+        Scenario.from_dict({"name": "x", "description": "", "nodes": 3, "replicas": 1,
+                            "rounds": [{"faults": [{"kind": "kill", "when": 1}]}]})
+    with pytest.raises(ValueError, match="fault kind"):
+        Fault("explode")
+    with pytest.raises(ValueError, match="no scenario"):
+        load_scenario("no-such-scenario")
+    with pytest.raises(ValueError, match="impossible"):
+        plan(Scenario("t", "", 4, 1, (Round((Fault("kill", "non-adjacent", count=3),)),)), 1)
+
+
+# ----------------------------------------------------------------------- load
+
+def test_chunks_are_a_pure_function_of_seed_mapper_and_index():
+    load = Load("zipf", chunk=200)
+    assert chunk_keys(load, 1, 0, 5) == chunk_keys(load, 1, 0, 5)
+    assert chunk_keys(load, 1, 0, 5) != chunk_keys(load, 1, 1, 5)
+    assert chunk_keys(load, 1, 0, 5) != chunk_keys(load, 2, 0, 5)
+
+
+def test_zipf_frequencies_follow_s_and_v():
+    load = Load("zipf", chunk=1000)
+    counts = Counter(k for i in range(60) for k in chunk_keys(load, 3, 0, i))
+    for rank in (0, 1, 5):
+        expected = zipf_probability(load, rank) * 60_000
+        assert abs(counts[f"w{rank}"] - expected) < 5 * expected ** 0.5 + 5, rank
+    ratio = zipf_probability(load, 0) / zipf_probability(load, 9)
+    assert ratio == pytest.approx(((2.72 + 10) / (2.72 + 1)) ** 1.1)
+
+
+def test_corpus_chunks_continue_each_other_and_burst_repeats_few_words():
+    load = Load("corpus", chunk=50)
+    assert chunk_keys(load, 1, 0, 0)[1:] + [chunk_keys(load, 1, 0, 1)[0]] == \
+        (chunk_keys(load, 1, 0, 0) + chunk_keys(load, 1, 0, 1))[1:51]
+    burst = Load("burst", chunk=500, burst_words=3)
+    assert set(chunk_keys(burst, 4, 0, 0)) == set(burst_vocabulary(burst, 4))
+
+
+# --------------------------------------------------------------------- oracle
+
+def test_oracle_exact_lost_duplicated_and_unacknowledged():
+    acked = Counter({"a": 3, "b": 2})
+    assert check({"a": 3, "b": 2}, acked, Counter()).ok
+    lost = check({"a": 2, "b": 2}, acked, Counter())
+    assert not lost.ok and lost.lost == {"a": (2, 3)} and "'a'" in lost.describe()
+    doubled = check({"a": 4, "b": 2}, acked, Counter())
+    assert not doubled.ok and doubled.duplicated == {"a": (4, 3)}
+    stranger = check({"a": 3, "b": 2, "z": 1}, acked, Counter())
+    assert stranger.duplicated == {"z": (1, 0)}
+    # unacknowledged tuples may be absent or present once, never twice
+    pending = Counter({"a": 2, "c": 1})
+    assert check({"a": 3, "b": 2}, acked, pending).ok
+    some = check({"a": 4, "b": 2, "c": 1}, acked, pending)
+    assert some.ok and some.unacknowledged_counted == 2
+    assert check({"a": 6, "b": 2}, acked, pending).duplicated == {"a": (6, 5)}
+    assert check({"a": 2, "b": 2, "c": 1}, acked, pending).lost == {"a": (2, 3)}
+    assert not check({"a": "3", "b": 2}, acked, Counter()).ok
+
+
+def test_oracle_per_tuple_ids():
+    from chaos.oracle import check_ids
+    acked = {"a": {1, 2, 3}, "b": {4}}
+    assert check_ids({"a": (3, 1, 2), "b": (4,)}, acked, {}).ok
+    v = check_ids({"a": (1, 2, 2), "b": (4,)}, acked, {})     # 3 lost, 2 twice: same count
+    assert not v.ok and v.lost == {"a": (3, 3)} and v.duplicated == {"a": (3, 3)}
+    assert v.tuples["a"] == {"missing": [3], "doubled": [2], "unknown": []}
+    assert "missing ids [3]" in v.describe()
+    pending = {"a": {9}, "c": {7}}
+    ok = check_ids({"a": (1, 2, 3, 9), "b": (4,)}, acked, pending)
+    assert ok.ok and ok.unacknowledged == 2 and ok.unacknowledged_counted == 1
+    assert check_ids({"a": (1, 2, 3, 9, 9), "b": (4,)}, acked, pending).tuples["a"]["doubled"] == [9]
+    assert check_ids({"a": (1, 2, 3), "b": (4, 5)}, acked, pending).tuples["b"]["unknown"] == [5]
+
+
+def test_tuple_ids_reducer_through_the_node_state_store():
+    from node.core.reducers import load_reducer
+    from node.core.state_store import LayeredState
+    from chaos.load import chunk_ids, tuple_id
+    reducer = load_reducer("chaos.oracle:TupleIds")
+    state = LayeredState(reducer)
+    state.apply(["x", "y", "x"], [tuple_id(1, 2, 0), tuple_id(1, 2, 1), tuple_id(1, 2, 2)])
+    assert dict(state.items()) == {"x": (tuple_id(1, 2, 0), tuple_id(1, 2, 2)),
+                                   "y": (tuple_id(1, 2, 1),)}
+    assert len(set(chunk_ids(0, 0, 500) + chunk_ids(0, 1, 500) + chunk_ids(1, 0, 500))) == 1500
+    with pytest.raises(Exception, match="int tuple ids"):
+        state.apply(["x"], ["nope"])
+
+
+# ------------------------------------------------------------------- timeline
+
+LOG = """\
+2026-11-22 21:53:28,945 n2 WARNING floe.node: declaring n1 dead at 100.200000: it and n5's view of it both failed probes in 1 ms
+2026-11-22 21:53:28,946 n2 INFO floe.node: took over 8 ranges at 100.210000 from n1
+2026-11-22 21:53:28,950 n2 INFO floe.node: re-replicated at 100.150000: every range of n2 is on r+1 nodes again
+2026-11-22 21:53:28,990 n2 INFO floe.node: applying again at 100.300000: range of token 11 taken over from n1
+2026-11-22 21:53:28,991 n2 INFO floe.node: applying again at 100.350000: range of token 12 taken over from n1
+2026-11-22 21:53:28,992 n2 INFO floe.node: re-replicated at 100.400000: every range of n2 is on r+1 nodes again
+2026-11-22 21:53:28,993 n2 INFO floe.node: re-replicated at 100.500000: every range of n2 is on r+1 nodes again
+"""
+
+
+def test_timeline_from_node_logs():
+    events = parse_log("n2", LOG) + parse_log(
+        "n0", "2026-11-22 21:53:28,948 n0 WARNING floe.node: declaring n1 dead at 100.190000: x\n")
+    (tl,) = failure_timelines([Injected("kill", ("n1",), 100.0)], events)
+    assert tl.ms("detected") == 190.0          # the first node to declare it
+    assert tl.ms("taken_over") == 210.0
+    assert tl.ms("applying") == 350.0          # the last of its ranges to resume
+    assert tl.ranges_applying == 2
+    assert tl.ms("re_replicated") == 400.0     # the first one after the takeover
+    assert tl.heirs == ("n2",) and tl.complete
+    # a fault before the events it explains; a mapper kill has no node timeline
+    assert failure_timelines([Injected("kill-mapper", ("mapper-0",), 100.0)], events) == []
+    late = failure_timelines([Injected("kill", ("n1",), 200.0)], events)[0]
+    assert late.detected is None and not late.complete
+
+
+def test_ranges_that_pass_through_a_dead_neighbour_count_for_their_first_owner():
+    # r=2, n1 and n2 killed together: n1 is declared first and its ranges pass to n2
+    # (dead, still in the ring); n3 then takes over all of them "from n2".
+    log = ("x n3 INFO floe.node: declaring n1 dead at 10.1: y\n"
+           "x n3 INFO floe.node: declaring n2 dead at 10.2: y\n"
+           "x n3 INFO floe.node: took over 4 ranges at 10.25 from n2: tokens 1,2,3,4\n"
+           "x n3 INFO floe.node: applying again at 10.3: range of token 1 taken over from n2\n"
+           "x n3 INFO floe.node: applying again at 10.4: range of token 3 taken over from n2\n"
+           "x n3 INFO floe.node: re-replicated at 10.5: every range of n3 is on r+1 nodes\n")
+    fault = Injected("kill", ("n1", "n2"), 10.0, tokens={"n1": (1, 2), "n2": (3, 4)})
+    n1, n2 = failure_timelines([fault], parse_log("n3", log))
+    assert (n1.ms("detected"), n1.ms("taken_over"), n1.ms("applying")) == (100.0, 250.0, 300.0)
+    assert n1.ranges_applying == 1 and n1.heirs == ("n3",) and n1.ms("re_replicated") == 500.0
+    assert (n2.ms("detected"), n2.ms("applying")) == (200.0, 400.0)
+    # a range nobody took over leaves the stage open
+    partial = Injected("kill", ("n1",), 10.0, tokens={"n1": (1, 9)})
+    (tl,) = failure_timelines([partial], parse_log("n3", log))
+    assert tl.taken_over is None and tl.re_replicated is None and not tl.complete
+
+
+def test_fenced_time_comes_from_the_log_line_stamp():
+    line = ("2026-11-22 21:53:27,572 n3 ERROR floe.node: n3 was declared dead in ring v4: "
+            "dropping all state, rejoining empty as n3#1\n")
+    (event,) = parse_log("n3", line)
+    assert event.kind == "fenced" and event.about == ("n3",)
+    assert event.t % 1 == pytest.approx(0.572, abs=1e-6)
+
+
+def test_percentiles_and_grouping():
+    assert percentile([], 50) is None
+    assert percentile([5.0, 1.0, 3.0], 50) == 3.0
+    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.0
+    assert percentile([1.0, 2.0, 3.0, 4.0], 100) == 4.0
+    tls = failure_timelines([Injected("kill", ("n1",), 100.0)], parse_log("n2", LOG))
+    assert by_simultaneous(tls)[1]["p50"] == 350.0
+
+
+def test_throughput_series_ignores_a_vanished_node():
+    samples = [{"t": 0.0, "nodes": {"a": {"applied": 0, "backup_tuples": 1},
+                                    "b": {"applied": 0, "backup_tuples": 1}}},
+               {"t": 1.0, "nodes": {"a": {"applied": 100, "backup_tuples": 2},
+                                    "b": {"applied": 50, "backup_tuples": 3}}},
+               {"t": 2.0, "nodes": {"a": {"applied": 300, "backup_tuples": 0}}}]
+    out = series(samples, since=0.0, window=0.5)
+    assert [p["applied_per_s"] for p in out] == [150.0, 200.0]
+    assert [p["backup_tuples"] for p in out] == [5, 0]
+
+
+# --------------------------------------------------- scenarios on real clusters
+
+CI = [name for name, s in BUILTIN.items() if s.ci and name != "lose-range"]
+
+
+def check_round_timelines(result):
+    for rnd in result["rounds"]:
+        for tl in rnd["timelines"]:
+            stages = [tl[s] for s in ("injected", "detected", "taken_over", "applying")]
+            assert None not in stages and tl["re_replicated"] is not None, tl
+            assert stages == sorted(stages), json.dumps(tl)
+            assert tl["re_replicated"] >= tl["taken_over"]
+            assert tl["ranges_applying"] >= 1
+
+
+@pytest.mark.chaos
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("name", [n for n in CI if n != "kill-one"])
+def test_ci_scenario_loses_nothing_and_times_every_failure(name, tmp_path):
+    result = run_scenario(BUILTIN[name], seed=1, out=tmp_path, plots=False)
+    assert result["ok"], json.dumps([(r["errors"], r["oracle"]) for r in result["rounds"]])
+    check_round_timelines(result)
+    (rnd,) = result["rounds"]
+    assert rnd["oracle"]["acknowledged"] > 1000
+    planned = {v for p in rnd["planned"] for v in p["victims"]}
+    assert {v for i in rnd["injected"] for v in i["victims"]} == planned
+    live = {s["node_id"] for s in rnd["final_stats"]}
+    if name == "pause":
+        (tl,) = rnd["timelines"]
+        assert tl["fenced"] is not None and tl["fenced"] >= tl["detected"]
+        rejoined = [s for s in rnd["final_stats"] if s["node_id"] == f"{tl['victim']}#1"]
+        assert rejoined and rejoined[0]["ring_share"] == 0 and rejoined[0]["keys"] == 0
+    else:
+        killed = {v for i in rnd["injected"] if i["kind"] == "kill" for v in i["victims"]}
+        assert not live & killed and len(live) == BUILTIN[name].nodes - len(killed)
+    if name == "kill-mapper":
+        (mapper_kill,) = [i for i in rnd["injected"] if i["kind"] == "kill-mapper"]
+        assert mapper_kill["detail"]["mid_chunk"], mapper_kill
+        assert rnd["oracle"]["unacknowledged"] > 0
+        assert BUILTIN[name].load.ids       # checked tuple by tuple
+        assert len(rnd["mappers"]) == 3 and rnd["mappers"][0]["exit"] == -9
+
+
+@pytest.mark.chaos
+@pytest.mark.multiprocess
+def test_floe_chaos_cli_runs_a_scenario_writes_json_and_plots(tmp_path):
+    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'proto'}")
+    listing = subprocess.run([sys.executable, "-m", "chaos.cli", "chaos", "list"], env=env,
+                             capture_output=True, text=True, timeout=60)
+    assert listing.returncode == 0 and "fig8b" in listing.stdout and "kill-one" in listing.stdout
+    run = subprocess.run([sys.executable, "-m", "chaos.cli", "chaos", "run", "kill-one",
+                          "--seed", "2", "--out", str(tmp_path)], env=env,
+                         capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "PASS: kill-one seed 2" in run.stdout and "exact:" in run.stdout
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["ok"] and result["seed"] == 2
+    check_round_timelines(result)
+    for png in ("round-01.png", "recovery.png"):
+        data = (tmp_path / png).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+    assert (tmp_path / "round-01" / "floe-cluster" / "logs" / "n0.log").exists()
+
+
+@pytest.mark.chaos
+@pytest.mark.multiprocess
+def test_killing_r_plus_1_neighbours_fails_the_run_and_says_so(tmp_path):
+    result = run_scenario(BUILTIN["lose-range"], seed=1, out=tmp_path, plots=False)
+    assert not result["ok"]
+    (rnd,) = result["rounds"]
+    assert "RangeLost" in rnd["oracle"]["error"] or "DATA_LOSS" in rnd["oracle"]["error"] \
+        or "lost" in rnd["oracle"]["error"], rnd["oracle"]
+    assert any("ranges reported lost" in e for e in rnd["errors"])
