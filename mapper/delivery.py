@@ -89,9 +89,7 @@ class NodeSender:
                 self.inflight.clear()
                 self.delivery.stream_failed(self, exc)
                 await asyncio.sleep(backoff)
-                # Each retry also fetches the ring: a node that cannot be reached is
-                # retried often enough to learn of its heir soon after the takeover.
-                backoff = min(backoff * 2, 0.05 if isinstance(exc, Unavailable) else 0.2)
+                backoff = min(backoff * 2, 0.2)
                 self.wakeup.set()
 
     async def _stream(self) -> None:
