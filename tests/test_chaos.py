@@ -280,6 +280,20 @@ def test_throughput_series_ignores_a_vanished_node():
     assert [p["backup_tuples"] for p in out] == [5, 0]
 
 
+def test_progress_line_rewrites_itself_on_a_terminal_only():
+    import io
+    from chaos.harness import Progress, bar
+    out = io.StringIO()
+    p = Progress(out, enabled=True)
+    p.update("round 1/2 " + bar(0.5, 10))
+    p.update("done")
+    p.done()
+    assert out.getvalue().startswith("\rround 1/2 [#####.....]") and "\rdone" in out.getvalue()
+    quiet = io.StringIO()
+    Progress(quiet).update("x")            # StringIO is not a terminal
+    assert quiet.getvalue() == ""
+
+
 # --------------------------------------------------- scenarios on real clusters
 
 CI = [name for name, s in BUILTIN.items()
