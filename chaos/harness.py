@@ -100,7 +100,7 @@ class Sampler(threading.Thread):
                 self.stopping.wait(self.interval)
         finally:
             try:
-                client._stop_loop()     # nothing was emitted: no flush needed
+                client.close()          # nothing was emitted: the flush returns at once
             except Exception:
                 pass
 

@@ -306,6 +306,9 @@ BUILTIN: dict[str, Scenario] = {s.name: s for s in [
     Scenario("lose-range", "SIGKILL r+1 consecutive nodes: ranges lose every copy; the run "
              "must FAIL and report them lost (checks the checker)", 4, 1,
              (Round((_kill("beyond-r", at=1.0),)),), Load("zipf", rate=3000), ci=True),
+    replace(simultaneous_kills("fig8b-mini", "Fig. 8b in small: n=6, r=1, 1..3 non-adjacent "
+                               "SIGKILLs at once, one round each", 6, range(1, 4), 1,
+                               rate=4000, duration=3.0, at=1.0), ci=True),
     simultaneous_kills("target-n8", "n=8, r=1: 1..4 non-adjacent SIGKILLs at once, 5 "
                        "rounds each (the recovery target)", 8, range(1, 5), 5, rate=10_000),
     simultaneous_kills("fig8b", "the paper's Fig. 8b: n=12, r=1, 1..6 non-adjacent "
