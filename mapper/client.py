@@ -317,13 +317,18 @@ class RingClient:
         return [(key, state) for key, state, _ in heapq.nlargest(k, entries, key=lambda e: e[2])]
 
     def scan(self) -> Iterator[tuple[object, object]]:
-        """Every (key, state) in the ring, node by node."""
-        for node, address in self._delivery.ring.addresses:
-            async def call(ring: Ring, address=address):
+        """Every (key, state) in the ring. Every node is read at the same ring (stamp);
+        if the ring changes meanwhile (a range moving), the whole scan starts over, so
+        a moving range is never missed or read twice."""
+        async def call(ring: Ring):
+            async def one(address):
                 stub = self._delivery.query_stub(address)
                 return [chunk.entries async for chunk in stub.Scan(
-                    floe_pb2.ScanRequest(), timeout=max(self.rpc_timeout, 30.0))]
-            for entries in self._query(call):
+                    floe_pb2.ScanRequest(ring_version=ring.stamp),
+                    timeout=max(self.rpc_timeout, 30.0))]
+            return await asyncio.gather(*(one(a) for _, a in ring.addresses))
+        for per_node in self._query(call):
+            for entries in per_node:
                 yield from unpack_entries(entries).items()
 
     def delivery_latencies(self) -> list[tuple[float, int]]:

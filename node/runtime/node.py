@@ -482,6 +482,7 @@ class NodeRuntime:
         heir_rates, busy = {}, set()
         for heir, st in zip(heirs, stats):
             if isinstance(st, BaseException):
+                log.info("load: no stats from %s: %r", heir, st)
                 busy.add(heir)           # unreachable: not a place to move load to
                 continue
             heir_rates[heir] = st.apply_rate
