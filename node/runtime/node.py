@@ -350,7 +350,10 @@ class NodeRuntime:
                 return False
             return await self.peers.probe(ring.address(via), node, timeout)
 
+        core = self.core
         results = await asyncio.gather(direct(), indirect(), return_exceptions=True)
+        if self.core is not core or core.fenced:
+            return   # we were fenced meanwhile: a stale incarnation must not declare anyone
         if any(r is True for r in results):
             self.detector.probe_succeeded(node, time.monotonic())
             return
