@@ -27,6 +27,7 @@ from mapper import RingClient, split_words
 from node.core.load import choose_shed, halving_shed
 from node.core.ring import Ring
 
+_HANDOFF_MS = re.compile(r"handed off \d+ ranges at [0-9.]+ in (\d+) ms")
 _EVENT = re.compile(r"load: (overloaded|relieved) at ([0-9.]+)|handed off \d+ ranges at ([0-9.]+)")
 
 
@@ -77,10 +78,11 @@ class OpenLoopFeeder(threading.Thread):
 
 
 def run(workdir: str | Path, seconds: float = 20.0, rate: float = 30_000, nodes: int = 3,
-        work: int = 1000, hot: int = 4, hot_share: float = 0.9, sample: float = 0.2) -> dict:
+        work: int = 1000, hot: int = 4, hot_share: float = 0.9, sample: float = 0.2,
+        cooldown: float = 3.0) -> dict:
     extra = ["--reducer-arg", f"work={work}", "--balance", "--high-queue", "16",
              "--low-queue", "4", "--high-cpu", "0.85", "--low-cpu", "0.7",
-             "--balance-cooldown", "3",
+             "--balance-cooldown", str(cooldown),
              # A node saturating its core answers probes late; on this shared 2-core
              # machine the default 150 ms probe deadline declares it dead.
              "--suspect-min", "1", "--suspect-max", "3", "--probe-timeout", "1"]
@@ -117,13 +119,21 @@ def run(workdir: str | Path, seconds: float = 20.0, rate: float = 30_000, nodes:
         got = dict(probe.scan())
         probe.close()
         exact = got == dict(feeder.acked)
-        events = []
+        mismatch = {k: (got.get(k), feeder.acked.get(k)) for k in set(got) | set(feeder.acked)
+                    if got.get(k) != feeder.acked.get(k)}
+        events, handoff_ms, declared = [], [], 0
         for node in cluster.nodes:
-            for m in _EVENT.finditer(Path(node.log).read_text(errors="replace")):
+            text = Path(node.log).read_text(errors="replace")
+            handoff_ms += [int(m.group(1)) for m in _HANDOFF_MS.finditer(text)]
+            declared += text.count("rejoining empty")
+            for m in _EVENT.finditer(text):
                 kind = m.group(1) or "moved"
                 events.append((float(m.group(2) or m.group(3)) - started, node.node_id, kind))
     events.sort()
-    return analyse(samples, events, exact, sum(feeder.acked.values()), seconds)
+    result = analyse(samples, events, exact, sum(feeder.acked.values()), seconds)
+    result.update(handoff_ms=sorted(handoff_ms), false_declarations=declared,
+                  mismatch=mismatch)
+    return result
 
 
 def analyse(samples, events, exact, acked, seconds) -> dict:
@@ -133,8 +143,12 @@ def analyse(samples, events, exact, acked, seconds) -> dict:
         return out
     t_over, node = over
     moved = next((t for t, n, k in events if k == "moved" and n == node and t >= t_over), None)
-    relieved = next((t for t, n, k in events if k == "relieved" and n == node and t >= t_over),
-                    None)
+    # relief counts once it lasts: a ring change pauses the mappers for a moment, and the
+    # idle blip that follows is not relief
+    mine = [(t, k) for t, n, k in events if n == node and k in ("overloaded", "relieved")]
+    relieved = next((t for i, (t, k) in enumerate(mine) if k == "relieved" and t >= t_over
+                     and all(t2 - t >= 2.0 for t2, k2 in mine[i + 1:] if k2 == "overloaded")
+                     and t <= seconds - 2.0), None)
     out.update(node=node, t_over=t_over, t_moved=moved, t_relieved=relieved)
 
     def window(lo, hi):
@@ -200,7 +214,10 @@ def plot(result: dict, path: str) -> None:
 
 
 def report(result: dict) -> str:
-    lines = [f"acknowledged {result['acked']:,} tuples; exact: {result['exact']}"]
+    lines = [f"acknowledged {result['acked']:,} tuples; exact: {result['exact']}",
+             f"handoffs: {len(result.get('handoff_ms', []))}, each took (ms) "
+             f"{result.get('handoff_ms')}; nodes wrongly declared dead: "
+             f"{result.get('false_declarations', 0)}"]
     if "t_over" not in result:
         return "\n".join(lines + ["no node became overloaded"])
     node = result["node"]
@@ -231,10 +248,11 @@ def main(argv=None) -> int:
     p.add_argument("--seconds", type=float, default=20.0)
     p.add_argument("--rate", type=float, default=30_000, help="tuples/s fed")
     p.add_argument("--work", type=int, default=1000, help="CPU spins per tuple in the reducer")
+    p.add_argument("--cooldown", type=float, default=3.0, help="seconds between two moves of a node")
     p.add_argument("--plot", help="write the per-node rate plot (PNG) here")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
-        result = run(tmp, args.seconds, args.rate, work=args.work)
+        result = run(tmp, args.seconds, args.rate, work=args.work, cooldown=args.cooldown)
     print(report(result))
     if args.plot:
         plot(result, args.plot)

@@ -148,6 +148,14 @@ def cmd_move(args) -> int:
     return 0
 
 
+def _range_loads(rows) -> dict[str, dict[int, float]]:
+    """Per node, the tuples/s of each range it owns (from its stats)."""
+    import msgpack
+    return {r["node_id"]: {int(t): v for t, v in msgpack.unpackb(
+                r["load"], strict_map_key=False).items()} if r.get("load") else {}
+            for r in rows if "error" not in r}
+
+
 def cmd_scale(args) -> int:
     from chaos.elastic import carry_out, plan_scale_out
     cluster = LocalCluster.load(args.cluster_file)
@@ -171,7 +179,8 @@ def cmd_scale(args) -> int:
                 raise TimeoutError(f"{', '.join(names)} did not join in {args.timeout}s")
             time.sleep(0.05)
         ring = client.ring
-    for line in carry_out(ring, plan_scale_out(ring, names), timeout=args.timeout):
+        load = _range_loads(client.stats())
+    for line in carry_out(ring, plan_scale_out(ring, names, load), timeout=args.timeout):
         print(line)
     print(f"added {', '.join(names)}; {len(cluster.nodes)} nodes")
     return 0

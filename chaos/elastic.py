@@ -6,6 +6,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
+import msgpack
 
 from floering.v1 import floe_pb2, floe_pb2_grpc
 from node.core.errors import InvalidArgument
@@ -138,7 +139,10 @@ def autoscale_loop(cluster, *, seconds: float, min_nodes: int, max_nodes: int,
                         raise TimeoutError(f"{names} did not join")
                     time.sleep(0.05)
                 ring = client.ring
-                carry_out(ring, plan_scale_out(ring, names))
+                load = {s["node_id"]: {int(t): v for t, v in msgpack.unpackb(
+                    s["load"], strict_map_key=False).items()}
+                    for s in client.stats() if "error" not in s and s.get("load")}
+                carry_out(ring, plan_scale_out(ring, names, load))
                 changes.append((at, f"added {names[0]}"))
             else:
                 cluster.remove(node)

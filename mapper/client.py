@@ -317,18 +317,18 @@ class RingClient:
         return [(key, state) for key, state, _ in heapq.nlargest(k, entries, key=lambda e: e[2])]
 
     def scan(self) -> Iterator[tuple[object, object]]:
-        """Every (key, state) in the ring, node by node. The nodes of one ring version
-        are read in full before anything is yielded: if the ring changes meanwhile (a
-        node died), the scan starts over on the new ring rather than mix the two."""
+        """Every (key, state) in the ring. Every node is read at the same ring (stamp);
+        if the ring changes meanwhile (a range moving), the whole scan starts over, so
+        a moving range is never missed or read twice."""
         async def call(ring: Ring):
             async def one(address):
                 stub = self._delivery.query_stub(address)
                 return [chunk.entries async for chunk in stub.Scan(
-                    floe_pb2.ScanRequest(), timeout=max(self.rpc_timeout, 30.0))]
-            return await asyncio.gather(*(one(address) for _, address in ring.addresses))
-
-        for node_chunks in self._query(call):
-            for entries in node_chunks:
+                    floe_pb2.ScanRequest(ring_version=ring.stamp),
+                    timeout=max(self.rpc_timeout, 30.0))]
+            return await asyncio.gather(*(one(a) for _, a in ring.addresses))
+        for per_node in self._query(call):
+            for entries in per_node:
                 yield from unpack_entries(entries).items()
 
     def delivery_latencies(self) -> list[tuple[float, int]]:

@@ -34,6 +34,7 @@ class SimNode:
     alive: bool = True
     paused_until: float = 0.0
     handoff: Handoff | None = None
+    leaving: bool = False
 
 
 @dataclass
@@ -221,6 +222,37 @@ class Simulation:
         node.handoff = h
         self._spread(name, ring)
 
+    def leave(self, name: str) -> None:
+        """Scale-in as the runtime does it: hand every range to its first replica, wait
+        until no range needs our copy any more, remove ourselves, exit."""
+        node = self.nodes[name]
+        core = node.core
+        if not self.usable(name) or node.handoff is not None or len(core.ring.nodes) < 3:
+            return
+        moves = {t: core.ring.heir(t) for t in core.ring.tokens_of(name)}
+        node.leaving = True
+        self.log.append(f"{self.now:.3f} {name} leaves")
+        if not moves:
+            return
+        h = Handoff(name, moves, deadline=self.now + 2.0)
+        try:
+            ring = h.prepare(core, self.now)
+        except InvalidArgument as exc:
+            node.leaving = False
+            self.log.append(f"{self.now:.3f} {name} leave refused: {exc}")
+            return
+        node.handoff = h
+        self._spread(name, ring)
+
+    def _finish_leave(self, name: str) -> None:
+        node = self.nodes[name]
+        ring = node.core.ring
+        if ring.tokens_of(name) or any(name in ring.extras_of(t) for t in ring.tokens):
+            return
+        self.log.append(f"{self.now:.3f} {name} left")
+        self._spread(name, ring.remove_node(name))
+        node.alive = False
+
     def join(self, name: str, via: str) -> None:
         """A new, empty member joins through `via`'s view, then `via` hands it a token
         (the delayed transition: extra replica first, owner once it holds the range)."""
@@ -249,6 +281,8 @@ class Simulation:
         if retired is not None:
             self._spread(name, retired)
         if h is None:
+            if node.leaving and self.usable(name):
+                self._finish_leave(name)
             return
         ring = h.step(node.core, self.now)
         if ring is not None:
@@ -256,6 +290,8 @@ class Simulation:
         if h.state != "prepared":
             self.log.append(f"{self.now:.3f} {name} handoff {h.state} {h.reason}")
             node.handoff = None
+            if node.leaving and h.state != "committed":
+                node.leaving = False
 
     def _receive_checkpoint(self, src, dst, stamp, cp, base_seq) -> None:
         node = self.nodes[dst]

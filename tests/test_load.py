@@ -80,3 +80,13 @@ def test_autoscale_adds_when_all_overloaded_and_removes_idle_neighbours():
     assert autoscale(ring, idle, min_nodes=3, max_nodes=4) == ("hold", None)
     del idle["c"]                                   # unreachable node: no decision
     assert autoscale(ring, idle, min_nodes=1, max_nodes=4) == ("hold", None)
+
+
+def test_scale_out_plan_takes_the_busiest_ranges_from_the_fullest_nodes():
+    from chaos.elastic import plan_scale_out
+    ring = Ring.initial({"a": "h:1", "b": "h:2", "c": "h:3"}, 1, 4).add_node("d", "h:4", ())
+    hot = ring.tokens_of("b")[2]
+    plan = plan_scale_out(ring, ["d"], {"b": {hot: 5000.0}})
+    moved = [t for moves in plan.values() for t in moves]
+    assert len(moved) == 3 and hot in moved                  # 12 tokens / 4 nodes
+    assert all(target == "d" for moves in plan.values() for target in moves.values())

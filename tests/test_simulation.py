@@ -72,6 +72,8 @@ def handoff_scenario(seed: int) -> Simulation:
                        (pick.choice(names), pick.choice(["heir", "any"]))))
     if pick.random() < 0.5:
         faults.append((pick.uniform(0.1, 1.0), sim.join, ("n9", pick.choice(names))))
+    if pick.random() < 0.3:
+        faults.append((pick.uniform(0.1, 1.2), sim.leave, (pick.choice(names),)))
     kind = pick.choice(["kill", "kill", "pause", "partition", "none"])
     victim = pick.randrange(nodes)
     when = pick.uniform(0.2, 1.3)

@@ -368,7 +368,10 @@ class NodeRuntime:
                 return False
             return await self.peers.probe(ring.address(via), node, timeout)
 
+        core = self.core
         results = await asyncio.gather(direct(), indirect(), return_exceptions=True)
+        if self.core is not core or core.fenced:
+            return   # we were fenced meanwhile: a stale incarnation must not declare anyone
         if any(r is True for r in results):
             self.detector.probe_succeeded(node, time.monotonic())
             return
@@ -500,6 +503,7 @@ class NodeRuntime:
         heir_rates, busy = {}, set()
         for heir, st in zip(heirs, stats):
             if isinstance(st, BaseException):
+                log.info("load: no stats from %s: %r", heir, st)
                 busy.add(heir)           # unreachable: not a place to move load to
                 continue
             heir_rates[heir] = st.apply_rate

@@ -11,7 +11,7 @@ from grpc_health.v1.health import aio as health_aio
 
 from floering.v1 import floe_pb2, floe_pb2_grpc
 from node.core.codec import pack, pack_entries, unpack, unpack_entries
-from node.core.errors import Fenced, FloeError, InvalidArgument, ReducerMismatch
+from node.core.errors import Fenced, FloeError, InvalidArgument, ReducerMismatch, StaleRing
 from node.core.ring import Ring
 from node.runtime.node import NodeRuntime, StreamState
 from node.transport.peers import channel_options
@@ -153,7 +153,11 @@ class QueryPlane(floe_pb2_grpc.QueryPlaneServicer):
 
     async def Scan(self, request, context):
         try:
-            items = self.runtime.core.snapshot_items()
+            core = self.runtime.core
+            if request.ring_version and request.ring_version != core.ring.stamp:
+                raise StaleRing(f"scan for ring stamp {request.ring_version:#x}, node "
+                                f"{core.node_id} is at {core.ring.stamp:#x}")
+            items = core.snapshot_items()
         except FloeError as exc:
             await abort(context, exc)
         chunk = request.chunk or SCAN_CHUNK

@@ -191,10 +191,12 @@ class TopReply(_message.Message):
     def __init__(self, entries: _Optional[bytes] = ...) -> None: ...
 
 class ScanRequest(_message.Message):
-    __slots__ = ("chunk",)
+    __slots__ = ("chunk", "ring_version")
     CHUNK_FIELD_NUMBER: _ClassVar[int]
+    RING_VERSION_FIELD_NUMBER: _ClassVar[int]
     chunk: int
-    def __init__(self, chunk: _Optional[int] = ...) -> None: ...
+    ring_version: int
+    def __init__(self, chunk: _Optional[int] = ..., ring_version: _Optional[int] = ...) -> None: ...
 
 class ScanChunk(_message.Message):
     __slots__ = ("entries",)
