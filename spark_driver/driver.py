@@ -152,7 +152,7 @@ def run(args) -> int:
             reporter.maybe_report()
         if stop.is_set():
             print("stopping the query (signal)", flush=True)
-            query.stop()
+            stop_between_batches(query)
         error = query.exception()
         if error is not None:
             print(f"query failed: {error}", file=sys.stderr, flush=True)
@@ -162,6 +162,17 @@ def run(args) -> int:
     finally:
         ring.close()
         spark.stop()
+
+
+def stop_between_batches(query, grace: float = 30.0) -> None:
+    """Let a running micro-batch finish (up to `grace` seconds), then stop. Stopping
+    mid-batch would also be safe (the batch is uncommitted and a restart replays it),
+    but it interrupts tasks half-way for nothing."""
+    deadline = time.monotonic() + grace
+    while query.isActive and query.status.get("isTriggerActive") \
+            and time.monotonic() < deadline:
+        time.sleep(0.1)
+    query.stop()
 
 
 class ProgressReporter:

@@ -4,6 +4,7 @@ mid-batch and restarted from its checkpoint, and a node SIGKILLed mid-stream."""
 
 import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -32,13 +33,34 @@ def write_corpus(directory, files=FILES, lines=LINES):
 
 @pytest.fixture
 def ring(tmp_path):
-    with LocalCluster.up(4, 1, workdir=tmp_path / "ring") as cluster:
+    with healthy_ring(tmp_path) as cluster:
         yield cluster
 
 
+def healthy_ring(tmp_path, attempts=3):
+    """A 4-node ring still at its first version a second after start. On a heavily
+    loaded machine a node that starts late can be declared dead by a peer that started
+    first; these tests are about Spark, so they start from an intact ring."""
+    for attempt in range(attempts):
+        cluster = LocalCluster.up(4, 1, workdir=tmp_path / f"ring-{attempt}")
+        time.sleep(1.0)
+        with RingClient(cluster.seeds) as client:
+            versions = [s.get("ring_version") for s in client.stats()]
+        if versions == [1, 1, 1, 1]:
+            return cluster
+        cluster.down()
+    raise RuntimeError(f"no intact ring after {attempts} starts (ring versions {versions})")
+
+
 def ring_state(cluster):
-    with RingClient(cluster.seeds) as client:
-        return dict(client.scan()), client.stats()
+    try:
+        with RingClient(cluster.seeds) as client:
+            return dict(client.scan()), client.stats()
+    except Exception as exc:   # say what the nodes were doing
+        tails = "\n".join(f"--- {n.node_id} (alive={n.alive()})\n"
+                          + "\n".join(Path(n.log).read_text(errors="replace").splitlines()[-15:])
+                          for n in cluster.nodes)
+        raise AssertionError(f"ring query failed: {exc!r}\n{tails}") from exc
 
 
 def diff(got, expect):
@@ -54,7 +76,7 @@ def run_driver(tmp_path, cluster, *extra, master="local[2]", name="driver"):
                        master=master, log=tmp_path / f"{name}.log")
 
 
-def finish(spark, timeout=180):
+def finish(spark, timeout=400):
     try:
         rc = spark.wait(timeout)
     finally:
@@ -64,11 +86,17 @@ def finish(spark, timeout=180):
     return rc
 
 
-def wait_for(condition, timeout, what):
+def wait_for(condition, timeout, what, spark=None):
+    """Deadlines are generous (a loaded 2-core machine starts Spark slowly); a driver
+    that exits meanwhile fails the wait at once, with its output."""
     deadline = time.monotonic() + timeout
     while not condition():
+        if spark is not None and spark.proc.poll() is not None:
+            raise AssertionError(f"the driver exited ({spark.proc.returncode}) while "
+                                 f"waiting for {what}:\n{spark.output()[-3000:]}")
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
+            raise AssertionError(f"timed out waiting for {what}"
+                                 + (f":\n{spark.output()[-3000:]}" if spark else ""))
         time.sleep(0.05)
 
 
@@ -106,7 +134,7 @@ def test_driver_killed_mid_batch_resumes_from_its_checkpoint(tmp_path, ring):
     marker = tmp_path / "hung"
     first = run_driver(tmp_path, ring, "--inject-hang", str(marker), name="first")
     try:
-        wait_for(marker.exists, 120, "a task to reach the middle of its partition")
+        wait_for(marker.exists, 300, "a task to reach the middle of its partition", first)
         tree = first.descendants()
         assert tree, "no process started by spark-submit"
         partial = applied(ring)
@@ -126,7 +154,8 @@ def test_a_node_killed_mid_stream_loses_and_doubles_nothing(tmp_path, ring):
     total = sum(expected.values())
     spark = run_driver(tmp_path, ring, "--available-now", "--max-files-per-trigger", "1")
     try:
-        wait_for(lambda: applied(ring) > total // 4, 120, "a quarter of the corpus applied")
+        wait_for(lambda: applied(ring) > total // 4, 300, "a quarter of the corpus applied",
+                 spark)
         victim = ring.nodes[1]
         ring.kill(victim.node_id)
         killed_at = applied(ring)
@@ -185,9 +214,10 @@ def test_socket_source_then_sigterm_stops_gracefully(tmp_path, ring):
                          "--checkpoint", str(tmp_path / "checkpoint"), "--progress", "1"],
                         log=tmp_path / "socket.log")
     try:
-        wait_for(sent.is_set, 120, "Spark to connect to the socket")
+        wait_for(sent.is_set, 300, "Spark to connect to the socket", spark)
         total = sum(expected.values())
-        wait_for(lambda: sum(ring_state(ring)[0].values()) >= total, 120, "the ring to count it")
+        wait_for(lambda: sum(ring_state(ring)[0].values()) >= total, 300,
+                 "the ring to count it", spark)
         assert spark.terminate() == 0, spark.output()
     finally:
         if spark.proc.poll() is None:
