@@ -227,3 +227,23 @@ def test_socket_source_then_sigterm_stops_gracefully(tmp_path, ring):
     assert "stopping the query (signal)" in spark.output()
     got, _ = ring_state(ring)
     assert got == expected, diff(got, expected)
+
+
+@pytest.mark.slow
+def test_rate_source_counts_a_prefix_of_its_numbers_exactly(tmp_path, ring):
+    """The rate source emits 0, 1, 2, ...; the default rate map counts them by value % 100.
+    After a SIGTERM (which lets the running batch finish) the ring must hold exactly the
+    buckets of 0..N-1 for the N rows Spark committed."""
+    spark = SparkDriver(["--ring", ",".join(ring.seeds), "--source", "rate:1000",
+                         "--checkpoint", str(tmp_path / "checkpoint"), "--progress", "1",
+                         "--trigger", "1"], log=tmp_path / "rate.log")
+    try:
+        wait_for(lambda: applied(ring) >= 5000, 300, "5000 rows counted", spark)
+        assert spark.terminate() == 0, spark.output()
+    finally:
+        if spark.proc.poll() is None:
+            spark.kill()
+    got, _ = ring_state(ring)
+    n = sum(got.values())
+    assert n >= 5000
+    assert got == Counter(v % 100 for v in range(n))
