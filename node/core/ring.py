@@ -68,16 +68,9 @@ class Ring:
                            tuple(self._walk(i) for i in range(len(self.tokens))))
 
     def _walk(self, index: int) -> tuple[str, ...]:
-        """Owner of tokens[index], then up to r distinct other nodes clockwise."""
-        owner = self.owners[index]
-        chosen = [owner]
-        n = len(self.tokens)
-        for step in range(1, n):
-            if len(chosen) > self.replication:
-                break
-            node = self.owners[(index + step) % n]
-            if node not in chosen:
-                chosen.append(node)
+        """Owner of tokens[index], then up to r distinct other nodes clockwise, then
+        the token's extra destinations."""
+        chosen = [self.owners[index], *self._walk_only(index)]
         chosen += [n for n in self._extras.get(self.tokens[index], ()) if n not in chosen]
         return tuple(chosen)
 
