@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -37,6 +38,8 @@ def main(argv=None) -> int:
     parser.add_argument("--timeout", type=float, default=300.0,
                         help="give up waiting for the ring after this many seconds")
     args = parser.parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C, so the ring and the driver are stopped on the way out.
+    signal.signal(signal.SIGTERM, _interrupt)
     if not (shutil.which("java") or os.environ.get("JAVA_HOME")):
         print("the main job runs Spark, which needs Java 17 (install a JDK, e.g. "
               "`apt-get install openjdk-17-jre-headless`, or set JAVA_HOME)", file=sys.stderr)
@@ -95,6 +98,10 @@ def main(argv=None) -> int:
     print(f"exact: the ring's {len(got)} counts match an independent count of the corpus "
           f"({total} words)")
     return 0
+
+
+def _interrupt(*_):
+    raise KeyboardInterrupt
 
 
 def _run(args, cluster, spark, inbox: Path, lines: list[str], total: int):

@@ -169,6 +169,24 @@ def test_a_node_killed_mid_stream_loses_and_doubles_nothing(tmp_path, ring):
         n.node_id for n in ring.nodes if n is not victim)    # the ring dropped it
 
 
+def test_main_job_kills_a_node_and_stays_exact(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    demo = subprocess.Popen([sys.executable, "-m", "chaos.demo", "--lines", "6000", "--files",
+                             "4", "--interval", "1"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        out, _ = demo.communicate(timeout=400)
+    except subprocess.TimeoutExpired:
+        demo.send_signal(signal.SIGTERM)     # it stops its ring and driver on the way out
+        out, _ = demo.communicate(timeout=60)
+        raise AssertionError("the main job timed out:\n" + out)
+    assert demo.returncode == 0, out
+    assert "SIGKILL n2" in out and "recovery:" in out and "top 20 words:" in out
+    assert "exact: the ring's" in out
+
+
 def test_refuses_an_unreachable_ring_or_another_reducer(tmp_path, ring, capsys):
     assert driver.main(["--ring", ",".join(ring.seeds), "--source", "dir:/nonexistent",
                         "--reducer", "sum"]) == 2
