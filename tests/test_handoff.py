@@ -175,3 +175,33 @@ def test_a_handoff_and_a_concurrent_removal_merge_the_same_way_everywhere():
     assert a == b and a.owner_of_token(token) == c.ring.heir(token) and "n3" in a.removed
     # a stale view of the token (older generation) never undoes the handoff
     assert a.merge(c.ring) .owner_of_token(token) == c.ring.heir(token)
+
+
+def test_a_joining_node_pinned_as_an_extra_is_watched_by_the_owner_handing_to_it():
+    # A node with no range is nobody's primary, so no replica watches it. Once it is
+    # the extra destination of a handoff, the owner must watch it (and it must send
+    # the owner heartbeats): dead, it would otherwise never be declared, the handoff
+    # would wait for its deadline and mappers would keep routing to it.
+    c = CoreCluster(nodes=3, replication=1, tokens_per_node=2)
+    joined = c.ring.add_node("n9", "127.0.0.1:7999", ())
+    c.cores["n9"] = NodeCore("n9", joined, load_reducer("count"))
+    spread(c, joined)
+    assert "n9" not in set().union(*(k.monitored_primaries() for k in c.cores.values()))
+    assert c.cores["n9"].heartbeat_targets() == set()
+    token = c.ring.tokens_of("n1")[1]
+    h = Handoff("n1", {token: "n9"}, deadline=100)
+    spread(c, h.prepare(c.cores["n1"], now=0.0))
+    assert "n9" in c.cores["n1"].monitored_primaries()
+    assert c.cores["n9"].heartbeat_targets() == {"n1"}
+    # Nodes that own ranges are still watched only by their replicas, as before.
+    assert c.cores["n1"].monitored_primaries() - {"n9"} == {
+        c.ring.owner_of_token(t) for t in c.ring.tokens
+        if c.ring.role_of("n1", t) == "replica"}
+    feed = Feed(c)
+    feed()
+    c.checkpoint()
+    spread(c, h.step(c.cores["n1"], now=1.0))         # committed: n9 owns a range now
+    assert h.state == "committed"
+    assert "n9" not in c.cores["n1"].monitored_primaries() or \
+        c.ring.role_of("n1", c.ring.tokens_of("n9")[0]) == "replica"
+    assert c.cores["n9"].heartbeat_targets() == set(c.ring.replicas_of_token(token))
