@@ -3,12 +3,12 @@
 The harness starts the handoff the way an operator does (the Handoff RPC behind
 `floe move` / `floe scale`), waits until the giver logs "handing N ranges to X"
 (written once the prepare ring is adopted: the extras are pinned and the final
-checkpoint is on its way) and kills at once, before the giver logs "handed off"
-or "handoff aborted". A handoff takes one or more checkpoint round trips (150-300 ms
-on loopback), the log is polled every half millisecond, and whether the kill really
-landed inside the window is checked afterwards against the giver's log, never
-assumed: `in_flight` in the fault's detail says so, and the harness fails the round
-when it is false.
+checkpoint is on its way) and kills at once (or after a seeded `lag`), before the
+giver logs "handed off" or "handoff aborted". A handoff takes at least one checkpoint
+round trip (25-40 ms in the CI scenarios, 150-300 ms with bigger ranges), the log is
+polled every half millisecond, and whether the kill really landed inside the window
+is checked afterwards against the giver's log, never assumed: `in_flight` in the
+fault's detail says so, and the harness fails the round when it is false.
 
 What happened to the handoff is read back from the logs (`handoff_outcome`, pure):
 committed, aborted (with the giver's reason), or the giver died and its heirs took
@@ -137,13 +137,18 @@ def kill_mid_handoff(cluster: LocalCluster, p: PlannedFault, timeout: float = 30
             break
         time.sleep(0.0005)
     seen = time.time()
+    # A planned lag kills later in the handoff (after the final checkpoint left, say),
+    # but never waits past its end: a handoff that finished first makes in_flight false.
+    while state == "in flight" and time.time() < seen + p.lag:
+        time.sleep(0.0005)
+        state = handoff_state(_read_from(log, offsets[p.watch]), receiver)
     at = signal_nodes(cluster, p.victims, signal.SIGKILL)
     # Had the handoff finished before the signal? The giver's log says; a line written
     # after the kill by a surviving giver carries a time we can compare.
     after = _read_from(log, offsets[p.watch])
     finished_before = _finished_before(after, receiver, at)
     detail.update({"state_when_killed": state, "requested_at": requested, "in_flight_seen": seen,
-                   "killed_after_ms": round((at - seen) * 1e3, 2),
+                   "lag_ms": round(p.lag * 1e3, 1), "killed_after_ms": round((at - seen) * 1e3, 2),
                    "in_flight": state == "in flight" and not finished_before})
     for c in calls:
         c.join(timeout + 10)

@@ -78,6 +78,8 @@ class Fault:
     count: int = 1
     pause: float = 1.5            # pause: seconds between SIGSTOP and SIGCONT
     handoff: str = "move"         # kill-mid-handoff: move | scale-out | scale-in
+    lag: float = 0.0              # kill-mid-handoff: kill up to this many seconds (seeded)
+    #                               after the handoff is under way, if it still is
 
     def __post_init__(self) -> None:
         if self.kind not in FAULT_KINDS:
@@ -94,8 +96,8 @@ class Fault:
         if self.handoff not in HANDOFFS:
             raise ValueError(f"fault handoff must be one of {', '.join(HANDOFFS)}, "
                              f"got {self.handoff!r}")
-        if self.at < 0 or self.jitter < 0 or self.count < 1 or self.pause <= 0:
-            raise ValueError("fault at/jitter >= 0, count >= 1, pause > 0")
+        if self.at < 0 or self.jitter < 0 or self.count < 1 or self.pause <= 0 or self.lag < 0:
+            raise ValueError("fault at/jitter/lag >= 0, count >= 1, pause > 0")
 
 
 @dataclass(frozen=True)
@@ -177,6 +179,7 @@ class PlannedFault:
     moves: tuple[tuple[str, int, str], ...] = ()
     newcomer: str = ""
     watch: str = ""
+    lag: float = 0.0
 
 
 def _initial_ring(nodes: int, replicas: int, tokens_per_node: int) -> Ring:
@@ -294,8 +297,9 @@ def plan_handoff(scenario: Scenario, fault: Fault, live: list[str], ring: Ring,
         if {m[2] for m in moves} != {receiver}:
             raise ValueError(f"{scenario.name}: {giver}'s ranges do not all pass to {receiver}")
     victim = giver if fault.target == "giver" else receiver
+    lag = round(rng.uniform(0, fault.lag), 4) if fault.lag else 0.0
     return {"victims": (victim,), "handoff": fault.handoff, "moves": moves,
-            "newcomer": newcomer, "watch": giver}
+            "newcomer": newcomer, "watch": giver, "lag": lag}
 
 
 def _victims(scenario: Scenario, fault: Fault, live: list[str], rng: random.Random,
@@ -360,11 +364,11 @@ def simultaneous_kills(name: str, description: str, nodes: int, counts, repeats:
 
 
 def mid_handoff(name: str, description: str, handoff: str, side: str, count: int = 1,
-                at: float = 1.0) -> Scenario:
+                at: float = 1.0, lag: float = 0.0) -> Scenario:
     """n=4, r=1 under a Zipf load with tuple ids: one handoff, one SIGKILL inside it."""
     return Scenario(name, description, 4, 1,
                     (Round((Fault("kill-mid-handoff", side, at=at, count=count,
-                                  handoff=handoff),)),),
+                                  handoff=handoff, lag=lag),)),),
                     Load("zipf", rate=3000, chunk=300, ids=True), duration=3.5, ci=True)
 
 

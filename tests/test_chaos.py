@@ -149,6 +149,11 @@ def test_a_move_goes_to_the_givers_clockwise_neighbour_and_kills_one_side(seed):
         assert p.ranges == ((p.victims[0], ring.tokens_of(p.victims[0])),)
     # the giver's choice follows the seed, not the side
     assert plan(handoff_fault("move", "giver", nodes=5, count=3), seed)[0][0].moves == p.moves
+    assert p.lag == 0.0
+    late = Scenario("h", "", 5, 1, (Round((Fault("kill-mid-handoff", "giver", handoff="move",
+                                                 lag=0.02),)),))
+    lags = {plan(late, sd)[0][0].lag for sd in range(20)}
+    assert all(0 <= x <= 0.02 for x in lags) and len(lags) > 10
 
 
 def test_a_scale_out_plans_the_new_node_and_donors_like_floe_scale():
