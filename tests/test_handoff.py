@@ -205,3 +205,37 @@ def test_a_joining_node_pinned_as_an_extra_is_watched_by_the_owner_handing_to_it
     assert "n9" not in c.cores["n1"].monitored_primaries() or \
         c.ring.role_of("n1", c.ring.tokens_of("n9")[0]) == "replica"
     assert c.cores["n9"].heartbeat_targets() == set(c.ring.replicas_of_token(token))
+
+
+def test_the_owner_dying_mid_handoff_after_its_replica_handed_the_next_range_on():
+    # Scale-out: n2 is handing T to a new node n9 (prepared: n9 and n2's replica n3 are
+    # pinned as T's future destinations) when n3 hands the range right after T to n9
+    # and commits. n9 is now T's regular replica but has no copy yet; n3 still holds
+    # T's complete copy, as a pinned extra. If n2 dies now, T must go to n3, not n9.
+    c = CoreCluster(nodes=4, replication=1, tokens_per_node=2)
+    joined = c.ring.add_node("n9", "127.0.0.1:7999", ())
+    c.cores["n9"] = NodeCore("n9", joined, load_reducer("count"))
+    spread(c, joined)
+    feed = Feed(c)
+    feed()
+    c.checkpoint()
+    tokens = c.ring.tokens
+    t = next(x for x in c.ring.tokens_of("n2")
+             if c.ring.owner_of_token(tokens[(tokens.index(x) + 1) % len(tokens)]) == "n3")
+    u = tokens[(tokens.index(t) + 1) % len(tokens)]
+    h2 = Handoff("n2", {t: "n9"}, deadline=100)
+    spread(c, h2.prepare(c.cores["n2"], now=0.0))
+    h3 = Handoff("n3", {u: "n9"}, deadline=100)
+    spread(c, h3.prepare(c.cores["n3"], now=0.0))
+    assert set(c.ring.extras_of(t)) == {"n3", "n9"}
+    feed()
+    c.checkpoint()
+    c.cores["n9"].replicas.drop(t)            # n2's final checkpoint has not reached n9 yet
+    spread(c, h3.step(c.cores["n3"], now=1.0))
+    assert h3.state == "committed" and c.ring.regular_replicas(t) == ("n9",)
+    feed()                                        # tuples of T still go to n2, n9 and n3
+    fail(c, "n2")
+    assert c.ring.owner_of_token(t) == "n3"
+    assert all(not core.lost_tokens for core in c.cores.values())
+    feed()
+    assert c.state() == feed.sent
