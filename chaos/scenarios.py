@@ -415,7 +415,7 @@ BUILTIN: dict[str, Scenario] = {s.name: s for s in [
     mid_handoff("kill-leaver-mid-scale-in", "scale in: SIGKILL the leaving node while it "
                 "hands its ranges to its first replica", "scale-in", "giver"),
     mid_handoff("kill-heir-mid-scale-in", "scale in: SIGKILL the first replica receiving "
-                "the leaving node's ranges; the leave is aborted", "scale-in", "receiver"),
+                "the leaving node's ranges", "scale-in", "receiver"),
     simultaneous_kills("target-n8", "n=8, r=1: 1..4 non-adjacent SIGKILLs at once, 5 "
                        "rounds each (the recovery target)", 8, range(1, 5), 5, rate=10_000),
     simultaneous_kills("fig8b", "the paper's Fig. 8b: n=12, r=1, 1..6 non-adjacent "
