@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from chaos import faults as fault_ops
+from chaos import handoff_faults
 from chaos.cluster import LocalCluster
 from chaos.load import chunk_ids, chunk_keys
 from chaos.mapper_proc import MapperHandle
@@ -202,6 +203,8 @@ def run_round(scenario: Scenario, seed: int, index: int, planned: list[PlannedFa
                                         tokens=dict(p.ranges))
             elif p.kind == "pause":
                 result.injected.append(fault_ops.resume_nodes(cluster, paused.pop(id(p))))
+            elif p.kind == "kill-mid-handoff":
+                result.injected.append(handoff_faults.kill_mid_handoff(cluster, p))
             elif p.kind == "kill-mapper":
                 m = int(p.victims[0].split("-")[1])
                 victim = mappers[m]
@@ -234,7 +237,10 @@ def run_round(scenario: Scenario, seed: int, index: int, planned: list[PlannedFa
         acked, unacked, summaries = _journals(scenario, seed, retired + mappers)
         result.mappers = summaries
         result.verdict = _verify(cluster, acked, unacked, scenario.load.ids)
-        events = [e for node in cluster.nodes for e in parse_log(node.node_id, _read(node.log))]
+        logs = {node.node_id: _read(node.log) for node in cluster.nodes}
+        events = [e for node, text in logs.items() for e in parse_log(node, text)]
+        result.injected = [_judge_handoff(i, logs, events, result.errors)
+                           if i.kind == "kill-mid-handoff" else i for i in result.injected]
         result.timelines = failure_timelines(result.injected, events)
         faulted = {v for i in result.injected for v in i.victims}
         for e in events:
@@ -254,6 +260,26 @@ def run_round(scenario: Scenario, seed: int, index: int, planned: list[PlannedFa
             sampler.stop()
         cluster.down()
     return result
+
+
+def _judge_handoff(injected: Injected, logs: dict[str, str], events, errors: list[str]) -> Injected:
+    """Attach the handoff's outcome; a receiver that was killed after its giver
+    committed owned the moved ranges too, so its timeline covers them."""
+    outcome = handoff_faults.handoff_outcome(injected, logs, events)
+    errors += handoff_faults.handoff_errors(outcome)
+    d = injected.detail
+    if not d["in_flight"]:
+        errors.append(f"the kill of {injected.victims[0]} missed the handoff window: the "
+                      f"giver's handoff was {d['state_when_killed']!r} when it landed")
+    victim = injected.victims[0]
+    tokens = dict(injected.tokens)
+    committed = [t for g, m in d["moves"].items() if m["to"] == victim
+                 and outcome["givers"][g]["outcome"] == "committed" for t in m["tokens"]]
+    tokens[victim] = tuple(sorted(set(tokens.get(victim, ())) | set(committed)))
+    detected = min((e.t for e in events if e.kind == "detected" and victim in e.about
+                    and e.t >= injected.at - 0.001), default=None)
+    outcome["detected_ms"] = None if detected is None else round((detected - injected.at) * 1e3, 1)
+    return replace(injected, tokens=tokens, detail={**d, "outcome": outcome})
 
 
 def _wait_load_started(mappers: list[MapperHandle], timeout: float = 60.0) -> float:
@@ -403,6 +429,12 @@ def summary_table(result: dict) -> str:
                 rows.append((str(r["index"] + 1), "kill-mapper", inj["victims"][0],
                              "mid-chunk" if d.get("mid_chunk") else "between chunks",
                              f"in flight {d.get('in_flight_chunks')}", "", ""))
+            elif inj["kind"] == "kill-mid-handoff":
+                d = inj["detail"]
+                rows.append((str(r["index"] + 1), f"{d['handoff']} {d['side']}",
+                             inj["victims"][0],
+                             "in flight" if d["in_flight"] else "MISSED the window",
+                             d.get("outcome", {}).get("summary", "?"), "", ""))
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
     s = result["summary"]

@@ -16,7 +16,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-_COLOURS = {"kill": "tab:red", "pause": "tab:orange", "kill-mapper": "tab:purple"}
+_COLOURS = {"kill": "tab:red", "pause": "tab:orange", "kill-mapper": "tab:purple",
+            "kill-mid-handoff": "tab:brown"}
 
 
 def plot_round(round_result: dict, path: Path, title: str) -> Path:

@@ -22,10 +22,12 @@ from pathlib import Path
 
 from node.core.ring import Ring
 
-NODE_FAULTS = ("kill", "pause")
+NODE_FAULTS = ("kill", "pause", "kill-mid-handoff")
 FAULT_KINDS = NODE_FAULTS + ("kill-mapper",)
+HANDOFF_SIDES = ("giver", "receiver")
+HANDOFFS = ("move", "scale-out", "scale-in")
 TARGETS = ("one", "consecutive", "beyond-r", "every-other", "non-adjacent", "random", "hottest",
-           "mapper")
+           "mapper") + HANDOFF_SIDES
 KEY_DISTRIBUTIONS = ("zipf", "corpus", "burst")
 
 
@@ -60,14 +62,24 @@ class Load:
 @dataclass(frozen=True)
 class Fault:
     """One fault of a round. `at` is seconds after the load starts (plus a seeded
-    uniform jitter); `count` is how many nodes for non-adjacent and random."""
+    uniform jitter); `count` is how many nodes for non-adjacent and random, and how
+    many ranges a kill-mid-handoff `move` hands over.
+
+    kill-mid-handoff starts a live handoff at `at` (`handoff`: a move of ranges to the
+    giver's clockwise neighbour, a scale-out onto a new node, or a scale-in of a
+    node) and SIGKILLs its giver or its receiver once the giver has logged that the
+    handoff is under way, before it commits."""
 
     kind: str                     # kill (SIGKILL) | pause (SIGSTOP, then SIGCONT) | kill-mapper
+    #                               | kill-mid-handoff
     target: str = "one"           # which processes; see TARGETS
     at: float = 1.0
     jitter: float = 0.0
     count: int = 1
     pause: float = 1.5            # pause: seconds between SIGSTOP and SIGCONT
+    handoff: str = "move"         # kill-mid-handoff: move | scale-out | scale-in
+    lag: float = 0.0              # kill-mid-handoff: kill up to this many seconds (seeded)
+    #                               after the handoff is under way, if it still is
 
     def __post_init__(self) -> None:
         if self.kind not in FAULT_KINDS:
@@ -78,8 +90,14 @@ class Fault:
                              f"got {self.target!r}")
         if (self.kind == "kill-mapper") != (self.target == "mapper"):
             raise ValueError("kill-mapper goes with target 'mapper', and only it")
-        if self.at < 0 or self.jitter < 0 or self.count < 1 or self.pause <= 0:
-            raise ValueError("fault at/jitter >= 0, count >= 1, pause > 0")
+        if (self.kind == "kill-mid-handoff") != (self.target in HANDOFF_SIDES):
+            raise ValueError("kill-mid-handoff goes with target 'giver' or 'receiver', "
+                             "and only it")
+        if self.handoff not in HANDOFFS:
+            raise ValueError(f"fault handoff must be one of {', '.join(HANDOFFS)}, "
+                             f"got {self.handoff!r}")
+        if self.at < 0 or self.jitter < 0 or self.count < 1 or self.pause <= 0 or self.lag < 0:
+            raise ValueError("fault at/jitter/lag >= 0, count >= 1, pause > 0")
 
 
 @dataclass(frozen=True)
@@ -155,6 +173,13 @@ class PlannedFault:
     pause: float = 0.0
     # (victim, the tokens it owns when hit): what its heirs must take over
     ranges: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    # kill-mid-handoff: which handoff, every (giver, token, receiver) it moves, the
+    # new node a scale-out starts, and the giver whose handoff the kill waits for
+    handoff: str = ""
+    moves: tuple[tuple[str, int, str], ...] = ()
+    newcomer: str = ""
+    watch: str = ""
+    lag: float = 0.0
 
 
 def _initial_ring(nodes: int, replicas: int, tokens_per_node: int) -> Ring:
@@ -204,18 +229,77 @@ def plan(scenario: Scenario, seed: int) -> list[list[PlannedFault]]:
         live = list(order)
         ring = _initial_ring(scenario.nodes, scenario.replicas, scenario.tokens_per_node)
         faults = []
+        handed = False
         for fault in sorted(rnd.faults, key=lambda f: f.at):
             at = fault.at + (rng.uniform(0, fault.jitter) if fault.jitter else 0.0)
-            victims = _victims(scenario, fault, live, rng, seed)
+            if handed and fault.kind in NODE_FAULTS:
+                # Which ranges a node owns after a disturbed handoff depends on how
+                # the race went; later node faults could not be planned.
+                raise ValueError(f"{scenario.name}: a kill-mid-handoff must be the last "
+                                 f"node fault of its round")
+            extra = {}
+            if fault.kind == "kill-mid-handoff":
+                extra = plan_handoff(scenario, fault, live, ring, rng)
+                victims = extra.pop("victims")
+                handed = True
+            else:
+                victims = _victims(scenario, fault, live, rng, seed)
             ranges = ()
             if fault.kind in NODE_FAULTS:   # a paused node is declared dead and fenced too
-                ranges = tuple((v, ring.tokens_of(v)) for v in victims)
+                ranges = tuple((v, ring.tokens_of(v) if v in ring.nodes else ())
+                               for v in victims)
                 live = [n for n in live if n not in victims]
-                ring = ring.without(victims)
+                ring = ring.without(set(victims) & set(ring.nodes))
             faults.append(PlannedFault(round(at, 3), fault.kind, victims,
-                                       fault.pause if fault.kind == "pause" else 0.0, ranges))
+                                       fault.pause if fault.kind == "pause" else 0.0, ranges,
+                                       **extra))
         planned.append(sorted(faults, key=lambda f: f.at))
     return planned
+
+
+def plan_handoff(scenario: Scenario, fault: Fault, live: list[str], ring: Ring,
+                 rng: random.Random) -> dict:
+    """The handoff a kill-mid-handoff disturbs, and its victim. Pure.
+
+    move: `count` of the giver's ranges go to its clockwise neighbour (already their
+    first replica; the neighbour's own replica becomes the extra copy).
+    scale-out: a new node (the next free id, as LocalCluster.add_nodes names it)
+    joins and takes ranges by chaos.elastic.plan_scale_out; the giver is one of the
+    donors, the receiver is the new node.
+    scale-in: the giver leaves, handing every range to its first replica (the
+    receiver), exactly as Node.leave does."""
+    from chaos.elastic import plan_scale_out
+    if scenario.replicas < 1:
+        raise ValueError(f"{scenario.name}: a kill during a handoff needs r >= 1, or the "
+                         f"victim's ranges have no other copy")
+    if len(live) < 3:
+        raise ValueError(f"{scenario.name}: a kill during a handoff needs 3 live nodes")
+    newcomer = ""
+    if fault.handoff == "scale-out":
+        newcomer = f"n{scenario.nodes}"
+        grown = ring.add_node(newcomer, "127.0.0.1:0", ())
+        by_donor = plan_scale_out(grown, [newcomer])
+        moves = tuple((donor, token, target) for donor, tokens in sorted(by_donor.items())
+                      for token, target in sorted(tokens.items()))
+        donors = sorted(by_donor, key=live.index)
+        giver = rng.choice(donors)
+        receiver = newcomer
+    else:
+        giver = rng.choice(live)
+        receiver = live[(live.index(giver) + 1) % len(live)]
+        tokens = ring.tokens_of(giver)
+        if fault.handoff == "move":
+            if fault.count > len(tokens) - 1:
+                raise ValueError(f"{scenario.name}: {giver} owns {len(tokens)} ranges; a "
+                                 f"move hands over at most all but one")
+            tokens = sorted(rng.sample(tokens, fault.count))
+        moves = tuple((giver, t, ring.heir(t)) for t in tokens)
+        if {m[2] for m in moves} != {receiver}:
+            raise ValueError(f"{scenario.name}: {giver}'s ranges do not all pass to {receiver}")
+    victim = giver if fault.target == "giver" else receiver
+    lag = round(rng.uniform(0, fault.lag), 4) if fault.lag else 0.0
+    return {"victims": (victim,), "handoff": fault.handoff, "moves": moves,
+            "newcomer": newcomer, "watch": giver, "lag": lag}
 
 
 def _victims(scenario: Scenario, fault: Fault, live: list[str], rng: random.Random,
@@ -279,6 +363,15 @@ def simultaneous_kills(name: str, description: str, nodes: int, counts, repeats:
                     duration=duration)
 
 
+def mid_handoff(name: str, description: str, handoff: str, side: str, count: int = 1,
+                at: float = 1.0, lag: float = 0.0) -> Scenario:
+    """n=4, r=1 under a Zipf load with tuple ids: one handoff, one SIGKILL inside it."""
+    return Scenario(name, description, 4, 1,
+                    (Round((Fault("kill-mid-handoff", side, at=at, count=count,
+                                  handoff=handoff, lag=lag),)),),
+                    Load("zipf", rate=3000, chunk=300, ids=True), duration=3.5, ci=True)
+
+
 BUILTIN: dict[str, Scenario] = {s.name: s for s in [
     Scenario("kill-one", "SIGKILL one node under a Zipf load", 4, 1,
              (Round((_kill("one", at=1.0),)),), Load("zipf", rate=4000), ci=True),
@@ -309,6 +402,20 @@ BUILTIN: dict[str, Scenario] = {s.name: s for s in [
     replace(simultaneous_kills("fig8b-mini", "Fig. 8b in small: n=6, r=1, 1..3 non-adjacent "
                                "SIGKILLs at once, one round each", 6, range(1, 4), 1,
                                rate=4000, duration=3.0, at=1.0), ci=True),
+    mid_handoff("kill-giver-mid-move", "move two ranges to the giver's clockwise neighbour; "
+                "SIGKILL the giver before it commits: its heirs take the ranges over",
+                "move", "giver", count=2),
+    mid_handoff("kill-receiver-mid-move", "move two ranges to the giver's clockwise "
+                "neighbour; SIGKILL the receiver before the commit", "move", "receiver",
+                count=2),
+    mid_handoff("kill-joiner-mid-scale-out", "scale out 4 -> 5; SIGKILL the new node while a "
+                "donor is handing it ranges", "scale-out", "receiver"),
+    mid_handoff("kill-donor-mid-scale-out", "scale out 4 -> 5; SIGKILL a donor while it is "
+                "handing ranges to the new node", "scale-out", "giver"),
+    mid_handoff("kill-leaver-mid-scale-in", "scale in: SIGKILL the leaving node while it "
+                "hands its ranges to its first replica", "scale-in", "giver"),
+    mid_handoff("kill-heir-mid-scale-in", "scale in: SIGKILL the first replica receiving "
+                "the leaving node's ranges", "scale-in", "receiver"),
     simultaneous_kills("target-n8", "n=8, r=1: 1..4 non-adjacent SIGKILLs at once, 5 "
                        "rounds each (the recovery target)", 8, range(1, 5), 5, rate=10_000),
     simultaneous_kills("fig8b", "the paper's Fig. 8b: n=12, r=1, 1..6 non-adjacent "

@@ -124,12 +124,15 @@ class FailureTimeline:
 
 
 def failure_timelines(faults: list[Injected], events: list[Event]) -> list[FailureTimeline]:
-    """One timeline per victim of every node fault (mapper kills have none)."""
+    """One timeline per victim of every node fault (mapper kills have none, nor has a
+    node killed mid-handoff that owned no range yet, such as a joining node)."""
     out = []
     for fault in faults:
-        if fault.kind not in ("kill", "pause"):
+        if fault.kind not in ("kill", "pause", "kill-mid-handoff"):
             continue
         for victim in fault.victims:
+            if fault.kind == "kill-mid-handoff" and not fault.tokens.get(victim):
+                continue
             out.append(_timeline(fault, victim, events))
     return out
 

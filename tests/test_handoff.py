@@ -175,3 +175,67 @@ def test_a_handoff_and_a_concurrent_removal_merge_the_same_way_everywhere():
     assert a == b and a.owner_of_token(token) == c.ring.heir(token) and "n3" in a.removed
     # a stale view of the token (older generation) never undoes the handoff
     assert a.merge(c.ring) .owner_of_token(token) == c.ring.heir(token)
+
+
+def test_a_joining_node_pinned_as_an_extra_is_watched_by_the_owner_handing_to_it():
+    # A node with no range is nobody's primary, so no replica watches it. Once it is
+    # the extra destination of a handoff, the owner must watch it (and it must send
+    # the owner heartbeats): dead, it would otherwise never be declared, the handoff
+    # would wait for its deadline and mappers would keep routing to it.
+    c = CoreCluster(nodes=3, replication=1, tokens_per_node=2)
+    joined = c.ring.add_node("n9", "127.0.0.1:7999", ())
+    c.cores["n9"] = NodeCore("n9", joined, load_reducer("count"))
+    spread(c, joined)
+    assert "n9" not in set().union(*(k.monitored_primaries() for k in c.cores.values()))
+    assert c.cores["n9"].heartbeat_targets() == set()
+    token = c.ring.tokens_of("n1")[1]
+    h = Handoff("n1", {token: "n9"}, deadline=100)
+    spread(c, h.prepare(c.cores["n1"], now=0.0))
+    assert "n9" in c.cores["n1"].monitored_primaries()
+    assert c.cores["n9"].heartbeat_targets() == {"n1"}
+    # Nodes that own ranges are still watched only by their replicas, as before.
+    assert c.cores["n1"].monitored_primaries() - {"n9"} == {
+        c.ring.owner_of_token(t) for t in c.ring.tokens
+        if c.ring.role_of("n1", t) == "replica"}
+    feed = Feed(c)
+    feed()
+    c.checkpoint()
+    spread(c, h.step(c.cores["n1"], now=1.0))         # committed: n9 owns a range now
+    assert h.state == "committed"
+    assert "n9" not in c.cores["n1"].monitored_primaries() or \
+        c.ring.role_of("n1", c.ring.tokens_of("n9")[0]) == "replica"
+    assert c.cores["n9"].heartbeat_targets() == set(c.ring.replicas_of_token(token))
+
+
+def test_the_owner_dying_mid_handoff_after_its_replica_handed_the_next_range_on():
+    # Scale-out: n2 is handing T to a new node n9 (prepared: n9 and n2's replica n3 are
+    # pinned as T's future destinations) when n3 hands the range right after T to n9
+    # and commits. n9 is now T's regular replica but has no copy yet; n3 still holds
+    # T's complete copy, as a pinned extra. If n2 dies now, T must go to n3, not n9.
+    c = CoreCluster(nodes=4, replication=1, tokens_per_node=2)
+    joined = c.ring.add_node("n9", "127.0.0.1:7999", ())
+    c.cores["n9"] = NodeCore("n9", joined, load_reducer("count"))
+    spread(c, joined)
+    feed = Feed(c)
+    feed()
+    c.checkpoint()
+    tokens = c.ring.tokens
+    t = next(x for x in c.ring.tokens_of("n2")
+             if c.ring.owner_of_token(tokens[(tokens.index(x) + 1) % len(tokens)]) == "n3")
+    u = tokens[(tokens.index(t) + 1) % len(tokens)]
+    h2 = Handoff("n2", {t: "n9"}, deadline=100)
+    spread(c, h2.prepare(c.cores["n2"], now=0.0))
+    h3 = Handoff("n3", {u: "n9"}, deadline=100)
+    spread(c, h3.prepare(c.cores["n3"], now=0.0))
+    assert set(c.ring.extras_of(t)) == {"n3", "n9"}
+    feed()
+    c.checkpoint()
+    c.cores["n9"].replicas.drop(t)            # n2's final checkpoint has not reached n9 yet
+    spread(c, h3.step(c.cores["n3"], now=1.0))
+    assert h3.state == "committed" and c.ring.regular_replicas(t) == ("n9",)
+    feed()                                        # tuples of T still go to n2, n9 and n3
+    fail(c, "n2")
+    assert c.ring.owner_of_token(t) == "n3"
+    assert all(not core.lost_tokens for core in c.cores.values())
+    feed()
+    assert c.state() == feed.sent

@@ -134,9 +134,16 @@ def commit_ring(ring: Ring, moves: dict[int, str]) -> Ring:
         new = committed.destinations(token)
         leaving = old - set(new)
         keep = sorted(leaving | (set(committed.extras_of(token)) - {new[0]}))
-        if keep != list(committed.extras_of(token)):
+        # A regular replica that the move pushed out of the clockwise walk but that
+        # stays as someone's pinned extra still holds its complete copy: it must
+        # stay marked as holding, or the owner's death would give the range to the
+        # new walk's node, which has no copy yet.
+        demoted = {x for x in ring.regular_replicas(token) if x in keep
+                   and x not in committed.regular_replicas(token)
+                   and (token, x) not in ring.retiring}
+        if keep != list(committed.extras_of(token)) or demoted:
             retiring[token] = keep
-            holding |= {(token, x) for x in leaving} | {
+            holding |= {(token, x) for x in leaving | demoted} | {
                 (t, x) for t, x in ring.retiring if t == token and x in keep}
     ring = committed.with_extras(retiring, holding) if retiring else committed
     return ring.with_version(committed.version)

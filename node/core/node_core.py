@@ -123,15 +123,25 @@ class NodeCore:
         return RingChange(new, tuple(taken), tuple(lost))
 
     def monitored_primaries(self) -> set[str]:
-        """The nodes whose ranges we back up: the ones we watch for failure."""
+        """The nodes whose ranges we back up: the ones we watch for failure. Also the
+        extra destinations of our ranges that own no range themselves (a node joining
+        by a handoff): no replica watches them, and a handoff to one that died must
+        abort rather than wait for its deadline."""
         ring = self.ring
         return {ring.owner_of_token(t) for t in ring.tokens
-                if ring.role_of(self.node_id, t) == "replica"}
+                if ring.role_of(self.node_id, t) == "replica"} | _tokenless_extras(
+                    ring, ring.tokens_of(self.node_id), self.node_id)
 
     def heartbeat_targets(self) -> set[str]:
-        """Our replicas: the nodes that watch us."""
+        """Our replicas: the nodes that watch us; with no range of our own, the owners
+        of the ranges we are an extra destination of."""
         ring = self.ring
-        return {r for t in ring.tokens_of(self.node_id) for r in ring.replicas_of_token(t)}
+        mine = ring.tokens_of(self.node_id)
+        targets = {r for t in mine for r in ring.replicas_of_token(t)}
+        if not mine:
+            targets |= {ring.owner_of_token(t) for t in ring.tokens
+                        if self.node_id in ring.extras_of(t)}
+        return targets - {self.node_id}
 
     def under_replicated(self) -> list[int]:
         """Our ranges not yet on all r+1 nodes (a replica lacks a checkpoint)."""
@@ -330,3 +340,8 @@ class NodeCore:
 
 
 _ABSENT = object()
+
+
+def _tokenless_extras(ring, tokens, me: str) -> set[str]:
+    return {x for t in tokens for x in ring.extras_of(t)
+            if x != me and x in ring.nodes and not ring.tokens_of(x)}
