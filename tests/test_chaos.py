@@ -530,9 +530,15 @@ def test_long_benchmark_scenarios_lose_nothing(name, tmp_path):
 @pytest.mark.parametrize("name", HANDOFF_CI)
 def test_a_kill_inside_a_live_handoff_loses_nothing(name, tmp_path):
     scenario = BUILTIN[name]
-    result = run_scenario(scenario, seed=1, out=tmp_path, plots=False)
+    # The in-flight window is 25-60 ms; on a starved machine the harness may see the
+    # handoff start only after it finished. Such a run injected nothing and proves
+    # nothing either way, so it is retried on the next seed; every other failure counts.
+    for seed in (1, 2, 3):
+        result = run_scenario(scenario, seed=seed, out=tmp_path / f"seed-{seed}", plots=False)
+        (rnd,) = result["rounds"]
+        if not any("missed the handoff window" in e for e in rnd["errors"]):
+            break
     assert result["ok"], json.dumps([(r["errors"], r["oracle"]) for r in result["rounds"]])
-    (rnd,) = result["rounds"]
     o = rnd["oracle"]
     assert o["by_id"] and o["acknowledged"] > 1000
     assert o["lost_keys"] == 0 and o["duplicated_keys"] == 0
