@@ -186,12 +186,16 @@ def test_a_joining_node_pinned_as_an_extra_is_watched_by_the_owner_handing_to_it
     joined = c.ring.add_node("n9", "127.0.0.1:7999", ())
     c.cores["n9"] = NodeCore("n9", joined, load_reducer("count"))
     spread(c, joined)
-    assert "n9" not in set().union(*(k.monitored_primaries() for k in c.cores.values()))
-    assert c.cores["n9"].heartbeat_targets() == set()
+    # Idle (no range, no handoff yet): its sponsor, the first range owner after it in id
+    # order, watches it and it heartbeats exactly that node.
+    watchers = [k.node_id for k in c.cores.values() if "n9" in k.monitored_primaries()]
+    assert watchers == ["n0"]
+    assert c.cores["n9"].heartbeat_targets() == {"n0"}
     token = c.ring.tokens_of("n1")[1]
     h = Handoff("n1", {token: "n9"}, deadline=100)
     spread(c, h.prepare(c.cores["n1"], now=0.0))
     assert "n9" in c.cores["n1"].monitored_primaries()
+    assert "n9" not in c.cores["n0"].monitored_primaries()   # no longer idle
     assert c.cores["n9"].heartbeat_targets() == {"n1"}
     # Nodes that own ranges are still watched only by their replicas, as before.
     assert c.cores["n1"].monitored_primaries() - {"n9"} == {
@@ -239,3 +243,22 @@ def test_the_owner_dying_mid_handoff_after_its_replica_handed_the_next_range_on(
     assert all(not core.lost_tokens for core in c.cores.values())
     feed()
     assert c.state() == feed.sent
+
+
+def test_an_idle_member_is_watched_by_exactly_one_sponsor_and_declared_dead_when_gone():
+    # A member with no range (joined, or rejoined empty after being fenced) must still
+    # be watched: dead and never declared, it would stay in the ring and every scan,
+    # which reads every member, would fail on it.
+    c = CoreCluster(nodes=4, replication=1, tokens_per_node=2)
+    ring = c.ring.add_node("m0", "127.0.0.1:7990", ()).add_node("z9", "127.0.0.1:7991", ())
+    for node in ("m0", "z9"):
+        c.cores[node] = NodeCore(node, ring, load_reducer("count"))
+    spread(c, ring)
+    watchers = {x: sorted(k.node_id for k in c.cores.values() if x in k.monitored_primaries())
+                for x in ("m0", "z9")}
+    assert watchers == {"m0": ["n0"], "z9": ["n0"]}       # z9 wraps to the first owner
+    assert c.cores["m0"].heartbeat_targets() == {"n0"}
+    assert c.cores["z9"].heartbeat_targets() == {"n0"}
+    # Declared dead, it leaves the ring; nothing else changes owner.
+    after = c.ring.without(["z9"])
+    assert "z9" not in after.nodes and after.owners == c.ring.owners

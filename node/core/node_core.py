@@ -128,9 +128,16 @@ class NodeCore:
         by a handoff): no replica watches them, and a handoff to one that died must
         abort rather than wait for its deadline."""
         ring = self.ring
-        return {ring.owner_of_token(t) for t in ring.tokens
-                if ring.role_of(self.node_id, t) == "replica"} | _tokenless_extras(
-                    ring, ring.tokens_of(self.node_id), self.node_id)
+        watched = {ring.owner_of_token(t) for t in ring.tokens
+                   if ring.role_of(self.node_id, t) == "replica"} | _tokenless_extras(
+                       ring, ring.tokens_of(self.node_id), self.node_id)
+        if ring.tokens_of(self.node_id):
+            # A member with no range and no handoff under way (it just joined, or
+            # rejoined after being fenced) is watched by its sponsor, so its death is
+            # still declared and scans and handoffs do not wait on it.
+            watched |= {x for x in _idle_members(ring)
+                        if _sponsor(ring, x) == self.node_id}
+        return watched
 
     def heartbeat_targets(self) -> set[str]:
         """Our replicas: the nodes that watch us; with no range of our own, the owners
@@ -141,6 +148,10 @@ class NodeCore:
         if not mine:
             targets |= {ring.owner_of_token(t) for t in ring.tokens
                         if self.node_id in ring.extras_of(t)}
+            if not targets and self.node_id in ring.nodes:
+                sponsor = _sponsor(ring, self.node_id)
+                if sponsor is not None:
+                    targets.add(sponsor)
         return targets - {self.node_id}
 
     def under_replicated(self) -> list[int]:
@@ -345,3 +356,19 @@ _ABSENT = object()
 def _tokenless_extras(ring, tokens, me: str) -> set[str]:
     return {x for t in tokens for x in ring.extras_of(t)
             if x != me and x in ring.nodes and not ring.tokens_of(x)}
+
+
+def _idle_members(ring) -> set[str]:
+    """Members that own no range and are no extra destination of any range."""
+    owners = set(ring.owners)
+    extras = {x for t in ring.tokens for x in ring.extras_of(t)}
+    return {n for n in ring.nodes if n not in owners and n not in extras}
+
+
+def _sponsor(ring, node: str) -> str | None:
+    """The member that watches an idle member: the first range owner after it in id
+    order (wrapping). Both sides compute it from the ring, so they agree."""
+    owners = sorted(set(ring.owners))
+    if not owners:
+        return None
+    return next((o for o in owners if o > node), owners[0])
