@@ -16,7 +16,7 @@ import threading
 
 _lock = threading.Lock()
 _pid = os.getpid()
-_idle: dict[tuple, object] = {}          # key -> a flushed RingClient nobody uses
+_idle: dict[tuple, object] = {}          # key -> the flushed RingClient nobody uses (<= 1)
 
 
 def acquire(seeds: tuple[str, ...], *, source: str, first_seq: int,
@@ -39,14 +39,16 @@ def acquire(seeds: tuple[str, ...], *, source: str, first_seq: int,
 
 def release(client, seeds: tuple[str, ...], expect_reducer: str | None,
             batch_size: int) -> None:
-    """Keep a flushed client for the worker's next task (closing any it replaces)."""
+    """Keep a flushed client for the worker's next task. Only the latest one is
+    kept (a worker feeds one ring), so a worker that saw many rings holds no more."""
     key = (tuple(seeds), expect_reducer, batch_size)
     with _lock:
         _forget_if_forked()
-        old = _idle.get(key)
+        old = [c for c in _idle.values() if c is not client]
+        _idle.clear()
         _idle[key] = client
-    if old is not None and old is not client:
-        _close_quietly(old)
+    for other in old:
+        _close_quietly(other)
 
 
 def discard(client) -> None:

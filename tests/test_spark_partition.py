@@ -111,3 +111,15 @@ def test_a_dead_ring_is_not_reused_and_is_reported(tmp_path):
     with pytest.raises(Unavailable):
         write_partition(cfg, 1, 0, rows(LINES[50:100]))
     assert connections.idle_count() == 0
+
+
+def test_a_worker_keeps_one_idle_connection_whatever_rings_it_saw(ring):
+    from spark_driver import connections
+    connections.close_all()
+    write_partition(config(ring, "q6"), 0, 0, rows(LINES[:50]))
+    first = next(iter(connections._idle.values()))
+    write_partition(config(ring, "q6", batch_size=500), 0, 1, rows(LINES[50:100]))
+    assert connections.idle_count() == 1
+    assert next(iter(connections._idle.values())) is not first
+    assert first._closed                                        # the replaced one is closed
+    connections.close_all()
