@@ -145,6 +145,25 @@ class RingClient:
     def reducer(self) -> str:
         return self._delivery.reducer
 
+    def rebind(self, source: str, first_seq: int = 1) -> None:
+        """Reuse this client's connections for a new sequence of tuples: `source` and
+        seqs from `first_seq` on. Only between sequences (everything flushed); the
+        Push streams are reopened, so the new sequence gets stream numbers above
+        anything this process sent before, as a new client would. Also fetches the
+        ring (and checks the reducer) again, so a stale view is not carried over."""
+        if self._closed:
+            raise RuntimeError("the client is closed")
+        with self._lock:
+            pending = bool(self._buffers or self._sealed)
+        if pending or self._delivery.undelivered:
+            raise RuntimeError("rebind() needs every tuple flushed first")
+        if self._delivery.fatal is not None:
+            raise self._delivery.fatal
+        self._call(self._delivery.reopen_streams())
+        self._call(self._delivery.fetch_ring())
+        self.source = source
+        self._next_seq = first_seq
+
     # --------------------------------------------------------------- emit
 
     def emit(self, key, value=1) -> None:

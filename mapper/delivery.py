@@ -320,6 +320,15 @@ class Delivery:
             with self.changed:
                 self.changed.notify_all()
 
+    async def reopen_streams(self) -> None:
+        """Close every Push stream (nothing may be undelivered); the next batch to a
+        node opens a new stream with a new, higher number. Channels stay."""
+        senders = list(self.senders.values())
+        self.senders.clear()
+        for sender in senders:
+            sender.task.cancel()
+        await asyncio.gather(*(s.task for s in senders), return_exceptions=True)
+
     async def close(self) -> None:
         for sender in self.senders.values():
             sender.task.cancel()

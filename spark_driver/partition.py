@@ -1,8 +1,9 @@
 """The executor side: one Spark partition of one micro-batch is one mapper.
 
-Runs in Spark's Python worker processes. The RingClient is created here, inside the
-task (gRPC channels must not cross the fork that made the worker), and flushed before
-the task returns, so Spark commits a batch only once the ring holds all of it on r+1
+Runs in Spark's Python worker processes. The RingClient is created inside the worker
+(gRPC channels must not cross the fork that made the worker) and kept for the worker's
+next task (spark_driver.connections); each task rebinds it and flushes before it
+returns, so Spark commits a batch only once the ring holds all of it on r+1
 nodes. Tuples are numbered from (batch id, position) under the source
 `<query id>#<partition id>` (node.core.epochs): a retried task or a batch replayed
 after a driver restart resends the very same (source, seq)s and the ring drops them.
@@ -41,7 +42,7 @@ class InjectedFailure(RuntimeError):
 
 def write_partition(config: PartitionConfig, batch_id: int, partition_id: int, rows) -> int:
     """Map the rows and push the tuples to the ring; return the number of tuples."""
-    from mapper import RingClient          # imported in the worker, not the driver's pickle
+    from spark_driver import connections   # imported in the worker, not the driver's pickle
     from spark_driver.maps import load_map
 
     map_step = load_map(config.map_spec)
@@ -54,10 +55,10 @@ def write_partition(config: PartitionConfig, batch_id: int, partition_id: int, r
     if inject:
         rows = list(rows)
         half = len(rows) // 2
-    client = RingClient(list(config.seeds), source=epoch_source(config.query_id, partition_id),
-                        first_seq=epoch_seq(batch_id, 0), expect_reducer=config.reducer,
-                        batch_size=config.batch_size)
-    with client:
+    client = connections.acquire(config.seeds, source=epoch_source(config.query_id, partition_id),
+                                 first_seq=epoch_seq(batch_id, 0),
+                                 expect_reducer=config.reducer, batch_size=config.batch_size)
+    try:
         emitter = _Emitter(client, config.combine)
         for n, row in enumerate(rows):
             if inject and n == half and half > 0:
@@ -67,7 +68,11 @@ def write_partition(config: PartitionConfig, batch_id: int, partition_id: int, r
                 emitter.add(map_step(value))
         emitter.finish()
         client.flush()
-        return emitter.emitted
+    except BaseException:
+        connections.discard(client)
+        raise
+    connections.release(client, config.seeds, config.reducer, config.batch_size)
+    return emitter.emitted
 
 
 def _inject(config: PartitionConfig, client, emitter) -> None:

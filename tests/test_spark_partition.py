@@ -64,3 +64,62 @@ def test_combined_partition_and_empty_partition(ring):
     assert write_partition(cfg, 0, 1, []) == 0
     got, _ = state(ring)
     assert Counter(got) - Counter(before) == words(LINES)
+
+
+def test_a_worker_reuses_its_connection_across_tasks_and_stays_exact(ring, tmp_path):
+    from spark_driver import connections
+    connections.close_all()
+    before, _ = state(ring)
+    cfg = config(ring, "q3")
+    write_partition(cfg, 0, 0, rows(LINES[:300]))
+    (client,) = connections._idle.values()
+    write_partition(cfg, 0, 1, rows(LINES[300:600]))            # another partition
+    write_partition(cfg, 1, 0, rows(LINES[600:900]))            # the next batch
+    write_partition(cfg, 1, 0, rows(LINES[600:900]))            # a replay of it
+    assert list(connections._idle.values()) == [client]         # one client, kept
+    # A task that fails closes the worker's client; its retry opens a new one.
+    faulty = config(ring, "q3", fail_once=str(tmp_path / "marker"))
+    with pytest.raises(InjectedFailure):
+        write_partition(faulty, 2, 0, rows(LINES[900:]))
+    assert connections.idle_count() == 0
+    write_partition(faulty, 2, 0, rows(LINES[900:]))
+    assert connections._idle and next(iter(connections._idle.values())) is not client
+    got, _ = state(ring)
+    assert Counter(got) - Counter(before) == words(LINES)
+    connections.close_all()
+
+
+def test_a_forked_worker_does_not_use_its_parents_connection(ring, monkeypatch):
+    from spark_driver import connections
+    connections.close_all()
+    cfg = config(ring, "q4")
+    write_partition(cfg, 0, 0, rows(LINES[:50]))
+    parent_client = next(iter(connections._idle.values()))
+    monkeypatch.setattr(connections, "_pid", -1)               # as seen from a child
+    assert connections.idle_count() == 0
+    parent_client.close()
+
+
+def test_a_dead_ring_is_not_reused_and_is_reported(tmp_path):
+    from node.core.errors import Unavailable
+    from spark_driver import connections
+    connections.close_all()
+    with LocalCluster.up(2, 1, workdir=tmp_path) as cluster:
+        cfg = config(cluster, "q5")
+        write_partition(cfg, 0, 0, rows(LINES[:50]))
+        assert connections.idle_count() == 1
+    with pytest.raises(Unavailable):
+        write_partition(cfg, 1, 0, rows(LINES[50:100]))
+    assert connections.idle_count() == 0
+
+
+def test_a_worker_keeps_one_idle_connection_whatever_rings_it_saw(ring):
+    from spark_driver import connections
+    connections.close_all()
+    write_partition(config(ring, "q6"), 0, 0, rows(LINES[:50]))
+    first = next(iter(connections._idle.values()))
+    write_partition(config(ring, "q6", batch_size=500), 0, 1, rows(LINES[50:100]))
+    assert connections.idle_count() == 1
+    assert next(iter(connections._idle.values())) is not first
+    assert first._closed                                        # the replaced one is closed
+    connections.close_all()
