@@ -37,15 +37,7 @@ def scenario(seed: int) -> Simulation:
 
 
 def run_seed(seed: int) -> None:
-    sim = scenario(seed)
-    state, lost = sim.final_state()
-    context = f"seed {seed}: " + "; ".join(sim.log)
-    assert not lost, f"{context}: ranges lost with at most r failures in a row"
-    assert not sim.undelivered, f"{context}: {len(sim.undelivered)} batches never delivered"
-    assert not sim.under_replicated(), f"{context}: not re-replicated: {sim.under_replicated()}"
-    for key in sim.sent:
-        assert state[key] == sim.sent[key] == sim.acked[key], (
-            f"{context}: {key} holds {state[key]}, sent {sim.sent[key]}, acked {sim.acked[key]}")
+    check(scenario(seed), seed)
 
 
 @pytest.mark.parametrize("seed", range(SEEDS))
