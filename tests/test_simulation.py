@@ -10,14 +10,21 @@ from tests.simulation import Simulation
 SEEDS = int(os.environ.get("FLOE_SIM_SEEDS", "500"))
 
 
-def scenario(seed: int) -> Simulation:
+def random_cluster(seed: int, salt: int):
+    """A seeded random Simulation (4-6 nodes, r 1 or 2, 1-3 tokens each, maybe lossy),
+    the generator that drew it, to draw the faults from, and the sorted node names."""
     import random
-    pick = random.Random(seed * 7919)
+    pick = random.Random(seed * salt)
     nodes = pick.randint(4, 6)
     replication = pick.choice([1, 1, 2])
     sim = Simulation(seed, nodes=nodes, replication=replication, tokens=pick.randint(1, 3),
                      loss=pick.choice([0.0, 0.0, 0.002]))
-    names = sorted(sim.nodes)
+    return pick, sim, sorted(sim.nodes)
+
+
+def scenario(seed: int) -> Simulation:
+    pick, sim, names = random_cluster(seed, 7919)
+    nodes = len(names)
     faults = []
     victim = pick.randrange(nodes)
     faults.append((pick.uniform(0.2, 1.0), sim.kill, (names[victim],)))
@@ -51,13 +58,8 @@ HANDOFF_SEEDS = int(os.environ.get("FLOE_SIM_HANDOFF_SEEDS", "200"))
 def handoff_scenario(seed: int) -> Simulation:
     """Live handoffs (to the first replica, to any member, to a node that just joined)
     interleaved with a kill of either side, a pause or a partition."""
-    import random
-    pick = random.Random(seed * 104729)
-    nodes = pick.randint(4, 6)
-    replication = pick.choice([1, 1, 2])
-    sim = Simulation(seed, nodes=nodes, replication=replication, tokens=pick.randint(1, 3),
-                     loss=pick.choice([0.0, 0.0, 0.002]))
-    names = sorted(sim.nodes)
+    pick, sim, names = random_cluster(seed, 104729)
+    nodes = len(names)
     faults = []
     for _ in range(pick.randint(1, 3)):
         faults.append((pick.uniform(0.1, 1.2), sim.handoff,
