@@ -51,6 +51,14 @@ class Feeder(threading.Thread):
         assert self.error is None, f"feeder failed: {self.error!r}"
         return self.client
 
+    def finish_exact(self):
+        """Stop, then check the ring holds exactly what flush() acknowledged; returns
+        the (still open) client for further reads."""
+        client = self.finish()
+        got = dict(client.scan())
+        assert got == self.acked, diff(got, self.acked)
+        return client
+
 
 def run_with_faults(cluster, inject, settle=1.0):
     feeder = Feeder(cluster.seeds)
@@ -58,11 +66,9 @@ def run_with_faults(cluster, inject, settle=1.0):
     time.sleep(0.5)
     inject()
     time.sleep(settle)
-    client = feeder.finish()
-    got = dict(client.scan())
+    client = feeder.finish_exact()
     stats = client.stats()
     client.close()
-    assert got == feeder.acked, diff(got, feeder.acked)
     return stats
 
 
