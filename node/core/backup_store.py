@@ -12,7 +12,9 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Iterator
 
+from node.core.batch import decode_payload, decode_seqs, encode_payload, encode_seqs
 from node.core.epochs import effective_mark
+from node.core.errors import FloeError
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +70,20 @@ class BackupStore:
             for entry in queue:
                 yield source, entry
 
+    def split_token(self, token: int, part_of) -> None:
+        """The token's range was cut: regroup each batch by `part_of(key)` (the token
+        a key now belongs to) into one batch per part, keeping its seqs and order. A
+        batch that does not decode stays whole (replay skips it, as the primary did)."""
+        per_source = self._entries.pop(token, None)
+        if not per_source:
+            return
+        for source, queue in per_source.items():
+            for entry in queue:
+                self.tuples -= entry.count
+                self.bytes -= entry.nbytes
+                for part, piece in split_entry(entry, part_of, token).items():
+                    self.add(part, source, piece)
+
     def drop_token(self, token: int) -> None:
         for queue in self._entries.pop(token, {}).values():
             for entry in queue:
@@ -96,3 +112,23 @@ class BackupStore:
         if (tuples, nbytes) != (self.tuples, self.bytes):
             raise AssertionError(f"backup totals {self.tuples}/{self.bytes} but entries hold "
                                  f"{tuples}/{nbytes}")
+
+
+def split_entry(entry: BackupEntry, part_of, whole: int) -> dict[int, BackupEntry]:
+    """One batch as {part token: the batch of its keys}, seqs kept."""
+    try:
+        keys, values = decode_payload(entry.payload, entry.count)
+        seqs = decode_seqs(entry.first_seq, entry.last_seq, entry.count, entry.seqs)
+        parts = [part_of(key) for key in keys]
+    except FloeError:
+        return {whole: entry}
+    if all(p == parts[0] for p in parts):
+        return {parts[0]: entry}
+    grouped: dict[int, tuple[list, list, list]] = {}
+    for part, key, value, seq in zip(parts, keys, values, seqs):
+        k, v, s = grouped.setdefault(part, ([], [], []))
+        k.append(key)
+        v.append(value)
+        s.append(seq)
+    return {part: BackupEntry(s[0], s[-1], len(s), encode_payload(k, v), encode_seqs(s))
+            for part, (k, v, s) in grouped.items()}

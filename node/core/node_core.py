@@ -85,6 +85,7 @@ class NodeCore:
             self.primaries.clear()
             self.replicas = ReplicaSide(self.reducer)
             return RingChange(new, fenced=True)
+        self._split_ranges(old, new)
         taken, lost = [], []
         for token in new.tokens_of(self.node_id):
             if token in self.primaries:
@@ -121,6 +122,24 @@ class NodeCore:
         self.lost_tokens |= set(new.lost)
         self.counters["takeovers"] += len(taken)
         return RingChange(new, tuple(taken), tuple(lost))
+
+    def _split_ranges(self, old: Ring, new: Ring) -> None:
+        """Split what we hold of every range the new ring cuts (`Ring.split_token`):
+        primary state, replica copies and backups, each key to its new token."""
+        for token, parts in cut_ranges(old, new).items():
+            inside = set(parts)
+
+            def part_of(key, token=token, inside=inside):
+                part = new.token_for_key(key)
+                # A key outside the old range (only a mis-routed batch holds one)
+                # stays where it was.
+                return part if part in inside else token
+            rng = self.primaries.pop(token, None)
+            if rng is not None:
+                self.primaries.update(rng.split(parts, part_of))
+            self.replicas.split(token, parts, part_of)
+            if token in self.lost_tokens:
+                self.lost_tokens |= inside
 
     def monitored_primaries(self) -> set[str]:
         """The nodes whose ranges we back up: the ones we watch for failure. Also the
@@ -351,6 +370,18 @@ class NodeCore:
 
 
 _ABSENT = object()
+
+
+def cut_ranges(old: Ring, new: Ring) -> dict[int, tuple[int, ...]]:
+    """Tokens of `old` whose range new tokens cut: token -> the tokens of `new` inside
+    its old range (itself included)."""
+    cuts: dict[int, list[int]] = {}
+    for token in new.tokens:
+        if not old.has_token(token):
+            whole = old.token_for_position(token)
+            if new.has_token(whole):
+                cuts.setdefault(whole, [whole]).append(token)
+    return {t: tuple(sorted(parts)) for t, parts in cuts.items()}
 
 
 def _tokenless_extras(ring, tokens, me: str) -> set[str]:

@@ -87,6 +87,26 @@ class PrimaryRange:
     def checkpoint_shipped(self) -> None:
         self.state.merge_inactive()
 
+    def split(self, parts, part_of) -> dict[int, "PrimaryRange"]:
+        """The range cut into `parts` (tokens): each key goes to `part_of(key)`; every
+        part keeps the whole watermark map (seqs are per source, so "everything of s up
+        to w sent to this range was applied" stays true of each part). Replicas hold
+        copies of the old range only: every part's next checkpoint to them is full."""
+        groups: dict[int, dict] = {t: {} for t in parts}
+        for key, state in self.state.snapshot().items():
+            groups[part_of(key)][key] = state
+        out = {}
+        for token in parts:
+            rng = PrimaryRange(token, self.state.reducer)
+            rng.state.replace(groups[token])
+            rng.watermarks = dict(self.watermarks)
+            rng._watermarks_at_checkpoint = dict(self._watermarks_at_checkpoint)
+            # Past any checkpoint of the old range still in flight: its late ack must
+            # not count as a checkpoint of a part.
+            rng.checkpoint_seq = self.checkpoint_seq + 1
+            out[token] = rng
+        return out
+
     def check_invariants(self) -> None:
         self.state.check_invariants()
         for source, mark in self._watermarks_at_checkpoint.items():
@@ -169,6 +189,23 @@ class ReplicaSide:
             except FloeError:
                 continue
         return replay.state.snapshot(), replay.watermarks
+
+    def split(self, token: int, parts, part_of) -> None:
+        """The range was cut into `parts`: split our copy and its backups by key. Each
+        part keeps the watermarks and completeness; its checkpoint numbering is left
+        behind the primary's, so the next checkpoint it takes is a full one."""
+        self.backups.split_token(token, part_of)
+        rng = self.ranges.pop(token, None)
+        if rng is None:
+            return
+        groups: dict[int, dict] = {t: {} for t in parts}
+        for key, state in rng.copy.master.items():
+            groups[part_of(key)][key] = state
+        for part in parts:
+            copy = ReplicaState()
+            copy.master = groups[part]
+            self.ranges[part] = ReplicaRange(part, rng.primary, copy, dict(rng.watermarks),
+                                             checkpoint_seq=-1, complete=rng.complete)
 
     def adopt_copy(self, token: int, primary: str, state: dict, watermarks: dict[str, int]) -> None:
         """We handed the range to `primary` and stay its replica: our last state is a

@@ -270,6 +270,28 @@ class Ring:
         return self._with(tokens=tuple(p[0] for p in pairs), owners=tuple(p[1] for p in pairs),
                           generations=tuple(p[2] for p in pairs))
 
+    def split_token(self, token: int, position: int) -> "Ring":
+        """Cut the range (a, token] at `position`: a new token `position` takes (a,
+        position] and `token` keeps (position, token]. Both keep the owner, the
+        generation and (being empty: a split waits for handoffs to end) no extras, so
+        every destination stays the same; a lost range stays lost in both halves.
+        Merging keeps the new token (merge is a per-token union), so concurrent views
+        converge; holders of the range split their state when they adopt it."""
+        if token not in self._index:
+            raise ValueError(f"no token {token} in ring version {self.version}")
+        if position in self._index:
+            raise ValueError(f"position {position:#x} is already a token")
+        if not 0 <= position < HASH_SPACE or not self.in_range(position, self.range_of_token(token)):
+            raise ValueError(f"position {position:#x} is not inside the range of token {token:#x}")
+        if self.extras_of(token):
+            raise ValueError(f"token {token:#x} is being handed off; split it afterwards")
+        i = self._index[token]
+        pairs = sorted(list(zip(self.tokens, self.owners, self.generations))
+                       + [(position, self.owners[i], self.generations[i])])
+        lost = self.lost | {position} if token in self.lost else self.lost
+        return self._with(tokens=tuple(p[0] for p in pairs), owners=tuple(p[1] for p in pairs),
+                          generations=tuple(p[2] for p in pairs), lost=lost)
+
     def add_node(self, node: str, address: str, tokens: Iterable[int]) -> "Ring":
         if node in self._address:
             raise ValueError(f"node {node!r} is already a member")

@@ -1,0 +1,248 @@
+"""Token splits: a range (a, b] cut at p into (a, p] and (p, b], on the ring value and on
+every holder of the range's state, then the tail handed to the neighbour; exact counts
+whoever dies along the way."""
+
+from collections import Counter
+
+import pytest
+from hypothesis import assume, given, settings, strategies as st
+
+from node.core.backup_store import BackupEntry, BackupStore, split_entry
+from node.core.batch import decode_payload, decode_seqs, encode_payload, encode_seqs
+from node.core.handoff import Handoff
+from node.core.hashing import HASH_SPACE, position
+from node.core.node_core import cut_ranges
+from node.core.ring import Ring
+from tests.helpers import CoreCluster, fail
+from tests.test_handoff import Feed, run, spread
+
+WORDS = [f"w{i % 97}" for i in range(3000)]
+
+
+def middle(ring: Ring, token: int) -> int:
+    lo, hi = ring.range_of_token(token)
+    return (lo + Ring.range_size((lo, hi)) // 2) % HASH_SPACE
+
+
+# ------------------------------------------------------------------ the ring
+
+
+def test_split_adds_a_token_with_the_same_owner_and_destinations():
+    ring = Ring.initial({"a": "h:1", "b": "h:2", "c": "h:3"}, 1, 2)
+    token = ring.tokens_of("a")[1]
+    p = middle(ring, token)
+    split = ring.split_token(token, p)
+    assert split.version == ring.version + 1
+    assert split.owner_of_token(p) == "a" and split.owner_of_token(token) == "a"
+    assert split.destinations(p) == split.destinations(token) == ring.destinations(token)
+    assert split.range_of_token(p) == (ring.range_of_token(token)[0], p)
+    assert split.range_of_token(token) == (p, token)
+    assert split.generation_of(p) == ring.generation_of(token)
+    assert Ring.from_wire(split.to_wire()) == split
+
+
+def test_split_refuses_positions_outside_the_range_and_a_token_being_handed_off():
+    ring = Ring.initial({"a": "h:1", "b": "h:2"}, 1, 2)
+    token = ring.tokens[1]
+    with pytest.raises(ValueError):
+        ring.split_token(token, ring.tokens[0])              # an existing token
+    with pytest.raises(ValueError):
+        ring.split_token(token, ring.tokens[2] - 5)          # another range
+    with pytest.raises(ValueError):
+        ring.split_token(12345, 5)                           # no such token
+    pinned = ring.with_extras({token: ["a"]})
+    with pytest.raises(ValueError):
+        pinned.split_token(token, middle(ring, token))
+
+
+def test_a_lost_range_stays_lost_in_both_halves():
+    ring = Ring.initial({"a": "h:1", "b": "h:2", "c": "h:3"}, 0, 1)
+    ring = ring.without(["a"])
+    lost = next(iter(ring.lost))
+    p = middle(ring, lost)
+    assert {lost, p} <= ring.split_token(lost, p).lost
+
+
+@st.composite
+def rings(draw):
+    n = draw(st.integers(2, 6))
+    members = {f"n{i}": f"127.0.0.1:{7000 + i}" for i in range(n)}
+    return Ring.initial(members, draw(st.integers(0, 2)), draw(st.integers(1, 4)))
+
+
+@settings(max_examples=150)
+@given(rings(), st.data())
+def test_concurrent_splits_handoffs_and_removals_merge_the_same_everywhere(ring, data):
+    """Two views change the same ring concurrently (a split on one, a split, handoff or
+    removal on the other); merging either way gives the same ring, which keeps every
+    split and whose destinations agree with each side's for unchanged tokens."""
+    def split_somewhere(r):
+        token = data.draw(st.sampled_from(r.tokens))
+        lo, hi = r.range_of_token(token)
+        size = Ring.range_size((lo, hi))
+        assume(size > 2)
+        return token, r.split_token(token, (lo + data.draw(st.integers(1, size - 1))) % HASH_SPACE)
+
+    cut, a = split_somewhere(ring)
+    kind = data.draw(st.sampled_from(["split", "handoff", "remove"]))
+    if kind == "split":
+        b = split_somewhere(ring)[1]
+    elif kind == "handoff":
+        # only the owner splits or hands off a token, one at a time: a concurrent
+        # handoff is of another token
+        assume(len(ring.tokens) > 1)
+        token = data.draw(st.sampled_from([t for t in ring.tokens if t != cut]))
+        target = data.draw(st.sampled_from([n for n in ring.nodes
+                                            if n != ring.owner_of_token(token)]))
+        b = ring.with_token_owner(token, target)
+    else:
+        assume(len(ring.nodes) > 2)
+        b = ring.without([data.draw(st.sampled_from(ring.nodes))])
+    merged = a.merge(b)
+    assert merged == b.merge(a)
+    merged.check_invariants()
+    assert set(a.tokens) | set(b.tokens) == set(merged.tokens)
+    # a token new in `a` has the owner of the token it was cut from, as merged
+    for token in set(a.tokens) - set(ring.tokens):
+        whole = ring.token_for_position(token)
+        assert merged.owner_of_token(token) == merged.owner_of_token(whole)
+    # a later split of the merged ring merges back idempotently
+    assert merged.merge(a) == merged.merge(b) == merged
+
+
+def test_cut_ranges_names_each_cut_range_and_its_parts():
+    ring = Ring.initial({"a": "h:1", "b": "h:2"}, 1, 2)
+    t = ring.tokens[2]
+    p1 = middle(ring, t)
+    once = ring.split_token(t, p1)
+    p2 = middle(once, p1)
+    twice = once.split_token(p1, p2)
+    assert cut_ranges(ring, once) == {t: tuple(sorted((p1, t)))}
+    assert cut_ranges(ring, twice) == {t: tuple(sorted((p1, p2, t)))}
+    assert cut_ranges(once, twice) == {p1: tuple(sorted((p1, p2)))}
+    assert cut_ranges(twice, ring) == {}
+
+
+# --------------------------------------------------------------- node state
+
+
+def test_backup_entries_split_by_key_keeping_seqs_and_order():
+    keys = [f"k{i}" for i in range(40)]
+    seqs = [3 * i + 1 for i in range(40)]
+    entry = BackupEntry(seqs[0], seqs[-1], 40, encode_payload(keys, list(range(40))),
+                        encode_seqs(seqs))
+    part_of = lambda key: 1 if position(key) % 2 else 2   # noqa: E731
+    parts = split_entry(entry, part_of, 9)
+    assert set(parts) == {1, 2}
+    seen = []
+    for part, piece in parts.items():
+        k, v = decode_payload(piece.payload, piece.count)
+        s = list(decode_seqs(piece.first_seq, piece.last_seq, piece.count, piece.seqs))
+        assert all(part_of(key) == part for key in k)
+        assert s == sorted(s) and s[0] == piece.first_seq and s[-1] == piece.last_seq
+        seen += [(seqs[keys.index(key)], key, val) for key, val, seq in zip(k, v, s)
+                 if seq == seqs[keys.index(key)]]
+    assert sorted(seen) == [(seqs[i], keys[i], i) for i in range(40)]
+    store = BackupStore()
+    store.add(9, "s", entry)
+    store.split_token(9, part_of)
+    store.check_invariants()
+    assert store.tuples == 40 and sorted(store.tokens()) == [1, 2]
+
+
+def test_split_divides_primary_replica_and_backup_state_exactly():
+    c = CoreCluster(nodes=3, replication=2, tokens_per_node=2)
+    c.push("s1", WORDS[:1000])
+    c.checkpoint()
+    c.push("s1", WORDS[1000:2000], first_seq=1001)        # only in backups
+    token = c.ring.tokens_of("n0")[0]
+    before = {n: core.inspect_range(token) for n, core in c.cores.items()}
+    split = c.ring.split_token(token, middle(c.ring, token))
+    p = middle(c.ring, token)
+    owner = c.cores["n0"]
+    watermarks = dict(owner.primaries[token].watermarks)
+    copied = {n: dict(core.replicas.ranges[token].watermarks) for n, core in c.cores.items()
+              if token in core.replicas.ranges}
+    assert len(copied) == 2
+    spread(c, split)
+    for name, core in c.cores.items():
+        core.check_invariants()
+        role, whole = before[name]
+        assert role in ("primary", "replica")
+        head = core.inspect_range(p)
+        tail = core.inspect_range(token)
+        assert head[0] == tail[0] == role
+        assert {**head[1], **tail[1]} == whole
+        assert all(split.token_for_key(k) == p for k in head[1])
+        assert all(split.token_for_key(k) == token for k in tail[1])
+    for part in (p, token):
+        assert owner.primaries[part].watermarks == watermarks
+        for name in c.ring.replicas_of_token(part):
+            assert c.cores[name].replicas.is_complete(part)
+            assert c.cores[name].replicas.ranges[part].watermarks == copied[name]
+    # resending everything applies nothing twice, and the next checkpoints are full
+    assert c.push("s1", WORDS[:2000]) == 0
+    assert set(owner.under_replicated()) >= {p, token}
+    c.checkpoint()
+    assert not owner.under_replicated()
+    assert c.state() == Counter(WORDS[:2000])
+
+
+def test_the_owner_dying_right_after_a_split_loses_nothing():
+    c = CoreCluster(nodes=3, replication=1, tokens_per_node=2)
+    feed = Feed(c)
+    feed()
+    c.checkpoint()
+    feed()                                                  # past the checkpoint
+    token = c.ring.tokens_of("n0")[1]
+    split = c.ring.split_token(token, middle(c.ring, token))
+    c.cores["n0"].adopt_ring(split)
+    c.ring = split
+    # the replica never heard of the split: the merge with the removal brings it
+    for name in ("n1", "n2"):
+        c.cores[name].adopt_ring(split)
+    fail(c, "n0")
+    feed()
+    assert c.state() == feed.sent
+    for core in c.cores.values():
+        core.check_invariants()
+
+
+def test_a_split_the_replica_learns_only_through_the_heirs_merge_loses_nothing():
+    c = CoreCluster(nodes=3, replication=1, tokens_per_node=2)
+    feed = Feed(c)
+    feed()
+    c.checkpoint()
+    feed()
+    token = c.ring.tokens_of("n0")[1]
+    split = c.ring.split_token(token, middle(c.ring, token))
+    c.cores["n0"].adopt_ring(split)
+    removed = c.ring.without(["n0"])         # the others declared n0 dead meanwhile
+    del c.cores["n0"]
+    for core in c.cores.values():
+        core.adopt_ring(removed)
+        core.adopt_ring(split)               # n0's split view arrives late
+    c.ring = next(iter(c.cores.values())).ring
+    assert c.ring.has_token(middle(removed, token)) and "n0" not in c.ring.nodes
+    feed()
+    assert c.state() == feed.sent
+
+
+def test_split_then_hand_the_tail_to_the_neighbour_under_load():
+    c = CoreCluster(nodes=3, replication=1, tokens_per_node=2)
+    feed = Feed(c)
+    feed()
+    token = c.ring.tokens_of("n0")[0]
+    p = middle(c.ring, token)
+    spread(c, c.ring.split_token(token, p))
+    feed()
+    heir = c.ring.heir(token)
+    h = Handoff("n0", {token: heir}, deadline=100)
+    run(c, h, "n0", feed)
+    assert h.state == "committed"
+    assert c.ring.owner_of_token(token) == heir and c.ring.owner_of_token(p) == "n0"
+    feed()
+    c.checkpoint()
+    assert c.state() == feed.sent
+    for core in c.cores.values():
+        core.check_invariants()
