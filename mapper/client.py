@@ -54,13 +54,16 @@ def _client_loop() -> tuple[asyncio.AbstractEventLoop, threading.Thread]:
 
 
 class _Buffer:
-    __slots__ = ("keys", "values", "seqs", "since")
+    __slots__ = ("keys", "values", "seqs", "since", "tokens")
 
-    def __init__(self, now: float) -> None:
+    def __init__(self, now: float, tokens: tuple) -> None:
         self.keys: list = []
         self.values: list = []
         self.seqs: list[int] = []
         self.since = now
+        # The ring's tokens read before any of its keys was routed: if the ring is
+        # cut meanwhile (a split), delivery re-checks every key of the batch.
+        self.tokens = tokens
 
 
 class RingClient:
@@ -172,11 +175,12 @@ class RingClient:
             raise InvalidKey(f"key must be str, bytes or int, not {type(key).__name__}")
         if type(value) not in _PLAIN_VALUES:
             _check_value(value)
+        tokens = self._router.ring.tokens
         token = self._router.token(key)
         with self._lock:
             buf = self._buffers.get(token)
             if buf is None:
-                buf = self._buffers[token] = _Buffer(time.monotonic())
+                buf = self._buffers[token] = _Buffer(time.monotonic(), tokens)
             buf.keys.append(key)
             buf.values.append(value)
             buf.seqs.append(self._next_seq)
@@ -191,6 +195,7 @@ class RingClient:
         """emit(key, value) for every key, several times faster than a loop of emit()."""
         if type(value) not in _PLAIN_VALUES:
             _check_value(value)
+        tokens = self._router.ring.tokens
         route = self._router.token
         size = self.batch_size
         full = False
@@ -204,7 +209,7 @@ class RingClient:
                     token = route(key)
                     buf = buffers.get(token)
                     if buf is None:
-                        buf = buffers[token] = _Buffer(time.monotonic())
+                        buf = buffers[token] = _Buffer(time.monotonic(), tokens)
                     buf.keys.append(key)
                     buf.values.append(value)
                     buf.seqs.append(seq)
@@ -222,7 +227,8 @@ class RingClient:
         seqs = buf.seqs
         self._sealed.append(PendingBatch(
             next(self._batch_ids), token, self.source, seqs[0], seqs[-1], len(seqs),
-            encode_payload(buf.keys, buf.values), encode_seqs(seqs), buf.since))
+            encode_payload(buf.keys, buf.values), encode_seqs(seqs), buf.since,
+            tokens=buf.tokens))
 
     def _drain(self) -> None:
         """On the loop: submit sealed batches in seal order."""

@@ -10,6 +10,7 @@ carry the same (source, seq)s, so the nodes' dedup drops what they already appli
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import threading
 import time
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from floering.v1 import floe_pb2, floe_pb2_grpc
+from node.core.batch import decode_payload, decode_seqs, encode_payload, encode_seqs
 from node.core.errors import FloeError, Unavailable
 from node.core.ring import Ring
 from node.transport.status import error_from_rpc
@@ -41,6 +43,11 @@ class PendingBatch:
     seqs: bytes
     born: float = 0.0                                   # monotonic time of its first emit
     waiting_for: set[str] = field(default_factory=set)  # destinations yet to ack
+    tokens: tuple = ()        # the ring's tokens its keys were routed with
+    order: tuple = ()         # resend order, when a split made it a part of another batch
+
+    def sort_key(self) -> tuple:
+        return self.order or (self.id,)
 
     def message(self, ring_version: int, stream: int) -> floe_pb2.Batch:
         return floe_pb2.Batch(ring_version=ring_version, token=self.token, source=self.source,
@@ -178,6 +185,7 @@ class Delivery:
         self.latencies: deque[tuple[float, int]] = deque(maxlen=100_000)
         self.last_progress = time.monotonic()
         self._streams = 0
+        self._part_ids = itertools.count(1 << 48)   # ids of batches a split cut in parts
 
     def next_stream(self) -> int:
         # Wall-clock microseconds, never less than the previous number + 1: stream
@@ -245,7 +253,7 @@ class Delivery:
             sender.task.cancel()
             sender.take_all()
         self.senders.clear()
-        for batch in sorted(self.undelivered.values(), key=lambda b: b.id):
+        for batch in sorted(self.undelivered.values(), key=PendingBatch.sort_key):
             self._route(batch)
 
     def check_progress(self, stall: float = 0.5) -> None:
@@ -304,6 +312,12 @@ class Delivery:
 
     def _route(self, batch: PendingBatch) -> None:
         ring = self.ring
+        if batch.tokens is not ring.tokens and batch.tokens != ring.tokens:
+            parts = self._resplit(batch, ring)
+            if parts is not None:
+                for part in parts:
+                    self._route(part)
+                return
         destinations = ring.destinations(batch.token)
         batch.waiting_for = set(destinations)
         for node in destinations:
@@ -311,6 +325,36 @@ class Delivery:
             if sender is None:
                 sender = self.senders[node] = NodeSender(self, node, ring.address(node))
             sender.enqueue(batch)
+
+    def _resplit(self, batch: PendingBatch, ring: Ring) -> list[PendingBatch] | None:
+        """A batch sealed before the ring was cut may hold keys of several ranges now:
+        split it by key into one batch per token, seqs kept (dedup stays exact: every
+        part of a range inherits its watermarks). None when it still fits one token."""
+        batch.tokens = ring.tokens
+        try:
+            keys, values = decode_payload(batch.payload, batch.count)
+            seqs = decode_seqs(batch.first_seq, batch.last_seq, batch.count, batch.seqs)
+            tokens = [ring.token_for_key(k) for k in keys]
+        except FloeError:
+            return None            # the nodes refuse it as they would have anyway
+        if all(t == tokens[0] for t in tokens):
+            batch.token = tokens[0]
+            return None
+        grouped: dict[int, tuple[list, list, list]] = {}
+        for token, key, value, seq in zip(tokens, keys, values, seqs):
+            k, v, s = grouped.setdefault(token, ([], [], []))
+            k.append(key)
+            v.append(value)
+            s.append(seq)
+        self.undelivered.pop(batch.id, None)
+        parts = []
+        for i, (token, (k, v, s)) in enumerate(sorted(grouped.items())):
+            part = PendingBatch(next(self._part_ids), token, batch.source, s[0], s[-1], len(s),
+                                encode_payload(k, v), encode_seqs(s), batch.born,
+                                tokens=ring.tokens, order=batch.sort_key() + (i,))
+            self.undelivered[part.id] = part
+            parts.append(part)
+        return parts
 
     def acked(self, batch: PendingBatch, node: str) -> None:
         batch.waiting_for.discard(node)

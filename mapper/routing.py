@@ -2,7 +2,8 @@
 
 A dict lookup is ~5x cheaper than hashing and bisecting, and word streams repeat
 keys heavily. Tokens, not nodes, are cached: a token's owner changes on failover
-but its position does not, so the cache survives most ring changes."""
+but its position does not, so the cache survives most ring changes. A split adds a
+token, and then the cache starts afresh."""
 
 from __future__ import annotations
 
@@ -11,20 +12,30 @@ from node.core.ring import Ring
 
 class Router:
     def __init__(self, ring: Ring, max_cached: int = 1 << 20) -> None:
-        self.ring = ring
         self.max_cached = max_cached
-        self.cache: dict = {}
+        # The ring and its cache as one value: the mapper's thread routes while the
+        # event loop's thread may swap in a new ring, and a token computed with the
+        # old ring must never land in the new ring's cache.
+        self._routes: tuple[Ring, dict] = (ring, {})
+
+    @property
+    def ring(self) -> Ring:
+        return self._routes[0]
+
+    @property
+    def cache(self) -> dict:
+        return self._routes[1]
 
     def token(self, key) -> int:
-        token = self.cache.get(key)
+        ring, cache = self._routes
+        token = cache.get(key)
         if token is None:
-            token = self.ring.token_for_key(key)  # raises InvalidKey for a bad key
-            if len(self.cache) >= self.max_cached:
-                self.cache.clear()
-            self.cache[key] = token
+            token = ring.token_for_key(key)  # raises InvalidKey for a bad key
+            if len(cache) >= self.max_cached:
+                cache.clear()
+            cache[key] = token
         return token
 
     def update(self, ring: Ring) -> None:
-        if ring.tokens != self.ring.tokens:
-            self.cache.clear()
-        self.ring = ring
+        old, cache = self._routes
+        self._routes = (ring, cache if ring.tokens == old.tokens else {})

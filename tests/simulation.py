@@ -47,6 +47,10 @@ class Batch:
     waiting: set = field(default_factory=set)
     stamp: int = 0
     sent_at: float = 0.0
+    order: tuple = ()          # resend order of a part of a batch a split cut
+
+    def sort_key(self) -> tuple:
+        return self.order or (self.id,)
 
 
 class Simulation:
@@ -222,6 +226,39 @@ class Simulation:
         node.handoff = h
         self._spread(name, ring)
 
+    def split(self, name: str, hand_tail: bool = True) -> None:
+        """`name` cuts one of its ranges at a seeded position and (as load shedding
+        does) hands the tail to its first replica."""
+        node = self.nodes[name]
+        if not self.usable(name) or node.handoff is not None or not node.core.primaries:
+            return
+        core = node.core
+        token = self.rng.choice(sorted(core.primaries))
+        lo, hi = core.ring.range_of_token(token)
+        size = Ring.range_size((lo, hi))
+        if size < 2:
+            return
+        at = (lo + self.rng.randrange(1, size)) % (2 ** 64)
+        try:
+            ring = core.ring.split_token(token, at)
+        except ValueError as exc:
+            self.log.append(f"{self.now:.3f} {name} split refused: {exc}")
+            return
+        self.log.append(f"{self.now:.3f} {name} splits {token} at {at}")
+        self._spread(name, ring)
+        heir = core.ring.heir(token)
+        if not hand_tail or heir is None:
+            return
+        h = Handoff(name, {token: heir}, deadline=self.now + 2.0)
+        try:
+            ring = h.prepare(core, self.now)
+        except InvalidArgument as exc:
+            self.log.append(f"{self.now:.3f} {name} handoff refused: {exc}")
+            return
+        self.log.append(f"{self.now:.3f} {name} hands the tail {token} to {heir}")
+        node.handoff = h
+        self._spread(name, ring)
+
     def leave(self, name: str) -> None:
         """Scale-in as the runtime does it: hand every range to its first replica, wait
         until no range needs our copy any more, remove ourselves, exit."""
@@ -374,9 +411,30 @@ class Simulation:
         for node in list(self.nodes):
             self.reconnect("m", node)
         if best.stamp != self.mapper_ring.stamp:
+            if best.tokens != self.mapper_ring.tokens:
+                self._resplit(best)
             self.mapper_ring = best
-        for batch in sorted(self.undelivered.values(), key=lambda b: b.id):
+        for batch in sorted(self.undelivered.values(), key=Batch.sort_key):
             self._route(batch)
+
+    def _resplit(self, ring: Ring) -> None:
+        """Like RingClient: a batch whose keys a split spread over several tokens is
+        cut into one batch per token, seqs kept."""
+        for batch in list(self.undelivered.values()):
+            groups = defaultdict(lambda: ([], []))
+            for key, seq in zip(batch.keys, batch.seqs):
+                k, q = groups[ring.token_for_key(key)]
+                k.append(key)
+                q.append(seq)
+            if len(groups) == 1:
+                batch.token = next(iter(groups))
+                continue
+            del self.undelivered[batch.id]
+            for i, (token, (k, q)) in enumerate(sorted(groups.items())):
+                self.batch_ids += 1
+                part = Batch(self.batch_ids, batch.source, token, k, q,
+                             order=batch.sort_key() + (i,))
+                self.undelivered[part.id] = part
 
     def mapper_tick(self) -> None:
         self.at(self.now + 0.1, self.mapper_tick)

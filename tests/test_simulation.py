@@ -100,3 +100,47 @@ def run_handoff_seed(seed: int) -> None:
 @pytest.mark.parametrize("seed", range(HANDOFF_SEEDS))
 def test_handoff_seed(seed):
     run_handoff_seed(seed)
+
+
+SPLIT_SEEDS = int(os.environ.get("FLOE_SIM_SPLIT_SEEDS", "200"))
+
+
+def split_scenario(seed: int) -> Simulation:
+    """Ranges cut by splits (most followed by handing the tail to the first replica),
+    interleaved with whole-range handoffs, a join, and a kill, pause or partition."""
+    pick, sim, names = random_cluster(seed, 15485863)
+    nodes = len(names)
+    faults = []
+    for _ in range(pick.randint(1, 4)):
+        faults.append((pick.uniform(0.05, 1.2), sim.split,
+                       (pick.choice(names), pick.random() < 0.7)))
+    for _ in range(pick.randint(0, 2)):
+        faults.append((pick.uniform(0.1, 1.2), sim.handoff,
+                       (pick.choice(names), pick.choice(["heir", "any"]))))
+    if pick.random() < 0.3:
+        faults.append((pick.uniform(0.1, 1.0), sim.join, ("n9", pick.choice(names))))
+    kind = pick.choice(["kill", "kill", "kill_splitter", "pause", "partition", "none"])
+    victim = pick.randrange(nodes)
+    when = pick.uniform(0.1, 1.3)
+    if kind == "kill_splitter":
+        # the owner dies right after its split, before or during the tail's handoff
+        at, _, (splitter, _) = faults[0]
+        faults.append((at + pick.choice([0.0, 0.001, 0.01, 0.05]), sim.kill, (splitter,)))
+    elif kind == "kill":
+        faults.append((when, sim.kill, (names[victim],)))
+    elif kind == "pause":
+        faults.append((when, sim.pause, (names[victim], pick.uniform(0.1, 0.8))))
+    elif kind == "partition":
+        faults.append((when, sim.partition,
+                       (names[victim], [names[(victim + 1) % nodes]], pick.uniform(0.3, 1.0))))
+    sim.run(until=6.0, emit_until=1.5, faults=faults)
+    return sim
+
+
+def run_split_seed(seed: int) -> None:
+    check(split_scenario(seed), seed)
+
+
+@pytest.mark.parametrize("seed", range(SPLIT_SEEDS))
+def test_split_seed(seed):
+    run_split_seed(seed)

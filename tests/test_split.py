@@ -246,3 +246,50 @@ def test_split_then_hand_the_tail_to_the_neighbour_under_load():
     assert c.state() == feed.sent
     for core in c.cores.values():
         core.check_invariants()
+
+
+# ------------------------------------------------------------------- mapper
+
+
+def test_mapper_cuts_a_batch_sealed_before_a_split_into_one_batch_per_token():
+    from mapper.delivery import Delivery, PendingBatch
+    from mapper.routing import Router
+    ring = Ring.initial({"a": "h:1", "b": "h:2"}, 1, 2)
+    keys = [f"k{i}" for i in range(200)]
+    token = ring.token_for_key(keys[0])
+    keys = [k for k in keys if ring.token_for_key(k) == token]
+    seqs = [2 * i + 7 for i in range(len(keys))]
+    batch = PendingBatch(5, token, "src", seqs[0], seqs[-1], len(keys),
+                         encode_payload(keys, [1] * len(keys)), encode_seqs(seqs),
+                         tokens=ring.tokens)
+    split = ring.split_token(token, middle(ring, token))
+    d = Delivery(["h:1"], 8, 1.0, None)
+    d.undelivered[batch.id] = batch
+    parts = d._resplit(batch, split)
+    assert parts is not None and len(parts) == 2
+    assert set(d.undelivered) == {p.id for p in parts} and batch.id not in d.undelivered
+    got = []
+    for part in parts:
+        k, _ = decode_payload(part.payload, part.count)
+        s = list(decode_seqs(part.first_seq, part.last_seq, part.count, part.seqs))
+        assert {split.token_for_key(x) for x in k} == {part.token}
+        assert part.tokens == split.tokens and part.sort_key()[:1] == (5,)
+        got += zip(s, k)
+    assert sorted(got) == list(zip(seqs, keys))
+    # parts keep the batch's place among older and newer batches
+    older = PendingBatch(4, token, "src", 1, 1, 1, b"", b"")
+    newer = PendingBatch(6, token, "src", 1, 1, 1, b"", b"")
+    order = sorted([newer, *parts, older], key=PendingBatch.sort_key)
+    assert order[0] is older and order[-1] is newer
+    # a batch whose keys all stay in one token is kept whole
+    head = [k for k in keys if split.token_for_key(k) != token]
+    whole = PendingBatch(7, token, "src", 1, len(head), len(head),
+                         encode_payload(head, [1] * len(head)), b"", tokens=ring.tokens)
+    assert d._resplit(whole, split) is None and whole.token == split.token_for_key(head[0])
+    # the router drops its cache when a split adds a token, not otherwise
+    router = Router(ring)
+    router.token(keys[0])
+    router.update(ring.with_version(9))
+    assert router.cache
+    router.update(split)
+    assert not router.cache and router.token(head[0]) == split.token_for_key(head[0])
