@@ -5,6 +5,7 @@
     floe feed FILE...                   stream the words of text files in (.gz too)
     floe get KEY | floe top K           query state
     floe move NODE --to POSITION        NODE takes over the range holding POSITION, live
+    floe split POSITION [--to NODE]     cut the range holding POSITION there; NODE takes the tail
     floe scale --add N | --remove NODE  add nodes (they take ranges) or remove one
     floe scale --auto SECONDS           add/remove nodes by load, within --min/--max-nodes
     floe down                           stop exactly the processes `up` started
@@ -148,6 +149,14 @@ def cmd_move(args) -> int:
     return 0
 
 
+def cmd_split(args) -> int:
+    from chaos.elastic import parse_position, split
+    with _client(args) as client:
+        ring = client.refresh_ring()
+    print(split(ring, parse_position(args.position), args.to, timeout=args.timeout))
+    return 0
+
+
 def _range_loads(rows) -> dict[str, dict[int, float]]:
     """Per node, the tuples/s of each range it owns (from its stats)."""
     import msgpack
@@ -223,6 +232,13 @@ def build_parser() -> argparse.ArgumentParser:
     mv.add_argument("node")
     mv.add_argument("--to", required=True, help="a ring position, 0 .. 2^64-1 (0x... allowed)")
     mv.set_defaults(func=cmd_move)
+
+    sp = sub.add_parser("split", help="cut the range holding POSITION at it (a new boundary); "
+                                      "with --to, NODE takes the tail, live")
+    sp.add_argument("position", help="a ring position, 0 .. 2^64-1 (0x... allowed)")
+    sp.add_argument("--to", metavar="NODE",
+                    help="hand the tail (POSITION, token] to NODE, e.g. the clockwise neighbour")
+    sp.set_defaults(func=cmd_split)
 
     scale = sub.add_parser("scale", help="add nodes or remove one, live")
     how = scale.add_mutually_exclusive_group(required=True)

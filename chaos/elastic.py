@@ -16,14 +16,16 @@ from node.transport.status import error_from_rpc
 
 
 def request_handoff(address: str, tokens, target: str = "", *, leave: bool = False,
-                    timeout: float = 30.0) -> floe_pb2.HandoffReply:
-    """Ask the node at `address` to hand `tokens` to `target` (or to leave); returns
-    once the handoff committed or was aborted."""
+                    timeout: float = 30.0, split_at: int | None = None) -> floe_pb2.HandoffReply:
+    """Ask the node at `address` to hand `tokens` to `target` (or to leave, or to split
+    its range at `split_at` and hand the tail to `target`); returns once the handoff
+    committed or was aborted."""
     with grpc.insecure_channel(address) as channel:
         try:
             return floe_pb2_grpc.ControlPlaneStub(channel).Handoff(
                 floe_pb2.HandoffRequest(sender="operator", tokens=list(tokens), target=target,
-                                        leave=leave, timeout=timeout),
+                                        leave=leave, timeout=timeout,
+                                        split=split_at is not None, split_at=split_at or 0),
                 timeout=timeout + 5)
         except grpc.RpcError as exc:
             raise error_from_rpc(exc) from None
@@ -53,6 +55,29 @@ def move(ring: Ring, node: str, pos: int, timeout: float = 30.0) -> str:
         raise InvalidArgument(f"{owner} did not hand token {token:#x} to {node}: {reply.detail}")
     return (f"{owner} handed the range ending at token {token:#x} to {node} "
             f"(ring v{reply.ring_version})")
+
+
+def split(ring: Ring, pos: int, node: str | None = None, timeout: float = 30.0) -> str:
+    """Cut the range holding `pos` at `pos`: its owner keeps (lo, pos] under the new
+    token `pos`, the tail (pos, token] keeps the token; with `node`, the tail then goes
+    to `node` live (to the owner's clockwise neighbour: "move my token back to pos")."""
+    if node is not None and node not in ring.nodes:
+        raise InvalidArgument(f"{node!r} is not a member of ring v{ring.version}: "
+                              f"{', '.join(ring.nodes)}")
+    if ring.has_token(pos):
+        raise InvalidArgument(f"{pos:#x} is already a range boundary")
+    token = ring.token_for_position(pos)
+    owner = ring.owner_of_token(token)
+    if node == owner:
+        raise InvalidArgument(f"{owner} owns the range already; give --to another node")
+    reply = request_handoff(ring.address(owner), [], node or "", timeout=timeout, split_at=pos)
+    if not reply.accepted:
+        raise InvalidArgument(f"{owner} split at {pos:#x} but did not hand the tail to "
+                              f"{node}: {reply.detail}")
+    if node is None:
+        return f"{owner} split the range of token {token:#x} at {pos:#x} (ring v{reply.ring_version})"
+    return (f"{owner} split the range of token {token:#x} at {pos:#x} and handed the tail "
+            f"to {node} (ring v{reply.ring_version})")
 
 
 def plan_scale_out(ring: Ring, newcomers: list[str],

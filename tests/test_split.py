@@ -293,3 +293,65 @@ def test_mapper_cuts_a_batch_sealed_before_a_split_into_one_batch_per_token():
     assert router.cache
     router.update(split)
     assert not router.cache and router.token(head[0]) == split.token_for_key(head[0])
+
+
+# ------------------------------------------------------- measured split point
+
+
+def test_split_point_puts_the_wanted_load_in_the_tail_and_never_cuts_a_key():
+    from node.core.split_point import choose_split_point
+    rng = (1000, 2000)
+    samples = {1100: 10.0, 1300: 50.0, 1500: 30.0, 1900: 10.0}
+    at, fraction = choose_split_point(rng, samples, want=40.0)
+    assert 1300 <= at < 1500 and fraction == pytest.approx(0.4)   # tail: 30 + 10
+    at, fraction = choose_split_point(rng, samples, want=5.0)
+    assert 1500 <= at < 1900 and fraction == pytest.approx(0.1)
+    assert choose_split_point(rng, {1500: 99.0}, want=10.0) is None  # one hot key: atomic
+    # a range that wraps past zero
+    wrap = (HASH_SPACE - 100, 100)
+    at, fraction = choose_split_point(wrap, {HASH_SPACE - 50: 1.0, 50: 3.0}, want=3.0)
+    assert Ring.in_range(at, wrap) and fraction == pytest.approx(0.75)
+    assert (HASH_SPACE - 50 <= at or at < 50)
+
+
+def test_positions_are_sampled_bounded_and_follow_a_split():
+    from node.core.split_point import PositionLoad
+    load = PositionLoad(per_range=8)
+    hot = ["hot"] * 900
+    for i in range(50):
+        load.record(7, hot + [f"cold{i}-{j}" for j in range(100)])
+    table = load.samples(7)
+    assert len(table) <= 8
+    assert max(table, key=table.get) == position("hot")
+    assert table[position("hot")] > 0.8 * sum(table.values())
+    load.decay(0.5, keep={7})
+    assert load.samples(7)[position("hot")] == pytest.approx(table[position("hot")] / 2)
+    load.split(7, lambda pos: 3 if pos <= position("hot") else 7)
+    assert position("hot") in load.samples(3) and position("hot") not in load.samples(7)
+    load.decay(1.0, keep={7})
+    assert load.samples(3) == {}
+
+
+def test_plan_split_cuts_a_range_holding_two_hot_keys_between_them():
+    """One range holds two hot keys: no whole-range move evens the pair, a cut between
+    the keys does."""
+    from node.core.load import choose_shed
+    from node.core.split_point import plan_split
+    ring = Ring.initial({"a": "h:1", "b": "h:2", "c": "h:3"}, 1, 2)
+    token = ring.tokens_of("a")[0]
+    lo, _ = ring.range_of_token(token)
+    size = Ring.range_size(ring.range_of_token(token))
+    k1, k2 = (lo + size // 4) % HASH_SPACE, (lo + 3 * size // 4) % HASH_SPACE
+    rates = {token: 1000.0, ring.tokens_of("a")[1]: 10.0}
+    heir_rates = {"b": 20.0}
+    moves = choose_shed(ring, "a", rates, heir_rates, set())
+    assert token not in moves
+    plan = plan_split(ring, "a", rates, heir_rates, set(), moves,
+                      {token: {k1: 500.0, k2: 500.0}})
+    assert plan is not None
+    cut_token, at, heir = plan
+    assert cut_token == token and heir == ring.heir(token) and k1 <= at < k2
+    # the neighbour busy, or load already even: no split
+    assert plan_split(ring, "a", rates, heir_rates, {"b"}, moves, {token: {k1: 1.0, k2: 1.0}}) is None
+    assert plan_split(ring, "a", rates, {"b": 1010.0}, set(), {},
+                      {token: {k1: 1.0, k2: 1.0}}) is None

@@ -18,6 +18,7 @@ from node.core.errors import Fenced, InvalidArgument, RangeLost, StaleRing
 from node.core.ranges import Checkpoint, PrimaryRange, ReplicaSide
 from node.core.reducers import Reducer
 from node.core.ring import Ring
+from node.core.split_point import PositionLoad
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,7 @@ class NodeCore:
         self.streams: dict[str, int] = {}   # newest stream number seen per source
         self.fenced = False
         self.applied_by_token: dict[int, int] = {}   # tuples applied per owned token, cumulative
+        self.positions = PositionLoad()              # where inside each range the load sits
         self.counters = dict(applied=0, duplicates=0, refused=0, backed_up=0,
                              checkpoints_shipped=0, checkpoints_received=0, takeovers=0,
                              handed_off=0)
@@ -138,6 +140,8 @@ class NodeCore:
             if rng is not None:
                 self.primaries.update(rng.split(parts, part_of))
             self.replicas.split(token, parts, part_of)
+            self.positions.split(token, lambda pos, t=token, inside=inside: (
+                new.token_for_position(pos) if new.token_for_position(pos) in inside else t))
             if token in self.lost_tokens:
                 self.lost_tokens |= inside
 
@@ -212,9 +216,12 @@ class NodeCore:
         role = ring.role_of(self.node_id, token) if ring.has_token(token) else None
         if role == "primary":
             verify = self._verify_all if self.verify_keys else self._verify_first
+
+            def check(keys):
+                verify(token, keys)
+                self.positions.record(token, keys)
             applied, dups = self.primaries[token].apply(
-                source, first_seq, last_seq, count, payload, seqs,
-                verify=lambda keys: verify(token, keys))
+                source, first_seq, last_seq, count, payload, seqs, verify=check)
             self.counters["applied"] += applied
             self.counters["duplicates"] += dups
             self.applied_by_token[token] = self.applied_by_token.get(token, 0) + applied

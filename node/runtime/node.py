@@ -22,6 +22,7 @@ from node.core.load import LoadConfig, LoadMonitor, choose_shed
 from node.core.node_core import NodeCore, RingChange
 from node.core.reducers import Reducer
 from node.core.ring import Ring
+from node.core.split_point import plan_split
 
 log = logging.getLogger("floe.node")
 
@@ -429,6 +430,47 @@ class NodeRuntime:
                 log.warning("handoff aborted: %s", h.reason)
             return h
 
+    async def split_range(self, position: int) -> tuple[int, int]:
+        """Cut our range holding `position` at it (a ring change on this node, told to
+        everyone): returns (head token = position, tail token = the range's token).
+        Only the owner splits, and never a range being handed off."""
+        async with self._handoff_lock:
+            core = self.core
+            ring = core.ring
+            if core.fenced:
+                raise InvalidArgument(f"{core.node_id} was removed from the ring")
+            token = ring.token_for_position(position)
+            if ring.owner_of_token(token) != core.node_id:
+                raise InvalidArgument(f"{core.node_id} does not own the range holding "
+                                      f"{position:#x} (token {token:#x} is "
+                                      f"{ring.owner_of_token(token)}'s)")
+            try:
+                split = ring.split_token(token, position)
+            except ValueError as exc:
+                raise InvalidArgument(str(exc)) from None
+            self.adopt(split)
+            self.sync_ring()
+            log.info("split the range of token %#x at %#x (ring v%d)", token, position,
+                     self.core.ring.version)
+            return position, token
+
+    async def _split_for_shedding(self, ring, rates, heir_rates, busy, moves) -> None:
+        """When a single range is hotter than what evens us and its neighbour, cut it at
+        the measured point and add its tail to `moves` (the tail keeps the token)."""
+        core = self.core
+        samples = {t: core.positions.samples(t) for t in ring.tokens_of(core.node_id)}
+        plan = plan_split(ring, core.node_id, rates, heir_rates, busy, moves, samples)
+        if plan is None:
+            return
+        token, at, heir = plan
+        try:
+            await self.split_range(at)
+        except FloeError as exc:
+            log.info("load: split of token %#x refused: %s", token, exc)
+            return
+        if self.core.ring.owner_of_token(token) == self.core.node_id:
+            moves[token] = heir
+
     async def leave(self, timeout: float | None = None) -> None:
         """Scale-in: hand every range to its first replica, wait until the new owners
         no longer need our copies, leave the ring (removed for good) and stop."""
@@ -477,6 +519,7 @@ class NodeRuntime:
             now = time.monotonic()
             core = self.core
             was = self.load.overloaded
+            core.positions.decay(0.5 ** (0.1 / self.load.config.rate_window), core.primaries)
             self.load.sample(now, self.queued_batches, self.busy_seconds,
                              {t: n for t, n in core.applied_by_token.items() if t in core.primaries},
                              time.process_time())
@@ -511,6 +554,7 @@ class NodeRuntime:
                 busy.add(heir)
         rates = self.load.token_rates()
         moves = choose_shed(ring, me, rates, heir_rates, busy)
+        await self._split_for_shedding(ring, rates, heir_rates, busy, moves)
         log.info("load: %s at %.6f, rate %.0f/s, queue %.1f, busy %.0f%%; neighbours %s busy %s; "
                  "moving %d ranges", reason, time.time(), self.load.rate(), self.load.queue(),
                  100 * self.load.busy(), {h: round(r) for h, r in heir_rates.items()},

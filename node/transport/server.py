@@ -114,14 +114,22 @@ class ControlPlane(floe_pb2_grpc.ControlPlaneServicer):
                 await runtime.leave(request.timeout or None)
                 return floe_pb2.HandoffReply(accepted=True, ring_version=runtime.core.ring.version,
                                              detail="left the ring")
-            if not request.tokens and not request.target:
+            if not request.tokens and not request.target and not request.split:
                 # a neighbour asks us to shed load first (the cascade); ring_version
                 # carries how far the request has travelled
                 detail = await runtime.shed_load(f"asked by {request.sender}",
                                                  depth=request.ring_version)
                 return floe_pb2.HandoffReply(accepted=True, detail=detail,
                                              ring_version=runtime.core.ring.version)
-            moves = {int(t): request.target for t in request.tokens}
+            if request.split:
+                head, tail = await runtime.split_range(request.split_at)
+                if not request.target:
+                    return floe_pb2.HandoffReply(
+                        accepted=True, ring_version=runtime.core.ring.version,
+                        detail=f"split at {head:#x}: tail token {tail:#x}")
+                moves = {tail: request.target}
+            else:
+                moves = {int(t): request.target for t in request.tokens}
             h = await runtime.hand_off(moves, request.timeout or None)
         except FloeError as exc:
             await abort(context, exc)

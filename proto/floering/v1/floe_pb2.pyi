@@ -135,20 +135,24 @@ class ProbeReply(_message.Message):
     def __init__(self, alive: _Optional[bool] = ...) -> None: ...
 
 class HandoffRequest(_message.Message):
-    __slots__ = ("sender", "ring_version", "tokens", "target", "leave", "timeout")
+    __slots__ = ("sender", "ring_version", "tokens", "target", "leave", "timeout", "split", "split_at")
     SENDER_FIELD_NUMBER: _ClassVar[int]
     RING_VERSION_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
     LEAVE_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    SPLIT_FIELD_NUMBER: _ClassVar[int]
+    SPLIT_AT_FIELD_NUMBER: _ClassVar[int]
     sender: str
     ring_version: int
     tokens: _containers.RepeatedScalarFieldContainer[int]
     target: str
     leave: bool
     timeout: float
-    def __init__(self, sender: _Optional[str] = ..., ring_version: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., target: _Optional[str] = ..., leave: _Optional[bool] = ..., timeout: _Optional[float] = ...) -> None: ...
+    split: bool
+    split_at: int
+    def __init__(self, sender: _Optional[str] = ..., ring_version: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., target: _Optional[str] = ..., leave: _Optional[bool] = ..., timeout: _Optional[float] = ..., split: _Optional[bool] = ..., split_at: _Optional[int] = ...) -> None: ...
 
 class HandoffReply(_message.Message):
     __slots__ = ("accepted", "ring_version", "detail")
