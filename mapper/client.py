@@ -108,6 +108,7 @@ class RingClient:
             self._stop_loop()
             raise
         self._router = Router(ring)
+        self._tokens = ring.tokens          # the ring tokens the open buffers were routed with
         self._delivery.on_ring_change = self._router.update
         self._linger_task = self._call(self._start_linger())
 
@@ -175,9 +176,9 @@ class RingClient:
             raise InvalidKey(f"key must be str, bytes or int, not {type(key).__name__}")
         if type(value) not in _PLAIN_VALUES:
             _check_value(value)
-        tokens = self._router.ring.tokens
-        token = self._router.token(key)
         with self._lock:
+            tokens, route, sealed = self._routing_locked()
+            token = route(key)
             buf = self._buffers.get(token)
             if buf is None:
                 buf = self._buffers[token] = _Buffer(time.monotonic(), tokens)
@@ -188,18 +189,30 @@ class RingClient:
             full = len(buf.keys) >= self.batch_size
             if full:
                 self._seal_locked(token)
-        if full:
+        if full or sealed:
             self._hand_over()
+
+    def _routing_locked(self):
+        """The ring's tokens and a router bound to them for one emit call. When a split
+        added tokens since the open buffers were started, seal them all first: every
+        tuple routed with the old ring then precedes, in seq order per token, every
+        tuple routed with the new one (delivery cuts those batches by key)."""
+        ring, route = self._router.fixed()
+        sealed = False
+        if ring.tokens is not self._tokens and ring.tokens != self._tokens:
+            for token in list(self._buffers):
+                self._seal_locked(token)
+                sealed = True
+        self._tokens = ring.tokens
+        return ring.tokens, route, sealed
 
     def emit_many(self, keys: Iterable, value=1) -> None:
         """emit(key, value) for every key, several times faster than a loop of emit()."""
         if type(value) not in _PLAIN_VALUES:
             _check_value(value)
-        tokens = self._router.ring.tokens
-        route = self._router.token
         size = self.batch_size
-        full = False
         with self._lock:
+            tokens, route, full = self._routing_locked()
             buffers = self._buffers
             seq = self._next_seq
             try:

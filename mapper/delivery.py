@@ -186,6 +186,7 @@ class Delivery:
         self.last_progress = time.monotonic()
         self._streams = 0
         self._part_ids = itertools.count(1 << 48)   # ids of batches a split cut in parts
+        self._wire = b""                             # our ring as a node sent it
 
     def next_stream(self) -> int:
         # Wall-clock microseconds, never less than the previous number + 1: stream
@@ -235,8 +236,14 @@ class Delivery:
                               f"{errors[0] if errors else 'no reply'}")
         best = max(views, key=lambda v: v.version)
         ring = Ring.from_wire(best.ring)
-        if self.ring is None or ring.version > self.ring.version:
+        # A ring that no reachable node holds any more (its only holder died before
+        # telling anyone, e.g. right after a split or a commit) must not pin us, even
+        # when the survivors' ring has the same version number.
+        orphaned = self.ring is not None and ring.stamp != self.ring.stamp and all(
+            v.ring != self._wire for v in views)
+        if self.ring is None or ring.version > self.ring.version or orphaned:
             self.adopt(ring)
+            self._wire = best.ring
         self.reducer = best.reducer
         return self.ring
 
@@ -253,8 +260,46 @@ class Delivery:
             sender.task.cancel()
             sender.take_all()
         self.senders.clear()
-        for batch in sorted(self.undelivered.values(), key=PendingBatch.sort_key):
+        for batch in self._fitted(ring):
             self._route(batch)
+
+    def _fitted(self, ring: Ring) -> list[PendingBatch]:
+        """Undelivered batches in resend order, fitted to `ring`: cut by key where a
+        split added tokens; and where parts meet again in one token (the split died
+        with its node before anyone else learnt it), merged, so that each token's
+        batches still carry increasing, disjoint seqs (dedup keeps one watermark)."""
+        batches: list[PendingBatch] = []
+        for batch in sorted(self.undelivered.values(), key=PendingBatch.sort_key):
+            if batch.tokens is not ring.tokens and batch.tokens != ring.tokens:
+                batches += self._resplit(batch, ring) or [batch]
+            else:
+                batches.append(batch)
+        per_token: dict[int, list[PendingBatch]] = {}
+        for batch in batches:
+            stack = per_token.setdefault(batch.token, [])
+            while stack and stack[-1].source == batch.source and \
+                    batch.first_seq <= stack[-1].last_seq:
+                batch = self._merge(stack.pop(), batch, ring)
+            stack.append(batch)
+        return sorted((b for stack in per_token.values() for b in stack),
+                      key=PendingBatch.sort_key)
+
+    def _merge(self, a: PendingBatch, b: PendingBatch, ring: Ring) -> PendingBatch:
+        tuples = {}
+        for batch in (a, b):
+            keys, values = decode_payload(batch.payload, batch.count)
+            seqs = decode_seqs(batch.first_seq, batch.last_seq, batch.count, batch.seqs)
+            tuples.update(zip(seqs, zip(keys, values)))
+        seqs = sorted(tuples)
+        merged = PendingBatch(next(self._part_ids), a.token, a.source, seqs[0], seqs[-1],
+                              len(seqs), encode_payload([tuples[s][0] for s in seqs],
+                                                        [tuples[s][1] for s in seqs]),
+                              encode_seqs(seqs), min(a.born, b.born), tokens=ring.tokens,
+                              order=min(a.sort_key(), b.sort_key()))
+        self.undelivered.pop(a.id, None)
+        self.undelivered.pop(b.id, None)
+        self.undelivered[merged.id] = merged
+        return merged
 
     def check_progress(self, stall: float = 0.5) -> None:
         """Called periodically: batches waiting with no ack for `stall` seconds make

@@ -36,6 +36,22 @@ class Router:
             cache[key] = token
         return token
 
+    def fixed(self):
+        """(ring, route): a router bound to the current ring, for a run of keys that
+        must all be routed with one ring."""
+        ring, cache = self._routes
+        max_cached = self.max_cached
+
+        def route(key) -> int:
+            token = cache.get(key)
+            if token is None:
+                token = ring.token_for_key(key)
+                if len(cache) >= max_cached:
+                    cache.clear()
+                cache[key] = token
+            return token
+        return ring, route
+
     def update(self, ring: Ring) -> None:
         old, cache = self._routes
         self._routes = (ring, cache if ring.tokens == old.tokens else {})

@@ -414,8 +414,25 @@ class Simulation:
             if best.tokens != self.mapper_ring.tokens:
                 self._resplit(best)
             self.mapper_ring = best
-        for batch in sorted(self.undelivered.values(), key=Batch.sort_key):
+        for batch in self._fitted():
             self._route(batch)
+
+    def _fitted(self) -> list:
+        """Like RingClient: parts of batches that meet again in one token (a split that
+        died with its node) are merged, so a token's batches keep disjoint seqs."""
+        per_token: dict = {}
+        for batch in sorted(self.undelivered.values(), key=Batch.sort_key):
+            stack = per_token.setdefault(batch.token, [])
+            while stack and batch.seqs[0] <= stack[-1].seqs[-1]:
+                prev = stack.pop()
+                pairs = sorted(dict(zip(prev.seqs + batch.seqs, prev.keys + batch.keys)).items())
+                del self.undelivered[prev.id], self.undelivered[batch.id]
+                self.batch_ids += 1
+                batch = Batch(self.batch_ids, batch.source, batch.token, [k for _, k in pairs],
+                              [q for q, _ in pairs], order=min(prev.sort_key(), batch.sort_key()))
+                self.undelivered[batch.id] = batch
+            stack.append(batch)
+        return sorted((b for stack in per_token.values() for b in stack), key=Batch.sort_key)
 
     def _resplit(self, ring: Ring) -> None:
         """Like RingClient: a batch whose keys a split spread over several tokens is

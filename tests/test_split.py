@@ -355,3 +355,32 @@ def test_plan_split_cuts_a_range_holding_two_hot_keys_between_them():
     assert plan_split(ring, "a", rates, heir_rates, {"b"}, moves, {token: {k1: 1.0, k2: 1.0}}) is None
     assert plan_split(ring, "a", rates, {"b": 1010.0}, set(), {},
                       {token: {k1: 1.0, k2: 1.0}}) is None
+
+
+def test_mapper_merges_parts_again_when_the_split_died_with_its_node():
+    """The mapper learnt a split that its node took to the grave: the survivors' ring
+    has no such token, so the parts meet again in one range and must be merged, or
+    the later part's seqs would be taken for duplicates."""
+    from mapper.delivery import Delivery, PendingBatch
+    ring = Ring.initial({"a": "h:1", "b": "h:2"}, 1, 2)
+    token = ring.tokens[1]
+    keys = [k for k in (f"k{i}" for i in range(300)) if ring.token_for_key(k) == token]
+    seqs = list(range(1, len(keys) + 1))
+    split = ring.split_token(token, middle(ring, token))
+    d = Delivery(["h:1"], 8, 1.0, None)
+    first = PendingBatch(1, token, "src", 1, len(keys), len(keys),
+                         encode_payload(keys, [1] * len(keys)), encode_seqs(seqs),
+                         tokens=ring.tokens)
+    later = PendingBatch(2, token, "src", len(keys) + 1, len(keys) + 1, 1,
+                         encode_payload([keys[0]], [1]), b"", tokens=ring.tokens)
+    d.undelivered = {1: first, 2: later}
+    assert len(d._fitted(split)) == 3                        # first cut in two, later whole
+    survivors = ring.without(["a"])
+    fitted = d._fitted(survivors)
+    assert [b.token for b in fitted] == [token, token]
+    merged, last = fitted
+    assert (merged.first_seq, merged.last_seq, merged.count) == (1, len(keys), len(keys))
+    k, _ = decode_payload(merged.payload, merged.count)
+    got = dict(zip(decode_seqs(merged.first_seq, merged.last_seq, merged.count, merged.seqs), k))
+    assert got == dict(zip(seqs, keys)) and last.first_seq == len(keys) + 1
+    assert set(d.undelivered.values()) == {merged, last}

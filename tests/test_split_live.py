@@ -1,0 +1,99 @@
+"""Token splits on real processes: a range cut under a streaming mapper and its tail
+handed to the clockwise neighbour, and the owner SIGKILLed right after a split; the
+ring's counts equal an independent count of what flush() confirmed."""
+
+import threading
+import time
+
+import pytest
+
+from chaos.cluster import LocalCluster
+from chaos.elastic import request_handoff
+from node.core.hashing import HASH_SPACE
+from node.core.ring import Ring
+from tests.test_elastic import CALM, finish_exact, floe, status
+from tests.test_failover import Feeder
+
+pytestmark = pytest.mark.multiprocess
+
+
+def ring_at(address):
+    import grpc
+    from floering.v1 import floe_pb2, floe_pb2_grpc
+    with grpc.insecure_channel(address) as channel:
+        view = floe_pb2_grpc.ControlPlaneStub(channel).GetRing(floe_pb2.GetRingRequest(),
+                                                               timeout=5)
+    return Ring.from_wire(view.ring)
+
+
+def middle(ring, token):
+    lo, hi = ring.range_of_token(token)
+    return (lo + Ring.range_size((lo, hi)) // 2) % HASH_SPACE
+
+
+def test_floe_split_hands_the_tail_to_the_neighbour_under_a_streaming_mapper(tmp_path):
+    with LocalCluster.up(3, 1, workdir=tmp_path, tokens_per_node=2, extra_args=CALM) as cluster:
+        feeder = Feeder(cluster.seeds)
+        feeder.start()
+        time.sleep(0.5)
+        ring = feeder.client.refresh_ring()
+        token = ring.tokens_of("n0")[0]
+        heir = ring.heir(token)
+        at = middle(ring, token)
+        out = floe(tmp_path, "split", hex(at), "--to", heir)
+        assert "handed the tail" in out
+        time.sleep(0.3)
+        # a second cut of the head, kept by n0 (split only)
+        second = middle(ring.split_token(token, at), at)
+        assert "split the range" in floe(tmp_path, "split", str(second))
+        time.sleep(0.5)
+        ring = finish_exact(feeder)
+        assert ring.owner_of_token(token) == heir
+        assert ring.owner_of_token(at) == "n0" and ring.owner_of_token(second) == "n0"
+        assert len(ring.tokens) == 8
+        nodes = status(tmp_path)
+        assert nodes["n0"]["tokens"] == 3 and nodes["n0"]["handed_off"] >= 1
+        assert sum(n["ring_share"] for n in nodes.values()) == pytest.approx(1.0)
+        assert all(n["lost_ranges"] == 0 for n in nodes.values())
+
+
+@pytest.mark.parametrize("when", ["after the split", "during the tail's handoff"])
+def test_the_owner_killed_right_after_a_split_loses_nothing(tmp_path, when):
+    with LocalCluster.up(3, 1, workdir=tmp_path, tokens_per_node=2, extra_args=CALM) as cluster:
+        feeder = Feeder(cluster.seeds)
+        feeder.start()
+        time.sleep(0.5)
+        ring = feeder.client.refresh_ring()
+        token = ring.tokens_of("n0")[1]
+        at = middle(ring, token)
+        if when == "after the split":
+            reply = request_handoff(ring.address("n0"), [], "", timeout=10, split_at=at)
+            assert reply.accepted
+            # the replica holds the split (its copy cut in two) before the owner dies
+            deadline = time.monotonic() + 10
+            while not ring_at(ring.address(ring.heir(token))).has_token(at):
+                assert time.monotonic() < deadline, "the split never reached the replica"
+                time.sleep(0.01)
+            cluster.kill("n0")
+        else:
+            result = {}
+
+            def split_and_move():
+                try:
+                    result["reply"] = request_handoff(ring.address("n0"), [], ring.heir(token),
+                                                      timeout=10, split_at=at)
+                except Exception as exc:      # the owner dies under it
+                    result["error"] = exc
+            mover = threading.Thread(target=split_and_move)
+            mover.start()
+            time.sleep(0.05)
+            cluster.kill("n0")
+            mover.join(30)
+        time.sleep(1.5)
+        ring = finish_exact(feeder)
+        assert "n0" in ring.removed
+        if when == "after the split":
+            assert ring.has_token(at)
+        assert "n0" not in ring.owners
+        nodes = status(tmp_path)
+        assert all(n["lost_ranges"] == 0 for n in nodes.values() if "error" not in n)
