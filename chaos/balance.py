@@ -45,6 +45,16 @@ def hot_words(ring: Ring, node: str, count: int) -> list[str]:
     raise ValueError(f"{node} owns fewer than {count} ranges")
 
 
+def hot_words_in_one_range(ring: Ring, node: str, count: int) -> list[str]:
+    """`count` words all in `node`'s first range."""
+    token = ring.tokens_of(node)[0]
+    words = [w for w in (f"hot{i}" for i in range(1_000_000))
+             if ring.token_for_key(w) == token][:count]
+    if len(words) < count:
+        raise ValueError(f"found only {len(words)} words in token {token}")
+    return words
+
+
 class OpenLoopFeeder(threading.Thread):
     """Emits `rate` tuples/s in 20 ms ticks; a flush every half second counts what the
     ring acknowledged."""
@@ -79,7 +89,8 @@ class OpenLoopFeeder(threading.Thread):
 
 def run(workdir: str | Path, seconds: float = 20.0, rate: float = 30_000, nodes: int = 3,
         work: int = 1000, hot: int = 4, hot_share: float = 0.9, sample: float = 0.2,
-        cooldown: float = 3.0) -> dict:
+        cooldown: float = 3.0, one_range: bool = False) -> dict:
+    """`one_range`: every hot word in the same range of n0 (only a split can share it)."""
     extra = ["--reducer-arg", f"work={work}", "--balance", "--high-queue", "16",
              "--low-queue", "4", "--high-cpu", "0.85", "--low-cpu", "0.7",
              "--balance-cooldown", str(cooldown),
@@ -90,7 +101,8 @@ def run(workdir: str | Path, seconds: float = 20.0, rate: float = 30_000, nodes:
                          tokens_per_node=8, extra_args=extra) as cluster:
         probe = RingClient(cluster.seeds, timeout=30)
         ring = probe.ring
-        hot_keys = hot_words(ring, "n0", hot)
+        hot_keys = hot_words_in_one_range(ring, "n0", hot) if one_range else \
+            hot_words(ring, "n0", hot)
         background = [w for line in kjv_lines(2000) for w in split_words(line)]
         stream, b = [], 0
         for i in range(20_000):           # hot_share of the stream on the hot words
@@ -121,10 +133,11 @@ def run(workdir: str | Path, seconds: float = 20.0, rate: float = 30_000, nodes:
         exact = got == dict(feeder.acked)
         mismatch = {k: (got.get(k), feeder.acked.get(k)) for k in set(got) | set(feeder.acked)
                     if got.get(k) != feeder.acked.get(k)}
-        events, handoff_ms, declared = [], [], 0
+        events, handoff_ms, declared, splits = [], [], 0, 0
         for node in cluster.nodes:
             text = Path(node.log).read_text(errors="replace")
             handoff_ms += [int(m.group(1)) for m in _HANDOFF_MS.finditer(text)]
+            splits += text.count("split the range")
             declared += text.count("rejoining empty")
             for m in _EVENT.finditer(text):
                 kind = m.group(1) or "moved"
@@ -132,7 +145,7 @@ def run(workdir: str | Path, seconds: float = 20.0, rate: float = 30_000, nodes:
     events.sort()
     result = analyse(samples, events, exact, sum(feeder.acked.values()), seconds)
     result.update(handoff_ms=sorted(handoff_ms), false_declarations=declared,
-                  mismatch=mismatch)
+                  mismatch=mismatch, splits=splits)
     return result
 
 
@@ -217,7 +230,7 @@ def report(result: dict) -> str:
     lines = [f"acknowledged {result['acked']:,} tuples; exact: {result['exact']}",
              f"handoffs: {len(result.get('handoff_ms', []))}, each took (ms) "
              f"{result.get('handoff_ms')}; nodes wrongly declared dead: "
-             f"{result.get('false_declarations', 0)}"]
+             f"{result.get('false_declarations', 0)}; token splits: {result.get('splits', 0)}"]
     if "t_over" not in result:
         return "\n".join(lines + ["no node became overloaded"])
     node = result["node"]
@@ -250,9 +263,13 @@ def main(argv=None) -> int:
     p.add_argument("--work", type=int, default=1000, help="CPU spins per tuple in the reducer")
     p.add_argument("--cooldown", type=float, default=3.0, help="seconds between two moves of a node")
     p.add_argument("--plot", help="write the per-node rate plot (PNG) here")
+    p.add_argument("--hot", type=int, default=4, help="number of hot words")
+    p.add_argument("--one-range", action="store_true",
+                   help="put every hot word in the same range (only a token split shares it)")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
-        result = run(tmp, args.seconds, args.rate, work=args.work, cooldown=args.cooldown)
+        result = run(tmp, args.seconds, args.rate, work=args.work, cooldown=args.cooldown,
+                     hot=args.hot, one_range=args.one_range)
     print(report(result))
     if args.plot:
         plot(result, args.plot)

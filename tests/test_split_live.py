@@ -97,3 +97,14 @@ def test_the_owner_killed_right_after_a_split_loses_nothing(tmp_path, when):
         assert "n0" not in ring.owners
         nodes = status(tmp_path)
         assert all(n["lost_ranges"] == 0 for n in nodes.values() if "error" not in n)
+
+
+def test_load_shedding_splits_a_range_holding_two_hot_keys(tmp_path):
+    """Both hot keys in one range of n0: no whole-range move evens n0 and n1, so the
+    overloaded node cuts the range between them and hands the tail over by itself."""
+    from chaos.balance import run
+    result = run(tmp_path, seconds=8, rate=16000, work=4000, hot=2, one_range=True)
+    assert result["exact"], "counts differ from the independent count"
+    assert "t_over" in result, "no node became overloaded: the workload is too light here"
+    assert result["splits"] >= 1, "the overloaded node never split its hot range"
+    assert result["ratio_after"] < result["ratio_before"]
