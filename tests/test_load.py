@@ -90,3 +90,19 @@ def test_scale_out_plan_takes_the_busiest_ranges_from_the_fullest_nodes():
     moved = [t for moves in plan.values() for t in moves]
     assert len(moved) == 3 and hot in moved                  # 12 tokens / 4 nodes
     assert all(target == "d" for moves in plan.values() for target in moves.values())
+
+
+def test_a_range_the_neighbour_cannot_absorb_goes_past_it():
+    ring = Ring.initial({"a": "h:1", "b": "h:2", "c": "h:3"}, 1, 4)
+    mine = ring.tokens_of("a")
+    rates = {mine[0]: 900.0, mine[1]: 800.0, mine[2]: 700.0, mine[3]: 10.0}
+    moves = choose_shed(ring, "a", rates, {"b": 0.0, "c": 0.0}, busy=set())
+    # one hot range to each of the two nodes after a; a keeps one hot range
+    assert sorted(moves.values()) == ["b", "c"]
+    assert mine[2] not in moves and mine[3] not in moves
+    # with b busy, everything that helps goes to c
+    only_c = choose_shed(ring, "a", rates, {"b": 0.0, "c": 0.0}, busy={"b"})
+    assert set(only_c.values()) == {"c"} and mine[0] in only_c
+    # reach 1 is the paper's neighbour-only rule: every range to its own heir
+    near = choose_shed(ring, "a", rates, {"b": 0.0, "c": 0.0}, busy=set(), reach=1)
+    assert all(target == ring.heir(token) for token, target in near.items())

@@ -18,12 +18,15 @@ from node.core.batch import Limits
 from node.core.detector import DetectorConfig, FailureDetector
 from node.core.errors import Fenced, FloeError, InvalidArgument, StaleRing
 from node.core.handoff import Handoff, retired_extras
-from node.core.load import LoadConfig, LoadMonitor, choose_shed
+from node.core.load import LoadConfig, LoadMonitor, choose_shed, clockwise_nodes
 from node.core.node_core import NodeCore, RingChange
 from node.core.reducers import Reducer
 from node.core.ring import Ring
 
 log = logging.getLogger("floe.node")
+
+# How far along the ring a range may go when shed: its heir, or the node after it.
+SHED_REACH = 2
 
 
 @dataclass
@@ -119,6 +122,9 @@ class NodeRuntime:
         """Queue one request's batches; waits while the queue is full (that wait is
         the flow control the sender feels). Returns a future of [(batch id, PushResult)]."""
         done = asyncio.get_running_loop().create_future()
+        # After a refusal the stream ends and nobody awaits the futures behind it: mark
+        # their errors seen, or asyncio logs each one as never retrieved.
+        done.add_done_callback(_seen)
         await self.inbound.put(_Inbound(batches, stream, done))
         self.queued_batches += len(batches)
         return done
@@ -491,36 +497,47 @@ class NodeRuntime:
                 self._spawn(self.shed_load(reason="overloaded"))
 
     async def shed_load(self, reason: str, depth: int = 0) -> str:
-        """Hand the hottest ranges to neighbours that are not busy themselves; when
-        every neighbour is busy, ask the first one to shed first (the request cascades
-        clockwise, at most once round the ring)."""
+        """Hand the hottest ranges to the nearest nodes clockwise that are not busy
+        themselves; when every one of them is busy, ask the first to shed first (the
+        request cascades clockwise, at most once round the ring), then plan again at
+        once with what it freed."""
+        outcome = await self._shed_once(reason, depth, cascade=True)
+        if outcome.startswith("asked "):
+            retry = await self._shed_once(f"{reason}, after the cascade", depth, cascade=False)
+            outcome = f"{outcome}; {retry}"
+        return outcome
+
+    async def _shed_once(self, reason: str, depth: int, cascade: bool) -> str:
         core = self.core
         ring = core.ring
         me = core.node_id
-        heirs = sorted({h for t in ring.tokens_of(me) if (h := ring.heir(t))})
-        stats = await asyncio.gather(*(self.peers.stats(ring.address(h)) for h in heirs),
+        reach = {n for t in ring.tokens_of(me) for n in clockwise_nodes(ring, t, SHED_REACH)}
+        reach = sorted(reach)
+        stats = await asyncio.gather(*(self.peers.stats(ring.address(n)) for n in reach),
                                      return_exceptions=True)
-        heir_rates, busy = {}, set()
-        for heir, st in zip(heirs, stats):
+        rates_of, busy = {}, set()
+        for node, st in zip(reach, stats):
             if isinstance(st, BaseException):
-                log.info("load: no stats from %s: %r", heir, st)
-                busy.add(heir)           # unreachable: not a place to move load to
+                log.info("load: no stats from %s: %r", node, st)
+                busy.add(node)           # unreachable: not a place to move load to
                 continue
-            heir_rates[heir] = st.apply_rate
-            if st.overloaded:
-                busy.add(heir)
+            rates_of[node] = st.apply_rate
+            if st.overloaded and cascade:
+                busy.add(node)
+        # after a cascade the neighbour's verdict lags its move: judge it by its rate
         rates = self.load.token_rates()
-        moves = choose_shed(ring, me, rates, heir_rates, busy)
-        log.info("load: %s at %.6f, rate %.0f/s, queue %.1f, busy %.0f%%; neighbours %s busy %s; "
+        moves = choose_shed(ring, me, rates, rates_of, busy, SHED_REACH)
+        log.info("load: %s at %.6f, rate %.0f/s, queue %.1f, busy %.0f%%; nodes %s busy %s; "
                  "moving %d ranges", reason, time.time(), self.load.rate(), self.load.queue(),
-                 100 * self.load.busy(), {h: round(r) for h, r in heir_rates.items()},
+                 100 * self.load.busy(), {n: round(r) for n, r in rates_of.items()},
                  sorted(busy), len(moves))
         if moves:
             h = await self.hand_off(moves)
             self.load.moved(time.monotonic())
             return f"moved {len(moves)} ranges: {h.state} {h.reason}"
-        if busy and depth < len(ring.nodes) and heirs:
-            target = sorted(busy)[0]
+        heirs = sorted({h for t in ring.tokens_of(me) if (h := ring.heir(t))} & busy)
+        if cascade and heirs and depth < len(ring.nodes):
+            target = heirs[0]
             try:
                 await self.peers.request_shed(ring.address(target), me, depth + 1)
             except FloeError as exc:
@@ -539,6 +556,11 @@ class NodeRuntime:
                     load=msgpack.packb({t: r for t, r in rates.items()}), rejoined=self.rejoined, node_id=self.core.node_id, address=self.config.listen,
                     queue_length=self.inbound.qsize(), reducer=self.reducer.name,
                     pid=os.getpid(), uptime=time.monotonic() - self.started_at)
+
+
+def _seen(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def _clockwise_after(ring: Ring, node: str) -> list[str]:
