@@ -95,6 +95,9 @@ class LoadMonitor:
         self.last_move = now
 
 
+MOVE_MARGIN = 0.05
+
+
 def clockwise_nodes(ring: Ring, token: int, reach: int) -> list[str]:
     """The first `reach` distinct nodes after the token's owner walking clockwise: its
     heir (first replica, which holds the range) first, then the heir's neighbour..."""
@@ -138,8 +141,10 @@ def choose_shed(ring: Ring, me: str, rates: dict[int, float], heir_rates: dict[s
             continue
         heir = ring.heir(token)
         target = min(candidates, key=lambda n: (load[n] + r, n != heir))
-        # worth it only if the receiver ends below where I was: the pair gets more even
-        if load[target] + r < left:
+        # worth it only if the receiver ends clearly below where I was: the pair gets
+        # more even (the larger load falls), by a margin that measurement noise cannot
+        # turn into ranges bouncing back and forth
+        if load[target] + r < left * (1 - MOVE_MARGIN):
             moves[token] = target
             left -= r
             load[target] += r

@@ -499,20 +499,24 @@ class NodeRuntime:
     async def shed_load(self, reason: str, depth: int = 0) -> str:
         """Hand the hottest ranges to the nearest nodes clockwise that are not busy
         themselves; when every one of them is busy, ask the first to shed first (the
-        request cascades clockwise, at most once round the ring), then plan again at
-        once with what it freed."""
-        outcome = await self._shed_once(reason, depth, cascade=True)
-        if outcome.startswith("asked "):
-            retry = await self._shed_once(f"{reason}, after the cascade", depth, cascade=False)
+        request cascades clockwise, at most once round the ring). If it did move
+        ranges, plan again at once with what it freed rather than after a cool-down."""
+        outcome, asked = await self._shed_once(reason, depth)
+        if asked is not None and "committed" in outcome:
+            retry, _ = await self._shed_once(f"{reason}, after {asked} shed", depth,
+                                             relieved=asked)
             outcome = f"{outcome}; {retry}"
         return outcome
 
-    async def _shed_once(self, reason: str, depth: int, cascade: bool) -> str:
+    async def _shed_once(self, reason: str, depth: int,
+                         relieved: str | None = None) -> tuple[str, str | None]:
+        """One planning round. Returns what happened, and the neighbour asked to shed
+        first, if any. `relieved` just shed: its overload verdict lags its move, so it
+        is judged by its rate."""
         core = self.core
         ring = core.ring
         me = core.node_id
-        reach = {n for t in ring.tokens_of(me) for n in clockwise_nodes(ring, t, SHED_REACH)}
-        reach = sorted(reach)
+        reach = sorted({n for t in ring.tokens_of(me) for n in clockwise_nodes(ring, t, SHED_REACH)})
         stats = await asyncio.gather(*(self.peers.stats(ring.address(n)) for n in reach),
                                      return_exceptions=True)
         rates_of, busy = {}, set()
@@ -522,9 +526,8 @@ class NodeRuntime:
                 busy.add(node)           # unreachable: not a place to move load to
                 continue
             rates_of[node] = st.apply_rate
-            if st.overloaded and cascade:
+            if st.overloaded and node != relieved:
                 busy.add(node)
-        # after a cascade the neighbour's verdict lags its move: judge it by its rate
         rates = self.load.token_rates()
         moves = choose_shed(ring, me, rates, rates_of, busy, SHED_REACH)
         log.info("load: %s at %.6f, rate %.0f/s, queue %.1f, busy %.0f%%; nodes %s busy %s; "
@@ -534,16 +537,16 @@ class NodeRuntime:
         if moves:
             h = await self.hand_off(moves)
             self.load.moved(time.monotonic())
-            return f"moved {len(moves)} ranges: {h.state} {h.reason}"
+            return f"moved {len(moves)} ranges: {h.state} {h.reason}", None
         heirs = sorted({h for t in ring.tokens_of(me) if (h := ring.heir(t))} & busy)
-        if cascade and heirs and depth < len(ring.nodes):
+        if relieved is None and heirs and depth < len(ring.nodes):
             target = heirs[0]
             try:
-                await self.peers.request_shed(ring.address(target), me, depth + 1)
+                detail = await self.peers.request_shed(ring.address(target), me, depth + 1)
             except FloeError as exc:
-                return f"cascade to {target} failed: {exc}"
-            return f"asked {target} to shed first"
-        return "nothing to move"
+                return f"cascade to {target} failed: {exc}", None
+            return f"asked {target} to shed first: {detail}", target
+        return "nothing to move", None
 
     # --------------------------------------------------------------- queries
 
