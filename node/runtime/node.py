@@ -25,9 +25,6 @@ from node.core.ring import Ring
 
 log = logging.getLogger("floe.node")
 
-# How far along the ring a range may go when shed: its heir, or the node after it.
-SHED_REACH = 2
-
 
 @dataclass
 class StreamState:
@@ -516,7 +513,8 @@ class NodeRuntime:
         core = self.core
         ring = core.ring
         me = core.node_id
-        reach = sorted({n for t in ring.tokens_of(me) for n in clockwise_nodes(ring, t, SHED_REACH)})
+        reach = sorted({n for t in ring.tokens_of(me)
+                        for n in clockwise_nodes(ring, t, self.config.balance_reach)})
         stats = await asyncio.gather(*(self.peers.stats(ring.address(n)) for n in reach),
                                      return_exceptions=True)
         rates_of, busy = {}, set()
@@ -529,7 +527,7 @@ class NodeRuntime:
             if st.overloaded and node != relieved:
                 busy.add(node)
         rates = self.load.token_rates()
-        moves = choose_shed(ring, me, rates, rates_of, busy, SHED_REACH)
+        moves = choose_shed(ring, me, rates, rates_of, busy, self.config.balance_reach)
         log.info("load: %s at %.6f, rate %.0f/s, queue %.1f, busy %.0f%%; nodes %s busy %s; "
                  "moving %d ranges", reason, time.time(), self.load.rate(), self.load.queue(),
                  100 * self.load.busy(), {n: round(r) for n, r in rates_of.items()},
