@@ -7,6 +7,7 @@ relieved), per-node throughput and the max/mean load ratio before and after, how
 measured split compares with halving the share, and an exact check of every count.
 
     python -m chaos.balance --seconds 20 --plot docs/elasticity-rate.png
+    python -m chaos.balance --rate 16000 --work 4000 --runs 4 --compare-reach
 """
 
 from __future__ import annotations
@@ -89,9 +90,10 @@ class OpenLoopFeeder(threading.Thread):
 
 def run(workdir: str | Path, seconds: float = 20.0, rate: float = 30_000, nodes: int = 3,
         work: int = 1000, hot: int = 4, hot_share: float = 0.9, sample: float = 0.2,
-        cooldown: float = 3.0, one_range: bool = False) -> dict:
+        cooldown: float = 3.0, reach: int = 2, one_range: bool = False) -> dict:
     """`one_range`: every hot word in the same range of n0 (only a split can share it)."""
-    extra = ["--reducer-arg", f"work={work}", "--balance", "--high-queue", "16",
+    extra = ["--reducer-arg", f"work={work}", "--balance", "--balance-reach", str(reach),
+             "--high-queue", "16",
              "--low-queue", "4", "--high-cpu", "0.85", "--low-cpu", "0.7",
              "--balance-cooldown", str(cooldown),
              # A node saturating its core answers probes late; on this shared 2-core
@@ -256,25 +258,74 @@ def _fmt(t):
     return "-" if t is None else f"{t:.2f} s"
 
 
+def summary_row(result: dict) -> dict:
+    """The numbers of one run that a series compares."""
+    def since_over(key):
+        t = result.get(key)
+        return None if t is None or "t_over" not in result else t - result["t_over"]
+    return {"exact": result["exact"], "moved": since_over("t_moved"),
+            "relieved": since_over("t_relieved"), "handoffs": len(result.get("handoff_ms", [])),
+            "false": result.get("false_declarations", 0),
+            "before": result.get("ratio_before"), "after": result.get("ratio_after")}
+
+
+def compare(rows: dict[int, list[dict]]) -> str:
+    """Side by side: per reach, the median reaction times and balance over the runs."""
+    from statistics import median
+
+    def med(values):
+        values = [v for v in values if v is not None]
+        return median(values) if values else None
+    lines = ["reach | runs | exact | relief <= 1 s | overload -> moved (median) | "
+             "overload -> relief (median) | handoffs (median) | max/mean after (median)"]
+    meds = {}
+    for reach, rs in sorted(rows.items()):
+        relieved = [r["relieved"] for r in rs]
+        meds[reach] = (med(relieved), med([r["after"] for r in rs]))
+        lines.append(f"{reach} | {len(rs)} | {sum(r['exact'] for r in rs)}/{len(rs)} | "
+                     f"{sum(1 for v in relieved if v is not None and v <= 1.0)}/{len(rs)} | "
+                     f"{_fmt(med([r['moved'] for r in rs]))} | {_fmt(meds[reach][0])} | "
+                     f"{med([r['handoffs'] for r in rs])} | {meds[reach][1] or 0:.2f}")
+    if 1 in meds and 2 in meds and all(meds[k][0] for k in (1, 2)):
+        lines.append(f"median relief time, reach 2 / reach 1: {meds[2][0] / meds[1][0]:.2f}")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seconds", type=float, default=20.0)
     p.add_argument("--rate", type=float, default=30_000, help="tuples/s fed")
     p.add_argument("--work", type=int, default=1000, help="CPU spins per tuple in the reducer")
+    p.add_argument("--hot", type=int, default=4,
+                   help="hot words, each in its own range (all in one with --one-range)")
     p.add_argument("--cooldown", type=float, default=3.0, help="seconds between two moves of a node")
-    p.add_argument("--plot", help="write the per-node rate plot (PNG) here")
-    p.add_argument("--hot", type=int, default=4, help="number of hot words")
+    p.add_argument("--reach", type=int, default=2,
+                   help="nodes clockwise a shed range may go (1: the neighbour only)")
+    p.add_argument("--runs", type=int, default=1)
+    p.add_argument("--compare-reach", action="store_true",
+                   help="alternate runs with reach 1 and 2 and compare them side by side")
+    p.add_argument("--plot", help="write the per-node rate plot (PNG) of the first run here")
     p.add_argument("--one-range", action="store_true",
                    help="put every hot word in the same range (only a token split shares it)")
     args = p.parse_args(argv)
-    with tempfile.TemporaryDirectory() as tmp:
-        result = run(tmp, args.seconds, args.rate, work=args.work, cooldown=args.cooldown,
-                     hot=args.hot, one_range=args.one_range)
-    print(report(result))
-    if args.plot:
-        plot(result, args.plot)
-        print(f"plot: {args.plot}")
-    return 0 if result["exact"] else 1
+    reaches = [1, 2] if args.compare_reach else [args.reach]
+    rows: dict[int, list[dict]] = {r: [] for r in reaches}
+    ok = True
+    for i in range(args.runs):
+        for reach in reaches:
+            with tempfile.TemporaryDirectory() as tmp:
+                result = run(tmp, args.seconds, args.rate, work=args.work, hot=args.hot,
+                             cooldown=args.cooldown, reach=reach, one_range=args.one_range)
+            print(f"--- run {i + 1}, reach {reach}")
+            print(report(result), flush=True)
+            rows[reach].append(summary_row(result))
+            ok = ok and result["exact"]
+            if args.plot and i == 0 and reach == reaches[-1]:
+                plot(result, args.plot)
+                print(f"plot: {args.plot}")
+    if args.runs > 1 or len(reaches) > 1:
+        print(compare(rows))
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

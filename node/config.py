@@ -40,6 +40,7 @@ class NodeConfig:
     low_queue: float = 2.0                       # relieved: queue below this AND cpu below low_cpu
     low_cpu: float = 0.5
     balance_cooldown: float = 2.0                # seconds between two moves of one node
+    balance_reach: int = 2                       # a shed range may go this many nodes clockwise
     join: str = ""                               # seed host:port,...: join a running ring with no tokens
     startup_grace: float = 10.0                  # a starting node suspects a peer it never heard from only after this
     log_level: str = "INFO"
@@ -59,6 +60,8 @@ class NodeConfig:
             raise ValueError("replication must be >= 0")
         if self.tokens_per_node < 1:
             raise ValueError("tokens_per_node must be >= 1")
+        if self.balance_reach < 1:
+            raise ValueError("balance_reach must be >= 1")
         for name in ("checkpoint_interval", "rpc_timeout", "heartbeat_interval", "suspect_min",
                      "probe_timeout"):
             if getattr(self, name) <= 0:
@@ -136,6 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--low-queue", type=float)
     p.add_argument("--low-cpu", type=float)
     p.add_argument("--balance-cooldown", type=float)
+    p.add_argument("--balance-reach", type=int,
+                   help="how many distinct nodes clockwise a shed range may go (1: only "
+                        "the neighbour holding it)")
     p.add_argument("--join", help="seed addresses host:port,... of a running ring to join "
                                   "(as a member with no ranges; --peers names only this node)")
     p.add_argument("--startup-grace", type=float,

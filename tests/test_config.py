@@ -32,6 +32,8 @@ def test_config_is_frozen():
     (["--node-id", "n0", "--listen", "nowhere", "--peers", PEERS], "host:port"),
     (["--node-id", "n0", "--listen", "127.0.0.1:7000", "--peers", PEERS,
       "--replication", "-1"], "replication"),
+    (["--node-id", "n0", "--listen", "127.0.0.1:7000", "--peers", PEERS,
+      "--balance-reach", "0"], "balance_reach"),
 ])
 def test_bad_settings_are_refused_clearly(argv, message):
     with pytest.raises(ValueError, match=message):

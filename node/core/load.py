@@ -95,31 +95,59 @@ class LoadMonitor:
         self.last_move = now
 
 
+MOVE_MARGIN = 0.05
+
+
+def clockwise_nodes(ring: Ring, token: int, reach: int) -> list[str]:
+    """The first `reach` distinct nodes after the token's owner walking clockwise: its
+    heir (first replica, which holds the range) first, then the heir's neighbour..."""
+    owner = ring.owner_of_token(token)
+    n = len(ring.tokens)
+    start = ring.token_index(token)
+    found: list[str] = []
+    for step in range(1, n):
+        node = ring.owners[(start + step) % n]
+        if node != owner and node not in found:
+            found.append(node)
+            if len(found) == reach:
+                break
+    return found
+
+
 def choose_shed(ring: Ring, me: str, rates: dict[int, float], heir_rates: dict[str, float],
-                busy: set[str]) -> dict[int, str]:
-    """Which of my ranges go to which neighbour: to each token's first replica (it holds
-    the range already) that is not busy itself, the ranges whose measured load brings
-    the two closest to equal. The split point comes from measured per-range load, not
-    from halving the share. Returns {} when no move helps."""
-    mine = [t for t in ring.tokens_of(me)]
+                busy: set[str], reach: int = 2) -> dict[int, str]:
+    """Which of my ranges go to which node: hottest range first, each to the least
+    loaded of the first `reach` nodes clockwise after it that is not busy (its heir,
+    which already holds the range, wins ties; a node further on receives the state in
+    the background first), as long as the move lowers the larger of the two loads.
+    The cascade along the ring is thus planned in one step: a range the neighbour
+    cannot absorb goes past it. The split point comes from measured per-range load,
+    not from halving the share. `heir_rates` holds the measured rate of every node
+    that may receive. Returns {} when no move helps."""
+    mine = list(ring.tokens_of(me))
     if len(mine) < 2:
         return {}
-    total = sum(rates.get(t, 0.0) for t in mine)
+    left = sum(rates.get(t, 0.0) for t in mine)
     moves: dict[int, str] = {}
     load = dict(heir_rates)
-    left = total
     # hottest first: the fewest ranges moved for the most relief
     for token in sorted(mine, key=lambda t: -rates.get(t, 0.0)):
-        heir = ring.heir(token)
         r = rates.get(token, 0.0)
-        if heir is None or heir in busy or r <= 0 or len(mine) - len(moves) <= 1:
+        if r <= 0 or len(mine) - len(moves) <= 1:
             continue
-        there = load.get(heir, 0.0)
-        # move only if it makes the pair more even: |left - there| shrinks
-        if abs((left - r) - (there + r)) < abs(left - there):
-            moves[token] = heir
+        candidates = [n for n in clockwise_nodes(ring, token, reach)
+                      if n not in busy and n in load]
+        if not candidates:
+            continue
+        heir = ring.heir(token)
+        target = min(candidates, key=lambda n: (load[n] + r, n != heir))
+        # worth it only if the receiver ends clearly below where I was: the pair gets
+        # more even (the larger load falls), by a margin that measurement noise cannot
+        # turn into ranges bouncing back and forth
+        if load[target] + r < left * (1 - MOVE_MARGIN):
+            moves[token] = target
             left -= r
-            load[heir] = there + r
+            load[target] += r
     return moves
 
 

@@ -18,7 +18,7 @@ from node.core.batch import Limits
 from node.core.detector import DetectorConfig, FailureDetector
 from node.core.errors import Fenced, FloeError, InvalidArgument, StaleRing
 from node.core.handoff import Handoff, retired_extras
-from node.core.load import LoadConfig, LoadMonitor, choose_shed
+from node.core.load import LoadConfig, LoadMonitor, choose_shed, clockwise_nodes
 from node.core.node_core import NodeCore, RingChange
 from node.core.reducers import Reducer
 from node.core.ring import Ring
@@ -120,6 +120,9 @@ class NodeRuntime:
         """Queue one request's batches; waits while the queue is full (that wait is
         the flow control the sender feels). Returns a future of [(batch id, PushResult)]."""
         done = asyncio.get_running_loop().create_future()
+        # After a refusal the stream ends and nobody awaits the futures behind it: mark
+        # their errors seen, or asyncio logs each one as never retrieved.
+        done.add_done_callback(_seen)
         await self.inbound.put(_Inbound(batches, stream, done))
         self.queued_batches += len(batches)
         return done
@@ -534,43 +537,58 @@ class NodeRuntime:
                 self._spawn(self.shed_load(reason="overloaded"))
 
     async def shed_load(self, reason: str, depth: int = 0) -> str:
-        """Hand the hottest ranges to neighbours that are not busy themselves; when
-        every neighbour is busy, ask the first one to shed first (the request cascades
-        clockwise, at most once round the ring)."""
+        """Hand the hottest ranges to the nearest nodes clockwise that are not busy
+        themselves; when every one of them is busy, ask the first to shed first (the
+        request cascades clockwise, at most once round the ring). If it did move
+        ranges, plan again at once with what it freed rather than after a cool-down."""
+        outcome, asked = await self._shed_once(reason, depth)
+        if asked is not None and "committed" in outcome:
+            retry, _ = await self._shed_once(f"{reason}, after {asked} shed", depth,
+                                             relieved=asked)
+            outcome = f"{outcome}; {retry}"
+        return outcome
+
+    async def _shed_once(self, reason: str, depth: int,
+                         relieved: str | None = None) -> tuple[str, str | None]:
+        """One planning round. Returns what happened, and the neighbour asked to shed
+        first, if any. `relieved` just shed: its overload verdict lags its move, so it
+        is judged by its rate."""
         core = self.core
         ring = core.ring
         me = core.node_id
-        heirs = sorted({h for t in ring.tokens_of(me) if (h := ring.heir(t))})
-        stats = await asyncio.gather(*(self.peers.stats(ring.address(h)) for h in heirs),
+        reach = sorted({n for t in ring.tokens_of(me)
+                        for n in clockwise_nodes(ring, t, self.config.balance_reach)})
+        stats = await asyncio.gather(*(self.peers.stats(ring.address(n)) for n in reach),
                                      return_exceptions=True)
-        heir_rates, busy = {}, set()
-        for heir, st in zip(heirs, stats):
+        rates_of, busy = {}, set()
+        for node, st in zip(reach, stats):
             if isinstance(st, BaseException):
-                log.info("load: no stats from %s: %r", heir, st)
-                busy.add(heir)           # unreachable: not a place to move load to
+                log.info("load: no stats from %s: %r", node, st)
+                busy.add(node)           # unreachable: not a place to move load to
                 continue
-            heir_rates[heir] = st.apply_rate
-            if st.overloaded:
-                busy.add(heir)
+            rates_of[node] = st.apply_rate
+            if st.overloaded and node != relieved:
+                busy.add(node)
         rates = self.load.token_rates()
-        moves = choose_shed(ring, me, rates, heir_rates, busy)
-        await self._split_for_shedding(ring, rates, heir_rates, busy, moves)
-        log.info("load: %s at %.6f, rate %.0f/s, queue %.1f, busy %.0f%%; neighbours %s busy %s; "
+        moves = choose_shed(ring, me, rates, rates_of, busy, self.config.balance_reach)
+        await self._split_for_shedding(ring, rates, rates_of, busy, moves)
+        log.info("load: %s at %.6f, rate %.0f/s, queue %.1f, busy %.0f%%; nodes %s busy %s; "
                  "moving %d ranges", reason, time.time(), self.load.rate(), self.load.queue(),
-                 100 * self.load.busy(), {h: round(r) for h, r in heir_rates.items()},
+                 100 * self.load.busy(), {n: round(r) for n, r in rates_of.items()},
                  sorted(busy), len(moves))
         if moves:
             h = await self.hand_off(moves)
             self.load.moved(time.monotonic())
-            return f"moved {len(moves)} ranges: {h.state} {h.reason}"
-        if busy and depth < len(ring.nodes) and heirs:
-            target = sorted(busy)[0]
+            return f"moved {len(moves)} ranges: {h.state} {h.reason}", None
+        heirs = sorted({h for t in ring.tokens_of(me) if (h := ring.heir(t))} & busy)
+        if relieved is None and heirs and depth < len(ring.nodes):
+            target = heirs[0]
             try:
-                await self.peers.request_shed(ring.address(target), me, depth + 1)
+                detail = await self.peers.request_shed(ring.address(target), me, depth + 1)
             except FloeError as exc:
-                return f"cascade to {target} failed: {exc}"
-            return f"asked {target} to shed first"
-        return "nothing to move"
+                return f"cascade to {target} failed: {exc}", None
+            return f"asked {target} to shed first: {detail}", target
+        return "nothing to move", None
 
     # --------------------------------------------------------------- queries
 
@@ -583,6 +601,11 @@ class NodeRuntime:
                     load=msgpack.packb({t: r for t, r in rates.items()}), rejoined=self.rejoined, node_id=self.core.node_id, address=self.config.listen,
                     queue_length=self.inbound.qsize(), reducer=self.reducer.name,
                     pid=os.getpid(), uptime=time.monotonic() - self.started_at)
+
+
+def _seen(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def _clockwise_after(ring: Ring, node: str) -> list[str]:
