@@ -302,14 +302,17 @@ def test_split_point_puts_the_wanted_load_in_the_tail_and_never_cuts_a_key():
     from node.core.split_point import choose_split_point
     rng = (1000, 2000)
     samples = {1100: 10.0, 1300: 50.0, 1500: 30.0, 1900: 10.0}
-    at, fraction = choose_split_point(rng, samples, want=40.0)
+    at, fraction = choose_split_point(rng, samples, want=0.4)
     assert 1300 <= at < 1500 and fraction == pytest.approx(0.4)   # tail: 30 + 10
-    at, fraction = choose_split_point(rng, samples, want=5.0)
+    at, fraction = choose_split_point(rng, samples, want=0.05)
     assert 1500 <= at < 1900 and fraction == pytest.approx(0.1)
-    assert choose_split_point(rng, {1500: 99.0}, want=10.0) is None  # one hot key: atomic
+    # only the fraction counts, not the sampled weights' scale
+    assert choose_split_point(rng, {p: w * 1000 for p, w in samples.items()}, 0.4)[0] == \
+        choose_split_point(rng, samples, 0.4)[0]
+    assert choose_split_point(rng, {1500: 99.0}, want=0.1) is None  # one hot key: atomic
     # a range that wraps past zero
     wrap = (HASH_SPACE - 100, 100)
-    at, fraction = choose_split_point(wrap, {HASH_SPACE - 50: 1.0, 50: 3.0}, want=3.0)
+    at, fraction = choose_split_point(wrap, {HASH_SPACE - 50: 1.0, 50: 3.0}, want=0.75)
     assert Ring.in_range(at, wrap) and fraction == pytest.approx(0.75)
     assert (HASH_SPACE - 50 <= at or at < 50)
 
@@ -347,7 +350,7 @@ def test_plan_split_cuts_a_range_holding_two_hot_keys_between_them():
     moves = choose_shed(ring, "a", rates, heir_rates, set())
     assert token not in moves
     plan = plan_split(ring, "a", rates, heir_rates, set(), moves,
-                      {token: {k1: 500.0, k2: 500.0}})
+                      {token: {k1: 3.0, k2: 3.0}})          # decayed weights: any scale
     assert plan is not None
     cut_token, at, heir = plan
     assert cut_token == token and heir == ring.heir(token) and k1 <= at < k2
@@ -384,3 +387,14 @@ def test_mapper_merges_parts_again_when_the_split_died_with_its_node():
     got = dict(zip(decode_seqs(merged.first_seq, merged.last_seq, merged.count, merged.seqs), k))
     assert got == dict(zip(seqs, keys)) and last.first_seq == len(keys) + 1
     assert set(d.undelivered.values()) == {merged, last}
+
+
+def test_sampling_sees_both_keys_of_an_alternating_stream():
+    from node.core.split_point import PositionLoad
+    load = PositionLoad()
+    for n in (96, 100, 64, 37):
+        for _ in range(50):
+            load.record(1, ["a", "b"] * (n // 2) + ["a"] * (n % 2))
+    table = load.samples(1)
+    assert set(table) == {position("a"), position("b")}
+    assert table[position("a")] == pytest.approx(table[position("b")], rel=0.25)

@@ -1,7 +1,7 @@
 """Where the load sits inside a range, and where to cut it (pure).
 
 A node samples the positions of a few keys of every batch it applies (their hashes,
-weighted by the batch's size) and keeps, per range it owns, a bounded table of the
+weighted by the batch's size; picked pseudo-randomly, so periodic streams do not alias) and keeps, per range it owns, a bounded table of the
 heaviest positions (space-saving: a new position replaces the lightest one and
 inherits its weight, so a hot key is never lost for long). Weights decay, so the table
 follows the last few seconds. A hot key is one position: it is never cut in two.
@@ -24,13 +24,20 @@ class PositionLoad:
     def __init__(self, per_range: int = 64) -> None:
         self.per_range = per_range
         self.weights: dict[int, dict[int, float]] = {}   # token -> position -> weight
+        self._draw = 1
+
+    def _index(self, n: int) -> int:
+        # A fixed-seed LCG, not evenly spaced picks: a periodic stream (a, b, a, b...)
+        # would alias with fixed offsets and show one hot key where there are two.
+        self._draw = (self._draw * 6364136223846793005 + 1442695040888963407) % (1 << 64)
+        return (self._draw >> 33) % n
 
     def record(self, token: int, keys) -> None:
-        """A batch of `keys` applied to `token`'s range: sample a few evenly spread."""
+        """A batch of `keys` applied to `token`'s range: sample a few at random."""
         n = len(keys)
         if not n:
             return
-        picks = sorted({i * n // SAMPLES_PER_BATCH for i in range(SAMPLES_PER_BATCH)})
+        picks = [self._index(n) for _ in range(min(n, SAMPLES_PER_BATCH))]
         weight = n / len(picks)
         table = self.weights.setdefault(token, {})
         for i in picks:
@@ -71,9 +78,9 @@ class PositionLoad:
 def choose_split_point(rng: tuple[int, int], samples: dict[int, float],
                        want: float) -> tuple[int, float] | None:
     """A position p inside `rng` = (lo, hi] such that the samples in (p, hi] (the tail)
-    weigh closest to `want`, as (p, the tail's fraction of the range's weight). The
-    cut falls halfway between two sampled positions, never through one; None when
-    fewer than two positions were sampled."""
+    carry the fraction of the range's sampled weight closest to `want` (0..1), as (p,
+    that fraction). The cut falls halfway between two sampled positions, never through
+    one; None when fewer than two positions were sampled."""
     lo, _ = rng
     size = Ring.range_size(rng)
     offsets = sorted(((pos - lo) % HASH_SPACE, w) for pos, w in samples.items()
@@ -87,7 +94,7 @@ def choose_split_point(rng: tuple[int, int], samples: dict[int, float],
         cut = (here + there) // 2                # here <= cut < there
         if not 0 < cut < size:
             continue
-        if best is None or abs(tail - want) < abs(best[1] - want):
+        if best is None or abs(tail / total - want) < abs(best[1] / total - want):
             best = (cut, tail)
     if best is None:
         return None
@@ -120,7 +127,8 @@ def plan_split(ring: Ring, me: str, rates: dict[int, float], heir_rates: dict[st
         gap = left - there
         if gap <= 0:
             continue
-        cut = choose_split_point(ring.range_of_token(token), samples.get(token, {}), gap / 2)
+        cut = choose_split_point(ring.range_of_token(token), samples.get(token, {}),
+                                 gap / 2 / r)
         if cut is None:
             continue
         at, fraction = cut

@@ -464,6 +464,9 @@ class NodeRuntime:
         samples = {t: core.positions.samples(t) for t in ring.tokens_of(core.node_id)}
         plan = plan_split(ring, core.node_id, rates, heir_rates, busy, moves, samples)
         if plan is None:
+            log.info("load: no split worth it (rates %s, sampled positions %s, moves %s)",
+                     {hex(t): round(r) for t, r in rates.items()},
+                     {hex(t): len(v) for t, v in samples.items()}, len(moves))
             return
         token, at, heir = plan
         try:
