@@ -398,3 +398,23 @@ def test_sampling_sees_both_keys_of_an_alternating_stream():
     table = load.samples(1)
     assert set(table) == {position("a"), position("b")}
     assert table[position("a")] == pytest.approx(table[position("b")], rel=0.25)
+
+
+def test_a_split_off_part_inherits_holders_pinned_concurrently_on_the_whole_range():
+    """While a splits its range, another node's commit pins c on that range as an extra
+    holding a complete copy (c's place in the clockwise walk was taken). The merged
+    ring must pin c on both parts: c's copy is the one that counts if a dies."""
+    ring = Ring.initial({"a": "h:1", "b": "h:2", "c": "h:3"}, 1, 2)
+    token = ring.tokens_of("a")[0]
+    p = middle(ring, token)
+    split = ring.split_token(token, p)
+    pinned = ring.with_extras({token: ["c"]}, holding=[(token, "c")])
+    for merged in (split.merge(pinned), pinned.merge(split)):
+        assert merged.extras_of(p) == ("c",) == merged.extras_of(token)
+        assert (p, "c") in merged.retiring and (token, "c") in merged.retiring
+        assert merged.owner_of_token(p) == "a"
+    assert split.merge(pinned) == pinned.merge(split)
+    # extras the view knew before the split (older generation) are not inherited
+    older = ring.with_extras({token: ["c"]})
+    cleared = older.with_extras({token: ()}).split_token(token, p)
+    assert not cleared.merge(older).extras_of(p)

@@ -379,6 +379,21 @@ class Ring:
                         entry = (entry[0], entry[1], tuple(sorted(set(entry[2]) | set(held[2]))),
                                  entry[3] | held[3])
                     entries[token] = entry
+        for ring in (older, newer):
+            # A token one view lacks was split off a range that view knows whole: what
+            # that view changed on the whole range after the split (extras holding a
+            # copy, from someone else's commit) holds for the split-off part too.
+            for token, entry in list(entries.items()):
+                if ring.has_token(token):
+                    continue
+                cover = ring._index[ring.token_for_position(token)]
+                more = ring.extras_of(ring.tokens[cover])
+                if not more or ring.owners[cover] != entry[1] or \
+                        ring.generations[cover] <= entry[0]:
+                    continue
+                entries[token] = (entry[0], entry[1], tuple(sorted(set(entry[2]) | set(more))),
+                                  entry[3] | {x for t, x in ring.retiring
+                                              if t == ring.tokens[cover]})
         addresses = dict(older.addresses)
         addresses.update(newer.addresses)
         tokens = tuple(sorted(entries))
