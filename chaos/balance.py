@@ -283,6 +283,7 @@ def main(argv=None) -> int:
     p.add_argument("--seconds", type=float, default=20.0)
     p.add_argument("--rate", type=float, default=30_000, help="tuples/s fed")
     p.add_argument("--work", type=int, default=1000, help="CPU spins per tuple in the reducer")
+    p.add_argument("--nodes", type=int, default=3)
     p.add_argument("--hot", type=int, default=4, help="hot words, each in its own range")
     p.add_argument("--cooldown", type=float, default=3.0, help="seconds between two moves of a node")
     p.add_argument("--reach", type=int, default=2,
@@ -298,8 +299,8 @@ def main(argv=None) -> int:
     for i in range(args.runs):
         for reach in reaches:
             with tempfile.TemporaryDirectory() as tmp:
-                result = run(tmp, args.seconds, args.rate, work=args.work, hot=args.hot,
-                             cooldown=args.cooldown, reach=reach)
+                result = run(tmp, args.seconds, args.rate, nodes=args.nodes, work=args.work,
+                             hot=args.hot, cooldown=args.cooldown, reach=reach)
             print(f"--- run {i + 1}, reach {reach}")
             print(report(result), flush=True)
             rows[reach].append(summary_row(result))
