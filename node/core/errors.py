@@ -63,3 +63,8 @@ class Unavailable(FloeError):
 
     retriable = True
     refresh_ring = True
+
+
+class TimedOut(Unavailable):
+    """A node did not answer before the deadline: it may be dead, paused, cut off or
+    only slow. Unlike a refused connection, this alone does not prove it is gone."""
