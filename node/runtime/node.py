@@ -17,7 +17,7 @@ from node.config import NodeConfig
 from node.core.batch import Limits
 from node.core.detector import (ALIVE, DEAD, REFUSED, SUSPECT, TIMED_OUT, DetectorConfig,
                                 FailureDetector, Probe, combine, indirect_via)
-from node.core.errors import Fenced, FloeError, InvalidArgument, StaleRing, TimedOut, Unavailable
+from node.core.errors import Fenced, FloeError, InvalidArgument, Refused, StaleRing, Unavailable
 from node.core.handoff import Handoff, retired_extras
 from node.core.load import LoadConfig, LoadMonitor, choose_shed
 from node.core.node_core import NodeCore, RingChange
@@ -368,14 +368,18 @@ class NodeRuntime:
         address = ring.address(node)
         via = indirect_via(ring, core.node_id, node)
 
+        failure = ""
+
         async def direct():
+            nonlocal failure
             try:
                 await self.peers.heartbeat(address, sender=core.node_id,
                                            ring_version=ring.stamp, timeout=probe.deadline)
-            except TimedOut:
-                return TIMED_OUT
-            except (Unavailable, Fenced):
+            except (Refused, Fenced) as exc:
+                failure = f": {exc}"
                 return REFUSED          # nothing listens, or it knows it was removed
+            except Unavailable:
+                return TIMED_OUT        # a deadline or a stalled handshake: maybe only slow
             except FloeError:
                 return ALIVE            # it answered, if only with an error
             return ALIVE
@@ -405,7 +409,7 @@ class NodeRuntime:
         if verdict != DEAD or node not in self.core.ring.nodes:
             return  # alive, still suspected, or someone else declared it meanwhile
         log.warning("declaring %s dead at %.6f: it and %s's view of it both failed probes "
-                    "(%s, round %d, %.0f ms)", node, time.time(), via, outcome,
+                    "(%s%s, round %d, %.0f ms)", node, time.time(), via, outcome, failure,
                     probe.round + 1, 1000 * suspected_for)
         change = self.adopt(self.core.ring.without([node]))
         if change is not None:
