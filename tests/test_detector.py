@@ -134,7 +134,9 @@ def test_outcomes_combine_an_answer_on_either_path_and_only_a_direct_refusal_is_
 def test_own_loop_lag_stretches_timeouts_deadlines_and_the_suspicion():
     d = FailureDetector(CFG)
     d.watch({"a"}, now=0.0)
-    d.tick(scheduled=0.0, now=0.15)                    # our monitor woke 150 ms late
+    d.tick(scheduled=0.0, now=0.04)                    # ordinary scheduling noise
+    assert d.lag(0.05) == 0.0 and d.stretch(0.05) == 1.0
+    d.tick(scheduled=0.0, now=0.2)                     # our monitor woke 200 ms late
     assert d.lag(0.2) == pytest.approx(0.15) and d.stretch(0.2) == pytest.approx(2.0)
     assert d.timeout("a", 0.2) == pytest.approx(0.35)
     assert suspects(d, 0.34) == []                     # a healthy judge would suspect now
@@ -147,10 +149,11 @@ def test_own_loop_lag_stretches_timeouts_deadlines_and_the_suspicion():
 
 
 def test_lag_is_forgotten_after_the_window_and_the_stretch_is_capped():
-    d = FailureDetector(DetectorConfig(probe_timeout=0.15, lag_window=5.0, max_stretch=8.0))
+    d = FailureDetector(DetectorConfig(probe_timeout=0.15, lag_window=5.0, max_stretch=8.0,
+                                       lag_floor=0.05))
     d.tick(scheduled=0.0, now=3.0)                     # we were paused for 3 s
     assert d.stretch(3.0) == 8.0
     for i in range(1, 200):
-        d.tick(scheduled=3.0 + 0.025 * i, now=3.0 + 0.025 * i + 0.001)
-    assert d.lag(8.5) == pytest.approx(0.001)
-    assert d.stretch(8.5) == pytest.approx(1.0 + 0.001 / 0.15)
+        d.tick(scheduled=3.0 + 0.025 * i, now=3.0 + 0.025 * i + 0.08)
+    assert d.lag(8.5) == pytest.approx(0.03)
+    assert d.stretch(8.5) == pytest.approx(1.2)

@@ -42,6 +42,7 @@ class DetectorConfig:
     probe_timeout: float = 0.15  # deadline of the first probe of a suspicion
     suspicion: float = 1.0       # probes that only time out: declared dead after this long
     lag_window: float = 5.0      # own loop lag is remembered this long (seconds)
+    lag_floor: float = 0.05      # lag up to this is ordinary scheduling noise, ignored
     max_stretch: float = 8.0     # own lag stretches deadlines at most this many times
 
 
@@ -52,6 +53,7 @@ class Probe:
     deadline: float
     started: float
     round: int
+    suspected_since: float
 
 
 def combine(direct: str, indirect: str) -> str:
@@ -137,9 +139,11 @@ class FailureDetector:
             self._lags.popleft()
 
     def lag(self, now: float) -> float:
-        """The worst lateness of our own loop over the last `lag_window` seconds."""
+        """How late our own loop ran beyond ordinary noise: the worst lateness of the
+        last `lag_window` seconds, less `lag_floor`."""
         horizon = now - self.config.lag_window
-        return max((late for when, late in self._lags if when >= horizon), default=0.0)
+        worst = max((late for when, late in self._lags if when >= horizon), default=0.0)
+        return max(0.0, worst - self.config.lag_floor)
 
     def stretch(self, now: float) -> float:
         """How many times longer than configured our deadlines are while we lag."""
@@ -170,7 +174,7 @@ class FailureDetector:
                     continue
                 w.suspected_since, w.rounds = now, 0
                 w.next_deadline = self.config.probe_timeout * self.stretch(now)
-            w.probe = Probe(node, w.next_deadline, now, w.rounds)
+            w.probe = Probe(node, w.next_deadline, now, w.rounds, w.suspected_since)
             w.rounds += 1
             due.append(w.probe)
         return due

@@ -401,16 +401,19 @@ class NodeRuntime:
         if self.core is not core or core.fenced:
             self.detector.abandon(probe)
             return   # we were fenced meanwhile: a stale incarnation must not declare anyone
-        suspected_for = time.monotonic() - probe.started
         verdict = self.detector.probe_result(probe, outcome, time.monotonic())
         if verdict == SUSPECT and probe.round == 0:
             log.info("suspecting %s: no answer within %.0f ms, probing again", node,
                      1000 * probe.deadline)
         if verdict != DEAD or node not in self.core.ring.nodes:
             return  # alive, still suspected, or someone else declared it meanwhile
-        log.warning("declaring %s dead at %.6f: it and %s's view of it both failed probes "
-                    "(%s%s, round %d, %.0f ms)", node, time.time(), via, outcome, failure,
-                    probe.round + 1, 1000 * suspected_for)
+        if outcome == REFUSED:
+            why = f"it refused our probe{failure} and {via} could not reach it"
+        else:
+            why = (f"neither we nor {via} got an answer for "
+                   f"{1000 * (time.monotonic() - probe.suspected_since):.0f} ms of suspicion "
+                   f"({probe.round + 1} probe rounds)")
+        log.warning("declaring %s dead at %.6f: %s", node, time.time(), why)
         change = self.adopt(self.core.ring.without([node]))
         if change is not None:
             self.sync_ring()   # tell everyone now rather than wait for heartbeats
