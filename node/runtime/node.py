@@ -408,7 +408,7 @@ class NodeRuntime:
         if verdict != DEAD or node not in self.core.ring.nodes:
             return  # alive, still suspected, or someone else declared it meanwhile
         if outcome == REFUSED:
-            why = f"it refused our probe{failure} and {via} could not reach it"
+            why = f"it refused our probe{failure}" + (f" and {via} could not reach it" if via else "")
         else:
             why = (f"neither we nor {via} got an answer for "
                    f"{1000 * (time.monotonic() - probe.suspected_since):.0f} ms of suspicion "
