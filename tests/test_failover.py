@@ -132,7 +132,7 @@ def test_sigstop_past_detection_then_sigcont_is_fenced_and_rejoins_empty(tmp_pat
     with LocalCluster.up(4, 1, workdir=tmp_path) as cluster:
         def inject():
             cluster.kill("n2", signal.SIGSTOP)
-            time.sleep(2.5)                      # well past detection (~1.3 s for a pause)
+            time.sleep(2.5)                      # well past detection (~1.2 s for a pause)
             cluster.kill("n2", signal.SIGCONT)
         stats = run_with_faults(cluster, inject, settle=1.5)
         by_id = {s["node_id"]: s for s in stats}
