@@ -1,5 +1,8 @@
 """Deterministic simulation: NodeCores (production code) over a seeded in-memory
-network with a virtual clock, simulated mappers, kills, pauses and message loss.
+network with a virtual clock, simulated mappers, kills, pauses, starved (slow) nodes
+and message loss. Failure detection is the production FailureDetector; probes end as
+the real transport's do: refused by a killed node, timed out for a paused or cut-off
+one, answered late by a starved one.
 
 Everything random comes from one `random.Random(seed)`, time is a number advanced by an
 event queue, so a failing seed replays identically. Links behave like the real streams:
