@@ -16,8 +16,9 @@ directly and through a third node. What a failed probe proves depends on how it 
 
 Local health (from SWIM's Lifeguard): a node whose own event loop wakes up late is a
 poor judge of others' silence, since their messages may be waiting unread. The monitor
-reports how late each of its ticks ran; the worst lag of the last few seconds is added
-to every silence timeout and stretches probe deadlines and the suspicion period.
+reports how late each of its ticks ran; the worst lag of the last few seconds, beyond
+ordinary scheduling noise, is added to every silence timeout and stretches probe
+deadlines and the suspicion period.
 
 Pure: every method takes `now`. The runtime (node/runtime/node.py) and the
 deterministic simulation (tests/simulation.py) both drive this one class.
