@@ -95,10 +95,7 @@ def run(workdir: str | Path, seconds: float = 20.0, rate: float = 30_000, nodes:
     extra = ["--reducer-arg", f"work={work}", "--balance", "--balance-reach", str(reach),
              "--high-queue", "16",
              "--low-queue", "4", "--high-cpu", "0.85", "--low-cpu", "0.7",
-             "--balance-cooldown", str(cooldown),
-             # A node saturating its core answers probes late; on this shared 2-core
-             # machine the default 150 ms probe deadline declares it dead.
-             "--suspect-min", "1", "--suspect-max", "3", "--probe-timeout", "1"]
+             "--balance-cooldown", str(cooldown)]   # the default failure detector
     with LocalCluster.up(nodes, 1, workdir=workdir, reducer="chaos.costly:CostlyCount",
                          tokens_per_node=8, extra_args=extra) as cluster:
         probe = RingClient(cluster.seeds, timeout=30)
@@ -296,6 +293,7 @@ def main(argv=None) -> int:
     p.add_argument("--seconds", type=float, default=20.0)
     p.add_argument("--rate", type=float, default=30_000, help="tuples/s fed")
     p.add_argument("--work", type=int, default=1000, help="CPU spins per tuple in the reducer")
+    p.add_argument("--nodes", type=int, default=3)
     p.add_argument("--hot", type=int, default=4,
                    help="hot words, each in its own range (all in one with --one-range)")
     p.add_argument("--cooldown", type=float, default=3.0, help="seconds between two moves of a node")
@@ -314,8 +312,9 @@ def main(argv=None) -> int:
     for i in range(args.runs):
         for reach in reaches:
             with tempfile.TemporaryDirectory() as tmp:
-                result = run(tmp, args.seconds, args.rate, work=args.work, hot=args.hot,
-                             cooldown=args.cooldown, reach=reach, one_range=args.one_range)
+                result = run(tmp, args.seconds, args.rate, nodes=args.nodes, work=args.work,
+                             hot=args.hot, cooldown=args.cooldown, reach=reach,
+                             one_range=args.one_range)
             print(f"--- run {i + 1}, reach {reach}")
             print(report(result), flush=True)
             rows[reach].append(summary_row(result))

@@ -76,7 +76,7 @@ class Fault:
     at: float = 1.0
     jitter: float = 0.0
     count: int = 1
-    pause: float = 1.5            # pause: seconds between SIGSTOP and SIGCONT
+    pause: float = 2.5            # pause: seconds between SIGSTOP and SIGCONT
     handoff: str = "move"         # kill-mid-handoff: move | scale-out | scale-in
     lag: float = 0.0              # kill-mid-handoff: kill up to this many seconds (seeded)
     #                               after the handoff is under way, if it still is
@@ -385,7 +385,7 @@ BUILTIN: dict[str, Scenario] = {s.name: s for s in [
              Load("zipf", rate=3000), duration=3.5, ci=True),
     Scenario("pause", "SIGSTOP one node past detection, then SIGCONT: it is fenced and "
              "rejoins empty", 4, 1,
-             (Round((Fault("pause", "one", at=0.8, pause=1.5),)),), Load("zipf", rate=3000),
+             (Round((Fault("pause", "one", at=0.8, pause=2.5),)),), Load("zipf", rate=3000),
              ci=True),
     Scenario("kill-mapper", "SIGKILL a mapper process between emitting a chunk and its "
              "acknowledgement, then SIGKILL a node; every tuple checked by its id", 4, 1,

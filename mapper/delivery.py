@@ -104,6 +104,9 @@ class NodeSender:
         stream = d.next_stream()
         call = d.data_stub(self.address).Push()
         reader = asyncio.create_task(self._read_acks(call))
+        # When the write side fails first, the reader's own error is not the one
+        # raised: mark it seen so asyncio does not log it as never retrieved.
+        reader.add_done_callback(lambda t: t.cancelled() or t.exception())
         waiter = None
         try:
             while True:

@@ -33,7 +33,8 @@ class NodeConfig:
     heartbeat_interval: float = 0.05             # primary -> replicas; checkpoints count too
     suspect_min: float = 0.2                     # silence never suspected sooner (seconds)
     suspect_max: float = 1.0                     # silence always suspected after this
-    probe_timeout: float = 0.15                  # direct and indirect probe deadline
+    probe_timeout: float = 0.15                  # first probe deadline of a suspicion (then doubled)
+    suspicion: float = 1.0                       # a suspect whose probes only time out is declared after this
     balance: bool = False                        # shed load to neighbours when overloaded
     high_queue: float = 8.0                      # overloaded: queue above this AND cpu above high_cpu
     high_cpu: float = 0.8
@@ -63,7 +64,7 @@ class NodeConfig:
         if self.balance_reach < 1:
             raise ValueError("balance_reach must be >= 1")
         for name in ("checkpoint_interval", "rpc_timeout", "heartbeat_interval", "suspect_min",
-                     "probe_timeout"):
+                     "probe_timeout", "suspicion"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0")
         if self.startup_grace < 0:
@@ -132,6 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--suspect-min", type=float, help="seconds of silence before suspecting")
     p.add_argument("--suspect-max", type=float)
     p.add_argument("--probe-timeout", type=float)
+    p.add_argument("--suspicion", type=float,
+                   help="seconds a node whose probes time out (paused or slow, not refusing "
+                        "connections) stays suspected before it is declared dead")
     p.add_argument("--balance", action="store_true", default=None,
                    help="shed load to ring neighbours when overloaded")
     p.add_argument("--high-queue", type=float)

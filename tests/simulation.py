@@ -1,5 +1,8 @@
 """Deterministic simulation: NodeCores (production code) over a seeded in-memory
-network with a virtual clock, simulated mappers, kills, pauses and message loss.
+network with a virtual clock, simulated mappers, kills, pauses, starved (slow) nodes
+and message loss. Failure detection is the production FailureDetector; probes end as
+the real transport's do: refused by a killed node, timed out for a paused or cut-off
+one, answered late by a starved one.
 
 Everything random comes from one `random.Random(seed)`, time is a number advanced by an
 event queue, so a failing seed replays identically. Links behave like the real streams:
@@ -15,7 +18,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 from node.core.batch import encode_payload, encode_seqs
-from node.core.detector import DetectorConfig, FailureDetector
+from node.core.detector import (ALIVE, DEAD, REFUSED, TIMED_OUT, DetectorConfig,
+                                FailureDetector, combine, indirect_via)
 from node.core.errors import FloeError, InvalidArgument
 from node.core.handoff import Handoff, retired_extras
 from node.core.node_core import NodeCore
@@ -25,6 +29,7 @@ from node.core.ring import Ring
 HEARTBEAT = 0.05
 CHECKPOINT = 0.2
 ACK_TIMEOUT = 0.4
+LATENCY = (0.0005, 0.005)   # one-way delay of a message on a healthy link
 
 
 @dataclass
@@ -33,6 +38,8 @@ class SimNode:
     detector: FailureDetector
     alive: bool = True
     paused_until: float = 0.0
+    slow_until: float = 0.0     # starved: everything it sends, reads or does runs late
+    slow_delay: float = 0.0     # by up to this many seconds
     handoff: Handoff | None = None
     leaving: bool = False
 
@@ -84,6 +91,7 @@ class Simulation:
         self.acked = Counter()
         self.sent = Counter()
         self.log: list[str] = []
+        self.declared: list[tuple[float, str, str]] = []   # (when, by whom, whom)
 
     # ------------------------------------------------------------ event queue
 
@@ -109,7 +117,8 @@ class Simulation:
             if stream is not None:
                 self._kill_stream(link, stream, index)
             return
-        when = max(self.now + self.rng.uniform(0.0005, 0.005), self.last_on_link[link])
+        when = max(self.now + self.rng.uniform(*LATENCY) + self._starved(src) + self._starved(dst),
+                   self.last_on_link[link])
         self.last_on_link[link] = when
         self.at(when, self._deliver, link, stream, index, action, args)
 
@@ -140,40 +149,85 @@ class Simulation:
 
     # ------------------------------------------------------------------ nodes
 
-    def tick_node(self, name: str) -> None:
+    def _starved(self, name: str) -> float:
+        """Extra delay a starved (slow, not stopped) node adds to what it does now."""
+        node = self.nodes.get(name)
+        if node is None or node.slow_until <= self.now:
+            return 0.0
+        return self.rng.uniform(0.0, node.slow_delay)
+
+    def tick_node(self, name: str, scheduled: float | None = None) -> None:
         node = self.nodes[name]
         if not node.alive:
             return
-        self.at(self.now + HEARTBEAT, self.tick_node, name)
+        node.detector.tick(self.now if scheduled is None else scheduled, self.now)
+        self.at(self.now + HEARTBEAT + self._starved(name), self.tick_node, name,
+                self.now + HEARTBEAT)
         if node.paused_until > self.now or node.core.fenced:
             return
         core = node.core
         for target in sorted(core.heartbeat_targets()):
             self.send(name, target, self._heartbeat, name, target, core.ring)
-        for suspect in node.detector.suspects(self.now):
-            self.at(self.now + 0.15, self._probe_result, name, suspect)
+        for probe in node.detector.due_probes(self.now):
+            self._start_probe(name, probe)
 
     def _heartbeat(self, src: str, dst: str, ring: Ring) -> None:
         node = self.nodes[dst]
         node.detector.heard(src, self.now)
         self.adopt(dst, ring)
 
-    def _probe_result(self, name: str, suspect: str) -> None:
+    def _answer(self, asker: str, target: str, sent: float) -> tuple[str, float | None]:
+        """How and when `target` answers a call `asker` sends at `sent`, as the real
+        transport behaves: a dead process refuses at once; a cut link or a paused
+        process never answers in time (the call times out); a starved one answers late."""
+        if frozenset((asker, target)) in self.cut:
+            return TIMED_OUT, None
+        node = self.nodes[target]
+        if not node.alive or node.core.fenced:
+            return REFUSED, sent + self.rng.uniform(*LATENCY)
+        start = max(sent, node.paused_until)
+        return ALIVE, (start + 2 * self.rng.uniform(*LATENCY)
+                       + self._starved(target) + self._starved(asker))
+
+    def _start_probe(self, name: str, probe) -> None:
+        """One probe round, direct and through a third node, as the runtime runs it."""
+        sent, deadline = self.now, probe.deadline
+        ring = self.nodes[name].core.ring
+        if probe.node not in ring.nodes:
+            self.nodes[name].detector.abandon(probe)
+            return
+        kind, when = self._answer(name, probe.node, sent)
+        if when is None or when > sent + deadline:
+            direct, direct_at = TIMED_OUT, sent + deadline
+        else:
+            direct, direct_at = kind, when
+        via = indirect_via(ring, name, probe.node)
+        indirect, indirect_at = TIMED_OUT, sent
+        if via is not None:
+            indirect_at = sent + 2 * deadline          # the outer call's deadline
+            kind, reached = self._answer(name, via, sent)
+            if kind == ALIVE and reached <= indirect_at:
+                seen, seen_at = self._answer(via, probe.node, reached)
+                if seen == ALIVE and seen_at <= reached + deadline:
+                    indirect, indirect_at = ALIVE, min(indirect_at, seen_at)
+                else:
+                    indirect_at = min(indirect_at, reached + deadline)
+            elif kind == REFUSED:
+                indirect_at = reached
+        outcome = combine(direct, indirect)
+        self.at(max(direct_at, indirect_at), self._probe_done, name, probe, outcome, via)
+
+    def _probe_done(self, name: str, probe, outcome: str, via) -> None:
         node = self.nodes[name]
-        if not self.usable(name) or suspect not in node.core.ring.nodes:
+        if not self.usable(name):
+            node.detector.abandon(probe)
             return
-        # direct probe, and indirect through the next node clockwise (as the runtime does)
-        cut = lambda a, b: frozenset((a, b)) in self.cut
-        ring = node.core.ring
-        via = next((n for n in ring.nodes if n not in (name, suspect)), None)
-        direct = self.usable(suspect) and not cut(name, suspect)
-        indirect = (via is not None and self.usable(via) and self.usable(suspect)
-                    and not cut(name, via) and not cut(via, suspect))
-        if direct or indirect:
-            node.detector.probe_succeeded(suspect, self.now)
+        verdict = node.detector.probe_result(probe, outcome, self.now)
+        suspect = probe.node
+        if verdict != DEAD or suspect not in node.core.ring.nodes:
             return
-        node.detector.probe_failed(suspect)
-        self.log.append(f"{self.now:.3f} {name} declares {suspect}")
+        self.log.append(f"{self.now:.3f} {name} declares {suspect} ({outcome}, via {via})")
+        self.declared.append((self.now, name, suspect))
         self.adopt(name, node.core.ring.without([suspect]))
         for other in self.nodes:
             if other != name:
@@ -495,6 +549,13 @@ class Simulation:
     def pause(self, name: str, seconds: float) -> None:
         self.log.append(f"{self.now:.3f} pause {name} {seconds:.2f}s")
         self.nodes[name].paused_until = self.now + seconds
+
+    def slow(self, name: str, seconds: float, delay: float) -> None:
+        """Starve `name` for `seconds`: alive, but every message it sends or reads,
+        every answer and every tick of its own runs up to `delay` seconds late."""
+        self.log.append(f"{self.now:.3f} slow {name} by up to {delay:.2f}s for {seconds:.2f}s")
+        node = self.nodes[name]
+        node.slow_until, node.slow_delay = self.now + seconds, delay
 
     # ------------------------------------------------------------- invariants
 

@@ -20,6 +20,13 @@ def test_flags_override_env_override_file(tmp_path):
     assert config.peers == (("n0", "127.0.0.1:7000"), ("n1", "127.0.0.1:7001"))
 
 
+def test_suspicion_period_is_a_setting():
+    argv = ["--node-id", "n0", "--listen", "127.0.0.1:7000", "--peers", PEERS]
+    assert load_config(argv, environ={}).suspicion == 1.0
+    assert load_config(argv, environ={"FLOE_SUSPICION": "2.5"}).suspicion == 2.5
+    assert load_config([*argv, "--suspicion", "0.5"], environ={}).suspicion == 0.5
+
+
 def test_config_is_frozen():
     config = NodeConfig(node_id="n0", listen="127.0.0.1:1", peers=(("n0", "127.0.0.1:1"),))
     with pytest.raises(AttributeError):
@@ -34,6 +41,8 @@ def test_config_is_frozen():
       "--replication", "-1"], "replication"),
     (["--node-id", "n0", "--listen", "127.0.0.1:7000", "--peers", PEERS,
       "--balance-reach", "0"], "balance_reach"),
+    (["--node-id", "n0", "--listen", "127.0.0.1:7000", "--peers", PEERS,
+      "--suspicion", "0"], "suspicion must be > 0"),
 ])
 def test_bad_settings_are_refused_clearly(argv, message):
     with pytest.raises(ValueError, match=message):

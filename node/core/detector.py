@@ -1,11 +1,27 @@
-"""Failure detection: an adaptive heartbeat timeout per monitored node, then probes.
+"""Failure detection: an adaptive heartbeat timeout per monitored node, probes, and a
+confirmed suspicion before a node whose probes only time out is declared dead.
 
 A replica expects heartbeats (or checkpoint shipments) from each primary it backs up.
 Silence longer than the node's usual gaps plus a safety margin makes it a suspect
 (an accrual detector in the spirit of phi-accrual: the timeout follows the observed
 mean and spread of the gaps, within [min_timeout, max_timeout]). A suspect is probed
-directly and through a third node; only when both probes fail is it declared dead.
-Pure: every method takes `now`.
+directly and through a third node. What a failed probe proves depends on how it failed:
+
+- refused (nothing listens any more: a killed process) is conclusive, the node is
+  declared dead at once, so a crash is still detected in a few hundred milliseconds;
+- timed out (a paused, starved or cut-off process) is not: the node stays suspected
+  and is probed again with a doubled deadline, and declared dead only when the
+  suspicion has lasted `suspicion` seconds without any sign of life. Any message
+  from it meanwhile (heartbeat, checkpoint, probe answer) clears the suspicion.
+
+Local health (from SWIM's Lifeguard): a node whose own event loop wakes up late is a
+poor judge of others' silence, since their messages may be waiting unread. The monitor
+reports how late each of its ticks ran; the worst lag of the last few seconds, beyond
+ordinary scheduling noise, is added to every silence timeout and stretches probe
+deadlines and the suspicion period.
+
+Pure: every method takes `now`. The runtime (node/runtime/node.py) and the
+deterministic simulation (tests/simulation.py) both drive this one class.
 """
 
 from __future__ import annotations
@@ -14,6 +30,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from statistics import fmean, pstdev
 
+ALIVE, REFUSED, TIMED_OUT = "alive", "refused", "timed out"      # what a probe found
+DEAD, SUSPECT, STALE = "dead", "suspect", "stale"                 # verdicts besides ALIVE
+
 
 @dataclass(frozen=True)
 class DetectorConfig:
@@ -21,20 +40,62 @@ class DetectorConfig:
     max_timeout: float = 1.0     # always suspect after this
     spread: float = 6.0          # timeout = mean gap + spread * stdev of gaps
     window: int = 50             # gaps remembered per node
-    probe_timeout: float = 0.15  # deadline of each probe
+    probe_timeout: float = 0.15  # deadline of the first probe of a suspicion
+    suspicion: float = 1.0       # probes that only time out: declared dead after this long
+    lag_window: float = 5.0      # own loop lag is remembered this long (seconds)
+    lag_floor: float = 0.05      # lag up to this is ordinary scheduling noise, ignored
+    max_stretch: float = 8.0     # own lag stretches deadlines at most this many times
+
+
+@dataclass(frozen=True, eq=False)
+class Probe:
+    """One round of probing a suspect: direct and indirect, each with `deadline`."""
+    node: str
+    deadline: float
+    started: float
+    round: int
+    suspected_since: float
+
+
+def combine(direct: str, indirect: str) -> str:
+    """One outcome from the direct probe and a third node's: an answer on either path
+    means alive; only our own refused connection is conclusive evidence of death (the
+    third node reports a bare yes/no, so its "no" never makes a timeout conclusive)."""
+    if ALIVE in (direct, indirect):
+        return ALIVE
+    return REFUSED if direct == REFUSED else TIMED_OUT
+
+
+def indirect_via(ring, prober: str, suspect: str) -> str | None:
+    """The third node asked to probe `suspect`: the first other node met walking
+    clockwise from the suspect's first token (a member without tokens: ring order)."""
+    tokens = ring.tokens_of(suspect)
+    if tokens:
+        start = ring.token_index(tokens[0])
+        n = len(ring.tokens)
+        order = [ring.owners[(start + step) % n] for step in range(1, n + 1)]
+    else:
+        order = list(ring.nodes)
+    return next((x for x in order if x not in (prober, suspect)), None)
 
 
 @dataclass
 class _Watch:
     last: float
     gaps: deque = field(default_factory=lambda: deque(maxlen=50))
-    probing: bool = False
+    suspected_since: float | None = None
+    probe: Probe | None = None          # the round in flight, if any
+    next_deadline: float = 0.0          # of the next round, once a round timed out
+    rounds: int = 0                     # rounds of the current suspicion so far
 
 
 class FailureDetector:
     def __init__(self, config: DetectorConfig = DetectorConfig()) -> None:
         self.config = config
         self._watches: dict[str, _Watch] = {}
+        self._lags: deque[tuple[float, float]] = deque()   # (when, how late) of own ticks
+
+    # ------------------------------------------------------------ membership
 
     def watch(self, nodes, now: float, grace: float = 0.0) -> None:
         """Monitor exactly `nodes` (the primaries we back up); new ones start fresh.
@@ -49,38 +110,104 @@ class FailureDetector:
             if node not in self._watches:
                 self._watches[node] = _Watch(now + grace, deque(maxlen=self.config.window))
 
+    @property
+    def watched(self) -> set[str]:
+        return set(self._watches)
+
+    @property
+    def suspected(self) -> set[str]:
+        return {n for n, w in self._watches.items() if w.suspected_since is not None}
+
+    # ---------------------------------------------------------- signs of life
+
     def heard(self, node: str, now: float) -> None:
+        """Any message from `node`: it is alive, whatever was suspected."""
         w = self._watches.get(node)
         if w is None:
             return
         if now > w.last:
             w.gaps.append(now - w.last)
         w.last = now
-        w.probing = False
+        w.suspected_since = None
+        w.probe = None                  # a round still in flight no longer counts
 
-    def timeout(self, node: str) -> float:
+    # ----------------------------------------------------------- local health
+
+    def tick(self, scheduled: float, now: float) -> None:
+        """Our monitor meant to wake at `scheduled` and woke at `now`."""
+        self._lags.append((now, max(0.0, now - scheduled)))
+        while self._lags and self._lags[0][0] < now - self.config.lag_window:
+            self._lags.popleft()
+
+    def lag(self, now: float) -> float:
+        """How late our own loop ran beyond ordinary noise: the worst lateness of the
+        last `lag_window` seconds, less `lag_floor`."""
+        horizon = now - self.config.lag_window
+        worst = max((late for when, late in self._lags if when >= horizon), default=0.0)
+        return max(0.0, worst - self.config.lag_floor)
+
+    def stretch(self, now: float) -> float:
+        """How many times longer than configured our deadlines are while we lag."""
+        c = self.config
+        return min(c.max_stretch, 1.0 + self.lag(now) / c.probe_timeout)
+
+    # -------------------------------------------------------------- suspicion
+
+    def timeout(self, node: str, now: float | None = None) -> float:
+        """Silence after which `node` is suspected (plus our own recent lag)."""
         c = self.config
         gaps = self._watches[node].gaps
         if len(gaps) < 3:
-            return c.min_timeout
-        return min(c.max_timeout, max(c.min_timeout, fmean(gaps) + c.spread * pstdev(gaps)))
+            base = c.min_timeout
+        else:
+            base = min(c.max_timeout, max(c.min_timeout, fmean(gaps) + c.spread * pstdev(gaps)))
+        return base + (self.lag(now) if now is not None else 0.0)
 
-    def suspects(self, now: float) -> list[str]:
-        """Nodes silent past their timeout and not already being probed; marks them."""
-        found = []
+    def due_probes(self, now: float) -> list[Probe]:
+        """Probe rounds to start now: nodes silent past their timeout become suspects;
+        suspects whose last round timed out get their next, longer round."""
+        due = []
         for node, w in self._watches.items():
-            if not w.probing and now - w.last > self.timeout(node):
-                w.probing = True
-                found.append(node)
-        return found
+            if w.probe is not None:
+                continue
+            if w.suspected_since is None:
+                if now - w.last <= self.timeout(node, now):
+                    continue
+                w.suspected_since, w.rounds = now, 0
+                w.next_deadline = self.config.probe_timeout * self.stretch(now)
+            w.probe = Probe(node, w.next_deadline, now, w.rounds, w.suspected_since)
+            w.rounds += 1
+            due.append(w.probe)
+        return due
 
-    def probe_failed(self, node: str) -> None:
-        """Both probes failed: the caller declares the node dead. Stop watching it."""
-        self._watches.pop(node, None)
+    def probe_result(self, probe: Probe, outcome: str, now: float) -> str:
+        """Record how a round ended. Returns ALIVE, DEAD (the caller removes the node;
+        it is no longer watched), SUSPECT (probed again by a later `due_probes`) or
+        STALE (the round no longer counts: the node spoke or stopped being watched)."""
+        if outcome not in (ALIVE, REFUSED, TIMED_OUT):
+            raise ValueError(f"unknown probe outcome {outcome!r}")
+        w = self._watches.get(probe.node)
+        if w is None or w.probe is not probe:
+            return STALE
+        w.probe = None
+        if outcome == ALIVE:
+            self.heard(probe.node, now)
+            return ALIVE
+        if outcome == REFUSED or now - w.suspected_since >= self.suspicion_period(now):
+            del self._watches[probe.node]
+            return DEAD
+        # Double the deadline, but end the next round near the end of the suspicion.
+        remaining = w.suspected_since + self.suspicion_period(now) - now
+        first = self.config.probe_timeout * self.stretch(now)
+        w.next_deadline = max(first, min(2 * probe.deadline, remaining))
+        return SUSPECT
 
-    def probe_succeeded(self, node: str, now: float) -> None:
-        self.heard(node, now)
+    def abandon(self, probe: Probe) -> None:
+        """A round that ended without an outcome (the prober was stopped or fenced):
+        the suspicion stays, the next `due_probes` starts another round."""
+        w = self._watches.get(probe.node)
+        if w is not None and w.probe is probe:
+            w.probe = None
 
-    @property
-    def watched(self) -> set[str]:
-        return set(self._watches)
+    def suspicion_period(self, now: float) -> float:
+        return self.config.suspicion * self.stretch(now)

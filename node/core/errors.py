@@ -63,3 +63,13 @@ class Unavailable(FloeError):
 
     retriable = True
     refresh_ring = True
+
+
+class Refused(Unavailable):
+    """Nothing listens at the node's address any more (connection refused, or reset
+    mid-call): its process is gone. The one transport failure that proves it."""
+
+
+class TimedOut(Unavailable):
+    """A node did not answer before the deadline: it may be dead, paused, cut off or
+    only slow. Unlike a refused connection, this alone does not prove it is gone."""

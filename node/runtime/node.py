@@ -15,8 +15,9 @@ import msgpack
 
 from node.config import NodeConfig
 from node.core.batch import Limits
-from node.core.detector import DetectorConfig, FailureDetector
-from node.core.errors import Fenced, FloeError, InvalidArgument, StaleRing
+from node.core.detector import (ALIVE, DEAD, REFUSED, SUSPECT, TIMED_OUT, DetectorConfig,
+                                FailureDetector, Probe, combine, indirect_via)
+from node.core.errors import Fenced, FloeError, InvalidArgument, Refused, StaleRing, Unavailable
 from node.core.handoff import Handoff, retired_extras
 from node.core.load import LoadConfig, LoadMonitor, choose_shed, clockwise_nodes
 from node.core.node_core import NodeCore, RingChange
@@ -57,7 +58,7 @@ class NodeRuntime:
         self._stopping = False
         self.detector = FailureDetector(DetectorConfig(
             min_timeout=config.suspect_min, max_timeout=config.suspect_max,
-            probe_timeout=config.probe_timeout))
+            probe_timeout=config.probe_timeout, suspicion=config.suspicion))
         self.incarnation = 0           # bumped each time we rejoin after being fenced
         self.rejoined = 0
         self._syncing: asyncio.Task | None = None
@@ -308,8 +309,12 @@ class NodeRuntime:
         if address is None:
             self._syncing = task
 
-    def heard_from(self, node: str, ring_version: int, address: str | None = None) -> None:
+    def sign_of_life(self, node: str) -> None:
+        """Any message from `node` (or answer): clears a suspicion of it."""
         self.detector.heard(node, time.monotonic())
+
+    def heard_from(self, node: str, ring_version: int, address: str | None = None) -> None:
+        self.sign_of_life(node)
         if ring_version != self.core.ring.stamp:
             self.sync_ring(address or self._address_of(node))
 
@@ -338,52 +343,81 @@ class NodeRuntime:
             if isinstance(exc, (StaleRing, Fenced)):
                 self.sync_ring(address)
             return
+        self.sign_of_life(node)
         if theirs != self.core.ring.stamp:
             self.sync_ring(address)
 
     async def _monitor_loop(self) -> None:
         tick = self.config.heartbeat_interval / 2
         while True:
+            scheduled = time.monotonic() + tick
             await asyncio.sleep(tick)
+            now = time.monotonic()
+            self.detector.tick(scheduled, now)     # our own lag makes us a lenient judge
             if self.core.fenced:
                 continue
-            for node in self.detector.suspects(time.monotonic()):
-                self._spawn(self._probe(node))
+            for probe in self.detector.due_probes(now):
+                self._spawn(self._probe(probe))
 
-    async def _probe(self, node: str) -> None:
-        """A suspect is declared dead only when we cannot reach it and neither can a
-        third node (a broken link between two live nodes must not remove either)."""
-        ring = self.core.ring
+    async def _probe(self, probe: Probe) -> None:
+        """One probe round of a suspect: directly and through a third node (a broken
+        link between two live nodes must not remove either). The detector decides
+        what the outcome means: alive, dead, or still suspected (probed again)."""
+        core = self.core
+        ring = core.ring
+        node = probe.node
         if node not in ring.nodes:
+            self.detector.abandon(probe)
             return
-        suspected_at = time.monotonic()
-        timeout = self.config.probe_timeout
         address = ring.address(node)
-        via = next((n for n in _clockwise_after(ring, node)
-                    if n not in (node, self.core.node_id)), None)
+        via = indirect_via(ring, core.node_id, node)
+
+        failure = ""
 
         async def direct():
-            await self.peers.heartbeat(address, sender=self.core.node_id,
-                                       ring_version=ring.stamp, timeout=timeout)
-            return True
+            nonlocal failure
+            try:
+                await self.peers.heartbeat(address, sender=core.node_id,
+                                           ring_version=ring.stamp, timeout=probe.deadline)
+            except (Refused, Fenced) as exc:
+                failure = f": {exc}"
+                return REFUSED          # nothing listens, or it knows it was removed
+            except Unavailable:
+                return TIMED_OUT        # a deadline or a stalled handshake: maybe only slow
+            except FloeError:
+                return ALIVE            # it answered, if only with an error
+            return ALIVE
 
         async def indirect():
             if via is None:
-                return False
-            return await self.peers.probe(ring.address(via), node, timeout)
+                return TIMED_OUT
+            try:
+                alive = await self.peers.probe(ring.address(via), node, probe.deadline)
+            except FloeError:
+                return TIMED_OUT
+            return ALIVE if alive else TIMED_OUT
 
-        core = self.core
-        results = await asyncio.gather(direct(), indirect(), return_exceptions=True)
+        try:
+            outcome = combine(*await asyncio.gather(direct(), indirect()))
+        except BaseException:
+            self.detector.abandon(probe)       # cancelled: a later tick probes again
+            raise
         if self.core is not core or core.fenced:
+            self.detector.abandon(probe)
             return   # we were fenced meanwhile: a stale incarnation must not declare anyone
-        if any(r is True for r in results):
-            self.detector.probe_succeeded(node, time.monotonic())
-            return
-        self.detector.probe_failed(node)
-        if node not in self.core.ring.nodes:
-            return  # someone else declared it meanwhile
-        log.warning("declaring %s dead at %.6f: it and %s's view of it both failed probes "
-                    "in %.0f ms", node, time.time(), via, 1000 * (time.monotonic() - suspected_at))
+        verdict = self.detector.probe_result(probe, outcome, time.monotonic())
+        if verdict == SUSPECT and probe.round == 0:
+            log.info("suspecting %s: no answer within %.0f ms, probing again", node,
+                     1000 * probe.deadline)
+        if verdict != DEAD or node not in self.core.ring.nodes:
+            return  # alive, still suspected, or someone else declared it meanwhile
+        if outcome == REFUSED:
+            why = f"it refused our probe{failure}" + (f" and {via} could not reach it" if via else "")
+        else:
+            why = (f"neither we nor {via} got an answer for "
+                   f"{1000 * (time.monotonic() - probe.suspected_since):.0f} ms of suspicion "
+                   f"({probe.round + 1} probe rounds)")
+        log.warning("declaring %s dead at %.6f: %s", node, time.time(), why)
         change = self.adopt(self.core.ring.without([node]))
         if change is not None:
             self.sync_ring()   # tell everyone now rather than wait for heartbeats
@@ -398,6 +432,7 @@ class NodeRuntime:
                                        ring_version=self.core.ring.stamp, timeout=timeout)
         except FloeError:
             return False
+        self.sign_of_life(target)
         return True
 
     # -------------------------------------------------------------- handoffs
@@ -609,17 +644,3 @@ class NodeRuntime:
 def _seen(future: asyncio.Future) -> None:
     if not future.cancelled():
         future.exception()
-
-
-def _clockwise_after(ring: Ring, node: str) -> list[str]:
-    """Distinct nodes met walking clockwise from `node`'s first token."""
-    tokens = ring.tokens_of(node)
-    if not tokens:
-        return list(ring.nodes)
-    start = ring.token_index(tokens[0])
-    seen: list[str] = []
-    for step in range(1, len(ring.tokens) + 1):
-        owner = ring.owners[(start + step) % len(ring.tokens)]
-        if owner not in seen:
-            seen.append(owner)
-    return seen

@@ -13,10 +13,14 @@ def channel_options(max_message_bytes: int) -> list[tuple[str, int]]:
     # gRPC waits 1 s (then longer) before reconnecting after a failed connect, and
     # fails calls at once meanwhile: a peer that was still starting would stay unheard,
     # and a probe of it would fail though it is up. Peers are on a LAN: retry fast.
+    # gRPC uses min_reconnect_backoff_ms as the deadline of one connection handshake,
+    # not as a backoff: a starved peer that takes more than 100 ms to answer it must
+    # not put the channel into backoff, so it gets a second (a refused connect, the
+    # usual case of a peer still starting or dead, fails at once regardless).
     return [("grpc.max_send_message_length", max_message_bytes),
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.initial_reconnect_backoff_ms", 100),
-            ("grpc.min_reconnect_backoff_ms", 100),
+            ("grpc.min_reconnect_backoff_ms", 1000),
             ("grpc.max_reconnect_backoff_ms", 500)]
 
 

@@ -75,6 +75,8 @@ class ControlPlane(floe_pb2_grpc.ControlPlaneServicer):
         return self._view()
 
     async def ExchangeRing(self, request, context):
+        if request.sender:
+            self.runtime.sign_of_life(request.sender)
         try:
             self.runtime.adopt(Ring.from_wire(request.ring))
         except FloeError as exc:

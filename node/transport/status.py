@@ -16,8 +16,15 @@ _TO_CODE: tuple[tuple[type[errors.FloeError], grpc.StatusCode], ...] = (
     (errors.ReducerMismatch, grpc.StatusCode.FAILED_PRECONDITION),
     (errors.UnknownReducer, grpc.StatusCode.FAILED_PRECONDITION),
     (errors.RangeLost, grpc.StatusCode.DATA_LOSS),
+    (errors.TimedOut, grpc.StatusCode.DEADLINE_EXCEEDED),
+    (errors.Refused, grpc.StatusCode.UNAVAILABLE),
     (errors.Unavailable, grpc.StatusCode.UNAVAILABLE),
 )
+
+# What gRPC reports when the peer's process is gone: the connect was refused, or the
+# kernel reset a connection the process held. A handshake that timed out (a paused or
+# starved peer still accepts TCP connections) proves nothing and is not listed.
+_GONE = ("Connection refused", "Connection reset", "Broken pipe")
 
 # The error class is carried in the status details' first word so the client can
 # rebuild the exact type (several classes share FAILED_PRECONDITION).
@@ -47,9 +54,15 @@ def error_from_rpc(exc: grpc.RpcError) -> errors.FloeError:
     cls = _BY_NAME.get(name) if sep else None
     if cls is not None:
         return cls(message)
+    # A deadline passed: the peer may only be slow (the failure detector must tell
+    # this apart from a refused connection, which proves nothing listens).
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return errors.TimedOut(f"{code.name}: {details}")
     # INTERNAL/UNKNOWN without one of our error names come from the transport (a peer
     # killed mid-stream resets it): as retriable as a refused connection.
-    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+    if code == grpc.StatusCode.UNAVAILABLE and any(m in details for m in _GONE):
+        return errors.Refused(f"{code.name}: {details}")
+    if code in (grpc.StatusCode.UNAVAILABLE,
                 grpc.StatusCode.CANCELLED, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN):
         return errors.Unavailable(f"{code.name}: {details}")
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
