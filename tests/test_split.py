@@ -418,3 +418,24 @@ def test_a_split_off_part_inherits_holders_pinned_concurrently_on_the_whole_rang
     older = ring.with_extras({token: ["c"]})
     cleared = older.with_extras({token: ()}).split_token(token, p)
     assert not cleared.merge(older).extras_of(p)
+
+
+def test_a_late_ack_from_a_node_that_left_and_came_back_as_replica_does_not_count():
+    """Found by the split simulation: n1 acked a checkpoint, stopped being a replica
+    (and dropped its copy), became one again; the ack then arrived and made the owner
+    believe n1 held the range, so a handoff's pins were cleared too early."""
+    c = CoreCluster(nodes=3, replication=1, tokens_per_node=2)
+    c.push("s", WORDS[:500])
+    owner = c.cores["n0"]
+    token = c.ring.tokens_of("n0")[0]
+    i = c.ring.tokens.index(token)
+    after = c.ring.tokens[i + 1]
+    assert c.ring.replicas_of_token(token) == ("n1",) == (c.ring.owner_of_token(after),)
+    shipment = next(s for s in owner.plan_checkpoints() if s.checkpoint.token == token)
+    away = c.ring.with_owners({after: "n2"})           # n1 is no longer the replica
+    owner.adopt_ring(away)
+    back = away.with_owners({after: "n1"})             # ... and is again, with no copy
+    owner.adopt_ring(back)
+    owner.checkpoint_acked(token, "n1", shipment.checkpoint.seq, need_full=False)
+    assert "n1" not in owner.primaries[token].replica_seq
+    assert token in owner.under_replicated()

@@ -117,10 +117,12 @@ class NodeCore:
                 self.replicas.drop(token)
         for token, rng in self.primaries.items():
             # A node that stopped being a replica dropped its copy: what it acknowledged
-            # before no longer counts.
+            # before no longer counts, nor does an ack of it still on its way.
             replicas = new.replicas_of_token(token)
-            for node in [r for r in rng.replica_seq if r not in replicas]:
-                del rng.replica_seq[node]
+            before = old.replicas_of_token(token) if old.has_token(token) else ()
+            for node in (set(rng.replica_seq) | set(before)) - set(replicas):
+                rng.replica_seq.pop(node, None)
+                rng.ack_floor[node] = rng.checkpoint_seq
         self.lost_tokens |= set(new.lost)
         self.counters["takeovers"] += len(taken)
         return RingChange(new, tuple(taken), tuple(lost))
@@ -279,7 +281,7 @@ class NodeCore:
             return
         if need_full:
             rng.replica_seq.pop(replica, None)
-        else:
+        elif rng.ack_counts(replica, seq) and replica in self.ring.replicas_of_token(token):
             rng.replica_seq[replica] = seq
             self.counters["checkpoints_shipped"] += 1
 

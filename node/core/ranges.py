@@ -39,6 +39,11 @@ class PrimaryRange:
         self._watermarks_at_checkpoint: dict[str, int] = {}
         # replica node id -> last checkpoint seq it acknowledged (absent: needs a full one)
         self.replica_seq: dict[str, int] = {}
+        # Acks at or below these seqs are late answers about a copy that no longer
+        # counts: per node that stopped being a replica meanwhile, and for every node
+        # after a split (they acked the whole range, not this part).
+        self.ack_floor: dict[str, int] = {}
+        self.min_ack = 0
         self._forced = False
 
     def force_checkpoint(self) -> None:
@@ -104,8 +109,12 @@ class PrimaryRange:
             # Past any checkpoint of the old range still in flight: its late ack must
             # not count as a checkpoint of a part.
             rng.checkpoint_seq = self.checkpoint_seq + 1
+            rng.min_ack = self.checkpoint_seq
             out[token] = rng
         return out
+
+    def ack_counts(self, replica: str, seq: int) -> bool:
+        return seq > self.min_ack and seq > self.ack_floor.get(replica, 0)
 
     def check_invariants(self) -> None:
         self.state.check_invariants()
