@@ -29,6 +29,7 @@ log = logging.getLogger("floe.mapper")
 
 STREAM_IDLE = 5.0           # seconds an idle Push stream stays open
 MESSAGE_BYTES = 2 << 20     # batches are packed into one message up to about this size
+RING_PATIENCE = 0.2         # seconds a ring refresh waits for slow nodes once one answered
 
 
 @dataclass(eq=False)
@@ -65,6 +66,7 @@ class NodeSender:
         self.address = address
         self.queue: deque[PendingBatch] = deque()
         self.inflight: deque[PendingBatch] = deque()   # sent, unacknowledged, in order
+        self.waiting_since: float | None = None        # oldest unanswered send, or last ack
         self.wakeup = asyncio.Event()
         self.task = asyncio.create_task(self._run(), name=f"send-{node}")
 
@@ -76,7 +78,14 @@ class NodeSender:
         batches = list(self.inflight) + list(self.queue)
         self.inflight.clear()
         self.queue.clear()
+        self.waiting_since = None
         return batches
+
+    def stalled(self, now: float, stall: float) -> bool:
+        """Batches sent and nothing acknowledged for `stall` seconds: the node may be
+        paused (a stopped process neither answers nor refuses)."""
+        return bool(self.inflight) and self.waiting_since is not None \
+            and now - self.waiting_since > stall
 
     async def _run(self) -> None:
         backoff = 0.02
@@ -94,6 +103,7 @@ class NodeSender:
                 # Unacknowledged batches go back to the front, in their order.
                 self.queue.extendleft(reversed(self.inflight))
                 self.inflight.clear()
+                self.waiting_since = None
                 self.delivery.stream_failed(self, exc)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 0.2)
@@ -113,6 +123,8 @@ class NodeSender:
                 while self.queue and len(self.inflight) < d.window:
                     # Everything queued (up to the window and a size cap) in one message.
                     batches, size = [], 0
+                    if not self.inflight:
+                        self.waiting_since = time.monotonic()
                     while self.queue and len(self.inflight) < d.window and size < MESSAGE_BYTES:
                         batch = self.queue.popleft()
                         self.inflight.append(batch)
@@ -159,6 +171,7 @@ class NodeSender:
                     if batch.id != ack.id:
                         raise Unavailable(f"{self.node} acked batch {ack.id}, expected {batch.id}")
                     self.delivery.acked(batch, self.node)
+                self.waiting_since = time.monotonic() if self.inflight else None
                 self.wakeup.set()
         except grpc.RpcError as exc:
             raise error_from_rpc(exc) from None
@@ -227,7 +240,26 @@ class Delivery:
             stub = floe_pb2_grpc.ControlPlaneStub(self.channel(address))
             return await stub.GetRing(request, timeout=self.rpc_timeout)
 
-        replies = await asyncio.gather(*(ask(a) for a in addresses), return_exceptions=True)
+        # A paused node neither answers nor refuses: once one node has sent its view,
+        # wait for the others at most RING_PATIENCE more (each call has its deadline),
+        # and not at all once a view newer than ours has come.
+        tasks = [asyncio.ensure_future(ask(a)) for a in addresses]
+        pending, first_view = set(tasks), None
+        while pending:
+            timeout = None if first_view is None else \
+                max(0.0, first_view + RING_PATIENCE - time.monotonic())
+            done, pending = await asyncio.wait(pending, timeout=timeout,
+                                               return_when=asyncio.FIRST_COMPLETED)
+            if not done:
+                break
+            views = [t.result() for t in done if not t.exception()]
+            if self.ring is not None and any(v.version > self.ring.version for v in views):
+                break          # news: adopt it now; a later refresh finds anything newer
+            if first_view is None and views:
+                first_view = time.monotonic()
+        for task in pending:
+            task.cancel()
+        replies = [t.exception() or t.result() for t in tasks if t.done() and not t.cancelled()]
         views = [r for r in replies if isinstance(r, floe_pb2.RingView)]
         errors = [error_from_rpc(r) if isinstance(r, grpc.RpcError) else r
                   for r in replies if not isinstance(r, floe_pb2.RingView)]
@@ -306,13 +338,20 @@ class Delivery:
 
     def check_progress(self, stall: float = 0.5) -> None:
         """Called periodically: batches waiting with no ack for `stall` seconds make
-        the client look for a newer ring, whatever path the failure took."""
-        if self.undelivered and time.monotonic() - self.last_progress > stall:
-            self.last_progress = time.monotonic()
+        the client look for a newer ring, whatever path the failure took. One node
+        that stops acknowledging while the others go on (a paused process) makes the
+        client watch the ring, so it re-routes as soon as the node is declared dead
+        rather than after the ack timeout."""
+        now = time.monotonic()
+        if self.undelivered and now - self.last_progress > stall:
+            self.last_progress = now
             if self._refreshing is None or self._refreshing.done():
                 self._refreshing = asyncio.create_task(self._refresh())
             for sender in self.senders.values():
                 sender.wakeup.set()
+        if any(s.stalled(now, stall) for s in self.senders.values()) and (
+                self._watching is None or self._watching.done()):
+            self._watching = asyncio.create_task(self._watch_ring(interval=0.05))
 
     def stream_failed(self, sender: NodeSender, exc: FloeError) -> None:
         log.debug("stream to %s failed: %s", sender.node, exc)

@@ -1,6 +1,7 @@
 """Real processes, real signals: nodes die or pause under a steady feed, and the ring's
 counts still equal an independent count of everything flush() acknowledged."""
 
+import re
 import signal
 import threading
 import time
@@ -129,13 +130,21 @@ def test_sigkill_two_adjacent_nodes_with_r2(tmp_path):
 
 
 def test_sigstop_past_detection_then_sigcont_is_fenced_and_rejoins_empty(tmp_path):
+    resumed = []
     with LocalCluster.up(4, 1, workdir=tmp_path) as cluster:
         def inject():
             cluster.kill("n2", signal.SIGSTOP)
             time.sleep(2.5)                      # well past detection (~1.2 s for a pause)
+            resumed.append(time.time())
             cluster.kill("n2", signal.SIGCONT)
         stats = run_with_faults(cluster, inject, settle=1.5)
         by_id = {s["node_id"]: s for s in stats}
+        # the mapper re-routed to the heirs while n2 was still stopped: a paused node
+        # holds no stream (and no flush) until it wakes up
+        applying = [float(m) for n in ("n0", "n1", "n3") for m in re.findall(
+            r"applying again at ([0-9.]+): range of token \d+ taken over from n2",
+            Path(cluster.node(n).log).read_text())]
+        assert applying and min(applying) < resumed[0], (applying, resumed)
         # counts stayed exact (checked above); the old incarnation is out of the ring and
         # the process came back as a new, empty member that owns nothing yet
         assert "n2" not in by_id
