@@ -11,7 +11,7 @@ from chaos.cluster import LocalCluster
 from chaos.elastic import request_handoff
 from node.core.hashing import HASH_SPACE
 from node.core.ring import Ring
-from tests.test_elastic import CALM, finish_exact, floe, status
+from tests.test_elastic import finish_exact, floe, status
 from tests.test_failover import Feeder
 
 pytestmark = pytest.mark.multiprocess
@@ -32,7 +32,7 @@ def middle(ring, token):
 
 
 def test_floe_split_hands_the_tail_to_the_neighbour_under_a_streaming_mapper(tmp_path):
-    with LocalCluster.up(3, 1, workdir=tmp_path, tokens_per_node=2, extra_args=CALM) as cluster:
+    with LocalCluster.up(3, 1, workdir=tmp_path, tokens_per_node=2) as cluster:
         feeder = Feeder(cluster.seeds)
         feeder.start()
         time.sleep(0.5)
@@ -59,7 +59,7 @@ def test_floe_split_hands_the_tail_to_the_neighbour_under_a_streaming_mapper(tmp
 
 @pytest.mark.parametrize("when", ["after the split", "during the tail's handoff"])
 def test_the_owner_killed_right_after_a_split_loses_nothing(tmp_path, when):
-    with LocalCluster.up(3, 1, workdir=tmp_path, tokens_per_node=2, extra_args=CALM) as cluster:
+    with LocalCluster.up(3, 1, workdir=tmp_path, tokens_per_node=2) as cluster:
         feeder = Feeder(cluster.seeds)
         feeder.start()
         time.sleep(0.5)
