@@ -260,7 +260,8 @@ def summary_row(result: dict) -> dict:
     def since_over(key):
         t = result.get(key)
         return None if t is None or "t_over" not in result else t - result["t_over"]
-    return {"exact": result["exact"], "moved": since_over("t_moved"),
+    return {"exact": result["exact"], "overloaded": "t_over" in result,
+            "moved": since_over("t_moved"),
             "relieved": since_over("t_relieved"), "handoffs": len(result.get("handoff_ms", [])),
             "false": result.get("false_declarations", 0),
             "before": result.get("ratio_before"), "after": result.get("ratio_after")}
@@ -273,13 +274,15 @@ def compare(rows: dict[int, list[dict]]) -> str:
     def med(values):
         values = [v for v in values if v is not None]
         return median(values) if values else None
-    lines = ["reach | runs | exact | relief <= 1 s | overload -> moved (median) | "
+    lines = ["reach | runs | exact | overloaded | relief <= 1 s | overload -> moved (median) | "
              "overload -> relief (median) | handoffs (median) | max/mean after (median)"]
     meds = {}
-    for reach, rs in sorted(rows.items()):
+    for reach, runs in sorted(rows.items()):
+        rs = [r for r in runs if r["overloaded"]]
         relieved = [r["relieved"] for r in rs]
         meds[reach] = (med(relieved), med([r["after"] for r in rs]))
-        lines.append(f"{reach} | {len(rs)} | {sum(r['exact'] for r in rs)}/{len(rs)} | "
+        lines.append(f"{reach} | {len(runs)} | {sum(r['exact'] for r in runs)}/{len(runs)} | "
+                     f"{len(rs)}/{len(runs)} | "
                      f"{sum(1 for v in relieved if v is not None and v <= 1.0)}/{len(rs)} | "
                      f"{_fmt(med([r['moved'] for r in rs]))} | {_fmt(meds[reach][0])} | "
                      f"{med([r['handoffs'] for r in rs])} | {meds[reach][1] or 0:.2f}")
