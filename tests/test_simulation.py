@@ -71,16 +71,23 @@ def handoff_scenario(seed: int) -> Simulation:
         faults.append((pick.uniform(0.1, 1.2), sim.leave, (pick.choice(names),)))
     kind = pick.choice(["kill", "kill", "pause", "partition", "none"])
     victim = pick.randrange(nodes)
-    when = pick.uniform(0.2, 1.3)
-    if kind == "kill":
-        faults.append((when, sim.kill, (names[victim],)))
-    elif kind == "pause":
-        faults.append((when, sim.pause, (names[victim], pick.uniform(0.1, 0.8))))
-    elif kind == "partition":
-        faults.append((when, sim.partition,
-                       (names[victim], [names[(victim + 1) % nodes]], pick.uniform(0.3, 1.0))))
+    faults += one_fault(pick, sim, names, kind, victim, pick.uniform(0.2, 1.3))
     sim.run(until=6.0, emit_until=1.5, faults=faults)
     return sim
+
+
+def one_fault(pick, sim: Simulation, names: list[str], kind: str, victim: int,
+              when: float) -> list:
+    """A kill, a short pause, or a cut from the clockwise neighbour of `victim`."""
+    node = names[victim]
+    if kind == "kill":
+        return [(when, sim.kill, (node,))]
+    if kind == "pause":
+        return [(when, sim.pause, (node, pick.uniform(0.1, 0.8)))]
+    if kind == "partition":
+        return [(when, sim.partition,
+                 (node, [names[(victim + 1) % len(names)]], pick.uniform(0.3, 1.0)))]
+    return []
 
 
 def check(sim: Simulation, seed: int) -> None:
@@ -127,13 +134,8 @@ def split_scenario(seed: int) -> Simulation:
         # the owner dies right after its split, before or during the tail's handoff
         at, _, (splitter, _) = faults[0]
         faults.append((at + pick.choice([0.0, 0.001, 0.01, 0.05]), sim.kill, (splitter,)))
-    elif kind == "kill":
-        faults.append((when, sim.kill, (names[victim],)))
-    elif kind == "pause":
-        faults.append((when, sim.pause, (names[victim], pick.uniform(0.1, 0.8))))
-    elif kind == "partition":
-        faults.append((when, sim.partition,
-                       (names[victim], [names[(victim + 1) % nodes]], pick.uniform(0.3, 1.0))))
+    else:
+        faults += one_fault(pick, sim, names, kind, victim, when)
     sim.run(until=6.0, emit_until=1.5, faults=faults)
     return sim
 
