@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 import grpc
 
 from floering.v1 import floe_pb2, floe_pb2_grpc
-from node.core.batch import decode_payload, decode_seqs, encode_payload, encode_seqs
+from node.core.batch import (decode_payload, decode_seqs, encode_payload, encode_seqs,
+                             group_by_part)
 from node.core.errors import FloeError, Unavailable
 from node.core.ring import Ring
 from node.transport.status import error_from_rpc
@@ -427,12 +428,7 @@ class Delivery:
         if all(t == tokens[0] for t in tokens):
             batch.token = tokens[0]
             return None
-        grouped: dict[int, tuple[list, list, list]] = {}
-        for token, key, value, seq in zip(tokens, keys, values, seqs):
-            k, v, s = grouped.setdefault(token, ([], [], []))
-            k.append(key)
-            v.append(value)
-            s.append(seq)
+        grouped = group_by_part(tokens, keys, values, seqs)
         self.undelivered.pop(batch.id, None)
         parts = []
         for i, (token, (k, v, s)) in enumerate(sorted(grouped.items())):

@@ -12,7 +12,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Iterator
 
-from node.core.batch import decode_payload, decode_seqs, encode_payload, encode_seqs
+from node.core.batch import (decode_payload, decode_seqs, encode_payload, encode_seqs,
+                             group_by_part)
 from node.core.epochs import effective_mark
 from node.core.errors import FloeError
 
@@ -124,11 +125,6 @@ def split_entry(entry: BackupEntry, part_of, whole: int) -> dict[int, BackupEntr
         return {whole: entry}
     if all(p == parts[0] for p in parts):
         return {parts[0]: entry}
-    grouped: dict[int, tuple[list, list, list]] = {}
-    for part, key, value, seq in zip(parts, keys, values, seqs):
-        k, v, s = grouped.setdefault(part, ([], [], []))
-        k.append(key)
-        v.append(value)
-        s.append(seq)
+    grouped = group_by_part(parts, keys, values, seqs)
     return {part: BackupEntry(s[0], s[-1], len(s), encode_payload(k, v), encode_seqs(s))
             for part, (k, v, s) in grouped.items()}

@@ -93,3 +93,15 @@ def decode_seqs(first_seq: int, last_seq: int, count: int, seqs: bytes):
             a >= b for a, b in zip(decoded, decoded[1:])):
         raise InvalidArgument("seqs must be strictly increasing integers")
     return decoded
+
+
+def group_by_part(parts, keys, values, seqs) -> dict:
+    """Cut a batch's tuples by the part each belongs to (after a token split), keeping
+    their order and seqs: part -> (keys, values, seqs)."""
+    grouped: dict = {}
+    for part, key, value, seq in zip(parts, keys, values, seqs):
+        k, v, s = grouped.setdefault(part, ([], [], []))
+        k.append(key)
+        v.append(value)
+        s.append(seq)
+    return grouped
