@@ -103,7 +103,7 @@ def test_load_shedding_splits_a_range_holding_two_hot_keys(tmp_path):
     """Both hot keys in one range of n0: no whole-range move evens n0 and n1, so the
     overloaded node cuts the range between them and hands the tail over by itself."""
     from chaos.balance import run
-    result = run(tmp_path, seconds=8, rate=16000, work=4000, hot=2, one_range=True)
+    result = run(tmp_path, seconds=8, rate=24000, work=4000, hot=2, one_range=True)
     assert result["exact"], "counts differ from the independent count"
     assert "t_over" in result, "no node became overloaded: the workload is too light here"
     assert result["splits"] >= 1, "the overloaded node never split its hot range"
