@@ -358,6 +358,11 @@ def test_plan_split_cuts_a_range_holding_two_hot_keys_between_them():
     assert plan_split(ring, "a", rates, heir_rates, {"b"}, moves, {token: {k1: 1.0, k2: 1.0}}) is None
     assert plan_split(ring, "a", rates, {"b": 1010.0}, set(), {},
                       {token: {k1: 1.0, k2: 1.0}}) is None
+    # the ring already at its token bound: no automatic split
+    assert plan_split(ring, "a", rates, heir_rates, set(), moves, {token: {k1: 3.0, k2: 3.0}},
+                      max_tokens=len(ring.tokens) + 1) is not None
+    assert plan_split(ring, "a", rates, heir_rates, set(), moves, {token: {k1: 3.0, k2: 3.0}},
+                      max_tokens=len(ring.tokens)) is None
 
 
 def test_mapper_merges_parts_again_when_the_split_died_with_its_node():

@@ -104,12 +104,16 @@ def choose_split_point(rng: tuple[int, int], samples: dict[int, float],
 def plan_split(ring: Ring, me: str, rates: dict[int, float], heir_rates: dict[str, float],
                busy: set[str], moves: dict[int, str],
                samples: dict[int, dict[int, float]],
-               min_gain: float = 0.2) -> tuple[int, int, str] | None:
+               min_gain: float = 0.2,
+               max_tokens: int | None = None) -> tuple[int, int, str] | None:
     """After the whole-range moves `moves`, is a range left that is hotter than what
     would even me and its neighbour? Then cut it at the measured point so its tail
     carries half the gap: returns (token, cut position, neighbour); the tail keeps the
     token and goes to the neighbour. Only when it narrows that pair's gap by at least
-    `min_gain` of the gap."""
+    `min_gain` of the gap, and only while the ring has fewer than `max_tokens` tokens
+    (ranges are never merged back, so splits must stop somewhere)."""
+    if max_tokens is not None and len(ring.tokens) >= max_tokens:
+        return None
     mine = ring.tokens_of(me)
     load = dict(heir_rates)
     left = sum(rates.get(t, 0.0) for t in mine)

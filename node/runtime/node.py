@@ -27,6 +27,10 @@ from node.core.split_point import plan_split
 
 log = logging.getLogger("floe.node")
 
+# Load shedding splits ranges only while the ring has fewer than this many times the
+# tokens its members started with (an operator's `floe split` is not limited).
+SPLIT_GROWTH = 4
+
 
 @dataclass
 class StreamState:
@@ -497,7 +501,9 @@ class NodeRuntime:
         the measured point and add its tail to `moves` (the tail keeps the token)."""
         core = self.core
         samples = {t: core.positions.samples(t) for t in ring.tokens_of(core.node_id)}
-        plan = plan_split(ring, core.node_id, rates, heir_rates, busy, moves, samples)
+        plan = plan_split(ring, core.node_id, rates, heir_rates, busy, moves, samples,
+                          max_tokens=SPLIT_GROWTH * self.config.tokens_per_node
+                          * len(ring.nodes))
         if plan is None:
             log.info("load: no split worth it (rates %s, sampled positions %s, moves %s)",
                      {hex(t): round(r) for t, r in rates.items()},
