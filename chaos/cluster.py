@@ -279,6 +279,9 @@ def _free_ports(host: str, count: int, base: int | None) -> list[int]:
 
 def _port_free(host: str, port: int) -> bool:
     with socket.socket() as s:
+        # as the node's server does: connections of a cluster just stopped (TIME_WAIT)
+        # do not make the port busy, a listening socket does
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:

@@ -176,3 +176,24 @@ def test_bad_keys_and_values_are_refused_at_emit(cluster):
         client.emit("fine")
         client.flush()
         assert client.get("fine") == 1
+
+
+def test_base_port_refuses_a_listening_port_but_not_one_a_stopped_cluster_left_in_time_wait():
+    import socket
+
+    from chaos.cluster import _free_ports
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)    # as gRPC servers do
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    with pytest.raises(OSError, match=f"port {port} .* in use"):
+        _free_ports("127.0.0.1", 1, port)
+    # the server side closes first, as a stopped node does: its end stays in TIME_WAIT
+    client = socket.create_connection(("127.0.0.1", port))
+    served, _ = listener.accept()
+    served.close()
+    listener.close()
+    client.recv(1)
+    client.close()
+    assert _free_ports("127.0.0.1", 1, port) == [port]
