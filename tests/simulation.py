@@ -270,13 +270,17 @@ class Simulation:
         if not others:
             return
         target = core.ring.heir(token) if to == "heir" else self.rng.choice(others)
+        self._prepare_handoff(name, token, target, f"hands {token} to {target}")
+
+    def _prepare_handoff(self, name: str, token: int, target: str, what: str) -> None:
+        node = self.nodes[name]
         h = Handoff(name, {token: target}, deadline=self.now + 2.0)
         try:
-            ring = h.prepare(core, self.now)
+            ring = h.prepare(node.core, self.now)
         except InvalidArgument as exc:
             self.log.append(f"{self.now:.3f} {name} handoff refused: {exc}")
             return
-        self.log.append(f"{self.now:.3f} {name} hands {token} to {target}")
+        self.log.append(f"{self.now:.3f} {name} {what}")
         node.handoff = h
         self._spread(name, ring)
 
@@ -301,17 +305,8 @@ class Simulation:
         self.log.append(f"{self.now:.3f} {name} splits {token} at {at}")
         self._spread(name, ring)
         heir = core.ring.heir(token)
-        if not hand_tail or heir is None:
-            return
-        h = Handoff(name, {token: heir}, deadline=self.now + 2.0)
-        try:
-            ring = h.prepare(core, self.now)
-        except InvalidArgument as exc:
-            self.log.append(f"{self.now:.3f} {name} handoff refused: {exc}")
-            return
-        self.log.append(f"{self.now:.3f} {name} hands the tail {token} to {heir}")
-        node.handoff = h
-        self._spread(name, ring)
+        if hand_tail and heir is not None:
+            self._prepare_handoff(name, token, heir, f"hands the tail {token} to {heir}")
 
     def leave(self, name: str) -> None:
         """Scale-in as the runtime does it: hand every range to its first replica, wait

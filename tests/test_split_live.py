@@ -9,10 +9,10 @@ import pytest
 
 from chaos.cluster import LocalCluster
 from chaos.elastic import request_handoff
-from node.core.hashing import HASH_SPACE
 from node.core.ring import Ring
 from tests.test_elastic import finish_exact, floe, status
 from tests.test_failover import Feeder
+from tests.test_split import middle
 
 pytestmark = pytest.mark.multiprocess
 
@@ -24,11 +24,6 @@ def ring_at(address):
         view = floe_pb2_grpc.ControlPlaneStub(channel).GetRing(floe_pb2.GetRingRequest(),
                                                                timeout=5)
     return Ring.from_wire(view.ring)
-
-
-def middle(ring, token):
-    lo, hi = ring.range_of_token(token)
-    return (lo + Ring.range_size((lo, hi)) // 2) % HASH_SPACE
 
 
 def test_floe_split_hands_the_tail_to_the_neighbour_under_a_streaming_mapper(tmp_path):
