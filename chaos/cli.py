@@ -8,6 +8,7 @@
     floe split POSITION [--to NODE]     cut the range holding POSITION there; NODE takes the tail
     floe scale --add N | --remove NODE  add nodes (they take ranges) or remove one
     floe scale --auto SECONDS           add/remove nodes by load, within --min/--max-nodes
+    floe restart NODE... | --rolling    restart nodes one at a time, losing nothing
     floe down                           stop exactly the processes `up` started
     floe chaos list | run SCENARIO      chaos scenarios (chaos/chaos_cli.py)
 """
@@ -195,6 +196,19 @@ def cmd_scale(args) -> int:
     return 0
 
 
+def cmd_restart(args) -> int:
+    from chaos.restart import rolling_restart
+    cluster = LocalCluster.load(args.cluster_file)
+    if bool(args.nodes) == args.rolling:
+        raise ValueError("name the nodes to restart, or give --rolling for all of them")
+    for node_id in args.nodes:
+        cluster.node(node_id)     # unknown names fail before anything is stopped
+    rolling_restart(cluster, args.nodes or None, graceful=not args.kill, timeout=args.timeout)
+    print(f"restarted {len(args.nodes) or len(cluster.nodes)} nodes; every range is on "
+          f"r+1 nodes")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="floe", description=__doc__.splitlines()[0])
     parser.add_argument("--cluster-file", default=DEFAULT_STATE_FILE,
@@ -251,6 +265,17 @@ def build_parser() -> argparse.ArgumentParser:
     scale.add_argument("--max-nodes", type=int, default=8)
     scale.set_defaults(func=cmd_scale)
 
+    restart = sub.add_parser(
+        "restart", help="restart nodes one at a time: each leaves the ring (its ranges go "
+                        "to their replicas), starts again as a new empty member and takes "
+                        "its share back; the next waits until every range is on r+1 nodes")
+    restart.add_argument("nodes", nargs="*", metavar="NODE", help="node ids, as `floe up` named them")
+    restart.add_argument("--rolling", action="store_true", help="restart every node in turn")
+    restart.add_argument("--kill", action="store_true",
+                         help="SIGKILL instead of leaving: the ranges are taken over as "
+                              "after a crash")
+    restart.set_defaults(func=cmd_restart)
+
     top = sub.add_parser("top", help="the K keys ranked highest")
     top.add_argument("k", type=int)
     top.set_defaults(func=cmd_top)
@@ -264,7 +289,7 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (FloeError, OSError, RuntimeError, ValueError, TimeoutError) as exc:
+    except (FloeError, OSError, RuntimeError, ValueError, TimeoutError, KeyError) as exc:
         print(f"floe {args.command}: {exc}", file=sys.stderr)
         return 1
 

@@ -31,6 +31,7 @@ class NodeProcess:
     address: str
     pid: int
     log: str
+    cmd: list[str] = field(default_factory=list)   # how it was started: a restart reuses it
     # Set when this process started the node: poll() is exact, and it also covers the
     # instant after fork() before exec(), when /proc still shows the parent's cmdline.
     popen: subprocess.Popen | None = field(default=None, repr=False, compare=False)
@@ -42,7 +43,7 @@ class NodeProcess:
 
     def record(self) -> dict:
         return {"node_id": self.node_id, "address": self.address, "pid": self.pid,
-                "log": self.log}
+                "log": self.log, "cmd": self.cmd}
 
 
 @dataclass
@@ -84,11 +85,7 @@ class LocalCluster:
                    "--listen", f"{host}:{port}", "--peers", peers,
                    "--replication", str(replicas), "--tokens-per-node", str(tokens_per_node),
                    "--reducer", reducer, *extra]
-            with open(log_path, "ab") as log:
-                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, start_new_session=True,
-                                        env=_node_env())
-            procs.append(NodeProcess(node_id, f"{host}:{port}", proc.pid, str(log_path), proc))
+            procs.append(_spawn(node_id, f"{host}:{port}", cmd, log_path))
         cluster = cls(procs, replicas, str(state_file), reducer, extra)
         cluster.save()
         try:
@@ -157,11 +154,7 @@ class LocalCluster:
                    "--peers", f"{node_id}={address}", "--join", seeds,
                    "--replication", str(self.replicas), "--tokens-per-node", str(tokens_per_node),
                    "--reducer", self.reducer, *self.extra_args]
-            with open(log_path, "ab") as log:
-                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, start_new_session=True,
-                                        env=_node_env())
-            added.append(NodeProcess(node_id, address, proc.pid, str(log_path), proc))
+            added.append(_spawn(node_id, address, cmd, log_path))
         self.nodes += added
         self.save()
         LocalCluster(added, self.replicas, self.state_file).wait_ready(ready_timeout)
@@ -184,6 +177,29 @@ class LocalCluster:
         _reap(node.pid)
         self.nodes.remove(node)
         self.save()
+
+    def restart(self, node_id: str, *, graceful: bool = True, timeout: float = 60.0,
+                ready_timeout: float = 30.0) -> NodeProcess:
+        """Stop the node's process and start it again with the same command line.
+        Graceful: it first leaves the ring (hands every range to its first replica).
+        Otherwise SIGKILL: its ranges are taken over as after a crash. Either way the
+        new process holds no state and joins as a new member (`node.core.membership`);
+        give it ranges with chaos.elastic.carry_out."""
+        node = self.node(node_id)
+        if not node.cmd:
+            raise RuntimeError(f"{node_id} was recorded without its command line; "
+                               f"it cannot be restarted from here")
+        if graceful:
+            self.remove(node_id, timeout=timeout)
+        else:
+            self.kill(node_id)
+            _reap(node.pid)
+            self.nodes.remove(node)
+        fresh = _spawn(node.node_id, node.address, node.cmd, Path(node.log))
+        self.nodes.append(fresh)
+        self.save()
+        LocalCluster([fresh], self.replicas, self.state_file).wait_ready(ready_timeout)
+        return fresh
 
     def kill(self, node_id: str, sig: int = signal.SIGKILL) -> None:
         node = self.node(node_id)
@@ -244,6 +260,14 @@ class LocalCluster:
 
 
 # ------------------------------------------------------------------ helpers
+
+def _spawn(node_id: str, address: str, cmd: list[str], log_path: Path) -> NodeProcess:
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True,
+                                env=_node_env())
+    return NodeProcess(node_id, address, proc.pid, str(log_path), list(cmd), proc)
+
 
 def _node_env() -> dict:
     env = dict(os.environ)

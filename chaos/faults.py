@@ -41,6 +41,25 @@ def kill_nodes(cluster: LocalCluster, node_ids) -> Injected:
     return Injected("kill", tuple(node_ids), signal_nodes(cluster, node_ids, signal.SIGKILL))
 
 
+def restart_nodes(cluster: LocalCluster, node_ids) -> Injected:
+    """SIGKILL each node and start it again with the same command at once."""
+    at = time.time()
+    pids = {}
+    for node_id in node_ids:
+        pids[node_id] = cluster.restart(node_id, graceful=False).pid
+    return Injected("restart", tuple(node_ids), at, detail={"new_pids": pids})
+
+
+def rolling_restart(cluster: LocalCluster, node_ids) -> Injected:
+    """Every node in turn leaves, restarts empty and takes its share back."""
+    from chaos.restart import rolling_restart as roll
+    at = time.time()
+    lines: list[str] = []
+    roll(cluster, list(node_ids), graceful=True, report=lines.append)
+    return Injected("rolling-restart", tuple(node_ids), at,
+                    detail={"seconds": round(time.time() - at, 3), "steps": lines})
+
+
 def pause_nodes(cluster: LocalCluster, node_ids) -> Injected:
     return Injected("pause", tuple(node_ids), signal_nodes(cluster, node_ids, signal.SIGSTOP))
 

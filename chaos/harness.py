@@ -171,7 +171,7 @@ def run_round(scenario: Scenario, seed: int, index: int, planned: list[PlannedFa
     progress.update(f"{scenario.name} {tag}: starting {scenario.nodes} nodes")
     cluster = LocalCluster.up(scenario.nodes, scenario.replicas, workdir=workdir,
                               tokens_per_node=scenario.tokens_per_node,
-                              reducer=scenario.reducer)
+                              reducer=scenario.reducer, extra_args=list(scenario.node_args))
     mappers: list[MapperHandle] = []
     retired: list[MapperHandle] = []
     sampler = None
@@ -205,6 +205,11 @@ def run_round(scenario: Scenario, seed: int, index: int, planned: list[PlannedFa
                 result.injected.append(fault_ops.resume_nodes(cluster, paused.pop(id(p))))
             elif p.kind == "kill-mid-handoff":
                 result.injected.append(handoff_faults.kill_mid_handoff(cluster, p))
+            elif p.kind == "restart":
+                result.injected.append(replace(fault_ops.restart_nodes(cluster, p.victims),
+                                               tokens=dict(p.ranges)))
+            elif p.kind == "rolling-restart":
+                result.injected.append(fault_ops.rolling_restart(cluster, p.victims))
             elif p.kind == "kill-mapper":
                 m = int(p.victims[0].split("-")[1])
                 victim = mappers[m]
@@ -429,6 +434,10 @@ def summary_table(result: dict) -> str:
                 rows.append((str(r["index"] + 1), "kill-mapper", inj["victims"][0],
                              "mid-chunk" if d.get("mid_chunk") else "between chunks",
                              f"in flight {d.get('in_flight_chunks')}", "", ""))
+            elif inj["kind"] == "rolling-restart":
+                d = inj["detail"]
+                rows.append((str(r["index"] + 1), "rolling-restart", ",".join(inj["victims"]),
+                             f"{d['seconds']:.1f} s", f"{len(d['steps'])} steps", "", ""))
             elif inj["kind"] == "kill-mid-handoff":
                 d = inj["detail"]
                 rows.append((str(r["index"] + 1), f"{d['handoff']} {d['side']}",

@@ -22,12 +22,12 @@ from pathlib import Path
 
 from node.core.ring import Ring
 
-NODE_FAULTS = ("kill", "pause", "kill-mid-handoff")
+NODE_FAULTS = ("kill", "pause", "kill-mid-handoff", "restart", "rolling-restart")
 FAULT_KINDS = NODE_FAULTS + ("kill-mapper",)
 HANDOFF_SIDES = ("giver", "receiver")
 HANDOFFS = ("move", "scale-out", "scale-in")
 TARGETS = ("one", "consecutive", "beyond-r", "every-other", "non-adjacent", "random", "hottest",
-           "mapper") + HANDOFF_SIDES
+           "mapper", "all") + HANDOFF_SIDES
 KEY_DISTRIBUTIONS = ("zipf", "corpus", "burst")
 
 
@@ -71,7 +71,9 @@ class Fault:
     handoff is under way, before it commits."""
 
     kind: str                     # kill (SIGKILL) | pause (SIGSTOP, then SIGCONT) | kill-mapper
-    #                               | kill-mid-handoff
+    #                               | kill-mid-handoff | restart (SIGKILL, then the same
+    #                               command at once) | rolling-restart (target all: each
+    #                               node leaves, restarts empty and takes ranges back)
     target: str = "one"           # which processes; see TARGETS
     at: float = 1.0
     jitter: float = 0.0
@@ -90,6 +92,8 @@ class Fault:
                              f"got {self.target!r}")
         if (self.kind == "kill-mapper") != (self.target == "mapper"):
             raise ValueError("kill-mapper goes with target 'mapper', and only it")
+        if (self.kind == "rolling-restart") != (self.target == "all"):
+            raise ValueError("rolling-restart goes with target 'all', and only it")
         if (self.kind == "kill-mid-handoff") != (self.target in HANDOFF_SIDES):
             raise ValueError("kill-mid-handoff goes with target 'giver' or 'receiver', "
                              "and only it")
@@ -118,12 +122,14 @@ class Scenario:
     settle: float = 0.5           # extra seconds after the last fault before the load stops
     tokens_per_node: int = 8
     ci: bool = False              # small enough for the test suite
+    node_args: tuple[str, ...] = ()   # extra flags for every node process
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.replicas < 0 or not self.rounds:
             raise ValueError("a scenario needs nodes >= 1, replicas >= 0 and a round")
         if self.duration <= 0 or self.settle < 0:
             raise ValueError("duration must be > 0 and settle >= 0")
+        object.__setattr__(self, "node_args", tuple(str(a) for a in self.node_args))
 
     @property
     def reducer(self) -> str:
@@ -242,10 +248,15 @@ def plan(scenario: Scenario, seed: int) -> list[list[PlannedFault]]:
                 extra = plan_handoff(scenario, fault, live, ring, rng)
                 victims = extra.pop("victims")
                 handed = True
+            elif fault.kind == "rolling-restart":
+                victims = tuple(live)
+                handed = True      # ranges move around: later node faults cannot be planned
             else:
                 victims = _victims(scenario, fault, live, rng, seed)
             ranges = ()
-            if fault.kind in NODE_FAULTS:   # a paused node is declared dead and fenced too
+            if fault.kind in NODE_FAULTS and fault.kind != "rolling-restart":
+                # a paused node is declared dead and fenced too; a restarted one is
+                # a new member with no range
                 ranges = tuple((v, ring.tokens_of(v) if v in ring.nodes else ())
                                for v in victims)
                 live = [n for n in live if n not in victims]
@@ -306,6 +317,8 @@ def _victims(scenario: Scenario, fault: Fault, live: list[str], rng: random.Rand
              seed: int):
     r, n = scenario.replicas, len(live)
     target = fault.target
+    if target == "all":
+        return tuple(live)
     if target == "mapper":
         return (f"mapper-{rng.randrange(scenario.load.mappers)}",)
     if n < 2:
@@ -416,6 +429,18 @@ BUILTIN: dict[str, Scenario] = {s.name: s for s in [
                 "hands its ranges to its first replica", "scale-in", "giver"),
     mid_handoff("kill-heir-mid-scale-in", "scale in: SIGKILL the first replica receiving "
                 "the leaving node's ranges", "scale-in", "receiver"),
+    Scenario("fast-restart", "SIGKILL one node and start it again at once, under load, "
+             "before its peers' detector could notice (peers suspect silence only after "
+             "3 s): the new process declares its old self dead and joins empty; every "
+             "tuple checked by its id", 4, 1,
+             (Round((Fault("restart", "one", at=1.0),)),),
+             Load("zipf", rate=3000, chunk=300, ids=True), duration=3.5, ci=True,
+             node_args=("--suspect-min", "3", "--suspect-max", "4")),
+    Scenario("rolling-restart-memory", "every node in turn leaves, restarts with no data "
+             "dir, joins empty and takes its share back, under load; the next waits for "
+             "every range to be on r+1 nodes again; every tuple checked by its id", 3, 1,
+             (Round((Fault("rolling-restart", "all", at=0.8),)),),
+             Load("zipf", rate=2000, chunk=200, ids=True), duration=2.0, ci=True),
     simultaneous_kills("target-n8", "n=8, r=1: 1..4 non-adjacent SIGKILLs at once, 5 "
                        "rounds each (the recovery target)", 8, range(1, 5), 5, rate=10_000),
     simultaneous_kills("fig8b", "the paper's Fig. 8b: n=12, r=1, 1..6 non-adjacent "

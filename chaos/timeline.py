@@ -84,7 +84,8 @@ def _line_time(line: str) -> float | None:
 class Injected:
     """A fault as the harness carried it out."""
 
-    kind: str                     # kill | pause | kill-mapper
+    kind: str                     # kill | pause | kill-mapper | kill-mid-handoff | restart
+    #                               | rolling-restart
     victims: tuple[str, ...]
     at: float                     # wall clock when the signal was sent
     resumed: float | None = None  # pause: when SIGCONT was sent
@@ -128,7 +129,7 @@ def failure_timelines(faults: list[Injected], events: list[Event]) -> list[Failu
     node killed mid-handoff that owned no range yet, such as a joining node)."""
     out = []
     for fault in faults:
-        if fault.kind not in ("kill", "pause", "kill-mid-handoff"):
+        if fault.kind not in ("kill", "pause", "kill-mid-handoff", "restart"):
             continue
         for victim in fault.victims:
             if fault.kind == "kill-mid-handoff" and not fault.tokens.get(victim):

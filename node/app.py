@@ -7,6 +7,8 @@ import dataclasses
 import logging
 import signal
 
+from grpc_health.v1 import health_pb2
+
 from node.config import NodeConfig
 from node.core.reducers import load_reducer, parse_reducer_args
 from node.runtime.node import NodeRuntime
@@ -40,30 +42,15 @@ async def start_node(config: NodeConfig) -> RunningNode:
         address = f"{config.listen.rpartition(':')[0]}:{port}"
         peers = tuple((n, address if n == config.node_id else a) for n, a in config.peers)
         runtime.reconfigure(dataclasses.replace(config, listen=address, peers=peers))
-    if config.join:
-        await _join(runtime, config)
-    await runtime.start()
-    if config.join:
-        runtime.sync_ring()
+    seeds = [s.strip() for s in config.join.split(",") if s.strip()] if config.join else None
+    try:
+        await runtime.confirm_membership(seeds)
+        await runtime.start()
+        await health.set("", health_pb2.HealthCheckResponse.SERVING)
+    except BaseException:
+        await server.stop(0)
+        raise
     return RunningNode(runtime, server, health, port)
-
-
-async def _join(runtime: NodeRuntime, config: NodeConfig) -> None:
-    from node.core.errors import FloeError, Unavailable
-    from node.core.ring import Ring
-    errors = []
-    for seed in filter(None, (s.strip() for s in config.join.split(","))):
-        try:
-            ring = Ring.from_wire(await runtime.peers.get_ring(seed))
-        except FloeError as exc:
-            errors.append(f"{seed}: {exc}")
-            continue
-        if ring.replication != config.replication:
-            raise ValueError(f"the ring runs r={ring.replication}, this node was started "
-                             f"with --replication {config.replication}")
-        runtime.join(ring)
-        return
-    raise Unavailable("no seed to join answered: " + "; ".join(errors))
 
 
 async def serve(config: NodeConfig) -> None:
@@ -78,6 +65,12 @@ async def serve(config: NodeConfig) -> None:
     await asyncio.wait({left, stopped}, return_when=asyncio.FIRST_COMPLETED)
     left.cancel()
     stopped.cancel()
+    runtime = node.runtime
+    if stop.is_set() and config.leave_on_sigterm and not runtime.left.is_set():
+        try:
+            await runtime.leave()
+        except Exception as exc:   # the ring takes our ranges over as after a crash
+            log.warning("could not leave the ring before stopping: %s", exc)
     log.info("node %s stopping", config.node_id)
     await node.stop()
     log.info("node %s stopped", config.node_id)

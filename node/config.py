@@ -29,6 +29,7 @@ class NodeConfig:
     max_message_bytes: int = 64 << 20            # gRPC message limit (scan chunks, full checkpoints)
     rpc_timeout: float = 2.0                     # deadline on every outbound call, seconds
     shutdown_grace: float = 2.0                  # seconds in-flight RPCs get on SIGTERM
+    leave_on_sigterm: bool = False               # SIGTERM hands every range over, then exits
     verify_keys: bool = False                    # hash every key of a batch to check its range
     heartbeat_interval: float = 0.05             # primary -> replicas; checkpoints count too
     suspect_min: float = 0.2                     # silence never suspected sooner (seconds)
@@ -128,6 +129,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-batch-bytes", type=int)
     p.add_argument("--rpc-timeout", type=float)
     p.add_argument("--shutdown-grace", type=float)
+    p.add_argument("--leave-on-sigterm", action="store_true", default=None,
+                   help="on SIGTERM, leave the ring gracefully (hand every range to its "
+                        "first replica) before exiting; without it the node stops and its "
+                        "ranges are taken over as after a crash")
     p.add_argument("--verify-keys", action="store_true", default=None)
     p.add_argument("--heartbeat-interval", type=float)
     p.add_argument("--suspect-min", type=float, help="seconds of silence before suspecting")

@@ -3,7 +3,9 @@ checkpoint shipping by direct calls. No I/O, fully deterministic."""
 
 from __future__ import annotations
 
-from collections import defaultdict
+import functools
+import threading
+from collections import Counter, defaultdict
 
 from node.core.batch import encode_payload, encode_seqs
 from node.core.node_core import NodeCore
@@ -65,3 +67,61 @@ def fail(cluster: CoreCluster, *dead: str) -> None:
     for core in cluster.cores.values():
         core.adopt_ring(ring)
     cluster.ring = ring
+
+
+# ------------------------------------------------------------- live clusters
+
+@functools.cache
+def corpus_words() -> list[str]:
+    from chaos.corpus import kjv_lines
+    from mapper import split_words
+    return [w for line in kjv_lines(8000) for w in split_words(line)]
+
+
+class Feeder(threading.Thread):
+    """Emits WORDS in flushed rounds until stopped; `acked` counts what flush() confirmed."""
+
+    def __init__(self, seeds, rounds=10_000):
+        super().__init__(daemon=True)
+        from mapper import RingClient
+        self.client = RingClient(seeds, linger=0.01, timeout=30)
+        self.acked = Counter()
+        self.stop = threading.Event()
+        self.error = None
+        self.rounds = rounds
+
+    def run(self):
+        try:
+            i = 0
+            WORDS = corpus_words()
+            while not self.stop.is_set() and i < self.rounds:
+                chunk = WORDS[(i * 2000) % len(WORDS):][:2000]
+                self.client.emit_many(chunk)
+                self.client.flush()
+                self.acked.update(chunk)
+                i += 1
+        except Exception as exc:   # surfaced by the test
+            self.error = exc
+
+    def finish(self):
+        self.stop.set()
+        self.join(60)
+        assert not self.is_alive(), "feeder hung"
+        assert self.error is None, f"feeder failed: {self.error!r}"
+        return self.client
+
+    def finish_exact(self):
+        """Stop, then check the ring holds exactly what flush() acknowledged; returns
+        the (still open) client for further reads."""
+        client = self.finish()
+        got = dict(client.scan())
+        assert got == self.acked, diff(got, self.acked)
+        return client
+
+
+def diff(got, expect):
+    keys = [k for k in expect.keys() | got.keys() if got.get(k) != expect.get(k)]
+    return f"{len(keys)} keys differ, e.g. " + ", ".join(
+        f"{k}: {got.get(k)} != {expect.get(k)}" for k in sorted(keys)[:5])
+
+

@@ -13,7 +13,7 @@ import pytest
 
 from chaos.cluster import LocalCluster
 from chaos.elastic import request_handoff
-from tests.test_failover import Feeder, diff
+from tests.helpers import Feeder, diff
 
 pytestmark = pytest.mark.multiprocess
 

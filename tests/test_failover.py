@@ -14,52 +14,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 
 from chaos.cluster import LocalCluster
-from chaos.corpus import kjv_lines
-from mapper import RingClient, split_words
+from tests.helpers import Feeder, diff
 
 pytestmark = pytest.mark.multiprocess
-
-WORDS = [w for line in kjv_lines(8000) for w in split_words(line)]
-
-
-class Feeder(threading.Thread):
-    """Emits WORDS in flushed rounds until stopped; `acked` counts what flush() confirmed."""
-
-    def __init__(self, seeds, rounds=10_000):
-        super().__init__(daemon=True)
-        self.client = RingClient(seeds, linger=0.01, timeout=30)
-        self.acked = Counter()
-        self.stop = threading.Event()
-        self.error = None
-        self.rounds = rounds
-
-    def run(self):
-        try:
-            i = 0
-            while not self.stop.is_set() and i < self.rounds:
-                chunk = WORDS[(i * 2000) % len(WORDS):][:2000]
-                self.client.emit_many(chunk)
-                self.client.flush()
-                self.acked.update(chunk)
-                i += 1
-        except Exception as exc:   # surfaced by the test
-            self.error = exc
-
-    def finish(self):
-        self.stop.set()
-        self.join(60)
-        assert not self.is_alive(), "feeder hung"
-        assert self.error is None, f"feeder failed: {self.error!r}"
-        return self.client
-
-    def finish_exact(self):
-        """Stop, then check the ring holds exactly what flush() acknowledged; returns
-        the (still open) client for further reads."""
-        client = self.finish()
-        got = dict(client.scan())
-        assert got == self.acked, diff(got, self.acked)
-        return client
-
 
 def run_with_faults(cluster, inject, settle=1.0):
     feeder = Feeder(cluster.seeds)
@@ -71,12 +28,6 @@ def run_with_faults(cluster, inject, settle=1.0):
     stats = client.stats()
     client.close()
     return stats
-
-
-def diff(got, expect):
-    keys = [k for k in expect.keys() | got.keys() if got.get(k) != expect.get(k)]
-    return f"{len(keys)} keys differ, e.g. " + ", ".join(
-        f"{k}: {got.get(k)} != {expect.get(k)}" for k in sorted(keys)[:5])
 
 
 def live(stats):

@@ -11,7 +11,7 @@ from chaos.cluster import LocalCluster
 from chaos.elastic import request_handoff
 from node.core.ring import Ring
 from tests.test_elastic import finish_exact, floe, status
-from tests.test_failover import Feeder
+from tests.helpers import Feeder
 from tests.test_split import middle
 
 pytestmark = pytest.mark.multiprocess

@@ -65,6 +65,11 @@ class Unavailable(FloeError):
     refresh_ring = True
 
 
+class Starting(Unavailable):
+    """The node's process just started and has not yet confirmed its place in the
+    ring with its peers (it may be a restart of a member whose state is gone)."""
+
+
 class Refused(Unavailable):
     """Nothing listens at the node's address any more (connection refused, or reset
     mid-call): its process is gone. The one transport failure that proves it."""

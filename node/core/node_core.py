@@ -14,7 +14,7 @@ from typing import Iterator
 from node.core.backup_store import BackupEntry
 from node.core.batch import Limits, check_header
 from node.core.epochs import check_source
-from node.core.errors import Fenced, InvalidArgument, RangeLost, StaleRing
+from node.core.errors import Fenced, InvalidArgument, RangeLost, StaleRing, Starting
 from node.core.ranges import Checkpoint, PrimaryRange, ReplicaSide
 from node.core.reducers import Reducer
 from node.core.ring import Ring
@@ -59,6 +59,9 @@ class NodeCore:
         self.lost_tokens: set[int] = set(ring.lost)
         self.streams: dict[str, int] = {}   # newest stream number seen per source
         self.fenced = False
+        # A process that has not yet heard its peers may be the restart of a member
+        # whose state died: it accepts and answers nothing until it knows.
+        self.starting = False
         self.applied_by_token: dict[int, int] = {}   # tuples applied per owned token, cumulative
         self.positions = PositionLoad()              # where inside each range the load sits
         self.counters = dict(applied=0, duplicates=0, refused=0, backed_up=0,
@@ -66,7 +69,8 @@ class NodeCore:
                              handed_off=0)
         for token in ring.tokens_of(node_id):
             self.primaries[token] = PrimaryRange(token, reducer)
-        if ring.version == 1:
+        if ring.pristine:
+            # Nothing ever moved: every replica holds its (empty) copy from the start.
             for token in ring.tokens:
                 if ring.role_of(node_id, token) == "replica":
                     self.replicas.start_complete(token, ring.owner_of_token(token))
@@ -180,9 +184,19 @@ class NodeCore:
         return targets - {self.node_id}
 
     def under_replicated(self) -> list[int]:
-        """Our ranges not yet on all r+1 nodes (a replica lacks a checkpoint)."""
+        """Our ranges not on r+1 nodes: fewer replicas than the ring's members allow
+        (only nodes owning ranges are replicas; members that joined empty are not
+        yet), or a replica that lacks a checkpoint."""
+        ring = self.ring
+        want = min(ring.replication, len(ring.nodes) - 1)
         return [t for t, rng in self.primaries.items()
-                if any(rng.replica_seq.get(r) is None for r in self.ring.replicas_of_token(t))]
+                if len(ring.regular_replicas(t)) < want
+                or any(rng.replica_seq.get(r) is None for r in ring.replicas_of_token(t))]
+
+    def _check_started(self) -> None:
+        if self.starting:
+            raise Starting(f"node {self.node_id} is starting: it has not yet confirmed "
+                           f"its place in the ring")
 
     # ------------------------------------------------------------- data path
 
@@ -204,6 +218,7 @@ class NodeCore:
     def _receive_batch(self, ring_version, token, source, first_seq, last_seq, count,
                        payload, seqs) -> PushResult:
         ring = self.ring
+        self._check_started()
         if self.fenced:
             raise Fenced(f"node {self.node_id} was removed from the ring (version "
                          f"{ring.version}); it must rejoin empty")
@@ -299,6 +314,7 @@ class NodeCore:
                            base_seq: int, full: bool, states: dict,
                            watermarks: dict[str, int]) -> tuple[bool, int]:
         ring = self.ring
+        self._check_started()
         if self.fenced:
             raise Fenced(f"node {self.node_id} was removed from the ring")
         if ring_version != ring.stamp:
@@ -314,6 +330,7 @@ class NodeCore:
     # --------------------------------------------------------------- queries
 
     def get(self, key) -> tuple[bool, object]:
+        self._check_started()
         if self.fenced:
             raise Fenced(f"node {self.node_id} was removed from the ring")
         token = self.ring.token_for_key(key)
@@ -327,6 +344,7 @@ class NodeCore:
         return (False, None) if state is _ABSENT else (True, state)
 
     def _check_complete(self) -> None:
+        self._check_started()
         if self.fenced:
             raise Fenced(f"node {self.node_id} was removed from the ring")
         if self.lost_tokens:

@@ -43,11 +43,18 @@ class Ring:
     # Extras that hold a complete copy: former destinations kept after a handoff until
     # the token's new replicas are filled. A removed owner's token goes to one of them.
     retiring: frozenset[tuple[int, str]] = frozenset()
+    # Per member, the incarnation of the process behind it (a number each process
+    # draws at start), once someone has heard it. A member seen with two different
+    # incarnations restarted: the state its first process held is gone, so merging
+    # removes it (its ranges pass to their replicas, as after a crash), and the new
+    # process comes back under another name.
+    incarnations: tuple[tuple[str, int], ...] = ()
     # Lookup tables derived once: lookups are on hot paths.
     _index: dict = field(init=False, repr=False, compare=False)
     _address: dict = field(init=False, repr=False, compare=False)
     _destinations: tuple = field(init=False, repr=False, compare=False)
     _extras: dict = field(init=False, repr=False, compare=False)
+    _incarnation: dict = field(init=False, repr=False, compare=False)
     stamp: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -58,12 +65,13 @@ class Ring:
         # removals not yet merged) are never taken for the same one.
         content = msgpack.packb((self.replication, self.tokens, self.owners, self.addresses,
                                  sorted(self.removed), sorted(self.lost), self.generations,
-                                 self.extras, sorted(self.retiring)))
+                                 self.extras, sorted(self.retiring), self.incarnations))
         digest = mmh3.hash(content, seed=0, signed=False) & 0xFFFFFF
         object.__setattr__(self, "stamp", (self.version << 24) | digest)
         object.__setattr__(self, "_index", {t: i for i, t in enumerate(self.tokens)})
         object.__setattr__(self, "_address", dict(self.addresses))
         object.__setattr__(self, "_extras", dict(self.extras))
+        object.__setattr__(self, "_incarnation", dict(self.incarnations))
         object.__setattr__(self, "_destinations",
                            tuple(self._walk(i) for i in range(len(self.tokens))))
 
@@ -192,7 +200,8 @@ class Ring:
         values = dict(version=self.version + 1, replication=self.replication,
                       tokens=self.tokens, owners=self.owners, addresses=self.addresses,
                       removed=self.removed, lost=self.lost, generations=self.generations,
-                      extras=self.extras, retiring=self.retiring)
+                      extras=self.extras, retiring=self.retiring,
+                      incarnations=self.incarnations)
         values.update(changes)
         ring = Ring(**values)
         ring.check_invariants()
@@ -292,7 +301,8 @@ class Ring:
         return self._with(tokens=tuple(p[0] for p in pairs), owners=tuple(p[1] for p in pairs),
                           generations=tuple(p[2] for p in pairs), lost=lost)
 
-    def add_node(self, node: str, address: str, tokens: Iterable[int]) -> "Ring":
+    def add_node(self, node: str, address: str, tokens: Iterable[int],
+                 incarnation: int = 0) -> "Ring":
         if node in self._address:
             raise ValueError(f"node {node!r} is already a member")
         new = list(tokens)
@@ -300,9 +310,11 @@ class Ring:
             raise ValueError("new tokens collide with existing ones")
         pairs = sorted(list(zip(self.tokens, self.owners, self.generations))
                        + [(t, node, 0) for t in new])
+        known = self.incarnations + (((node, incarnation),) if incarnation else ())
         return self._with(tokens=tuple(p[0] for p in pairs), owners=tuple(p[1] for p in pairs),
                           generations=tuple(p[2] for p in pairs),
-                          addresses=tuple(sorted(self.addresses + ((node, address),))))
+                          addresses=tuple(sorted(self.addresses + ((node, address),))),
+                          incarnations=tuple(sorted(known)))
 
     def remove_node(self, node: str) -> "Ring":
         """Each of the node's tokens goes to its heir (the next distinct node clockwise,
@@ -318,9 +330,15 @@ class Ring:
         for i, owner in enumerate(self.owners):
             if owner == node:
                 holders = sorted(x for t, x in self.retiring if t == self.tokens[i] and x != node)
-                owners[i] = holders[0] if holders else next(
-                    self.owners[(i + s) % n] for s in range(1, n)
-                    if self.owners[(i + s) % n] != node)
+                heir = holders[0] if holders else next(
+                    (self.owners[(i + s) % n] for s in range(1, n)
+                     if self.owners[(i + s) % n] != node), None)
+                if heir is None:
+                    # The node owned every range: a member with none (one that joined
+                    # or rejoined empty) takes them, with nothing to rebuild them from.
+                    heir = min(x for x in self._address if x != node)
+                    lost.add(self.tokens[i])
+                owners[i] = heir
                 generations[i] += 1
                 if set(self._destinations[i]) <= gone:
                     lost.add(self.tokens[i])
@@ -339,7 +357,8 @@ class Ring:
         return self._with(owners=tuple(owners), generations=tuple(generations),
                           extras=tuple(sorted(extras.items())), retiring=retiring,
                           addresses=tuple(a for a in self.addresses if a[0] != node),
-                          removed=frozenset(gone), lost=frozenset(lost))
+                          removed=frozenset(gone), lost=frozenset(lost),
+                          incarnations=tuple(p for p in self.incarnations if p[0] != node))
 
     def without(self, nodes: Iterable[str]) -> "Ring":
         """Remove several nodes in one change (version + 1). The result does not depend
@@ -365,7 +384,8 @@ class Ring:
         if other.stamp == self.stamp and other == self:
             return self
         older, newer = sorted((self, other), key=lambda r: (r.version, r.stamp))
-        gone = older.removed | newer.removed
+        incarnations, restarted = _merge_incarnations(older, newer)
+        gone = older.removed | newer.removed | restarted
         entries: dict[int, tuple] = {}
         for ring in (older, newer):          # on a tie the newer view's entry wins
             for i, token in enumerate(ring.tokens):
@@ -409,7 +429,9 @@ class Ring:
                     tuple(entries[t][0] for t in tokens),
                     tuple((t, live(entries[t][2])) for t in tokens if live(entries[t][2])),
                     frozenset((t, x) for t in tokens for x in entries[t][3]
-                              if x not in gone and x in entries[t][2]))
+                              if x not in gone and x in entries[t][2]),
+                    tuple(sorted((n, i) for n, i in incarnations.items()
+                                 if n in addresses and n not in gone)))
         gone_members = gone & set(base._address)
         merged = base.without(gone_members) if gone_members else base
         merged = merged._with(version=base.version, removed=frozenset(gone),
@@ -420,7 +442,28 @@ class Ring:
 
     def _content(self) -> tuple:
         return (self.replication, self.tokens, self.owners, self.addresses, self.removed,
-                self.lost, self.generations, self.extras, self.retiring)
+                self.lost, self.generations, self.extras, self.retiring, self.incarnations)
+
+    @property
+    def pristine(self) -> bool:
+        """No range ever changed hands: no removal, handoff, loss or takeover."""
+        return not (self.removed or self.extras or self.lost or any(self.generations))
+
+    def incarnation_of(self, node: str) -> int:
+        """The incarnation `node` runs as, 0 while nobody has heard it."""
+        return self._incarnation.get(node, 0)
+
+    def with_incarnation(self, node: str, incarnation: int) -> "Ring":
+        """What a message from `node` running as `incarnation` tells: nothing new, its
+        incarnation (first heard), or that it restarted (removed, as a crash would)."""
+        if node not in self._address or not incarnation:
+            return self
+        known = self.incarnation_of(node)
+        if known == incarnation:
+            return self
+        if known:
+            return self.without([node])
+        return self._with(incarnations=tuple(sorted(self.incarnations + ((node, incarnation),))))
 
     @staticmethod
     def version_of_stamp(stamp: int) -> int:
@@ -457,6 +500,10 @@ class Ring:
         for token, node in self.retiring:
             if node not in self._extras.get(token, ()):
                 raise AssertionError(f"retiring {node} is not an extra of token {token}")
+        if not set(self._incarnation) <= members or len(self._incarnation) != len(self.incarnations):
+            raise AssertionError("incarnations of non-members, or twice")
+        if any(i <= 0 for i in self._incarnation.values()):
+            raise AssertionError("an incarnation is a positive number")
 
     # ---------------------------------------------------------------- wire
 
@@ -467,7 +514,8 @@ class Ring:
                               "removed": sorted(self.removed), "lost": sorted(self.lost),
                               "generations": list(self.generations),
                               "extras": [[t, list(n)] for t, n in self.extras],
-                              "retiring": sorted([t, x] for t, x in self.retiring)})
+                              "retiring": sorted([t, x] for t, x in self.retiring),
+                              "incarnations": [list(p) for p in self.incarnations]})
 
     @classmethod
     def from_wire(cls, data: bytes) -> "Ring":
@@ -481,7 +529,8 @@ class Ring:
                        tuple(int(g) for g in d.get("generations", ())),
                        tuple((int(t), tuple(str(n) for n in nodes))
                              for t, nodes in d.get("extras", ())),
-                       frozenset((int(t), str(x)) for t, x in d.get("retiring", ())))
+                       frozenset((int(t), str(x)) for t, x in d.get("retiring", ())),
+                       tuple((str(n), int(i)) for n, i in d.get("incarnations", ())))
             ring.check_invariants()
         except InvalidArgument:
             raise
@@ -492,3 +541,14 @@ class Ring:
     def describe(self) -> str:
         return (f"ring v{self.version}: {len(self.addresses)} nodes, {len(self.tokens)} tokens, "
                 f"r={self.replication}")
+
+
+def _merge_incarnations(a: Ring, b: Ring) -> tuple[dict[str, int], set[str]]:
+    """Every incarnation either view heard, and the members heard as two: those
+    restarted, so their first process and what it held are gone."""
+    known = dict(a.incarnations)
+    restarted = set()
+    for node, incarnation in b.incarnations:
+        if known.setdefault(node, incarnation) != incarnation:
+            restarted.add(node)
+    return known, restarted

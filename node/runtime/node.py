@@ -17,9 +17,11 @@ from node.config import NodeConfig
 from node.core.batch import Limits
 from node.core.detector import (ALIVE, DEAD, REFUSED, SUSPECT, TIMED_OUT, DetectorConfig,
                                 FailureDetector, Probe, combine, indirect_via)
-from node.core.errors import Fenced, FloeError, InvalidArgument, Refused, StaleRing, Unavailable
+from node.core.errors import (Fenced, FloeError, InvalidArgument, Refused, StaleRing, Starting,
+                              Unavailable)
 from node.core.handoff import Handoff, retired_extras
 from node.core.load import LoadConfig, LoadMonitor, choose_shed, clockwise_nodes
+from node.core.membership import decide_start, rejoin_name
 from node.core.node_core import NodeCore, RingChange
 from node.core.reducers import Reducer
 from node.core.ring import Ring
@@ -49,10 +51,14 @@ class _Inbound:
 
 
 class NodeRuntime:
-    def __init__(self, config: NodeConfig, reducer: Reducer, peers) -> None:
+    def __init__(self, config: NodeConfig, reducer: Reducer, peers,
+                 incarnation: int | None = None) -> None:
         self.config = config
         self.reducer = reducer
         self.peers = peers
+        # Drawn once per process: peers tell a restart of this node from this process
+        # by it (node.core.membership).
+        self.incarnation = incarnation or time.time_ns()
         self.core = self._make_core(config)
         self.inbound: asyncio.Queue[_Inbound] = asyncio.Queue(config.queue_batches)
         self.started_at = time.monotonic()
@@ -63,8 +69,7 @@ class NodeRuntime:
         self.detector = FailureDetector(DetectorConfig(
             min_timeout=config.suspect_min, max_timeout=config.suspect_max,
             probe_timeout=config.probe_timeout, suspicion=config.suspicion))
-        self.incarnation = 0           # bumped each time we rejoin after being fenced
-        self.rejoined = 0
+        self.rejoined = 0              # times this process rejoined as a new member
         self._syncing: asyncio.Task | None = None
         self._background: set[asyncio.Task] = set()
         self.handoff: Handoff | None = None     # the one handoff this node runs, if any
@@ -79,10 +84,57 @@ class NodeRuntime:
         self._resuming: dict[int, str] = {}
 
     def _make_core(self, config: NodeConfig) -> NodeCore:
-        ring = Ring.initial(dict(config.peers), config.replication, config.tokens_per_node)
-        return NodeCore(config.node_id, ring, self.reducer,
-                        Limits(max_batch_bytes=config.max_batch_bytes),
-                        verify_keys=config.verify_keys)
+        """The ring this node would found alone; it serves nothing until
+        `confirm_membership` has heard what its peers know."""
+        core = self._new_core(config.node_id, self._initial_ring(config))
+        core.starting = True
+        return core
+
+    @staticmethod
+    def _initial_ring(config: NodeConfig) -> Ring:
+        return Ring.initial(dict(config.peers), config.replication, config.tokens_per_node)
+
+    def _new_core(self, node_id: str, ring: Ring) -> NodeCore:
+        return NodeCore(node_id, ring, self.reducer,
+                        Limits(max_batch_bytes=self.config.max_batch_bytes),
+                        verify_keys=self.config.verify_keys)
+
+    async def confirm_membership(self, seeds: list[str] | None = None) -> None:
+        """Ask the peers (or, joining, the seeds) for their rings and decide who this
+        process is: a founding member taking its place, a joiner, or the restart of a
+        member whose state died with its process (that member is declared dead at
+        once and this process joins empty under a new name)."""
+        config = self.config
+        joining = seeds is not None
+        targets = seeds if joining else [a for n, a in config.peers if n != config.node_id]
+        timeout = min(config.rpc_timeout, 1.0)
+        answers = await asyncio.gather(*(self.peers.get_ring(a, timeout=timeout)
+                                         for a in targets), return_exceptions=True)
+        seen, errors = [], []
+        for address, answer in zip(targets, answers):
+            if isinstance(answer, FloeError):
+                errors.append(f"{address}: {answer}")
+            elif isinstance(answer, BaseException):
+                raise answer
+            else:
+                seen.append(Ring.from_wire(answer))
+        if joining and not seen:
+            raise Unavailable("no seed to join answered: " + "; ".join(errors))
+        for ring in seen:
+            if ring.replication != config.replication:
+                raise ValueError(f"the ring runs r={ring.replication}, this node was started "
+                                 f"with --replication {config.replication}")
+        decision = decide_start(config.node_id, self.incarnation, config.listen, seen,
+                                None if joining else self._initial_ring(config))
+        self.core = self._new_core(decision.node_id, decision.ring)
+        if decision.replaces:
+            log.warning("declaring %s dead at %.6f: %s; this process holds none of its "
+                        "state and joins empty as %s", decision.replaces, time.time(),
+                        decision.why, decision.node_id)
+        elif decision.node_id != config.node_id:
+            log.warning("%s; this process joins empty as %s", decision.why, decision.node_id)
+        elif joining:
+            log.info("%s joins ring v%d", decision.node_id, decision.ring.version)
 
     def reconfigure(self, config: NodeConfig) -> None:
         """Before start only: the listen address became known after binding."""
@@ -90,6 +142,10 @@ class NodeRuntime:
             raise RuntimeError("reconfigure after start")
         self.config = config
         self.core = self._make_core(config)
+
+    @property
+    def starting(self) -> bool:
+        return self.core.starting
 
     # ------------------------------------------------------------- lifecycle
 
@@ -102,8 +158,9 @@ class NodeRuntime:
                        asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
                        asyncio.create_task(self._monitor_loop(), name="monitor"),
                        asyncio.create_task(self._load_loop(), name="load")]
-        log.info("node %s up on %s, %s", self.config.node_id, self.config.listen,
+        log.info("node %s up on %s, %s", self.core.node_id, self.config.listen,
                  self.core.ring.describe())
+        self.sync_ring()   # every peer learns our incarnation now
 
     async def stop(self) -> None:
         """Drain what was queued, ship a final checkpoint, stop the loops."""
@@ -208,7 +265,8 @@ class NodeRuntime:
             try:
                 need_full, seq = await self.peers.ship_checkpoint(
                     ring.address(s.replica), sender=core.node_id, ring_version=ring.stamp,
-                    checkpoint=s.checkpoint, base_seq=s.base_seq)
+                    incarnation=self.incarnation, checkpoint=s.checkpoint,
+                    base_seq=s.base_seq)
             except FloeError as exc:
                 log.debug("checkpoint of %s to %s failed: %s", s.checkpoint.token, s.replica, exc)
                 core.checkpoint_failed(s.checkpoint.token, s.replica)
@@ -273,15 +331,11 @@ class NodeRuntime:
         """We were declared dead (paused or cut off too long): everything we hold is
         stale. Come back as a new incarnation with no state and no tokens; the ring
         gives it ranges only through a handoff, like any new node."""
-        base = self.config.node_id
-        self.incarnation += 1
-        node_id = f"{base}#{self.incarnation}"
+        node_id = rejoin_name(self.core.node_id, ring)
         log.error("%s was declared dead in ring v%d: dropping all state, rejoining empty "
                   "as %s", self.core.node_id, ring.version, node_id)
-        joined = ring.add_node(node_id, self.config.listen, ())
-        self.core = NodeCore(node_id, joined, self.reducer,
-                             Limits(max_batch_bytes=self.config.max_batch_bytes),
-                             verify_keys=self.config.verify_keys)
+        joined = ring.add_node(node_id, self.config.listen, (), self.incarnation)
+        self.core = self._new_core(node_id, joined)
         self.detector.watch((), time.monotonic())
         self._resuming.clear()
         self.rejoined += 1
@@ -289,6 +343,8 @@ class NodeRuntime:
 
     def sync_ring(self, address: str | None = None) -> None:
         """Exchange ring views with one peer, or all, in the background."""
+        if self.starting:
+            return   # our view is not confirmed yet: it must not spread
         if address is None and self._syncing is not None and not self._syncing.done():
             return
         ring = self.core.ring
@@ -317,10 +373,27 @@ class NodeRuntime:
         """Any message from `node` (or answer): clears a suspicion of it."""
         self.detector.heard(node, time.monotonic())
 
-    def heard_from(self, node: str, ring_version: int, address: str | None = None) -> None:
+    def heard_from(self, node: str, ring_version: int, address: str | None = None,
+                   incarnation: int = 0) -> None:
+        if self._restarted(node, incarnation):
+            return
         self.sign_of_life(node)
         if ring_version != self.core.ring.stamp:
             self.sync_ring(address or self._address_of(node))
+
+    def _restarted(self, node: str, incarnation: int) -> bool:
+        """A message from `node` as another process than the ring knows: the member
+        restarted and lost its state; declare it dead now, whoever answers at its
+        address (the new process joins under a new name)."""
+        ring = self.core.ring
+        known = ring.incarnation_of(node)
+        if not incarnation or not known or known == incarnation:
+            return False
+        log.warning("declaring %s dead at %.6f: it restarted (incarnation %d, the ring "
+                    "knows %d)", node, time.time(), incarnation, known)
+        if self.adopt(ring.with_incarnation(node, incarnation)) is not None:
+            self.sync_ring()
+        return True
 
     def _address_of(self, node: str) -> str | None:
         try:
@@ -340,12 +413,14 @@ class NodeRuntime:
 
     async def _heartbeat(self, node: str, address: str, version: int) -> None:
         try:
-            theirs = await self.peers.heartbeat(address, sender=self.core.node_id,
-                                                ring_version=version,
-                                                timeout=self.config.heartbeat_interval * 4)
+            theirs, incarnation = await self.peers.heartbeat(
+                address, sender=self.core.node_id, ring_version=version,
+                incarnation=self.incarnation, timeout=self.config.heartbeat_interval * 4)
         except FloeError as exc:
             if isinstance(exc, (StaleRing, Fenced)):
                 self.sync_ring(address)
+            return
+        if self._restarted(node, incarnation):
             return
         self.sign_of_life(node)
         if theirs != self.core.ring.stamp:
@@ -381,8 +456,9 @@ class NodeRuntime:
         async def direct():
             nonlocal failure
             try:
-                await self.peers.heartbeat(address, sender=core.node_id,
-                                           ring_version=ring.stamp, timeout=probe.deadline)
+                _, incarnation = await self.peers.heartbeat(
+                    address, sender=core.node_id, ring_version=ring.stamp,
+                    incarnation=self.incarnation, timeout=probe.deadline)
             except (Refused, Fenced) as exc:
                 failure = f": {exc}"
                 return REFUSED          # nothing listens, or it knows it was removed
@@ -390,6 +466,9 @@ class NodeRuntime:
                 return TIMED_OUT        # a deadline or a stalled handshake: maybe only slow
             except FloeError:
                 return ALIVE            # it answered, if only with an error
+            if incarnation and ring.incarnation_of(node) not in (0, incarnation):
+                failure = ": another process answers at its address"
+                return REFUSED          # it restarted: the member we watch is gone
             return ALIVE
 
         async def indirect():
@@ -432,9 +511,12 @@ class NodeRuntime:
         if address is None:
             return False
         try:
-            await self.peers.heartbeat(address, sender=self.core.node_id,
-                                       ring_version=self.core.ring.stamp, timeout=timeout)
+            _, incarnation = await self.peers.heartbeat(
+                address, sender=self.core.node_id, ring_version=self.core.ring.stamp,
+                incarnation=self.incarnation, timeout=timeout)
         except FloeError:
+            return False
+        if incarnation and self.core.ring.incarnation_of(target) not in (0, incarnation):
             return False
         self.sign_of_life(target)
         return True
@@ -547,16 +629,6 @@ class NodeRuntime:
             a, sender=me, ring_wire=ring.to_wire(), version=ring.version,
             reducer=self.reducer.name) for n, a in ring.addresses), return_exceptions=True)
         self.left.set()
-
-    def join(self, ring: Ring) -> None:
-        """Start as a new member with no tokens in `ring` (fetched from a seed); ranges
-        come to us by handoff (`floe scale --add`)."""
-        joined = ring.add_node(self.config.node_id, self.config.listen, ()) \
-            if self.config.node_id not in ring.nodes else ring
-        self.core = NodeCore(self.config.node_id, joined, self.reducer,
-                             Limits(max_batch_bytes=self.config.max_batch_bytes),
-                             verify_keys=self.config.verify_keys)
-        log.info("%s joins ring v%d", self.config.node_id, joined.version)
 
     # --------------------------------------------------------- load balancing
 

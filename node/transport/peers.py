@@ -41,9 +41,10 @@ class PeerPool:
         return floe_pb2_grpc.ControlPlaneStub(self._channel(address))
 
     async def ship_checkpoint(self, address: str, *, sender: str, ring_version: int,
-                              checkpoint, base_seq: int) -> tuple[bool, int]:
+                              checkpoint, base_seq: int, incarnation: int = 0) -> tuple[bool, int]:
         request = floe_pb2.CheckpointFragment(
-            sender=sender, ring_version=ring_version, token=checkpoint.token,
+            sender=sender, ring_version=ring_version, incarnation=incarnation,
+            token=checkpoint.token,
             checkpoint_seq=checkpoint.seq, base_seq=base_seq, full=checkpoint.full,
             states=pack_entries(checkpoint.states), watermarks=pack(checkpoint.watermarks))
         try:
@@ -53,15 +54,16 @@ class PeerPool:
         return reply.need_full, reply.checkpoint_seq
 
     async def heartbeat(self, address: str, *, sender: str, ring_version: int,
-                        timeout: float | None = None) -> int:
-        """Returns the peer's ring version."""
+                        incarnation: int = 0, timeout: float | None = None) -> tuple[int, int]:
+        """Returns the peer's ring stamp and its process incarnation."""
         try:
             reply = await self._control(address).Heartbeat(
-                floe_pb2.HeartbeatRequest(sender=sender, ring_version=ring_version),
+                floe_pb2.HeartbeatRequest(sender=sender, ring_version=ring_version,
+                                          incarnation=incarnation),
                 timeout=timeout or self.timeout)
         except grpc.RpcError as exc:
             raise error_from_rpc(exc) from None
-        return reply.ring_version
+        return reply.ring_version, reply.incarnation
 
     async def probe(self, address: str, target: str, timeout: float) -> bool:
         """Ask the node at `address` whether it can reach `target`."""
@@ -88,10 +90,10 @@ class PeerPool:
             raise error_from_rpc(exc) from None
         return reply.detail
 
-    async def get_ring(self, address: str) -> bytes:
+    async def get_ring(self, address: str, timeout: float | None = None) -> bytes:
         try:
             reply = await self._control(address).GetRing(floe_pb2.GetRingRequest(),
-                                                          timeout=self.timeout)
+                                                          timeout=timeout or self.timeout)
         except grpc.RpcError as exc:
             raise error_from_rpc(exc) from None
         return reply.ring

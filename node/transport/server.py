@@ -11,7 +11,8 @@ from grpc_health.v1.health import aio as health_aio
 
 from floering.v1 import floe_pb2, floe_pb2_grpc
 from node.core.codec import pack, pack_entries, unpack, unpack_entries
-from node.core.errors import Fenced, FloeError, InvalidArgument, ReducerMismatch, StaleRing
+from node.core.errors import (Fenced, FloeError, InvalidArgument, ReducerMismatch, StaleRing,
+                              Starting)
 from node.core.ring import Ring
 from node.runtime.node import NodeRuntime, StreamState
 from node.transport.peers import channel_options
@@ -68,13 +69,21 @@ class ControlPlane(floe_pb2_grpc.ControlPlaneServicer):
                                  sender=self.runtime.core.node_id)
 
     async def GetRing(self, request, context):
+        if self.runtime.starting:
+            await abort(context, self._starting())
         if request.expect_reducer and request.expect_reducer != self.runtime.reducer.name:
             await abort(context, ReducerMismatch(
                 f"the ring runs reducer {self.runtime.reducer.name!r}, "
                 f"the caller expects {request.expect_reducer!r}"))
         return self._view()
 
+    def _starting(self) -> Starting:
+        return Starting(f"{self.runtime.config.node_id} is starting: it has not yet "
+                        f"confirmed its place in the ring")
+
     async def ExchangeRing(self, request, context):
+        if self.runtime.starting:
+            await abort(context, self._starting())
         if request.sender:
             self.runtime.sign_of_life(request.sender)
         try:
@@ -84,19 +93,26 @@ class ControlPlane(floe_pb2_grpc.ControlPlaneServicer):
         return self._view()
 
     async def Heartbeat(self, request, context):
+        if self.runtime.starting:
+            await abort(context, self._starting())
         if self.runtime.core.fenced:
             await abort(context, Fenced(f"{self.runtime.core.node_id} was removed from the ring"))
-        self.runtime.heard_from(request.sender, request.ring_version)
+        self.runtime.heard_from(request.sender, request.ring_version,
+                                incarnation=request.incarnation)
         return floe_pb2.HeartbeatReply(sender=self.runtime.core.node_id,
-                                       ring_version=self.runtime.core.ring.stamp)
+                                       ring_version=self.runtime.core.ring.stamp,
+                                       incarnation=self.runtime.incarnation)
 
     async def Probe(self, request, context):
         timeout = min(max(request.timeout, 0.01), 5.0)
         return floe_pb2.ProbeReply(alive=await self.runtime.probe_for(request.target, timeout))
 
     async def ShipCheckpoint(self, request, context):
+        if self.runtime.starting:
+            await abort(context, self._starting())
+        self.runtime.heard_from(request.sender, request.ring_version,
+                                incarnation=request.incarnation)
         core = self.runtime.core
-        self.runtime.heard_from(request.sender, request.ring_version)
         try:
             watermarks = unpack(request.watermarks) if request.watermarks else {}
             if not isinstance(watermarks, dict):
@@ -194,5 +210,6 @@ async def start_server(runtime: NodeRuntime) -> tuple[grpc.aio.Server, health_ai
     if port == 0:
         raise OSError(f"cannot bind {runtime.config.listen}")
     await server.start()
-    await health.set("", health_pb2.HealthCheckResponse.SERVING)
+    # SERVING once the node has confirmed its place in the ring (node.app.start_node).
+    await health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
     return server, health, port

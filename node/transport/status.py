@@ -18,6 +18,7 @@ _TO_CODE: tuple[tuple[type[errors.FloeError], grpc.StatusCode], ...] = (
     (errors.RangeLost, grpc.StatusCode.DATA_LOSS),
     (errors.TimedOut, grpc.StatusCode.DEADLINE_EXCEEDED),
     (errors.Refused, grpc.StatusCode.UNAVAILABLE),
+    (errors.Starting, grpc.StatusCode.UNAVAILABLE),
     (errors.Unavailable, grpc.StatusCode.UNAVAILABLE),
 )
 

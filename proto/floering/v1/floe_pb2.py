@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x66loering/v1/floe.proto\x12\x0b\x66loering.v1\"\xab\x01\n\x05\x42\x61tch\x12\x14\n\x0cring_version\x18\x01 \x01(\x04\x12\r\n\x05token\x18\x02 \x01(\x04\x12\x0e\n\x06source\x18\x03 \x01(\t\x12\x11\n\tfirst_seq\x18\x04 \x01(\x04\x12\x10\n\x08last_seq\x18\x05 \x01(\x04\x12\r\n\x05\x63ount\x18\x06 \x01(\r\x12\x0f\n\x07payload\x18\x07 \x01(\x0c\x12\x0c\n\x04seqs\x18\x08 \x01(\x0c\x12\n\n\x02id\x18\t \x01(\x04\x12\x0e\n\x06stream\x18\n \x01(\x04\"P\n\x07PushAck\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x0f\n\x07\x61pplied\x18\x02 \x01(\r\x12\x12\n\nduplicates\x18\x03 \x01(\r\x12\x14\n\x0cring_version\x18\x04 \x01(\x04\"2\n\x0bPushRequest\x12#\n\x07\x62\x61tches\x18\x01 \x03(\x0b\x32\x12.floering.v1.Batch\"/\n\tPushReply\x12\"\n\x04\x61\x63ks\x18\x01 \x03(\x0b\x32\x14.floering.v1.PushAck\"J\n\x08RingView\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x0c\n\x04ring\x18\x02 \x01(\x0c\x12\x0f\n\x07reducer\x18\x03 \x01(\t\x12\x0e\n\x06sender\x18\x04 \x01(\t\"(\n\x0eGetRingRequest\x12\x16\n\x0e\x65xpect_reducer\x18\x01 \x01(\t\"I\n\x10HeartbeatRequest\x12\x0e\n\x06sender\x18\x01 \x01(\t\x12\x14\n\x0cring_version\x18\x02 \x01(\x04\x12\x0f\n\x07sent_at\x18\x03 \x01(\x01\"6\n\x0eHeartbeatReply\x12\x0e\n\x06sender\x18\x01 \x01(\t\x12\x14\n\x0cring_version\x18\x02 \x01(\x04\"\xa5\x01\n\x12\x43heckpointFragment\x12\x0e\n\x06sender\x18\x01 \x01(\t\x12\x14\n\x0cring_version\x18\x02 \x01(\x04\x12\r\n\x05token\x18\x03 \x01(\x04\x12\x16\n\x0e\x63heckpoint_seq\x18\x04 \x01(\x04\x12\x10\n\x08\x62\x61se_seq\x18\x05 \x01(\x04\x12\x0c\n\x04\x66ull\x18\x06 \x01(\x08\x12\x0e\n\x06states\x18\x07 \x01(\x0c\x12\x12\n\nwatermarks\x18\x08 \x01(\x0c\"P\n\rCheckpointAck\x12\x11\n\tneed_full\x18\x01 \x01(\x08\x12\x16\n\x0e\x63heckpoint_seq\x18\x02 \x01(\x04\x12\x14\n\x0cring_version\x18\x03 \x01(\x04\"/\n\x0cProbeRequest\x12\x0e\n\x06target\x18\x01 \x01(\t\x12\x0f\n\x07timeout\x18\x02 \x01(\x01\"\x1b\n\nProbeReply\x12\r\n\x05\x61live\x18\x01 \x01(\x08\"\x97\x01\n\x0eHandoffRequest\x12\x0e\n\x06sender\x18\x01 \x01(\t\x12\x14\n\x0cring_version\x18\x02 \x01(\x04\x12\x0e\n\x06tokens\x18\x03 \x03(\x04\x12\x0e\n\x06target\x18\x04 \x01(\t\x12\r\n\x05leave\x18\x05 \x01(\x08\x12\x0f\n\x07timeout\x18\x06 \x01(\x01\x12\r\n\x05split\x18\x07 \x01(\x08\x12\x10\n\x08split_at\x18\x08 \x01(\x04\"F\n\x0cHandoffReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x14\n\x0cring_version\x18\x02 \x01(\x04\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\"/\n\nGetRequest\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\x14\n\x0cring_version\x18\x02 \x01(\x04\">\n\x08GetReply\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12\r\n\x05state\x18\x02 \x01(\x0c\x12\x14\n\x0cring_version\x18\x03 \x01(\x04\"\x17\n\nTopRequest\x12\t\n\x01k\x18\x01 \x01(\r\"\x1b\n\x08TopReply\x12\x0f\n\x07\x65ntries\x18\x01 \x01(\x0c\"2\n\x0bScanRequest\x12\r\n\x05\x63hunk\x18\x01 \x01(\r\x12\x14\n\x0cring_version\x18\x02 \x01(\x04\"\x1c\n\tScanChunk\x12\x0f\n\x07\x65ntries\x18\x01 \x01(\x0c\"\x0e\n\x0cStatsRequest\"\xb3\x04\n\tNodeStats\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x14\n\x0cring_version\x18\x03 \x01(\x04\x12\x0c\n\x04keys\x18\x04 \x01(\x04\x12\x0f\n\x07\x61pplied\x18\x05 \x01(\x04\x12\x12\n\nduplicates\x18\x06 \x01(\x04\x12\x14\n\x0cqueue_length\x18\x07 \x01(\x04\x12\x15\n\rbackup_tuples\x18\x08 \x01(\x04\x12\x14\n\x0c\x62\x61\x63kup_bytes\x18\t \x01(\x04\x12\x12\n\nring_share\x18\n \x01(\x01\x12\x1b\n\x13\x63heckpoints_shipped\x18\x0b \x01(\x04\x12\x13\n\x0blost_ranges\x18\x0c \x01(\x04\x12\x0f\n\x07reducer\x18\r \x01(\t\x12\x0b\n\x03pid\x18\x0e \x01(\x03\x12\x0e\n\x06uptime\x18\x0f \x01(\x01\x12\x0f\n\x07refused\x18\x10 \x01(\x04\x12\x11\n\tbacked_up\x18\x11 \x01(\x04\x12\x1c\n\x14\x63heckpoints_received\x18\x12 \x01(\x04\x12\x18\n\x10under_replicated\x18\x13 \x01(\x04\x12\x11\n\ttakeovers\x18\x14 \x01(\x04\x12\x0e\n\x06\x66\x65nced\x18\x15 \x01(\x08\x12\x10\n\x08rejoined\x18\x16 \x01(\x04\x12\x12\n\nhanded_off\x18\x17 \x01(\x04\x12\x0b\n\x03\x63pu\x18\x18 \x01(\x01\x12\x12\n\napply_rate\x18\x19 \x01(\x01\x12\x12\n\noverloaded\x18\x1a \x01(\x08\x12\x0e\n\x06tokens\x18\x1b \x01(\x04\x12\x0c\n\x04load\x18\x1c \x01(\x0c\x12\x0c\n\x04\x62usy\x18\x1d \x01(\x01\"\x1d\n\x0cRangeRequest\x12\r\n\x05token\x18\x01 \x01(\x04\"+\n\nRangeState\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x65ntries\x18\x02 \x01(\x0c\x32I\n\tDataPlane\x12<\n\x04Push\x12\x18.floering.v1.PushRequest\x1a\x16.floering.v1.PushReply(\x01\x30\x01\x32\xa3\x03\n\x0c\x43ontrolPlane\x12=\n\x07GetRing\x12\x1b.floering.v1.GetRingRequest\x1a\x15.floering.v1.RingView\x12<\n\x0c\x45xchangeRing\x12\x15.floering.v1.RingView\x1a\x15.floering.v1.RingView\x12G\n\tHeartbeat\x12\x1d.floering.v1.HeartbeatRequest\x1a\x1b.floering.v1.HeartbeatReply\x12;\n\x05Probe\x12\x19.floering.v1.ProbeRequest\x1a\x17.floering.v1.ProbeReply\x12M\n\x0eShipCheckpoint\x12\x1f.floering.v1.CheckpointFragment\x1a\x1a.floering.v1.CheckpointAck\x12\x41\n\x07Handoff\x12\x1b.floering.v1.HandoffRequest\x1a\x19.floering.v1.HandoffReply2\xb6\x02\n\nQueryPlane\x12\x35\n\x03Get\x12\x17.floering.v1.GetRequest\x1a\x15.floering.v1.GetReply\x12\x35\n\x03Top\x12\x17.floering.v1.TopRequest\x1a\x15.floering.v1.TopReply\x12:\n\x04Scan\x12\x18.floering.v1.ScanRequest\x1a\x16.floering.v1.ScanChunk0\x01\x12:\n\x05Stats\x12\x19.floering.v1.StatsRequest\x1a\x16.floering.v1.NodeStats\x12\x42\n\x0cInspectRange\x12\x19.floering.v1.RangeRequest\x1a\x17.floering.v1.RangeStateb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x66loering/v1/floe.proto\x12\x0b\x66loering.v1\"\xab\x01\n\x05\x42\x61tch\x12\x14\n\x0cring_version\x18\x01 \x01(\x04\x12\r\n\x05token\x18\x02 \x01(\x04\x12\x0e\n\x06source\x18\x03 \x01(\t\x12\x11\n\tfirst_seq\x18\x04 \x01(\x04\x12\x10\n\x08last_seq\x18\x05 \x01(\x04\x12\r\n\x05\x63ount\x18\x06 \x01(\r\x12\x0f\n\x07payload\x18\x07 \x01(\x0c\x12\x0c\n\x04seqs\x18\x08 \x01(\x0c\x12\n\n\x02id\x18\t \x01(\x04\x12\x0e\n\x06stream\x18\n \x01(\x04\"P\n\x07PushAck\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x0f\n\x07\x61pplied\x18\x02 \x01(\r\x12\x12\n\nduplicates\x18\x03 \x01(\r\x12\x14\n\x0cring_version\x18\x04 \x01(\x04\"2\n\x0bPushRequest\x12#\n\x07\x62\x61tches\x18\x01 \x03(\x0b\x32\x12.floering.v1.Batch\"/\n\tPushReply\x12\"\n\x04\x61\x63ks\x18\x01 \x03(\x0b\x32\x14.floering.v1.PushAck\"J\n\x08RingView\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x0c\n\x04ring\x18\x02 \x01(\x0c\x12\x0f\n\x07reducer\x18\x03 \x01(\t\x12\x0e\n\x06sender\x18\x04 \x01(\t\"(\n\x0eGetRingRequest\x12\x16\n\x0e\x65xpect_reducer\x18\x01 \x01(\t\"^\n\x10HeartbeatRequest\x12\x0e\n\x06sender\x18\x01 \x01(\t\x12\x14\n\x0cring_version\x18\x02 \x01(\x04\x12\x0f\n\x07sent_at\x18\x03 \x01(\x01\x12\x13\n\x0bincarnation\x18\x04 \x01(\x04\"K\n\x0eHeartbeatReply\x12\x0e\n\x06sender\x18\x01 \x01(\t\x12\x14\n\x0cring_version\x18\x02 \x01(\x04\x12\x13\n\x0bincarnation\x18\x03 \x01(\x04\"\xba\x01\n\x12\x43heckpointFragment\x12\x0e\n\x06sender\x18\x01 \x01(\t\x12\x14\n\x0cring_version\x18\x02 \x01(\x04\x12\r\n\x05token\x18\x03 \x01(\x04\x12\x16\n\x0e\x63heckpoint_seq\x18\x04 \x01(\x04\x12\x10\n\x08\x62\x61se_seq\x18\x05 \x01(\x04\x12\x0c\n\x04\x66ull\x18\x06 \x01(\x08\x12\x0e\n\x06states\x18\x07 \x01(\x0c\x12\x12\n\nwatermarks\x18\x08 \x01(\x0c\x12\x13\n\x0bincarnation\x18\t \x01(\x04\"P\n\rCheckpointAck\x12\x11\n\tneed_full\x18\x01 \x01(\x08\x12\x16\n\x0e\x63heckpoint_seq\x18\x02 \x01(\x04\x12\x14\n\x0cring_version\x18\x03 \x01(\x04\"/\n\x0cProbeRequest\x12\x0e\n\x06target\x18\x01 \x01(\t\x12\x0f\n\x07timeout\x18\x02 \x01(\x01\"\x1b\n\nProbeReply\x12\r\n\x05\x61live\x18\x01 \x01(\x08\"\x97\x01\n\x0eHandoffRequest\x12\x0e\n\x06sender\x18\x01 \x01(\t\x12\x14\n\x0cring_version\x18\x02 \x01(\x04\x12\x0e\n\x06tokens\x18\x03 \x03(\x04\x12\x0e\n\x06target\x18\x04 \x01(\t\x12\r\n\x05leave\x18\x05 \x01(\x08\x12\x0f\n\x07timeout\x18\x06 \x01(\x01\x12\r\n\x05split\x18\x07 \x01(\x08\x12\x10\n\x08split_at\x18\x08 \x01(\x04\"F\n\x0cHandoffReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x14\n\x0cring_version\x18\x02 \x01(\x04\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\"/\n\nGetRequest\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\x14\n\x0cring_version\x18\x02 \x01(\x04\">\n\x08GetReply\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12\r\n\x05state\x18\x02 \x01(\x0c\x12\x14\n\x0cring_version\x18\x03 \x01(\x04\"\x17\n\nTopRequest\x12\t\n\x01k\x18\x01 \x01(\r\"\x1b\n\x08TopReply\x12\x0f\n\x07\x65ntries\x18\x01 \x01(\x0c\"2\n\x0bScanRequest\x12\r\n\x05\x63hunk\x18\x01 \x01(\r\x12\x14\n\x0cring_version\x18\x02 \x01(\x04\"\x1c\n\tScanChunk\x12\x0f\n\x07\x65ntries\x18\x01 \x01(\x0c\"\x0e\n\x0cStatsRequest\"\xb3\x04\n\tNodeStats\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x14\n\x0cring_version\x18\x03 \x01(\x04\x12\x0c\n\x04keys\x18\x04 \x01(\x04\x12\x0f\n\x07\x61pplied\x18\x05 \x01(\x04\x12\x12\n\nduplicates\x18\x06 \x01(\x04\x12\x14\n\x0cqueue_length\x18\x07 \x01(\x04\x12\x15\n\rbackup_tuples\x18\x08 \x01(\x04\x12\x14\n\x0c\x62\x61\x63kup_bytes\x18\t \x01(\x04\x12\x12\n\nring_share\x18\n \x01(\x01\x12\x1b\n\x13\x63heckpoints_shipped\x18\x0b \x01(\x04\x12\x13\n\x0blost_ranges\x18\x0c \x01(\x04\x12\x0f\n\x07reducer\x18\r \x01(\t\x12\x0b\n\x03pid\x18\x0e \x01(\x03\x12\x0e\n\x06uptime\x18\x0f \x01(\x01\x12\x0f\n\x07refused\x18\x10 \x01(\x04\x12\x11\n\tbacked_up\x18\x11 \x01(\x04\x12\x1c\n\x14\x63heckpoints_received\x18\x12 \x01(\x04\x12\x18\n\x10under_replicated\x18\x13 \x01(\x04\x12\x11\n\ttakeovers\x18\x14 \x01(\x04\x12\x0e\n\x06\x66\x65nced\x18\x15 \x01(\x08\x12\x10\n\x08rejoined\x18\x16 \x01(\x04\x12\x12\n\nhanded_off\x18\x17 \x01(\x04\x12\x0b\n\x03\x63pu\x18\x18 \x01(\x01\x12\x12\n\napply_rate\x18\x19 \x01(\x01\x12\x12\n\noverloaded\x18\x1a \x01(\x08\x12\x0e\n\x06tokens\x18\x1b \x01(\x04\x12\x0c\n\x04load\x18\x1c \x01(\x0c\x12\x0c\n\x04\x62usy\x18\x1d \x01(\x01\"\x1d\n\x0cRangeRequest\x12\r\n\x05token\x18\x01 \x01(\x04\"+\n\nRangeState\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x65ntries\x18\x02 \x01(\x0c\x32I\n\tDataPlane\x12<\n\x04Push\x12\x18.floering.v1.PushRequest\x1a\x16.floering.v1.PushReply(\x01\x30\x01\x32\xa3\x03\n\x0c\x43ontrolPlane\x12=\n\x07GetRing\x12\x1b.floering.v1.GetRingRequest\x1a\x15.floering.v1.RingView\x12<\n\x0c\x45xchangeRing\x12\x15.floering.v1.RingView\x1a\x15.floering.v1.RingView\x12G\n\tHeartbeat\x12\x1d.floering.v1.HeartbeatRequest\x1a\x1b.floering.v1.HeartbeatReply\x12;\n\x05Probe\x12\x19.floering.v1.ProbeRequest\x1a\x17.floering.v1.ProbeReply\x12M\n\x0eShipCheckpoint\x12\x1f.floering.v1.CheckpointFragment\x1a\x1a.floering.v1.CheckpointAck\x12\x41\n\x07Handoff\x12\x1b.floering.v1.HandoffRequest\x1a\x19.floering.v1.HandoffReply2\xb6\x02\n\nQueryPlane\x12\x35\n\x03Get\x12\x17.floering.v1.GetRequest\x1a\x15.floering.v1.GetReply\x12\x35\n\x03Top\x12\x17.floering.v1.TopRequest\x1a\x15.floering.v1.TopReply\x12:\n\x04Scan\x12\x18.floering.v1.ScanRequest\x1a\x16.floering.v1.ScanChunk0\x01\x12:\n\x05Stats\x12\x19.floering.v1.StatsRequest\x1a\x16.floering.v1.NodeStats\x12\x42\n\x0cInspectRange\x12\x19.floering.v1.RangeRequest\x1a\x17.floering.v1.RangeStateb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -44,45 +44,45 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETRINGREQUEST']._serialized_start=472
   _globals['_GETRINGREQUEST']._serialized_end=512
   _globals['_HEARTBEATREQUEST']._serialized_start=514
-  _globals['_HEARTBEATREQUEST']._serialized_end=587
-  _globals['_HEARTBEATREPLY']._serialized_start=589
-  _globals['_HEARTBEATREPLY']._serialized_end=643
-  _globals['_CHECKPOINTFRAGMENT']._serialized_start=646
-  _globals['_CHECKPOINTFRAGMENT']._serialized_end=811
-  _globals['_CHECKPOINTACK']._serialized_start=813
-  _globals['_CHECKPOINTACK']._serialized_end=893
-  _globals['_PROBEREQUEST']._serialized_start=895
-  _globals['_PROBEREQUEST']._serialized_end=942
-  _globals['_PROBEREPLY']._serialized_start=944
-  _globals['_PROBEREPLY']._serialized_end=971
-  _globals['_HANDOFFREQUEST']._serialized_start=974
-  _globals['_HANDOFFREQUEST']._serialized_end=1125
-  _globals['_HANDOFFREPLY']._serialized_start=1127
-  _globals['_HANDOFFREPLY']._serialized_end=1197
-  _globals['_GETREQUEST']._serialized_start=1199
-  _globals['_GETREQUEST']._serialized_end=1246
-  _globals['_GETREPLY']._serialized_start=1248
-  _globals['_GETREPLY']._serialized_end=1310
-  _globals['_TOPREQUEST']._serialized_start=1312
-  _globals['_TOPREQUEST']._serialized_end=1335
-  _globals['_TOPREPLY']._serialized_start=1337
-  _globals['_TOPREPLY']._serialized_end=1364
-  _globals['_SCANREQUEST']._serialized_start=1366
-  _globals['_SCANREQUEST']._serialized_end=1416
-  _globals['_SCANCHUNK']._serialized_start=1418
-  _globals['_SCANCHUNK']._serialized_end=1446
-  _globals['_STATSREQUEST']._serialized_start=1448
-  _globals['_STATSREQUEST']._serialized_end=1462
-  _globals['_NODESTATS']._serialized_start=1465
-  _globals['_NODESTATS']._serialized_end=2028
-  _globals['_RANGEREQUEST']._serialized_start=2030
-  _globals['_RANGEREQUEST']._serialized_end=2059
-  _globals['_RANGESTATE']._serialized_start=2061
-  _globals['_RANGESTATE']._serialized_end=2104
-  _globals['_DATAPLANE']._serialized_start=2106
-  _globals['_DATAPLANE']._serialized_end=2179
-  _globals['_CONTROLPLANE']._serialized_start=2182
-  _globals['_CONTROLPLANE']._serialized_end=2601
-  _globals['_QUERYPLANE']._serialized_start=2604
-  _globals['_QUERYPLANE']._serialized_end=2914
+  _globals['_HEARTBEATREQUEST']._serialized_end=608
+  _globals['_HEARTBEATREPLY']._serialized_start=610
+  _globals['_HEARTBEATREPLY']._serialized_end=685
+  _globals['_CHECKPOINTFRAGMENT']._serialized_start=688
+  _globals['_CHECKPOINTFRAGMENT']._serialized_end=874
+  _globals['_CHECKPOINTACK']._serialized_start=876
+  _globals['_CHECKPOINTACK']._serialized_end=956
+  _globals['_PROBEREQUEST']._serialized_start=958
+  _globals['_PROBEREQUEST']._serialized_end=1005
+  _globals['_PROBEREPLY']._serialized_start=1007
+  _globals['_PROBEREPLY']._serialized_end=1034
+  _globals['_HANDOFFREQUEST']._serialized_start=1037
+  _globals['_HANDOFFREQUEST']._serialized_end=1188
+  _globals['_HANDOFFREPLY']._serialized_start=1190
+  _globals['_HANDOFFREPLY']._serialized_end=1260
+  _globals['_GETREQUEST']._serialized_start=1262
+  _globals['_GETREQUEST']._serialized_end=1309
+  _globals['_GETREPLY']._serialized_start=1311
+  _globals['_GETREPLY']._serialized_end=1373
+  _globals['_TOPREQUEST']._serialized_start=1375
+  _globals['_TOPREQUEST']._serialized_end=1398
+  _globals['_TOPREPLY']._serialized_start=1400
+  _globals['_TOPREPLY']._serialized_end=1427
+  _globals['_SCANREQUEST']._serialized_start=1429
+  _globals['_SCANREQUEST']._serialized_end=1479
+  _globals['_SCANCHUNK']._serialized_start=1481
+  _globals['_SCANCHUNK']._serialized_end=1509
+  _globals['_STATSREQUEST']._serialized_start=1511
+  _globals['_STATSREQUEST']._serialized_end=1525
+  _globals['_NODESTATS']._serialized_start=1528
+  _globals['_NODESTATS']._serialized_end=2091
+  _globals['_RANGEREQUEST']._serialized_start=2093
+  _globals['_RANGEREQUEST']._serialized_end=2122
+  _globals['_RANGESTATE']._serialized_start=2124
+  _globals['_RANGESTATE']._serialized_end=2167
+  _globals['_DATAPLANE']._serialized_start=2169
+  _globals['_DATAPLANE']._serialized_end=2242
+  _globals['_CONTROLPLANE']._serialized_start=2245
+  _globals['_CONTROLPLANE']._serialized_end=2664
+  _globals['_QUERYPLANE']._serialized_start=2667
+  _globals['_QUERYPLANE']._serialized_end=2977
 # @@protoc_insertion_point(module_scope)

@@ -73,25 +73,29 @@ class GetRingRequest(_message.Message):
     def __init__(self, expect_reducer: _Optional[str] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("sender", "ring_version", "sent_at")
+    __slots__ = ("sender", "ring_version", "sent_at", "incarnation")
     SENDER_FIELD_NUMBER: _ClassVar[int]
     RING_VERSION_FIELD_NUMBER: _ClassVar[int]
     SENT_AT_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     sender: str
     ring_version: int
     sent_at: float
-    def __init__(self, sender: _Optional[str] = ..., ring_version: _Optional[int] = ..., sent_at: _Optional[float] = ...) -> None: ...
+    incarnation: int
+    def __init__(self, sender: _Optional[str] = ..., ring_version: _Optional[int] = ..., sent_at: _Optional[float] = ..., incarnation: _Optional[int] = ...) -> None: ...
 
 class HeartbeatReply(_message.Message):
-    __slots__ = ("sender", "ring_version")
+    __slots__ = ("sender", "ring_version", "incarnation")
     SENDER_FIELD_NUMBER: _ClassVar[int]
     RING_VERSION_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     sender: str
     ring_version: int
-    def __init__(self, sender: _Optional[str] = ..., ring_version: _Optional[int] = ...) -> None: ...
+    incarnation: int
+    def __init__(self, sender: _Optional[str] = ..., ring_version: _Optional[int] = ..., incarnation: _Optional[int] = ...) -> None: ...
 
 class CheckpointFragment(_message.Message):
-    __slots__ = ("sender", "ring_version", "token", "checkpoint_seq", "base_seq", "full", "states", "watermarks")
+    __slots__ = ("sender", "ring_version", "token", "checkpoint_seq", "base_seq", "full", "states", "watermarks", "incarnation")
     SENDER_FIELD_NUMBER: _ClassVar[int]
     RING_VERSION_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
@@ -100,6 +104,7 @@ class CheckpointFragment(_message.Message):
     FULL_FIELD_NUMBER: _ClassVar[int]
     STATES_FIELD_NUMBER: _ClassVar[int]
     WATERMARKS_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     sender: str
     ring_version: int
     token: int
@@ -108,7 +113,8 @@ class CheckpointFragment(_message.Message):
     full: bool
     states: bytes
     watermarks: bytes
-    def __init__(self, sender: _Optional[str] = ..., ring_version: _Optional[int] = ..., token: _Optional[int] = ..., checkpoint_seq: _Optional[int] = ..., base_seq: _Optional[int] = ..., full: _Optional[bool] = ..., states: _Optional[bytes] = ..., watermarks: _Optional[bytes] = ...) -> None: ...
+    incarnation: int
+    def __init__(self, sender: _Optional[str] = ..., ring_version: _Optional[int] = ..., token: _Optional[int] = ..., checkpoint_seq: _Optional[int] = ..., base_seq: _Optional[int] = ..., full: _Optional[bool] = ..., states: _Optional[bytes] = ..., watermarks: _Optional[bytes] = ..., incarnation: _Optional[int] = ...) -> None: ...
 
 class CheckpointAck(_message.Message):
     __slots__ = ("need_full", "checkpoint_seq", "ring_version")

@@ -1,0 +1,88 @@
+"""Who a starting process is in the ring: pure rules, no I/O.
+
+A node id names a member, and a member's state lives only in the process that runs
+it. A process that starts again under the same id (a crash and a restart, a service
+restart, a rolling upgrade) has none of that state, so it must never be taken for
+the member it replaces, however fast it came back: that member is dead at once (its
+ranges pass to their replicas, as after a crash) and the new process joins as a new,
+empty member under the next free name `id#k`.
+
+Every process draws an incarnation number at start; the ring records each member's
+(`Ring.incarnations`), and peers compare it with the one on every heartbeat and
+checkpoint. Before serving anything a starting process asks its peers for their
+rings and decides here what it is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Iterable
+
+from node.core.ring import Ring
+
+
+@dataclass(frozen=True)
+class StartDecision:
+    node_id: str              # the name this process serves under
+    ring: Ring                # its first ring view
+    replaces: str = ""        # the member this process is a restart of, now removed
+    why: str = ""             # why it does not come back as that member
+
+
+def base_name(node_id: str) -> str:
+    """`n0#2` -> `n0`: the configured id a rejoined member's name derives from."""
+    return node_id.split("#", 1)[0]
+
+
+def rejoin_name(node_id: str, ring: Ring) -> str:
+    """The first `base#k` the ring has never known, live or removed."""
+    base = base_name(node_id)
+    taken = set(ring.nodes) | ring.removed
+    k = 1
+    while f"{base}#{k}" in taken:
+        k += 1
+    return f"{base}#{k}"
+
+
+def decide_start(me: str, incarnation: int, address: str, seen: Iterable[Ring],
+                 initial: Ring | None = None) -> StartDecision:
+    """What a process that just started as `me` is, given the rings its peers
+    answered with (`seen`, possibly none) and, for a founding member, the ring it
+    would build alone (`initial`; None when it joins a running ring).
+
+    - The ring has `me` with no incarnation heard yet: a founding member takes its
+      place (a joiner the same). A name the ring never knew joins empty under it.
+    - The ring knows `me` as another incarnation, or removed it: this is a restart.
+      The earlier member is removed (declared dead) and the process joins empty as
+      the next free `me#k`.
+    """
+    if incarnation <= 0:
+        raise ValueError("an incarnation is a positive number")
+    views = list(seen)
+    if initial is not None:
+        # Our own incarnation is part of the founding ring itself (version 1 still).
+        initial = replace(initial, incarnations=tuple(sorted(
+            {**dict(initial.incarnations), me: incarnation}.items())))
+        initial.check_invariants()
+    if not views:
+        if initial is None:
+            raise ValueError("a joining node needs the ring of at least one peer")
+        return StartDecision(me, initial)
+    view = views[0]
+    for other in views[1:]:
+        view = view.merge(other)
+    known = view.incarnation_of(me)
+    if me in view.removed:
+        why = f"{me} was removed from the ring (declared dead, or it left)"
+    elif known and known != incarnation:
+        why = f"{me} is running as incarnation {known} in the ring, this process is {incarnation}"
+    elif me in view.nodes:
+        mine = view.with_incarnation(me, incarnation)
+        return StartDecision(me, mine if initial is None else mine.merge(initial))
+    else:   # a name the ring never knew: join under it
+        return StartDecision(me, view.add_node(me, address, (), incarnation))
+    replaces = me if me in view.nodes else ""
+    if replaces:
+        view = view.without([me])
+    name = rejoin_name(me, view)
+    return StartDecision(name, view.add_node(name, address, (), incarnation), replaces, why)

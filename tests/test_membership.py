@@ -1,0 +1,137 @@
+"""Restart safety, pure: incarnations in the ring and the decision a starting process
+makes from its peers' rings."""
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from node.core.errors import RangeLost, Starting
+from node.core.membership import decide_start, rejoin_name
+from node.core.node_core import NodeCore
+from node.core.reducers import load_reducer
+from node.core.ring import Ring
+
+MEMBERS = {f"n{i}": f"127.0.0.1:{7000 + i}" for i in range(3)}
+
+
+def founding(replication: int = 1) -> Ring:
+    return Ring.initial(MEMBERS, replication, 4)
+
+
+def running(incarnations: dict[str, int]) -> Ring:
+    """The ring every founding member converged to, having heard each other."""
+    ring = founding()
+    views = [decide_start(n, i, MEMBERS[n], [], ring).ring for n, i in incarnations.items()]
+    merged = views[0]
+    for view in views[1:]:
+        merged = merged.merge(view)
+    return merged
+
+
+def test_founding_alone_keeps_version_one_and_records_its_incarnation():
+    d = decide_start("n0", 11, MEMBERS["n0"], [], founding())
+    assert (d.node_id, d.replaces, d.ring.version) == ("n0", "", 1)
+    assert d.ring.incarnation_of("n0") == 11 and d.ring.incarnation_of("n1") == 0
+
+
+def test_founding_members_starting_together_all_keep_their_names():
+    ring = running({"n0": 1, "n1": 2})
+    d = decide_start("n2", 3, MEMBERS["n2"], [ring], founding())
+    assert d.node_id == "n2" and not d.replaces
+    assert {n: d.ring.incarnation_of(n) for n in MEMBERS} == {"n0": 1, "n1": 2, "n2": 3}
+    assert d.ring.tokens_of("n2") == founding().tokens_of("n2")
+
+
+def test_a_restart_within_the_detection_window_is_a_new_member_and_the_old_one_dies():
+    ring = running({"n0": 1, "n1": 2, "n2": 3})
+    d = decide_start("n0", 4, MEMBERS["n0"], [ring], founding())
+    assert d.replaces == "n0" and d.node_id == "n0#1"
+    assert "n0" in d.ring.removed and d.ring.tokens_of("n0#1") == ()
+    # Its ranges went to their replicas, as after a crash; nothing is lost at r=1.
+    for token in ring.tokens_of("n0"):
+        assert d.ring.owner_of_token(token) == ring.heir(token)
+    assert not d.ring.lost
+    assert d.ring.incarnation_of("n0#1") == 4
+
+
+def test_a_restart_after_being_declared_dead_takes_the_next_free_name():
+    ring = running({"n0": 1, "n1": 2, "n2": 3}).without(["n0"])
+    ring = ring.add_node("n0#1", MEMBERS["n0"], (), 5).without(["n0#1"])
+    d = decide_start("n0", 6, MEMBERS["n0"], [ring], founding())
+    assert d.node_id == "n0#2" and d.replaces == ""
+    assert rejoin_name("n0#2", d.ring) == "n0#3"
+
+
+def test_a_joiner_restarting_under_its_name_is_a_new_member():
+    ring = running({"n0": 1, "n1": 2, "n2": 3})
+    first = decide_start("n3", 7, "127.0.0.1:7003", [ring])
+    assert first.node_id == "n3" and first.ring.incarnation_of("n3") == 7
+    again = decide_start("n3", 8, "127.0.0.1:7003", [first.ring])
+    assert again.replaces == "n3" and again.node_id == "n3#1"
+
+
+def test_views_that_heard_two_incarnations_of_a_member_remove_it():
+    ring = running({"n0": 1, "n1": 2, "n2": 3})
+    restarted = founding().merge(decide_start("n1", 9, MEMBERS["n1"], [], founding()).ring)
+    for merged in (ring.merge(restarted), restarted.merge(ring)):
+        assert "n1" in merged.removed and "n1" not in merged.nodes
+    assert ring.merge(restarted) == restarted.merge(ring)
+
+
+def test_a_message_from_another_incarnation_removes_the_member():
+    ring = running({"n0": 1, "n1": 2, "n2": 3})
+    assert ring.with_incarnation("n1", 2) is ring
+    assert "n1" in ring.with_incarnation("n1", 5).removed
+
+
+@settings(max_examples=100)
+@given(st.lists(st.tuples(st.sampled_from(sorted(MEMBERS)), st.integers(1, 3)),
+                min_size=1, max_size=6))
+def test_incarnation_merges_converge_whatever_the_order(heard):
+    views = [decide_start(n, i, MEMBERS[n], [], founding()).ring for n, i in heard]
+    forward = views[0]
+    for v in views[1:]:
+        forward = forward.merge(v)
+    backward = views[-1]
+    for v in reversed(views[:-1]):
+        backward = backward.merge(v)
+    # Removal order may count generations differently; who owns what may not differ.
+    for field in ("tokens", "owners", "removed", "incarnations", "lost"):
+        assert getattr(forward, field) == getattr(backward, field)
+    twice = {n for n in MEMBERS if len({i for m, i in heard if m == n}) > 1}
+    assert twice <= forward.removed
+
+
+def test_removing_the_only_owner_leaves_its_ranges_lost_with_an_empty_member():
+    ring = running({"n0": 1, "n1": 2, "n2": 3})
+    ring = ring.without(["n0"]).add_node("n0#1", MEMBERS["n0"], (), 4)
+    ring = ring.without(["n1"]).add_node("n1#1", MEMBERS["n1"], (), 5)
+    assert set(ring.owners) == {"n2"}
+    gone = ring.without(["n2"])
+    assert set(gone.owners) == {"n0#1"} and set(gone.lost) == set(gone.tokens)
+
+
+def test_under_replicated_counts_ranges_whose_replicas_are_missing():
+    ring = running({"n0": 1, "n1": 2, "n2": 3})
+    ring = ring.without(["n0"]).add_node("n0#1", MEMBERS["n0"], (), 4)
+    ring = ring.without(["n1"]).add_node("n1#1", MEMBERS["n1"], (), 5)
+    core = NodeCore("n2", ring, load_reducer("count"))
+    # n2 owns every range, and its only peers own none: no range has a replica.
+    assert len(core.under_replicated()) == len(ring.tokens)
+
+
+def test_a_lost_range_is_an_error_on_get_never_absent():
+    ring = running({"n0": 1, "n1": 2, "n2": 3})
+    ring = ring.without(["n0"]).add_node("n0#1", MEMBERS["n0"], (), 4)
+    ring = ring.without(["n1"]).add_node("n1#1", MEMBERS["n1"], (), 5).without(["n2"])
+    core = NodeCore("n0#1", ring, load_reducer("count"))
+    with pytest.raises(RangeLost):
+        core.get("the")
+
+
+def test_a_starting_core_accepts_and_answers_nothing():
+    core = NodeCore("n0", founding(), load_reducer("count"))
+    core.starting = True
+    with pytest.raises(Starting):
+        core.get("the")
+    with pytest.raises(Starting):
+        core.receive_batch(founding().stamp, founding().tokens[0], "s", 1, 1, 1, b"", b"")

@@ -1,0 +1,151 @@
+"""Restarting nodes, real processes: a restarted process is never taken for the member
+it was, whatever signal stopped it and however fast it came back."""
+
+import signal
+import time
+from collections import Counter
+
+import pytest
+
+from chaos.cluster import LocalCluster
+from chaos.restart import member_at, restart_node, rolling_restart, wait_replicated
+from mapper import RingClient
+from node.core.errors import RangeLost
+from tests.helpers import Feeder, diff
+
+pytestmark = pytest.mark.multiprocess
+
+WORDS16 = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel",
+           "india", "juliet", "kilo", "lima", "mike", "november", "oscar", "papa"]
+
+
+def restart_in_place(cluster, node_id, sig):
+    """What a service manager does: stop the process, start it again with the same
+    flags (no leave, no ranges handed back)."""
+    node = cluster.node(node_id)
+    if sig == signal.SIGKILL:
+        cluster.kill(node_id)
+    else:
+        cluster.kill(node_id, sig)
+        deadline = time.monotonic() + 15
+        while node.alive():
+            assert time.monotonic() < deadline, f"{node_id} ignored {sig}"
+            time.sleep(0.02)
+    cluster.nodes.remove(node)
+    from chaos.cluster import _spawn
+    fresh = _spawn(node.node_id, node.address, node.cmd, node.log)
+    cluster.nodes.append(fresh)
+    cluster.save()
+    LocalCluster([fresh], cluster.replicas, cluster.state_file).wait_ready(30)
+    return fresh
+
+
+def answers(client, words):
+    """Per word: its count, None if the ring says absent, or the error it raised."""
+    out = {}
+    for w in words:
+        try:
+            out[w] = client.get(w)
+        except RangeLost as exc:
+            out[w] = exc
+    return out
+
+
+def test_restarting_each_node_in_place_never_serves_a_lost_key_as_absent(tmp_path):
+    """The operator's sequence that lost data: 3 nodes, r=1, 16 words, each node
+    restarted in turn with SIGTERM and the same flags."""
+    with LocalCluster.up(3, 1, workdir=tmp_path) as cluster:
+        with RingClient(cluster.seeds, timeout=30) as client:
+            client.emit_many(WORDS16 * 3)
+            client.flush()
+        names = []
+        for step, node_id in enumerate(["n0", "n1", "n2"]):
+            fresh = restart_in_place(cluster, node_id, signal.SIGTERM)
+            name = member_at(fresh.address, cluster.seeds, 30)
+            assert name != node_id, "a restarted process came back as the member it was"
+            names.append(name)
+            with RingClient(cluster.seeds, timeout=30) as client:
+                ring = client.refresh_ring()
+                assert node_id in ring.removed
+                got = answers(client, WORDS16)
+                stats = [s for s in client.stats() if "error" not in s]
+            # Every key is exact or an error; never null.
+            for word, value in got.items():
+                assert value == 3 or isinstance(value, RangeLost), (step, word, value)
+            if step == 1:
+                # One node holds every range and its peers none: nothing is replicated.
+                holder = [s for s in stats if s["tokens"]]
+                assert len(holder) == 1 and holder[0]["under_replicated"] == holder[0]["tokens"]
+        assert names == ["n0#1", "n1#1", "n2#1"]
+
+
+def test_a_kill_and_restart_inside_the_detection_window_under_load_is_exact(tmp_path):
+    """SIGKILL, then the same command at once: the new process finds the old one alive
+    in every peer's ring, declares it dead itself, and joins empty. (The peers are told
+    to suspect silence only after 4 s, so the restart surely beats their detector.)"""
+    slow = ["--suspect-min", "4", "--suspect-max", "5"]
+    with LocalCluster.up(4, 1, workdir=tmp_path, extra_args=slow) as cluster:
+        feeder = Feeder(cluster.seeds)
+        feeder.start()
+        time.sleep(0.5)
+        fresh = restart_in_place(cluster, "n1", signal.SIGKILL)
+        name = member_at(fresh.address, [n.address for n in cluster.nodes], 30)
+        time.sleep(0.5)
+        client = feeder.finish_exact()
+        ring = client.refresh_ring()
+        client.close()
+        assert name == "n1#1" and "n1" in ring.removed and ring.tokens_of(name) == ()
+        log = open(fresh.log).read()
+        assert "declaring n1 dead at" in log and "joins empty as n1#1" in log
+        assert not ring.lost
+
+
+def test_rolling_restart_under_load_is_exact_and_ends_fully_replicated(tmp_path):
+    with LocalCluster.up(3, 1, workdir=tmp_path) as cluster:
+        feeder = Feeder(cluster.seeds)
+        feeder.start()
+        time.sleep(0.3)
+        lines = []
+        rolling_restart(cluster, graceful=True, timeout=60, report=lines.append)
+        client = feeder.finish_exact()
+        ring = client.refresh_ring()
+        rows = client.stats()
+        client.close()
+        assert sorted(ring.nodes) == ["n0#1", "n1#1", "n2#1"], lines
+        assert {"n0", "n1", "n2"} <= ring.removed and not ring.lost
+        assert all(len(ring.tokens_of(n)) >= 6 for n in ring.nodes), lines
+        assert all(r["under_replicated"] == 0 for r in rows)
+
+
+def test_restart_by_sigterm_with_leave_on_sigterm_hands_everything_over(tmp_path):
+    with LocalCluster.up(3, 1, workdir=tmp_path, extra_args=["--leave-on-sigterm"]) as cluster:
+        with RingClient(cluster.seeds, timeout=30) as client:
+            client.emit_many(WORDS16 * 2)
+            client.flush()
+        for node_id in ("n0", "n1"):
+            fresh = restart_in_place(cluster, node_id, signal.SIGTERM)
+            seeds = [n.address for n in cluster.nodes]
+            name = member_at(fresh.address, seeds, 30)
+            with RingClient(seeds, timeout=30) as client:
+                ring = client.refresh_ring()
+            from chaos.elastic import carry_out, plan_scale_out
+            carry_out(ring, plan_scale_out(ring, [name]), timeout=30)
+            wait_replicated(seeds, 30)
+        with RingClient([n.address for n in cluster.nodes], timeout=30) as client:
+            assert dict(client.scan()) == Counter(WORDS16 * 2)
+            assert not client.refresh_ring().lost
+        log = open(cluster.node("n0").log).read()
+        assert "left the ring" in log
+
+
+def test_restart_node_by_kill_gives_the_new_member_its_share(tmp_path):
+    with LocalCluster.up(4, 1, workdir=tmp_path) as cluster:
+        with RingClient(cluster.seeds, timeout=30) as client:
+            client.emit_many(WORDS16 * 5)
+            client.flush()
+        lines = restart_node(cluster, "n2", graceful=False, timeout=60)
+        with RingClient([n.address for n in cluster.nodes], timeout=30) as client:
+            got = dict(client.scan())
+            ring = client.refresh_ring()
+        assert got == Counter(WORDS16 * 5), diff(got, Counter(WORDS16 * 5))
+        assert ring.tokens_of("n2#1"), lines
