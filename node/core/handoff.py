@@ -23,9 +23,30 @@ out the rings this returns.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from node.core.errors import InvalidArgument
 from node.core.ring import Ring
+
+
+class HandoffState(StrEnum):
+    NEW = "new"
+    PREPARED = "prepared"
+    COMMITTED = "committed"
+    ABORTED = "aborted"
+
+
+# The only moves a handoff makes; anything else is a bug in its caller, not a no-op.
+TRANSITIONS: dict[HandoffState, frozenset[HandoffState]] = {
+    HandoffState.NEW: frozenset({HandoffState.PREPARED}),
+    HandoffState.PREPARED: frozenset({HandoffState.COMMITTED, HandoffState.ABORTED}),
+    HandoffState.COMMITTED: frozenset(),
+    HandoffState.ABORTED: frozenset(),
+}
+
+
+class HandoffStateError(RuntimeError):
+    """A transition the table does not allow (a local protocol error)."""
 
 
 @dataclass
@@ -33,9 +54,18 @@ class Handoff:
     node_id: str
     moves: dict[int, str]
     deadline: float
-    state: str = "new"            # new -> prepared -> committed | aborted
+    state: HandoffState = HandoffState.NEW
     reason: str = ""
     marks: dict[int, int] = field(default_factory=dict)  # checkpoint seq at prepare
+
+    def _move(self, to: HandoffState, reason: str = "") -> None:
+        if to not in TRANSITIONS[self.state]:
+            raise HandoffStateError(f"a handoff cannot go from {self.state} to {to}")
+        self.state, self.reason = to, reason
+
+    @property
+    def finished(self) -> bool:
+        return not TRANSITIONS[self.state]
 
     def prepare(self, core, now: float) -> Ring:
         """Validate against the core and return the ring that adds the extras."""
@@ -58,7 +88,7 @@ class Handoff:
         self.marks = {t: core.primaries[t].checkpoint_seq for t in self.moves}
         for token in self.moves:
             core.primaries[token].force_checkpoint()   # the final checkpoint
-        self.state = "prepared"
+        self._move(HandoffState.PREPARED)
         return self._extras_ring(ring) or ring.with_version(ring.version + 1)
 
     def _extras_ring(self, ring: Ring) -> Ring | None:
@@ -95,19 +125,19 @@ class Handoff:
 
     def step(self, core, now: float) -> Ring | None:
         """The next ring to adopt (re-prepare, commit or abort), or None to wait."""
-        if self.state != "prepared":
+        if self.state != HandoffState.PREPARED:
             return None
         ring = core.ring
         if core.fenced:
-            self.state, self.reason = "aborted", "this node was removed from the ring"
+            self._move(HandoffState.ABORTED, "this node was removed from the ring")
             return None
         mine = [t for t in self.moves if ring.owner_of_token(t) == self.node_id]
         gone = sorted({x for x in self.moves.values() if x not in ring.nodes})
         if len(mine) < len(self.moves) or gone or now > self.deadline:
-            self.state = "aborted"
-            self.reason = (f"target {', '.join(gone)} left the ring" if gone else
-                           "a token changed owner meanwhile" if len(mine) < len(self.moves)
-                           else "timed out before every destination held the range")
+            self._move(HandoffState.ABORTED,
+                       f"target {', '.join(gone)} left the ring" if gone else
+                       "a token changed owner meanwhile" if len(mine) < len(self.moves)
+                       else "timed out before every destination held the range")
             return ring.with_extras({t: () for t in mine if ring.extras_of(t)}) \
                 if any(ring.extras_of(t) for t in mine) else None
         again = self._extras_ring(ring)
@@ -115,7 +145,7 @@ class Handoff:
             return again               # the ring changed (a failure): prepare anew
         if not self.ready(core):
             return None
-        self.state = "committed"
+        self._move(HandoffState.COMMITTED)
         return commit_ring(ring, self.moves)
 
 

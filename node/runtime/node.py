@@ -19,7 +19,7 @@ from node.core.detector import (ALIVE, DEAD, REFUSED, SUSPECT, TIMED_OUT, Detect
                                 FailureDetector, Probe, combine, indirect_via)
 from node.core.errors import (Fenced, FloeError, InvalidArgument, Refused, StaleRing, Starting,
                               Unavailable)
-from node.core.handoff import Handoff, retired_extras
+from node.core.handoff import Handoff, HandoffState, retired_extras
 from node.core.load import LoadConfig, LoadMonitor, choose_shed, clockwise_nodes
 from node.core.membership import decide_start, rejoin_name
 from node.core.node_core import NodeCore, RingChange
@@ -537,17 +537,17 @@ class NodeRuntime:
             log.info("handing %d ranges to %s (ring v%d)", len(moves),
                      ",".join(sorted(set(moves.values()))), self.core.ring.version)
             try:
-                while h.state == "prepared":
+                while h.state == HandoffState.PREPARED:
                     await self.checkpoint_once()
                     ring = h.step(self.core, time.monotonic())
                     if ring is not None:
                         self.adopt(ring)
                         self.sync_ring()
-                    if h.state == "prepared":
+                    if h.state == HandoffState.PREPARED:
                         await asyncio.sleep(0.01)
             finally:
                 self.handoff = None
-            if h.state == "committed":
+            if h.state == HandoffState.COMMITTED:
                 log.info("handed off %d ranges at %.6f in %.0f ms", len(moves), time.time(),
                          1000 * (time.monotonic() - started))
             else:
@@ -612,7 +612,7 @@ class NodeRuntime:
                  for t in ring.tokens_of(self.core.node_id)}
         if moves:
             h = await self.hand_off(moves, timeout)
-            if h.state != "committed":
+            if h.state != HandoffState.COMMITTED:
                 raise InvalidArgument(f"cannot leave: {h.reason}")
         me = self.core.node_id
         while any(me in self.core.ring.extras_of(t) for t in self.core.ring.tokens):
@@ -652,23 +652,23 @@ class NodeRuntime:
                 self.load.moved(now)
                 self._spawn(self.shed_load(reason="overloaded"))
 
-    async def shed_load(self, reason: str, depth: int = 0) -> str:
+    async def shed_load(self, reason: str, depth: int = 0) -> "ShedOutcome":
         """Hand the hottest ranges to the nearest nodes clockwise that are not busy
         themselves; when every one of them is busy, ask the first to shed first (the
         request cascades clockwise, at most once round the ring). If it did move
         ranges, plan again at once with what it freed rather than after a cool-down."""
-        outcome, asked = await self._shed_once(reason, depth)
-        if asked is not None and "committed" in outcome:
-            retry, _ = await self._shed_once(f"{reason}, after {asked} shed", depth,
-                                             relieved=asked)
-            outcome = f"{outcome}; {retry}"
+        outcome = await self._shed_once(reason, depth)
+        if outcome.asked and outcome.asked_moved:
+            retry = await self._shed_once(f"{reason}, after {outcome.asked} shed", depth,
+                                          relieved=outcome.asked)
+            outcome = ShedOutcome(f"{outcome.detail}; {retry.detail}", retry.moved)
         return outcome
 
     async def _shed_once(self, reason: str, depth: int,
-                         relieved: str | None = None) -> tuple[str, str | None]:
-        """One planning round. Returns what happened, and the neighbour asked to shed
-        first, if any. `relieved` just shed: its overload verdict lags its move, so it
-        is judged by its rate."""
+                         relieved: str | None = None) -> "ShedOutcome":
+        """One planning round: what happened, and the neighbour asked to shed first,
+        if any. `relieved` just shed: its overload verdict lags its move, so it is
+        judged by its rate."""
         core = self.core
         ring = core.ring
         me = core.node_id
@@ -695,16 +695,19 @@ class NodeRuntime:
         if moves:
             h = await self.hand_off(moves)
             self.load.moved(time.monotonic())
-            return f"moved {len(moves)} ranges: {h.state} {h.reason}", None
+            return ShedOutcome(f"moved {len(moves)} ranges: {h.state} {h.reason}",
+                               moved=h.state == HandoffState.COMMITTED)
         heirs = sorted({h for t in ring.tokens_of(me) if (h := ring.heir(t))} & busy)
         if relieved is None and heirs and depth < len(ring.nodes):
             target = heirs[0]
             try:
-                detail = await self.peers.request_shed(ring.address(target), me, depth + 1)
+                moved, detail = await self.peers.request_shed(ring.address(target), me,
+                                                              depth + 1)
             except FloeError as exc:
-                return f"cascade to {target} failed: {exc}", None
-            return f"asked {target} to shed first: {detail}", target
-        return "nothing to move", None
+                return ShedOutcome(f"cascade to {target} failed: {exc}")
+            return ShedOutcome(f"asked {target} to shed first: {detail}", asked=target,
+                               asked_moved=moved)
+        return ShedOutcome("nothing to move")
 
     # --------------------------------------------------------------- queries
 
@@ -717,6 +720,17 @@ class NodeRuntime:
                     load=msgpack.packb({t: r for t, r in rates.items()}), rejoined=self.rejoined, node_id=self.core.node_id, address=self.config.listen,
                     queue_length=self.inbound.qsize(), reducer=self.reducer.name,
                     pid=os.getpid(), uptime=time.monotonic() - self.started_at)
+
+
+@dataclass(frozen=True)
+class ShedOutcome:
+    """What one node's shedding did: `moved` whether it handed ranges away (committed);
+    `asked` the neighbour it asked to shed first, and whether that one moved any."""
+
+    detail: str
+    moved: bool = False
+    asked: str = ""
+    asked_moved: bool = False
 
 
 def _seen(future: asyncio.Future) -> None:

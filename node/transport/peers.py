@@ -81,14 +81,15 @@ class PeerPool:
         except grpc.RpcError as exc:
             raise error_from_rpc(exc) from None
 
-    async def request_shed(self, address: str, sender: str, depth: int) -> str:
-        """Ask a neighbour to shed its own load first (empty Handoff request)."""
+    async def request_shed(self, address: str, sender: str, depth: int) -> tuple[bool, str]:
+        """Ask a neighbour to shed its own load first (empty Handoff request); returns
+        whether it moved ranges, and what it did."""
         try:
             reply = await self._control(address).Handoff(
                 floe_pb2.HandoffRequest(sender=sender, ring_version=depth), timeout=30.0)
         except grpc.RpcError as exc:
             raise error_from_rpc(exc) from None
-        return reply.detail
+        return reply.accepted, reply.detail
 
     async def get_ring(self, address: str, timeout: float | None = None) -> bytes:
         try:

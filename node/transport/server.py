@@ -13,6 +13,7 @@ from floering.v1 import floe_pb2, floe_pb2_grpc
 from node.core.codec import pack, pack_entries, unpack, unpack_entries
 from node.core.errors import (Fenced, FloeError, InvalidArgument, ReducerMismatch, StaleRing,
                               Starting)
+from node.core.handoff import HandoffState
 from node.core.ring import Ring
 from node.runtime.node import NodeRuntime, StreamState
 from node.transport.peers import channel_options
@@ -135,9 +136,9 @@ class ControlPlane(floe_pb2_grpc.ControlPlaneServicer):
             if not request.tokens and not request.target and not request.split:
                 # a neighbour asks us to shed load first (the cascade); ring_version
                 # carries how far the request has travelled
-                detail = await runtime.shed_load(f"asked by {request.sender}",
-                                                 depth=request.ring_version)
-                return floe_pb2.HandoffReply(accepted=True, detail=detail,
+                shed = await runtime.shed_load(f"asked by {request.sender}",
+                                               depth=request.ring_version)
+                return floe_pb2.HandoffReply(accepted=shed.moved, detail=shed.detail,
                                              ring_version=runtime.core.ring.version)
             if request.split:
                 head, tail = await runtime.split_range(request.split_at)
@@ -153,7 +154,7 @@ class ControlPlane(floe_pb2_grpc.ControlPlaneServicer):
             await abort(context, exc)
         except ValueError as exc:
             await abort(context, InvalidArgument(str(exc)))
-        return floe_pb2.HandoffReply(accepted=h.state == "committed",
+        return floe_pb2.HandoffReply(accepted=h.state == HandoffState.COMMITTED,
                                      ring_version=runtime.core.ring.version, detail=h.reason)
 
 
