@@ -15,13 +15,14 @@ from __future__ import annotations
 import heapq
 import random
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from node.core.batch import encode_payload, encode_seqs
 from node.core.detector import (ALIVE, DEAD, REFUSED, TIMED_OUT, DetectorConfig,
                                 FailureDetector, combine, indirect_via)
 from node.core.errors import FloeError, InvalidArgument
 from node.core.handoff import Handoff, retired_extras
+from node.core.membership import decide_start, refill_moves
 from node.core.node_core import NodeCore
 from node.core.reducers import load_reducer
 from node.core.ring import Ring
@@ -42,6 +43,7 @@ class SimNode:
     slow_delay: float = 0.0     # by up to this many seconds
     handoff: Handoff | None = None
     leaving: bool = False
+    incarnation: int = 0
 
 
 @dataclass
@@ -70,9 +72,16 @@ class Simulation:
         self.counter = 0
         self.loss = loss
         members = {f"n{i}": f"sim:{i}" for i in range(nodes)}
-        ring = Ring.initial(members, replication, tokens)
+        self.members = dict(members)       # founding id -> address (a restart reuses it)
+        self.incarnations = 0
+        # The ring as the founding members leave their start-up exchange: each one's
+        # incarnation heard by all (node.core.membership).
+        self.founding = Ring.initial(members, replication, tokens)
+        inc = {n: self._incarnation() for n in sorted(members)}
+        ring = replace(self.founding, incarnations=tuple(sorted(inc.items())))
         cfg = DetectorConfig()
-        self.nodes = {n: SimNode(NodeCore(n, ring, load_reducer("count")), FailureDetector(cfg))
+        self.nodes = {n: SimNode(NodeCore(n, ring, load_reducer("count")), FailureDetector(cfg),
+                                 incarnation=inc[n])
                       for n in members}
         for node in self.nodes.values():
             node.detector.watch(node.core.monitored_primaries(), 0.0)
@@ -92,6 +101,10 @@ class Simulation:
         self.sent = Counter()
         self.log: list[str] = []
         self.declared: list[tuple[float, str, str]] = []   # (when, by whom, whom)
+
+    def _incarnation(self) -> int:
+        self.incarnations += 1
+        return self.incarnations
 
     # ------------------------------------------------------------ event queue
 
@@ -167,12 +180,18 @@ class Simulation:
             return
         core = node.core
         for target in sorted(core.heartbeat_targets()):
-            self.send(name, target, self._heartbeat, name, target, core.ring)
+            self.send(name, target, self._heartbeat, name, target, core.ring, node.incarnation)
         for probe in node.detector.due_probes(self.now):
             self._start_probe(name, probe)
 
-    def _heartbeat(self, src: str, dst: str, ring: Ring) -> None:
+    def _heartbeat(self, src: str, dst: str, ring: Ring, incarnation: int) -> None:
         node = self.nodes[dst]
+        known = node.core.ring.incarnation_of(src)
+        if known and known != incarnation:     # as the runtime: a restart is a death
+            self.log.append(f"{self.now:.3f} {dst} declares {src} (restarted)")
+            self.declared.append((self.now, dst, src))
+            self._spread(dst, node.core.ring.with_incarnation(src, incarnation))
+            return
         node.detector.heard(src, self.now)
         self.adopt(dst, ring)
 
@@ -255,6 +274,11 @@ class Simulation:
         for token in sorted({s.checkpoint.token for s in shipments}):
             core.checkpoint_done(token)   # shipping is asynchronous: merge now
         self._step_handoff(name)
+        if node.handoff is None and not node.leaving and self.usable(name):
+            moves = refill_moves(core.ring, name)   # as the runtime's checkpoint loop
+            if moves:
+                self._prepare_moves(name, moves, f"refills {sorted(set(moves.values()))} "
+                                                 f"with {len(moves)} ranges")
 
     # --------------------------------------------------------------- handoffs
 
@@ -273,8 +297,11 @@ class Simulation:
         self._prepare_handoff(name, token, target, f"hands {token} to {target}")
 
     def _prepare_handoff(self, name: str, token: int, target: str, what: str) -> None:
+        self._prepare_moves(name, {token: target}, what)
+
+    def _prepare_moves(self, name: str, moves: dict[int, str], what: str) -> None:
         node = self.nodes[name]
-        h = Handoff(name, {token: target}, deadline=self.now + 2.0)
+        h = Handoff(name, dict(moves), deadline=self.now + 2.0)
         try:
             ring = h.prepare(node.core, self.now)
         except InvalidArgument as exc:
@@ -526,6 +553,53 @@ class Simulation:
             self.now, _, action, args = heapq.heappop(self.events)
             action(*args)
             self.check_invariants()
+
+    def restart(self, name: str, answering: float = 1.0) -> None:
+        """The process of `name` dies and the same command starts again at once: it asks
+        the peers it reaches (each answers with probability `answering`) for their
+        rings and decides who it is (`node.core.membership.decide_start`), exactly as
+        the runtime does. Its old self is then dead; it joins empty under a new name."""
+        node = self.nodes[name]
+        if not node.alive:
+            return
+        self.log.append(f"{self.now:.3f} restart {name}")
+        node.alive = False
+        self._start_again(name, answering, self._incarnation())
+
+    def _start_again(self, name: str, answering: float, incarnation: int) -> None:
+        """The new process asks its peers; with no running peer answering it waits
+        and asks again (it cannot tell a restart from a fresh start alone)."""
+        base = name.split("#", 1)[0]
+        seen = [n.core.ring for other, n in sorted(self.nodes.items())
+                if other != name and self.usable(other)
+                and frozenset((name, other)) not in self.cut and self.rng.random() < answering]
+        if not seen:
+            self.log.append(f"{self.now:.3f} {base} (restarted) hears no peer yet")
+            self.at(self.now + 0.2, self._start_again, name, answering, incarnation)
+            return
+        initial = self.founding if base in self.members else None
+        decision = decide_start(base, incarnation, self.members.get(base, f"sim:{base}"),
+                                seen, initial)
+        if decision.node_id in self.nodes and self.nodes[decision.node_id].alive:
+            raise AssertionError(f"{decision.node_id} restarted under a live member's name")
+        self.log.append(f"{self.now:.3f} {base} starts as {decision.node_id}"
+                        + (f", declaring {decision.replaces} dead" if decision.replaces else ""))
+        if decision.replaces:
+            self.declared.append((self.now, decision.node_id, decision.replaces))
+        fresh = SimNode(NodeCore(decision.node_id, decision.ring, load_reducer("count")),
+                        FailureDetector(DetectorConfig()), incarnation=incarnation)
+        self.nodes[decision.node_id] = fresh
+        fresh.detector.watch(fresh.core.monitored_primaries(), self.now)
+        self.at(self.now + HEARTBEAT, self.tick_node, decision.node_id)
+        self.at(self.now + CHECKPOINT, self.checkpoint_node, decision.node_id)
+        self._spread(decision.node_id, decision.ring)
+
+    def restart_latest(self, base: str) -> None:
+        """Restart whatever process now runs the founding id `base` (`n3#1`, ...)."""
+        live = [n for n, node in self.nodes.items()
+                if n.split("#", 1)[0] == base and node.alive]
+        if live:
+            self.restart(live[0])
 
     def kill(self, name: str) -> None:
         self.log.append(f"{self.now:.3f} kill {name}")

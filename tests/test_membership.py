@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from node.core.errors import RangeLost, Starting
-from node.core.membership import decide_start, rejoin_name
+from node.core.membership import decide_start, idle_members, refill_moves, rejoin_name
 from node.core.node_core import NodeCore
 from node.core.reducers import load_reducer
 from node.core.ring import Ring
@@ -87,6 +87,12 @@ def test_a_message_from_another_incarnation_removes_the_member():
 @given(st.lists(st.tuples(st.sampled_from(sorted(MEMBERS)), st.integers(1, 3)),
                 min_size=1, max_size=6))
 def test_incarnation_merges_converge_whatever_the_order(heard):
+    """While one member still runs as the process everyone heard (the only way a
+    ring can be served), every order of merges gives the same ring."""
+    survivors = {n for n in MEMBERS if len({i for m, i in heard if m == n}) == 1}
+    if not survivors:
+        heard = heard + [("n2", 4)] if "n2" not in {m for m, _ in heard} else \
+            [(m, i) for m, i in heard if m != "n2"] + [("n2", 4)]
     views = [decide_start(n, i, MEMBERS[n], [], founding()).ring for n, i in heard]
     forward = views[0]
     for v in views[1:]:
@@ -99,6 +105,16 @@ def test_incarnation_merges_converge_whatever_the_order(heard):
         assert getattr(forward, field) == getattr(backward, field)
     twice = {n for n in MEMBERS if len({i for m, i in heard if m == n}) > 1}
     assert twice <= forward.removed
+
+
+def test_views_in_which_every_member_restarted_still_merge_to_a_valid_ring():
+    views = [decide_start(n, i, MEMBERS[n], [], founding()).ring
+             for n in sorted(MEMBERS) for i in (1, 2)]
+    merged = views[0]
+    for v in views[1:]:
+        merged = merged.merge(v)          # a ring keeps one member, never none
+    merged.check_invariants()
+    assert len(merged.nodes) == 1
 
 
 def test_removing_the_only_owner_leaves_its_ranges_lost_with_an_empty_member():
@@ -135,3 +151,25 @@ def test_a_starting_core_accepts_and_answers_nothing():
         core.get("the")
     with pytest.raises(Starting):
         core.receive_batch(founding().stamp, founding().tokens[0], "s", 1, 1, 1, b"", b"")
+
+
+def test_an_owner_without_enough_replicas_refills_the_first_idle_member():
+    ring = running({"n0": 1, "n1": 2, "n2": 3})
+    ring = ring.without(["n0"]).add_node("n0#1", MEMBERS["n0"], (), 4)
+    ring = ring.without(["n1"]).add_node("n1#1", MEMBERS["n1"], (), 5)
+    moves = refill_moves(ring, "n2")
+    assert set(moves.values()) == {"n0#1"} and len(moves) == len(ring.tokens) // 2
+    assert refill_moves(ring, "n0#1") == {}           # it owns nothing to give
+    moved = ring.with_owners(moves)
+    assert refill_moves(moved, "n2") == {}            # r replicas again: nothing more
+    assert idle_members(moved) == ["n1#1"]
+
+
+def test_no_refill_while_replication_is_whole_or_a_handoff_runs():
+    ring = running({"n0": 1, "n1": 2, "n2": 3}).add_node("n3", "127.0.0.1:7003", (), 9)
+    assert refill_moves(ring, "n0") == {}             # r=1 is met by the three owners
+    alone = running({"n0": 1, "n1": 2, "n2": 3}).without(["n0"]).without(["n1"])
+    alone = alone.add_node("n0#1", MEMBERS["n0"], (), 4)
+    token = alone.tokens[0]
+    pinned = alone.with_extras({token: ["n0#1"]})
+    assert refill_moves(pinned, "n2") == {}

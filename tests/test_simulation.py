@@ -149,6 +149,52 @@ def test_split_seed(seed):
     run_split_seed(seed)
 
 
+RESTART_SEEDS = int(os.environ.get("FLOE_SIM_RESTART_SEEDS", "150"))
+
+
+def restart_scenario(seed: int) -> Simulation:
+    """A node's process restarts (inside its peers' detection window or after it),
+    maybe while some peers do not answer its start-up question, maybe twice, mixed
+    with a handoff and another kill, pause or partition."""
+    pick, sim, names = random_cluster(seed, 2750159)
+    nodes = len(names)
+    victim = pick.randrange(nodes)
+    when = pick.uniform(0.2, 1.0)
+    answering = pick.choice([1.0, 1.0, 0.5])
+    faults = [(when, sim.restart, (names[victim], answering))]
+    if pick.random() < 0.3:
+        # the restarted process, now a member of its own, restarts again later
+        faults.append((when + pick.uniform(0.3, 1.0), sim.restart_latest, (names[victim],)))
+    moved = pick.random() < 0.4
+    if moved:
+        faults.append((pick.uniform(0.1, 1.2), sim.handoff,
+                       (pick.choice(names), pick.choice(["heir", "any"]))))
+    # A second death only where no handoff can have made it the restarted one's
+    # neighbour (two neighbours down at once is more than r=1 failures in a row).
+    kind = pick.choice(["pause", "partition", "none"] + ([] if moved else ["kill", "kill"]))
+    other = (victim + 2) % nodes
+    if other != victim:
+        faults += one_fault(pick, sim, names, kind, other, pick.uniform(0.2, 1.3))
+    sim.run(until=6.0, emit_until=1.5, faults=faults)
+    return sim
+
+
+def run_restart_seed(seed: int) -> None:
+    sim = restart_scenario(seed)
+    check(sim, seed)
+    context = f"seed {seed}: " + "; ".join(sim.log)
+    # Never a member served by a process other than its own: every restarted id is removed.
+    ring = max((n.core.ring for name, n in sim.nodes.items() if sim.usable(name)),
+               key=lambda r: r.version)
+    restarted = [line.split()[2] for line in sim.log if " restart " in line]
+    assert all(name not in ring.nodes for name in restarted), context
+
+
+@pytest.mark.parametrize("seed", range(RESTART_SEEDS))
+def test_restart_seed(seed):
+    run_restart_seed(seed)
+
+
 SLOW_SEEDS = int(os.environ.get("FLOE_SIM_SLOW_SEEDS", "80"))
 
 

@@ -44,6 +44,15 @@ def rejoin_name(node_id: str, ring: Ring) -> str:
     return f"{base}#{k}"
 
 
+def founding_ring(initial: Ring, me: str, incarnation: int) -> Ring:
+    """The ring a founding member starts from: `initial` with its own incarnation in
+    it (version 1 still: founders' rings differ only by what each has heard)."""
+    ring = replace(initial, incarnations=tuple(sorted(
+        {**dict(initial.incarnations), me: incarnation}.items())))
+    ring.check_invariants()
+    return ring
+
+
 def decide_start(me: str, incarnation: int, address: str, seen: Iterable[Ring],
                  initial: Ring | None = None) -> StartDecision:
     """What a process that just started as `me` is, given the rings its peers
@@ -60,10 +69,7 @@ def decide_start(me: str, incarnation: int, address: str, seen: Iterable[Ring],
         raise ValueError("an incarnation is a positive number")
     views = list(seen)
     if initial is not None:
-        # Our own incarnation is part of the founding ring itself (version 1 still).
-        initial = replace(initial, incarnations=tuple(sorted(
-            {**dict(initial.incarnations), me: incarnation}.items())))
-        initial.check_invariants()
+        initial = founding_ring(initial, me, incarnation)
     if not views:
         if initial is None:
             raise ValueError("a joining node needs the ring of at least one peer")
@@ -86,3 +92,30 @@ def decide_start(me: str, incarnation: int, address: str, seen: Iterable[Ring],
         view = view.without([me])
     name = rejoin_name(me, view)
     return StartDecision(name, view.add_node(name, address, (), incarnation), replaces, why)
+
+
+def idle_members(ring: Ring) -> list[str]:
+    """Members that own no range and are no extra destination of one (joined or
+    rejoined empty, and not being handed anything)."""
+    busy = set(ring.owners) | {x for t in ring.tokens for x in ring.extras_of(t)}
+    return sorted(n for n in ring.nodes if n not in busy)
+
+
+def refill_moves(ring: Ring, me: str) -> dict[int, str]:
+    """The ranges `me` hands to an idle member because the ring has too few owners
+    to keep r replicas of `me`'s ranges (a restarted node comes back empty, and a
+    member with no range backs up none). Empty when replication is whole, when a
+    handoff is under way anywhere (wait for it: it may be the refill), or when `me`
+    owns a single range. Each owner gives an equal share; the first idle member
+    takes it, so owners that decide at once agree on the target."""
+    mine = [t for t in ring.tokens_of(me) if t not in ring.lost]
+    idle = idle_members(ring)
+    if len(mine) < 2 or not idle or ring.extras:
+        return {}
+    want = min(ring.replication, len(ring.nodes) - 1)
+    if all(len(ring.regular_replicas(t)) >= want for t in mine):
+        return {}
+    owners = len(set(ring.owners))
+    give = max(1, len(mine) // (owners + 1))
+    step = len(mine) / give
+    return {mine[int(i * step)]: idle[0] for i in range(give)}

@@ -385,6 +385,11 @@ class Ring:
             return self
         older, newer = sorted((self, other), key=lambda r: (r.version, r.stamp))
         incarnations, restarted = _merge_incarnations(older, newer)
+        if restarted and not (set(older._address) | set(newer._address)) - (
+                older.removed | newer.removed | restarted):
+            # Every member restarted: a ring keeps one member, the same one whatever
+            # the order of merges (a later view of it merges the same way).
+            restarted = restarted - {max(restarted)}
         gone = older.removed | newer.removed | restarted
         entries: dict[int, tuple] = {}
         for ring in (older, newer):          # on a tie the newer view's entry wins
@@ -551,4 +556,5 @@ def _merge_incarnations(a: Ring, b: Ring) -> tuple[dict[str, int], set[str]]:
     for node, incarnation in b.incarnations:
         if known.setdefault(node, incarnation) != incarnation:
             restarted.add(node)
+            known[node] = max(known[node], incarnation)
     return known, restarted

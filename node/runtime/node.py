@@ -21,7 +21,7 @@ from node.core.errors import (Fenced, FloeError, InvalidArgument, Refused, Stale
                               Unavailable)
 from node.core.handoff import Handoff, HandoffState, retired_extras
 from node.core.load import LoadConfig, LoadMonitor, choose_shed, clockwise_nodes
-from node.core.membership import decide_start, rejoin_name
+from node.core.membership import decide_start, founding_ring, refill_moves, rejoin_name
 from node.core.node_core import NodeCore, RingChange
 from node.core.reducers import Reducer
 from node.core.ring import Ring
@@ -86,7 +86,8 @@ class NodeRuntime:
     def _make_core(self, config: NodeConfig) -> NodeCore:
         """The ring this node would found alone; it serves nothing until
         `confirm_membership` has heard what its peers know."""
-        core = self._new_core(config.node_id, self._initial_ring(config))
+        core = self._new_core(config.node_id, founding_ring(
+            self._initial_ring(config), config.node_id, self.incarnation))
         core.starting = True
         return core
 
@@ -103,23 +104,31 @@ class NodeRuntime:
         """Ask the peers (or, joining, the seeds) for their rings and decide who this
         process is: a founding member taking its place, a joiner, or the restart of a
         member whose state died with its process (that member is declared dead at
-        once and this process joins empty under a new name)."""
+        once and this process joins empty under a new name).
+
+        Alone a process cannot tell a restart from a fresh start, so it waits for a
+        running peer's answer, or for every founding peer to answer as starting too (a
+        fresh cluster); after --startup-grace, starting peers' answers suffice."""
         config = self.config
         joining = seeds is not None
         targets = seeds if joining else [a for n, a in config.peers if n != config.node_id]
-        timeout = min(config.rpc_timeout, 1.0)
-        answers = await asyncio.gather(*(self.peers.get_ring(a, timeout=timeout)
-                                         for a in targets), return_exceptions=True)
-        seen, errors = [], []
-        for address, answer in zip(targets, answers):
-            if isinstance(answer, FloeError):
-                errors.append(f"{address}: {answer}")
-            elif isinstance(answer, BaseException):
-                raise answer
-            else:
-                seen.append(Ring.from_wire(answer))
-        if joining and not seen:
-            raise Unavailable("no seed to join answered: " + "; ".join(errors))
+        started = time.monotonic()
+        log_at = started + 5.0
+        while True:
+            seen, starting, errors = await self._ask_peers(targets)
+            if joining and not seen:
+                raise Unavailable("no seed to join answered: " + "; ".join(errors))
+            if seen or not targets:
+                running = len(seen) > starting
+                waited = time.monotonic() - started >= config.startup_grace
+                if running or (not joining and (len(seen) == len(targets) or waited)):
+                    break
+            if time.monotonic() >= log_at:
+                log.warning("%s is waiting for a running peer to confirm its place in the "
+                            "ring (%d of %d answered, all starting): %s", config.node_id,
+                            len(seen), len(targets), "; ".join(errors) or "-")
+                log_at += 5.0
+            await asyncio.sleep(0.2)
         for ring in seen:
             if ring.replication != config.replication:
                 raise ValueError(f"the ring runs r={ring.replication}, this node was started "
@@ -135,6 +144,24 @@ class NodeRuntime:
             log.warning("%s; this process joins empty as %s", decision.why, decision.node_id)
         elif joining:
             log.info("%s joins ring v%d", decision.node_id, decision.ring.version)
+
+    async def _ask_peers(self, targets: list[str]) -> tuple[list[Ring], int, list[str]]:
+        """One round: the rings that answered, how many of them are starting peers'
+        founding rings, and what the others said."""
+        timeout = min(self.config.rpc_timeout, 1.0)
+        answers = await asyncio.gather(*(self.peers.ring_at_start(a, timeout)
+                                         for a in targets), return_exceptions=True)
+        seen, starting, errors = [], 0, []
+        for address, answer in zip(targets, answers):
+            if isinstance(answer, FloeError):
+                errors.append(f"{address}: {answer}")
+            elif isinstance(answer, BaseException):
+                raise answer
+            else:
+                wire, is_starting = answer
+                seen.append(Ring.from_wire(wire))
+                starting += is_starting
+        return seen, starting, errors
 
     def reconfigure(self, config: NodeConfig) -> None:
         """Before start only: the listen address became known after binding."""
@@ -249,6 +276,7 @@ class NodeRuntime:
             started = time.monotonic()
             try:
                 await self.checkpoint_once()
+                self._refill()
             except Exception:
                 log.exception("checkpoint round failed")
             await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
@@ -284,7 +312,7 @@ class NodeRuntime:
         if retired is not None and core is self.core:
             self.adopt(retired)
             self.sync_ring()
-        if behind_before and not core.under_replicated() and core.ring.version > 1:
+        if behind_before and not core.under_replicated() and not core.ring.pristine:
             log.info("re-replicated at %.6f: every range of %s is on r+1 nodes again",
                      time.time(), core.node_id)
 
@@ -320,6 +348,20 @@ class NodeRuntime:
             log.error("range of token %d LOST: every copy died; its queries will fail", token)
         self.detector.watch(self.core.monitored_primaries(), time.monotonic())
         return change
+
+    def _refill(self) -> None:
+        """Hand ranges to a member that owns none when ours lack replicas for want of
+        owners (a restarted node comes back empty): the ring is whole again without
+        waiting for an operator."""
+        core = self.core
+        if (self.handoff is not None or self._handoff_lock.locked() or self.leaving
+                or core.fenced or core.starting):
+            return
+        moves = refill_moves(core.ring, core.node_id)
+        if moves:
+            log.info("refilling %s with %d ranges: ours lack replicas",
+                     ",".join(sorted(set(moves.values()))), len(moves))
+            self._spawn(self.hand_off(moves))
 
     def _applying_again(self, token: int) -> None:
         previous = self._resuming.pop(token)

@@ -99,6 +99,16 @@ class PeerPool:
             raise error_from_rpc(exc) from None
         return reply.ring
 
+    async def ring_at_start(self, address: str, timeout: float) -> tuple[bytes, bool]:
+        """A starting node asks a peer for its ring: (ring, whether the peer is
+        starting too, in which case the ring is only the one it would found)."""
+        try:
+            reply = await self._control(address).GetRing(
+                floe_pb2.GetRingRequest(starting_ok=True), timeout=timeout)
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc) from None
+        return reply.ring, reply.starting
+
     async def exchange_ring(self, address: str, *, sender: str, ring_wire: bytes,
                             version: int, reducer: str) -> bytes:
         """Send our ring view, get the peer's (each side merges the other's)."""

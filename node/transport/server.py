@@ -71,7 +71,11 @@ class ControlPlane(floe_pb2_grpc.ControlPlaneServicer):
 
     async def GetRing(self, request, context):
         if self.runtime.starting:
-            await abort(context, self._starting())
+            if not request.starting_ok:
+                await abort(context, self._starting())
+            view = self._view()
+            view.starting = True
+            return view
         if request.expect_reducer and request.expect_reducer != self.runtime.reducer.name:
             await abort(context, ReducerMismatch(
                 f"the ring runs reducer {self.runtime.reducer.name!r}, "

@@ -55,22 +55,26 @@ class PushReply(_message.Message):
     def __init__(self, acks: _Optional[_Iterable[_Union[PushAck, _Mapping]]] = ...) -> None: ...
 
 class RingView(_message.Message):
-    __slots__ = ("version", "ring", "reducer", "sender")
+    __slots__ = ("version", "ring", "reducer", "sender", "starting")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     RING_FIELD_NUMBER: _ClassVar[int]
     REDUCER_FIELD_NUMBER: _ClassVar[int]
     SENDER_FIELD_NUMBER: _ClassVar[int]
+    STARTING_FIELD_NUMBER: _ClassVar[int]
     version: int
     ring: bytes
     reducer: str
     sender: str
-    def __init__(self, version: _Optional[int] = ..., ring: _Optional[bytes] = ..., reducer: _Optional[str] = ..., sender: _Optional[str] = ...) -> None: ...
+    starting: bool
+    def __init__(self, version: _Optional[int] = ..., ring: _Optional[bytes] = ..., reducer: _Optional[str] = ..., sender: _Optional[str] = ..., starting: _Optional[bool] = ...) -> None: ...
 
 class GetRingRequest(_message.Message):
-    __slots__ = ("expect_reducer",)
+    __slots__ = ("expect_reducer", "starting_ok")
     EXPECT_REDUCER_FIELD_NUMBER: _ClassVar[int]
+    STARTING_OK_FIELD_NUMBER: _ClassVar[int]
     expect_reducer: str
-    def __init__(self, expect_reducer: _Optional[str] = ...) -> None: ...
+    starting_ok: bool
+    def __init__(self, expect_reducer: _Optional[str] = ..., starting_ok: _Optional[bool] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("sender", "ring_version", "sent_at", "incarnation")
