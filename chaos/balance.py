@@ -13,7 +13,6 @@ measured split compares with halving the share, and an exact check of every coun
 from __future__ import annotations
 
 import argparse
-import re
 import tempfile
 import threading
 import time
@@ -24,12 +23,11 @@ import msgpack
 
 from chaos.cluster import LocalCluster
 from chaos.corpus import kjv_lines
+from chaos.timeline import node_events
 from mapper import RingClient, split_words
 from node.core.load import choose_shed, halving_shed
 from node.core.ring import Ring
 
-_HANDOFF_MS = re.compile(r"handed off \d+ ranges at [0-9.]+ in (\d+) ms")
-_EVENT = re.compile(r"load: (overloaded|relieved) at ([0-9.]+)|handed off \d+ ranges at ([0-9.]+)")
 
 
 def hot_words(ring: Ring, node: str, count: int) -> list[str]:
@@ -134,13 +132,15 @@ def run(workdir: str | Path, seconds: float = 20.0, rate: float = 30_000, nodes:
                     if got.get(k) != feeder.acked.get(k)}
         events, handoff_ms, declared, splits = [], [], 0, 0
         for node in cluster.nodes:
-            text = Path(node.log).read_text(errors="replace")
-            handoff_ms += [int(m.group(1)) for m in _HANDOFF_MS.finditer(text)]
-            splits += text.count("split the range")
-            declared += text.count("rejoining empty")
-            for m in _EVENT.finditer(text):
-                kind = m.group(1) or "moved"
-                events.append((float(m.group(2) or m.group(3)) - started, node.node_id, kind))
+            for e in node_events(node.events):
+                kind = e.get("kind")
+                if kind == "handoff_committed":
+                    handoff_ms.append(round(e["ms"]))
+                    events.append((e["t"] - started, node.node_id, "moved"))
+                elif kind in ("overloaded", "relieved"):
+                    events.append((e["t"] - started, node.node_id, kind))
+                splits += kind == "split"
+                declared += kind == "fenced"
     events.sort()
     result = analyse(samples, events, exact, sum(feeder.acked.values()), seconds)
     result.update(handoff_ms=sorted(handoff_ms), false_declarations=declared,
@@ -332,3 +332,4 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+

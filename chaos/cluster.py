@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -22,7 +21,6 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 DEFAULT_STATE_FILE = "floe-cluster.json"
-_TAKEOVER = re.compile(r"took over \d+ ranges at ([0-9.]+)")
 
 
 @dataclass
@@ -35,6 +33,11 @@ class NodeProcess:
     # Set when this process started the node: poll() is exact, and it also covers the
     # instant after fork() before exec(), when /proc still shows the parent's cmdline.
     popen: subprocess.Popen | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def events(self) -> str:
+        """The node's structured events (JSON lines, node.runtime.events)."""
+        return str(Path(self.log).with_suffix(".events.jsonl"))
 
     def alive(self) -> bool:
         if self.popen is not None:
@@ -84,7 +87,8 @@ class LocalCluster:
             cmd = [sys.executable, "-m", "node", "--node-id", node_id,
                    "--listen", f"{host}:{port}", "--peers", peers,
                    "--replication", str(replicas), "--tokens-per-node", str(tokens_per_node),
-                   "--reducer", reducer, *extra]
+                   "--reducer", reducer, "--events-file", str(log_path.with_suffix(".events.jsonl")),
+                   *extra]
             procs.append(_spawn(node_id, f"{host}:{port}", cmd, log_path))
         cluster = cls(procs, replicas, str(state_file), reducer, extra)
         cluster.save()
@@ -153,7 +157,8 @@ class LocalCluster:
             cmd = [sys.executable, "-m", "node", "--node-id", node_id, "--listen", address,
                    "--peers", f"{node_id}={address}", "--join", seeds,
                    "--replication", str(self.replicas), "--tokens-per-node", str(tokens_per_node),
-                   "--reducer", self.reducer, *self.extra_args]
+                   "--reducer", self.reducer,
+                   "--events-file", str(log_path.with_suffix(".events.jsonl")), *self.extra_args]
             added.append(_spawn(node_id, address, cmd, log_path))
         self.nodes += added
         self.save()
@@ -212,15 +217,10 @@ class LocalCluster:
                 time.sleep(0.005)
 
     def takeover_times(self) -> list[float]:
-        """Wall-clock times at which any node logged taking ranges over."""
-        times = []
-        for node in self.nodes:
-            try:
-                text = Path(node.log).read_text(errors="replace")
-            except OSError:
-                continue
-            times += [float(m.group(1)) for m in _TAKEOVER.finditer(text)]
-        return times
+        """Wall-clock times at which any node took ranges over (its events)."""
+        from chaos.timeline import read_events
+        return [e.t for node in self.nodes for e in read_events(node.node_id, node.events)
+                if e.kind == "taken_over"]
 
     # ------------------------------------------------------------ records
 

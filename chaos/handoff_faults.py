@@ -17,7 +17,7 @@ the ranges over.
 
 from __future__ import annotations
 
-import re
+import json
 import signal
 import threading
 import time
@@ -26,11 +26,7 @@ from pathlib import Path
 from chaos.cluster import LocalCluster
 from chaos.faults import signal_nodes
 from chaos.scenarios import PlannedFault
-from chaos.timeline import Event, Injected, _line_time
-
-HANDING = re.compile(r"handing (\d+) ranges to (\S+) \(ring v(\d+)\)")
-HANDED = re.compile(r"handed off (\d+) ranges at ([0-9.]+) in (\d+) ms")
-ABORTED = re.compile(r"handoff aborted: (.*)$")
+from chaos.timeline import Event, Injected
 
 
 def givers_of(p: PlannedFault) -> dict[str, tuple[str, list[int]]]:
@@ -58,23 +54,27 @@ def _read_from(path: str, offset: int) -> str:
 
 
 def handoff_state(text: str, receiver: str) -> str:
-    """Where the giver's log (since the handoff was requested) says its handoff to
+    """Where the giver's events (since the handoff was requested) say its handoff to
     `receiver` is: 'requested', 'in flight', 'committed' or 'aborted'."""
     return _scan(text, receiver)[0]
 
 
-def _scan(text: str, receiver: str) -> tuple[str, str]:
-    """(state, the line that finished the handoff or '')."""
+def _scan(text: str, receiver: str) -> tuple[str, dict]:
+    """(state, the event that finished the handoff or {})."""
     state = "requested"
     for line in text.splitlines():
-        m = HANDING.search(line)
-        if m and state == "requested" and m.group(2).split(",") == [receiver]:
+        try:
+            e = json.loads(line)
+        except ValueError:
+            continue               # a line still being written
+        kind = e.get("kind")
+        if kind == "handoff_prepared" and state == "requested" and e.get("to") == [receiver]:
             state = "in flight"
-        elif state == "in flight" and HANDED.search(line):
-            return "committed", line
-        elif state == "in flight" and ABORTED.search(line):
-            return "aborted", line
-    return state, ""
+        elif state == "in flight" and kind == "handoff_committed":
+            return "committed", e
+        elif state == "in flight" and kind == "handoff_aborted":
+            return "aborted", e
+    return state, {}
 
 
 class _Call(threading.Thread):
@@ -101,7 +101,7 @@ def kill_mid_handoff(cluster: LocalCluster, p: PlannedFault, timeout: float = 30
     is in flight, wait for the operator calls to return; the detail records it all."""
     from chaos.elastic import request_handoff
     givers = givers_of(p)
-    offsets = {g: _size(cluster.node(g).log) for g in givers}
+    offsets = {g: _size(cluster.node(g).events) for g in givers}
     detail: dict = {"handoff": p.handoff, "side": "giver" if p.victims[0] == p.watch
                     else "receiver", "watch": p.watch,
                     "moves": {g: {"to": r, "tokens": t} for g, (r, t) in givers.items()},
@@ -124,7 +124,7 @@ def kill_mid_handoff(cluster: LocalCluster, p: PlannedFault, timeout: float = 30
         calls.append(_Call(request, giver))
     watched_call = next(c for c in calls if c.label == p.watch)
     receiver = givers[p.watch][0]
-    log = cluster.node(p.watch).log
+    log = cluster.node(p.watch).events
     # The other donors' calls first: starting threads and channels contends for the
     # GIL, and the watched handoff's window (25-60 ms) is when this loop must run.
     for c in calls:
@@ -151,7 +151,7 @@ def kill_mid_handoff(cluster: LocalCluster, p: PlannedFault, timeout: float = 30
         time.sleep(0.0005)
         state = handoff_state(_read_from(log, offsets[p.watch]), receiver)
     at = signal_nodes(cluster, p.victims, signal.SIGKILL)
-    # Had the handoff finished before the signal? The giver's log says; a line written
+    # Had the handoff finished before the signal? The giver's events say; one written
     # after the kill by a surviving giver carries a time we can compare.
     after = _read_from(log, offsets[p.watch])
     finished_before = _finished_before(after, receiver, at)
@@ -166,13 +166,8 @@ def kill_mid_handoff(cluster: LocalCluster, p: PlannedFault, timeout: float = 30
 
 
 def _finished_before(text: str, receiver: str, at: float) -> bool:
-    state, line = _scan(text, receiver)
-    if state == "committed":
-        return float(HANDED.search(line).group(2)) < at
-    if state == "aborted":            # only the millisecond stamp of the log line
-        stamp = _line_time(line)
-        return stamp is not None and stamp < at - 0.001
-    return False
+    state, event = _scan(text, receiver)
+    return state in ("committed", "aborted") and event["t"] < at
 
 
 def _wait_member(cluster: LocalCluster, givers, newcomer: str, timeout: float = 30.0) -> None:
@@ -191,26 +186,26 @@ def _wait_member(cluster: LocalCluster, givers, newcomer: str, timeout: float = 
 # ----------------------------------------------------------------- the outcome
 
 def handoff_outcome(injected: Injected, logs: dict[str, str], events: list[Event]) -> dict:
-    """Per giver, what became of its handoff, from the logs written since it was
-    requested; and which nodes took over the moved ranges. Pure.
+    """Per giver, what became of its handoff, from its structured events (`logs`: the
+    text of each node's events file) written since it was requested; and which nodes
+    took over the moved ranges. Pure.
 
-    committed: the giver logged "handed off"; aborted: it logged why; giver killed:
-    it died first, and `taken_over` says which heirs rebuilt the moved ranges."""
+    committed: the giver recorded handoff_committed; aborted: handoff_aborted, with
+    why; giver killed: it died first, and `taken_over` says which heirs rebuilt the
+    moved ranges."""
     d = injected.detail
     victim = injected.victims[0]
     per_giver = {}
     for giver, move in d["moves"].items():
         text = logs.get(giver, "")[d["offsets"][giver]:]
-        state, line = _scan(text, move["to"])
+        state, event = _scan(text, move["to"])
         row: dict = {"to": move["to"], "ranges": len(move["tokens"])}
         reply = d.get("operator", {}).get(giver, {})
         if state == "committed":
-            m = HANDED.search(line)
-            row.update(outcome="committed",
-                       at_ms=round((float(m.group(2)) - injected.at) * 1e3, 1),
-                       took_ms=int(m.group(3)))
+            row.update(outcome="committed", at_ms=round((event["t"] - injected.at) * 1e3, 1),
+                       took_ms=round(event["ms"]))
         elif state == "aborted":
-            row.update(outcome="aborted", reason=ABORTED.search(line).group(1))
+            row.update(outcome="aborted", reason=event["reason"])
         elif giver == victim:
             row["outcome"] = "giver killed"
         elif state == "requested" and reply and not reply.get("accepted"):

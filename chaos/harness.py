@@ -6,7 +6,7 @@ Each round: start the cluster with the same launcher `floe up` uses, start the m
 processes (real RingClients, fixed rate), inject the planned faults into processes
 started here (by PID), sample every node's stats, stop the load, let re-replication
 settle, read the ring back and check it against the mappers' journals (chaos.oracle),
-and time every failure from the nodes' logs (chaos.timeline). Writes result.json and
+and time every failure from the nodes' structured events (chaos.timeline). Writes result.json and
 PNG plots to the output directory and prints a summary table.
 """
 
@@ -32,7 +32,7 @@ from chaos.mapper_proc import MapperHandle
 from chaos.oracle import Verdict, check, check_ids, unreadable
 from chaos.scenarios import PlannedFault, Scenario, load_scenario, plan
 from chaos.timeline import (STAGES, FailureTimeline, Injected, by_simultaneous,
-                            failure_timelines, parse_log, stage_summary)
+                            failure_timelines, parse_events, stage_summary)
 
 
 class Progress:
@@ -242,8 +242,8 @@ def run_round(scenario: Scenario, seed: int, index: int, planned: list[PlannedFa
         acked, unacked, summaries = _journals(scenario, seed, retired + mappers)
         result.mappers = summaries
         result.verdict = _verify(cluster, acked, unacked, scenario.load.ids)
-        logs = {node.node_id: _read(node.log) for node in cluster.nodes}
-        events = [e for node, text in logs.items() for e in parse_log(node, text)]
+        logs = {node.node_id: _read(node.events) for node in cluster.nodes}
+        events = [e for node, text in logs.items() for e in parse_events(node, text)]
         result.injected = [_judge_handoff(i, logs, events, result.errors)
                            if i.kind == "kill-mid-handoff" else i for i in result.injected]
         result.timelines = failure_timelines(result.injected, events)

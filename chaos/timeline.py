@@ -1,83 +1,86 @@
 """Per-failure timings, from the moment a fault is injected to the moment its ranges
-are safe again, read from what the nodes log.
+are safe again, read from the nodes' structured events (node.runtime.events).
 
 For each victim of a node fault:
 
 - injected:      the harness sent the signal (its own clock; same machine as the nodes);
-- detected:      the first node that declared it dead ("declaring X dead at T");
+- detected:      the first node that declared it dead (`detected`);
 - taken over:    the last heir that rebuilt its ranges from its replica copy
-                 ("took over N ranges at T from X");
+                 (`taken_over`);
 - applying:      the last of its ranges to apply new tuples again at the heir
-                 ("applying again at T: range of token K taken over from X"); this is
-                 what we call recovery: the range is serving the load again;
+                 (`applying_again`); this is what we call recovery: the range is
+                 serving the load again;
 - re-replicated: the last heir that had every range on r+1 nodes again
-                 ("re-replicated at T: ...", first one after its takeover);
+                 (`re_replicated`, first one after its takeover);
 - fenced:        a paused victim learnt it was declared dead and rejoined empty.
 
-Pure: parsing takes log text, matching takes events and faults.
+Pure but for `read_events`: parsing takes event text, matching takes events and faults.
 """
 
 from __future__ import annotations
 
-import re
+import json
 import statistics
-import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
-_STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) ")
-_PATTERNS = {
-    "detected": re.compile(r"declaring (\S+) dead at ([0-9.]+)"),
-    "taken_over": re.compile(r"took over (\d+) ranges at ([0-9.]+) from ([^\s:]+)"
-                             r"(?:: tokens ([0-9,]+))?"),
-    "applying": re.compile(r"applying again at ([0-9.]+): range of token (\d+) taken over "
-                           r"from (\S+)"),
-    "re_replicated": re.compile(r"re-replicated at ([0-9.]+): every range of (\S+) is on"),
-    "fenced": re.compile(r"(\S+) was declared dead in ring v\d+: dropping all state"),
-}
 STAGES = ("detected", "taken_over", "applying", "re_replicated")
 
 
 @dataclass(frozen=True)
 class Event:
-    kind: str                     # one of _PATTERNS
+    kind: str                     # detected | taken_over | applying | re_replicated | fenced
     t: float                      # wall-clock seconds (time.time())
-    node: str                     # the node whose log it is
+    node: str                     # the node (as started) whose events these are
     about: tuple[str, ...] = ()   # the dead node(s) it concerns
     tokens: tuple[int, ...] = ()  # the ranges it concerns
 
 
-def parse_log(node: str, text: str) -> list[Event]:
+def parse_events(node: str, text: str) -> list[Event]:
+    """The timeline's events among a node's structured events (JSON lines written by
+    node.runtime.events; a torn last line, from a kill mid-write, is skipped)."""
     events = []
     for line in text.splitlines():
-        for kind, pattern in _PATTERNS.items():
-            m = pattern.search(line)
-            if m is None:
-                continue
-            if kind == "detected":
-                events.append(Event(kind, float(m.group(2)), node, (m.group(1),)))
-            elif kind == "taken_over":
-                tokens = tuple(int(t) for t in m.group(4).split(",")) if m.group(4) else ()
-                events.append(Event(kind, float(m.group(2)), node,
-                                    tuple(m.group(3).split(",")), tokens))
-            elif kind == "applying":
-                events.append(Event(kind, float(m.group(1)), node, (m.group(3),),
-                                    (int(m.group(2)),)))
-            elif kind == "re_replicated":
-                events.append(Event(kind, float(m.group(1)), node))
-            elif kind == "fenced":
-                stamp = _line_time(line)
-                if stamp is not None:
-                    events.append(Event(kind, stamp, node, (m.group(1),)))
-            break
+        try:
+            e = json.loads(line)
+        except ValueError:
+            continue
+        kind, t = e.get("kind"), float(e.get("t", 0.0))
+        if kind == "detected":
+            events.append(Event("detected", t, node, tuple(e["about"])))
+        elif kind == "taken_over":
+            events.append(Event("taken_over", t, node, tuple(e["previous"]),
+                                tuple(int(x) for x in e["tokens"])))
+        elif kind == "applying_again":
+            events.append(Event("applying", t, node, (e["previous"],), (int(e["token"]),)))
+        elif kind == "re_replicated":
+            events.append(Event("re_replicated", t, node))
+        elif kind == "fenced":
+            events.append(Event("fenced", t, node, (e["node"],)))
     return events
 
 
-def _line_time(line: str) -> float | None:
-    """The logging module's asctime (local time, millisecond resolution)."""
-    m = _STAMP.match(line)
-    if m is None:
-        return None
-    return time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")) + int(m.group(2)) / 1e3
+def read_events(node: str, path: str) -> list[Event]:
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError:
+        return []
+    return parse_events(node, text)
+
+
+def node_events(path: str) -> list[dict]:
+    """Every structured event of a node's file, oldest first (a torn line skipped)."""
+    try:
+        lines = Path(path).read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from grpc_health.v1 import health_pb2
 
 from node.config import NodeConfig
 from node.core.reducers import load_reducer, parse_reducer_args
+from node.runtime.events import EventLog
 from node.runtime.node import NodeRuntime
 from node.transport.peers import PeerPool
 from node.transport.server import start_server
@@ -29,13 +30,16 @@ class RunningNode:
         await self.health.enter_graceful_shutdown()   # health checks now say NOT_SERVING
         await self.server.stop(self.runtime.config.shutdown_grace)
         await self.runtime.stop()                      # drain queue, final checkpoint
+        self.runtime.events.record("stopped", self.runtime.core.node_id)
+        self.runtime.events.close()
 
 
 async def start_node(config: NodeConfig) -> RunningNode:
     reducer = load_reducer(config.reducer, **parse_reducer_args(
         [f"{k}={v}" for k, v in config.reducer_args]))
     reducer.name = config.reducer
-    runtime = NodeRuntime(config, reducer, PeerPool(config.rpc_timeout, config.max_message_bytes))
+    runtime = NodeRuntime(config, reducer, PeerPool(config.rpc_timeout, config.max_message_bytes),
+                          events=EventLog(config.events_file, config.node_id))
     server, health, port = await start_server(runtime)
     if config.listen.endswith(":0"):
         # Bound to an ephemeral port (tests): publish the real address in the ring.

@@ -46,6 +46,7 @@ class NodeConfig:
     join: str = ""                               # seed host:port,...: join a running ring with no tokens
     startup_grace: float = 10.0                  # a starting node suspects a peer it never heard from only after this
     log_level: str = "INFO"
+    events_file: str = ""                        # JSON lines of protocol events (node.runtime.events)
 
     def __post_init__(self) -> None:
         if not self.node_id:
@@ -156,6 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--startup-grace", type=float,
                    help="seconds before a starting node suspects a peer it has not heard from")
     p.add_argument("--log-level")
+    p.add_argument("--events-file",
+                   help="append structured protocol events (detected, taken_over, handoff_*, "
+                        "...) to this file as JSON lines")
     return p
 
 

@@ -125,3 +125,9 @@ def diff(got, expect):
         f"{k}: {got.get(k)} != {expect.get(k)}" for k in sorted(keys)[:5])
 
 
+
+
+def events_of(cluster, node_id: str) -> list[dict]:
+    """The structured events of a cluster's node (node.runtime.events), oldest first."""
+    from chaos.timeline import node_events
+    return node_events(cluster.node(node_id).events)

@@ -19,7 +19,7 @@ from chaos.load import burst_vocabulary, chunk_keys, zipf_probability
 from chaos.oracle import check
 from chaos.scenarios import (BUILTIN, Fault, Load, Round, Scenario, loses_data, plan,
                              ring_order)
-from chaos.timeline import (Injected, by_simultaneous, failure_timelines, parse_log,
+from chaos.timeline import (Injected, by_simultaneous, failure_timelines, parse_events,
                             percentile)
 from node.core.ring import Ring
 
@@ -203,11 +203,14 @@ def test_handoff_faults_are_checked_when_planned():
                                       .tokens_of(p.victims[0]))
 
 
-HANDOFF_LOG = """\
-2026-11-22 22:51:56,881 n0 INFO floe.node: handing 2 ranges to n4 (ring v3)
-2026-11-22 22:51:57,110 n0 WARNING floe.node: declaring n4 dead at 100.25: y
-2026-11-22 22:51:57,152 n0 WARNING floe.node: handoff aborted: target n4 left the ring
-"""
+def ev(kind, t, node, **fields) -> str:
+    """One line of a node's structured events file."""
+    return json.dumps({"t": t, "kind": kind, "node": node, "process": node, **fields}) + "\n"
+
+
+HANDOFF_LOG = (ev("handoff_prepared", 100.05, "n0", to=["n4"], tokens=[1, 2], ring_version=3)
+               + ev("detected", 100.25, "n0", about=["n4"], why="y")
+               + ev("handoff_aborted", 100.3, "n0", to=["n4"], reason="target n4 left the ring"))
 
 
 def test_handoff_state_follows_the_givers_log():
@@ -216,8 +219,10 @@ def test_handoff_state_follows_the_givers_log():
     assert handoff_state(HANDOFF_LOG.splitlines()[0], "n4") == "in flight"
     assert handoff_state(HANDOFF_LOG.splitlines()[0], "n1") == "requested"
     assert handoff_state(HANDOFF_LOG, "n4") == "aborted"
-    done = HANDOFF_LOG.splitlines()[0] + "\nx n0 INFO floe.node: handed off 2 ranges at 9.5 in 170 ms"
+    done = HANDOFF_LOG.splitlines()[0] + "\n" + ev("handoff_committed", 9.5, "n0", to=["n4"],
+                                                   tokens=[1, 2], ms=170.0)
     assert handoff_state(done, "n4") == "committed"
+    assert handoff_state(done + '{"t": 9.6, "ki', "n4") == "committed"   # a torn last line
 
 
 def test_handoff_outcome_from_the_logs():
@@ -226,7 +231,7 @@ def test_handoff_outcome_from_the_logs():
     detail = {"moves": moves, "offsets": {"n0": 0, "n2": 0}, "watch": "n0",
               "operator": {"n2": {"accepted": False, "detail": "cannot hand token 5 to 'n4'"}}}
     receiver = Injected("kill-mid-handoff", ("n4",), 100.0, detail=detail)
-    out = handoff_outcome(receiver, {"n0": HANDOFF_LOG, "n2": ""}, parse_log("n0", HANDOFF_LOG))
+    out = handoff_outcome(receiver, {"n0": HANDOFF_LOG, "n2": ""}, parse_events("n0", HANDOFF_LOG))
     assert out["summary"] == "aborted"
     assert out["givers"]["n0"]["reason"] == "target n4 left the ring"
     assert out["givers"]["n2"]["outcome"] == "refused"
@@ -235,19 +240,19 @@ def test_handoff_outcome_from_the_logs():
     giver = Injected("kill-mid-handoff", ("n0",), 100.0,
                      detail={**detail, "moves": {"n0": moves["n0"]}})
     log = HANDOFF_LOG.splitlines()[0] + "\n"
-    heir = "x n1 INFO floe.node: took over 8 ranges at 100.3 from n0: tokens 1,2,3\n"
-    out = handoff_outcome(giver, {"n0": log}, parse_log("n1", heir))
+    heir = ev("taken_over", 100.3, "n1", previous=["n0"], tokens=[1, 2, 3])
+    out = handoff_outcome(giver, {"n0": log}, parse_events("n1", heir))
     assert out["summary"] == "taken over by the heir"
     assert out["givers"]["n0"]["taken_over_by"] == ["n1"] and handoff_errors(out) == []
-    half = "x n1 INFO floe.node: took over 1 ranges at 100.3 from n0: tokens 1\n"
-    out = handoff_outcome(giver, {"n0": log}, parse_log("n1", half))
+    half = ev("taken_over", 100.3, "n1", previous=["n0"], tokens=[1])
+    out = handoff_outcome(giver, {"n0": log}, parse_events("n1", half))
     assert "only 1 of 2" in out["summary"] and handoff_errors(out)
     # a surviving giver that never finished is a hang, and reported
     stuck = Injected("kill-mid-handoff", ("n4",), 100.0,
                      detail={**detail, "moves": {"n0": moves["n0"]}})
     out = handoff_outcome(stuck, {"n0": log}, [])
     assert out["summary"] == "in flight" and "never finished" in handoff_errors(out)[0]
-    committed = log + "x n0 INFO floe.node: handed off 2 ranges at 100.2 in 190 ms\n"
+    committed = log + ev("handoff_committed", 100.2, "n0", to=["n4"], tokens=[1, 2], ms=190.0)
     out = handoff_outcome(stuck, {"n0": committed}, [])
     assert out["givers"]["n0"]["at_ms"] == pytest.approx(200.0)
 
@@ -331,20 +336,18 @@ def test_tuple_ids_reducer_through_the_node_state_store():
 
 # ------------------------------------------------------------------- timeline
 
-LOG = """\
-2026-11-22 21:53:28,945 n2 WARNING floe.node: declaring n1 dead at 100.200000: it and n5's view of it both failed probes in 1 ms
-2026-11-22 21:53:28,946 n2 INFO floe.node: took over 8 ranges at 100.210000 from n1
-2026-11-22 21:53:28,950 n2 INFO floe.node: re-replicated at 100.150000: every range of n2 is on r+1 nodes again
-2026-11-22 21:53:28,990 n2 INFO floe.node: applying again at 100.300000: range of token 11 taken over from n1
-2026-11-22 21:53:28,991 n2 INFO floe.node: applying again at 100.350000: range of token 12 taken over from n1
-2026-11-22 21:53:28,992 n2 INFO floe.node: re-replicated at 100.400000: every range of n2 is on r+1 nodes again
-2026-11-22 21:53:28,993 n2 INFO floe.node: re-replicated at 100.500000: every range of n2 is on r+1 nodes again
-"""
+LOG = (ev("detected", 100.2, "n2", about=["n1"], why="probes failed")
+       + ev("taken_over", 100.21, "n2", previous=["n1"], tokens=[11, 12])
+       + ev("re_replicated", 100.15, "n2")
+       + ev("applying_again", 100.3, "n2", token=11, previous="n1")
+       + ev("applying_again", 100.35, "n2", token=12, previous="n1")
+       + ev("re_replicated", 100.4, "n2")
+       + ev("re_replicated", 100.5, "n2"))
 
 
-def test_timeline_from_node_logs():
-    events = parse_log("n2", LOG) + parse_log(
-        "n0", "2026-11-22 21:53:28,948 n0 WARNING floe.node: declaring n1 dead at 100.190000: x\n")
+def test_timeline_from_node_events():
+    events = parse_events("n2", LOG) + parse_events(
+        "n0", ev("detected", 100.19, "n0", about=["n1"], why="x"))
     (tl,) = failure_timelines([Injected("kill", ("n1",), 100.0)], events)
     assert tl.ms("detected") == 190.0          # the first node to declare it
     assert tl.ms("taken_over") == 210.0
@@ -361,29 +364,29 @@ def test_timeline_from_node_logs():
 def test_ranges_that_pass_through_a_dead_neighbour_count_for_their_first_owner():
     # r=2, n1 and n2 killed together: n1 is declared first and its ranges pass to n2
     # (dead, still in the ring); n3 then takes over all of them "from n2".
-    log = ("x n3 INFO floe.node: declaring n1 dead at 10.1: y\n"
-           "x n3 INFO floe.node: declaring n2 dead at 10.2: y\n"
-           "x n3 INFO floe.node: took over 4 ranges at 10.25 from n2: tokens 1,2,3,4\n"
-           "x n3 INFO floe.node: applying again at 10.3: range of token 1 taken over from n2\n"
-           "x n3 INFO floe.node: applying again at 10.4: range of token 3 taken over from n2\n"
-           "x n3 INFO floe.node: re-replicated at 10.5: every range of n3 is on r+1 nodes\n")
+    log = (ev("detected", 10.1, "n3", about=["n1"], why="y")
+           + ev("detected", 10.2, "n3", about=["n2"], why="y")
+           + ev("taken_over", 10.25, "n3", previous=["n2"], tokens=[1, 2, 3, 4])
+           + ev("applying_again", 10.3, "n3", token=1, previous="n2")
+           + ev("applying_again", 10.4, "n3", token=3, previous="n2")
+           + ev("re_replicated", 10.5, "n3"))
     fault = Injected("kill", ("n1", "n2"), 10.0, tokens={"n1": (1, 2), "n2": (3, 4)})
-    n1, n2 = failure_timelines([fault], parse_log("n3", log))
+    n1, n2 = failure_timelines([fault], parse_events("n3", log))
     assert (n1.ms("detected"), n1.ms("taken_over"), n1.ms("applying")) == (100.0, 250.0, 300.0)
     assert n1.ranges_applying == 1 and n1.heirs == ("n3",) and n1.ms("re_replicated") == 500.0
     assert (n2.ms("detected"), n2.ms("applying")) == (200.0, 400.0)
     # a range nobody took over leaves the stage open
     partial = Injected("kill", ("n1",), 10.0, tokens={"n1": (1, 9)})
-    (tl,) = failure_timelines([partial], parse_log("n3", log))
+    (tl,) = failure_timelines([partial], parse_events("n3", log))
     assert tl.taken_over is None and tl.re_replicated is None and not tl.complete
 
 
-def test_fenced_time_comes_from_the_log_line_stamp():
-    line = ("2026-11-22 21:53:27,572 n3 ERROR floe.node: n3 was declared dead in ring v4: "
-            "dropping all state, rejoining empty as n3#1\n")
-    (event,) = parse_log("n3", line)
-    assert event.kind == "fenced" and event.about == ("n3",)
-    assert event.t % 1 == pytest.approx(0.572, abs=1e-6)
+def test_fenced_and_unknown_events():
+    text = (ev("fenced", 27.572, "n3", ring_version=4, rejoins_as="n3#1")
+            + ev("handoff_prepared", 28.0, "n3", to=["n1"], tokens=[1], ring_version=5)
+            + "not json\n")
+    (event,) = parse_events("n3", text)
+    assert event.kind == "fenced" and event.about == ("n3",) and event.t == 27.572
 
 
 def test_percentiles_and_grouping():
@@ -391,7 +394,7 @@ def test_percentiles_and_grouping():
     assert percentile([5.0, 1.0, 3.0], 50) == 3.0
     assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.0
     assert percentile([1.0, 2.0, 3.0, 4.0], 100) == 4.0
-    tls = failure_timelines([Injected("kill", ("n1",), 100.0)], parse_log("n2", LOG))
+    tls = failure_timelines([Injected("kill", ("n1",), 100.0)], parse_events("n2", LOG))
     assert by_simultaneous(tls)[1]["p50"] == 350.0
 
 

@@ -13,6 +13,7 @@ import pytest
 
 from chaos.cluster import LocalCluster
 from chaos.elastic import request_handoff
+from chaos.timeline import node_events
 from tests.helpers import Feeder, diff
 
 pytestmark = pytest.mark.multiprocess
@@ -83,9 +84,10 @@ def test_scale_out_3_to_5_and_back_to_3_under_load(tmp_path):
         shrunk = status(tmp_path)
         assert set(shrunk) == {"n0", "n1", "n2"}
         assert all(n["lost_ranges"] == 0 for n in shrunk.values())
-        logs = {n: Path(tmp_path / "floe-cluster" / "logs" / f"{n}.log").read_text()
-                for n in ("n3", "n4")}
-        assert all("left the ring" in text and "stopped" in text for text in logs.values())
+        for n in ("n3", "n4"):
+            kinds = [e["kind"] for e in node_events(
+                str(tmp_path / "floe-cluster" / "logs" / f"{n}.events.jsonl"))]
+            assert "left" in kinds and kinds[-1] == "stopped", (n, kinds)
 
 
 @pytest.mark.parametrize("victim", ["owner", "target"])

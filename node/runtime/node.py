@@ -17,8 +17,7 @@ from node.config import NodeConfig
 from node.core.batch import Limits
 from node.core.detector import (ALIVE, DEAD, REFUSED, SUSPECT, TIMED_OUT, DetectorConfig,
                                 FailureDetector, Probe, combine, indirect_via)
-from node.core.errors import (Fenced, FloeError, InvalidArgument, Refused, StaleRing, Starting,
-                              Unavailable)
+from node.core.errors import Fenced, FloeError, InvalidArgument, Refused, StaleRing, Unavailable
 from node.core.handoff import Handoff, HandoffState, retired_extras
 from node.core.load import LoadConfig, LoadMonitor, choose_shed, clockwise_nodes
 from node.core.membership import decide_start, founding_ring, refill_moves, rejoin_name
@@ -26,6 +25,7 @@ from node.core.node_core import NodeCore, RingChange
 from node.core.reducers import Reducer
 from node.core.ring import Ring
 from node.core.split_point import plan_split
+from node.runtime.events import EventLog
 
 log = logging.getLogger("floe.node")
 
@@ -52,8 +52,9 @@ class _Inbound:
 
 class NodeRuntime:
     def __init__(self, config: NodeConfig, reducer: Reducer, peers,
-                 incarnation: int | None = None) -> None:
+                 incarnation: int | None = None, events: EventLog | None = None) -> None:
         self.config = config
+        self.events = events or EventLog()
         self.reducer = reducer
         self.peers = peers
         # Drawn once per process: peers tell a restart of this node from this process
@@ -136,9 +137,13 @@ class NodeRuntime:
         decision = decide_start(config.node_id, self.incarnation, config.listen, seen,
                                 None if joining else self._initial_ring(config))
         self.core = self._new_core(decision.node_id, decision.ring)
+        self.events.record("started", decision.node_id, incarnation=self.incarnation,
+                           replaces=decision.replaces, why=decision.why, joining=joining)
         if decision.replaces:
+            t = self.events.record("detected", decision.node_id, about=[decision.replaces],
+                                   why="restarted: " + decision.why)
             log.warning("declaring %s dead at %.6f: %s; this process holds none of its "
-                        "state and joins empty as %s", decision.replaces, time.time(),
+                        "state and joins empty as %s", decision.replaces, t,
                         decision.why, decision.node_id)
         elif decision.node_id != config.node_id:
             log.warning("%s; this process joins empty as %s", decision.why, decision.node_id)
@@ -313,8 +318,9 @@ class NodeRuntime:
             self.adopt(retired)
             self.sync_ring()
         if behind_before and not core.under_replicated() and not core.ring.pristine:
+            t = self.events.record("re_replicated", core.node_id)
             log.info("re-replicated at %.6f: every range of %s is on r+1 nodes again",
-                     time.time(), core.node_id)
+                     t, core.node_id)
 
     # ------------------------------------------------------ ring and failures
 
@@ -333,6 +339,7 @@ class NodeRuntime:
         log.info("ring v%d -> v%d (%s)", before.version, new.version, new.describe())
         if change.fenced:
             if self.leaving:
+                self.events.record("left", self.core.node_id, ring_version=new.version)
                 log.info("%s left the ring at v%d", self.core.node_id, new.version)
                 self.left.set()
             else:
@@ -340,11 +347,15 @@ class NodeRuntime:
             return change
         if change.taken_over:
             previous = {t: before.owner_of_token(t) for t in change.taken_over}
+            t = self.events.record("taken_over", self.core.node_id,
+                                   previous=sorted(set(previous.values())),
+                                   tokens=sorted(change.taken_over))
             log.info("took over %d ranges at %.6f from %s: tokens %s", len(change.taken_over),
-                     time.time(), ",".join(sorted(set(previous.values()))),
+                     t, ",".join(sorted(set(previous.values()))),
                      ",".join(map(str, sorted(change.taken_over))))
             self._resuming.update(previous)
         for token in change.lost:
+            self.events.record("lost", self.core.node_id, token=token)
             log.error("range of token %d LOST: every copy died; its queries will fail", token)
         self.detector.watch(self.core.monitored_primaries(), time.monotonic())
         return change
@@ -366,14 +377,18 @@ class NodeRuntime:
     def _applying_again(self, token: int) -> None:
         previous = self._resuming.pop(token)
         if token in self.core.primaries:
+            t = self.events.record("applying_again", self.core.node_id, token=token,
+                                   previous=previous)
             log.info("applying again at %.6f: range of token %d taken over from %s",
-                     time.time(), token, previous)
+                     t, token, previous)
 
     def _rejoin_empty(self, ring: Ring) -> None:
         """We were declared dead (paused or cut off too long): everything we hold is
         stale. Come back as a new incarnation with no state and no tokens; the ring
         gives it ranges only through a handoff, like any new node."""
         node_id = rejoin_name(self.core.node_id, ring)
+        self.events.record("fenced", self.core.node_id, ring_version=ring.version,
+                           rejoins_as=node_id)
         log.error("%s was declared dead in ring v%d: dropping all state, rejoining empty "
                   "as %s", self.core.node_id, ring.version, node_id)
         joined = ring.add_node(node_id, self.config.listen, (), self.incarnation)
@@ -431,8 +446,10 @@ class NodeRuntime:
         known = ring.incarnation_of(node)
         if not incarnation or not known or known == incarnation:
             return False
+        t = self.events.record("detected", self.core.node_id, about=[node],
+                               why=f"restarted: incarnation {incarnation}, the ring knows {known}")
         log.warning("declaring %s dead at %.6f: it restarted (incarnation %d, the ring "
-                    "knows %d)", node, time.time(), incarnation, known)
+                    "knows %d)", node, t, incarnation, known)
         if self.adopt(ring.with_incarnation(node, incarnation)) is not None:
             self.sync_ring()
         return True
@@ -532,6 +549,8 @@ class NodeRuntime:
             return   # we were fenced meanwhile: a stale incarnation must not declare anyone
         verdict = self.detector.probe_result(probe, outcome, time.monotonic())
         if verdict == SUSPECT and probe.round == 0:
+            self.events.record("suspected", self.core.node_id, about=[node],
+                               deadline_ms=round(1000 * probe.deadline))
             log.info("suspecting %s: no answer within %.0f ms, probing again", node,
                      1000 * probe.deadline)
         if verdict != DEAD or node not in self.core.ring.nodes:
@@ -542,7 +561,8 @@ class NodeRuntime:
             why = (f"neither we nor {via} got an answer for "
                    f"{1000 * (time.monotonic() - probe.suspected_since):.0f} ms of suspicion "
                    f"({probe.round + 1} probe rounds)")
-        log.warning("declaring %s dead at %.6f: %s", node, time.time(), why)
+        t = self.events.record("detected", self.core.node_id, about=[node], why=why)
+        log.warning("declaring %s dead at %.6f: %s", node, t, why)
         change = self.adopt(self.core.ring.without([node]))
         if change is not None:
             self.sync_ring()   # tell everyone now rather than wait for heartbeats
@@ -576,6 +596,8 @@ class NodeRuntime:
             self.adopt(h.prepare(core, time.monotonic()))
             self.sync_ring()
             self.handoff = h
+            self.events.record("handoff_prepared", core.node_id, to=sorted(set(moves.values())),
+                               tokens=sorted(moves), ring_version=self.core.ring.version)
             log.info("handing %d ranges to %s (ring v%d)", len(moves),
                      ",".join(sorted(set(moves.values()))), self.core.ring.version)
             try:
@@ -590,9 +612,14 @@ class NodeRuntime:
             finally:
                 self.handoff = None
             if h.state == HandoffState.COMMITTED:
-                log.info("handed off %d ranges at %.6f in %.0f ms", len(moves), time.time(),
-                         1000 * (time.monotonic() - started))
+                ms = 1000 * (time.monotonic() - started)
+                t = self.events.record("handoff_committed", self.core.node_id,
+                                       to=sorted(set(moves.values())), tokens=sorted(moves),
+                                       ms=round(ms, 1))
+                log.info("handed off %d ranges at %.6f in %.0f ms", len(moves), t, ms)
             else:
+                self.events.record("handoff_aborted", self.core.node_id,
+                                   to=sorted(set(moves.values())), reason=h.reason)
                 log.warning("handoff aborted: %s", h.reason)
             return h
 
@@ -616,6 +643,7 @@ class NodeRuntime:
                 raise InvalidArgument(str(exc)) from None
             self.adopt(split)
             self.sync_ring()
+            self.events.record("split", self.core.node_id, token=token, at=position)
             log.info("split the range of token %#x at %#x (ring v%d)", token, position,
                      self.core.ring.version)
             return position, token
@@ -685,9 +713,13 @@ class NodeRuntime:
                              {t: n for t, n in core.applied_by_token.items() if t in core.primaries},
                              time.process_time())
             if self.load.overloaded != was:
+                kind = "overloaded" if self.load.overloaded else "relieved"
+                t = self.events.record(kind, core.node_id, queue=round(self.load.queue(), 2),
+                                       busy=round(self.load.busy(), 3),
+                                       cpu=round(self.load.cpu(), 3),
+                                       rate=round(self.load.rate(), 1))
                 log.info("load: %s at %.6f (queue %.1f batches, busy %.0f%%, cpu %.0f%%, "
-                         "%.0f tuples/s)", "overloaded" if self.load.overloaded else "relieved",
-                         time.time(), self.load.queue(), 100 * self.load.busy(),
+                         "%.0f tuples/s)", kind, t, self.load.queue(), 100 * self.load.busy(),
                          100 * self.load.cpu(), self.load.rate())
             if (self.config.balance and self.load.overloaded and self.load.may_move(now)
                     and self.handoff is None and not core.fenced and not self.leaving):
