@@ -89,7 +89,7 @@ class LocalCluster:
                    "--replication", str(replicas), "--tokens-per-node", str(tokens_per_node),
                    "--reducer", reducer, "--events-file", str(log_path.with_suffix(".events.jsonl")),
                    *extra]
-            procs.append(_spawn(node_id, f"{host}:{port}", cmd, log_path))
+            procs.append(spawn_node(node_id, f"{host}:{port}", cmd, log_path))
         cluster = cls(procs, replicas, str(state_file), reducer, extra)
         cluster.save()
         try:
@@ -102,7 +102,7 @@ class LocalCluster:
     def wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         for node in self.nodes:
-            while not _serving(node.address):
+            while not serving(node.address):
                 if not node.alive():
                     raise RuntimeError(f"node {node.node_id} exited during start:\n"
                                        + _tail(node.log))
@@ -159,7 +159,7 @@ class LocalCluster:
                    "--replication", str(self.replicas), "--tokens-per-node", str(tokens_per_node),
                    "--reducer", self.reducer,
                    "--events-file", str(log_path.with_suffix(".events.jsonl")), *self.extra_args]
-            added.append(_spawn(node_id, address, cmd, log_path))
+            added.append(spawn_node(node_id, address, cmd, log_path))
         self.nodes += added
         self.save()
         LocalCluster(added, self.replicas, self.state_file).wait_ready(ready_timeout)
@@ -200,7 +200,7 @@ class LocalCluster:
             self.kill(node_id)
             _reap(node.pid)
             self.nodes.remove(node)
-        fresh = _spawn(node.node_id, node.address, node.cmd, Path(node.log))
+        fresh = spawn_node(node.node_id, node.address, node.cmd, Path(node.log))
         self.nodes.append(fresh)
         self.save()
         LocalCluster([fresh], self.replicas, self.state_file).wait_ready(ready_timeout)
@@ -261,15 +261,15 @@ class LocalCluster:
 
 # ------------------------------------------------------------------ helpers
 
-def _spawn(node_id: str, address: str, cmd: list[str], log_path: Path) -> NodeProcess:
+def spawn_node(node_id: str, address: str, cmd: list[str], log_path: Path) -> NodeProcess:
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True,
-                                env=_node_env())
+                                env=node_env())
     return NodeProcess(node_id, address, proc.pid, str(log_path), list(cmd), proc)
 
 
-def _node_env() -> dict:
+def node_env() -> dict:
     env = dict(os.environ)
     # The node must import this checkout's packages even when not installed.
     root = str(Path(__file__).resolve().parent.parent)
@@ -313,7 +313,7 @@ def _port_free(host: str, port: int) -> bool:
     return True
 
 
-def _serving(address: str) -> bool:
+def serving(address: str) -> bool:
     try:
         with grpc.insecure_channel(address) as channel:
             reply = health_pb2_grpc.HealthStub(channel).Check(

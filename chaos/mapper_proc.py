@@ -125,7 +125,7 @@ class MapperHandle:
                  log: str, first_chunk: int = 0) -> None:
         import dataclasses
         import subprocess
-        from chaos.cluster import _node_env
+        from chaos.cluster import node_env
         self.mapper, self.journal, self.log = mapper, journal, log
         self.first_chunk = first_chunk
         cmd = [sys.executable, "-m", "chaos.mapper_proc", "--seeds", ",".join(seeds),
@@ -135,7 +135,7 @@ class MapperHandle:
         with open(log, "ab") as out:
             self.popen = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
                                           stdin=subprocess.DEVNULL, start_new_session=True,
-                                          env=_node_env())
+                                          env=node_env())
         self.pid = self.popen.pid
 
     def alive(self) -> bool:

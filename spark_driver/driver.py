@@ -86,8 +86,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def check_ring(seeds: list[str], reducer: str):
     """Refuse to start against a ring that is down or runs another reducer."""
-    from mapper import RingClient
-    from node.core.errors import FloeError
+    from mapper import FloeError, RingClient
     try:
         client = RingClient(seeds, expect_reducer=reducer, timeout=15, rpc_timeout=3)
     except FloeError as exc:

@@ -17,7 +17,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 
-from node.core.epochs import MAX_POSITION, epoch_seq, epoch_source
+from mapper import MAX_POSITION, epoch_seq, epoch_source
 
 
 @dataclass(frozen=True)

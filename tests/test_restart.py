@@ -32,8 +32,8 @@ def restart_in_place(cluster, node_id, sig):
             assert time.monotonic() < deadline, f"{node_id} ignored {sig}"
             time.sleep(0.02)
     cluster.nodes.remove(node)
-    from chaos.cluster import _spawn
-    fresh = _spawn(node.node_id, node.address, node.cmd, node.log)
+    from chaos.cluster import spawn_node
+    fresh = spawn_node(node.node_id, node.address, node.cmd, node.log)
     cluster.nodes.append(fresh)
     cluster.save()
     LocalCluster([fresh], cluster.replicas, cluster.state_file).wait_ready(30)
@@ -166,7 +166,7 @@ def test_restart_node_by_kill_gives_the_new_member_its_share(tmp_path):
 def test_a_restart_that_hears_no_running_peer_waits_instead_of_founding(tmp_path):
     """With every peer unreachable a new process cannot tell a restart from a fresh
     start: it serves nothing until a peer answers, then joins as a new member."""
-    from chaos.cluster import _serving, _spawn
+    from chaos.cluster import serving, spawn_node
     with LocalCluster.up(3, 1, workdir=tmp_path) as cluster:
         with RingClient(cluster.seeds, timeout=30) as client:
             client.emit_many(WORDS16)
@@ -176,13 +176,13 @@ def test_a_restart_that_hears_no_running_peer_waits_instead_of_founding(tmp_path
             cluster.kill(peer, signal.SIGSTOP)
         cluster.kill("n0")
         cluster.nodes.remove(old)
-        fresh = _spawn("n0", old.address, old.cmd, old.log)
+        fresh = spawn_node("n0", old.address, old.cmd, old.log)
         cluster.nodes.append(fresh)
         cluster.save()
         try:
             deadline = time.monotonic() + 6      # it says so after 5 s
             while time.monotonic() < deadline:
-                assert fresh.alive() and not _serving(fresh.address), \
+                assert fresh.alive() and not serving(fresh.address), \
                     "served before any peer confirmed its place"
                 time.sleep(0.1)
             assert "waiting for a running peer" in open(fresh.log).read()

@@ -1,6 +1,6 @@
 """Spark's own stateful word count against the same query feeding the ring, side by side.
 
-    python -m spark_driver.bench [--copies 1] [--files 8] [--latency-files 6]
+    python -m chaos.spark_bench [--copies 1] [--files 8] [--latency-files 6]
 
 One SparkSession (local[2], 2 shuffle partitions, RocksDB state store with changelog
 checkpointing) runs, on the same text files:
