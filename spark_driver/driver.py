@@ -25,7 +25,6 @@ if (_ROOT / "proto" / "floering").is_dir():
             sys.path.insert(0, _p)
 
 import argparse  # noqa: E402
-import os  # noqa: E402
 import signal  # noqa: E402
 import tempfile  # noqa: E402
 import threading  # noqa: E402
