@@ -1,13 +1,23 @@
-"""A tiny in-memory cluster of NodeCores: a mapper that routes like RingClient and
-checkpoint shipping by direct calls. No I/O, fully deterministic."""
+"""The tests' one set of helpers: a tiny in-memory cluster of NodeCores (a mapper that
+routes like RingClient, checkpoint shipping by direct calls, no I/O), driving an
+in-process handoff, a feeder thread for live clusters, waiting on a condition with a
+deadline, and running the `floe` command."""
 
 from __future__ import annotations
 
 import functools
+import json
+import os
+import subprocess
+import sys
 import threading
+import time
 from collections import Counter, defaultdict
+from pathlib import Path
 
 from node.core.batch import encode_payload, encode_seqs
+from node.core.handoff import Handoff, HandoffState
+from node.core.hashing import HASH_SPACE
 from node.core.node_core import NodeCore
 from node.core.reducers import load_reducer
 from node.core.ring import Ring
@@ -131,3 +141,84 @@ def events_of(cluster, node_id: str) -> list[dict]:
     """The structured events of a cluster's node (node.runtime.events), oldest first."""
     from chaos.timeline import node_events
     return node_events(cluster.node(node_id).events)
+
+
+def wait_for(condition, timeout=10.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+# ------------------------------------------------------------ handoffs, in-process
+
+HANDOFF_WORDS = [f"w{i % 97}" for i in range(3000)]
+
+
+def spread(c: CoreCluster, ring) -> None:
+    """Gossip: every core adopts `ring` (and the cluster's mapper routes with it)."""
+    for core in c.cores.values():
+        core.adopt_ring(ring)
+    c.ring = next(iter(c.cores.values())).ring
+
+
+def run(c: CoreCluster, handoff: Handoff, owner: str, feed, rounds: int = 10):
+    """Drive a handoff to its end as the runtime does, pushing between steps."""
+    spread(c, handoff.prepare(c.cores[owner], now=0.0))
+    for i in range(rounds):
+        feed()
+        c.checkpoint()
+        ring = handoff.step(c.cores[owner], now=float(i))
+        if ring is not None:
+            c.cores[owner].adopt_ring(ring)
+            spread(c, ring)
+        if handoff.state != HandoffState.PREPARED:
+            return
+    raise AssertionError(f"handoff still {handoff.state} after {rounds} rounds")
+
+
+class Feed:
+    def __init__(self, c):
+        self.c, self.seq, self.sent = c, 1, Counter()
+
+    def __call__(self, n=300):
+        words = HANDOFF_WORDS[self.seq % 2000:][:n]
+        self.c.push("m", words, first_seq=self.seq)
+        self.seq += len(words)
+        self.sent.update(words)
+
+
+def middle(ring: Ring, token: int) -> int:
+    lo, hi = ring.range_of_token(token)
+    return (lo + Ring.range_size((lo, hi)) // 2) % HASH_SPACE
+
+
+# ------------------------------------------------------------ the floe command
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def floe_run(cwd, *args, timeout=120) -> subprocess.CompletedProcess:
+    """Run the `floe` command in `cwd` (where `floe up` keeps its cluster file)."""
+    return subprocess.run([sys.executable, "-m", "chaos.cli", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout,
+                          env=dict(os.environ, PYTHONPATH=f"{ROOT}:{ROOT / 'proto'}"))
+
+
+def floe(tmp_path, *args, timeout=120) -> str:
+    """Run the `floe` command, which must succeed; its standard output."""
+    result = floe_run(tmp_path, *args, timeout=timeout)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+def status(tmp_path):
+    return {n["node_id"]: n for n in json.loads(floe(tmp_path, "status", "--json"))["nodes"]}
+
+
+def finish_exact(feeder):
+    client = feeder.finish_exact()
+    ring = client.refresh_ring()
+    client.close()
+    return ring

@@ -1,10 +1,7 @@
 """Real node processes on loopback ports, fed through the real client."""
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -17,10 +14,10 @@ from chaos.corpus import kjv_lines
 from floering.v1 import floe_pb2, floe_pb2_grpc
 from mapper import RingClient, split_words
 from node.core.codec import unpack_entries
+from tests.helpers import floe_run, wait_for
 
 pytestmark = pytest.mark.multiprocess
 
-ROOT = Path(__file__).resolve().parent.parent
 WORDS = [w for line in kjv_lines(6000) for w in split_words(line)]
 
 
@@ -29,14 +26,6 @@ def cluster(tmp_path):
     with LocalCluster.up(4, 1, workdir=tmp_path) as cluster:
         yield cluster
     assert not any(node.alive() for node in cluster.nodes)
-
-
-def wait_for(condition, timeout=10.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def test_corpus_counts_are_exact_and_resends_are_not_counted(cluster):
@@ -77,38 +66,31 @@ def test_every_replica_holds_a_complete_copy_after_a_checkpoint(cluster):
             assert inspect(ring.address(replica), token) == ("replica", primary)
 
 
-def floe(*args, cwd):
-    result = subprocess.run([sys.executable, "-m", "chaos.cli", *args], cwd=cwd,
-                            capture_output=True, text=True, timeout=120,
-                            env=dict(os.environ, PYTHONPATH=f"{ROOT}:{ROOT / 'proto'}"))
-    return result
-
-
 def test_cli_up_feed_query_status_down(tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(kjv_lines(2000)))
     expect = Counter(w for line in kjv_lines(2000) for w in split_words(line))
-    up = floe("up", "--nodes", "3", "--replicas", "1", cwd=tmp_path)
+    up = floe_run(tmp_path, "up", "--nodes", "3", "--replicas", "1")
     assert up.returncode == 0, up.stderr
     pids = [n["pid"] for n in json.loads((tmp_path / "floe-cluster.json").read_text())["nodes"]]
     try:
-        again = floe("up", "--nodes", "3", cwd=tmp_path)
+        again = floe_run(tmp_path, "up", "--nodes", "3")
         assert again.returncode == 1 and "still running" in again.stderr
-        feed = floe("feed", str(corpus), cwd=tmp_path)
+        feed = floe_run(tmp_path, "feed", str(corpus))
         assert feed.returncode == 0, feed.stderr
         assert f"fed {sum(expect.values())} words" in feed.stdout
-        get = floe("get", "lord", cwd=tmp_path)
+        get = floe_run(tmp_path, "get", "lord")
         assert get.stdout.strip() == str(expect["lord"])
-        top = floe("top", "3", cwd=tmp_path)
+        top = floe_run(tmp_path, "top", "3")
         assert [(int(c), expect[w]) for c, w in (l.split("\t") for l in top.stdout.splitlines())] \
             == [(c, c) for _, c in expect.most_common(3)]
-        status = json.loads(floe("status", "--json", cwd=tmp_path).stdout)
+        status = json.loads(floe_run(tmp_path, "status", "--json").stdout)
         assert sorted(n["pid"] for n in status["nodes"]) == sorted(int(p) for p in pids)
         assert sum(int(n["keys"]) for n in status["nodes"]) == len(expect)
-        table = floe("status", cwd=tmp_path).stdout
+        table = floe_run(tmp_path, "status").stdout
         assert table.splitlines()[0].split()[:3] == ["node", "address", "pid"]
     finally:
-        down = floe("down", cwd=tmp_path)
+        down = floe_run(tmp_path, "down")
     assert down.returncode == 0, down.stderr
     for pid in pids:
         assert not Path(f"/proc/{pid}").exists() or \

@@ -1,43 +1,18 @@
 """Elasticity on real processes: ranges move, nodes join and leave while a mapper
 streams, and the ring's counts equal an independent count of what flush() confirmed."""
 
-import json
-import os
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
 from chaos.cluster import LocalCluster
 from chaos.elastic import request_handoff
 from chaos.timeline import node_events
-from tests.helpers import Feeder, diff
+from tests.helpers import Feeder, diff, finish_exact, floe, status
 
 pytestmark = pytest.mark.multiprocess
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def floe(tmp_path, *args, timeout=120):
-    result = subprocess.run([sys.executable, "-m", "chaos.cli", *args], cwd=tmp_path,
-                            capture_output=True, text=True, timeout=timeout,
-                            env=dict(os.environ, PYTHONPATH=f"{ROOT}:{ROOT / 'proto'}"))
-    assert result.returncode == 0, result.stdout + result.stderr
-    return result.stdout
-
-
-def status(tmp_path):
-    return {n["node_id"]: n for n in json.loads(floe(tmp_path, "status", "--json"))["nodes"]}
-
-
-def finish_exact(feeder):
-    client = feeder.finish_exact()
-    ring = client.refresh_ring()
-    client.close()
-    return ring
 
 
 def test_floe_move_under_a_streaming_mapper(tmp_path):

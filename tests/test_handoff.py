@@ -1,50 +1,13 @@
 """The pure handoff protocol over in-process NodeCores: ranges move between live nodes
 while tuples keep arriving, and counts stay exact whoever dies along the way."""
 
-from collections import Counter
-
 import pytest
 
 from node.core.errors import InvalidArgument
 from node.core.handoff import Handoff, retired_extras
 from node.core.node_core import NodeCore
 from node.core.reducers import load_reducer
-from tests.helpers import CoreCluster, fail
-
-WORDS = [f"w{i % 97}" for i in range(3000)]
-
-
-def spread(c: CoreCluster, ring) -> None:
-    """Gossip: every core adopts `ring` (and the cluster's mapper routes with it)."""
-    for core in c.cores.values():
-        core.adopt_ring(ring)
-    c.ring = next(iter(c.cores.values())).ring
-
-
-def run(c: CoreCluster, handoff: Handoff, owner: str, feed, rounds: int = 10):
-    """Drive a handoff to its end as the runtime does, pushing between steps."""
-    spread(c, handoff.prepare(c.cores[owner], now=0.0))
-    for i in range(rounds):
-        feed()
-        c.checkpoint()
-        ring = handoff.step(c.cores[owner], now=float(i))
-        if ring is not None:
-            c.cores[owner].adopt_ring(ring)
-            spread(c, ring)
-        if handoff.state != "prepared":
-            return
-    raise AssertionError(f"handoff still {handoff.state} after {rounds} rounds")
-
-
-class Feed:
-    def __init__(self, c):
-        self.c, self.seq, self.sent = c, 1, Counter()
-
-    def __call__(self, n=300):
-        words = WORDS[self.seq % 2000:][:n]
-        self.c.push("m", words, first_seq=self.seq)
-        self.seq += len(words)
-        self.sent.update(words)
+from tests.helpers import CoreCluster, Feed, fail, run, spread
 
 
 def test_hand_a_range_to_the_first_replica_under_load():

@@ -13,15 +13,9 @@ from node.core.handoff import Handoff
 from node.core.hashing import HASH_SPACE, position
 from node.core.node_core import cut_ranges
 from node.core.ring import Ring
-from tests.helpers import CoreCluster, fail
-from tests.test_handoff import Feed, run, spread
+from tests.helpers import CoreCluster, Feed, fail, middle, run, spread
 
 WORDS = [f"w{i % 97}" for i in range(3000)]
-
-
-def middle(ring: Ring, token: int) -> int:
-    lo, hi = ring.range_of_token(token)
-    return (lo + Ring.range_size((lo, hi)) // 2) % HASH_SPACE
 
 
 # ------------------------------------------------------------------ the ring

@@ -10,9 +10,7 @@ import pytest
 from chaos.cluster import LocalCluster
 from chaos.elastic import request_handoff
 from node.core.ring import Ring
-from tests.test_elastic import finish_exact, floe, status
-from tests.helpers import Feeder
-from tests.test_split import middle
+from tests.helpers import Feeder, finish_exact, floe, middle, status
 
 pytestmark = pytest.mark.multiprocess
 
