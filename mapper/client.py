@@ -28,7 +28,8 @@ from node.core.batch import KEY_TYPES, encode_payload, encode_seqs
 from node.core.codec import pack, unpack, unpack_entries
 from node.core.errors import InvalidArgument, InvalidKey, Unavailable
 from node.core.ring import Ring
-from mapper.delivery import Delivery, PendingBatch
+from mapper.delivery import Delivery
+from mapper.outbox import PendingBatch
 from mapper.routing import Router
 from node.transport.status import error_from_rpc
 

@@ -1,27 +1,24 @@
 """The mapper's asyncio side: one Push stream per destination node, acks, resends.
 
-A batch is delivered when every destination of its token (primary + replicas) has
-acknowledged it. A stream that fails is reopened and its unacknowledged batches are
-resent in order; a stale-ring refusal or a dead node makes the client fetch the ring
-and re-route every undelivered batch to its token's current destinations. Resends
-carry the same (source, seq)s, so the nodes' dedup drops what they already applied.
+It carries out what the pure outbox (`mapper/outbox.py`) decides: which batch goes to
+which node, when a batch is delivered, how batches are fitted to a new ring. A stream
+that fails is reopened and its unacknowledged batches are resent in order; a
+stale-ring refusal or a dead node makes the client fetch the ring and re-route every
+undelivered batch. Resends carry the same (source, seq)s, so the nodes' dedup drops
+what they already applied.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
-
 import grpc
 
 from floering.v1 import floe_pb2, floe_pb2_grpc
-from node.core.batch import (decode_payload, decode_seqs, encode_payload, encode_seqs,
-                             group_by_part)
+from mapper.outbox import Outbox, PendingBatch
 from node.core.errors import FloeError, Unavailable
 from node.core.ring import Ring
 from node.transport.status import error_from_rpc
@@ -31,31 +28,6 @@ log = logging.getLogger("floe.mapper")
 STREAM_IDLE = 5.0           # seconds an idle Push stream stays open
 MESSAGE_BYTES = 2 << 20     # batches are packed into one message up to about this size
 RING_PATIENCE = 0.2         # seconds a ring refresh waits for slow nodes once one answered
-
-
-@dataclass(eq=False)
-class PendingBatch:
-    id: int
-    token: int
-    source: str
-    first_seq: int
-    last_seq: int
-    count: int
-    payload: bytes
-    seqs: bytes
-    born: float = 0.0                                   # monotonic time of its first emit
-    waiting_for: set[str] = field(default_factory=set)  # destinations yet to ack
-    tokens: tuple = ()        # the ring's tokens its keys were routed with
-    order: tuple = ()         # resend order, when a split made it a part of another batch
-
-    def sort_key(self) -> tuple:
-        return self.order or (self.id,)
-
-    def message(self, ring_version: int, stream: int) -> floe_pb2.Batch:
-        return floe_pb2.Batch(ring_version=ring_version, token=self.token, source=self.source,
-                              first_seq=self.first_seq, last_seq=self.last_seq,
-                              count=self.count, payload=self.payload, seqs=self.seqs,
-                              id=self.id, stream=stream)
 
 
 class NodeSender:
@@ -129,7 +101,7 @@ class NodeSender:
                     while self.queue and len(self.inflight) < d.window and size < MESSAGE_BYTES:
                         batch = self.queue.popleft()
                         self.inflight.append(batch)
-                        batches.append(batch.message(d.ring.stamp, stream))
+                        batches.append(to_message(batch, d.ring.stamp, stream))
                         size += len(batch.payload) + len(batch.seqs)
                     await call.write(floe_pb2.PushRequest(batches=batches))
                 self.wakeup.clear()
@@ -192,7 +164,7 @@ class Delivery:
         self.reducer = ""
         self.channels: dict[str, grpc.aio.Channel] = {}
         self.senders: dict[str, NodeSender] = {}
-        self.undelivered: dict[int, PendingBatch] = {}
+        self.outbox = Outbox()
         self.fatal: FloeError | None = None
         self.changed = threading.Condition()   # the user thread waits on it in flush()
         self._refreshing: asyncio.Task | None = None
@@ -202,8 +174,11 @@ class Delivery:
         self.latencies: deque[tuple[float, int]] = deque(maxlen=100_000)
         self.last_progress = time.monotonic()
         self._streams = 0
-        self._part_ids = itertools.count(1 << 48)   # ids of batches a split cut in parts
         self._wire = b""                             # our ring as a node sent it
+
+    @property
+    def undelivered(self) -> dict[int, PendingBatch]:
+        return self.outbox.undelivered
 
     def next_stream(self) -> int:
         # Wall-clock microseconds, never less than the previous number + 1: stream
@@ -296,46 +271,7 @@ class Delivery:
             sender.task.cancel()
             sender.take_all()
         self.senders.clear()
-        for batch in self._fitted(ring):
-            self._route(batch)
-
-    def _fitted(self, ring: Ring) -> list[PendingBatch]:
-        """Undelivered batches in resend order, fitted to `ring`: cut by key where a
-        split added tokens; and where parts meet again in one token (the split died
-        with its node before anyone else learnt it), merged, so that each token's
-        batches still carry increasing, disjoint seqs (dedup keeps one watermark)."""
-        batches: list[PendingBatch] = []
-        for batch in sorted(self.undelivered.values(), key=PendingBatch.sort_key):
-            if batch.tokens is not ring.tokens and batch.tokens != ring.tokens:
-                batches += self._resplit(batch, ring) or [batch]
-            else:
-                batches.append(batch)
-        per_token: dict[int, list[PendingBatch]] = {}
-        for batch in batches:
-            stack = per_token.setdefault(batch.token, [])
-            while stack and stack[-1].source == batch.source and \
-                    batch.first_seq <= stack[-1].last_seq:
-                batch = self._merge(stack.pop(), batch, ring)
-            stack.append(batch)
-        return sorted((b for stack in per_token.values() for b in stack),
-                      key=PendingBatch.sort_key)
-
-    def _merge(self, a: PendingBatch, b: PendingBatch, ring: Ring) -> PendingBatch:
-        tuples = {}
-        for batch in (a, b):
-            keys, values = decode_payload(batch.payload, batch.count)
-            seqs = decode_seqs(batch.first_seq, batch.last_seq, batch.count, batch.seqs)
-            tuples.update(zip(seqs, zip(keys, values)))
-        seqs = sorted(tuples)
-        merged = PendingBatch(next(self._part_ids), a.token, a.source, seqs[0], seqs[-1],
-                              len(seqs), encode_payload([tuples[s][0] for s in seqs],
-                                                        [tuples[s][1] for s in seqs]),
-                              encode_seqs(seqs), min(a.born, b.born), tokens=ring.tokens,
-                              order=min(a.sort_key(), b.sort_key()))
-        self.undelivered.pop(a.id, None)
-        self.undelivered.pop(b.id, None)
-        self.undelivered[merged.id] = merged
-        return merged
+        self._send(self.outbox.reroute(ring))
 
     def check_progress(self, stall: float = 0.5) -> None:
         """Called periodically: batches waiting with no ack for `stall` seconds make
@@ -388,61 +324,26 @@ class Delivery:
         with self.changed:
             self.fatal = self.fatal or exc
             if sender is not None and sender.queue:
-                bad = sender.queue.popleft()
-                self.undelivered.pop(bad.id, None)
+                self.outbox.drop(sender.queue.popleft())
             self.changed.notify_all()
 
     # ------------------------------------------------------------- batches
 
     def submit(self, batch: PendingBatch) -> None:
-        self.undelivered[batch.id] = batch
-        self._route(batch)
+        self._send(self.outbox.add(batch, self.ring))
 
-    def _route(self, batch: PendingBatch) -> None:
+    def _send(self, sends) -> None:
         ring = self.ring
-        if batch.tokens is not ring.tokens and batch.tokens != ring.tokens:
-            parts = self._resplit(batch, ring)
-            if parts is not None:
-                for part in parts:
-                    self._route(part)
-                return
-        destinations = ring.destinations(batch.token)
-        batch.waiting_for = set(destinations)
-        for node in destinations:
-            sender = self.senders.get(node)
-            if sender is None:
-                sender = self.senders[node] = NodeSender(self, node, ring.address(node))
-            sender.enqueue(batch)
-
-    def _resplit(self, batch: PendingBatch, ring: Ring) -> list[PendingBatch] | None:
-        """A batch sealed before the ring was cut may hold keys of several ranges now:
-        split it by key into one batch per token, seqs kept (dedup stays exact: every
-        part of a range inherits its watermarks). None when it still fits one token."""
-        batch.tokens = ring.tokens
-        try:
-            keys, values = decode_payload(batch.payload, batch.count)
-            seqs = decode_seqs(batch.first_seq, batch.last_seq, batch.count, batch.seqs)
-            tokens = [ring.token_for_key(k) for k in keys]
-        except FloeError:
-            return None            # the nodes refuse it as they would have anyway
-        if all(t == tokens[0] for t in tokens):
-            batch.token = tokens[0]
-            return None
-        grouped = group_by_part(tokens, keys, values, seqs)
-        self.undelivered.pop(batch.id, None)
-        parts = []
-        for i, (token, (k, v, s)) in enumerate(sorted(grouped.items())):
-            part = PendingBatch(next(self._part_ids), token, batch.source, s[0], s[-1], len(s),
-                                encode_payload(k, v), encode_seqs(s), batch.born,
-                                tokens=ring.tokens, order=batch.sort_key() + (i,))
-            self.undelivered[part.id] = part
-            parts.append(part)
-        return parts
+        for batch, destinations in sends:
+            for node in destinations:
+                sender = self.senders.get(node)
+                if sender is None:
+                    sender = self.senders[node] = NodeSender(self, node, ring.address(node))
+                sender.enqueue(batch)
 
     def acked(self, batch: PendingBatch, node: str) -> None:
-        batch.waiting_for.discard(node)
         self.last_progress = time.monotonic()
-        if not batch.waiting_for and self.undelivered.pop(batch.id, None) is not None:
+        if self.outbox.acked(batch, node):
             self.latencies.append((time.monotonic() - batch.born, batch.count))
             with self.changed:
                 self.changed.notify_all()
@@ -466,3 +367,10 @@ class Delivery:
         for channel in self.channels.values():
             await channel.close()
         self.channels.clear()
+
+
+def to_message(batch: PendingBatch, ring_stamp: int, stream: int) -> floe_pb2.Batch:
+    return floe_pb2.Batch(ring_version=ring_stamp, token=batch.token, source=batch.source,
+                          first_seq=batch.first_seq, last_seq=batch.last_seq,
+                          count=batch.count, payload=batch.payload, seqs=batch.seqs,
+                          id=batch.id, stream=stream)

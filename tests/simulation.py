@@ -1,4 +1,4 @@
-"""Deterministic simulation: NodeCores (production code) over a seeded in-memory
+"""Deterministic simulation: NodeCores and the mapper's Outbox (production code) over a seeded in-memory
 network with a virtual clock, simulated mappers, kills, pauses, starved (slow) nodes
 and message loss. Failure detection is the production FailureDetector; probes end as
 the real transport's do: refused by a killed node, timed out for a paused or cut-off
@@ -15,9 +15,10 @@ from __future__ import annotations
 import heapq
 import random
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
-from node.core.batch import encode_payload, encode_seqs
+from mapper.outbox import Outbox, PendingBatch
+from node.core.batch import decode_payload, encode_payload, encode_seqs
 from node.core.detector import (ALIVE, DEAD, REFUSED, TIMED_OUT, DetectorConfig,
                                 FailureDetector, combine, indirect_via)
 from node.core.errors import FloeError, InvalidArgument
@@ -44,22 +45,6 @@ class SimNode:
     handoff: Handoff | None = None
     leaving: bool = False
     incarnation: int = 0
-
-
-@dataclass
-class Batch:
-    id: int
-    source: str
-    token: int
-    keys: list
-    seqs: list
-    waiting: set = field(default_factory=set)
-    stamp: int = 0
-    sent_at: float = 0.0
-    order: tuple = ()          # resend order of a part of a batch a split cut
-
-    def sort_key(self) -> tuple:
-        return self.order or (self.id,)
 
 
 class Simulation:
@@ -96,7 +81,10 @@ class Simulation:
         self.mapper_ring = ring
         self.next_seq = 1
         self.batch_ids = 0
-        self.undelivered: dict[int, Batch] = {}
+        # The production outbox: which batch goes where, when one is delivered, how
+        # batches are fitted to a new ring. The simulation only carries the messages.
+        self.outbox = Outbox()
+        self.routed: dict[int, tuple[int, float]] = {}   # batch id -> (ring stamp, sent at)
         self.acked = Counter()
         self.sent = Counter()
         self.log: list[str] = []
@@ -427,6 +415,10 @@ class Simulation:
 
     # ----------------------------------------------------------------- mapper
 
+    @property
+    def undelivered(self) -> dict:
+        return self.outbox.undelivered
+
     def emit(self, keys: list[str]) -> None:
         by_token = defaultdict(lambda: ([], []))
         for key in keys:
@@ -437,22 +429,21 @@ class Simulation:
             self.sent[key] += 1
         for token, (k, s) in by_token.items():
             self.batch_ids += 1
-            batch = Batch(self.batch_ids, "m", token, k, s)
-            self.undelivered[batch.id] = batch
-            self._route(batch)
+            batch = PendingBatch(self.batch_ids, token, "m", s[0], s[-1], len(s),
+                                 encode_payload(k, [1] * len(k)), encode_seqs(s),
+                                 tokens=self.mapper_ring.tokens)
+            self._send_batches(self.outbox.add(batch, self.mapper_ring))
 
-    def _route(self, batch: Batch) -> None:
+    def _send_batches(self, sends) -> None:
         ring = self.mapper_ring
-        batch.waiting = set(ring.destinations(batch.token))
-        batch.stamp = ring.stamp
-        batch.sent_at = self.now
-        fields = dict(ring_version=ring.stamp, token=batch.token, source=batch.source,
-                      first_seq=batch.seqs[0], last_seq=batch.seqs[-1], count=len(batch.seqs),
-                      payload=encode_payload(batch.keys, [1] * len(batch.keys)),
-                      seqs=encode_seqs(batch.seqs))
-        for dest in sorted(batch.waiting):
-            self.send("m", dest, self._node_receive, dest, batch.id, batch.stamp,
-                      dict(fields, stream=self.streams[("m", dest)]))
+        for batch, destinations in sends:
+            self.routed[batch.id] = (ring.stamp, self.now)
+            fields = dict(ring_version=ring.stamp, token=batch.token, source=batch.source,
+                          first_seq=batch.first_seq, last_seq=batch.last_seq,
+                          count=batch.count, payload=batch.payload, seqs=batch.seqs)
+            for dest in sorted(destinations):
+                self.send("m", dest, self._node_receive, dest, batch.id, ring.stamp,
+                          dict(fields, stream=self.streams[("m", dest)]))
 
     def _node_receive(self, name, batch_id, stamp, fields) -> None:
         try:
@@ -467,71 +458,32 @@ class Simulation:
         self.send(name, "m", self._mapper_ack, batch_id, name, stamp)
 
     def _mapper_ack(self, batch_id, node, stamp) -> None:
-        batch = self.undelivered.get(batch_id)
-        if batch is None or batch.stamp != stamp:
+        batch = self.outbox.undelivered.get(batch_id)
+        # an ack for a batch routed with an older ring: its stream is gone in the client
+        if batch is None or self.routed[batch_id][0] != stamp:
             return
-        batch.waiting.discard(node)
-        if not batch.waiting:
-            del self.undelivered[batch_id]
-            self.acked.update(batch.keys)
+        if self.outbox.acked(batch, node):
+            self.acked.update(decode_payload(batch.payload, batch.count)[0])
 
     def _mapper_refused(self, ring: Ring) -> None:
         self.refresh_mapper()
 
     def refresh_mapper(self) -> None:
-        """Like RingClient: newest ring among reachable nodes, re-route everything."""
+        """As the client does: newest ring among reachable nodes; the outbox fits and
+        re-routes everything undelivered."""
         views = [n.core.ring for name, n in self.nodes.items() if self.usable(name)]
         if not views:
             return
         best = max(views, key=lambda r: r.version)
         for node in list(self.nodes):
             self.reconnect("m", node)
-        if best.stamp != self.mapper_ring.stamp:
-            if best.tokens != self.mapper_ring.tokens:
-                self._resplit(best)
-            self.mapper_ring = best
-        for batch in self._fitted():
-            self._route(batch)
-
-    def _fitted(self) -> list:
-        """Like RingClient: parts of batches that meet again in one token (a split that
-        died with its node) are merged, so a token's batches keep disjoint seqs."""
-        per_token: dict = {}
-        for batch in sorted(self.undelivered.values(), key=Batch.sort_key):
-            stack = per_token.setdefault(batch.token, [])
-            while stack and batch.seqs[0] <= stack[-1].seqs[-1]:
-                prev = stack.pop()
-                pairs = sorted(dict(zip(prev.seqs + batch.seqs, prev.keys + batch.keys)).items())
-                del self.undelivered[prev.id], self.undelivered[batch.id]
-                self.batch_ids += 1
-                batch = Batch(self.batch_ids, batch.source, batch.token, [k for _, k in pairs],
-                              [q for q, _ in pairs], order=min(prev.sort_key(), batch.sort_key()))
-                self.undelivered[batch.id] = batch
-            stack.append(batch)
-        return sorted((b for stack in per_token.values() for b in stack), key=Batch.sort_key)
-
-    def _resplit(self, ring: Ring) -> None:
-        """Like RingClient: a batch whose keys a split spread over several tokens is
-        cut into one batch per token, seqs kept."""
-        for batch in list(self.undelivered.values()):
-            groups = defaultdict(lambda: ([], []))
-            for key, seq in zip(batch.keys, batch.seqs):
-                k, q = groups[ring.token_for_key(key)]
-                k.append(key)
-                q.append(seq)
-            if len(groups) == 1:
-                batch.token = next(iter(groups))
-                continue
-            del self.undelivered[batch.id]
-            for i, (token, (k, q)) in enumerate(sorted(groups.items())):
-                self.batch_ids += 1
-                part = Batch(self.batch_ids, batch.source, token, k, q,
-                             order=batch.sort_key() + (i,))
-                self.undelivered[part.id] = part
+        self.mapper_ring = best
+        self._send_batches(self.outbox.reroute(best))
 
     def mapper_tick(self) -> None:
         self.at(self.now + 0.1, self.mapper_tick)
-        stalled = [b for b in self.undelivered.values() if self.now - b.sent_at > ACK_TIMEOUT]
+        stalled = [b for b in self.undelivered.values()
+                   if self.now - self.routed[b.id][1] > ACK_TIMEOUT]
         if stalled:
             self.refresh_mapper()
 

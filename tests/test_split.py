@@ -246,7 +246,7 @@ def test_split_then_hand_the_tail_to_the_neighbour_under_load():
 
 
 def test_mapper_cuts_a_batch_sealed_before_a_split_into_one_batch_per_token():
-    from mapper.delivery import Delivery, PendingBatch
+    from mapper.outbox import Outbox, PendingBatch
     from mapper.routing import Router
     ring = Ring.initial({"a": "h:1", "b": "h:2"}, 1, 2)
     keys = [f"k{i}" for i in range(200)]
@@ -257,9 +257,9 @@ def test_mapper_cuts_a_batch_sealed_before_a_split_into_one_batch_per_token():
                          encode_payload(keys, [1] * len(keys)), encode_seqs(seqs),
                          tokens=ring.tokens)
     split = ring.split_token(token, middle(ring, token))
-    d = Delivery(["h:1"], 8, 1.0, None)
+    d = Outbox()
     d.undelivered[batch.id] = batch
-    parts = d._resplit(batch, split)
+    parts = d.resplit(batch, split)
     assert parts is not None and len(parts) == 2
     assert set(d.undelivered) == {p.id for p in parts} and batch.id not in d.undelivered
     got = []
@@ -279,7 +279,7 @@ def test_mapper_cuts_a_batch_sealed_before_a_split_into_one_batch_per_token():
     head = [k for k in keys if split.token_for_key(k) != token]
     whole = PendingBatch(7, token, "src", 1, len(head), len(head),
                          encode_payload(head, [1] * len(head)), b"", tokens=ring.tokens)
-    assert d._resplit(whole, split) is None and whole.token == split.token_for_key(head[0])
+    assert d.resplit(whole, split) is None and whole.token == split.token_for_key(head[0])
     # the router drops its cache when a split adds a token, not otherwise
     router = Router(ring)
     router.token(keys[0])
@@ -363,22 +363,22 @@ def test_mapper_merges_parts_again_when_the_split_died_with_its_node():
     """The mapper learnt a split that its node took to the grave: the survivors' ring
     has no such token, so the parts meet again in one range and must be merged, or
     the later part's seqs would be taken for duplicates."""
-    from mapper.delivery import Delivery, PendingBatch
+    from mapper.outbox import Outbox, PendingBatch
     ring = Ring.initial({"a": "h:1", "b": "h:2"}, 1, 2)
     token = ring.tokens[1]
     keys = [k for k in (f"k{i}" for i in range(300)) if ring.token_for_key(k) == token]
     seqs = list(range(1, len(keys) + 1))
     split = ring.split_token(token, middle(ring, token))
-    d = Delivery(["h:1"], 8, 1.0, None)
+    d = Outbox()
     first = PendingBatch(1, token, "src", 1, len(keys), len(keys),
                          encode_payload(keys, [1] * len(keys)), encode_seqs(seqs),
                          tokens=ring.tokens)
     later = PendingBatch(2, token, "src", len(keys) + 1, len(keys) + 1, 1,
                          encode_payload([keys[0]], [1]), b"", tokens=ring.tokens)
     d.undelivered = {1: first, 2: later}
-    assert len(d._fitted(split)) == 3                        # first cut in two, later whole
+    assert len(d.fitted(split)) == 3                        # first cut in two, later whole
     survivors = ring.without(["a"])
-    fitted = d._fitted(survivors)
+    fitted = d.fitted(survivors)
     assert [b.token for b in fitted] == [token, token]
     merged, last = fitted
     assert (merged.first_seq, merged.last_seq, merged.count) == (1, len(keys), len(keys))
