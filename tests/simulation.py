@@ -1,5 +1,5 @@
-"""Deterministic simulation: NodeCores and the mapper's Outbox (production code) over a seeded in-memory
-network with a virtual clock, simulated mappers, kills, pauses, starved (slow) nodes
+"""Deterministic simulation: NodeCores and the mapper's Outbox (production code) over a
+seeded in-memory network with a virtual clock, kills, pauses, starved (slow) nodes
 and message loss. Failure detection is the production FailureDetector; probes end as
 the real transport's do: refused by a killed node, timed out for a paused or cut-off
 one, answered late by a starved one.
