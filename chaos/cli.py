@@ -143,7 +143,7 @@ def cmd_top(args) -> int:
 
 
 def cmd_move(args) -> int:
-    from chaos.elastic import move, parse_position
+    from mapper.admin import move, parse_position
     with _client(args) as client:
         ring = client.refresh_ring()
     print(move(ring, args.node, parse_position(args.to), timeout=args.timeout))
@@ -151,7 +151,7 @@ def cmd_move(args) -> int:
 
 
 def cmd_split(args) -> int:
-    from chaos.elastic import parse_position, split
+    from mapper.admin import parse_position, split
     with _client(args) as client:
         ring = client.refresh_ring()
     print(split(ring, parse_position(args.position), args.to, timeout=args.timeout))
@@ -167,7 +167,7 @@ def _range_loads(rows) -> dict[str, dict[int, float]]:
 
 
 def cmd_scale(args) -> int:
-    from chaos.elastic import carry_out, plan_scale_out
+    from mapper.admin import carry_out, plan_scale_out
     cluster = LocalCluster.load(args.cluster_file)
     if args.auto:
         from chaos.elastic import autoscale_loop

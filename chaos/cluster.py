@@ -135,7 +135,7 @@ class LocalCluster:
     def add_nodes(self, count: int, *, tokens_per_node: int = 8, ready_timeout: float = 30.0,
                   host: str = "127.0.0.1") -> list[NodeProcess]:
         """Start `count` new node processes that join the running ring with no ranges
-        (give them ranges with chaos.elastic.carry_out)."""
+        (give them ranges with mapper.admin.carry_out)."""
         if count < 1:
             raise ValueError("add at least one node")
         seeds = ",".join(n.address for n in self.nodes if n.alive())
@@ -168,7 +168,7 @@ class LocalCluster:
     def remove(self, node_id: str, timeout: float = 60.0) -> None:
         """Scale-in: the node hands every range to its first replica, leaves the ring
         and exits by itself; we wait for the exit and forget it."""
-        from chaos.elastic import request_handoff
+        from mapper.admin import request_handoff
         node = self.node(node_id)
         reply = request_handoff(node.address, [], leave=True, timeout=timeout)
         if not reply.accepted:
@@ -189,7 +189,7 @@ class LocalCluster:
         Graceful: it first leaves the ring (hands every range to its first replica).
         Otherwise SIGKILL: its ranges are taken over as after a crash. Either way the
         new process holds no state and joins as a new member (`node.core.membership`);
-        give it ranges with chaos.elastic.carry_out."""
+        give it ranges with mapper.admin.carry_out."""
         node = self.node(node_id)
         if not node.cmd:
             raise RuntimeError(f"{node_id} was recorded without its command line; "

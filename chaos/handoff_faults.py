@@ -99,7 +99,7 @@ class _Call(threading.Thread):
 def kill_mid_handoff(cluster: LocalCluster, p: PlannedFault, timeout: float = 30.0) -> Injected:
     """Start the planned handoff, SIGKILL the victim once the watched giver's handoff
     is in flight, wait for the operator calls to return; the detail records it all."""
-    from chaos.elastic import request_handoff
+    from mapper.admin import request_handoff
     givers = givers_of(p)
     offsets = {g: _size(cluster.node(g).events) for g in givers}
     detail: dict = {"handoff": p.handoff, "side": "giver" if p.victims[0] == p.watch

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 
 from chaos.cluster import LocalCluster
-from chaos.elastic import carry_out, plan_scale_out
+from mapper.admin import carry_out, plan_scale_out
 
 
 def member_at(address: str, seeds: list[str], timeout: float) -> str:

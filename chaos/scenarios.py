@@ -275,11 +275,11 @@ def plan_handoff(scenario: Scenario, fault: Fault, live: list[str], ring: Ring,
     move: `count` of the giver's ranges go to its clockwise neighbour (already their
     first replica; the neighbour's own replica becomes the extra copy).
     scale-out: a new node (the next free id, as LocalCluster.add_nodes names it)
-    joins and takes ranges by chaos.elastic.plan_scale_out; the giver is one of the
+    joins and takes ranges by mapper.admin.plan_scale_out; the giver is one of the
     donors, the receiver is the new node.
     scale-in: the giver leaves, handing every range to its first replica (the
     receiver), exactly as Node.leave does."""
-    from chaos.elastic import plan_scale_out
+    from mapper.admin import plan_scale_out
     if scenario.replicas < 1:
         raise ValueError(f"{scenario.name}: a kill during a handoff needs r >= 1, or the "
                          f"victim's ranges have no other copy")

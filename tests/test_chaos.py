@@ -157,7 +157,7 @@ def test_a_move_goes_to_the_givers_clockwise_neighbour_and_kills_one_side(seed):
 
 
 def test_a_scale_out_plans_the_new_node_and_donors_like_floe_scale():
-    from chaos.elastic import plan_scale_out
+    from mapper.admin import plan_scale_out
     ring = node_ring(4, 1)
     (p,), = plan(handoff_fault("scale-out", "receiver"), 3)
     assert p.newcomer == "n4" and p.victims == ("n4",) and p.ranges == (("n4", ()),)

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from chaos.cluster import LocalCluster
-from chaos.elastic import request_handoff
+from mapper.admin import request_handoff
 from chaos.timeline import node_events
 from tests.helpers import Feeder, diff, finish_exact, floe, status
 

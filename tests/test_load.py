@@ -83,7 +83,7 @@ def test_autoscale_adds_when_all_overloaded_and_removes_idle_neighbours():
 
 
 def test_scale_out_plan_takes_the_busiest_ranges_from_the_fullest_nodes():
-    from chaos.elastic import plan_scale_out
+    from mapper.admin import plan_scale_out
     ring = Ring.initial({"a": "h:1", "b": "h:2", "c": "h:3"}, 1, 4).add_node("d", "h:4", ())
     hot = ring.tokens_of("b")[2]
     plan = plan_scale_out(ring, ["d"], {"b": {hot: 5000.0}})

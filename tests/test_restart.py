@@ -140,7 +140,7 @@ def test_restart_by_sigterm_with_leave_on_sigterm_hands_everything_over(tmp_path
             name = member_at(fresh.address, seeds, 30)
             with RingClient(seeds, timeout=30) as client:
                 ring = client.refresh_ring()
-            from chaos.elastic import carry_out, plan_scale_out
+            from mapper.admin import carry_out, plan_scale_out
             carry_out(ring, plan_scale_out(ring, [name]), timeout=30)
             wait_replicated(seeds, 30)
         with RingClient([n.address for n in cluster.nodes], timeout=30) as client:

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from chaos.cluster import LocalCluster
-from chaos.elastic import request_handoff
+from mapper.admin import request_handoff
 from node.core.ring import Ring
 from tests.helpers import Feeder, finish_exact, floe, middle, status
 

@@ -590,6 +590,7 @@ class NodeRuntime:
         Returns the finished Handoff: committed, or aborted with a reason."""
         timeout = timeout or max(10.0, 20 * self.config.checkpoint_interval)
         async with self._handoff_lock:
+            await self._settle_extras(moves, time.monotonic() + min(timeout, 5.0))
             core = self.core
             h = Handoff(core.node_id, dict(moves), deadline=time.monotonic() + timeout)
             started = time.monotonic()
@@ -622,6 +623,15 @@ class NodeRuntime:
                                    to=sorted(set(moves.values())), reason=h.reason)
                 log.warning("handoff aborted: %s", h.reason)
             return h
+
+    async def _settle_extras(self, moves: dict[int, str], until: float) -> None:
+        """A range still keeping its former holders as extras (another node's handoff
+        just committed next to it) cannot be handed on yet; they retire once our
+        checkpoints have filled its new replicas, so run rounds until then."""
+        while any(self.core.ring.has_token(t) and self.core.ring.extras_of(t) for t in moves) \
+                and time.monotonic() < until and not self.core.fenced:
+            await self.checkpoint_once()
+            await asyncio.sleep(0.02)
 
     async def split_range(self, position: int) -> tuple[int, int]:
         """Cut our range holding `position` at it (a ring change on this node, told to
