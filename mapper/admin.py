@@ -21,12 +21,18 @@ def request_handoff(address: str, tokens, target: str = "", *, leave: bool = Fal
     its range at `split_at` and hand the tail to `target`); returns once the handoff
     committed or was aborted."""
     with grpc.insecure_channel(address) as channel:
+        stub = floe_pb2_grpc.ControlPlaneStub(channel)
         try:
-            return floe_pb2_grpc.ControlPlaneStub(channel).Handoff(
-                floe_pb2.HandoffRequest(sender="operator", tokens=list(tokens), target=target,
-                                        leave=leave, timeout=timeout,
-                                        split=split_at is not None, split_at=split_at or 0),
-                timeout=timeout + 5)
+            if leave:
+                return stub.Leave(floe_pb2.LeaveRequest(sender="operator", timeout=timeout),
+                                  timeout=timeout + 5)
+            if split_at is not None:
+                return stub.Split(floe_pb2.SplitRequest(sender="operator", at=split_at,
+                                                        target=target, timeout=timeout),
+                                  timeout=timeout + 5)
+            return stub.Move(floe_pb2.MoveRequest(sender="operator", tokens=list(tokens),
+                                                  target=target, timeout=timeout),
+                             timeout=timeout + 5)
         except grpc.RpcError as exc:
             raise error_from_rpc(exc) from None
 

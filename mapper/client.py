@@ -338,7 +338,7 @@ class RingClient:
 
         async def call(ring: Ring):
             stub = self._delivery.query_stub(ring.address(ring.owner(key)))
-            return await stub.Get(floe_pb2.GetRequest(key=pack(key), ring_version=ring.version),
+            return await stub.Get(floe_pb2.GetRequest(key=pack(key)),
                                   timeout=self.rpc_timeout)
 
         reply = self._query(call)
@@ -363,7 +363,7 @@ class RingClient:
             async def one(address):
                 stub = self._delivery.query_stub(address)
                 return [chunk.entries async for chunk in stub.Scan(
-                    floe_pb2.ScanRequest(ring_version=ring.stamp),
+                    floe_pb2.ScanRequest(ring_stamp=ring.stamp),
                     timeout=max(self.rpc_timeout, 30.0))]
             return await asyncio.gather(*(one(a) for _, a in ring.addresses))
         for per_node in self._query(call):

@@ -370,7 +370,7 @@ class Delivery:
 
 
 def to_message(batch: PendingBatch, ring_stamp: int, stream: int) -> floe_pb2.Batch:
-    return floe_pb2.Batch(ring_version=ring_stamp, token=batch.token, source=batch.source,
+    return floe_pb2.Batch(ring_stamp=ring_stamp, token=batch.token, source=batch.source,
                           first_seq=batch.first_seq, last_seq=batch.last_seq,
                           count=batch.count, payload=batch.payload, seqs=batch.seqs,
                           id=batch.id, stream=stream)

@@ -27,7 +27,7 @@ async def node():
 
 
 def batch(ring_version, token, payload, count, first=1, source="t", **kw):
-    return floe_pb2.Batch(ring_version=ring_version, token=token, source=source,
+    return floe_pb2.Batch(ring_stamp=ring_version, token=token, source=source,
                           first_seq=first, last_seq=first + count - 1, count=count,
                           payload=payload, id=kw.pop("id", 1), **kw)
 

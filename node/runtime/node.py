@@ -241,7 +241,7 @@ class NodeRuntime:
         started = mark = time.monotonic()
         try:
             for b in item.batches:
-                result = core.receive_batch(b.ring_version, b.token, b.source, b.first_seq,
+                result = core.receive_batch(b.ring_stamp, b.token, b.source, b.first_seq,
                                             b.last_seq, b.count, b.payload, b.seqs,
                                             b.stream)
                 acks.append((b.id, result))
@@ -262,7 +262,7 @@ class NodeRuntime:
             item.stream.failed = True
             if not item.done.done():
                 item.done.set_exception(exc)
-            if isinstance(exc, StaleRing) and Ring.version_of_stamp(b.ring_version) >= core.ring.version:
+            if isinstance(exc, StaleRing) and Ring.version_of_stamp(b.ring_stamp) >= core.ring.version:
                 self.sync_ring()   # a mapper knows a newer ring than we do
         except Exception as exc:  # a reducer bug must not kill the node
             log.exception("batch %s from %s failed", b.id, b.source)
@@ -297,7 +297,7 @@ class NodeRuntime:
         async def ship(s):
             try:
                 need_full, seq = await self.peers.ship_checkpoint(
-                    ring.address(s.replica), sender=core.node_id, ring_version=ring.stamp,
+                    ring.address(s.replica), sender=core.node_id, ring_stamp=ring.stamp,
                     incarnation=self.incarnation, checkpoint=s.checkpoint,
                     base_seq=s.base_seq)
             except FloeError as exc:
@@ -430,12 +430,12 @@ class NodeRuntime:
         """Any message from `node` (or answer): clears a suspicion of it."""
         self.detector.heard(node, time.monotonic())
 
-    def heard_from(self, node: str, ring_version: int, address: str | None = None,
+    def heard_from(self, node: str, ring_stamp: int, address: str | None = None,
                    incarnation: int = 0) -> None:
         if self._restarted(node, incarnation):
             return
         self.sign_of_life(node)
-        if ring_version != self.core.ring.stamp:
+        if ring_stamp != self.core.ring.stamp:
             self.sync_ring(address or self._address_of(node))
 
     def _restarted(self, node: str, incarnation: int) -> bool:
@@ -473,7 +473,7 @@ class NodeRuntime:
     async def _heartbeat(self, node: str, address: str, version: int) -> None:
         try:
             theirs, incarnation = await self.peers.heartbeat(
-                address, sender=self.core.node_id, ring_version=version,
+                address, sender=self.core.node_id, ring_stamp=version,
                 incarnation=self.incarnation, timeout=self.config.heartbeat_interval * 4)
         except FloeError as exc:
             if isinstance(exc, (StaleRing, Fenced)):
@@ -516,7 +516,7 @@ class NodeRuntime:
             nonlocal failure
             try:
                 _, incarnation = await self.peers.heartbeat(
-                    address, sender=core.node_id, ring_version=ring.stamp,
+                    address, sender=core.node_id, ring_stamp=ring.stamp,
                     incarnation=self.incarnation, timeout=probe.deadline)
             except (Refused, Fenced) as exc:
                 failure = f": {exc}"
@@ -574,7 +574,7 @@ class NodeRuntime:
             return False
         try:
             _, incarnation = await self.peers.heartbeat(
-                address, sender=self.core.node_id, ring_version=self.core.ring.stamp,
+                address, sender=self.core.node_id, ring_stamp=self.core.ring.stamp,
                 incarnation=self.incarnation, timeout=timeout)
         except FloeError:
             return False

@@ -40,10 +40,10 @@ class PeerPool:
     def _control(self, address: str) -> floe_pb2_grpc.ControlPlaneStub:
         return floe_pb2_grpc.ControlPlaneStub(self._channel(address))
 
-    async def ship_checkpoint(self, address: str, *, sender: str, ring_version: int,
+    async def ship_checkpoint(self, address: str, *, sender: str, ring_stamp: int,
                               checkpoint, base_seq: int, incarnation: int = 0) -> tuple[bool, int]:
         request = floe_pb2.CheckpointFragment(
-            sender=sender, ring_version=ring_version, incarnation=incarnation,
+            sender=sender, ring_stamp=ring_stamp, incarnation=incarnation,
             token=checkpoint.token,
             checkpoint_seq=checkpoint.seq, base_seq=base_seq, full=checkpoint.full,
             states=pack_entries(checkpoint.states), watermarks=pack(checkpoint.watermarks))
@@ -53,17 +53,17 @@ class PeerPool:
             raise error_from_rpc(exc) from None
         return reply.need_full, reply.checkpoint_seq
 
-    async def heartbeat(self, address: str, *, sender: str, ring_version: int,
+    async def heartbeat(self, address: str, *, sender: str, ring_stamp: int,
                         incarnation: int = 0, timeout: float | None = None) -> tuple[int, int]:
         """Returns the peer's ring stamp and its process incarnation."""
         try:
             reply = await self._control(address).Heartbeat(
-                floe_pb2.HeartbeatRequest(sender=sender, ring_version=ring_version,
+                floe_pb2.HeartbeatRequest(sender=sender, ring_stamp=ring_stamp,
                                           incarnation=incarnation),
                 timeout=timeout or self.timeout)
         except grpc.RpcError as exc:
             raise error_from_rpc(exc) from None
-        return reply.ring_version, reply.incarnation
+        return reply.ring_stamp, reply.incarnation
 
     async def probe(self, address: str, target: str, timeout: float) -> bool:
         """Ask the node at `address` whether it can reach `target`."""
@@ -85,8 +85,8 @@ class PeerPool:
         """Ask a neighbour to shed its own load first (empty Handoff request); returns
         whether it moved ranges, and what it did."""
         try:
-            reply = await self._control(address).Handoff(
-                floe_pb2.HandoffRequest(sender=sender, ring_version=depth), timeout=30.0)
+            reply = await self._control(address).RequestShed(
+                floe_pb2.ShedRequest(sender=sender, depth=depth), timeout=30.0)
         except grpc.RpcError as exc:
             raise error_from_rpc(exc) from None
         return reply.accepted, reply.detail

@@ -53,7 +53,7 @@ class DataPlane(floe_pb2_grpc.DataPlaneServicer):
                 version = runtime.core.ring.stamp
                 yield floe_pb2.PushReply(acks=[
                     floe_pb2.PushAck(id=batch_id, applied=r.applied, duplicates=r.duplicates,
-                                     ring_version=version) for batch_id, r in acks])
+                                     ring_stamp=version) for batch_id, r in acks])
             await reader  # surfaces a failed read (the client went away)
         finally:
             reader.cancel()
@@ -102,10 +102,10 @@ class ControlPlane(floe_pb2_grpc.ControlPlaneServicer):
             await abort(context, self._starting())
         if self.runtime.core.fenced:
             await abort(context, Fenced(f"{self.runtime.core.node_id} was removed from the ring"))
-        self.runtime.heard_from(request.sender, request.ring_version,
+        self.runtime.heard_from(request.sender, request.ring_stamp,
                                 incarnation=request.incarnation)
         return floe_pb2.HeartbeatReply(sender=self.runtime.core.node_id,
-                                       ring_version=self.runtime.core.ring.stamp,
+                                       ring_stamp=self.runtime.core.ring.stamp,
                                        incarnation=self.runtime.incarnation)
 
     async def Probe(self, request, context):
@@ -115,7 +115,7 @@ class ControlPlane(floe_pb2_grpc.ControlPlaneServicer):
     async def ShipCheckpoint(self, request, context):
         if self.runtime.starting:
             await abort(context, self._starting())
-        self.runtime.heard_from(request.sender, request.ring_version,
+        self.runtime.heard_from(request.sender, request.ring_stamp,
                                 incarnation=request.incarnation)
         core = self.runtime.core
         try:
@@ -123,43 +123,49 @@ class ControlPlane(floe_pb2_grpc.ControlPlaneServicer):
             if not isinstance(watermarks, dict):
                 raise InvalidArgument("watermarks must be a msgpack map")
             need_full, seq = core.receive_checkpoint(
-                request.sender, request.ring_version, request.token, request.checkpoint_seq,
+                request.sender, request.ring_stamp, request.token, request.checkpoint_seq,
                 request.base_seq, request.full, unpack_entries(request.states), watermarks)
         except FloeError as exc:
             await abort(context, exc)
         return floe_pb2.CheckpointAck(need_full=need_full, checkpoint_seq=seq,
-                                      ring_version=core.ring.stamp)
+                                      ring_stamp=core.ring.stamp)
 
-    async def Handoff(self, request, context):
-        runtime = self.runtime
+    def _reply(self, accepted: bool, detail: str) -> floe_pb2.HandoffReply:
+        return floe_pb2.HandoffReply(accepted=accepted, detail=detail,
+                                     ring_version=self.runtime.core.ring.version)
+
+    async def _handoff(self, context, moves: dict[int, str], timeout: float):
         try:
-            if request.leave:
-                await runtime.leave(request.timeout or None)
-                return floe_pb2.HandoffReply(accepted=True, ring_version=runtime.core.ring.version,
-                                             detail="left the ring")
-            if not request.tokens and not request.target and not request.split:
-                # a neighbour asks us to shed load first (the cascade); ring_version
-                # carries how far the request has travelled
-                shed = await runtime.shed_load(f"asked by {request.sender}",
-                                               depth=request.ring_version)
-                return floe_pb2.HandoffReply(accepted=shed.moved, detail=shed.detail,
-                                             ring_version=runtime.core.ring.version)
-            if request.split:
-                head, tail = await runtime.split_range(request.split_at)
-                if not request.target:
-                    return floe_pb2.HandoffReply(
-                        accepted=True, ring_version=runtime.core.ring.version,
-                        detail=f"split at {head:#x}: tail token {tail:#x}")
-                moves = {tail: request.target}
-            else:
-                moves = {int(t): request.target for t in request.tokens}
-            h = await runtime.hand_off(moves, request.timeout or None)
+            h = await self.runtime.hand_off(moves, timeout or None)
         except FloeError as exc:
             await abort(context, exc)
         except ValueError as exc:
             await abort(context, InvalidArgument(str(exc)))
-        return floe_pb2.HandoffReply(accepted=h.state == HandoffState.COMMITTED,
-                                     ring_version=runtime.core.ring.version, detail=h.reason)
+        return self._reply(h.state == HandoffState.COMMITTED, h.reason)
+
+    async def Move(self, request, context):
+        return await self._handoff(context, {int(t): request.target for t in request.tokens},
+                                   request.timeout)
+
+    async def Split(self, request, context):
+        try:
+            head, tail = await self.runtime.split_range(request.at)
+        except FloeError as exc:
+            await abort(context, exc)
+        if not request.target:
+            return self._reply(True, f"split at {head:#x}: tail token {tail:#x}")
+        return await self._handoff(context, {tail: request.target}, request.timeout)
+
+    async def Leave(self, request, context):
+        try:
+            await self.runtime.leave(request.timeout or None)
+        except FloeError as exc:
+            await abort(context, exc)
+        return self._reply(True, "left the ring")
+
+    async def RequestShed(self, request, context):
+        shed = await self.runtime.shed_load(f"asked by {request.sender}", depth=request.depth)
+        return self._reply(shed.moved, shed.detail)
 
 
 class QueryPlane(floe_pb2_grpc.QueryPlaneServicer):
@@ -185,8 +191,8 @@ class QueryPlane(floe_pb2_grpc.QueryPlaneServicer):
     async def Scan(self, request, context):
         try:
             core = self.runtime.core
-            if request.ring_version and request.ring_version != core.ring.stamp:
-                raise StaleRing(f"scan for ring stamp {request.ring_version:#x}, node "
+            if request.ring_stamp and request.ring_stamp != core.ring.stamp:
+                raise StaleRing(f"scan for ring stamp {request.ring_stamp:#x}, node "
                                 f"{core.node_id} is at {core.ring.stamp:#x}")
             items = core.snapshot_items()
         except FloeError as exc:

@@ -7,8 +7,8 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Batch(_message.Message):
-    __slots__ = ("ring_version", "token", "source", "first_seq", "last_seq", "count", "payload", "seqs", "id", "stream")
-    RING_VERSION_FIELD_NUMBER: _ClassVar[int]
+    __slots__ = ("ring_stamp", "token", "source", "first_seq", "last_seq", "count", "payload", "seqs", "id", "stream")
+    RING_STAMP_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     FIRST_SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -18,7 +18,7 @@ class Batch(_message.Message):
     SEQS_FIELD_NUMBER: _ClassVar[int]
     ID_FIELD_NUMBER: _ClassVar[int]
     STREAM_FIELD_NUMBER: _ClassVar[int]
-    ring_version: int
+    ring_stamp: int
     token: int
     source: str
     first_seq: int
@@ -28,19 +28,19 @@ class Batch(_message.Message):
     seqs: bytes
     id: int
     stream: int
-    def __init__(self, ring_version: _Optional[int] = ..., token: _Optional[int] = ..., source: _Optional[str] = ..., first_seq: _Optional[int] = ..., last_seq: _Optional[int] = ..., count: _Optional[int] = ..., payload: _Optional[bytes] = ..., seqs: _Optional[bytes] = ..., id: _Optional[int] = ..., stream: _Optional[int] = ...) -> None: ...
+    def __init__(self, ring_stamp: _Optional[int] = ..., token: _Optional[int] = ..., source: _Optional[str] = ..., first_seq: _Optional[int] = ..., last_seq: _Optional[int] = ..., count: _Optional[int] = ..., payload: _Optional[bytes] = ..., seqs: _Optional[bytes] = ..., id: _Optional[int] = ..., stream: _Optional[int] = ...) -> None: ...
 
 class PushAck(_message.Message):
-    __slots__ = ("id", "applied", "duplicates", "ring_version")
+    __slots__ = ("id", "applied", "duplicates", "ring_stamp")
     ID_FIELD_NUMBER: _ClassVar[int]
     APPLIED_FIELD_NUMBER: _ClassVar[int]
     DUPLICATES_FIELD_NUMBER: _ClassVar[int]
-    RING_VERSION_FIELD_NUMBER: _ClassVar[int]
+    RING_STAMP_FIELD_NUMBER: _ClassVar[int]
     id: int
     applied: int
     duplicates: int
-    ring_version: int
-    def __init__(self, id: _Optional[int] = ..., applied: _Optional[int] = ..., duplicates: _Optional[int] = ..., ring_version: _Optional[int] = ...) -> None: ...
+    ring_stamp: int
+    def __init__(self, id: _Optional[int] = ..., applied: _Optional[int] = ..., duplicates: _Optional[int] = ..., ring_stamp: _Optional[int] = ...) -> None: ...
 
 class PushRequest(_message.Message):
     __slots__ = ("batches",)
@@ -77,31 +77,29 @@ class GetRingRequest(_message.Message):
     def __init__(self, expect_reducer: _Optional[str] = ..., starting_ok: _Optional[bool] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("sender", "ring_version", "sent_at", "incarnation")
+    __slots__ = ("sender", "ring_stamp", "incarnation")
     SENDER_FIELD_NUMBER: _ClassVar[int]
-    RING_VERSION_FIELD_NUMBER: _ClassVar[int]
-    SENT_AT_FIELD_NUMBER: _ClassVar[int]
+    RING_STAMP_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     sender: str
-    ring_version: int
-    sent_at: float
+    ring_stamp: int
     incarnation: int
-    def __init__(self, sender: _Optional[str] = ..., ring_version: _Optional[int] = ..., sent_at: _Optional[float] = ..., incarnation: _Optional[int] = ...) -> None: ...
+    def __init__(self, sender: _Optional[str] = ..., ring_stamp: _Optional[int] = ..., incarnation: _Optional[int] = ...) -> None: ...
 
 class HeartbeatReply(_message.Message):
-    __slots__ = ("sender", "ring_version", "incarnation")
+    __slots__ = ("sender", "ring_stamp", "incarnation")
     SENDER_FIELD_NUMBER: _ClassVar[int]
-    RING_VERSION_FIELD_NUMBER: _ClassVar[int]
+    RING_STAMP_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     sender: str
-    ring_version: int
+    ring_stamp: int
     incarnation: int
-    def __init__(self, sender: _Optional[str] = ..., ring_version: _Optional[int] = ..., incarnation: _Optional[int] = ...) -> None: ...
+    def __init__(self, sender: _Optional[str] = ..., ring_stamp: _Optional[int] = ..., incarnation: _Optional[int] = ...) -> None: ...
 
 class CheckpointFragment(_message.Message):
-    __slots__ = ("sender", "ring_version", "token", "checkpoint_seq", "base_seq", "full", "states", "watermarks", "incarnation")
+    __slots__ = ("sender", "ring_stamp", "token", "checkpoint_seq", "base_seq", "full", "states", "watermarks", "incarnation")
     SENDER_FIELD_NUMBER: _ClassVar[int]
-    RING_VERSION_FIELD_NUMBER: _ClassVar[int]
+    RING_STAMP_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_SEQ_FIELD_NUMBER: _ClassVar[int]
     BASE_SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -110,7 +108,7 @@ class CheckpointFragment(_message.Message):
     WATERMARKS_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     sender: str
-    ring_version: int
+    ring_stamp: int
     token: int
     checkpoint_seq: int
     base_seq: int
@@ -118,17 +116,17 @@ class CheckpointFragment(_message.Message):
     states: bytes
     watermarks: bytes
     incarnation: int
-    def __init__(self, sender: _Optional[str] = ..., ring_version: _Optional[int] = ..., token: _Optional[int] = ..., checkpoint_seq: _Optional[int] = ..., base_seq: _Optional[int] = ..., full: _Optional[bool] = ..., states: _Optional[bytes] = ..., watermarks: _Optional[bytes] = ..., incarnation: _Optional[int] = ...) -> None: ...
+    def __init__(self, sender: _Optional[str] = ..., ring_stamp: _Optional[int] = ..., token: _Optional[int] = ..., checkpoint_seq: _Optional[int] = ..., base_seq: _Optional[int] = ..., full: _Optional[bool] = ..., states: _Optional[bytes] = ..., watermarks: _Optional[bytes] = ..., incarnation: _Optional[int] = ...) -> None: ...
 
 class CheckpointAck(_message.Message):
-    __slots__ = ("need_full", "checkpoint_seq", "ring_version")
+    __slots__ = ("need_full", "checkpoint_seq", "ring_stamp")
     NEED_FULL_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_SEQ_FIELD_NUMBER: _ClassVar[int]
-    RING_VERSION_FIELD_NUMBER: _ClassVar[int]
+    RING_STAMP_FIELD_NUMBER: _ClassVar[int]
     need_full: bool
     checkpoint_seq: int
-    ring_version: int
-    def __init__(self, need_full: _Optional[bool] = ..., checkpoint_seq: _Optional[int] = ..., ring_version: _Optional[int] = ...) -> None: ...
+    ring_stamp: int
+    def __init__(self, need_full: _Optional[bool] = ..., checkpoint_seq: _Optional[int] = ..., ring_stamp: _Optional[int] = ...) -> None: ...
 
 class ProbeRequest(_message.Message):
     __slots__ = ("target", "timeout")
@@ -144,25 +142,45 @@ class ProbeReply(_message.Message):
     alive: bool
     def __init__(self, alive: _Optional[bool] = ...) -> None: ...
 
-class HandoffRequest(_message.Message):
-    __slots__ = ("sender", "ring_version", "tokens", "target", "leave", "timeout", "split", "split_at")
+class MoveRequest(_message.Message):
+    __slots__ = ("sender", "tokens", "target", "timeout")
     SENDER_FIELD_NUMBER: _ClassVar[int]
-    RING_VERSION_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
-    LEAVE_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_FIELD_NUMBER: _ClassVar[int]
-    SPLIT_FIELD_NUMBER: _ClassVar[int]
-    SPLIT_AT_FIELD_NUMBER: _ClassVar[int]
     sender: str
-    ring_version: int
     tokens: _containers.RepeatedScalarFieldContainer[int]
     target: str
-    leave: bool
     timeout: float
-    split: bool
-    split_at: int
-    def __init__(self, sender: _Optional[str] = ..., ring_version: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., target: _Optional[str] = ..., leave: _Optional[bool] = ..., timeout: _Optional[float] = ..., split: _Optional[bool] = ..., split_at: _Optional[int] = ...) -> None: ...
+    def __init__(self, sender: _Optional[str] = ..., tokens: _Optional[_Iterable[int]] = ..., target: _Optional[str] = ..., timeout: _Optional[float] = ...) -> None: ...
+
+class SplitRequest(_message.Message):
+    __slots__ = ("sender", "at", "target", "timeout")
+    SENDER_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    sender: str
+    at: int
+    target: str
+    timeout: float
+    def __init__(self, sender: _Optional[str] = ..., at: _Optional[int] = ..., target: _Optional[str] = ..., timeout: _Optional[float] = ...) -> None: ...
+
+class LeaveRequest(_message.Message):
+    __slots__ = ("sender", "timeout")
+    SENDER_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    sender: str
+    timeout: float
+    def __init__(self, sender: _Optional[str] = ..., timeout: _Optional[float] = ...) -> None: ...
+
+class ShedRequest(_message.Message):
+    __slots__ = ("sender", "depth")
+    SENDER_FIELD_NUMBER: _ClassVar[int]
+    DEPTH_FIELD_NUMBER: _ClassVar[int]
+    sender: str
+    depth: int
+    def __init__(self, sender: _Optional[str] = ..., depth: _Optional[int] = ...) -> None: ...
 
 class HandoffReply(_message.Message):
     __slots__ = ("accepted", "ring_version", "detail")
@@ -175,12 +193,10 @@ class HandoffReply(_message.Message):
     def __init__(self, accepted: _Optional[bool] = ..., ring_version: _Optional[int] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class GetRequest(_message.Message):
-    __slots__ = ("key", "ring_version")
+    __slots__ = ("key",)
     KEY_FIELD_NUMBER: _ClassVar[int]
-    RING_VERSION_FIELD_NUMBER: _ClassVar[int]
     key: bytes
-    ring_version: int
-    def __init__(self, key: _Optional[bytes] = ..., ring_version: _Optional[int] = ...) -> None: ...
+    def __init__(self, key: _Optional[bytes] = ...) -> None: ...
 
 class GetReply(_message.Message):
     __slots__ = ("found", "state", "ring_version")
@@ -205,12 +221,12 @@ class TopReply(_message.Message):
     def __init__(self, entries: _Optional[bytes] = ...) -> None: ...
 
 class ScanRequest(_message.Message):
-    __slots__ = ("chunk", "ring_version")
+    __slots__ = ("chunk", "ring_stamp")
     CHUNK_FIELD_NUMBER: _ClassVar[int]
-    RING_VERSION_FIELD_NUMBER: _ClassVar[int]
+    RING_STAMP_FIELD_NUMBER: _ClassVar[int]
     chunk: int
-    ring_version: int
-    def __init__(self, chunk: _Optional[int] = ..., ring_version: _Optional[int] = ...) -> None: ...
+    ring_stamp: int
+    def __init__(self, chunk: _Optional[int] = ..., ring_stamp: _Optional[int] = ...) -> None: ...
 
 class ScanChunk(_message.Message):
     __slots__ = ("entries",)

@@ -136,9 +136,24 @@ class ControlPlaneStub:
                 request_serializer=floering_dot_v1_dot_floe__pb2.CheckpointFragment.SerializeToString,
                 response_deserializer=floering_dot_v1_dot_floe__pb2.CheckpointAck.FromString,
                 _registered_method=True)
-        self.Handoff = channel.unary_unary(
-                '/floering.v1.ControlPlane/Handoff',
-                request_serializer=floering_dot_v1_dot_floe__pb2.HandoffRequest.SerializeToString,
+        self.Move = channel.unary_unary(
+                '/floering.v1.ControlPlane/Move',
+                request_serializer=floering_dot_v1_dot_floe__pb2.MoveRequest.SerializeToString,
+                response_deserializer=floering_dot_v1_dot_floe__pb2.HandoffReply.FromString,
+                _registered_method=True)
+        self.Split = channel.unary_unary(
+                '/floering.v1.ControlPlane/Split',
+                request_serializer=floering_dot_v1_dot_floe__pb2.SplitRequest.SerializeToString,
+                response_deserializer=floering_dot_v1_dot_floe__pb2.HandoffReply.FromString,
+                _registered_method=True)
+        self.Leave = channel.unary_unary(
+                '/floering.v1.ControlPlane/Leave',
+                request_serializer=floering_dot_v1_dot_floe__pb2.LeaveRequest.SerializeToString,
+                response_deserializer=floering_dot_v1_dot_floe__pb2.HandoffReply.FromString,
+                _registered_method=True)
+        self.RequestShed = channel.unary_unary(
+                '/floering.v1.ControlPlane/RequestShed',
+                request_serializer=floering_dot_v1_dot_floe__pb2.ShedRequest.SerializeToString,
                 response_deserializer=floering_dot_v1_dot_floe__pb2.HandoffReply.FromString,
                 _registered_method=True)
 
@@ -177,7 +192,25 @@ class ControlPlaneServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def Handoff(self, request, context):
+    def Move(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Split(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Leave(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RequestShed(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -211,9 +244,24 @@ def add_ControlPlaneServicer_to_server(servicer, server):
                     request_deserializer=floering_dot_v1_dot_floe__pb2.CheckpointFragment.FromString,
                     response_serializer=floering_dot_v1_dot_floe__pb2.CheckpointAck.SerializeToString,
             ),
-            'Handoff': grpc.unary_unary_rpc_method_handler(
-                    servicer.Handoff,
-                    request_deserializer=floering_dot_v1_dot_floe__pb2.HandoffRequest.FromString,
+            'Move': grpc.unary_unary_rpc_method_handler(
+                    servicer.Move,
+                    request_deserializer=floering_dot_v1_dot_floe__pb2.MoveRequest.FromString,
+                    response_serializer=floering_dot_v1_dot_floe__pb2.HandoffReply.SerializeToString,
+            ),
+            'Split': grpc.unary_unary_rpc_method_handler(
+                    servicer.Split,
+                    request_deserializer=floering_dot_v1_dot_floe__pb2.SplitRequest.FromString,
+                    response_serializer=floering_dot_v1_dot_floe__pb2.HandoffReply.SerializeToString,
+            ),
+            'Leave': grpc.unary_unary_rpc_method_handler(
+                    servicer.Leave,
+                    request_deserializer=floering_dot_v1_dot_floe__pb2.LeaveRequest.FromString,
+                    response_serializer=floering_dot_v1_dot_floe__pb2.HandoffReply.SerializeToString,
+            ),
+            'RequestShed': grpc.unary_unary_rpc_method_handler(
+                    servicer.RequestShed,
+                    request_deserializer=floering_dot_v1_dot_floe__pb2.ShedRequest.FromString,
                     response_serializer=floering_dot_v1_dot_floe__pb2.HandoffReply.SerializeToString,
             ),
     }
@@ -363,7 +411,7 @@ class ControlPlane:
             _registered_method=True)
 
     @staticmethod
-    def Handoff(request,
+    def Move(request,
             target,
             options=(),
             channel_credentials=None,
@@ -376,8 +424,89 @@ class ControlPlane:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/floering.v1.ControlPlane/Handoff',
-            floering_dot_v1_dot_floe__pb2.HandoffRequest.SerializeToString,
+            '/floering.v1.ControlPlane/Move',
+            floering_dot_v1_dot_floe__pb2.MoveRequest.SerializeToString,
+            floering_dot_v1_dot_floe__pb2.HandoffReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Split(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/floering.v1.ControlPlane/Split',
+            floering_dot_v1_dot_floe__pb2.SplitRequest.SerializeToString,
+            floering_dot_v1_dot_floe__pb2.HandoffReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Leave(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/floering.v1.ControlPlane/Leave',
+            floering_dot_v1_dot_floe__pb2.LeaveRequest.SerializeToString,
+            floering_dot_v1_dot_floe__pb2.HandoffReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RequestShed(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/floering.v1.ControlPlane/RequestShed',
+            floering_dot_v1_dot_floe__pb2.ShedRequest.SerializeToString,
             floering_dot_v1_dot_floe__pb2.HandoffReply.FromString,
             options,
             channel_credentials,
