@@ -22,7 +22,7 @@ from node.core.batch import decode_payload, encode_payload, encode_seqs
 from node.core.detector import (ALIVE, DEAD, REFUSED, TIMED_OUT, DetectorConfig,
                                 FailureDetector, combine, indirect_via)
 from node.core.errors import FloeError, InvalidArgument
-from node.core.handoff import Handoff, retired_extras
+from node.core.handoff import Handoff, leave_moves, retired_extras, split_ring
 from node.core.membership import decide_start, refill_moves
 from node.core.node_core import NodeCore
 from node.core.reducers import load_reducer
@@ -313,8 +313,8 @@ class Simulation:
             return
         at = (lo + self.rng.randrange(1, size)) % (2 ** 64)
         try:
-            ring = core.ring.split_token(token, at)
-        except ValueError as exc:
+            _, ring = split_ring(core.ring, name, at, core.fenced)
+        except InvalidArgument as exc:
             self.log.append(f"{self.now:.3f} {name} split refused: {exc}")
             return
         self.log.append(f"{self.now:.3f} {name} splits {token} at {at}")
@@ -328,9 +328,13 @@ class Simulation:
         until no range needs our copy any more, remove ourselves, exit."""
         node = self.nodes[name]
         core = node.core
-        if not self.usable(name) or node.handoff is not None or len(core.ring.nodes) < 3:
+        if not self.usable(name) or node.handoff is not None:
             return
-        moves = {t: core.ring.heir(t) for t in core.ring.tokens_of(name)}
+        try:
+            moves = leave_moves(core.ring, name)
+        except InvalidArgument as exc:
+            self.log.append(f"{self.now:.3f} {name} leave refused: {exc}")
+            return
         node.leaving = True
         self.log.append(f"{self.now:.3f} {name} leaves")
         if not moves:

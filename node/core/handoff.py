@@ -190,3 +190,27 @@ def retired_extras(core, busy=()) -> Ring | None:
         if all(rng.replica_seq.get(r) is not None for r in ring.regular_replicas(token)):
             done[token] = ()
     return ring.with_extras(done) if done else None
+
+
+def leave_moves(ring: Ring, me: str) -> dict[int, str]:
+    """Scale-in: every range of `me` to its first replica (with no replica, to another
+    member). Refused for the last member, which would leave no ring behind."""
+    others = [n for n in ring.nodes if n != me]
+    if not others:
+        raise InvalidArgument("the last node cannot leave the ring")
+    return {t: ring.heir(t) or others[0] for t in ring.tokens_of(me)}
+
+
+def split_ring(ring: Ring, me: str, position: int, fenced: bool = False) -> tuple[int, Ring]:
+    """Cut `me`'s range holding `position` at it: (the range's token, the new ring).
+    Only the owner splits, and never a range being handed off or a removed node."""
+    if fenced:
+        raise InvalidArgument(f"{me} was removed from the ring")
+    token = ring.token_for_position(position)
+    if ring.owner_of_token(token) != me:
+        raise InvalidArgument(f"{me} does not own the range holding {position:#x} (token "
+                              f"{token:#x} is {ring.owner_of_token(token)}'s)")
+    try:
+        return token, ring.split_token(token, position)
+    except ValueError as exc:
+        raise InvalidArgument(str(exc)) from None

@@ -18,7 +18,8 @@ from node.core.batch import Limits
 from node.core.detector import (ALIVE, DEAD, REFUSED, SUSPECT, TIMED_OUT, DetectorConfig,
                                 FailureDetector, Probe, combine, indirect_via)
 from node.core.errors import Fenced, FloeError, InvalidArgument, Refused, StaleRing, Unavailable
-from node.core.handoff import Handoff, HandoffState, retired_extras
+from node.core.handoff import (Handoff, HandoffState, leave_moves, retired_extras,
+                               split_ring)
 from node.core.load import LoadConfig, LoadMonitor, choose_shed, clockwise_nodes
 from node.core.membership import decide_start, founding_ring, refill_moves, rejoin_name
 from node.core.node_core import NodeCore, RingChange
@@ -639,18 +640,7 @@ class NodeRuntime:
         Only the owner splits, and never a range being handed off."""
         async with self._handoff_lock:
             core = self.core
-            ring = core.ring
-            if core.fenced:
-                raise InvalidArgument(f"{core.node_id} was removed from the ring")
-            token = ring.token_for_position(position)
-            if ring.owner_of_token(token) != core.node_id:
-                raise InvalidArgument(f"{core.node_id} does not own the range holding "
-                                      f"{position:#x} (token {token:#x} is "
-                                      f"{ring.owner_of_token(token)}'s)")
-            try:
-                split = ring.split_token(token, position)
-            except ValueError as exc:
-                raise InvalidArgument(str(exc)) from None
+            token, split = split_ring(core.ring, core.node_id, position, core.fenced)
             self.adopt(split)
             self.sync_ring()
             self.events.record("split", self.core.node_id, token=token, at=position)
@@ -685,11 +675,7 @@ class NodeRuntime:
         no longer need our copies, leave the ring (removed for good) and stop."""
         timeout = timeout or 30.0
         deadline = time.monotonic() + timeout
-        ring = self.core.ring
-        if len(ring.nodes) < 2:
-            raise InvalidArgument("the last node cannot leave the ring")
-        moves = {t: ring.heir(t) or next(n for n in ring.nodes if n != self.core.node_id)
-                 for t in ring.tokens_of(self.core.node_id)}
+        moves = leave_moves(self.core.ring, self.core.node_id)
         if moves:
             h = await self.hand_off(moves, timeout)
             if h.state != HandoffState.COMMITTED:
