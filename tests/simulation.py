@@ -243,8 +243,17 @@ class Simulation:
     def adopt(self, name: str, ring: Ring) -> None:
         node = self.nodes[name]
         change = node.core.adopt_ring(ring)
-        if change is not None and not change.fenced:
-            node.detector.watch(node.core.monitored_primaries(), self.now)
+        if change is None:
+            return
+        if change.fenced:
+            self.log.append(f"{self.now:.3f} {name} fenced at v{change.ring.version}")
+            return
+        if change.taken_over:
+            self.log.append(f"{self.now:.3f} {name} takes over {len(change.taken_over)} "
+                            f"ranges at v{change.ring.version}")
+        if change.lost:
+            self.log.append(f"{self.now:.3f} {name} LOST {len(change.lost)} ranges")
+        node.detector.watch(node.core.monitored_primaries(), self.now)
 
     def checkpoint_node(self, name: str) -> None:
         node = self.nodes[name]

@@ -2,6 +2,7 @@
 identically: `pytest tests/test_simulation.py -k 'seed_123'` or run_seed(123)."""
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -247,3 +248,27 @@ def test_killed_node_is_declared_fast_and_a_long_pause_within_two_seconds(seed):
     assert first_declared(sim, killed) - 0.5 < 0.6, sim.log
     assert 1.0 < first_declared(sim, paused) - 0.6 < 2.0, sim.log
     check(sim, seed)
+
+
+# ------------------------------------------------------------- golden logs
+# The simulation's log of a few seeds, stored: any change of behaviour (who declares
+# whom when, who takes what over, what is handed where, when a restarted process
+# joins) shows up as a diff of these files, to be reviewed and then accepted with
+# FLOE_UPDATE_GOLDEN=1.
+
+GOLDEN = Path(__file__).resolve().parent / "golden"
+CASES = {"failure-seed-3": lambda: scenario(3), "handoff-seed-7": lambda: handoff_scenario(7),
+         "split-seed-11": lambda: split_scenario(11), "restart-seed-5": lambda: restart_scenario(5)}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_simulation_log_matches_its_golden_file(name):
+    sim = CASES[name]()
+    got = "\n".join(sim.log) + "\n"
+    path = GOLDEN / f"{name}.log"
+    if os.environ.get("FLOE_UPDATE_GOLDEN"):
+        path.write_text(got)
+    assert path.exists(), f"no golden file {path.name}: run with FLOE_UPDATE_GOLDEN=1"
+    assert got == path.read_text(), (
+        f"{name} behaves differently from {path.name}; if intended, accept it with "
+        f"FLOE_UPDATE_GOLDEN=1 and review the diff")
