@@ -183,11 +183,13 @@ class LocalCluster:
         self.nodes.remove(node)
         self.save()
 
-    def restart(self, node_id: str, *, graceful: bool = True, timeout: float = 60.0,
-                ready_timeout: float = 30.0) -> NodeProcess:
+    def restart(self, node_id: str, *, graceful: bool = True, sig: int = signal.SIGKILL,
+                timeout: float = 60.0, ready_timeout: float = 30.0) -> NodeProcess:
         """Stop the node's process and start it again with the same command line.
         Graceful: it first leaves the ring (hands every range to its first replica).
-        Otherwise SIGKILL: its ranges are taken over as after a crash. Either way the
+        Otherwise `sig` (SIGKILL; SIGTERM stops it as a service manager does, leaving
+        the ring only with --leave-on-sigterm): unless it left, its ranges are taken
+        over as after a crash. Either way the
         new process holds no state and joins as a new member (`node.core.membership`);
         give it ranges with mapper.admin.carry_out."""
         node = self.node(node_id)
@@ -197,7 +199,13 @@ class LocalCluster:
         if graceful:
             self.remove(node_id, timeout=timeout)
         else:
-            self.kill(node_id)
+            self.kill(node_id, sig)
+            deadline = time.monotonic() + timeout
+            while node.alive():
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{node_id} (pid {node.pid}) did not exit on signal {sig}")
+                _reap(node.pid)
+                time.sleep(0.01)
             _reap(node.pid)
             self.nodes.remove(node)
         fresh = spawn_node(node.node_id, node.address, node.cmd, Path(node.log))

@@ -17,7 +17,6 @@ the ranges over.
 
 from __future__ import annotations
 
-import json
 import signal
 import threading
 import time
@@ -26,7 +25,7 @@ from pathlib import Path
 from chaos.cluster import LocalCluster
 from chaos.faults import signal_nodes
 from chaos.scenarios import PlannedFault
-from chaos.timeline import Event, Injected
+from chaos.timeline import Event, Injected, event_lines
 
 
 def givers_of(p: PlannedFault) -> dict[str, tuple[str, list[int]]]:
@@ -62,11 +61,7 @@ def handoff_state(text: str, receiver: str) -> str:
 def _scan(text: str, receiver: str) -> tuple[str, dict]:
     """(state, the event that finished the handoff or {})."""
     state = "requested"
-    for line in text.splitlines():
-        try:
-            e = json.loads(line)
-        except ValueError:
-            continue               # a line still being written
+    for e in event_lines(text):   # a line still being written is skipped
         kind = e.get("kind")
         if kind == "handoff_prepared" and state == "requested" and e.get("to") == [receiver]:
             state = "in flight"

@@ -36,15 +36,22 @@ class Event:
     tokens: tuple[int, ...] = ()  # the ranges it concerns
 
 
-def parse_events(node: str, text: str) -> list[Event]:
-    """The timeline's events among a node's structured events (JSON lines written by
-    node.runtime.events; a torn last line, from a kill mid-write, is skipped)."""
-    events = []
+def event_lines(text: str) -> list[dict]:
+    """A node's structured events (JSON lines written by node.runtime.events), oldest
+    first; a torn last line, from a kill mid-write, is skipped."""
+    out = []
     for line in text.splitlines():
         try:
-            e = json.loads(line)
+            out.append(json.loads(line))
         except ValueError:
             continue
+    return out
+
+
+def parse_events(node: str, text: str) -> list[Event]:
+    """The timeline's events among a node's structured events."""
+    events = []
+    for e in event_lines(text):
         kind, t = e.get("kind"), float(e.get("t", 0.0))
         if kind == "detected":
             events.append(Event("detected", t, node, tuple(e["about"])))
@@ -60,27 +67,20 @@ def parse_events(node: str, text: str) -> list[Event]:
     return events
 
 
-def read_events(node: str, path: str) -> list[Event]:
+def _read(path: str) -> str:
     try:
-        text = Path(path).read_text(errors="replace")
+        return Path(path).read_text(errors="replace")
     except OSError:
-        return []
-    return parse_events(node, text)
+        return ""
+
+
+def read_events(node: str, path: str) -> list[Event]:
+    return parse_events(node, _read(path))
 
 
 def node_events(path: str) -> list[dict]:
-    """Every structured event of a node's file, oldest first (a torn line skipped)."""
-    try:
-        lines = Path(path).read_text(errors="replace").splitlines()
-    except OSError:
-        return []
-    out = []
-    for line in lines:
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue
-    return out
+    """Every structured event of a node's events file, oldest first."""
+    return event_lines(_read(path))
 
 
 @dataclass(frozen=True)

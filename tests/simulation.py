@@ -23,7 +23,7 @@ from node.core.detector import (ALIVE, DEAD, REFUSED, TIMED_OUT, DetectorConfig,
                                 FailureDetector, combine, indirect_via)
 from node.core.errors import FloeError, InvalidArgument
 from node.core.handoff import Handoff, leave_moves, retired_extras, split_ring
-from node.core.membership import decide_start, refill_moves
+from node.core.membership import decide_start, ready_to_decide, refill_moves, restarted
 from node.core.node_core import NodeCore
 from node.core.reducers import load_reducer
 from node.core.ring import Ring
@@ -174,8 +174,7 @@ class Simulation:
 
     def _heartbeat(self, src: str, dst: str, ring: Ring, incarnation: int) -> None:
         node = self.nodes[dst]
-        known = node.core.ring.incarnation_of(src)
-        if known and known != incarnation:     # as the runtime: a restart is a death
+        if restarted(node.core.ring, src, incarnation):   # as the runtime: a restart is a death
             self.log.append(f"{self.now:.3f} {dst} declares {src} (restarted)")
             self.declared.append((self.now, dst, src))
             self._spread(dst, node.core.ring.with_incarnation(src, incarnation))
@@ -535,10 +534,12 @@ class Simulation:
         """The new process asks its peers; with no running peer answering it waits
         and asks again (it cannot tell a restart from a fresh start alone)."""
         base = name.split("#", 1)[0]
-        seen = [n.core.ring for other, n in sorted(self.nodes.items())
-                if other != name and self.usable(other)
-                and frozenset((name, other)) not in self.cut and self.rng.random() < answering]
-        if not seen:
+        peers = [other for other in sorted(self.nodes) if other != name]
+        seen = [self.nodes[other].core.ring for other in peers
+                if self.usable(other) and frozenset((name, other)) not in self.cut
+                and self.rng.random() < answering]
+        # Every peer in the simulation runs (none is starting), as the runtime judges it.
+        if not ready_to_decide(len(seen), 0, len(peers), False, False):
             self.log.append(f"{self.now:.3f} {base} (restarted) hears no peer yet")
             self.at(self.now + 0.2, self._start_again, name, answering, incarnation)
             return

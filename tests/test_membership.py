@@ -5,7 +5,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from node.core.errors import RangeLost, Starting
-from node.core.membership import decide_start, idle_members, refill_moves, rejoin_name
+from node.core.membership import (decide_start, idle_members, ready_to_decide, refill_moves,
+                                  rejoin_name, restarted)
 from node.core.node_core import NodeCore
 from node.core.reducers import load_reducer
 from node.core.ring import Ring
@@ -173,3 +174,29 @@ def test_no_refill_while_replication_is_whole_or_a_handoff_runs():
     token = alone.tokens[0]
     pinned = alone.with_extras({token: ["n0#1"]})
     assert refill_moves(pinned, "n2") == {}
+
+
+def test_when_a_starting_process_may_decide():
+    assert ready_to_decide(0, 0, 0, False, False)              # no peer to ask
+    assert ready_to_decide(1, 0, 3, True, False)               # a running peer answered
+    assert not ready_to_decide(0, 0, 3, False, True)           # nobody answered: wait
+    assert not ready_to_decide(2, 2, 3, False, False)          # only starting peers, one silent
+    assert ready_to_decide(3, 3, 3, False, False)              # every founder starting: fresh
+    assert ready_to_decide(2, 2, 3, False, True)               # after the start-up grace
+    assert not ready_to_decide(3, 3, 3, True, True)            # a joiner needs a running ring
+
+
+def test_a_message_from_another_process_is_a_restart():
+    ring = running({"n0": 1, "n1": 2, "n2": 3})
+    assert restarted(ring, "n1", 9)
+    assert not restarted(ring, "n1", 2) and not restarted(ring, "n1", 0)
+    assert not restarted(ring.without(["n1"]), "n1", 9)        # no longer a member: nothing known
+
+
+def test_a_ring_from_the_wire_with_bad_incarnations_is_refused():
+    from node.core.errors import InvalidArgument
+    import msgpack
+    wire = msgpack.unpackb(running({"n0": 1, "n1": 2, "n2": 3}).to_wire())
+    for bad in ([["n0", 0]], [["n0", -5]], [["n9", 4]], [["n0", 1], ["n0", 2]], [["n0", "x"]]):
+        with pytest.raises(InvalidArgument):
+            Ring.from_wire(msgpack.packb(dict(wire, incarnations=bad)))

@@ -20,24 +20,9 @@ WORDS16 = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hot
 
 
 def restart_in_place(cluster, node_id, sig):
-    """What a service manager does: stop the process, start it again with the same
-    flags (no leave, no ranges handed back)."""
-    node = cluster.node(node_id)
-    if sig == signal.SIGKILL:
-        cluster.kill(node_id)
-    else:
-        cluster.kill(node_id, sig)
-        deadline = time.monotonic() + 15
-        while node.alive():
-            assert time.monotonic() < deadline, f"{node_id} ignored {sig}"
-            time.sleep(0.02)
-    cluster.nodes.remove(node)
-    from chaos.cluster import spawn_node
-    fresh = spawn_node(node.node_id, node.address, node.cmd, node.log)
-    cluster.nodes.append(fresh)
-    cluster.save()
-    LocalCluster([fresh], cluster.replicas, cluster.state_file).wait_ready(30)
-    return fresh
+    """What a service manager does: stop the process with `sig`, start it again with
+    the same flags (no leave, no ranges handed back)."""
+    return cluster.restart(node_id, graceful=False, sig=sig, timeout=15)
 
 
 def answers(client, words):

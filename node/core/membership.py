@@ -119,3 +119,23 @@ def refill_moves(ring: Ring, me: str) -> dict[int, str]:
     give = max(1, len(mine) // (owners + 1))
     step = len(mine) / give
     return {mine[int(i * step)]: idle[0] for i in range(give)}
+
+
+def restarted(ring: Ring, node: str, incarnation: int) -> bool:
+    """A message from `node` sent by another process than the one the ring knows for
+    it: the member restarted and its state is gone (0 says nothing either way)."""
+    known = ring.incarnation_of(node)
+    return bool(incarnation and known and known != incarnation)
+
+
+def ready_to_decide(answered: int, starting: int, asked: int, joining: bool,
+                    waited_out: bool) -> bool:
+    """May a starting process decide who it is, having asked `asked` peers, of which
+    `answered` answered and `starting` of those are starting too? Yes once a running
+    peer answered; a founder also once every peer answered as starting (a fresh
+    cluster) or, after its start-up grace, any did. With no peer to ask, at once."""
+    if not asked:
+        return True
+    if answered > starting:
+        return True
+    return not joining and answered > 0 and (answered == asked or waited_out)

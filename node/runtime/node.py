@@ -21,7 +21,8 @@ from node.core.errors import Fenced, FloeError, InvalidArgument, Refused, StaleR
 from node.core.handoff import (Handoff, HandoffState, leave_moves, retired_extras,
                                split_ring)
 from node.core.load import LoadConfig, LoadMonitor, choose_shed, clockwise_nodes
-from node.core.membership import decide_start, founding_ring, refill_moves, rejoin_name
+from node.core.membership import (decide_start, founding_ring, ready_to_decide, refill_moves,
+                                  rejoin_name, restarted)
 from node.core.node_core import NodeCore, RingChange
 from node.core.reducers import Reducer
 from node.core.ring import Ring
@@ -120,11 +121,9 @@ class NodeRuntime:
             seen, starting, errors = await self._ask_peers(targets)
             if joining and not seen:
                 raise Unavailable("no seed to join answered: " + "; ".join(errors))
-            if seen or not targets:
-                running = len(seen) > starting
-                waited = time.monotonic() - started >= config.startup_grace
-                if running or (not joining and (len(seen) == len(targets) or waited)):
-                    break
+            waited = time.monotonic() - started >= config.startup_grace
+            if ready_to_decide(len(seen), starting, len(targets), joining, waited):
+                break
             if time.monotonic() >= log_at:
                 log.warning("%s is waiting for a running peer to confirm its place in the "
                             "ring (%d of %d answered, all starting): %s", config.node_id,
@@ -444,9 +443,9 @@ class NodeRuntime:
         restarted and lost its state; declare it dead now, whoever answers at its
         address (the new process joins under a new name)."""
         ring = self.core.ring
-        known = ring.incarnation_of(node)
-        if not incarnation or not known or known == incarnation:
+        if not restarted(ring, node, incarnation):
             return False
+        known = ring.incarnation_of(node)
         t = self.events.record("detected", self.core.node_id, about=[node],
                                why=f"restarted: incarnation {incarnation}, the ring knows {known}")
         log.warning("declaring %s dead at %.6f: it restarted (incarnation %d, the ring "
@@ -526,7 +525,7 @@ class NodeRuntime:
                 return TIMED_OUT        # a deadline or a stalled handshake: maybe only slow
             except FloeError:
                 return ALIVE            # it answered, if only with an error
-            if incarnation and ring.incarnation_of(node) not in (0, incarnation):
+            if restarted(ring, node, incarnation):
                 failure = ": another process answers at its address"
                 return REFUSED          # it restarted: the member we watch is gone
             return ALIVE
@@ -579,7 +578,7 @@ class NodeRuntime:
                 incarnation=self.incarnation, timeout=timeout)
         except FloeError:
             return False
-        if incarnation and self.core.ring.incarnation_of(target) not in (0, incarnation):
+        if restarted(self.core.ring, target, incarnation):
             return False
         self.sign_of_life(target)
         return True
