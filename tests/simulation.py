@@ -1,13 +1,16 @@
-"""Deterministic simulation: NodeCores and the mapper's Outbox (production code) over a
-seeded in-memory network with a virtual clock, kills, pauses, starved (slow) nodes
-and message loss. Failure detection is the production FailureDetector; probes end as
-the real transport's do: refused by a killed node, timed out for a paused or cut-off
-one, answered late by a starved one.
+"""Deterministic simulation: N production `NodeMachine`s and the mapper's production
+`Outbox` over a seeded in-memory network with a virtual clock, kills, restarts,
+pauses, starved (slow) nodes, partitions and message loss. It holds no protocol logic:
+each process's timers and messages become machine events, and the machine's effects
+become messages, exactly as the asyncio runtime does with gRPC.
 
 Everything random comes from one `random.Random(seed)`, time is a number advanced by an
-event queue, so a failing seed replays identically. Links behave like the real streams:
-FIFO, and a lost message breaks the link until its sender reconnects (a gRPC stream
-dies with its first lost message; nothing behind it is delivered).
+event queue, so a failing seed replays identically. Processes listen on addresses; a
+restarted process listens where its predecessor did. Links behave like the real
+transport: FIFO; a mapper stream dies with its first lost message (nothing behind it
+is delivered); node-to-node calls are unary, each lost on its own, and time out.
+A paused process does nothing until it resumes: its timers and the answers to its
+calls run late, as an asyncio loop's would.
 """
 
 from __future__ import annotations
@@ -15,36 +18,65 @@ from __future__ import annotations
 import heapq
 import random
 from collections import Counter, defaultdict
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from mapper.outbox import Outbox, PendingBatch
 from node.core.batch import decode_payload, encode_payload, encode_seqs
-from node.core.detector import (ALIVE, DEAD, REFUSED, TIMED_OUT, DetectorConfig,
-                                FailureDetector, combine, indirect_via)
-from node.core.errors import FloeError, InvalidArgument
-from node.core.handoff import Handoff, leave_moves, retired_extras, split_ring
-from node.core.membership import decide_start, ready_to_decide, refill_moves, restarted
+from node.core.detector import ALIVE, REFUSED, TIMED_OUT, DetectorConfig, FailureDetector
+from node.core.errors import (Fenced, FloeError, InvalidArgument, Refused, StaleRing,
+                              Unavailable)
+from node.core.load import LoadMonitor
+from node.core.machine import NodeMachine
+from node.core.machine_io import (BatchApplied, CheckpointAcked, CheckpointDue,
+                                  CheckpointFailed, CheckpointRoundDone, Exit, Farewell,
+                                  Gossip, HandoffEnded, HandoffRequested, HeardFrom,
+                                  HeartbeatDue, HeartbeatFailed, LeaveRing, MapperAhead,
+                                  MonitorDue, Note, ProbeFinished, Record, RefillDue,
+                                  RingSeen, SendHeartbeat, ShipCheckpoints, SignOfLife,
+                                  Split, SplitRequested, StartHandoff, StartProbe, StartShed)
+from node.core.membership import base_name, decide_start, ready_to_decide
 from node.core.node_core import NodeCore
 from node.core.reducers import load_reducer
 from node.core.ring import Ring
 
 HEARTBEAT = 0.05
 CHECKPOINT = 0.2
+HANDOFF_ROUND = 0.01        # rounds while a handoff runs (the runtime's hand_off loop)
+HANDOFF_TIMEOUT = 2.0
+CALL_TIMEOUT = 0.5          # node-to-node calls (checkpoints, ring exchanges)
 ACK_TIMEOUT = 0.4
 LATENCY = (0.0005, 0.005)   # one-way delay of a message on a healthy link
+MAPPER = "m"
 
 
-@dataclass
-class SimNode:
-    core: NodeCore
-    detector: FailureDetector
-    alive: bool = True
-    paused_until: float = 0.0
-    slow_until: float = 0.0     # starved: everything it sends, reads or does runs late
-    slow_delay: float = 0.0     # by up to this many seconds
-    handoff: Handoff | None = None
-    leaving: bool = False
-    incarnation: int = 0
+class SimProcess:
+    """One node process: its machine, where it listens, and what the faults did to it."""
+
+    def __init__(self, machine: NodeMachine, address: str, started_as: str) -> None:
+        self.machine = machine
+        self.address = address
+        self.started_as = started_as
+        self.alive = True
+        self.paused_until = 0.0
+        self.slow_until = 0.0     # starved: everything it sends, reads or does runs late
+        self.slow_delay = 0.0     # by up to this many seconds
+        self.leaving = ""         # "", "handing" (its ranges), "waiting" (copies in use)
+        self.leave_by = 0.0
+
+    @property
+    def core(self) -> NodeCore:
+        return self.machine.core
+
+    @property
+    def name(self) -> str:
+        return self.machine.node_id
+
+
+def make_machine(node_id: str, ring: Ring, incarnation: int, address: str) -> NodeMachine:
+    def make_core(name: str, r: Ring) -> NodeCore:
+        return NodeCore(name, r, load_reducer("count"))
+    return NodeMachine(make_core(node_id, ring), incarnation, FailureDetector(DetectorConfig()),
+                       LoadMonitor(), make_core, listen=address)
 
 
 class Simulation:
@@ -56,24 +88,23 @@ class Simulation:
         self.events: list = []
         self.counter = 0
         self.loss = loss
-        members = {f"n{i}": f"sim:{i}" for i in range(nodes)}
-        self.members = dict(members)       # founding id -> address (a restart reuses it)
+        self.members = {f"n{i}": f"sim:n{i}" for i in range(nodes)}   # founding id -> address
         self.incarnations = 0
         # The ring as the founding members leave their start-up exchange: each one's
         # incarnation heard by all (node.core.membership).
-        self.founding = Ring.initial(members, replication, tokens)
-        inc = {n: self._incarnation() for n in sorted(members)}
+        self.founding = Ring.initial(self.members, replication, tokens)
+        inc = {n: self._incarnation() for n in sorted(self.members)}
         ring = replace(self.founding, incarnations=tuple(sorted(inc.items())))
-        cfg = DetectorConfig()
-        self.nodes = {n: SimNode(NodeCore(n, ring, load_reducer("count")), FailureDetector(cfg),
-                                 incarnation=inc[n])
-                      for n in members}
-        for node in self.nodes.values():
-            node.detector.watch(node.core.monitored_primaries(), 0.0)
+        self.procs: list[SimProcess] = []
+        self.listening: dict[str, SimProcess] = {}     # address -> the latest process there
+        for name, address in self.members.items():
+            proc = self._spawn_process(make_machine(name, ring, inc[name], address), address,
+                                       name)
+            proc.machine.watch_peers(0.0, 0.0)
         self.dead_from: dict = {}          # (link, stream) -> first message index not delivered
         self.sent_on_link: dict = defaultdict(int)
         self.delivering = None
-        self.cut: set[frozenset] = set()   # node pairs that cannot talk (partitions)
+        self.cut: set[frozenset] = set()   # address pairs that cannot talk (partitions)
         self.stream_no = 0
         self.streams: dict[tuple[str, str], int] = defaultdict(int)
         self.last_on_link: dict[tuple[str, str], float] = defaultdict(float)
@@ -94,22 +125,75 @@ class Simulation:
         self.incarnations += 1
         return self.incarnations
 
+    def _spawn_process(self, machine: NodeMachine, address: str, started_as: str) -> SimProcess:
+        proc = SimProcess(machine, address, started_as)
+        self.procs.append(proc)
+        self.listening[address] = proc
+        return proc
+
+    # ---------------------------------------------------------- who is who
+
+    @property
+    def nodes(self) -> dict[str, SimProcess]:
+        """Member id -> the process that serves (or last served) as it."""
+        return {p.name: p for p in self.procs}
+
+    def process(self, name: str) -> SimProcess | None:
+        """The live process serving as member `name`, else the latest process started
+        as `name` (a fault aimed at n2 hits the process that rejoined as n2#1)."""
+        for p in self.procs:
+            if p.alive and p.name == name:
+                return p
+        started = [p for p in self.procs if p.started_as == name or p.name == name]
+        return started[-1] if started else None
+
+    def usable(self, name: str) -> bool:
+        p = self.nodes.get(name)
+        return p is not None and self._usable(p)
+
+    def _usable(self, p: SimProcess) -> bool:
+        return p.alive and p.paused_until <= self.now and not p.core.fenced
+
     # ------------------------------------------------------------ event queue
 
     def at(self, when: float, action, *args) -> None:
         self.counter += 1
         heapq.heappush(self.events, (when, self.counter, action, args))
 
-    def send(self, src: str, dst: str, action, *args) -> None:
-        """FIFO per link. The mapper's links are streams: once a message of a stream is
-        lost (or arrives at a paused or dead node, or is refused), neither it nor
-        anything sent after it on that stream arrives; what was sent before it still
-        does, in order. Node-to-node messages are separate unary calls: each may be
-        lost on its own."""
-        link = (src, dst)
+    def on(self, proc: SimProcess, when: float, action, *args) -> None:
+        """Run `action` in `proc` at `when`: dropped if it died, late if paused."""
+        self.at(when, self._fire, proc, action, args)
+
+    def _fire(self, proc: SimProcess, action, args) -> None:
+        if not proc.alive:
+            return
+        if proc.paused_until > self.now:
+            self.at(proc.paused_until, self._fire, proc, action, args)
+            return
+        action(*args)
+
+    def handle(self, proc: SimProcess, event) -> list:
+        """Feed one event to a process's machine and carry out its effects."""
+        effects = proc.machine.handle(event, self.now)
+        self._run(proc, effects)
+        return effects
+
+    # ---------------------------------------------------------------- network
+
+    @staticmethod
+    def _end(proc: SimProcess | None) -> str:
+        return MAPPER if proc is None else proc.address
+
+    def send(self, src: SimProcess | None, dst: SimProcess | None, action, *args) -> None:
+        """FIFO per link (None is the mapper). The mapper's links are streams: once a
+        message of a stream is lost (or arrives at a paused or dead process, or is
+        refused), neither it nor anything sent after it on that stream arrives; what
+        was sent before it still does, in order. Node-to-node messages are separate
+        unary calls: each may be lost on its own."""
+        link = (self._end(src), self._end(dst))
         if frozenset(link) in self.cut:
             return
-        stream = self.streams[link] if src == "m" else None
+        stream = self.streams[link] if src is None else None
         self.sent_on_link[link] += 1
         index = self.sent_on_link[link]
         if stream is not None and index >= self.dead_from.get((link, stream), index + 1):
@@ -118,202 +202,263 @@ class Simulation:
             if stream is not None:
                 self._kill_stream(link, stream, index)
             return
-        when = max(self.now + self.rng.uniform(*LATENCY) + self._starved(src) + self._starved(dst),
-                   self.last_on_link[link])
+        when = max(self.now + self.rng.uniform(*LATENCY) + self._starved(src)
+                   + self._starved(dst), self.last_on_link[link])
         self.last_on_link[link] = when
-        self.at(when, self._deliver, link, stream, index, action, args)
+        self.at(when, self._deliver, (src, dst), link, stream, index, action, args)
 
     def _kill_stream(self, link, stream, index) -> None:
         key = (link, stream)
         self.dead_from[key] = min(self.dead_from.get(key, index), index)
 
-    def _deliver(self, link, stream, index, action, args) -> None:
-        src, dst = link
+    def _deliver(self, ends, link, stream, index, action, args) -> None:
         if stream is not None and index >= self.dead_from.get((link, stream), index + 1):
             return
-        for end in (src, dst):
-            node = self.nodes.get(end)
-            if node is not None and (not node.alive or node.paused_until > self.now):
+        for proc in ends:
+            if proc is not None and (not proc.alive or proc.paused_until > self.now):
                 if stream is not None:
                     self._kill_stream(link, stream, index)  # the stream times out
                 return
         self.delivering = (link, stream, index)
         action(*args)
 
-    def reconnect(self, src: str, dst: str) -> None:
+    def call(self, caller: SimProcess, address: str, serve, on_reply, on_error,
+             timeout: float = CALL_TIMEOUT) -> None:
+        """A unary call from `caller` to whatever listens at `address`: `serve(server)`
+        runs there and returns the reply or raises FloeError; the caller then gets
+        `on_reply(reply)` or `on_error(exc)`, or Unavailable once `timeout` passed."""
+        server = self.listening.get(address)
+        done = []
+
+        def finish(callback, value):
+            if not done:
+                done.append(True)
+                callback(value)
+
+        if server is None or not server.alive:
+            self.on(caller, self.now + self.rng.uniform(*LATENCY), finish, on_error,
+                    Refused(f"nothing listens at {address}"))
+            return
+        self.on(caller, self.now + timeout, finish, on_error, Unavailable("deadline exceeded"))
+
+        def at_server():
+            try:
+                reply = serve(server)
+            except FloeError as exc:
+                self.send(server, caller, self.on, caller, self.now, finish, on_error, exc)
+                return
+            self.send(server, caller, self.on, caller, self.now, finish, on_reply, reply)
+
+        self.send(caller, server, at_server)
+
+    def reconnect(self, address: str) -> None:
         self.stream_no += 1
-        self.streams[(src, dst)] = self.stream_no
+        self.streams[(MAPPER, address)] = self.stream_no
 
-    def usable(self, name: str) -> bool:
-        node = self.nodes[name]
-        return node.alive and node.paused_until <= self.now and not node.core.fenced
-
-    # ------------------------------------------------------------------ nodes
-
-    def _starved(self, name: str) -> float:
-        """Extra delay a starved (slow, not stopped) node adds to what it does now."""
-        node = self.nodes.get(name)
-        if node is None or node.slow_until <= self.now:
+    def _starved(self, proc: SimProcess | None) -> float:
+        """Extra delay a starved (slow, not stopped) process adds to what it does now."""
+        if proc is None or proc.slow_until <= self.now:
             return 0.0
-        return self.rng.uniform(0.0, node.slow_delay)
+        return self.rng.uniform(0.0, proc.slow_delay)
 
-    def tick_node(self, name: str, scheduled: float | None = None) -> None:
-        node = self.nodes[name]
-        if not node.alive:
-            return
-        node.detector.tick(self.now if scheduled is None else scheduled, self.now)
-        self.at(self.now + HEARTBEAT + self._starved(name), self.tick_node, name,
-                self.now + HEARTBEAT)
-        if node.paused_until > self.now or node.core.fenced:
-            return
-        core = node.core
-        for target in sorted(core.heartbeat_targets()):
-            self.send(name, target, self._heartbeat, name, target, core.ring, node.incarnation)
-        for probe in node.detector.due_probes(self.now):
-            self._start_probe(name, probe)
+    # --------------------------------------------------------------- effects
 
-    def _heartbeat(self, src: str, dst: str, ring: Ring, incarnation: int) -> None:
-        node = self.nodes[dst]
-        if restarted(node.core.ring, src, incarnation):   # as the runtime: a restart is a death
-            self.log.append(f"{self.now:.3f} {dst} declares {src} (restarted)")
-            self.declared.append((self.now, dst, src))
-            self._spread(dst, node.core.ring.with_incarnation(src, incarnation))
-            return
-        node.detector.heard(src, self.now)
-        self.adopt(dst, ring)
+    def _run(self, proc: SimProcess, effects) -> None:
+        for e in effects:
+            match e:
+                case Record():
+                    self._record(e)
+                case Note() | Split():
+                    pass
+                case Gossip():
+                    self._gossip(proc, e.address)
+                case SendHeartbeat():
+                    self._heartbeat(proc, e)
+                case StartProbe():
+                    self._probe(proc, e)
+                case ShipCheckpoints():
+                    self._ship(proc, e)
+                case StartHandoff():
+                    self.request_handoff(proc, e.moves, e.why)
+                case HandoffEnded():
+                    self._handoff_ended(proc, e.handoff)
+                case Farewell():
+                    for _, address in e.ring.addresses:
+                        self.call(proc, address, lambda s, r=e.ring: self.handle(s, RingSeen(r)),
+                                  _ignore, _ignore)
+                case Exit():
+                    proc.alive = False
+                case StartShed():
+                    pass       # the simulation reports no load: nothing sheds
+                case _:
+                    raise TypeError(f"unknown effect {e!r}")
 
-    def _answer(self, asker: str, target: str, sent: float) -> tuple[str, float | None]:
-        """How and when `target` answers a call `asker` sends at `sent`, as the real
-        transport behaves: a dead process refuses at once; a cut link or a paused
-        process never answers in time (the call times out); a starved one answers late."""
-        if frozenset((asker, target)) in self.cut:
-            return TIMED_OUT, None
-        node = self.nodes[target]
-        if not node.alive or node.core.fenced:
-            return REFUSED, sent + self.rng.uniform(*LATENCY)
-        start = max(sent, node.paused_until)
-        return ALIVE, (start + 2 * self.rng.uniform(*LATENCY)
-                       + self._starved(target) + self._starved(asker))
+    def _record(self, e: Record) -> None:
+        fields = dict(e.fields)
+        if e.kind == "detected":
+            self.declared.append((self.now, e.node, fields["about"][0]))
+        shown = " ".join(f"{k}={_show(v)}" for k, v in e.fields if k not in ("why", "ms"))
+        self.log.append(f"{self.now:.3f} {e.node} {e.kind}" + (f" {shown}" if shown else ""))
 
-    def _start_probe(self, name: str, probe) -> None:
+    def _gossip(self, proc: SimProcess, address: str | None) -> None:
+        """Exchange ring views, as the ExchangeRing call does: the peer adopts ours and
+        answers with its own."""
+        ring, me = proc.core.ring, proc.name
+        targets = [address] if address else [a for n, a in ring.addresses if n != me]
+
+        def serve(server, ring=ring):
+            self.handle(server, SignOfLife(me))
+            self.handle(server, RingSeen(ring))
+            return server.core.ring
+
+        for target in targets:
+            self.call(proc, target, serve, lambda r: self.handle(proc, RingSeen(r)), _ignore)
+
+    def _heartbeat(self, proc: SimProcess, e: SendHeartbeat) -> None:
+        me, incarnation = proc.name, proc.machine.incarnation
+
+        def serve(server):
+            if server.core.fenced:
+                raise Fenced(f"{server.name} was removed from the ring")
+            self.handle(server, HeardFrom(me, e.ring_stamp, incarnation))
+            return server.core.ring.stamp, server.machine.incarnation
+
+        def answered(reply):
+            self.handle(proc, HeardFrom(e.node, reply[0], reply[1], e.address))
+
+        def failed(exc):
+            self.handle(proc, HeartbeatFailed(e.address, isinstance(exc, (StaleRing, Fenced))))
+
+        self.call(proc, e.address, serve, answered, failed, timeout=4 * HEARTBEAT)
+
+    def _answer(self, asker: str, address: str, sent: float) -> tuple[str, float | None, int]:
+        """How and when the process at `address` answers a call `asker` sends at
+        `sent`, as the real transport behaves: a dead process refuses at once; a cut
+        link or a paused process never answers in time (the call times out); a starved
+        one answers late. Also the incarnation it answers with."""
+        if frozenset((asker, address)) in self.cut:
+            return TIMED_OUT, None, 0
+        target = self.listening.get(address)
+        if target is None or not target.alive or target.core.fenced:
+            return REFUSED, sent + self.rng.uniform(*LATENCY), 0
+        start = max(sent, target.paused_until)
+        asking = self.listening.get(asker)
+        return ALIVE, (start + 2 * self.rng.uniform(*LATENCY) + self._starved(target)
+                       + self._starved(asking)), target.machine.incarnation
+
+    def _probe(self, proc: SimProcess, e: StartProbe) -> None:
         """One probe round, direct and through a third node, as the runtime runs it."""
-        sent, deadline = self.now, probe.deadline
-        ring = self.nodes[name].core.ring
-        if probe.node not in ring.nodes:
-            self.nodes[name].detector.abandon(probe)
-            return
-        kind, when = self._answer(name, probe.node, sent)
+        sent, deadline = self.now, e.probe.deadline
+        kind, when, incarnation = self._answer(proc.address, e.address, sent)
         if when is None or when > sent + deadline:
-            direct, direct_at = TIMED_OUT, sent + deadline
+            direct, direct_at, incarnation = TIMED_OUT, sent + deadline, 0
         else:
             direct, direct_at = kind, when
-        via = indirect_via(ring, name, probe.node)
         indirect, indirect_at = TIMED_OUT, sent
-        if via is not None:
+        if e.via_address is not None:
             indirect_at = sent + 2 * deadline          # the outer call's deadline
-            kind, reached = self._answer(name, via, sent)
+            kind, reached, _ = self._answer(proc.address, e.via_address, sent)
             if kind == ALIVE and reached <= indirect_at:
-                seen, seen_at = self._answer(via, probe.node, reached)
-                if seen == ALIVE and seen_at <= reached + deadline:
+                via = self.listening[e.via_address]
+                where = via.machine.address_of(e.probe.node)
+                seen, seen_at, theirs = (self._answer(e.via_address, where, reached)
+                                         if where else (TIMED_OUT, None, 0))
+                if (seen == ALIVE and seen_at <= reached + deadline
+                        and via.machine.is_process_of(e.probe.node, theirs)):
                     indirect, indirect_at = ALIVE, min(indirect_at, seen_at)
                 else:
                     indirect_at = min(indirect_at, reached + deadline)
             elif kind == REFUSED:
                 indirect_at = reached
-        outcome = combine(direct, indirect)
-        self.at(max(direct_at, indirect_at), self._probe_done, name, probe, outcome, via)
+        failure = ": connection refused" if direct == REFUSED else ""
+        self.on(proc, max(direct_at, indirect_at), self.handle, proc,
+                ProbeFinished(e.probe, direct, indirect, e.epoch, incarnation, failure))
 
-    def _probe_done(self, name: str, probe, outcome: str, via) -> None:
-        node = self.nodes[name]
-        if not self.usable(name):
-            node.detector.abandon(probe)
-            return
-        verdict = node.detector.probe_result(probe, outcome, self.now)
-        suspect = probe.node
-        if verdict != DEAD or suspect not in node.core.ring.nodes:
-            return
-        self.log.append(f"{self.now:.3f} {name} declares {suspect} ({outcome}, via {via})")
-        self.declared.append((self.now, name, suspect))
-        self.adopt(name, node.core.ring.without([suspect]))
-        for other in self.nodes:
-            if other != name:
-                self.send(name, other, self.adopt, other, node.core.ring)
+    # ------------------------------------------------------------ timers
 
-    def adopt(self, name: str, ring: Ring) -> None:
-        node = self.nodes[name]
-        change = node.core.adopt_ring(ring)
-        if change is None:
-            return
-        if change.fenced:
-            self.log.append(f"{self.now:.3f} {name} fenced at v{change.ring.version}")
-            return
-        if change.taken_over:
-            self.log.append(f"{self.now:.3f} {name} takes over {len(change.taken_over)} "
-                            f"ranges at v{change.ring.version}")
-        if change.lost:
-            self.log.append(f"{self.now:.3f} {name} LOST {len(change.lost)} ranges")
-        node.detector.watch(node.core.monitored_primaries(), self.now)
+    def tick_node(self, proc: SimProcess, scheduled: float) -> None:
+        """The heartbeat and monitor loops (one interval in the simulation)."""
+        self.on(proc, self.now + HEARTBEAT + self._starved(proc), self.tick_node, proc,
+                self.now + HEARTBEAT)
+        self.handle(proc, MonitorDue(scheduled))
+        self.handle(proc, HeartbeatDue())
 
-    def checkpoint_node(self, name: str) -> None:
-        node = self.nodes[name]
-        if not node.alive:
-            return
-        self.at(self.now + CHECKPOINT, self.checkpoint_node, name)
-        if not self.usable(name):
-            return
-        core = node.core
-        shipments = core.plan_checkpoints()
-        for s in shipments:
+    def checkpoint_round(self, proc: SimProcess) -> None:
+        self.handle(proc, CheckpointDue())
+
+    def _ship(self, proc: SimProcess, e: ShipCheckpoints) -> None:
+        """Ship every checkpoint of a round concurrently; the round is done once each
+        was answered or timed out."""
+        started, waiting = self.now, [len(e.shipments)]
+        me, incarnation = proc.name, proc.machine.incarnation
+
+        def answered(event):
+            self.handle(proc, event)
+            waiting[0] -= 1
+            if waiting[0] == 0:
+                self._round_done(proc, e, started)
+
+        for s, address in zip(e.shipments, e.addresses):
             cp = s.checkpoint
-            self.send(name, s.replica, self._receive_checkpoint, name, s.replica,
-                      core.ring.stamp, cp, s.base_seq)
-        for token in sorted({s.checkpoint.token for s in shipments}):
-            core.checkpoint_done(token)   # shipping is asynchronous: merge now
-        self._step_handoff(name)
-        if node.handoff is None and not node.leaving and self.usable(name):
-            moves = refill_moves(core.ring, name)   # as the runtime's checkpoint loop
-            if moves:
-                self._prepare_moves(name, moves, f"refills {sorted(set(moves.values()))} "
-                                                 f"with {len(moves)} ranges")
+
+            def serve(server, s=s, cp=cp):
+                self.handle(server, HeardFrom(me, e.ring_stamp, incarnation))
+                return server.core.receive_checkpoint(
+                    me, e.ring_stamp, cp.token, cp.seq, s.base_seq, cp.full,
+                    dict(cp.states), dict(cp.watermarks))
+
+            self.call(proc, address, serve,
+                      lambda reply, s=s: answered(CheckpointAcked(
+                          s.checkpoint.token, s.replica, reply[1], reply[0], e.epoch)),
+                      lambda exc, s=s: answered(CheckpointFailed(
+                          s.checkpoint.token, s.replica, exc.refresh_ring, e.epoch)))
+        if not e.shipments:
+            self._round_done(proc, e, started)
+
+    def _round_done(self, proc: SimProcess, e: ShipCheckpoints, started: float) -> None:
+        self.handle(proc, CheckpointRoundDone(e.tokens, e.behind_before, e.epoch))
+        self.handle(proc, RefillDue())
+        self._continue_leave(proc)
+        busy = proc.machine.handoff is not None
+        when = self.now + HANDOFF_ROUND if busy else max(self.now, started + CHECKPOINT)
+        self.on(proc, when + self._starved(proc), self.checkpoint_round, proc)
 
     # --------------------------------------------------------------- handoffs
 
+    def request_handoff(self, proc: SimProcess, moves: dict[int, str], what: str) -> bool:
+        try:
+            self.handle(proc, HandoffRequested(dict(moves), HANDOFF_TIMEOUT))
+        except InvalidArgument as exc:
+            self.log.append(f"{self.now:.3f} {proc.name} handoff refused: {exc}")
+            return False
+        self.log.append(f"{self.now:.3f} {proc.name} {what}")
+        return True
+
+    def _handoff_ended(self, proc: SimProcess, h) -> None:
+        if proc.leaving == "handing":
+            proc.leaving = "waiting" if h.state == "committed" else ""
+
     def handoff(self, name: str, to: str = "heir") -> None:
         """`name` hands one of its tokens to its first replica ("heir") or to another
-        member picked by the seed ("any"), as the runtime's handoff task does."""
-        node = self.nodes[name]
-        if not self.usable(name) or node.handoff is not None or not node.core.primaries:
+        member picked by the seed ("any"), as an operator's `floe move` does."""
+        proc = self.process(name)
+        if proc is None or not self._usable(proc) or not proc.core.primaries:
             return
-        core = node.core
+        core = proc.core
         token = self.rng.choice(sorted(core.primaries))
-        others = [n for n in core.ring.nodes if n != name]
+        others = [n for n in core.ring.nodes if n != proc.name]
         if not others:
             return
         target = core.ring.heir(token) if to == "heir" else self.rng.choice(others)
-        self._prepare_handoff(name, token, target, f"hands {token} to {target}")
-
-    def _prepare_handoff(self, name: str, token: int, target: str, what: str) -> None:
-        self._prepare_moves(name, {token: target}, what)
-
-    def _prepare_moves(self, name: str, moves: dict[int, str], what: str) -> None:
-        node = self.nodes[name]
-        h = Handoff(name, dict(moves), deadline=self.now + 2.0)
-        try:
-            ring = h.prepare(node.core, self.now)
-        except InvalidArgument as exc:
-            self.log.append(f"{self.now:.3f} {name} handoff refused: {exc}")
-            return
-        self.log.append(f"{self.now:.3f} {name} {what}")
-        node.handoff = h
-        self._spread(name, ring)
+        self.request_handoff(proc, {token: target}, f"hands {token} to {target}")
 
     def split(self, name: str, hand_tail: bool = True) -> None:
         """`name` cuts one of its ranges at a seeded position and (as load shedding
         does) hands the tail to its first replica."""
-        node = self.nodes[name]
-        if not self.usable(name) or node.handoff is not None or not node.core.primaries:
+        proc = self.process(name)
+        if proc is None or not self._usable(proc) or not proc.core.primaries:
             return
-        core = node.core
+        core = proc.core
         token = self.rng.choice(sorted(core.primaries))
         lo, hi = core.ring.range_of_token(token)
         size = Ring.range_size((lo, hi))
@@ -321,109 +466,63 @@ class Simulation:
             return
         at = (lo + self.rng.randrange(1, size)) % (2 ** 64)
         try:
-            _, ring = split_ring(core.ring, name, at, core.fenced)
+            self.handle(proc, SplitRequested(at))
         except InvalidArgument as exc:
-            self.log.append(f"{self.now:.3f} {name} split refused: {exc}")
+            self.log.append(f"{self.now:.3f} {proc.name} split refused: {exc}")
             return
-        self.log.append(f"{self.now:.3f} {name} splits {token} at {at}")
-        self._spread(name, ring)
-        heir = core.ring.heir(token)
+        heir = proc.core.ring.heir(token)
         if hand_tail and heir is not None:
-            self._prepare_handoff(name, token, heir, f"hands the tail {token} to {heir}")
+            self.request_handoff(proc, {token: heir}, f"hands the tail {token} to {heir}")
 
     def leave(self, name: str) -> None:
         """Scale-in as the runtime does it: hand every range to its first replica, wait
         until no range needs our copy any more, remove ourselves, exit."""
-        node = self.nodes[name]
-        core = node.core
-        if not self.usable(name) or node.handoff is not None:
+        proc = self.process(name)
+        if proc is None or not self._usable(proc) or proc.leaving:
             return
         try:
-            moves = leave_moves(core.ring, name)
+            moves = proc.machine.leave_moves()
         except InvalidArgument as exc:
-            self.log.append(f"{self.now:.3f} {name} leave refused: {exc}")
+            self.log.append(f"{self.now:.3f} {proc.name} leave refused: {exc}")
             return
-        node.leaving = True
-        self.log.append(f"{self.now:.3f} {name} leaves")
+        self.log.append(f"{self.now:.3f} {proc.name} leaves")
+        proc.leave_by = self.now + HANDOFF_TIMEOUT
         if not moves:
+            proc.leaving = "waiting"
             return
-        h = Handoff(name, moves, deadline=self.now + 2.0)
-        try:
-            ring = h.prepare(core, self.now)
-        except InvalidArgument as exc:
-            node.leaving = False
-            self.log.append(f"{self.now:.3f} {name} leave refused: {exc}")
-            return
-        node.handoff = h
-        self._spread(name, ring)
+        proc.leaving = "handing"
+        if not self.request_handoff(proc, moves, f"hands {len(moves)} ranges away"):
+            proc.leaving = ""
 
-    def _finish_leave(self, name: str) -> None:
-        node = self.nodes[name]
-        ring = node.core.ring
-        if ring.tokens_of(name) or any(name in ring.extras_of(t) for t in ring.tokens):
+    def _continue_leave(self, proc: SimProcess) -> None:
+        if proc.leaving != "waiting":
             return
-        self.log.append(f"{self.now:.3f} {name} left")
-        self._spread(name, ring.remove_node(name))
-        node.alive = False
+        if proc.machine.copy_in_use() and self.now < proc.leave_by:
+            self._gossip(proc, None)
+            return
+        proc.leaving = ""
+        self.handle(proc, LeaveRing())
 
     def join(self, name: str, via: str) -> None:
         """A new, empty member joins through `via`'s view, then `via` hands it a token
         (the delayed transition: extra replica first, owner once it holds the range)."""
-        if not self.usable(via):
+        sponsor = self.process(via)
+        if sponsor is None or not self._usable(sponsor):
             return
         self.log.append(f"{self.now:.3f} {name} joins via {via}")
-        ring = self.nodes[via].core.ring.add_node(name, f"sim:{name}", ())
-        node = SimNode(NodeCore(name, ring, load_reducer("count")),
-                       FailureDetector(DetectorConfig()))
-        self.nodes[name] = node
-        self.at(self.now + HEARTBEAT, self.tick_node, name)
-        self.at(self.now + CHECKPOINT, self.checkpoint_node, name)
-        self._spread(name, ring)
+        address = f"sim:{name}"
+        incarnation = self._incarnation()
+        ring = sponsor.core.ring.add_node(name, address, (), incarnation)
+        proc = self._spawn_process(make_machine(name, ring, incarnation, address), address,
+                                   name)
+        self._start_loops(proc)
         self.at(self.now + 0.05, self.handoff, via, "any")
 
-    def _spread(self, name: str, ring: Ring) -> None:
-        self.adopt(name, ring)
-        for other in sorted(self.nodes):
-            if other != name:
-                self.send(name, other, self.adopt, other, self.nodes[name].core.ring)
-
-    def _step_handoff(self, name: str) -> None:
-        node = self.nodes[name]
-        h = node.handoff
-        retired = retired_extras(node.core, busy=h.moves if h else ())
-        if retired is not None:
-            self._spread(name, retired)
-        if h is None:
-            if node.leaving and self.usable(name):
-                self._finish_leave(name)
-            return
-        ring = h.step(node.core, self.now)
-        if ring is not None:
-            self._spread(name, ring)
-        if h.state != "prepared":
-            self.log.append(f"{self.now:.3f} {name} handoff {h.state} {h.reason}")
-            node.handoff = None
-            if node.leaving and h.state != "committed":
-                node.leaving = False
-
-    def _receive_checkpoint(self, src, dst, stamp, cp, base_seq) -> None:
-        node = self.nodes[dst]
-        node.detector.heard(src, self.now)
-        try:
-            need_full, seq = node.core.receive_checkpoint(
-                src, stamp, cp.token, cp.seq, base_seq, cp.full, dict(cp.states),
-                dict(cp.watermarks))
-        except FloeError:
-            self.send(dst, src, self._checkpoint_failed, src, cp.token, dst, node.core.ring)
-            return
-        self.send(dst, src, self._checkpoint_acked, src, cp.token, dst, seq, need_full)
-
-    def _checkpoint_acked(self, name, token, replica, seq, need_full) -> None:
-        self.nodes[name].core.checkpoint_acked(token, replica, seq, need_full)
-
-    def _checkpoint_failed(self, name, token, replica, ring) -> None:
-        self.nodes[name].core.checkpoint_failed(token, replica)
-        self.adopt(name, ring)
+    def _start_loops(self, proc: SimProcess) -> None:
+        proc.machine.watch_peers(self.now, 0.0)
+        self.on(proc, self.now + HEARTBEAT, self.tick_node, proc, self.now + HEARTBEAT)
+        self.on(proc, self.now + CHECKPOINT, self.checkpoint_round, proc)
+        self._gossip(proc, None)      # every peer learns our incarnation now
 
     # ----------------------------------------------------------------- mapper
 
@@ -441,7 +540,7 @@ class Simulation:
             self.sent[key] += 1
         for token, (k, s) in by_token.items():
             self.batch_ids += 1
-            batch = PendingBatch(self.batch_ids, token, "m", s[0], s[-1], len(s),
+            batch = PendingBatch(self.batch_ids, token, MAPPER, s[0], s[-1], len(s),
                                  encode_payload(k, [1] * len(k)), encode_seqs(s),
                                  tokens=self.mapper_ring.tokens)
             self._send_batches(self.outbox.add(batch, self.mapper_ring))
@@ -454,20 +553,26 @@ class Simulation:
                           first_seq=batch.first_seq, last_seq=batch.last_seq,
                           count=batch.count, payload=batch.payload, seqs=batch.seqs)
             for dest in sorted(destinations):
-                self.send("m", dest, self._node_receive, dest, batch.id, ring.stamp,
-                          dict(fields, stream=self.streams[("m", dest)]))
+                address = ring.address(dest)
+                proc = self.listening[address]
+                self.send(None, proc, self._node_receive, proc, dest, batch.id, ring.stamp,
+                          dict(fields, stream=self.streams[(MAPPER, address)]))
 
-    def _node_receive(self, name, batch_id, stamp, fields) -> None:
+    def _node_receive(self, proc: SimProcess, dest: str, batch_id, stamp, fields) -> None:
+        """As the runtime's applier: the core decides; a refusal ends the stream."""
         try:
-            self.nodes[name].core.receive_batch(**fields)
-        except FloeError:
-            # like the real node: the refusal ends the stream, nothing behind it applies
+            result = proc.core.receive_batch(**fields)
+        except FloeError as exc:
             link, stream, index = self.delivering
             self._kill_stream(link, stream, index + 1)
+            if isinstance(exc, StaleRing):
+                self.handle(proc, MapperAhead(stamp))
             if stream == self.streams[link]:
-                self.send(name, "m", self._mapper_refused, self.nodes[name].core.ring)
+                self.send(proc, None, self.refresh_mapper)
             return
-        self.send(name, "m", self._mapper_ack, batch_id, name, stamp)
+        if proc.machine.resuming and result.applied:
+            self.handle(proc, BatchApplied(fields["token"]))
+        self.send(proc, None, self._mapper_ack, batch_id, dest, stamp)
 
     def _mapper_ack(self, batch_id, node, stamp) -> None:
         batch = self.outbox.undelivered.get(batch_id)
@@ -477,18 +582,15 @@ class Simulation:
         if self.outbox.acked(batch, node):
             self.acked.update(decode_payload(batch.payload, batch.count)[0])
 
-    def _mapper_refused(self, ring: Ring) -> None:
-        self.refresh_mapper()
-
     def refresh_mapper(self) -> None:
         """As the client does: newest ring among reachable nodes; the outbox fits and
         re-routes everything undelivered."""
-        views = [n.core.ring for name, n in self.nodes.items() if self.usable(name)]
+        views = [p.core.ring for p in self.procs if self._usable(p)]
         if not views:
             return
         best = max(views, key=lambda r: r.version)
-        for node in list(self.nodes):
-            self.reconnect("m", node)
+        for address in list(self.listening):
+            self.reconnect(address)
         self.mapper_ring = best
         self._send_batches(self.outbox.reroute(best))
 
@@ -502,9 +604,10 @@ class Simulation:
     # -------------------------------------------------------------- scenario
 
     def run(self, until: float, emit_until: float, faults: list) -> None:
-        for name in self.nodes:
-            self.at(self.rng.uniform(0, HEARTBEAT), self.tick_node, name)
-            self.at(self.rng.uniform(0, CHECKPOINT), self.checkpoint_node, name)
+        for proc in self.procs:
+            first = self.rng.uniform(0, HEARTBEAT)
+            self.on(proc, first, self.tick_node, proc, first)
+            self.on(proc, self.rng.uniform(0, CHECKPOINT), self.checkpoint_round, proc)
         self.at(0.1, self.mapper_tick)
         words = [f"w{i}" for i in range(40)]
         t = 0.0
@@ -523,57 +626,55 @@ class Simulation:
         the peers it reaches (each answers with probability `answering`) for their
         rings and decides who it is (`node.core.membership.decide_start`), exactly as
         the runtime does. Its old self is then dead; it joins empty under a new name."""
-        node = self.nodes[name]
-        if not node.alive:
+        proc = self.process(name)
+        if proc is None or not proc.alive:
             return
-        self.log.append(f"{self.now:.3f} restart {name}")
-        node.alive = False
-        self._start_again(name, answering, self._incarnation())
+        self.log.append(f"{self.now:.3f} restart {proc.name}")
+        proc.alive = False
+        self._start_again(proc, answering, self._incarnation())
 
-    def _start_again(self, name: str, answering: float, incarnation: int) -> None:
+    def _start_again(self, old: SimProcess, answering: float, incarnation: int) -> None:
         """The new process asks its peers; with no running peer answering it waits
         and asks again (it cannot tell a restart from a fresh start alone)."""
-        base = name.split("#", 1)[0]
-        peers = [other for other in sorted(self.nodes) if other != name]
-        seen = [self.nodes[other].core.ring for other in peers
-                if self.usable(other) and frozenset((name, other)) not in self.cut
+        base = base_name(old.started_as)
+        peers = [p for p in self.procs if p.alive and p.address != old.address]
+        seen = [p.core.ring for p in peers
+                if self._usable(p) and frozenset((old.address, p.address)) not in self.cut
                 and self.rng.random() < answering]
+        asked = len({p.address for p in peers})
         # Every peer in the simulation runs (none is starting), as the runtime judges it.
-        if not ready_to_decide(len(seen), 0, len(peers), False, False):
+        if not ready_to_decide(len(seen), 0, asked, False, False):
             self.log.append(f"{self.now:.3f} {base} (restarted) hears no peer yet")
-            self.at(self.now + 0.2, self._start_again, name, answering, incarnation)
+            self.at(self.now + 0.2, self._start_again, old, answering, incarnation)
             return
         initial = self.founding if base in self.members else None
-        decision = decide_start(base, incarnation, self.members.get(base, f"sim:{base}"),
-                                seen, initial)
-        if decision.node_id in self.nodes and self.nodes[decision.node_id].alive:
+        decision = decide_start(base, incarnation, old.address, seen, initial)
+        if any(p.alive and p.name == decision.node_id for p in self.procs):
             raise AssertionError(f"{decision.node_id} restarted under a live member's name")
         self.log.append(f"{self.now:.3f} {base} starts as {decision.node_id}"
                         + (f", declaring {decision.replaces} dead" if decision.replaces else ""))
         if decision.replaces:
             self.declared.append((self.now, decision.node_id, decision.replaces))
-        fresh = SimNode(NodeCore(decision.node_id, decision.ring, load_reducer("count")),
-                        FailureDetector(DetectorConfig()), incarnation=incarnation)
-        self.nodes[decision.node_id] = fresh
-        fresh.detector.watch(fresh.core.monitored_primaries(), self.now)
-        self.at(self.now + HEARTBEAT, self.tick_node, decision.node_id)
-        self.at(self.now + CHECKPOINT, self.checkpoint_node, decision.node_id)
-        self._spread(decision.node_id, decision.ring)
+        proc = self._spawn_process(
+            make_machine(decision.node_id, decision.ring, incarnation, old.address),
+            old.address, base)
+        self._start_loops(proc)
 
     def restart_latest(self, base: str) -> None:
         """Restart whatever process now runs the founding id `base` (`n3#1`, ...)."""
-        live = [n for n, node in self.nodes.items()
-                if n.split("#", 1)[0] == base and node.alive]
+        live = [p for p in self.procs if base_name(p.name) == base and p.alive]
         if live:
-            self.restart(live[0])
+            self.restart(live[0].name)
 
     def kill(self, name: str) -> None:
-        self.log.append(f"{self.now:.3f} kill {name}")
-        self.nodes[name].alive = False
+        proc = self.process(name)
+        self.log.append(f"{self.now:.3f} kill {proc.name}")
+        proc.alive = False
 
     def partition(self, name: str, others: list[str], seconds: float) -> None:
         self.log.append(f"{self.now:.3f} cut {name} from {','.join(others)} for {seconds:.2f}s")
-        pairs = {frozenset((name, o)) for o in others}
+        pairs = {frozenset((self.process(name).address, self.process(o).address))
+                 for o in others}
         self.cut |= pairs
         self.at(self.now + seconds, self._heal, pairs)
 
@@ -583,57 +684,68 @@ class Simulation:
 
     def pause(self, name: str, seconds: float) -> None:
         self.log.append(f"{self.now:.3f} pause {name} {seconds:.2f}s")
-        self.nodes[name].paused_until = self.now + seconds
+        self.process(name).paused_until = self.now + seconds
 
     def slow(self, name: str, seconds: float, delay: float) -> None:
         """Starve `name` for `seconds`: alive, but every message it sends or reads,
         every answer and every tick of its own runs up to `delay` seconds late."""
         self.log.append(f"{self.now:.3f} slow {name} by up to {delay:.2f}s for {seconds:.2f}s")
-        node = self.nodes[name]
-        node.slow_until, node.slow_delay = self.now + seconds, delay
+        proc = self.process(name)
+        proc.slow_until, proc.slow_delay = self.now + seconds, delay
 
     # ------------------------------------------------------------- invariants
 
+    def _latest(self) -> Ring | None:
+        return max((p.core.ring for p in self.procs if self._usable(p)),
+                   key=lambda r: r.version, default=None)
+
     def check_invariants(self) -> None:
-        latest = max((n.core.ring for name, n in self.nodes.items() if self.usable(name)),
-                     key=lambda r: r.version, default=None)
+        latest = self._latest()
         if latest is None:
             return
-        for name, node in self.nodes.items():
-            if not self.usable(name):
+        for p in self.procs:
+            if not self._usable(p):
                 continue
-            node.core.check_invariants()
-            if node.core.ring.stamp == latest.stamp:
+            p.core.check_invariants()
+            if p.core.ring.stamp == latest.stamp:
                 # one primary per token per ring: this node applies exactly its tokens
-                for token in node.core.primaries:
-                    if latest.owner_of_token(token) != name:
-                        raise AssertionError(f"{name} applies token {token} it does not own")
+                for token in p.core.primaries:
+                    if latest.owner_of_token(token) != p.name:
+                        raise AssertionError(f"{p.name} applies token {token} it does not own")
         for key, count in self.acked.items():
             if count > self.sent[key]:
                 raise AssertionError(f"{key} acknowledged more often than sent")
 
     def under_replicated(self) -> dict[str, list[int]]:
         """Ranges of usable owners not yet on all their replicas."""
-        return {name: n.core.under_replicated() for name, n in self.nodes.items()
-                if self.usable(name) and n.core.under_replicated()}
+        return {p.name: p.core.under_replicated() for p in self.procs
+                if self._usable(p) and p.core.under_replicated()}
 
     def final_state(self) -> tuple[Counter, set]:
         """Counts held by the owners in the newest ring, and the keys in lost ranges."""
-        ring = max((n.core.ring for name, n in self.nodes.items() if self.usable(name)),
-                   key=lambda r: r.version)
+        ring = self._latest()
         state, lost_keys = Counter(), set()
-        for name, node in self.nodes.items():
-            if not self.usable(name) or node.core.ring.stamp != ring.stamp:
+        usable = [p for p in self.procs if self._usable(p)]
+        for p in usable:
+            if p.core.ring.stamp != ring.stamp:
                 continue
-            for token, rng in node.core.primaries.items():
+            for token, rng in p.core.primaries.items():
                 for key, count in rng.state.snapshot().items():
                     state[key] += count
-                if token in node.core.lost_tokens:
+                if token in p.core.lost_tokens:
                     lost_keys |= set(rng.state.snapshot())
-        lost_positions = {t for t in ring.lost}
         for key in self.sent:
-            if ring.token_for_key(key) in lost_positions or any(
-                    ring.token_for_key(key) in n.core.lost_tokens
-                    for name, n in self.nodes.items() if self.usable(name)):
+            token = ring.token_for_key(key)
+            if token in ring.lost or any(token in p.core.lost_tokens for p in usable):
                 lost_keys.add(key)
         return state, lost_keys
+
+
+def _ignore(_value) -> None:
+    pass
+
+
+def _show(value) -> str:
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(str, value))
+    return str(value)

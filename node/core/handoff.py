@@ -38,7 +38,7 @@ class HandoffState(StrEnum):
 
 # The only moves a handoff makes; anything else is a bug in its caller, not a no-op.
 TRANSITIONS: dict[HandoffState, frozenset[HandoffState]] = {
-    HandoffState.NEW: frozenset({HandoffState.PREPARED}),
+    HandoffState.NEW: frozenset({HandoffState.PREPARED, HandoffState.ABORTED}),
     HandoffState.PREPARED: frozenset({HandoffState.COMMITTED, HandoffState.ABORTED}),
     HandoffState.COMMITTED: frozenset(),
     HandoffState.ABORTED: frozenset(),
@@ -57,11 +57,16 @@ class Handoff:
     state: HandoffState = HandoffState.NEW
     reason: str = ""
     marks: dict[int, int] = field(default_factory=dict)  # checkpoint seq at prepare
+    prepared_at: float = 0.0
+    settle_until: float = 0.0      # a requested handoff may wait until then to prepare
 
     def _move(self, to: HandoffState, reason: str = "") -> None:
         if to not in TRANSITIONS[self.state]:
             raise HandoffStateError(f"a handoff cannot go from {self.state} to {to}")
         self.state, self.reason = to, reason
+
+    def abort(self, reason: str) -> None:
+        self._move(HandoffState.ABORTED, reason)
 
     @property
     def finished(self) -> bool:
@@ -89,6 +94,7 @@ class Handoff:
         for token in self.moves:
             core.primaries[token].force_checkpoint()   # the final checkpoint
         self._move(HandoffState.PREPARED)
+        self.prepared_at = now
         return self._extras_ring(ring) or ring.with_version(ring.version + 1)
 
     def _extras_ring(self, ring: Ring) -> Ring | None:

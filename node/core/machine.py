@@ -1,0 +1,455 @@
+"""The node machine: every protocol decision a reducer node makes, as one pure object.
+
+`NodeMachine.handle(event, now)` takes a frozen event (`node.core.machine_io`) and
+returns the effects to carry out. It owns the node's protocol state (NodeCore: ring
+and ranges; the failure detector; the load monitor; the handoff it runs) and reads no
+clock, does no I/O and draws no randomness, so the asyncio runtime and the
+deterministic simulation drive exactly the same decisions.
+
+`epoch` counts the members this process has been (it grows when a fenced node rejoins
+under a new name): a call begun as an earlier member reports with its epoch and is
+discarded by value, never applied to the member that replaced it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+from node.core.detector import (ALIVE, DEAD, REFUSED, SUSPECT, FailureDetector, combine,
+                                indirect_via)
+from node.core.errors import InvalidArgument
+from node.core.handoff import (Handoff, HandoffState, leave_moves, retired_extras,
+                               split_ring)
+from node.core.load import LoadMonitor
+from node.core.machine_io import (BatchApplied, CheckpointAcked, CheckpointDue,
+                                  CheckpointFailed, CheckpointRoundDone, Exit, Farewell,
+                                  Gossip, HandoffEnded, HandoffRequested, HeardFrom,
+                                  HeartbeatDue, HeartbeatFailed, LeaveRing, LoadSampled, MapperAhead,
+                                  MonitorDue, Note, ProbeAbandoned, ProbeFinished, Record,
+                                  RefillDue, RingSeen, SendHeartbeat, ShipCheckpoints,
+                                  SignOfLife, Split, SplitRequested, StartHandoff,
+                                  StartProbe, StartShed)
+from node.core.membership import refill_moves, rejoin_name, restarted
+from node.core.node_core import NodeCore, RingChange
+from node.core.ring import Ring
+from node.core.shedding import PeerLoad, ShedPlan, plan_shed, with_split_tail
+
+# How long a requested handoff waits for the extras of its ranges to retire (another
+# handoff just committed next to them) before it is prepared anyway.
+SETTLE_SECONDS = 5.0
+
+
+class NodeMachine:
+    def __init__(self, core: NodeCore, incarnation: int, detector: FailureDetector,
+                 load: LoadMonitor, make_core: Callable[[str, Ring], NodeCore],
+                 listen: str = "", balance: bool = False) -> None:
+        self.core = core
+        self.incarnation = incarnation
+        self.detector = detector
+        self.load = load
+        self.make_core = make_core
+        self.listen = listen
+        self.balance = balance
+        self.epoch = 0
+        self.rejoined = 0                # times this process rejoined as a new member
+        self.handoff: Handoff | None = None
+        self.leaving = False
+        # Ranges taken over whose first new tuples are not applied yet: token -> the
+        # dead owner. Recorded once applied, so recovery can be timed to that moment.
+        self.resuming: dict[int, str] = {}
+        self._handlers = {
+            RingSeen: self._ring_seen, HeardFrom: self._heard_from,
+            SignOfLife: self._sign_of_life, HeartbeatFailed: self._heartbeat_failed,
+            HeartbeatDue: self._heartbeat_due, MonitorDue: self._monitor_due,
+            ProbeFinished: self._probe_finished, ProbeAbandoned: self._probe_abandoned,
+            CheckpointDue: self._checkpoint_due, CheckpointAcked: self._checkpoint_acked,
+            CheckpointFailed: self._checkpoint_failed,
+            CheckpointRoundDone: self._round_done, RefillDue: self._refill_due,
+            BatchApplied: self._batch_applied, LoadSampled: self._load_sampled,
+            HandoffRequested: self._handoff_requested, SplitRequested: self._split,
+            LeaveRing: self._leave_ring, MapperAhead: self._mapper_ahead,
+        }
+
+    @property
+    def node_id(self) -> str:
+        return self.core.node_id
+
+    def handle(self, event, now: float) -> list:
+        """The effects of `event` at time `now`. Raises InvalidArgument for a request
+        the node refuses (an impossible handoff, split or leave)."""
+        out: list = []
+        self._handlers[type(event)](event, now, out)
+        return out
+
+    # ------------------------------------------------------------- lifecycle
+
+    def begin(self, node_id: str, ring: Ring) -> None:
+        """The start-up decision is made (node.core.membership): serve as `node_id`."""
+        self.core = self.make_core(node_id, ring)
+
+    def watch_peers(self, now: float, grace: float) -> None:
+        """Start watching the primaries we back up; peers are starting too, so none is
+        suspected before `grace` has passed or we heard it once."""
+        self.detector.watch(self.core.monitored_primaries(), now, grace=grace)
+
+    def is_process_of(self, node: str, incarnation: int) -> bool:
+        """Is the process that answered for `node` the member the ring knows?"""
+        return not restarted(self.core.ring, node, incarnation)
+
+    def _record(self, kind: str, text: str = "", level: int = logging.INFO,
+                **fields) -> Record:
+        return Record(kind, self.core.node_id, tuple(sorted(fields.items())), level, text)
+
+    # ------------------------------------------------------------ ring views
+
+    def _ring_seen(self, event: RingSeen, now: float, out: list) -> None:
+        self._adopt(event.ring, now, out)
+
+    def _adopt(self, ring: Ring, now: float, out: list) -> RingChange | None:
+        """Merge a ring view; act on what it changes here."""
+        before = self.core.ring
+        change = self.core.adopt_ring(ring)
+        if change is None:
+            return None
+        new = change.ring
+        out.append(Note(f"ring v{before.version} -> v{new.version} ({new.describe()})"))
+        me = self.core.node_id
+        if change.fenced:
+            if self.leaving:
+                out.append(self._record("left", f"{me} left the ring at v{new.version}",
+                                   ring_version=new.version))
+                out.append(Exit())
+            else:
+                self._rejoin_empty(new, now, out)
+            return change
+        if change.taken_over:
+            previous = {t: before.owner_of_token(t) for t in change.taken_over}
+            olds = sorted(set(previous.values()))
+            tokens = sorted(change.taken_over)
+            out.append(self._record("taken_over", f"took over {len(tokens)} ranges at {{t}} "
+                               f"from {','.join(olds)}: tokens {','.join(map(str, tokens))}",
+                               previous=olds, tokens=tokens))
+            self.resuming.update(previous)
+        for token in change.lost:
+            out.append(self._record("lost", f"range of token {token} LOST: every copy died; "
+                               "its queries will fail", logging.ERROR, token=token))
+        self.detector.watch(self.core.monitored_primaries(), now)
+        return change
+
+    def _rejoin_empty(self, ring: Ring, now: float, out: list) -> None:
+        """We were declared dead (paused or cut off too long): everything we hold is
+        stale. Come back as a new member with no state and no tokens; the ring gives
+        it ranges only through a handoff, like any new node."""
+        old = self.core.node_id
+        node_id = rejoin_name(old, ring)
+        out.append(self._record("fenced", f"{old} was declared dead in ring v{ring.version}: "
+                           f"dropping all state, rejoining empty as {node_id}",
+                           logging.ERROR, ring_version=ring.version, rejoins_as=node_id))
+        self.core = self.make_core(node_id, ring.add_node(node_id, self.listen, (),
+                                                          self.incarnation))
+        self.detector.watch((), now)
+        self.resuming.clear()
+        self.rejoined += 1
+        self.epoch += 1
+        if self.handoff is not None:
+            self._abort_handoff("this node was removed from the ring", out)
+        out.append(Gossip())
+
+    # ------------------------------------------------------- signs of life
+
+    def _sign_of_life(self, event: SignOfLife, now: float, out: list) -> None:
+        self.detector.heard(event.node, now)
+
+    def _heard_from(self, event: HeardFrom, now: float, out: list) -> None:
+        if self._restarted(event.node, event.incarnation, now, out):
+            return
+        self.detector.heard(event.node, now)
+        if event.ring_stamp != self.core.ring.stamp:
+            out.append(Gossip(event.address or self.address_of(event.node)))
+
+    def _restarted(self, node: str, incarnation: int, now: float, out: list) -> bool:
+        """A message from `node` as another process than the ring knows: the member
+        restarted and lost its state; declare it dead now, whoever answers at its
+        address (the new process joins under a new name)."""
+        ring = self.core.ring
+        if not restarted(ring, node, incarnation):
+            return False
+        known = ring.incarnation_of(node)
+        out.append(self._record("detected", f"declaring {node} dead at {{t}}: it restarted "
+                           f"(incarnation {incarnation}, the ring knows {known})",
+                           logging.WARNING, about=[node],
+                           why=f"restarted: incarnation {incarnation}, the ring knows {known}"))
+        if self._adopt(ring.with_incarnation(node, incarnation), now, out) is not None:
+            out.append(Gossip())
+        return True
+
+    def _mapper_ahead(self, event: MapperAhead, now: float, out: list) -> None:
+        if Ring.version_of_stamp(event.ring_stamp) >= self.core.ring.version:
+            out.append(Gossip())
+
+    def _heartbeat_failed(self, event: HeartbeatFailed, now: float, out: list) -> None:
+        if event.refresh:
+            out.append(Gossip(event.address))
+
+    def address_of(self, node: str) -> str | None:
+        try:
+            return self.core.ring.address(node)
+        except ValueError:
+            return None
+
+    # ------------------------------------------------------ failure detection
+
+    def _heartbeat_due(self, event: HeartbeatDue, now: float, out: list) -> None:
+        if self.core.fenced:
+            return
+        ring = self.core.ring
+        for node in sorted(self.core.heartbeat_targets()):
+            out.append(SendHeartbeat(node, ring.address(node), ring.stamp))
+
+    def _monitor_due(self, event: MonitorDue, now: float, out: list) -> None:
+        self.detector.tick(event.scheduled, now)     # our own lag makes us a lenient judge
+        if self.core.fenced:
+            return
+        ring = self.core.ring
+        for probe in self.detector.due_probes(now):
+            if probe.node not in ring.nodes:
+                self.detector.abandon(probe)
+                continue
+            via = indirect_via(ring, self.core.node_id, probe.node)
+            out.append(StartProbe(probe, ring.address(probe.node), via,
+                                  ring.address(via) if via else None, ring.stamp, self.epoch))
+
+    def _probe_abandoned(self, event: ProbeAbandoned, now: float, out: list) -> None:
+        self.detector.abandon(event.probe)   # the suspicion stays; a later tick probes again
+
+    def _probe_finished(self, event: ProbeFinished, now: float, out: list) -> None:
+        """The detector decides what a round means: alive, dead, or still suspected
+        (probed again). A broken link between two live nodes must not remove either,
+        so only our own refused connection is conclusive."""
+        probe = event.probe
+        if event.epoch != self.epoch or self.core.fenced:
+            self.detector.abandon(probe)
+            return   # a stale incarnation must not declare anyone
+        node = probe.node
+        direct, failure = event.direct, event.failure
+        if direct == ALIVE and restarted(self.core.ring, node, event.incarnation):
+            direct, failure = REFUSED, ": another process answers at its address"
+        outcome = combine(direct, event.indirect)
+        verdict = self.detector.probe_result(probe, outcome, now)
+        if verdict == SUSPECT and probe.round == 0:
+            ms = round(1000 * probe.deadline)
+            out.append(self._record("suspected", f"suspecting {node}: no answer within {ms} ms, "
+                               "probing again", about=[node], deadline_ms=ms))
+        if verdict != DEAD or node not in self.core.ring.nodes:
+            return  # alive, still suspected, or someone else declared it meanwhile
+        via = indirect_via(self.core.ring, self.core.node_id, node)
+        if outcome == REFUSED:
+            why = f"it refused our probe{failure}" + (f" and {via} could not reach it"
+                                                      if via else "")
+        else:
+            why = (f"neither we nor {via} got an answer for "
+                   f"{1000 * (now - probe.suspected_since):.0f} ms of suspicion "
+                   f"({probe.round + 1} probe rounds)")
+        out.append(self._record("detected", f"declaring {node} dead at {{t}}: {why}",
+                           logging.WARNING, about=[node], why=why))
+        if self._adopt(self.core.ring.without([node]), now, out) is not None:
+            out.append(Gossip())   # tell everyone now rather than wait for heartbeats
+
+    # ------------------------------------------------------------ checkpoints
+
+    def _checkpoint_due(self, event: CheckpointDue, now: float, out: list) -> None:
+        core = self.core
+        behind = bool(core.under_replicated())
+        shipments = tuple(core.plan_checkpoints())
+        ring = core.ring
+        out.append(ShipCheckpoints(
+            shipments, tuple(ring.address(s.replica) for s in shipments), ring.stamp,
+            tuple(sorted({s.checkpoint.token for s in shipments})), behind, self.epoch))
+
+    def _checkpoint_acked(self, event: CheckpointAcked, now: float, out: list) -> None:
+        if event.epoch == self.epoch:
+            self.core.checkpoint_acked(event.token, event.replica, event.seq, event.need_full)
+
+    def _checkpoint_failed(self, event: CheckpointFailed, now: float, out: list) -> None:
+        if event.epoch != self.epoch:
+            return
+        self.core.checkpoint_failed(event.token, event.replica)
+        if event.refresh:
+            out.append(Gossip(self.address_of(event.replica)))
+
+    def _round_done(self, event: CheckpointRoundDone, now: float, out: list) -> None:
+        """Merge the round, retire extras whose new replicas are filled, and move the
+        handoff this node runs one step on."""
+        if event.epoch != self.epoch:
+            return
+        core = self.core
+        for token in event.tokens:
+            core.checkpoint_done(token)
+        h = self.handoff
+        busy = h.moves if h is not None and h.state == HandoffState.PREPARED else ()
+        retired = retired_extras(core, busy)
+        if retired is not None:
+            self._adopt(retired, now, out)
+            out.append(Gossip())
+        if event.behind_before and not core.under_replicated() and not core.ring.pristine:
+            out.append(self._record("re_replicated", f"re-replicated at {{t}}: every range "
+                               f"of {core.node_id} is on r+1 nodes again"))
+        self._step_handoff(now, out)
+
+    def _refill_due(self, event: RefillDue, now: float, out: list) -> None:
+        """Hand ranges to a member that owns none when ours lack replicas for want of
+        owners (a restarted node comes back empty): the ring is whole again without
+        waiting for an operator."""
+        core = self.core
+        if self.handoff is not None or self.leaving or core.fenced or core.starting:
+            return
+        moves = refill_moves(core.ring, core.node_id)
+        if moves:
+            to = ",".join(sorted(set(moves.values())))
+            out.append(Note(f"refilling {to} with {len(moves)} ranges: ours lack replicas"))
+            out.append(StartHandoff(moves, f"refill {to}"))
+
+    # --------------------------------------------------------------- handoffs
+
+    def _handoff_requested(self, event: HandoffRequested, now: float, out: list) -> None:
+        """Start handing ranges away. A range still keeping its former holders as
+        extras waits (up to SETTLE_SECONDS) for our checkpoints to retire them."""
+        if self.handoff is not None:
+            raise InvalidArgument(f"{self.core.node_id} is already handing off ranges")
+        h = Handoff(self.core.node_id, dict(event.moves), deadline=now + event.timeout)
+        h.settle_until = now + min(event.timeout, SETTLE_SECONDS)
+        if self._settling(h, now):
+            self.handoff = h
+            return
+        self._prepare(h, now, out)    # refused at once: the caller hears why
+        self.handoff = h
+
+    def _settling(self, h: Handoff, now: float) -> bool:
+        ring = self.core.ring
+        return (now < h.settle_until and not self.core.fenced
+                and any(ring.has_token(t) and ring.extras_of(t) for t in h.moves))
+
+    def _prepare(self, h: Handoff, now: float, out: list) -> None:
+        ring = h.prepare(self.core, now)
+        self._adopt(ring, now, out)
+        out.append(Gossip())
+        to = sorted(set(h.moves.values()))
+        version = self.core.ring.version
+        out.append(self._record("handoff_prepared", f"handing {len(h.moves)} ranges to "
+                           f"{','.join(to)} (ring v{version})", to=to,
+                           tokens=sorted(h.moves), ring_version=version))
+
+    def _step_handoff(self, now: float, out: list) -> None:
+        h = self.handoff
+        if h is None:
+            return
+        if h.state == HandoffState.NEW:
+            if self._settling(h, now):
+                return
+            try:
+                self._prepare(h, now, out)
+            except InvalidArgument as exc:
+                self._abort_handoff(str(exc), out)
+            return
+        ring = h.step(self.core, now)
+        if ring is not None:
+            self._adopt(ring, now, out)
+            out.append(Gossip())
+        if h.finished:
+            self._end_handoff(now, out)
+
+    def _abort_handoff(self, reason: str, out: list) -> None:
+        h = self.handoff
+        if not h.finished:
+            h.abort(reason)
+        self._end_handoff(None, out)
+
+    def _end_handoff(self, now: float | None, out: list) -> None:
+        h, self.handoff = self.handoff, None
+        to = sorted(set(h.moves.values()))
+        if h.state == HandoffState.COMMITTED:
+            ms = round(1000 * (now - h.prepared_at), 1)
+            out.append(self._record("handoff_committed", f"handed off {len(h.moves)} ranges at "
+                               f"{{t}} in {ms:.0f} ms", to=to, tokens=sorted(h.moves),
+                               ms=ms))
+        else:
+            out.append(self._record("handoff_aborted", f"handoff aborted: {h.reason}",
+                               logging.WARNING, to=to, reason=h.reason))
+        out.append(HandoffEnded(h))
+
+    def _split(self, event: SplitRequested, now: float, out: list) -> None:
+        """Cut our range holding the position at it (a ring change told to everyone).
+        Only the owner splits, and never a range being handed off."""
+        core = self.core
+        token, split = split_ring(core.ring, core.node_id, event.position, core.fenced)
+        if self.handoff is not None and token in self.handoff.moves:
+            raise InvalidArgument(f"token {token:#x} is being handed off")
+        self._adopt(split, now, out)
+        out.append(Gossip())
+        out.append(self._record("split", f"split the range of token {token:#x} at "
+                           f"{event.position:#x} (ring v{self.core.ring.version})",
+                           token=token, at=event.position))
+        out.append(Split(token, event.position))
+
+    # ---------------------------------------------------------------- leaving
+
+    def leave_moves(self) -> dict[int, str]:
+        """Scale-in: every range to its first replica (refused for the last member)."""
+        if self.core.fenced:
+            raise InvalidArgument(f"{self.core.node_id} was removed from the ring")
+        return leave_moves(self.core.ring, self.core.node_id)
+
+    def copy_in_use(self) -> bool:
+        """Does some range still keep our copy as an extra (its new replicas are not
+        filled yet)? Leaving then would take a copy its owner still counts on."""
+        me, ring = self.core.node_id, self.core.ring
+        return any(me in ring.extras_of(t) for t in ring.tokens)
+
+    def _leave_ring(self, event: LeaveRing, now: float, out: list) -> None:
+        self.leaving = True
+        ring = self.core.ring.remove_node(self.core.node_id)
+        out.append(Farewell(ring))     # a member we miss learns it from the others
+        self._adopt(ring, now, out)
+
+    # --------------------------------------------------------- load balancing
+
+    def _batch_applied(self, event: BatchApplied, now: float, out: list) -> None:
+        previous = self.resuming.pop(event.token, None)
+        if previous is not None and event.token in self.core.primaries:
+            out.append(self._record("applying_again", f"applying again at {{t}}: range of "
+                               f"token {event.token} taken over from {previous}",
+                               token=event.token, previous=previous))
+
+    def _load_sampled(self, event: LoadSampled, now: float, out: list) -> None:
+        core, load = self.core, self.load
+        was = load.overloaded
+        core.positions.decay(0.5 ** (0.1 / load.config.rate_window), core.primaries)
+        load.sample(now, event.queued, event.busy_seconds,
+                    {t: n for t, n in core.applied_by_token.items() if t in core.primaries},
+                    event.cpu_seconds)
+        if load.overloaded != was:
+            kind = "overloaded" if load.overloaded else "relieved"
+            out.append(self._record(kind, f"load: {kind} at {{t}} (queue {load.queue():.1f} "
+                               f"batches, busy {100 * load.busy():.0f}%, cpu "
+                               f"{100 * load.cpu():.0f}%, {load.rate():.0f} tuples/s)",
+                               queue=round(load.queue(), 2), busy=round(load.busy(), 3),
+                               cpu=round(load.cpu(), 3), rate=round(load.rate(), 1)))
+        if (self.balance and load.overloaded and load.may_move(now) and self.handoff is None
+                and not core.fenced and not self.leaving):
+            load.moved(now)
+            out.append(StartShed("overloaded"))
+
+    def plan_shed(self, peers: dict[str, PeerLoad | None], *, reach: int,
+                  tokens_per_node: int, depth: int, relieved: str | None = None) -> ShedPlan:
+        core = self.core
+        samples = {t: core.positions.samples(t) for t in core.ring.tokens_of(core.node_id)}
+        return plan_shed(core.ring, core.node_id, self.load.token_rates(), peers, samples,
+                         reach=reach, tokens_per_node=tokens_per_node, depth=depth,
+                         relieved=relieved)
+
+    def shed_moves(self, plan: ShedPlan) -> dict[int, str]:
+        return with_split_tail(plan, self.core.ring, self.core.node_id)
+
+    def shed_done(self, now: float) -> None:
+        self.load.moved(now)       # the cool-down counts from the end of the move

@@ -1,0 +1,253 @@
+"""What the node machine (`node.core.machine`) takes in and gives out: frozen values.
+
+Events say what happened to a node (a message arrived, a timer fired, a call it made
+finished); effects say what the node does about it (send, probe, hand off, record).
+The asyncio runtime turns I/O into events and effects into I/O; the simulation does
+the same over its in-memory network, so both run one protocol.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from node.core.detector import Probe
+from node.core.node_core import Shipment
+from node.core.ring import Ring
+
+# ------------------------------------------------------------------- events
+
+
+@dataclass(frozen=True)
+class RingSeen:
+    """A ring view from anywhere (a peer's exchange, an answer, a refusal)."""
+
+    ring: Ring
+
+
+@dataclass(frozen=True)
+class HeardFrom:
+    """A message or an answer from `node` carrying its ring stamp and incarnation
+    (0: the message does not say). `address` is where to reach it, if known."""
+
+    node: str
+    ring_stamp: int
+    incarnation: int = 0
+    address: str | None = None
+
+
+@dataclass(frozen=True)
+class SignOfLife:
+    """Something from `node` that carries no ring stamp."""
+
+    node: str
+
+
+@dataclass(frozen=True)
+class HeartbeatFailed:
+    address: str
+    refresh: bool            # the peer said our ring is stale, or that it was removed
+
+
+@dataclass(frozen=True)
+class HeartbeatDue:
+    pass
+
+
+@dataclass(frozen=True)
+class MonitorDue:
+    scheduled: float         # when the monitor meant to wake (its lag makes it lenient)
+
+
+@dataclass(frozen=True)
+class ProbeFinished:
+    """One probe round ended. `direct` is how the suspect's address answered (ALIVE,
+    REFUSED or TIMED_OUT) and with which incarnation; `indirect` what the third node
+    said. `epoch` is the machine's when the round began: a round begun before this
+    process rejoined under a new name is discarded."""
+
+    probe: Probe
+    direct: str
+    indirect: str
+    epoch: int
+    incarnation: int = 0
+    failure: str = ""
+
+
+@dataclass(frozen=True)
+class ProbeAbandoned:
+    probe: Probe
+
+
+@dataclass(frozen=True)
+class CheckpointDue:
+    pass
+
+
+@dataclass(frozen=True)
+class CheckpointAcked:
+    token: int
+    replica: str
+    seq: int
+    need_full: bool
+    epoch: int
+
+
+@dataclass(frozen=True)
+class CheckpointFailed:
+    token: int
+    replica: str
+    refresh: bool
+    epoch: int
+
+
+@dataclass(frozen=True)
+class CheckpointRoundDone:
+    """Every shipment of a round was answered or timed out."""
+
+    tokens: tuple[int, ...]
+    behind_before: bool      # some range lacked a replica when the round began
+    epoch: int
+
+
+@dataclass(frozen=True)
+class RefillDue:
+    pass
+
+
+@dataclass(frozen=True)
+class MapperAhead:
+    """A batch was refused as stale: its sender may know a newer ring than ours."""
+
+    ring_stamp: int
+
+
+@dataclass(frozen=True)
+class BatchApplied:
+    token: int
+
+
+@dataclass(frozen=True)
+class LoadSampled:
+    queued: int              # batches received, not applied yet
+    busy_seconds: float      # the applier's busy time so far
+    cpu_seconds: float       # the process's CPU time so far (reported only)
+
+
+@dataclass(frozen=True)
+class HandoffRequested:
+    moves: dict = field(hash=False)    # token -> target
+    timeout: float
+
+
+@dataclass(frozen=True)
+class SplitRequested:
+    position: int
+
+
+@dataclass(frozen=True)
+class LeaveRing:
+    """This node's ranges are handed away: remove it from the ring for good."""
+
+
+# ------------------------------------------------------------------ effects
+
+
+@dataclass(frozen=True)
+class Record:
+    """A structured event `kind` about member `node` with `fields`, and a line for the
+    human log. `text` may hold `{t}`: the wall time the event is recorded at."""
+
+    kind: str
+    node: str
+    fields: tuple = ()
+    level: int = logging.INFO
+    text: str = ""
+
+
+@dataclass(frozen=True)
+class Note:
+    """A line for the human log only."""
+
+    text: str
+    level: int = logging.INFO
+
+
+@dataclass(frozen=True)
+class Gossip:
+    """Exchange ring views with the peer at `address`, or with every peer (None)."""
+
+    address: str | None = None
+
+
+@dataclass(frozen=True)
+class SendHeartbeat:
+    node: str
+    address: str
+    ring_stamp: int
+
+
+@dataclass(frozen=True)
+class StartProbe:
+    """Probe `probe.node` at `address` directly and through `via` (None: no third
+    node); report a ProbeFinished carrying `epoch`."""
+
+    probe: Probe
+    address: str
+    via: str | None
+    via_address: str | None
+    ring_stamp: int
+    epoch: int
+
+
+@dataclass(frozen=True)
+class ShipCheckpoints:
+    """Ship every shipment (to `addresses[i]`) concurrently, report each answer, then
+    a CheckpointRoundDone with `tokens`, `behind_before` and `epoch`."""
+
+    shipments: tuple[Shipment, ...]
+    addresses: tuple[str, ...]
+    ring_stamp: int
+    tokens: tuple[int, ...]
+    behind_before: bool
+    epoch: int
+
+
+@dataclass(frozen=True)
+class StartHandoff:
+    """Hand `moves` away (a HandoffRequested once no other handoff runs)."""
+
+    moves: dict = field(hash=False)
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class HandoffEnded:
+    """The handoff this node ran is over: committed or aborted (see its state)."""
+
+    handoff: object
+
+
+@dataclass(frozen=True)
+class Split:
+    """The range of `token` was cut at `position` (the head's new token)."""
+
+    token: int
+    position: int
+
+
+@dataclass(frozen=True)
+class StartShed:
+    reason: str
+
+
+@dataclass(frozen=True)
+class Farewell:
+    """Tell every member of `ring` (the one without us) before exiting."""
+
+    ring: Ring
+
+
+@dataclass(frozen=True)
+class Exit:
+    """This node left the ring: the process stops."""

@@ -1,0 +1,73 @@
+"""Before a process serves: ask the peers what they know and decide who it is.
+
+The rules are pure (`node.core.membership`); this module only asks and waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from node.core.errors import FloeError, Unavailable
+from node.core.membership import StartDecision, decide_start, ready_to_decide
+from node.core.ring import Ring
+
+log = logging.getLogger("floe.node")
+
+WAIT_LOG_SECONDS = 5.0
+ASK_AGAIN_SECONDS = 0.2
+
+
+async def ask_peers(peers, targets: list[str],
+                    timeout: float) -> tuple[list[Ring], int, list[str]]:
+    """One round: the rings that answered, how many of them are starting peers'
+    founding rings, and what the others said."""
+    answers = await asyncio.gather(*(peers.ring_at_start(a, timeout) for a in targets),
+                                   return_exceptions=True)
+    seen, starting, errors = [], 0, []
+    for address, answer in zip(targets, answers):
+        if isinstance(answer, FloeError):
+            errors.append(f"{address}: {answer}")
+        elif isinstance(answer, BaseException):
+            raise answer
+        else:
+            wire, is_starting = answer
+            seen.append(Ring.from_wire(wire))
+            starting += is_starting
+    return seen, starting, errors
+
+
+async def decide_membership(config, peers, incarnation: int, initial: Ring,
+                            seeds: list[str] | None, clock=time.monotonic) -> StartDecision:
+    """Ask the peers (or, joining, the seeds) for their rings and decide who this
+    process is: a founding member taking its place, a joiner, or the restart of a
+    member whose state died with its process.
+
+    Alone a process cannot tell a restart from a fresh start, so it waits for a
+    running peer's answer, or for every founding peer to answer as starting too (a
+    fresh cluster); after --startup-grace, starting peers' answers suffice."""
+    joining = seeds is not None
+    targets = seeds if joining else [a for n, a in config.peers if n != config.node_id]
+    started = clock()
+    log_at = started + WAIT_LOG_SECONDS
+    timeout = min(config.rpc_timeout, 1.0)
+    while True:
+        seen, starting, errors = await ask_peers(peers, targets, timeout)
+        if joining and not seen:
+            raise Unavailable("no seed to join answered: " + "; ".join(errors))
+        waited = clock() - started >= config.startup_grace
+        if ready_to_decide(len(seen), starting, len(targets), joining, waited):
+            break
+        if clock() >= log_at:
+            log.warning("%s is waiting for a running peer to confirm its place in the "
+                        "ring (%d of %d answered, all starting): %s", config.node_id,
+                        len(seen), len(targets), "; ".join(errors) or "-")
+            log_at += WAIT_LOG_SECONDS
+        await asyncio.sleep(ASK_AGAIN_SECONDS)
+    for ring in seen:
+        if ring.replication != config.replication:
+            raise ValueError(f"the ring runs r={ring.replication}, this node was started "
+                             f"with --replication {config.replication}")
+    return decide_start(config.node_id, incarnation, config.listen, seen,
+                        None if joining else initial)
