@@ -74,3 +74,53 @@ def test_the_checker_sees_a_forbidden_import(tmp_path):
     sample = tmp_path / "x.py"
     sample.write_text("def f():\n    import grpc\n    from node.runtime.node import X\n")
     assert [m for m in imports(sample) if within(m, CORE_FORBIDDEN)] == ["grpc", "node.runtime.node"]
+
+
+# The protocol's decisions: only the node machine (node.core.machine) calls them. The
+# runtime and the simulation are executors of the machine's effects.
+DECISIONS = {"node.core.detector": {"combine", "indirect_via"},
+             "node.core.handoff": {"retired_extras", "leave_moves", "split_ring",
+                                   "commit_ring"},
+             "node.core.membership": {"refill_moves", "rejoin_name", "restarted"},
+             "node.core.load": {"choose_shed", "clockwise_nodes"},
+             "node.core.split_point": {"plan_split"},
+             "node.core.shedding": {"plan_shed", "with_split_tail"}}
+
+
+def decisions_imported(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    return [f"{node.module}.{a.name}" for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and node.module in DECISIONS
+            for a in node.names if a.name in DECISIONS[node.module]]
+
+
+@pytest.mark.parametrize("path", [*files("node/runtime"), ROOT / "tests" / "simulation.py"],
+                         ids=lambda p: p.name)
+def test_only_the_machine_makes_protocol_decisions(path):
+    bad = decisions_imported(path)
+    assert not bad, f"{path.name} decides for itself: {bad}"
+
+
+def test_the_simulation_drives_the_production_machine_and_outbox():
+    imported = imports(ROOT / "tests" / "simulation.py")
+    assert "node.core.machine" in imported and "mapper.outbox" in imported
+
+
+MAX_MODULE_LINES, MAX_FUNCTION_LINES = 520, 60
+
+
+@pytest.mark.parametrize("path", [*files("node"), *files("mapper")],
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_modules_and_functions_stay_small(path):
+    source = path.read_text()
+    assert source.count("\n") <= MAX_MODULE_LINES, f"{path.name}: split it"
+    long = [f"{n.name} ({n.end_lineno - n.lineno + 1} lines)" for n in ast.walk(ast.parse(source))
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and n.end_lineno - n.lineno + 1 > MAX_FUNCTION_LINES]
+    assert not long, f"{path.name}: {long}"
+
+
+def test_the_decision_checker_sees_a_decision(tmp_path):
+    sample = tmp_path / "x.py"
+    sample.write_text("from node.core.detector import combine, Probe\n")
+    assert decisions_imported(sample) == ["node.core.detector.combine"]

@@ -17,6 +17,7 @@ import msgpack
 
 from node.core.errors import InvalidArgument
 from node.core.hashing import HASH_SPACE, position
+from node.core.ring_merge import merge_rings
 
 
 @dataclass(frozen=True)
@@ -377,77 +378,19 @@ class Ring:
 
     def merge(self, other: "Ring") -> "Ring":
         """Combine two views; every node that merges the same two views reaches the
-        same ring, whichever it held. Per token the entry with the higher generation
-        wins (a handoff or a removal's reassignment is never undone); removals and
-        joins of either side are kept; the version moves past both unless the newer
-        view already contains everything."""
+        same ring, whichever it held (node.core.ring_merge)."""
         if other.stamp == self.stamp and other == self:
             return self
-        older, newer = sorted((self, other), key=lambda r: (r.version, r.stamp))
-        incarnations, restarted = _merge_incarnations(older, newer)
-        if restarted and not (set(older._address) | set(newer._address)) - (
-                older.removed | newer.removed | restarted):
-            # Every member restarted: a ring keeps one member, the same one whatever
-            # the order of merges (a later view of it merges the same way).
-            restarted = restarted - {max(restarted)}
-        gone = older.removed | newer.removed | restarted
-        entries: dict[int, tuple] = {}
-        for ring in (older, newer):          # on a tie the newer view's entry wins
-            for i, token in enumerate(ring.tokens):
-                entry = (ring.generations[i], ring.owners[i], ring.extras_of(token),
-                         frozenset(x for t, x in ring.retiring if t == token))
-                held = entries.get(token)
-                if held is None or entry[0] > held[0] or (
-                        entry[0] == held[0] and not (entry[1] in gone and held[1] not in gone)):
-                    if held is not None and held[:2] == entry[:2]:
-                        # the same change seen from two sides: keep every extra
-                        entry = (entry[0], entry[1], tuple(sorted(set(entry[2]) | set(held[2]))),
-                                 entry[3] | held[3])
-                    entries[token] = entry
-        for ring in (older, newer):
-            # A token one view lacks was split off a range that view knows whole: what
-            # that view changed on the whole range after the split (extras holding a
-            # copy, from someone else's commit) holds for the split-off part too.
-            for token, entry in list(entries.items()):
-                if ring.has_token(token):
-                    continue
-                cover = ring._index[ring.token_for_position(token)]
-                more = ring.extras_of(ring.tokens[cover])
-                if not more or ring.owners[cover] != entry[1] or \
-                        ring.generations[cover] <= entry[0]:
-                    continue
-                entries[token] = (entry[0], entry[1], tuple(sorted(set(entry[2]) | set(more))),
-                                  entry[3] | {x for t, x in ring.retiring
-                                              if t == ring.tokens[cover]})
-        addresses = dict(older.addresses)
-        addresses.update(newer.addresses)
-        tokens = tuple(sorted(entries))
-        owners_now = {e[1] for e in entries.values()}
+        return merge_rings(self, other)
 
-        def live(nodes):
-            return tuple(x for x in nodes if x not in gone)
-        base = Ring(max(self.version, other.version) + 1, newer.replication, tokens,
-                    tuple(entries[t][1] for t in tokens),
-                    tuple(sorted(a for a in addresses.items()
-                                 if a[0] not in gone or a[0] in owners_now)),
-                    frozenset(), older.lost | newer.lost,
-                    tuple(entries[t][0] for t in tokens),
-                    tuple((t, live(entries[t][2])) for t in tokens if live(entries[t][2])),
-                    frozenset((t, x) for t in tokens for x in entries[t][3]
-                              if x not in gone and x in entries[t][2]),
-                    tuple(sorted((n, i) for n, i in incarnations.items()
-                                 if n in addresses and n not in gone)))
-        gone_members = gone & set(base._address)
-        merged = base.without(gone_members) if gone_members else base
-        merged = merged._with(version=base.version, removed=frozenset(gone),
-                              addresses=tuple(a for a in merged.addresses if a[0] not in gone))
-        if merged._content() == newer._content():
-            return newer
-        return merged
-
-    def _content(self) -> tuple:
+    def content(self) -> tuple:
+        """Everything but the version: two views saying the same thing."""
         return (self.replication, self.tokens, self.owners, self.addresses, self.removed,
                 self.lost, self.generations, self.extras, self.retiring, self.incarnations)
+
+    def with_membership(self, version: int, removed: frozenset,
+                        addresses: tuple) -> "Ring":
+        return self._with(version=version, removed=removed, addresses=addresses)
 
     @property
     def pristine(self) -> bool:
@@ -546,15 +489,3 @@ class Ring:
     def describe(self) -> str:
         return (f"ring v{self.version}: {len(self.addresses)} nodes, {len(self.tokens)} tokens, "
                 f"r={self.replication}")
-
-
-def _merge_incarnations(a: Ring, b: Ring) -> tuple[dict[str, int], set[str]]:
-    """Every incarnation either view heard, and the members heard as two: those
-    restarted, so their first process and what it held are gone."""
-    known = dict(a.incarnations)
-    restarted = set()
-    for node, incarnation in b.incarnations:
-        if known.setdefault(node, incarnation) != incarnation:
-            restarted.add(node)
-            known[node] = max(known[node], incarnation)
-    return known, restarted

@@ -34,7 +34,7 @@ from node.core.membership import founding_ring
 from node.core.node_core import NodeCore
 from node.core.reducers import Reducer
 from node.core.ring import Ring
-from node.core.shedding import PeerLoad, shed_reach
+from node.runtime.balancing import ShedOutcome, shed_load
 from node.runtime.events import EventLog
 from node.runtime.startup import decide_membership
 
@@ -490,58 +490,8 @@ class NodeRuntime:
 
     # --------------------------------------------------------- load balancing
 
-    async def shed_load(self, reason: str, depth: int = 0) -> "ShedOutcome":
-        """Shed what the machine plans; when it asked a busy neighbour to shed first
-        and that one moved ranges, plan again at once with what it freed rather than
-        after a cool-down."""
-        outcome = await self._shed_once(reason, depth)
-        if outcome.asked and outcome.asked_moved:
-            retry = await self._shed_once(f"{reason}, after {outcome.asked} shed", depth,
-                                          relieved=outcome.asked)
-            outcome = ShedOutcome(f"{outcome.detail}; {retry.detail}", retry.moved)
-        return outcome
-
-    async def _shed_once(self, reason: str, depth: int,
-                         relieved: str | None = None) -> "ShedOutcome":
-        machine = self.machine
-        ring = machine.core.ring
-        reach = shed_reach(ring, machine.node_id, self.config.balance_reach)
-        answers = await asyncio.gather(*(self.peers.stats(ring.address(n)) for n in reach),
-                                       return_exceptions=True)
-        loads = {}
-        for node, st in zip(reach, answers):
-            if isinstance(st, BaseException):
-                log.info("load: no stats from %s: %r", node, st)
-                loads[node] = None
-            else:
-                loads[node] = PeerLoad(st.apply_rate, st.overloaded)
-        plan = machine.plan_shed(loads, reach=self.config.balance_reach,
-                                 tokens_per_node=self.config.tokens_per_node, depth=depth,
-                                 relieved=relieved)
-        if plan.split is not None:
-            try:
-                await self.split_range(plan.split[1])
-            except FloeError as exc:
-                log.info("load: split of token %#x refused: %s", plan.split[0], exc)
-        moves = machine.shed_moves(plan)
-        log.info("load: %s at %.6f, rate %.0f/s, queue %.1f, busy %.0f%%; nodes %s busy %s; "
-                 "moving %d ranges", reason, time.time(), machine.load.rate(),
-                 machine.load.queue(), 100 * machine.load.busy(),
-                 {n: round(r) for n, r in plan.rates_of.items()}, list(plan.busy), len(moves))
-        if moves:
-            h = await self.hand_off(moves)
-            machine.shed_done(self.clock())
-            return ShedOutcome(f"moved {len(moves)} ranges: {h.state} {h.reason}",
-                               moved=h.state == HandoffState.COMMITTED)
-        if plan.ask:
-            try:
-                moved, detail = await self.peers.request_shed(
-                    ring.address(plan.ask), machine.node_id, depth + 1)
-            except FloeError as exc:
-                return ShedOutcome(f"cascade to {plan.ask} failed: {exc}")
-            return ShedOutcome(f"asked {plan.ask} to shed first: {detail}", asked=plan.ask,
-                               asked_moved=moved)
-        return ShedOutcome("nothing to move")
+    async def shed_load(self, reason: str, depth: int = 0) -> ShedOutcome:
+        return await shed_load(self, reason, depth)
 
     # --------------------------------------------------------------- queries
 
@@ -556,17 +506,6 @@ class NodeRuntime:
                     node_id=core.node_id, address=self.config.listen,
                     queue_length=self.inbound.qsize(), reducer=self.reducer.name,
                     pid=os.getpid(), uptime=self.clock() - self.started_at)
-
-
-@dataclass(frozen=True)
-class ShedOutcome:
-    """What one node's shedding did: `moved` whether it handed ranges away (committed);
-    `asked` the neighbour it asked to shed first, and whether that one moved any."""
-
-    detail: str
-    moved: bool = False
-    asked: str = ""
-    asked_moved: bool = False
 
 
 def _seen(future: asyncio.Future) -> None:

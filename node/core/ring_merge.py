@@ -1,0 +1,105 @@
+"""Merging two ring views (`Ring.merge`), pure.
+
+Every node that merges the same two views reaches the same ring, whichever it held.
+Per token the entry with the higher generation wins (a handoff or a removal's
+reassignment is never undone); removals and joins of either side are kept; members
+heard as two incarnations are removed (they restarted); the version moves past both
+unless the newer view already contains everything.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from node.core.ring import Ring
+
+# token -> (generation, owner, extras, retiring holders)
+Entries = dict[int, tuple]
+
+
+def merge_rings(a: "Ring", b: "Ring") -> "Ring":
+    older, newer = sorted((a, b), key=lambda r: (r.version, r.stamp))
+    incarnations, restarted = _merge_incarnations(older, newer)
+    if restarted and not (set(older.nodes) | set(newer.nodes)) - (
+            older.removed | newer.removed | restarted):
+        # Every member restarted: a ring keeps one member, the same one whatever
+        # the order of merges (a later view of it merges the same way).
+        restarted = restarted - {max(restarted)}
+    gone = older.removed | newer.removed | restarted
+    entries = _token_entries(older, newer, gone)
+    for ring in (older, newer):
+        _extend_split_off(ring, entries)
+    addresses = dict(older.addresses)
+    addresses.update(newer.addresses)
+    tokens = tuple(sorted(entries))
+    owners_now = {e[1] for e in entries.values()}
+
+    def live(nodes):
+        return tuple(x for x in nodes if x not in gone)
+
+    base = type(a)(max(a.version, b.version) + 1, newer.replication, tokens,
+                   tuple(entries[t][1] for t in tokens),
+                   tuple(sorted(x for x in addresses.items()
+                                if x[0] not in gone or x[0] in owners_now)),
+                   frozenset(), older.lost | newer.lost,
+                   tuple(entries[t][0] for t in tokens),
+                   tuple((t, live(entries[t][2])) for t in tokens if live(entries[t][2])),
+                   frozenset((t, x) for t in tokens for x in entries[t][3]
+                             if x not in gone and x in entries[t][2]),
+                   tuple(sorted((n, i) for n, i in incarnations.items()
+                                if n in addresses and n not in gone)))
+    gone_members = gone & set(base.nodes)
+    merged = base.without(gone_members) if gone_members else base
+    merged = merged.with_membership(base.version, frozenset(gone),
+                                    tuple(x for x in merged.addresses if x[0] not in gone))
+    if merged.content() == newer.content():
+        return newer
+    return merged
+
+
+def _token_entries(older: "Ring", newer: "Ring", gone: frozenset) -> Entries:
+    """Each token's winning entry: the higher generation; on a tie the newer view's,
+    unless it names a removed owner where the other does not."""
+    entries: Entries = {}
+    for ring in (older, newer):
+        for i, token in enumerate(ring.tokens):
+            entry = (ring.generations[i], ring.owners[i], ring.extras_of(token),
+                     frozenset(x for t, x in ring.retiring if t == token))
+            held = entries.get(token)
+            if held is None or entry[0] > held[0] or (
+                    entry[0] == held[0] and not (entry[1] in gone and held[1] not in gone)):
+                if held is not None and held[:2] == entry[:2]:
+                    # the same change seen from two sides: keep every extra
+                    entry = (entry[0], entry[1], tuple(sorted(set(entry[2]) | set(held[2]))),
+                             entry[3] | held[3])
+                entries[token] = entry
+    return entries
+
+
+def _extend_split_off(ring: "Ring", entries: Entries) -> None:
+    """A token `ring` lacks was split off a range it knows whole: what it changed on
+    the whole range after the split (extras holding a copy, from someone else's
+    commit) holds for the split-off part too."""
+    for token, entry in list(entries.items()):
+        if ring.has_token(token):
+            continue
+        cover = ring.token_for_position(token)
+        i = ring.token_index(cover)
+        more = ring.extras_of(cover)
+        if not more or ring.owners[i] != entry[1] or ring.generations[i] <= entry[0]:
+            continue
+        entries[token] = (entry[0], entry[1], tuple(sorted(set(entry[2]) | set(more))),
+                          entry[3] | {x for t, x in ring.retiring if t == cover})
+
+
+def _merge_incarnations(a: "Ring", b: "Ring") -> tuple[dict[str, int], set[str]]:
+    """Every incarnation either view heard, and the members heard as two: those
+    restarted, so their first process and what it held are gone."""
+    known = dict(a.incarnations)
+    restarted = set()
+    for node, incarnation in b.incarnations:
+        if known.setdefault(node, incarnation) != incarnation:
+            restarted.add(node)
+            known[node] = max(known[node], incarnation)
+    return known, restarted
