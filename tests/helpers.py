@@ -5,6 +5,7 @@ deadline, and running the `floe` command."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import os
@@ -15,7 +16,7 @@ import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from node.core.batch import encode_payload, encode_seqs
+from node.core.batch import Batch, encode_payload, encode_seqs
 from node.core.handoff import Handoff, HandoffState
 from node.core.hashing import HASH_SPACE
 from node.core.node_core import NodeCore
@@ -38,7 +39,7 @@ class CoreCluster:
             k.append(key)
             v.append(value)
             s.append(first_seq + i)
-        return [(token, dict(ring_version=self.ring.stamp, token=token, source=source,
+        return [(token, dict(ring_stamp=self.ring.stamp, token=token, source=source,
                              first_seq=s[0], last_seq=s[-1], count=len(s),
                              payload=encode_payload(k, v), seqs=encode_seqs(s)))
                 for token, (k, v, s) in by_token.items()]
@@ -49,7 +50,7 @@ class CoreCluster:
         for token, fields in self.batches(source, keys, first_seq):
             for node in self.ring.destinations(token):
                 if only is None or node in only:
-                    result = self.cores[node].receive_batch(**fields)
+                    result = self.cores[node].receive_batch(Batch(**fields))
                     if node == self.ring.owner_of_token(token):
                         applied += result.applied
         return applied
@@ -149,6 +150,15 @@ def wait_for(condition, timeout=10.0, what="condition"):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.05)
+
+
+async def wait_until(condition, timeout=10.0, what="condition"):
+    """wait_for inside an event loop: the loop keeps running while we wait."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
 
 
 # ------------------------------------------------------------ handoffs, in-process

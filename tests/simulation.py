@@ -18,10 +18,10 @@ from __future__ import annotations
 import heapq
 import random
 from collections import Counter, defaultdict
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from mapper.outbox import Outbox, PendingBatch
-from node.core.batch import decode_payload, encode_payload, encode_seqs
+from node.core.batch import Batch, decode_payload, encode_payload, encode_seqs
 from node.core.detector import ALIVE, REFUSED, TIMED_OUT, DetectorConfig, FailureDetector
 from node.core.errors import (Fenced, FloeError, InvalidArgument, Refused, StaleRing,
                               Unavailable)
@@ -30,7 +30,8 @@ from node.core.machine import NodeMachine
 from node.core.machine_io import (BatchApplied, CheckpointAcked, CheckpointDue,
                                   CheckpointFailed, CheckpointRoundDone, Exit, Farewell,
                                   Gossip, HandoffEnded, HandoffRequested, HeardFrom,
-                                  HeartbeatDue, HeartbeatFailed, LeaveRing, MapperAhead,
+                                  HeartbeatDue, HeartbeatFailed, LeaveRing, LoadSampled,
+                                  MapperAhead,
                                   MonitorDue, Note, ProbeFinished, Record, RefillDue,
                                   RingSeen, SendHeartbeat, ShipCheckpoints, SignOfLife,
                                   Split, SplitRequested, StartHandoff, StartProbe, StartShed)
@@ -38,6 +39,7 @@ from node.core.membership import base_name, decide_start, ready_to_decide
 from node.core.node_core import NodeCore
 from node.core.reducers import load_reducer
 from node.core.ring import Ring
+from node.core.shedding import PeerLoad, shed_reach
 
 HEARTBEAT = 0.05
 CHECKPOINT = 0.2
@@ -46,7 +48,7 @@ HANDOFF_TIMEOUT = 2.0
 CALL_TIMEOUT = 0.5          # node-to-node calls (checkpoints, ring exchanges)
 ACK_TIMEOUT = 0.4
 LATENCY = (0.0005, 0.005)   # one-way delay of a message on a healthy link
-MAPPER = "m"
+REACH = 2                   # nodes clockwise a shedding round may move load to
 
 
 class SimProcess:
@@ -62,6 +64,9 @@ class SimProcess:
         self.slow_delay = 0.0     # by up to this many seconds
         self.leaving = ""         # "", "handing" (its ranges), "waiting" (copies in use)
         self.leave_by = 0.0
+        self.hot_until = 0.0      # overloaded: its queue stays long, its applier busy
+        self.busy_seconds = 0.0
+        self.after_handoff: list = []   # callbacks for the end of its running handoff
 
     @property
     def core(self) -> NodeCore:
@@ -72,22 +77,49 @@ class SimProcess:
         return self.machine.node_id
 
 
+class SimMapper:
+    """One mapper process: a source with its own outbox, ring view and streams."""
+
+    alive = True
+    paused_until = 0.0
+    slow_until = 0.0
+
+    def __init__(self, name: str, ring: Ring) -> None:
+        self.name = self.address = name
+        self.ring = ring
+        self.next_seq = 1
+        # The production outbox: which batch goes where, when one is delivered, how
+        # batches are fitted to a new ring. The simulation only carries the messages.
+        self.outbox = Outbox()
+        self.routed: dict[int, tuple[int, float]] = {}   # batch id -> (ring stamp, sent at)
+
+
+@dataclass(frozen=True)
+class ShedOutcome:
+    detail: str
+    moved: bool = False
+    asked: str = ""
+    asked_moved: bool = False
+
+
 def make_machine(node_id: str, ring: Ring, incarnation: int, address: str) -> NodeMachine:
     def make_core(name: str, r: Ring) -> NodeCore:
         return NodeCore(name, r, load_reducer("count"))
     return NodeMachine(make_core(node_id, ring), incarnation, FailureDetector(DetectorConfig()),
-                       LoadMonitor(), make_core, listen=address)
+                       LoadMonitor(), make_core, listen=address, balance=True)
 
 
 class Simulation:
     def __init__(self, seed: int, nodes: int = 5, replication: int = 1, tokens: int = 2,
-                 loss: float = 0.0) -> None:
+                 loss: float = 0.0, mappers: int = 1, skew: float = 0.0) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
         self.now = 0.0
         self.events: list = []
         self.counter = 0
         self.loss = loss
+        self.tokens = tokens
+        self.skew = skew          # share of emitted keys drawn from three hot words
         self.members = {f"n{i}": f"sim:n{i}" for i in range(nodes)}   # founding id -> address
         self.incarnations = 0
         # The ring as the founding members leave their start-up exchange: each one's
@@ -108,14 +140,8 @@ class Simulation:
         self.stream_no = 0
         self.streams: dict[tuple[str, str], int] = defaultdict(int)
         self.last_on_link: dict[tuple[str, str], float] = defaultdict(float)
-        # one simulated mapper
-        self.mapper_ring = ring
-        self.next_seq = 1
+        self.mappers = [SimMapper(f"m{i}", ring) for i in range(mappers)]
         self.batch_ids = 0
-        # The production outbox: which batch goes where, when one is delivered, how
-        # batches are fitted to a new ring. The simulation only carries the messages.
-        self.outbox = Outbox()
-        self.routed: dict[int, tuple[int, float]] = {}   # batch id -> (ring stamp, sent at)
         self.acked = Counter()
         self.sent = Counter()
         self.log: list[str] = []
@@ -180,20 +206,16 @@ class Simulation:
 
     # ---------------------------------------------------------------- network
 
-    @staticmethod
-    def _end(proc: SimProcess | None) -> str:
-        return MAPPER if proc is None else proc.address
-
-    def send(self, src: SimProcess | None, dst: SimProcess | None, action, *args) -> None:
-        """FIFO per link (None is the mapper). The mapper's links are streams: once a
+    def send(self, src, dst, action, *args) -> None:
+        """FIFO per link (between processes and mappers). A mapper's links are streams: once a
         message of a stream is lost (or arrives at a paused or dead process, or is
         refused), neither it nor anything sent after it on that stream arrives; what
         was sent before it still does, in order. Node-to-node messages are separate
         unary calls: each may be lost on its own."""
-        link = (self._end(src), self._end(dst))
+        link = (src.address, dst.address)
         if frozenset(link) in self.cut:
             return
-        stream = self.streams[link] if src is None else None
+        stream = self.streams[link] if isinstance(src, SimMapper) else None
         self.sent_on_link[link] += 1
         index = self.sent_on_link[link]
         if stream is not None and index >= self.dead_from.get((link, stream), index + 1):
@@ -215,7 +237,7 @@ class Simulation:
         if stream is not None and index >= self.dead_from.get((link, stream), index + 1):
             return
         for proc in ends:
-            if proc is not None and (not proc.alive or proc.paused_until > self.now):
+            if not proc.alive or proc.paused_until > self.now:
                 if stream is not None:
                     self._kill_stream(link, stream, index)  # the stream times out
                 return
@@ -227,6 +249,17 @@ class Simulation:
         """A unary call from `caller` to whatever listens at `address`: `serve(server)`
         runs there and returns the reply or raises FloeError; the caller then gets
         `on_reply(reply)` or `on_error(exc)`, or Unavailable once `timeout` passed."""
+        def start(server, respond):
+            try:
+                respond(serve(server), None)
+            except FloeError as exc:
+                respond(None, exc)
+        self.call_later(caller, address, start, on_reply, on_error, timeout)
+
+    def call_later(self, caller: SimProcess, address: str, start, on_reply, on_error,
+                   timeout: float) -> None:
+        """A call whose server answers when it is done: `start(server, respond)`, and
+        `respond(reply, error)` sends the answer back."""
         server = self.listening.get(address)
         done = []
 
@@ -241,23 +274,21 @@ class Simulation:
             return
         self.on(caller, self.now + timeout, finish, on_error, Unavailable("deadline exceeded"))
 
-        def at_server():
-            try:
-                reply = serve(server)
-            except FloeError as exc:
-                self.send(server, caller, self.on, caller, self.now, finish, on_error, exc)
-                return
-            self.send(server, caller, self.on, caller, self.now, finish, on_reply, reply)
+        def respond(reply, error):
+            if server.alive:
+                self.send(server, caller, self.on, caller, self.now, finish,
+                          on_reply if error is None else on_error,
+                          reply if error is None else error)
 
-        self.send(caller, server, at_server)
+        self.send(caller, server, start, server, respond)
 
-    def reconnect(self, address: str) -> None:
+    def reconnect(self, mapper: SimMapper, address: str) -> None:
         self.stream_no += 1
-        self.streams[(MAPPER, address)] = self.stream_no
+        self.streams[(mapper.address, address)] = self.stream_no
 
-    def _starved(self, proc: SimProcess | None) -> float:
+    def _starved(self, proc) -> float:
         """Extra delay a starved (slow, not stopped) process adds to what it does now."""
-        if proc is None or proc.slow_until <= self.now:
+        if proc.slow_until <= self.now:
             return 0.0
         return self.rng.uniform(0.0, proc.slow_delay)
 
@@ -289,7 +320,7 @@ class Simulation:
                 case Exit():
                     proc.alive = False
                 case StartShed():
-                    pass       # the simulation reports no load: nothing sheds
+                    self.shed_load(proc, e.reason, 0)
                 case _:
                     raise TypeError(f"unknown effect {e!r}")
 
@@ -437,6 +468,9 @@ class Simulation:
     def _handoff_ended(self, proc: SimProcess, h) -> None:
         if proc.leaving == "handing":
             proc.leaving = "waiting" if h.state == "committed" else ""
+        callbacks, proc.after_handoff = proc.after_handoff, []
+        for callback in callbacks:
+            callback(h)
 
     def handoff(self, name: str, to: str = "heir") -> None:
         """`name` hands one of its tokens to its first replica ("heir") or to another
@@ -522,67 +556,70 @@ class Simulation:
         proc.machine.watch_peers(self.now, 0.0)
         self.on(proc, self.now + HEARTBEAT, self.tick_node, proc, self.now + HEARTBEAT)
         self.on(proc, self.now + CHECKPOINT, self.checkpoint_round, proc)
+        self.on(proc, self.now + 0.1, self.load_tick, proc)
         self._gossip(proc, None)      # every peer learns our incarnation now
 
     # ----------------------------------------------------------------- mapper
 
     @property
     def undelivered(self) -> dict:
-        return self.outbox.undelivered
+        return {(m.name, i): b for m in self.mappers for i, b in m.outbox.undelivered.items()}
 
     def emit(self, keys: list[str]) -> None:
+        mapper = self.mappers[0] if len(self.mappers) == 1 else self.rng.choice(self.mappers)
         by_token = defaultdict(lambda: ([], []))
         for key in keys:
-            k, s = by_token[self.mapper_ring.token_for_key(key)]
+            k, s = by_token[mapper.ring.token_for_key(key)]
             k.append(key)
-            s.append(self.next_seq)
-            self.next_seq += 1
+            s.append(mapper.next_seq)
+            mapper.next_seq += 1
             self.sent[key] += 1
         for token, (k, s) in by_token.items():
             self.batch_ids += 1
-            batch = PendingBatch(self.batch_ids, token, MAPPER, s[0], s[-1], len(s),
+            batch = PendingBatch(self.batch_ids, token, mapper.name, s[0], s[-1], len(s),
                                  encode_payload(k, [1] * len(k)), encode_seqs(s),
-                                 tokens=self.mapper_ring.tokens)
-            self._send_batches(self.outbox.add(batch, self.mapper_ring))
+                                 tokens=mapper.ring.tokens)
+            self._send_batches(mapper, mapper.outbox.add(batch, mapper.ring))
 
-    def _send_batches(self, sends) -> None:
-        ring = self.mapper_ring
+    def _send_batches(self, mapper: SimMapper, sends) -> None:
+        ring = mapper.ring
         for batch, destinations in sends:
-            self.routed[batch.id] = (ring.stamp, self.now)
-            fields = dict(ring_version=ring.stamp, token=batch.token, source=batch.source,
+            mapper.routed[batch.id] = (ring.stamp, self.now)
+            fields = dict(ring_stamp=ring.stamp, token=batch.token, source=batch.source,
                           first_seq=batch.first_seq, last_seq=batch.last_seq,
                           count=batch.count, payload=batch.payload, seqs=batch.seqs)
             for dest in sorted(destinations):
                 address = ring.address(dest)
                 proc = self.listening[address]
-                self.send(None, proc, self._node_receive, proc, dest, batch.id, ring.stamp,
-                          dict(fields, stream=self.streams[(MAPPER, address)]))
+                self.send(mapper, proc, self._node_receive, mapper, proc, dest, batch.id,
+                          ring.stamp, dict(fields, stream=self.streams[(mapper.address, address)]))
 
-    def _node_receive(self, proc: SimProcess, dest: str, batch_id, stamp, fields) -> None:
+    def _node_receive(self, mapper: SimMapper, proc: SimProcess, dest: str, batch_id, stamp,
+                      fields) -> None:
         """As the runtime's applier: the core decides; a refusal ends the stream."""
         try:
-            result = proc.core.receive_batch(**fields)
+            result = proc.core.receive_batch(Batch(**fields))
         except FloeError as exc:
             link, stream, index = self.delivering
             self._kill_stream(link, stream, index + 1)
             if isinstance(exc, StaleRing):
                 self.handle(proc, MapperAhead(stamp))
             if stream == self.streams[link]:
-                self.send(proc, None, self.refresh_mapper)
+                self.send(proc, mapper, self.refresh_mapper, mapper)
             return
         if proc.machine.resuming and result.applied:
             self.handle(proc, BatchApplied(fields["token"]))
-        self.send(proc, None, self._mapper_ack, batch_id, dest, stamp)
+        self.send(proc, mapper, self._mapper_ack, mapper, batch_id, dest, stamp)
 
-    def _mapper_ack(self, batch_id, node, stamp) -> None:
-        batch = self.outbox.undelivered.get(batch_id)
+    def _mapper_ack(self, mapper: SimMapper, batch_id, node, stamp) -> None:
+        batch = mapper.outbox.undelivered.get(batch_id)
         # an ack for a batch routed with an older ring: its stream is gone in the client
-        if batch is None or self.routed[batch_id][0] != stamp:
+        if batch is None or mapper.routed[batch_id][0] != stamp:
             return
-        if self.outbox.acked(batch, node):
+        if mapper.outbox.acked(batch, node):
             self.acked.update(decode_payload(batch.payload, batch.count)[0])
 
-    def refresh_mapper(self) -> None:
+    def refresh_mapper(self, mapper: SimMapper) -> None:
         """As the client does: newest ring among reachable nodes; the outbox fits and
         re-routes everything undelivered."""
         views = [p.core.ring for p in self.procs if self._usable(p)]
@@ -590,16 +627,103 @@ class Simulation:
             return
         best = max(views, key=lambda r: r.version)
         for address in list(self.listening):
-            self.reconnect(address)
-        self.mapper_ring = best
-        self._send_batches(self.outbox.reroute(best))
+            self.reconnect(mapper, address)
+        mapper.ring = best
+        self._send_batches(mapper, mapper.outbox.reroute(best))
 
-    def mapper_tick(self) -> None:
-        self.at(self.now + 0.1, self.mapper_tick)
-        stalled = [b for b in self.undelivered.values()
-                   if self.now - self.routed[b.id][1] > ACK_TIMEOUT]
+    def mapper_tick(self, mapper: SimMapper) -> None:
+        self.at(self.now + 0.1, self.mapper_tick, mapper)
+        stalled = [b for b in mapper.outbox.undelivered.values()
+                   if self.now - mapper.routed[b.id][1] > ACK_TIMEOUT]
         if stalled:
-            self.refresh_mapper()
+            self.refresh_mapper(mapper)
+
+    # ---------------------------------------------------------- load shedding
+
+    def load_tick(self, proc: SimProcess) -> None:
+        """The load loop: an overloaded process reports a long queue and a busy
+        applier; the machine decides whether that is overload and whether to shed."""
+        self.on(proc, self.now + 0.1, self.load_tick, proc)
+        hot = proc.hot_until > self.now
+        proc.busy_seconds += 0.1 if hot else 0.0
+        self.handle(proc, LoadSampled(20 if hot else 0, proc.busy_seconds, 0.0))
+
+    def overload(self, name: str, seconds: float) -> None:
+        proc = self.process(name)
+        self.log.append(f"{self.now:.3f} overload {proc.name} for {seconds:.2f}s")
+        proc.hot_until = self.now + seconds
+
+    def shed_load(self, proc: SimProcess, reason: str, depth: int, respond=None) -> None:
+        """As the runtime's balancing: one planned round; when a busy neighbour was
+        asked to shed first and moved ranges, plan again at once."""
+        def finish(outcome: ShedOutcome) -> None:
+            self.log.append(f"{self.now:.3f} {proc.name} shed ({reason}): {outcome.detail}")
+            if respond is not None:
+                respond(outcome.moved, None)
+
+        def first(outcome: ShedOutcome) -> None:
+            if outcome.asked and outcome.asked_moved:
+                self._shed_once(proc, f"{reason}, after {outcome.asked} shed", depth,
+                                outcome.asked, finish)
+            else:
+                finish(outcome)
+
+        self._shed_once(proc, reason, depth, None, first)
+
+    def _shed_once(self, proc: SimProcess, reason: str, depth: int, relieved, then) -> None:
+        ring = proc.core.ring
+        reach = shed_reach(ring, proc.name, REACH)
+        loads: dict = {}
+
+        def plan_now() -> None:
+            plan = proc.machine.plan_shed(loads, reach=REACH, tokens_per_node=self.tokens,
+                                          depth=depth, relieved=relieved)
+            if plan.split is not None:
+                try:
+                    self.handle(proc, SplitRequested(plan.split[1]))
+                except InvalidArgument as exc:
+                    self.log.append(f"{self.now:.3f} {proc.name} split refused: {exc}")
+            moves = proc.machine.shed_moves(plan)
+            if moves:
+                self._shed_moves(proc, moves, then)
+            elif plan.ask:
+                self.call_later(
+                    proc, ring.address(plan.ask),
+                    lambda server, respond: self.shed_load(
+                        server, f"asked by {proc.name}", depth + 1, respond),
+                    lambda moved: then(ShedOutcome(f"asked {plan.ask} to shed first",
+                                                   asked=plan.ask, asked_moved=moved)),
+                    lambda exc: then(ShedOutcome(f"cascade to {plan.ask} failed: {exc}")),
+                    timeout=5.0)
+            else:
+                then(ShedOutcome("nothing to move"))
+
+        def got(node: str, value) -> None:
+            loads[node] = value
+            if len(loads) == len(reach):
+                plan_now()
+
+        def serve(server: SimProcess) -> PeerLoad:
+            return PeerLoad(server.machine.load.rate(), server.machine.load.overloaded)
+
+        for node in reach:
+            self.call(proc, ring.address(node), serve, lambda v, n=node: got(n, v),
+                      lambda exc, n=node: got(n, None))
+        if not reach:
+            plan_now()
+
+    def _shed_moves(self, proc: SimProcess, moves: dict, then) -> None:
+        if not self.request_handoff(proc, moves, f"sheds {len(moves)} ranges to "
+                                                 f"{','.join(sorted(set(moves.values())))}"):
+            then(ShedOutcome("handoff refused"))
+            return
+
+        def ended(h) -> None:
+            proc.machine.shed_done(self.now)
+            then(ShedOutcome(f"moved {len(moves)} ranges: {h.state}",
+                             moved=h.state == "committed"))
+
+        proc.after_handoff.append(ended)
 
     # -------------------------------------------------------------- scenario
 
@@ -608,11 +732,12 @@ class Simulation:
             first = self.rng.uniform(0, HEARTBEAT)
             self.on(proc, first, self.tick_node, proc, first)
             self.on(proc, self.rng.uniform(0, CHECKPOINT), self.checkpoint_round, proc)
-        self.at(0.1, self.mapper_tick)
-        words = [f"w{i}" for i in range(40)]
+            self.on(proc, self.rng.uniform(0, 0.1), self.load_tick, proc)
+        for mapper in self.mappers:
+            self.at(0.1, self.mapper_tick, mapper)
         t = 0.0
         while t < emit_until:
-            self.at(t, self.emit, [self.rng.choice(words) for _ in range(self.rng.randint(1, 8))])
+            self.at(t, self.emit, [self._word() for _ in range(self.rng.randint(1, 8))])
             t += self.rng.uniform(0.005, 0.03)
         for when, action, args in faults:
             self.at(when, action, *args)
@@ -620,6 +745,11 @@ class Simulation:
             self.now, _, action, args = heapq.heappop(self.events)
             action(*args)
             self.check_invariants()
+
+    def _word(self) -> str:
+        if self.skew and self.rng.random() < self.skew:
+            return f"w{self.rng.randrange(3)}"
+        return f"w{self.rng.randrange(40)}"
 
     def restart(self, name: str, answering: float = 1.0) -> None:
         """The process of `name` dies and the same command starts again at once: it asks

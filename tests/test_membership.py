@@ -4,6 +4,7 @@ makes from its peers' rings."""
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from node.core.batch import Batch
 from node.core.errors import RangeLost, Starting
 from node.core.membership import (decide_start, idle_members, ready_to_decide, refill_moves,
                                   rejoin_name, restarted)
@@ -151,7 +152,7 @@ def test_a_starting_core_accepts_and_answers_nothing():
     with pytest.raises(Starting):
         core.get("the")
     with pytest.raises(Starting):
-        core.receive_batch(founding().stamp, founding().tokens[0], "s", 1, 1, 1, b"", b"")
+        core.receive_batch(Batch(founding().stamp, founding().tokens[0], "s", 1, 1, 1, b""))
 
 
 def test_an_owner_without_enough_replicas_refills_the_first_idle_member():

@@ -3,6 +3,7 @@ from collections import Counter
 import msgpack
 import pytest
 
+from node.core.batch import Batch
 from node.core.errors import Fenced, InvalidArgument, InvalidKey, RangeLost, StaleRing, TooLarge
 from tests.helpers import CoreCluster
 
@@ -86,14 +87,14 @@ def _fields(c, **overrides):
     (dict(payload=msgpack.packb([[1.5, 2.5, 3.5], [1, 1, 1]])), InvalidKey),
     (dict(payload=msgpack.packb([["a", "a", "b"], ["x", 1, 1]])), InvalidArgument),
     (dict(payload=b"x" * (5 << 20)), TooLarge),
-    (dict(ring_version=99), StaleRing),
+    (dict(ring_stamp=99), StaleRing),
     (dict(source=""), InvalidArgument),
 ])
 def test_bad_batches_change_nothing(overrides, error):
     c = CoreCluster(nodes=1, replication=0, tokens_per_node=1)
     owner, fields = _fields(c, **overrides)
     with pytest.raises(error):
-        c.cores[owner].receive_batch(**fields)
+        c.cores[owner].receive_batch(Batch(**fields))
     assert c.state() == {}
     c.push("ok", ["z"])                        # and the node keeps working
     assert c.state() == {"z": 1}
@@ -104,7 +105,7 @@ def test_batch_for_a_token_the_node_does_not_serve_is_refused():
     token, fields = c.batches("s", ["a"])[0]
     stranger = next(n for n in c.cores if n != c.ring.owner_of_token(token))
     with pytest.raises(StaleRing):
-        c.cores[stranger].receive_batch(**fields)
+        c.cores[stranger].receive_batch(Batch(**fields))
 
 
 def test_misrouted_key_is_refused():
@@ -114,7 +115,7 @@ def test_misrouted_key_is_refused():
                  c.ring.owner_of_token(t) == c.ring.owner_of_token(token))
     fields["token"] = other
     with pytest.raises(InvalidArgument):
-        c.cores[c.ring.owner_of_token(other)].receive_batch(**fields)
+        c.cores[c.ring.owner_of_token(other)].receive_batch(Batch(**fields))
 
 
 from tests.helpers import fail  # noqa: E402
@@ -169,4 +170,4 @@ def test_a_removed_node_is_fenced():
     assert change.fenced and stale.fenced
     token, fields = c.batches("s", ["a"])[0]
     with pytest.raises(Fenced):
-        stale.receive_batch(**fields)
+        stale.receive_batch(Batch(**fields))

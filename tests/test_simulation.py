@@ -11,15 +11,17 @@ from tests.simulation import Simulation
 SEEDS = int(os.environ.get("FLOE_SIM_SEEDS", "500"))
 
 
-def random_cluster(seed: int, salt: int):
-    """A seeded random Simulation (4-6 nodes, r 1 or 2, 1-3 tokens each, maybe lossy),
-    the generator that drew it, to draw the faults from, and the sorted node names."""
+def random_cluster(seed: int, salt: int, skew: float = 0.0):
+    """A seeded random Simulation (4-6 nodes, r 1 or 2, 1-3 tokens each, maybe lossy,
+    one to three mappers), the generator that drew it, to draw the faults from, and
+    the sorted node names."""
     import random
     pick = random.Random(seed * salt)
     nodes = pick.randint(4, 6)
     replication = pick.choice([1, 1, 2])
     sim = Simulation(seed, nodes=nodes, replication=replication, tokens=pick.randint(1, 3),
-                     loss=pick.choice([0.0, 0.0, 0.002]))
+                     loss=pick.choice([0.0, 0.0, 0.002]), mappers=pick.choice([1, 1, 2, 3]),
+                     skew=skew)
     return pick, sim, sorted(sim.nodes)
 
 
@@ -229,6 +231,47 @@ def test_slow_seed_a_slow_node_is_never_declared_dead(seed):
     assert not wrongly, f"{context}: live nodes declared dead: {wrongly}"
     assert {whom for _, _, whom in sim.declared} == failed, f"{context}: a dead node stayed"
     check(sim, seed)
+
+
+SHED_SEEDS = int(os.environ.get("FLOE_SIM_SHED_SEEDS", "120"))
+
+
+def shed_scenario(seed: int) -> Simulation:
+    """Skewed keys and an overloaded node (the owner of the hottest key) that sheds:
+    whole ranges to its neighbours, a range cut at the measured point, or, when its
+    heir is overloaded too, a request that the heir shed first (the cascade); mixed
+    with a kill, pause or partition."""
+    pick, sim, names = random_cluster(seed, 49979687, skew=pick_skew(seed))
+    nodes = len(names)
+    hot = sim.nodes[names[0]].core.ring.owner("w0")
+    faults = [(pick.uniform(0.2, 0.6), sim.overload, (hot, pick.uniform(1.0, 2.5)))]
+    if pick.random() < 0.5:
+        heir = sim.nodes[hot].core.ring.heir(sim.nodes[hot].core.ring.token_for_key("w0"))
+        if heir is not None:
+            faults.append((faults[0][0], sim.overload, (heir, pick.uniform(1.0, 2.5))))
+    kind = pick.choice(["kill", "pause", "partition", "none", "none"])
+    victim = pick.randrange(nodes)
+    if names[victim] != hot:
+        faults += one_fault(pick, sim, names, kind, victim, pick.uniform(0.3, 1.5))
+    sim.run(until=7.0, emit_until=2.5, faults=faults)
+    return sim
+
+
+def pick_skew(seed: int) -> float:
+    return 0.3 + 0.4 * ((seed * 7) % 10) / 10
+
+
+@pytest.mark.parametrize("seed", range(SHED_SEEDS))
+def test_shed_seed(seed):
+    check(shed_scenario(seed), seed)
+
+
+def test_shedding_moves_splits_and_cascades_across_seeds():
+    # The shedding seeds must exercise what they claim to: moves, splits, cascades.
+    logs = [line for seed in range(40) for line in shed_scenario(seed).log]
+    assert sum(" sheds " in line for line in logs) >= 10, logs
+    assert any(" split " in line for line in logs), logs
+    assert any("asked by" in line for line in logs), logs
 
 
 def first_declared(sim: Simulation, node: str) -> float:

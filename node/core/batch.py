@@ -17,6 +17,26 @@ from node.core.errors import InvalidArgument, InvalidKey, TooLarge
 KEY_TYPES = frozenset((str, bytes, int))
 
 
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """One batch as it travels from a mapper to a node: the tuples (`count` of them,
+    msgpack `payload`) of one `source` for the range of `token`, with seqs `first_seq`
+    to `last_seq` (`seqs` lists them when not contiguous), routed with the ring of
+    `ring_stamp` on the sender's stream number `stream`. `id` is the sender's, echoed
+    in the ack."""
+
+    ring_stamp: int
+    token: int
+    source: str
+    first_seq: int
+    last_seq: int
+    count: int
+    payload: bytes
+    seqs: bytes = b""
+    stream: int = 0
+    id: int = 0
+
+
 @dataclass(frozen=True)
 class Limits:
     max_batch_bytes: int = 4 << 20

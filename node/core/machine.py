@@ -24,7 +24,7 @@ from node.core.handoff import (Handoff, HandoffState, leave_moves, retired_extra
 from node.core.load import LoadMonitor
 from node.core.machine_io import (BatchApplied, CheckpointAcked, CheckpointDue,
                                   CheckpointFailed, CheckpointRoundDone, Exit, Farewell,
-                                  Gossip, HandoffEnded, HandoffRequested, HeardFrom,
+                                  Gossip, HandoffAbandoned, HandoffEnded, HandoffRequested, HeardFrom,
                                   HeartbeatDue, HeartbeatFailed, LeaveRing, LoadSampled, MapperAhead,
                                   MonitorDue, Note, ProbeAbandoned, ProbeFinished, Record,
                                   RefillDue, RingSeen, SendHeartbeat, ShipCheckpoints,
@@ -68,6 +68,7 @@ class NodeMachine:
             CheckpointRoundDone: self._round_done, RefillDue: self._refill_due,
             BatchApplied: self._batch_applied, LoadSampled: self._load_sampled,
             HandoffRequested: self._handoff_requested, SplitRequested: self._split,
+            HandoffAbandoned: self._handoff_abandoned,
             LeaveRing: self._leave_ring, MapperAhead: self._mapper_ahead,
         }
 
@@ -358,6 +359,21 @@ class NodeMachine:
             out.append(Gossip())
         if h.finished:
             self._end_handoff(now, out)
+
+    def _handoff_abandoned(self, event: HandoffAbandoned, now: float, out: list) -> None:
+        """Nobody drives the handoff any more: abort it and clear the extras it pinned,
+        so the next one may start."""
+        h = self.handoff
+        if h is None:
+            return
+        ring = self.core.ring
+        pinned = {t: () for t in h.moves if h.state == HandoffState.PREPARED
+                  and ring.has_token(t) and ring.owner_of_token(t) == self.core.node_id
+                  and ring.extras_of(t)}
+        self._abort_handoff(event.reason, out)
+        if pinned:
+            self._adopt(ring.with_extras(pinned), now, out)
+            out.append(Gossip())
 
     def _abort_handoff(self, reason: str, out: list) -> None:
         h = self.handoff

@@ -141,6 +141,13 @@ class HandoffRequested:
 
 
 @dataclass(frozen=True)
+class HandoffAbandoned:
+    """Whoever drove the handoff stopped (cancelled, or a round failed): end it."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
 class SplitRequested:
     position: int
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from node.core.backup_store import BackupEntry
-from node.core.batch import Limits, check_header
+from node.core.batch import Batch, Limits, check_header
 from node.core.epochs import check_source
 from node.core.errors import Fenced, InvalidArgument, RangeLost, StaleRing, Starting
 from node.core.ranges import Checkpoint, PrimaryRange, ReplicaSide
@@ -200,17 +200,15 @@ class NodeCore:
 
     # ------------------------------------------------------------- data path
 
-    def receive_batch(self, ring_version: int, token: int, source: str, first_seq: int,
-                      last_seq: int, count: int, payload: bytes, seqs: bytes,
-                      stream: int = 0) -> PushResult:
+    def receive_batch(self, b: Batch) -> PushResult:
         try:
-            newest = self.streams.get(source, 0)
-            if stream < newest:
-                raise StaleRing(f"batch from {source}'s stream {stream}, which stream "
+            newest = self.streams.get(b.source, 0)
+            if b.stream < newest:
+                raise StaleRing(f"batch from {b.source}'s stream {b.stream}, which stream "
                                 f"{newest} replaced")
-            self.streams[source] = stream
-            return self._receive_batch(ring_version, token, source, first_seq, last_seq,
-                                       count, payload, seqs)
+            self.streams[b.source] = b.stream
+            return self._receive_batch(b.ring_stamp, b.token, b.source, b.first_seq,
+                                       b.last_seq, b.count, b.payload, b.seqs)
         except Exception:
             self.counters["refused"] += 1
             raise

@@ -24,7 +24,7 @@ from node.core.load import LoadConfig, LoadMonitor
 from node.core.machine import NodeMachine
 from node.core.machine_io import (BatchApplied, CheckpointAcked, CheckpointDue,
                                   CheckpointFailed, CheckpointRoundDone, Exit, Farewell,
-                                  Gossip, HandoffEnded, HandoffRequested, HeardFrom,
+                                  Gossip, HandoffAbandoned, HandoffEnded, HandoffRequested, HeardFrom,
                                   HeartbeatDue, HeartbeatFailed, LeaveRing, LoadSampled,
                                   MapperAhead, MonitorDue, Note, ProbeAbandoned,
                                   ProbeFinished, Record, RefillDue, RingSeen, SendHeartbeat,
@@ -36,7 +36,7 @@ from node.core.reducers import Reducer
 from node.core.ring import Ring
 from node.runtime.balancing import ShedOutcome, shed_load
 from node.runtime.events import EventLog
-from node.runtime.startup import decide_membership
+from node.runtime.startup import decide_membership, record_start
 
 log = logging.getLogger("floe.node")
 
@@ -110,19 +110,8 @@ class NodeRuntime:
         decision = await decide_membership(self.config, self.peers, self.incarnation,
                                            self._initial_ring(self.config), seeds, self.clock)
         self.machine.begin(decision.node_id, decision.ring)
-        joining = seeds is not None
-        self.events.record("started", decision.node_id, incarnation=self.incarnation,
-                           replaces=decision.replaces, why=decision.why, joining=joining)
-        if decision.replaces:
-            t = self.events.record("detected", decision.node_id, about=[decision.replaces],
-                                   why="restarted: " + decision.why)
-            log.warning("declaring %s dead at %.6f: %s; this process holds none of its "
-                        "state and joins empty as %s", decision.replaces, t,
-                        decision.why, decision.node_id)
-        elif decision.node_id != self.config.node_id:
-            log.warning("%s; this process joins empty as %s", decision.why, decision.node_id)
-        elif joining:
-            log.info("%s joins ring v%d", decision.node_id, decision.ring.version)
+        record_start(self.events, decision, self.incarnation, self.config.node_id,
+                     joining=seeds is not None)
 
     def reconfigure(self, config: NodeConfig) -> None:
         """Before start only: the listen address became known after binding."""
@@ -229,6 +218,11 @@ class NodeRuntime:
             log.warning("final checkpoint incomplete: %s", exc)
         await self.peers.close()
 
+    def halt(self) -> None:
+        """Stop every loop at once, sending nothing: what a crashed process does."""
+        for task in [*self._tasks, *self._background]:
+            task.cancel()
+
     async def _every(self, interval: float, due) -> None:
         while True:
             scheduled = self.clock() + interval
@@ -278,11 +272,9 @@ class NodeRuntime:
         started = mark = self.clock()
         try:
             for b in item.batches:
-                result = core.receive_batch(b.ring_stamp, b.token, b.source, b.first_seq,
-                                            b.last_seq, b.count, b.payload, b.seqs,
-                                            b.stream)
+                result = core.receive_batch(b)
                 acks.append((b.id, result))
-                if machine.resuming and result.applied:
+                if result.applied and b.token in machine.resuming:
                     self._handle(BatchApplied(b.token))
                 now = self.clock()
                 self.busy_seconds += now - mark
@@ -451,6 +443,8 @@ class NodeRuntime:
                     if not done.done():
                         await asyncio.sleep(0.01)
             finally:
+                if not done.done():                  # cancelled, or a round failed
+                    self._handle(HandoffAbandoned("the node stopped running it"))
                 self._handoff_done = None
             return done.result()
 

@@ -71,3 +71,20 @@ async def decide_membership(config, peers, incarnation: int, initial: Ring,
                              f"with --replication {config.replication}")
     return decide_start(config.node_id, incarnation, config.listen, seen,
                         None if joining else initial)
+
+
+def record_start(events, decision: StartDecision, incarnation: int, configured_id: str,
+                 joining: bool) -> None:
+    """Tell the event log and the human log who this process turned out to be."""
+    events.record("started", decision.node_id, incarnation=incarnation,
+                  replaces=decision.replaces, why=decision.why, joining=joining)
+    if decision.replaces:
+        t = events.record("detected", decision.node_id, about=[decision.replaces],
+                          why="restarted: " + decision.why)
+        log.warning("declaring %s dead at %.6f: %s; this process holds none of its "
+                    "state and joins empty as %s", decision.replaces, t,
+                    decision.why, decision.node_id)
+    elif decision.node_id != configured_id:
+        log.warning("%s; this process joins empty as %s", decision.why, decision.node_id)
+    elif joining:
+        log.info("%s joins ring v%d", decision.node_id, decision.ring.version)

@@ -1,0 +1,125 @@
+"""What a node answers to the outside, in plain values: the one facade the gRPC
+servicers (node.transport.server) and the in-memory transport (node.runtime.peers)
+call. Each method raises a FloeError the transports turn into a status code.
+"""
+
+from __future__ import annotations
+
+from node.core.batch import Batch
+from node.core.errors import Fenced, InvalidArgument, ReducerMismatch, StaleRing, Starting
+from node.core.handoff import Handoff
+from node.core.ring import Ring
+from node.runtime.balancing import ShedOutcome
+from node.runtime.node import NodeRuntime, StreamState
+
+
+class NodeService:
+    def __init__(self, runtime: NodeRuntime) -> None:
+        self.runtime = runtime
+
+    @property
+    def node_id(self) -> str:
+        return self.runtime.core.node_id
+
+    @property
+    def reducer(self) -> str:
+        return self.runtime.reducer.name
+
+    @property
+    def ring(self) -> Ring:
+        return self.runtime.core.ring
+
+    def _check_started(self) -> None:
+        if self.runtime.starting:
+            raise Starting(f"{self.runtime.config.node_id} is starting: it has not yet "
+                           f"confirmed its place in the ring")
+
+    # ------------------------------------------------------------ data path
+
+    async def submit(self, batches: list[Batch], stream: StreamState):
+        return await self.runtime.submit(batches, stream)
+
+    # ------------------------------------------------------------ the ring
+
+    def ring_view(self, starting_ok: bool = False, expect_reducer: str = "") -> tuple[Ring, bool]:
+        """Our ring, and whether we are still starting (then only if `starting_ok`:
+        the ring we would found, for a starting peer's decision)."""
+        if self.runtime.starting:
+            if not starting_ok:
+                self._check_started()
+            return self.ring, True
+        if expect_reducer and expect_reducer != self.reducer:
+            raise ReducerMismatch(f"the ring runs reducer {self.reducer!r}, the caller "
+                                  f"expects {expect_reducer!r}")
+        return self.ring, False
+
+    def exchange_ring(self, sender: str, ring: Ring) -> Ring:
+        self._check_started()
+        if sender:
+            self.runtime.sign_of_life(sender)
+        self.runtime.adopt(ring)
+        return self.ring
+
+    def heartbeat(self, sender: str, ring_stamp: int, incarnation: int) -> tuple[int, int]:
+        """Our ring stamp and incarnation."""
+        self._check_started()
+        if self.runtime.core.fenced:
+            raise Fenced(f"{self.node_id} was removed from the ring")
+        self.runtime.heard_from(sender, ring_stamp, incarnation=incarnation)
+        return self.ring.stamp, self.runtime.incarnation
+
+    async def probe(self, target: str, timeout: float) -> bool:
+        return await self.runtime.probe_for(target, min(max(timeout, 0.01), 5.0))
+
+    def receive_checkpoint(self, sender: str, ring_stamp: int, incarnation: int, token: int,
+                           seq: int, base_seq: int, full: bool, states: dict,
+                           watermarks) -> tuple[bool, int, int]:
+        """(whether we need a full copy, the seq we hold, our ring stamp)."""
+        self._check_started()
+        self.runtime.heard_from(sender, ring_stamp, incarnation=incarnation)
+        if not isinstance(watermarks, dict):
+            raise InvalidArgument("watermarks must be a msgpack map")
+        core = self.runtime.core
+        need_full, held = core.receive_checkpoint(sender, ring_stamp, token, seq, base_seq,
+                                                  full, states, watermarks)
+        return need_full, held, core.ring.stamp
+
+    # ------------------------------------------------------------ operations
+
+    async def hand_off(self, moves: dict[int, str], timeout: float = 0.0) -> Handoff:
+        try:
+            return await self.runtime.hand_off(moves, timeout or None)
+        except ValueError as exc:
+            raise InvalidArgument(str(exc)) from None
+
+    async def split(self, at: int) -> tuple[int, int]:
+        return await self.runtime.split_range(at)
+
+    async def leave(self, timeout: float = 0.0) -> None:
+        await self.runtime.leave(timeout or None)
+
+    async def shed(self, sender: str, depth: int) -> ShedOutcome:
+        return await self.runtime.shed_load(f"asked by {sender}", depth=depth)
+
+    # ------------------------------------------------------------ queries
+
+    def get(self, key) -> tuple[bool, object, int]:
+        core = self.runtime.core
+        found, state = core.get(key)
+        return found, state, core.ring.version
+
+    def top(self, k: int) -> list:
+        return self.runtime.core.top(k)
+
+    def scan(self, ring_stamp: int = 0) -> list:
+        core = self.runtime.core
+        if ring_stamp and ring_stamp != core.ring.stamp:
+            raise StaleRing(f"scan for ring stamp {ring_stamp:#x}, node {core.node_id} is "
+                            f"at {core.ring.stamp:#x}")
+        return core.snapshot_items()
+
+    def stats(self) -> dict:
+        return self.runtime.stats()
+
+    def inspect_range(self, token: int) -> tuple[str, dict]:
+        return self.runtime.core.inspect_range(token)

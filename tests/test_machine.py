@@ -1,0 +1,143 @@
+"""The node machine alone: events in, effects out, with an explicit clock."""
+
+from dataclasses import replace
+
+import pytest
+
+from node.core.detector import ALIVE, REFUSED, TIMED_OUT, DetectorConfig, FailureDetector
+from node.core.errors import InvalidArgument
+from node.core.handoff import HandoffState
+from node.core.load import LoadMonitor
+from node.core.machine import NodeMachine
+from node.core.machine_io import (CheckpointDue, CheckpointRoundDone, Exit, Gossip,
+                                  HandoffAbandoned, HandoffEnded, HandoffRequested, HeardFrom,
+                                  LeaveRing, LoadSampled, MonitorDue, ProbeFinished, Record,
+                                  RingSeen, SendHeartbeat, ShipCheckpoints, StartProbe,
+                                  StartShed, HeartbeatDue)
+from node.core.node_core import NodeCore
+from node.core.reducers import load_reducer
+from node.core.ring import Ring
+
+MEMBERS = {f"n{i}": f"a:{i}" for i in range(4)}
+INCARNATIONS = {n: 100 + i for i, n in enumerate(MEMBERS)}
+
+
+def ring() -> Ring:
+    return replace(Ring.initial(MEMBERS, 1, 2), incarnations=tuple(sorted(INCARNATIONS.items())))
+
+
+def machine(name: str = "n0", balance: bool = False) -> NodeMachine:
+    def make_core(node_id, r):
+        return NodeCore(node_id, r, load_reducer("count"))
+    m = NodeMachine(make_core(name, ring()), INCARNATIONS[name],
+                    FailureDetector(DetectorConfig()), LoadMonitor(), make_core,
+                    listen=MEMBERS[name], balance=balance)
+    m.watch_peers(0.0, 0.0)
+    return m
+
+
+def kinds(effects) -> list[str]:
+    return [e.kind for e in effects if isinstance(e, Record)]
+
+
+def probe_of(m: NodeMachine, now: float) -> StartProbe:
+    probes = [e for e in m.handle(MonitorDue(now), now) if isinstance(e, StartProbe)]
+    assert probes, "nobody suspected"
+    return probes[0]
+
+
+def test_heartbeats_go_to_the_replicas_of_our_ranges_with_our_stamp():
+    m = machine()
+    sent = m.handle(HeartbeatDue(), 0.0)
+    assert sent and all(isinstance(e, SendHeartbeat) and e.ring_stamp == m.core.ring.stamp
+                        for e in sent)
+    assert {e.node for e in sent} == m.core.heartbeat_targets()
+
+
+def test_a_refused_probe_declares_the_node_dead_and_tells_everyone():
+    m = machine()
+    start = probe_of(m, 5.0)
+    effects = m.handle(ProbeFinished(start.probe, REFUSED, TIMED_OUT, start.epoch), 5.1)
+    assert "detected" in kinds(effects) and Gossip() in effects
+    assert start.probe.node not in m.core.ring.nodes
+
+
+def test_a_probe_answered_by_another_process_counts_as_refused():
+    m = machine()
+    start = probe_of(m, 5.0)
+    node = start.probe.node
+    effects = m.handle(ProbeFinished(start.probe, ALIVE, TIMED_OUT, start.epoch,
+                                     incarnation=INCARNATIONS[node] + 1), 5.1)
+    assert "detected" in kinds(effects) and node not in m.core.ring.nodes
+
+
+def test_a_probe_begun_as_an_earlier_member_is_discarded():
+    m = machine()
+    start = probe_of(m, 5.0)
+    m.handle(RingSeen(m.core.ring.without(["n0"])), 5.05)    # fenced: rejoins as n0#1
+    assert m.node_id == "n0#1" and m.epoch == start.epoch + 1
+    effects = m.handle(ProbeFinished(start.probe, REFUSED, TIMED_OUT, start.epoch), 5.1)
+    assert effects == [] and start.probe.node in m.core.ring.nodes
+
+
+def test_being_removed_rejoins_empty_under_a_new_name():
+    m = machine()
+    effects = m.handle(RingSeen(m.core.ring.without(["n0"])), 1.0)
+    assert kinds(effects)[-1] == "fenced" and Gossip() in effects
+    assert m.core.ring.tokens_of("n0#1") == () and not m.core.primaries and m.rejoined == 1
+
+
+def test_a_restarted_peer_is_declared_dead_at_once():
+    m = machine()
+    effects = m.handle(HeardFrom("n1", m.core.ring.stamp, INCARNATIONS["n1"] + 7), 1.0)
+    assert kinds(effects)[0] == "detected" and "n1" not in m.core.ring.nodes
+
+
+def test_a_different_stamp_asks_for_an_exchange_with_that_peer():
+    m = machine()
+    assert m.handle(HeardFrom("n1", 12345, INCARNATIONS["n1"]), 1.0) == [Gossip("a:1")]
+    assert m.handle(HeardFrom("n1", m.core.ring.stamp, INCARNATIONS["n1"]), 1.0) == []
+
+
+def test_a_handoff_commits_after_a_round_the_targets_acknowledged():
+    m = machine()
+    token = m.core.ring.tokens_of("n0")[0]
+    heir = m.core.ring.heir(token)
+    effects = m.handle(HandoffRequested({token: heir}, 5.0), 1.0)
+    assert kinds(effects) == ["handoff_prepared"]
+    with pytest.raises(InvalidArgument):
+        m.handle(HandoffRequested({token: heir}, 5.0), 1.0)   # one at a time
+    (ship,) = [e for e in m.handle(CheckpointDue(), 1.1) if isinstance(e, ShipCheckpoints)]
+    for s in ship.shipments:       # every replica acknowledges the final checkpoint
+        m.core.checkpoint_acked(s.checkpoint.token, s.replica, s.checkpoint.seq, False)
+    effects = m.handle(CheckpointRoundDone(ship.tokens, ship.behind_before, ship.epoch), 1.2)
+    ended = [e for e in effects if isinstance(e, HandoffEnded)]
+    assert ended and ended[0].handoff.state == HandoffState.COMMITTED
+    assert m.core.ring.owner_of_token(token) == heir and m.handoff is None
+
+
+def test_an_abandoned_handoff_clears_its_extras_and_frees_the_next():
+    m = machine()
+    token = m.core.ring.tokens_of("n0")[0]
+    target = next(n for n in MEMBERS if n not in ("n0", m.core.ring.heir(token)))
+    m.handle(HandoffRequested({token: target}, 5.0), 1.0)
+    assert m.core.ring.extras_of(token)
+    effects = m.handle(HandoffAbandoned("stopped"), 1.1)
+    assert kinds(effects)[0] == "handoff_aborted" and not m.core.ring.extras_of(token)
+    m.handle(HandoffRequested({token: target}, 5.0), 1.2)     # not refused as busy
+
+
+def test_leaving_removes_us_and_exits():
+    m = machine()
+    effects = m.handle(LeaveRing(), 1.0)
+    assert "n0" not in m.core.ring.nodes and Exit() in effects and "left" in kinds(effects)
+
+
+@pytest.mark.parametrize("balance", [False, True])
+def test_overload_is_recorded_and_sheds_only_when_balancing(balance):
+    m = machine(balance=balance)
+    effects = []
+    for i in range(6):
+        effects += m.handle(LoadSampled(20, 0.1 * (i + 1), 0.0), 0.1 * (i + 1))
+    assert "overloaded" in kinds(effects)
+    assert any(isinstance(e, StartShed) for e in effects) == balance
