@@ -296,12 +296,13 @@ def test_killed_node_is_declared_fast_and_a_long_pause_within_two_seconds(seed):
 # ------------------------------------------------------------- golden logs
 # The simulation's log of a few seeds, stored: any change of behaviour (who declares
 # whom when, who takes what over, what is handed where, when a restarted process
-# joins) shows up as a diff of these files, to be reviewed and then accepted with
-# FLOE_UPDATE_GOLDEN=1.
+# joins, what an overloaded node sheds) shows up as a diff of these files, to be
+# reviewed and then accepted with FLOE_UPDATE_GOLDEN=1.
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 CASES = {"failure-seed-3": lambda: scenario(3), "handoff-seed-7": lambda: handoff_scenario(7),
-         "split-seed-11": lambda: split_scenario(11), "restart-seed-5": lambda: restart_scenario(5)}
+         "split-seed-11": lambda: split_scenario(11), "restart-seed-5": lambda: restart_scenario(5),
+         "shed-seed-0": lambda: shed_scenario(0)}
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
