@@ -225,6 +225,10 @@ def slow_scenario(seed: int) -> tuple[Simulation, set[str]]:
 
 @pytest.mark.parametrize("seed", range(SLOW_SEEDS))
 def test_slow_seed_a_slow_node_is_never_declared_dead(seed):
+    run_slow_seed(seed)
+
+
+def run_slow_seed(seed: int) -> None:
     sim, failed = slow_scenario(seed)
     context = f"seed {seed}: " + "; ".join(sim.log)
     wrongly = [(t, by, whom) for t, by, whom in sim.declared if whom not in failed]
@@ -261,9 +265,13 @@ def pick_skew(seed: int) -> float:
     return 0.3 + 0.4 * ((seed * 7) % 10) / 10
 
 
+def run_shed_seed(seed: int) -> None:
+    check(shed_scenario(seed), seed)
+
+
 @pytest.mark.parametrize("seed", range(SHED_SEEDS))
 def test_shed_seed(seed):
-    check(shed_scenario(seed), seed)
+    run_shed_seed(seed)
 
 
 def test_shedding_moves_splits_and_cascades_across_seeds():
