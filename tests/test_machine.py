@@ -141,3 +141,14 @@ def test_overload_is_recorded_and_sheds_only_when_balancing(balance):
         effects += m.handle(LoadSampled(20, 0.1 * (i + 1), 0.0), 0.1 * (i + 1))
     assert "overloaded" in kinds(effects)
     assert any(isinstance(e, StartShed) for e in effects) == balance
+
+
+def test_records_name_the_stimulus_that_caused_them():
+    m = machine()
+    start = probe_of(m, 5.0)
+    effects = m.handle(ProbeFinished(start.probe, REFUSED, TIMED_OUT, start.epoch), 5.1)
+    records = [e for e in effects if isinstance(e, Record)]
+    assert len(records) >= 2                    # detected, then what it changed here
+    assert {r.stimulus for r in records} == {f"n0:{m.stimuli}:ProbeFinished"}
+    later = m.handle(RingSeen(m.core.ring.without(["n0"])), 6.0)
+    assert [e.stimulus for e in later if isinstance(e, Record)] == [f"n0:{m.stimuli}:RingSeen"]

@@ -4,6 +4,7 @@ leave with exact counts, without gRPC or processes."""
 
 import asyncio
 import json
+import re
 from collections import Counter
 
 from node.config import NodeConfig
@@ -83,9 +84,12 @@ class MemoryCluster:
                 return False
         return True
 
-    def events(self) -> list[tuple[str, str]]:
-        return [(e["node"], e["kind"]) for name in self.members
+    def records(self) -> list[dict]:
+        return [e for name in self.members
                 for e in map(json.loads, (self.logs / f"{name}.jsonl").read_text().splitlines())]
+
+    def events(self) -> list[tuple[str, str]]:
+        return [(e["node"], e["kind"]) for e in self.records()]
 
     def counts(self) -> Counter:
         ring = self.ring()
@@ -112,6 +116,10 @@ async def test_a_crashed_node_is_taken_over_and_nothing_is_lost(tmp_path):
         events = c.events()
         assert ("n0", "detected") in events or ("n2", "detected") in events, events
         assert any(kind == "taken_over" for _, kind in events), events
+        # every protocol record names the machine event that caused it
+        caused = [e for e in c.records() if e["kind"] in ("detected", "taken_over")]
+        assert all(re.fullmatch(r"n\d:\d+:(ProbeFinished|RingSeen)", e["stimulus"])
+                   for e in caused), caused
     finally:
         await c.stop()
 

@@ -52,6 +52,8 @@ class NodeMachine:
         self.listen = listen
         self.balance = balance
         self.epoch = 0
+        self.stimuli = 0                 # events handled so far: names each one
+        self._stimulus = ""
         self.rejoined = 0                # times this process rejoined as a new member
         self.handoff: Handoff | None = None
         self.leaving = False
@@ -80,6 +82,8 @@ class NodeMachine:
         """The effects of `event` at time `now`. Raises InvalidArgument for a request
         the node refuses (an impossible handoff, split or leave)."""
         out: list = []
+        self.stimuli += 1
+        self._stimulus = f"{self.core.node_id}:{self.stimuli}:{type(event).__name__}"
         self._handlers[type(event)](event, now, out)
         return out
 
@@ -100,7 +104,8 @@ class NodeMachine:
 
     def _record(self, kind: str, text: str = "", level: int = logging.INFO,
                 **fields) -> Record:
-        return Record(kind, self.core.node_id, tuple(sorted(fields.items())), level, text)
+        return Record(kind, self.core.node_id, tuple(sorted(fields.items())), level, text,
+                      self._stimulus)
 
     # ------------------------------------------------------------ ring views
 

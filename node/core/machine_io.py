@@ -163,13 +163,16 @@ class LeaveRing:
 @dataclass(frozen=True)
 class Record:
     """A structured event `kind` about member `node` with `fields`, and a line for the
-    human log. `text` may hold `{t}`: the wall time the event is recorded at."""
+    human log. `text` may hold `{t}`: the wall time the event is recorded at.
+    `stimulus` names the event that caused it (`<member>:<n>:<event type>`): every
+    record one stimulus caused carries the same."""
 
     kind: str
     node: str
     fields: tuple = ()
     level: int = logging.INFO
     text: str = ""
+    stimulus: str = ""
 
 
 @dataclass(frozen=True)

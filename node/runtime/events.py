@@ -3,7 +3,9 @@
 What measurements and tests read (the chaos timeline, the handoff and balance
 benchmarks), so they never depend on the wording of a log line. Each line holds the
 wall-clock time `t` (seconds, `time.time()`), the `kind`, the member name the process
-runs as (`node`), the id it was started with (`process`) and the event's own fields.
+runs as (`node`), the id it was started with (`process`), the `stimulus` that caused
+it (the node machine's name for the event it handled; every record of one stimulus
+carries the same) and the event's own fields.
 
 Kinds: started, stopped, left, suspected, detected, taken_over, applying_again, re_replicated, fenced, lost,
 handoff_prepared, handoff_committed, handoff_aborted, split, overloaded, relieved.

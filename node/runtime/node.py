@@ -153,7 +153,8 @@ class NodeRuntime:
         for effect in effects:
             match effect:
                 case Record():
-                    t = self.events.record(effect.kind, effect.node, **dict(effect.fields))
+                    t = self.events.record(effect.kind, effect.node, stimulus=effect.stimulus,
+                                           **dict(effect.fields))
                     if effect.text:
                         log.log(effect.level, effect.text.replace("{t}", f"{t:.6f}"))
                 case Note():
