@@ -295,6 +295,11 @@ class RingClient:
             self._closed = True
             self._stop_loop()
 
+    @property
+    def closed(self) -> bool:
+        """Closed, and holding no connection any more."""
+        return self._closed and not self._delivery.channels
+
     def _stop_loop(self) -> None:
         async def shutdown():
             task = getattr(self, "_linger_task", None)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import heapq
 import random
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, replace
 
 from mapper.outbox import Outbox, PendingBatch
@@ -49,6 +49,9 @@ CALL_TIMEOUT = 0.5          # node-to-node calls (checkpoints, ring exchanges)
 ACK_TIMEOUT = 0.4
 LATENCY = (0.0005, 0.005)   # one-way delay of a message on a healthy link
 REACH = 2                   # nodes clockwise a shedding round may move load to
+QUEUE_BATCHES = 16          # a node's inbound queue; a full one holds its senders back
+APPLY_SECONDS = 0.0001      # applying one tuple
+OVERLOAD_FACTOR = 200       # how much slower an overloaded node applies
 
 
 class SimProcess:
@@ -64,8 +67,11 @@ class SimProcess:
         self.slow_delay = 0.0     # by up to this many seconds
         self.leaving = ""         # "", "handing" (its ranges), "waiting" (copies in use)
         self.leave_by = 0.0
-        self.hot_until = 0.0      # overloaded: its queue stays long, its applier busy
-        self.busy_seconds = 0.0
+        self.hot_until = 0.0      # overloaded: it applies OVERLOAD_FACTOR times slower
+        self.busy_seconds = 0.0   # time its applier spent applying
+        self.inbound: deque = deque()   # batches received, not applied yet (bounded)
+        self.waiting: deque = deque()   # deliveries held back while the queue is full
+        self.applying = False
         self.after_handoff: list = []   # callbacks for the end of its running handoff
 
     @property
@@ -596,18 +602,49 @@ class Simulation:
 
     def _node_receive(self, mapper: SimMapper, proc: SimProcess, dest: str, batch_id, stamp,
                       fields) -> None:
+        """A batch arrives: into the node's bounded queue, or held back (with every
+        later arrival, as a full asyncio queue holds its putters) until there is room."""
+        item = (mapper, dest, batch_id, stamp, fields, self.delivering)
+        if len(proc.inbound) < QUEUE_BATCHES and not proc.waiting:
+            proc.inbound.append(item)
+        else:
+            proc.waiting.append(item)
+        self._next_apply(proc)
+
+    def _next_apply(self, proc: SimProcess) -> None:
+        """The applier: one batch at a time, each taking its time."""
+        if proc.applying or not proc.inbound:
+            return
+        proc.applying = True
+        item = proc.inbound.popleft()
+        while proc.waiting and len(proc.inbound) < QUEUE_BATCHES:
+            proc.inbound.append(proc.waiting.popleft())
+        cost = APPLY_SECONDS * item[4]["count"]
+        if proc.hot_until > self.now:
+            cost *= OVERLOAD_FACTOR
+        self.on(proc, self.now + cost + self._starved(proc), self._apply, proc, item, cost)
+
+    def _apply(self, proc: SimProcess, item, cost: float) -> None:
         """As the runtime's applier: the core decides; a refusal ends the stream."""
+        proc.applying = False
+        proc.busy_seconds += cost
+        mapper, dest, batch_id, stamp, fields, (link, stream, index) = item
+        if index < self.dead_from.get((link, stream), index + 1):
+            self._apply_batch(proc, mapper, dest, batch_id, stamp, fields, link, stream, index)
+        self._next_apply(proc)
+
+    def _apply_batch(self, proc, mapper, dest, batch_id, stamp, fields, link, stream,
+                     index) -> None:
         try:
             result = proc.core.receive_batch(Batch(**fields))
         except FloeError as exc:
-            link, stream, index = self.delivering
             self._kill_stream(link, stream, index + 1)
             if isinstance(exc, StaleRing):
                 self.handle(proc, MapperAhead(stamp))
             if stream == self.streams[link]:
                 self.send(proc, mapper, self.refresh_mapper, mapper)
             return
-        if proc.machine.resuming and result.applied:
+        if result.applied and fields["token"] in proc.machine.resuming:
             self.handle(proc, BatchApplied(fields["token"]))
         self.send(proc, mapper, self._mapper_ack, mapper, batch_id, dest, stamp)
 
@@ -641,12 +678,11 @@ class Simulation:
     # ---------------------------------------------------------- load shedding
 
     def load_tick(self, proc: SimProcess) -> None:
-        """The load loop: an overloaded process reports a long queue and a busy
-        applier; the machine decides whether that is overload and whether to shed."""
+        """The load loop: the queue's length and the applier's busy time; the machine
+        decides whether that is overload and whether to shed."""
         self.on(proc, self.now + 0.1, self.load_tick, proc)
-        hot = proc.hot_until > self.now
-        proc.busy_seconds += 0.1 if hot else 0.0
-        self.handle(proc, LoadSampled(20 if hot else 0, proc.busy_seconds, 0.0))
+        queued = len(proc.inbound) + len(proc.waiting) + proc.applying
+        self.handle(proc, LoadSampled(queued, proc.busy_seconds, 0.0))
 
     def overload(self, name: str, seconds: float) -> None:
         proc = self.process(name)
