@@ -206,9 +206,11 @@ class NodeCore:
             if b.stream < newest:
                 raise StaleRing(f"batch from {b.source}'s stream {b.stream}, which stream "
                                 f"{newest} replaced")
+            result = self._receive_batch(b.ring_stamp, b.token, b.source, b.first_seq,
+                                         b.last_seq, b.count, b.payload, b.seqs)
+            # Recorded once accepted: a refused batch must not retire anyone's stream.
             self.streams[b.source] = b.stream
-            return self._receive_batch(b.ring_stamp, b.token, b.source, b.first_seq,
-                                       b.last_seq, b.count, b.payload, b.seqs)
+            return result
         except Exception:
             self.counters["refused"] += 1
             raise

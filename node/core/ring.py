@@ -19,6 +19,9 @@ from node.core.errors import InvalidArgument
 from node.core.hashing import HASH_SPACE, position
 from node.core.ring_merge import merge_rings
 
+# The stamp packs the version above a 24-bit digest into one uint64 on the wire.
+MAX_VERSION = 1 << 40
+
 
 @dataclass(frozen=True)
 class Ring:
@@ -425,6 +428,8 @@ class Ring:
     def check_invariants(self) -> None:
         if self.replication < 0:
             raise AssertionError("replication < 0")
+        if not 0 <= self.version < MAX_VERSION:
+            raise AssertionError(f"version {self.version} outside [0, 2**40)")
         if len(self.tokens) != len(self.owners):
             raise AssertionError("tokens and owners differ in length")
         if not self.tokens:

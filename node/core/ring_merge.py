@@ -11,14 +11,39 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from node.core.errors import InvalidArgument
+
 if TYPE_CHECKING:
     from node.core.ring import Ring
 
 # token -> (generation, owner, extras, retiring holders)
 Entries = dict[int, tuple]
 
+# How far ahead of ours a view's version may be. Every change adds one; a node cut off
+# for a long time may fall behind by a few thousand, never by this many. A larger
+# jump is a forged or corrupt view, refused (with room left below MAX_VERSION).
+MAX_VERSION_STEP = 1 << 20
+
+
+def check_compatible(mine: "Ring", theirs: "Ring") -> None:
+    """Refuse a view no honest member can have sent us: another replication factor,
+    another address for a member we both know (a member's address never changes; a
+    process elsewhere joins under a new name), or a version too far ahead."""
+    if theirs.replication != mine.replication:
+        raise InvalidArgument(f"the ring runs r={mine.replication}, the view says "
+                              f"r={theirs.replication}")
+    ours = dict(mine.addresses)
+    for node, address in theirs.addresses:
+        if ours.get(node, address) != address:
+            raise InvalidArgument(f"the view moves member {node!r} from {ours[node]} to "
+                                  f"{address!r:.80}")
+    if theirs.version > mine.version + MAX_VERSION_STEP:
+        raise InvalidArgument(f"the view's version {theirs.version} is implausibly far "
+                              f"ahead of ours ({mine.version})")
+
 
 def merge_rings(a: "Ring", b: "Ring") -> "Ring":
+    check_compatible(a, b)
     older, newer = sorted((a, b), key=lambda r: (r.version, r.stamp))
     incarnations, restarted = _merge_incarnations(older, newer)
     if restarted and not (set(older.nodes) | set(newer.nodes)) - (

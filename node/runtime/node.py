@@ -357,9 +357,10 @@ class NodeRuntime:
                 wire = await self.peers.exchange_ring(
                     target, sender=self.core.node_id, ring_wire=self.core.ring.to_wire(),
                     version=self.core.ring.version, reducer=self.reducer.name)
-            except FloeError:
-                return
-            self.adopt(Ring.from_wire(wire))
+                self.adopt(Ring.from_wire(wire))
+            except FloeError as exc:
+                if isinstance(exc, InvalidArgument):
+                    log.warning("ring view from %s refused: %s", target, exc)
 
         async def run():
             await asyncio.gather(*(exchange(t) for t in targets))

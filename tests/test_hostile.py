@@ -1,0 +1,140 @@
+"""Hostile and careless input: forged ring views, poisoned stream numbers, counts past
+64 bits. Unit checks on the core, then real node processes fed through the client."""
+
+from collections import Counter
+from dataclasses import replace
+
+import grpc
+import msgpack
+import pytest
+
+from chaos.cluster import LocalCluster
+from floering.v1 import floe_pb2, floe_pb2_grpc
+from mapper import RingClient
+from node.core.batch import Batch, encode_payload
+from node.core.codec import pack, pack_entries, unpack, unpack_entries
+from node.core.errors import InvalidArgument, StaleRing
+from node.core.node_core import NodeCore
+from node.core.reducers import load_reducer
+from node.core.ring import MAX_VERSION, Ring
+from node.core.ring_merge import MAX_VERSION_STEP
+
+MEMBERS = {f"n{i}": f"127.0.0.1:{7100 + i}" for i in range(3)}
+
+
+def ring() -> Ring:
+    return Ring.initial(MEMBERS, 1, 2)
+
+
+# ------------------------------------------------------------- big integers
+
+@pytest.mark.parametrize("value", [2 ** 64, -(2 ** 63) - 1, 3 ** 200, (1, 2 ** 70, "x")])
+def test_states_past_64_bits_travel_exactly(value):
+    assert unpack(pack(value)) == value
+    assert unpack_entries(pack_entries({"k": value})) == {"k": value}
+
+
+def test_an_unknown_extension_or_an_endless_number_is_refused():
+    with pytest.raises(InvalidArgument):
+        unpack(msgpack.packb(msgpack.ExtType(9, b"x")))
+    with pytest.raises(InvalidArgument):
+        unpack(msgpack.packb(msgpack.ExtType(1, b"9" * 100_000)))
+
+
+# ----------------------------------------------------------- forged ring views
+
+def test_a_view_with_another_replication_factor_is_refused():
+    with pytest.raises(InvalidArgument, match="r=1"):
+        ring().merge(replace(ring(), replication=0, version=2))
+
+
+def test_a_view_moving_a_member_elsewhere_is_refused():
+    forged = Ring.initial({**MEMBERS, "n1": "10.6.6.6:7000"}, 1, 2).with_version(5)
+    with pytest.raises(InvalidArgument, match="moves member 'n1'"):
+        ring().merge(forged)
+
+
+def test_a_view_implausibly_far_ahead_is_refused_and_no_version_overflows_the_stamp():
+    with pytest.raises(InvalidArgument, match="implausibly far"):
+        ring().merge(ring().with_version(MAX_VERSION_STEP + 5))
+    far = ring().merge(ring().without(["n2"]).with_version(MAX_VERSION_STEP))
+    assert far.version == MAX_VERSION_STEP and "n2" not in far.nodes   # far, but plausible
+    wire = msgpack.unpackb(ring().to_wire())
+    wire["version"] = MAX_VERSION             # its stamp would not fit the wire's uint64
+    with pytest.raises(InvalidArgument):
+        Ring.from_wire(msgpack.packb(wire))
+
+
+def test_a_refused_view_changes_nothing_on_the_node():
+    core = NodeCore("n0", ring(), load_reducer("count"))
+    with pytest.raises(InvalidArgument):
+        core.adopt_ring(replace(ring(), replication=0, version=9))
+    assert core.ring == ring() and not core.fenced
+
+
+# ------------------------------------------------------- poisoned stream numbers
+
+def test_a_refused_batch_does_not_retire_its_sources_stream():
+    key = next(k for k in (f"k{i}" for i in range(100)) if ring().owner(k) == "n0")
+    core = NodeCore("n0", ring(), load_reducer("count"))
+    token = ring().token_for_key(key)
+    with pytest.raises(StaleRing):      # a wrong ring stamp: refused...
+        core.receive_batch(Batch(12345, token, "s", 1, 1, 1, encode_payload([key], [1]),
+                                 stream=2 ** 64 - 1))
+    # ...so the source's real stream still delivers
+    ok = Batch(ring().stamp, token, "s", 1, 1, 1, encode_payload([key], [1]), stream=7)
+    assert core.receive_batch(ok).applied == 1
+
+
+# ------------------------------------------------------------ real processes
+
+@pytest.fixture
+def cluster(tmp_path):
+    with LocalCluster.up(3, 1, workdir=tmp_path) as cluster:
+        yield cluster
+
+
+@pytest.mark.multiprocess
+def test_counts_past_64_bits_stay_exact_through_queries_checkpoints_and_a_crash(cluster):
+    with RingClient(cluster.seeds) as client:
+        client.emit("big", 2 ** 64 - 1)
+        client.emit("big", 1)
+        client.emit("big", 2 ** 63)
+        client.emit_many(["small"] * 10)
+        client.flush()
+        want = 2 ** 64 + 2 ** 63
+        assert client.get("big") == want
+        assert client.top(1)[0][:2] == ("big", want)
+        ring = client.ring
+        owner = ring.owner("big")
+        client.flush()
+    cluster.kill(owner)                         # the heir rebuilds from checkpoint + backups
+    with RingClient([n.address for n in cluster.nodes if n.node_id != owner],
+                    timeout=15.0) as client:
+        assert client.get("big") == want
+        assert dict(client.scan()) == {"big": want, "small": 10}
+
+
+@pytest.mark.multiprocess
+def test_forged_ring_views_are_refused_and_the_ring_keeps_serving(cluster):
+    with RingClient(cluster.seeds) as client:
+        client.emit_many(["w"] * 50)
+        client.flush()
+        ring = client.ring
+    node = cluster.nodes[0]
+    forged = [replace(ring, replication=0).with_version(ring.version + 1),
+              ring.with_version(ring.version + MAX_VERSION_STEP + 1),
+              Ring.initial({**dict(ring.addresses), "n1": "127.0.0.1:1"}, 1,
+                           len(ring.tokens_of("n1"))).with_version(ring.version + 1)]
+    with grpc.insecure_channel(node.address) as channel:
+        stub = floe_pb2_grpc.ControlPlaneStub(channel)
+        for view in forged:
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.ExchangeRing(floe_pb2.RingView(version=view.version, ring=view.to_wire(),
+                                                    sender="mallory"), timeout=5)
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    with RingClient(cluster.seeds) as client:
+        assert client.ring.stamp == ring.stamp
+        client.emit_many(["w"] * 50)
+        client.flush()
+        assert dict(client.scan()) == Counter(["w"] * 100)
