@@ -27,6 +27,9 @@ class NodeConfig:
     queue_batches: int = 256                     # inbound queue bound; full queue slows senders
     max_batch_bytes: int = 4 << 20               # larger batches are refused RESOURCE_EXHAUSTED
     max_message_bytes: int = 64 << 20            # gRPC message limit (scan chunks, full checkpoints)
+    max_source_bytes: int = 256                  # a longer source id is refused RESOURCE_EXHAUSTED
+    max_top: int = 10_000                        # Top(k) above this is refused RESOURCE_EXHAUSTED
+    max_scan_chunk: int = 50_000                 # keys per Scan chunk asked for, at most
     rpc_timeout: float = 2.0                     # deadline on every outbound call, seconds
     shutdown_grace: float = 2.0                  # seconds in-flight RPCs get on SIGTERM
     leave_on_sigterm: bool = False               # SIGTERM hands every range over, then exits
@@ -128,6 +131,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-interval", type=float)
     p.add_argument("--queue-batches", type=int)
     p.add_argument("--max-batch-bytes", type=int)
+    p.add_argument("--max-source-bytes", type=int,
+                   help="longest source id a batch may carry (default 256)")
+    p.add_argument("--max-top", type=int, help="largest k a Top query may ask (default 10000)")
+    p.add_argument("--max-scan-chunk", type=int,
+                   help="most keys per Scan chunk a client may ask (default 50000)")
     p.add_argument("--rpc-timeout", type=float)
     p.add_argument("--shutdown-grace", type=float)
     p.add_argument("--leave-on-sigterm", action="store_true", default=None,

@@ -138,3 +138,34 @@ def test_forged_ring_views_are_refused_and_the_ring_keeps_serving(cluster):
         client.emit_many(["w"] * 50)
         client.flush()
         assert dict(client.scan()) == Counter(["w"] * 100)
+
+
+@pytest.mark.multiprocess
+def test_requests_past_a_limit_get_resource_exhausted_and_the_node_keeps_serving(cluster):
+    with RingClient(cluster.seeds) as client:
+        client.emit_many(["w"] * 20)
+        client.flush()
+        ring = client.ring
+    node = cluster.nodes[0]
+    token = ring.tokens_of(node.node_id)[0]
+    with grpc.insecure_channel(node.address) as channel:
+        query = floe_pb2_grpc.QueryPlaneStub(channel)
+        for call in (lambda: query.Top(floe_pb2.TopRequest(k=10 ** 9), timeout=5),
+                     lambda: list(query.Scan(floe_pb2.ScanRequest(chunk=10 ** 9), timeout=5))):
+            with pytest.raises(grpc.RpcError) as refused:
+                call()
+            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "--max-" in refused.value.details()
+        push = floe_pb2_grpc.DataPlaneStub(channel).Push(iter([floe_pb2.PushRequest(batches=[
+            floe_pb2.Batch(ring_stamp=ring.stamp, token=token, source="s" * 10_000,
+                           first_seq=1, last_seq=1, count=1, id=1,
+                           payload=encode_payload(["x"], [1]))])]), timeout=5)
+        with pytest.raises(grpc.RpcError) as refused:
+            list(push)
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert len(refused.value.details()) < 300          # the id is not echoed back
+    with RingClient(cluster.seeds) as client:
+        client.emit_many(["w"] * 20)
+        client.flush()
+        assert dict(client.scan()) == {"w": 40}
+        assert client.top(3)[0][:2] == ("w", 40)

@@ -41,6 +41,7 @@ class Batch:
 class Limits:
     max_batch_bytes: int = 4 << 20
     max_batch_tuples: int = 100_000
+    max_source_bytes: int = 256
 
 
 def encode_payload(keys: list, values: list) -> bytes:

@@ -14,7 +14,8 @@ from typing import Iterator
 from node.core.backup_store import BackupEntry
 from node.core.batch import Batch, Limits, check_header
 from node.core.epochs import check_source
-from node.core.errors import Fenced, InvalidArgument, RangeLost, StaleRing, Starting
+from node.core.errors import (Fenced, InvalidArgument, RangeLost, StaleRing, Starting,
+                              TooLarge)
 from node.core.ranges import Checkpoint, PrimaryRange, ReplicaSide
 from node.core.reducers import Reducer
 from node.core.ring import Ring
@@ -228,6 +229,9 @@ class NodeCore:
                             f"{self.node_id} is at version {ring.version} ({ring.stamp:#x})")
         if not source:
             raise InvalidArgument("batch has no source id")
+        if len(source) > self.limits.max_source_bytes:
+            raise TooLarge(f"source id of {len(source)} characters is over the limit of "
+                           f"{self.limits.max_source_bytes} (--max-source-bytes)")
         check_source(source)
         check_header(count, first_seq, last_seq, seqs, payload, self.limits)
         role = ring.role_of(self.node_id, token) if ring.has_token(token) else None

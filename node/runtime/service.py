@@ -6,7 +6,8 @@ call. Each method raises a FloeError the transports turn into a status code.
 from __future__ import annotations
 
 from node.core.batch import Batch
-from node.core.errors import Fenced, InvalidArgument, ReducerMismatch, StaleRing, Starting
+from node.core.errors import (Fenced, InvalidArgument, ReducerMismatch, StaleRing, Starting,
+                              TooLarge)
 from node.core.handoff import Handoff
 from node.core.ring import Ring
 from node.runtime.balancing import ShedOutcome
@@ -109,7 +110,17 @@ class NodeService:
         return found, state, core.ring.version
 
     def top(self, k: int) -> list:
+        limit = self.runtime.config.max_top
+        if k > limit:
+            raise TooLarge(f"top {k} is over the limit of {limit} keys (--max-top)")
         return self.runtime.core.top(k)
+
+    def scan_chunk(self, asked: int, default: int) -> int:
+        limit = self.runtime.config.max_scan_chunk
+        if asked > limit:
+            raise TooLarge(f"scan chunks of {asked} keys are over the limit of {limit} "
+                           f"(--max-scan-chunk)")
+        return asked or min(default, limit)
 
     def scan(self, ring_stamp: int = 0) -> list:
         core = self.runtime.core

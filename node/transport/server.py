@@ -171,10 +171,10 @@ class QueryPlane(floe_pb2_grpc.QueryPlaneServicer):
 
     async def Scan(self, request, context):
         try:
+            chunk = self.service.scan_chunk(request.chunk, SCAN_CHUNK)
             items = self.service.scan(request.ring_stamp)
         except FloeError as exc:
             await abort(context, exc)
-        chunk = request.chunk or SCAN_CHUNK
         for start in range(0, len(items), chunk):
             yield floe_pb2.ScanChunk(entries=pack_entries(items[start:start + chunk]))
 
