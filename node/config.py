@@ -30,6 +30,7 @@ class NodeConfig:
     max_source_bytes: int = 256                  # a longer source id is refused RESOURCE_EXHAUSTED
     max_top: int = 10_000                        # Top(k) above this is refused RESOURCE_EXHAUSTED
     max_scan_chunk: int = 50_000                 # keys per Scan chunk asked for, at most
+    stream_window: int = 64                      # Push requests read ahead of the acks sent back
     rpc_timeout: float = 2.0                     # deadline on every outbound call, seconds
     shutdown_grace: float = 2.0                  # seconds in-flight RPCs get on SIGTERM
     leave_on_sigterm: bool = False               # SIGTERM hands every range over, then exits
@@ -136,6 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-top", type=int, help="largest k a Top query may ask (default 10000)")
     p.add_argument("--max-scan-chunk", type=int,
                    help="most keys per Scan chunk a client may ask (default 50000)")
+    p.add_argument("--stream-window", type=int,
+                   help="Push requests read ahead of the acknowledgements sent back; a "
+                        "client that does not read its acks is not read either (default 64)")
     p.add_argument("--rpc-timeout", type=float)
     p.add_argument("--shutdown-grace", type=float)
     p.add_argument("--leave-on-sigterm", action="store_true", default=None,

@@ -1,6 +1,7 @@
 """Hostile and careless input: forged ring views, poisoned stream numbers, counts past
 64 bits. Unit checks on the core, then real node processes fed through the client."""
 
+import time
 from collections import Counter
 from dataclasses import replace
 
@@ -169,3 +170,46 @@ def test_requests_past_a_limit_get_resource_exhausted_and_the_node_keeps_serving
         client.flush()
         assert dict(client.scan()) == {"w": 40}
         assert client.top(3)[0][:2] == ("w", 40)
+
+
+def rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as status:
+        line = next(x for x in status if x.startswith("VmRSS:"))
+    return int(line.split()[1]) / 1024
+
+
+@pytest.mark.multiprocess
+def test_a_client_that_never_reads_its_acks_is_held_back_not_buffered(cluster):
+    with RingClient(cluster.seeds) as client:
+        client.emit("w")
+        client.flush()
+        ring = client.ring
+    node = cluster.nodes[0]
+    token = ring.tokens_of(node.node_id)[0]
+    key = next(k for k in (f"k{i}" for i in range(10_000)) if ring.token_for_key(k) == token)
+    payload = encode_payload([key] * 100, [1] * 100)
+    before = rss_mib(node.pid)
+    sent = []
+
+    def requests():
+        for seq in range(1, 2_000_001, 100):
+            sent.append(seq)
+            yield floe_pb2.PushRequest(batches=[floe_pb2.Batch(
+                ring_stamp=ring.stamp, token=token, source="lazy", first_seq=seq,
+                last_seq=seq + 99, count=100, id=seq, payload=payload)])
+
+    # A plain 64 KiB receive window: the acks this client leaves unread fill it soon.
+    with grpc.insecure_channel(node.address, options=[("grpc.http2.bdp_probe", 0)]) as channel:
+        call = floe_pb2_grpc.DataPlaneStub(channel).Push(requests(), timeout=30)
+        deadline = time.monotonic() + 8
+        while time.monotonic() < deadline and len(sent) < 20_000:
+            time.sleep(0.2)
+        held_back = len(sent) < 20_000         # the node stopped reading us
+        grown = rss_mib(node.pid) - before
+        call.cancel()
+    assert held_back, f"all {len(sent)} requests were read without one ack read"
+    assert grown < 40, f"the node grew {grown:.0f} MiB"
+    with RingClient(cluster.seeds) as client:     # and it keeps serving
+        client.emit_many(["w"] * 5)
+        client.flush()
+        assert client.get("w") == 6

@@ -27,6 +27,10 @@ class NodeService:
         return self.runtime.reducer.name
 
     @property
+    def stream_window(self) -> int:
+        return self.runtime.config.stream_window
+
+    @property
     def ring(self) -> Ring:
         return self.runtime.core.ring
 

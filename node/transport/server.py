@@ -39,7 +39,9 @@ class DataPlane(floe_pb2_grpc.DataPlaneServicer):
     async def Push(self, request_iterator, context):
         service = self.service
         stream = StreamState()
-        pending: asyncio.Queue = asyncio.Queue()
+        # Bounded: a client that does not read its acks stops being read (gRPC flow
+        # control then holds it back) instead of growing the node's memory.
+        pending: asyncio.Queue = asyncio.Queue(service.stream_window)
 
         async def read():
             try:
