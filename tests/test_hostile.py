@@ -213,3 +213,16 @@ def test_a_client_that_never_reads_its_acks_is_held_back_not_buffered(cluster):
         client.emit_many(["w"] * 5)
         client.flush()
         assert client.get("w") == 6
+
+
+@pytest.mark.parametrize("seqs", [[1, 3, 2], [1, 2, 2], [1, "x", 3], [2, 3, 4]])
+def test_bad_explicit_seqs_are_refused_even_in_a_batch_that_is_all_new(seqs):
+    from tests.helpers import CoreCluster
+    c = CoreCluster(nodes=2, replication=1, tokens_per_node=1)
+    token, fields = c.batches("s", ["a", "b", "c"])[0]
+    fields.update(first_seq=1, last_seq=3, seqs=msgpack.packb(seqs), count=3,
+                  payload=encode_payload(["a"] * 3, [1] * 3))
+    fields["token"] = c.ring.token_for_key("a")
+    for node in c.ring.destinations(fields["token"]):     # the primary and the replica
+        with pytest.raises(InvalidArgument):
+            c.cores[node].receive_batch(Batch(**fields))

@@ -72,6 +72,10 @@ def check_header(count: int, first_seq: int, last_seq: int, seqs: bytes, payload
                               f"{first_seq}..{last_seq} (send the seqs explicitly)")
     if seqs and last_seq - first_seq + 1 < count:
         raise InvalidArgument(f"{count} distinct seqs do not fit in {first_seq}..{last_seq}")
+    if seqs:
+        # Always, not only when dedup needs them: a replica replays them after a
+        # failover, and a batch it could not decode then would be lost.
+        decode_seqs(first_seq, last_seq, count, seqs)
 
 
 def decode_payload(payload: bytes, count: int) -> tuple[tuple, tuple]:
