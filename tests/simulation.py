@@ -39,6 +39,7 @@ from node.core.membership import base_name, decide_start, ready_to_decide
 from node.core.node_core import NodeCore
 from node.core.reducers import load_reducer
 from node.core.ring import Ring
+from node.core.ring_merge import MAX_VERSION_STEP
 from node.core.shedding import PeerLoad, shed_reach
 
 HEARTBEAT = 0.05
@@ -831,6 +832,28 @@ class Simulation:
         live = [p for p in self.procs if base_name(p.name) == base and p.alive]
         if live:
             self.restart(live[0].name)
+
+    def forge(self, name: str, kind: str) -> None:
+        """Someone who is no member sends `name` a ring view no honest member can have:
+        another replication factor, a member moved to another address, or a version
+        implausibly far ahead. The node must refuse it and change nothing."""
+        proc = self.process(name)
+        if proc is None or not self._usable(proc):
+            return
+        ring = proc.core.ring
+        victim = ring.nodes[0]
+        forged = {"replication": lambda: replace(ring, replication=ring.replication + 1),
+                  "address": lambda: replace(ring, addresses=tuple(
+                      (n, "sim:mallory" if n == victim else a) for n, a in ring.addresses)),
+                  "version": lambda: ring}[kind]()
+        step = MAX_VERSION_STEP + 1 if kind == "version" else 1
+        forged = forged.with_version(ring.version + step)
+        try:
+            self.handle(proc, RingSeen(forged))
+        except InvalidArgument:
+            self.log.append(f"{self.now:.3f} {proc.name} refused a forged view ({kind})")
+            return
+        raise AssertionError(f"{proc.name} adopted a forged ring view ({kind})")
 
     def kill(self, name: str) -> None:
         proc = self.process(name)

@@ -282,6 +282,35 @@ def test_shedding_moves_splits_and_cascades_across_seeds():
     assert any("asked by" in line for line in logs), logs
 
 
+FORGED_SEEDS = int(os.environ.get("FLOE_SIM_FORGED_SEEDS", "60"))
+
+
+def forged_scenario(seed: int) -> Simulation:
+    """Forged ring views (another replication factor, a member moved elsewhere, a
+    version far ahead) sent to random nodes while tuples flow, with a kill, pause or
+    partition: every one is refused and nothing else changes."""
+    pick, sim, names = random_cluster(seed, 86028121)
+    faults = [(pick.uniform(0.05, 1.5), sim.forge,
+               (pick.choice(names), pick.choice(["replication", "address", "version"])))
+              for _ in range(pick.randint(2, 6))]
+    kind = pick.choice(["kill", "pause", "partition", "none"])
+    faults += one_fault(pick, sim, names, kind, pick.randrange(len(names)),
+                        pick.uniform(0.2, 1.3))
+    sim.run(until=5.0, emit_until=1.5, faults=faults)
+    return sim
+
+
+def run_forged_seed(seed: int) -> None:
+    sim = forged_scenario(seed)
+    check(sim, seed)
+    assert any("forged view" in line for line in sim.log), sim.log
+
+
+@pytest.mark.parametrize("seed", range(FORGED_SEEDS))
+def test_forged_seed(seed):
+    run_forged_seed(seed)
+
+
 def first_declared(sim: Simulation, node: str) -> float:
     return min(t for t, _, whom in sim.declared if whom == node)
 
