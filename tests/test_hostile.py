@@ -226,3 +226,20 @@ def test_bad_explicit_seqs_are_refused_even_in_a_batch_that_is_all_new(seqs):
     for node in c.ring.destinations(fields["token"]):     # the primary and the replica
         with pytest.raises(InvalidArgument):
             c.cores[node].receive_batch(Batch(**fields))
+
+
+def test_hostile_text_in_statuses_is_escaped_and_cut():
+    from tests.helpers import CoreCluster
+    c = CoreCluster(nodes=2, replication=0, tokens_per_node=2)
+    key = "evil\n" + "x" * 100_000
+    token = c.ring.token_for_key(key)
+    other = next(t for t in c.ring.tokens if t != token
+                 and c.ring.owner_of_token(t) == c.ring.owner_of_token(token))
+    batch = Batch(c.ring.stamp, other, "s", 1, 1, 1, encode_payload([key], [1]))
+    with pytest.raises(InvalidArgument) as refused:
+        c.cores[c.ring.owner_of_token(other)].receive_batch(batch)
+    message = str(refused.value)
+    assert len(message) < 200 and "\n" not in message and "\\n" in message
+    with pytest.raises(InvalidArgument) as refused:
+        load_reducer("count").check_values(("1\n2" * 1000,))
+    assert len(str(refused.value)) < 200 and "\n" not in str(refused.value)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from node.core.errors import InvalidArgument
+from node.core.errors import InvalidArgument, inert
 
 EPOCH_BITS = 32
 MAX_POSITION = (1 << EPOCH_BITS) - 2   # position + 1 must stay below 1 << EPOCH_BITS
@@ -65,7 +65,7 @@ def floor_key(source: str) -> str | None:
 def check_source(source: str) -> None:
     """Refuse a source name that collides with a floor key."""
     if source.endswith(SEPARATOR):
-        raise InvalidArgument(f"source {source!r} ends with {SEPARATOR!r}: that name is "
+        raise InvalidArgument(f"source {inert(source)} ends with {SEPARATOR!r}: that name is "
                               f"reserved for the dedup floor of an epoch group")
 
 

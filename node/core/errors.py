@@ -78,3 +78,10 @@ class Refused(Unavailable):
 class TimedOut(Unavailable):
     """A node did not answer before the deadline: it may be dead, paused, cut off or
     only slow. Unlike a refused connection, this alone does not prove it is gone."""
+
+
+def inert(value, limit: int = 60) -> str:
+    """A caller's value as safe text for a status or a log line: its repr (quotes,
+    newlines and control characters escaped), cut to `limit` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"

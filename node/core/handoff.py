@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from node.core.errors import InvalidArgument
+from node.core.errors import InvalidArgument, inert
 from node.core.ring import Ring
 
 
@@ -84,7 +84,7 @@ class Handoff:
                 raise InvalidArgument(f"{self.node_id} does not own token {token} in ring "
                                       f"version {ring.version}")
             if target == self.node_id or target not in ring.nodes:
-                raise InvalidArgument(f"cannot hand token {token} to {target!r}: not another "
+                raise InvalidArgument(f"cannot hand token {token} to {inert(target)}: not another "
                                       f"member of ring version {ring.version}")
             if token in core.lost_tokens:
                 raise InvalidArgument(f"token {token}'s range is lost; it cannot move")

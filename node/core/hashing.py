@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import mmh3
 
-from node.core.errors import InvalidKey
+from node.core.errors import InvalidKey, inert
 
 HASH_SPACE = 2 ** 64
 
@@ -16,7 +16,7 @@ def key_bytes(key) -> bytes:
         try:
             return key.encode("utf-8")
         except UnicodeEncodeError as exc:
-            raise InvalidKey(f"key {key!r} is not valid UTF-8: {exc.reason}") from None
+            raise InvalidKey(f"key {inert(key)} is not valid UTF-8: {exc.reason}") from None
     if kind is bytes:
         return key
     if kind in (bytearray, memoryview):

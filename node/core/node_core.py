@@ -15,7 +15,7 @@ from node.core.backup_store import BackupEntry
 from node.core.batch import Batch, Limits, check_header
 from node.core.epochs import check_source
 from node.core.errors import (Fenced, InvalidArgument, RangeLost, StaleRing, Starting,
-                              TooLarge)
+                              TooLarge, inert)
 from node.core.ranges import Checkpoint, PrimaryRange, ReplicaSide
 from node.core.reducers import Reducer
 from node.core.ring import Ring
@@ -265,7 +265,7 @@ class NodeCore:
         token_for_key = self.ring.token_for_key
         for key in keys:
             if token_for_key(key) != token:
-                raise InvalidArgument(f"key {key!r} does not belong to token {token}")
+                raise InvalidArgument(f"key {inert(key)} does not belong to token {token}")
 
     # ----------------------------------------------------------- checkpoints
 
@@ -342,7 +342,7 @@ class NodeCore:
             raise RangeLost(f"every copy of the range of token {token} is lost")
         rng = self.primaries.get(token)
         if rng is None:
-            raise StaleRing(f"node {self.node_id} does not own key {key!r} in ring "
+            raise StaleRing(f"node {self.node_id} does not own key {inert(key)} in ring "
                             f"version {self.ring.version}")
         state = rng.state.get(key, _ABSENT)
         return (False, None) if state is _ABSENT else (True, state)

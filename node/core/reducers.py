@@ -15,7 +15,7 @@ import importlib
 from math import isfinite
 from operator import gt, lt
 
-from node.core.errors import InvalidArgument, UnknownReducer
+from node.core.errors import InvalidArgument, UnknownReducer, inert
 
 # Exact types: bool is an int subclass, but True is not a count.
 _INT = frozenset((int,))
@@ -74,12 +74,12 @@ def _check_types(values, allowed: frozenset, what: str) -> None:
     if not types <= allowed:
         bad = next(v for v in values if type(v) not in allowed)
         kinds = " or ".join(sorted(t.__name__ for t in allowed))
-        raise InvalidArgument(f"{what} values must be {kinds}, got {type(bad).__name__} {bad!r}")
+        raise InvalidArgument(f"{what} values must be {kinds}, got {type(bad).__name__} {inert(bad)}")
     # NaN breaks ordering (min/max/topk would depend on arrival order) and inf has no
     # time bucket; an inf sum can only turn into NaN. No reducer here takes them.
     if float in types and not all(isfinite(v) for v in values if type(v) is float):
         bad = next(v for v in values if type(v) is float and not isfinite(v))
-        raise InvalidArgument(f"{what} values must be finite, got {bad!r}")
+        raise InvalidArgument(f"{what} values must be finite, got {inert(bad)}")
 
 
 class Count(Reducer):

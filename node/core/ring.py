@@ -15,7 +15,7 @@ from typing import Iterable, Mapping
 import mmh3
 import msgpack
 
-from node.core.errors import InvalidArgument
+from node.core.errors import InvalidArgument, inert
 from node.core.hashing import HASH_SPACE, position
 from node.core.ring_merge import merge_rings
 
@@ -169,7 +169,7 @@ class Ring:
         try:
             return self._address[node]
         except KeyError:
-            raise ValueError(f"node {node!r} is not in ring version {self.version}") from None
+            raise ValueError(f"node {inert(node)} is not in ring version {self.version}") from None
 
     def tokens_of(self, node: str) -> tuple[int, ...]:
         return tuple(t for t, o in zip(self.tokens, self.owners) if o == node)
@@ -488,7 +488,7 @@ class Ring:
         except InvalidArgument:
             raise
         except Exception as exc:
-            raise InvalidArgument(f"not a valid ring: {exc!r}") from None
+            raise InvalidArgument(f"not a valid ring: {inert(exc, 200)}") from None
         return ring
 
     def describe(self) -> str:

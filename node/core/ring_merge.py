@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from node.core.errors import InvalidArgument
+from node.core.errors import InvalidArgument, inert
 
 if TYPE_CHECKING:
     from node.core.ring import Ring
@@ -35,8 +35,8 @@ def check_compatible(mine: "Ring", theirs: "Ring") -> None:
     ours = dict(mine.addresses)
     for node, address in theirs.addresses:
         if ours.get(node, address) != address:
-            raise InvalidArgument(f"the view moves member {node!r} from {ours[node]} to "
-                                  f"{address!r:.80}")
+            raise InvalidArgument(f"the view moves member {inert(node)} from {ours[node]} "
+                                  f"to {inert(address)}")
     if theirs.version > mine.version + MAX_VERSION_STEP:
         raise InvalidArgument(f"the view's version {theirs.version} is implausibly far "
                               f"ahead of ours ({mine.version})")

@@ -18,7 +18,8 @@ import msgpack
 from node.config import NodeConfig
 from node.core.batch import Limits
 from node.core.detector import ALIVE, REFUSED, TIMED_OUT, DetectorConfig, FailureDetector
-from node.core.errors import Fenced, FloeError, InvalidArgument, Refused, StaleRing, Unavailable
+from node.core.errors import (Fenced, FloeError, InvalidArgument, Refused, StaleRing,
+                              Unavailable, inert)
 from node.core.handoff import Handoff, HandoffState
 from node.core.load import LoadConfig, LoadMonitor
 from node.core.machine import NodeMachine
@@ -296,10 +297,10 @@ class NodeRuntime:
             if isinstance(exc, StaleRing):
                 self._handle(MapperAhead(b.ring_stamp))   # a mapper may know a newer ring
         except Exception as exc:  # a reducer bug must not kill the node
-            log.exception("batch %s from %s failed", b.id, b.source)
+            log.exception("batch %s from %s failed", b.id, inert(b.source))
             item.stream.failed = True
             if not item.done.done():
-                item.done.set_exception(InvalidArgument(f"reducer failed: {exc!r}"))
+                item.done.set_exception(InvalidArgument(f"reducer failed: {inert(exc, 200)}"))
         else:
             if not item.done.done():   # the stream may have gone while we yielded
                 item.done.set_result(acks)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from node.core.batch import Batch
 from node.core.errors import (Fenced, InvalidArgument, ReducerMismatch, StaleRing, Starting,
-                              TooLarge)
+                              TooLarge, inert)
 from node.core.handoff import Handoff
 from node.core.ring import Ring
 from node.runtime.balancing import ShedOutcome
@@ -55,7 +55,7 @@ class NodeService:
             return self.ring, True
         if expect_reducer and expect_reducer != self.reducer:
             raise ReducerMismatch(f"the ring runs reducer {self.reducer!r}, the caller "
-                                  f"expects {expect_reducer!r}")
+                                  f"expects {inert(expect_reducer)}")
         return self.ring, False
 
     def exchange_ring(self, sender: str, ring: Ring) -> Ring:
