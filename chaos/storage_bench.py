@@ -1,0 +1,193 @@
+"""Which embedded store keeps a node's per-key state on disk best? Measured side by side.
+
+    python -m chaos.storage_bench [--keys 5000000] [--delta 50000] [--dir /var/tmp]
+
+For each engine (SQLite in WAL mode, LMDB, RocksDB through rocksdict), on the same keys
+and states as a word-count node holds (msgpack-encoded, as checkpoints carry them):
+
+- full snapshot: write every key, then sync (what a node does for a new range);
+- checkpoint delta: overwrite `--delta` keys (half of them new) and sync, five times,
+  the median (what every checkpoint round does in durable mode);
+- cold load: drop the OS page cache (as root), open, read every key into a dict (what
+  a restart does);
+- size on disk after the deltas.
+
+Needs the optional packages: `pip install -e '.[storage-bench]'`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sqlite3
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import msgpack
+
+
+def dataset(keys: int) -> list[tuple[bytes, bytes]]:
+    """Word-count state: key `w<i>` -> a count, both as msgpack (as on the wire)."""
+    pack = msgpack.packb
+    return [(pack(f"w{i}"), pack(i % 1000 + 1)) for i in range(keys)]
+
+
+def delta(keys: int, size: int, round_: int) -> list[tuple[bytes, bytes]]:
+    """A checkpoint fragment: half of the keys existing ones, half new."""
+    pack = msgpack.packb
+    old = [(pack(f"w{(round_ * 7919 + i * 104729) % keys}"), pack(round_ + i)) for i in range(size // 2)]
+    new = [(pack(f"n{round_}-{i}"), pack(1)) for i in range(size - size // 2)]
+    return old + new
+
+
+def drop_caches() -> bool:
+    """Forget cached file pages so a load reads the disk (root only)."""
+    if os.geteuid() != 0:
+        return False
+    subprocess.run(["sync"], check=True)
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    return True
+
+
+def disk_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+class Sqlite:
+    name = "SQLite (WAL, synchronous=FULL)"
+
+    def __init__(self, path: Path) -> None:
+        self.path = path / "state.db"
+
+    def open(self):
+        db = sqlite3.connect(self.path, isolation_level=None)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=FULL")
+        db.execute("CREATE TABLE IF NOT EXISTS kv (k BLOB PRIMARY KEY, v BLOB) WITHOUT ROWID")
+        return db
+
+    def write(self, db, items) -> None:
+        db.execute("BEGIN")
+        db.executemany("INSERT OR REPLACE INTO kv VALUES (?, ?)", items)
+        db.execute("COMMIT")                  # synced: WAL with synchronous=FULL
+
+    def load(self, db) -> dict:
+        return dict(db.execute("SELECT k, v FROM kv"))
+
+    def close(self, db) -> None:
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        db.close()
+
+
+class Lmdb:
+    name = "LMDB (sync on commit)"
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def open(self):
+        import lmdb
+        return lmdb.open(str(self.path), map_size=16 << 30, sync=True, metasync=True,
+                         readahead=False)
+
+    def write(self, env, items) -> None:
+        with env.begin(write=True) as txn:
+            txn.cursor().putmulti(items)
+
+    def load(self, env) -> dict:
+        with env.begin() as txn:
+            return dict(txn.cursor().iternext())
+
+    def close(self, env) -> None:
+        env.close()
+
+
+class Rocks:
+    name = "RocksDB (rocksdict, synced write batch)"
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def open(self):
+        from rocksdict import Options, Rdict
+        options = Options(raw_mode=True)
+        options.create_if_missing(True)
+        return Rdict(str(self.path), options)
+
+    def write(self, db, items) -> None:
+        from rocksdict import WriteBatch, WriteOptions
+        batch = WriteBatch(raw_mode=True)
+        for k, v in items:
+            batch.put(k, v)
+        options = WriteOptions()
+        options.sync = True
+        db.write(batch, options)
+
+    def load(self, db) -> dict:
+        return dict(db.items())
+
+    def close(self, db) -> None:
+        db.close()
+
+
+ENGINES = (Sqlite, Lmdb, Rocks)
+
+
+def measure(engine_class, root: Path, data, delta_size: int) -> dict:
+    path = root / engine_class.__name__.lower()
+    path.mkdir()
+    engine = engine_class(path)
+    store = engine.open()
+    started = time.perf_counter()
+    engine.write(store, data)
+    snapshot = time.perf_counter() - started
+    deltas = []
+    for round_ in range(5):
+        fragment = delta(len(data), delta_size, round_)
+        started = time.perf_counter()
+        engine.write(store, fragment)
+        deltas.append(time.perf_counter() - started)
+    engine.close(store)
+    cold = drop_caches()
+    started = time.perf_counter()
+    store = engine.open()
+    loaded = engine.load(store)
+    load = time.perf_counter() - started
+    engine.close(store)
+    expected = len(data) + 5 * (delta_size - delta_size // 2)
+    if len(loaded) != expected:
+        raise AssertionError(f"{engine.name} loaded {len(loaded)} keys, wrote {expected}")
+    size = disk_bytes(path)
+    shutil.rmtree(path)
+    return dict(engine=engine.name, snapshot=snapshot, delta=statistics.median(deltas),
+                load=load, cold=cold, size=size, keys=len(loaded))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--keys", type=int, default=5_000_000)
+    parser.add_argument("--delta", type=int, default=50_000)
+    parser.add_argument("--dir", default="/var/tmp", help="where the stores are written")
+    args = parser.parse_args(argv)
+    data = dataset(args.keys)
+    print(f"{args.keys:,} keys (word count, msgpack), deltas of {args.delta:,} keys; "
+          f"stores under {args.dir}")
+    rows = []
+    with tempfile.TemporaryDirectory(dir=args.dir) as root:
+        for engine_class in ENGINES:
+            row = measure(engine_class, Path(root), data, args.delta)
+            rows.append(row)
+            print(f"{row['engine']:40s} snapshot {row['snapshot']:6.2f} s "
+                  f"({args.keys / row['snapshot'] / 1e6:.2f} M keys/s)  delta "
+                  f"{1000 * row['delta']:7.1f} ms  load {row['load']:6.2f} s"
+                  f"{' (cold)' if row['cold'] else ' (warm)'}  "
+                  f"{row['size'] / 1e6:7.1f} MB on disk", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
