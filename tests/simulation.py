@@ -135,6 +135,9 @@ class Simulation:
         inc = {n: self._incarnation() for n in sorted(self.members)}
         ring = replace(self.founding, incarnations=tuple(sorted(inc.items())))
         self.procs: list[SimProcess] = []
+        # Processes an event may have changed since the invariants were last checked:
+        # only those are checked again (the others' state is as it was).
+        self.touched: set[SimProcess] = set()
         self.listening: dict[str, SimProcess] = {}     # address -> the latest process there
         for name, address in self.members.items():
             proc = self._spawn_process(make_machine(name, ring, inc[name], address), address,
@@ -161,6 +164,7 @@ class Simulation:
     def _spawn_process(self, machine: NodeMachine, address: str, started_as: str) -> SimProcess:
         proc = SimProcess(machine, address, started_as)
         self.procs.append(proc)
+        self.touched.add(proc)
         self.listening[address] = proc
         return proc
 
@@ -203,10 +207,12 @@ class Simulation:
         if proc.paused_until > self.now:
             self.at(proc.paused_until, self._fire, proc, action, args)
             return
+        self.touched.add(proc)
         action(*args)
 
     def handle(self, proc: SimProcess, event) -> list:
         """Feed one event to a process's machine and carry out its effects."""
+        self.touched.add(proc)
         effects = proc.machine.handle(event, self.now)
         self._run(proc, effects)
         return effects
@@ -249,6 +255,7 @@ class Simulation:
                     self._kill_stream(link, stream, index)  # the stream times out
                 return
         self.delivering = (link, stream, index)
+        self.touched.update(p for p in ends if isinstance(p, SimProcess))
         action(*args)
 
     def call(self, caller: SimProcess, address: str, serve, on_reply, on_error,
@@ -889,10 +896,11 @@ class Simulation:
                    key=lambda r: r.version, default=None)
 
     def check_invariants(self) -> None:
+        touched, self.touched = self.touched, set()
         latest = self._latest()
         if latest is None:
             return
-        for p in self.procs:
+        for p in touched:
             if not self._usable(p):
                 continue
             p.core.check_invariants()
