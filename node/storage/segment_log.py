@@ -1,0 +1,190 @@
+"""An append-only log of records in segment files, every record checksummed.
+
+A record on disk is `length (u32) | crc32 of payload (u32) | payload`. Segments are
+files named by the sequence number of their first record (`00000000000000000001.log`);
+a new one starts when the current one passes `segment_bytes`, and whole segments are
+deleted once a snapshot covers them (`drop_before`).
+
+Recovery rules, checked when the log is opened:
+- a torn tail (the process or the machine died mid-write: the last record of the last
+  segment is cut short or fails its checksum) is truncated to the last valid record;
+  nothing after it was ever synced, so nothing acknowledged is lost;
+- anything else that fails (a bad record followed by more data, a bad record in an
+  older segment, a gap between segments) is corruption: `CorruptLog` names the file
+  and the offset, and the log is not opened. The caller recovers the range from a
+  replica or reports it lost; it never serves a partial log.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import zlib
+from pathlib import Path
+from typing import Iterator
+
+HEADER = struct.Struct("<II")            # payload length, crc32 of the payload
+MAX_RECORD = 64 << 20                    # a larger length can only be garbage
+SUFFIX = ".log"
+
+
+class CorruptLog(Exception):
+    """A log that cannot be trusted: `path` and `offset` say where."""
+
+    def __init__(self, path: Path, offset: int, why: str) -> None:
+        super().__init__(f"{path}: corrupt at byte {offset}: {why}")
+        self.path, self.offset = path, offset
+
+
+def _segment_name(first_seq: int) -> str:
+    return f"{first_seq:020d}{SUFFIX}"
+
+
+def scan(data: bytes) -> tuple[list[bytes], int, str]:
+    """The valid records at the start of `data`, where they end, and why the rest (if
+    any) is not a record."""
+    records, offset = [], 0
+    while offset < len(data):
+        if offset + HEADER.size > len(data):
+            return records, offset, "a record header cut short"
+        length, crc = HEADER.unpack_from(data, offset)
+        end = offset + HEADER.size + length
+        if not 0 < length <= MAX_RECORD or end > len(data):
+            # Never empty: eight zero bytes (a zero-filled torn write) are no record.
+            return records, offset, "a record cut short"
+        payload = data[offset + HEADER.size:end]
+        if zlib.crc32(payload) != crc:
+            return records, offset, "a record failing its checksum"
+        records.append(payload)
+        offset = end
+    return records, offset, ""
+
+
+class SegmentLog:
+    def __init__(self, directory: str | os.PathLike, segment_bytes: int = 64 << 20) -> None:
+        self.directory = Path(directory)
+        self.segment_bytes = segment_bytes
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.segments: list[tuple[int, Path]] = []      # (first seq, path), oldest first
+        self.next_seq = 1
+        self.truncated = 0                               # bytes of torn tail dropped at open
+        self._file = None
+        self._size = 0
+        self._recover()
+
+    # ------------------------------------------------------------ recovery
+
+    def _recover(self) -> None:
+        paths = sorted(self.directory.glob("*" + SUFFIX))
+        expected = None
+        for i, path in enumerate(paths):
+            try:
+                first = int(path.stem)
+            except ValueError:
+                raise CorruptLog(path, 0, "not a segment name") from None
+            if expected is not None and first != expected:
+                raise CorruptLog(path, 0, f"segment starts at record {first}, the previous "
+                                          f"one ended before {expected}")
+            data = path.read_bytes()
+            records, end, why = scan(data)
+            if end < len(data):
+                if i < len(paths) - 1 or not self._torn(data, end):
+                    raise CorruptLog(path, end, why)
+                with open(path, "r+b") as f:          # a torn tail: cut it off
+                    f.truncate(end)
+                    os.fsync(f.fileno())
+                self.truncated += len(data) - end
+            self.segments.append((first, path))
+            expected = first + len(records)
+            self._size = end
+        if expected is not None:
+            self.next_seq = expected
+
+    @staticmethod
+    def _torn(data: bytes, end: int) -> bool:
+        """Is what follows the last valid record at `end` a single record that a write
+        never finished? Only if it is no longer than one record can be and no valid
+        record starts anywhere inside it: a bit flipped in a length field mid-log
+        must not pass for a torn tail and take the records after it along."""
+        rest = len(data) - end
+        if rest > HEADER.size + MAX_RECORD:
+            return False
+        for offset in range(end + 1, len(data) - HEADER.size + 1):
+            length, crc = HEADER.unpack_from(data, offset)
+            stop = offset + HEADER.size + length
+            if length and stop <= len(data) and zlib.crc32(data[offset + HEADER.size:stop]) == crc:
+                return False
+        return True
+
+    # -------------------------------------------------------------- writing
+
+    def append(self, payload: bytes) -> int:
+        """Append one record (not yet synced); returns its sequence number."""
+        if not 0 < len(payload) <= MAX_RECORD:
+            raise ValueError(f"a record must hold 1 to {MAX_RECORD} bytes, not {len(payload)}")
+        if self._file is None or self._size >= self.segment_bytes:
+            self._roll()
+        self._file.write(HEADER.pack(len(payload), zlib.crc32(payload)) + payload)
+        self._size += HEADER.size + len(payload)
+        seq = self.next_seq
+        self.next_seq += 1
+        return seq
+
+    def sync(self) -> None:
+        """Everything appended so far is on disk when this returns."""
+        if self._file is not None:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+
+    def _roll(self) -> None:
+        if self._file is not None:
+            self.sync()
+            self._file.close()
+        if self.segments and self._size < self.segment_bytes and self._file is None:
+            path = self.segments[-1][1]                  # reopen the last segment
+        else:
+            path = self.directory / _segment_name(self.next_seq)
+            self.segments.append((self.next_seq, path))
+            self._size = 0
+            self._sync_directory()
+        self._file = open(path, "ab")
+
+    def _sync_directory(self) -> None:
+        fd = os.open(self.directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    # ------------------------------------------------------------- reading
+
+    def __iter__(self) -> Iterator[tuple[int, bytes]]:
+        """Every record as (sequence number, payload), oldest first."""
+        if self._file is not None:
+            self._file.flush()
+        for first, path in self.segments:
+            records, end, why = scan(path.read_bytes())
+            if why:
+                raise CorruptLog(path, end, why)
+            for i, payload in enumerate(records):
+                yield first + i, payload
+
+    # ----------------------------------------------------------- compaction
+
+    def drop_before(self, seq: int) -> int:
+        """Delete the segments whose records all come before `seq` (a snapshot covers
+        them); the segment being written stays. Returns how many were deleted."""
+        dropped = 0
+        while len(self.segments) > 1 and self.segments[1][0] <= seq:
+            _, path = self.segments.pop(0)
+            path.unlink()
+            dropped += 1
+        if dropped:
+            self._sync_directory()
+        return dropped
+
+    def close(self) -> None:
+        if self._file is not None:
+            self.sync()
+            self._file.close()
+            self._file = None
