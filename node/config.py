@@ -31,6 +31,9 @@ class NodeConfig:
     max_top: int = 10_000                        # Top(k) above this is refused RESOURCE_EXHAUSTED
     max_scan_chunk: int = 50_000                 # keys per Scan chunk asked for, at most
     stream_window: int = 64                      # Push requests read ahead of the acks sent back
+    max_concurrent_rpcs: int = 1000              # more at once are refused RESOURCE_EXHAUSTED
+    max_tokens: int = 4096                       # splits stop when the ring has this many tokens
+    max_handoff_timeout: float = 600.0           # a move, split or leave asks at most this long
     rpc_timeout: float = 2.0                     # deadline on every outbound call, seconds
     shutdown_grace: float = 2.0                  # seconds in-flight RPCs get on SIGTERM
     leave_on_sigterm: bool = False               # SIGTERM hands every range over, then exits
@@ -132,14 +135,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-interval", type=float)
     p.add_argument("--queue-batches", type=int)
     p.add_argument("--max-batch-bytes", type=int)
-    p.add_argument("--max-source-bytes", type=int,
-                   help="longest source id a batch may carry (default 256)")
-    p.add_argument("--max-top", type=int, help="largest k a Top query may ask (default 10000)")
-    p.add_argument("--max-scan-chunk", type=int,
-                   help="most keys per Scan chunk a client may ask (default 50000)")
-    p.add_argument("--stream-window", type=int,
-                   help="Push requests read ahead of the acknowledgements sent back; a "
-                        "client that does not read its acks is not read either (default 64)")
     p.add_argument("--rpc-timeout", type=float)
     p.add_argument("--shutdown-grace", type=float)
     p.add_argument("--leave-on-sigterm", action="store_true", default=None,
@@ -168,11 +163,30 @@ def build_parser() -> argparse.ArgumentParser:
                                   "(as a member with no ranges; --peers names only this node)")
     p.add_argument("--startup-grace", type=float,
                    help="seconds before a starting node suspects a peer it has not heard from")
+    _add_limits(p)
     p.add_argument("--log-level")
     p.add_argument("--events-file",
                    help="append structured protocol events (detected, taken_over, handoff_*, "
                         "...) to this file as JSON lines")
     return p
+
+
+def _add_limits(p: argparse.ArgumentParser) -> None:
+    """What a caller may ask of a node (docs/security.md)."""
+    p.add_argument("--max-source-bytes", type=int,
+                   help="longest source id a batch may carry (default 256)")
+    p.add_argument("--max-top", type=int, help="largest k a Top query may ask (default 10000)")
+    p.add_argument("--max-scan-chunk", type=int,
+                   help="most keys per Scan chunk a client may ask (default 50000)")
+    p.add_argument("--max-concurrent-rpcs", type=int,
+                   help="calls served at once; more are refused RESOURCE_EXHAUSTED (default 1000)")
+    p.add_argument("--max-tokens", type=int,
+                   help="no split once the ring has this many tokens (default 4096)")
+    p.add_argument("--max-handoff-timeout", type=float,
+                   help="longest timeout a move, split or leave may ask, seconds (default 600)")
+    p.add_argument("--stream-window", type=int,
+                   help="Push requests read ahead of the acknowledgements sent back; a "
+                        "client that does not read its acks is not read either (default 64)")
 
 
 def load_config(argv: Sequence[str] | None = None,

@@ -243,3 +243,67 @@ def test_hostile_text_in_statuses_is_escaped_and_cut():
     with pytest.raises(InvalidArgument) as refused:
         load_reducer("count").check_values(("1\n2" * 1000,))
     assert len(str(refused.value)) < 200 and "\n" not in str(refused.value)
+
+
+@pytest.mark.multiprocess
+def test_splits_stop_at_the_token_limit_and_timeouts_are_checked(tmp_path):
+    with LocalCluster.up(2, 1, workdir=tmp_path, tokens_per_node=2,
+                         extra_args=["--max-tokens", "6"]) as cluster:
+        node = cluster.nodes[0]
+        with RingClient(cluster.seeds) as client:
+            ring = client.ring
+        token = ring.tokens_of(node.node_id)[0]
+        lo, _ = ring.range_of_token(token)
+        with grpc.insecure_channel(node.address) as channel:
+            control = floe_pb2_grpc.ControlPlaneStub(channel)
+            for i in (1, 2):                      # 4 tokens -> 6
+                control.Split(floe_pb2.SplitRequest(at=(lo + i * 1000) % 2 ** 64), timeout=10)
+            with pytest.raises(grpc.RpcError) as refused:
+                control.Split(floe_pb2.SplitRequest(at=(lo + 3000) % 2 ** 64), timeout=10)
+            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "--max-tokens" in refused.value.details()
+            for timeout in (float("nan"), -1.0, 1e9):
+                with pytest.raises(grpc.RpcError) as refused:
+                    control.Move(floe_pb2.MoveRequest(tokens=[token], target="n1",
+                                                      timeout=timeout), timeout=10)
+                assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        with RingClient(cluster.seeds) as client:
+            assert len(client.ring.tokens) == 6
+            client.emit_many(["w"] * 10)
+            client.flush()
+            assert client.get("w") == 10
+
+
+@pytest.mark.multiprocess
+def test_heavy_queries_on_a_large_state_do_not_get_a_node_declared_dead(tmp_path):
+    import threading
+    from tests.helpers import events_of
+    with LocalCluster.up(3, 1, workdir=tmp_path) as cluster:
+        keys = [f"k{i}" for i in range(300_000)]
+        with RingClient(cluster.seeds, batch_size=5000) as client:
+            client.emit_many(keys)
+            client.flush()
+        node = cluster.nodes[0]
+        errors = []
+
+        def query():
+            with grpc.insecure_channel(node.address) as channel:
+                stub = floe_pb2_grpc.QueryPlaneStub(channel)
+                try:
+                    for _ in range(3):
+                        stub.Top(floe_pb2.TopRequest(k=10_000), timeout=30)
+                        list(stub.Scan(floe_pb2.ScanRequest(), timeout=30))
+                except grpc.RpcError as exc:
+                    errors.append(exc)
+
+        threads = [threading.Thread(target=query) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors
+        declared = [e for n in cluster.nodes for e in events_of(cluster, n.node_id)
+                    if e["kind"] == "detected"]
+        assert not declared, declared
+        with RingClient(cluster.seeds) as client:
+            assert sum(1 for _ in client.scan()) == len(keys)

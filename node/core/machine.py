@@ -18,7 +18,7 @@ from typing import Callable
 
 from node.core.detector import (ALIVE, DEAD, REFUSED, SUSPECT, FailureDetector, combine,
                                 indirect_via)
-from node.core.errors import InvalidArgument
+from node.core.errors import InvalidArgument, TooLarge
 from node.core.handoff import (Handoff, HandoffState, leave_moves, retired_extras,
                                split_ring)
 from node.core.load import LoadMonitor
@@ -43,7 +43,7 @@ SETTLE_SECONDS = 5.0
 class NodeMachine:
     def __init__(self, core: NodeCore, incarnation: int, detector: FailureDetector,
                  load: LoadMonitor, make_core: Callable[[str, Ring], NodeCore],
-                 listen: str = "", balance: bool = False) -> None:
+                 listen: str = "", balance: bool = False, max_tokens: int = 4096) -> None:
         self.core = core
         self.incarnation = incarnation
         self.detector = detector
@@ -51,6 +51,7 @@ class NodeMachine:
         self.make_core = make_core
         self.listen = listen
         self.balance = balance
+        self.max_tokens = max_tokens     # splits stop there: a ring's size is bounded
         self.epoch = 0
         self.stimuli = 0                 # events handled so far: names each one
         self._stimulus = ""
@@ -403,6 +404,9 @@ class NodeMachine:
         """Cut our range holding the position at it (a ring change told to everyone).
         Only the owner splits, and never a range being handed off."""
         core = self.core
+        if len(core.ring.tokens) >= self.max_tokens:
+            raise TooLarge(f"the ring has {len(core.ring.tokens)} tokens, the limit "
+                           f"(--max-tokens); no more splits")
         token, split = split_ring(core.ring, core.node_id, event.position, core.fenced)
         if self.handoff is not None and token in self.handoff.moves:
             raise InvalidArgument(f"token {token:#x} is being handed off")

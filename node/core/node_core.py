@@ -365,6 +365,19 @@ class NodeCore:
         for rng in self.primaries.values():
             yield from rng.state.items()
 
+    def range_snapshots(self) -> Iterator[dict]:
+        """A consistent copy of each owned range in turn (the caller may yield to the
+        event loop between two: each is a copy, safe while batches keep applying)."""
+        self._check_complete()
+        for rng in list(self.primaries.values()):
+            yield rng.state.snapshot()
+
+    def rank(self, k: int, items) -> list[tuple[object, object, object]]:
+        """The best `k` of `items` by the reducer's sort key: (key, state, rank)."""
+        sort_key = self.reducer.sort_key
+        best = heapq.nlargest(k, items, key=lambda item: sort_key(item[1]))
+        return [(key, state, sort_key(state)) for key, state in best]
+
     def snapshot_items(self) -> list[tuple[object, object]]:
         """A consistent copy, safe to stream while batches keep being applied."""
         self._check_complete()

@@ -23,6 +23,8 @@ Entries = dict[int, tuple]
 # for a long time may fall behind by a few thousand, never by this many. A larger
 # jump is a forged or corrupt view, refused (with room left below MAX_VERSION).
 MAX_VERSION_STEP = 1 << 20
+# No ring grows this large (splits stop at --max-tokens, 4096 by default).
+MAX_RING_TOKENS = 1 << 16
 
 
 def check_compatible(mine: "Ring", theirs: "Ring") -> None:
@@ -37,6 +39,9 @@ def check_compatible(mine: "Ring", theirs: "Ring") -> None:
         if ours.get(node, address) != address:
             raise InvalidArgument(f"the view moves member {inert(node)} from {ours[node]} "
                                   f"to {inert(address)}")
+    if len(theirs.tokens) > MAX_RING_TOKENS or len(theirs.addresses) > MAX_RING_TOKENS:
+        raise InvalidArgument(f"the view has {len(theirs.tokens)} tokens and "
+                              f"{len(theirs.addresses)} members: implausibly many")
     if theirs.version > mine.version + MAX_VERSION_STEP:
         raise InvalidArgument(f"the view's version {theirs.version} is implausibly far "
                               f"ahead of ours ({mine.version})")

@@ -95,7 +95,8 @@ class NodeRuntime:
             high_queue=config.high_queue, high_cpu=config.high_cpu, low_queue=config.low_queue,
             low_cpu=config.low_cpu, cooldown=config.balance_cooldown))
         return NodeMachine(core, self.incarnation, detector, load, self._new_core,
-                           listen=config.listen, balance=config.balance)
+                           listen=config.listen, balance=config.balance,
+                           max_tokens=config.max_tokens)
 
     @staticmethod
     def _initial_ring(config: NodeConfig) -> Ring:

@@ -5,6 +5,8 @@ call. Each method raises a FloeError the transports turn into a status code.
 
 from __future__ import annotations
 
+import asyncio
+
 from node.core.batch import Batch
 from node.core.errors import (Fenced, InvalidArgument, ReducerMismatch, StaleRing, Starting,
                               TooLarge, inert)
@@ -91,9 +93,18 @@ class NodeService:
 
     # ------------------------------------------------------------ operations
 
+    def _timeout(self, asked: float) -> float | None:
+        """A caller's timeout: 0 for the default, else finite, positive and bounded."""
+        limit = self.runtime.config.max_handoff_timeout
+        if not 0 <= asked <= limit:         # NaN fails too
+            raise InvalidArgument(f"timeout must be 0 (the default) to {limit} seconds "
+                                  f"(--max-handoff-timeout), not {inert(asked)}")
+        return asked or None
+
     async def hand_off(self, moves: dict[int, str], timeout: float = 0.0) -> Handoff:
+        timeout = self._timeout(timeout)
         try:
-            return await self.runtime.hand_off(moves, timeout or None)
+            return await self.runtime.hand_off(moves, timeout)
         except ValueError as exc:
             raise InvalidArgument(str(exc)) from None
 
@@ -101,7 +112,7 @@ class NodeService:
         return await self.runtime.split_range(at)
 
     async def leave(self, timeout: float = 0.0) -> None:
-        await self.runtime.leave(timeout or None)
+        await self.runtime.leave(self._timeout(timeout))
 
     async def shed(self, sender: str, depth: int) -> ShedOutcome:
         return await self.runtime.shed_load(f"asked by {sender}", depth=depth)
@@ -113,11 +124,23 @@ class NodeService:
         found, state = core.get(key)
         return found, state, core.ring.version
 
-    def top(self, k: int) -> list:
+    async def top(self, k: int) -> list:
+        """Ranked off the event loop: a large state must not keep heartbeats waiting."""
         limit = self.runtime.config.max_top
         if k > limit:
             raise TooLarge(f"top {k} is over the limit of {limit} keys (--max-top)")
-        return self.runtime.core.top(k)
+        core = self.runtime.core
+        items = await self._snapshot(core)
+        return await asyncio.to_thread(core.rank, k, items)
+
+    async def _snapshot(self, core) -> list:
+        """Every owned key and state, copied one range at a time with the event loop
+        running in between."""
+        items: list = []
+        for snapshot in core.range_snapshots():
+            items.extend(snapshot.items())
+            await asyncio.sleep(0)
+        return items
 
     def scan_chunk(self, asked: int, default: int) -> int:
         limit = self.runtime.config.max_scan_chunk
@@ -126,12 +149,12 @@ class NodeService:
                            f"(--max-scan-chunk)")
         return asked or min(default, limit)
 
-    def scan(self, ring_stamp: int = 0) -> list:
+    async def scan(self, ring_stamp: int = 0) -> list:
         core = self.runtime.core
         if ring_stamp and ring_stamp != core.ring.stamp:
             raise StaleRing(f"scan for ring stamp {ring_stamp:#x}, node {core.node_id} is "
                             f"at {core.ring.stamp:#x}")
-        return core.snapshot_items()
+        return await self._snapshot(core)
 
     def stats(self) -> dict:
         return self.runtime.stats()

@@ -167,18 +167,19 @@ class QueryPlane(floe_pb2_grpc.QueryPlaneServicer):
 
     async def Top(self, request, context):
         try:
-            return floe_pb2.TopReply(entries=pack(self.service.top(request.k or 10)))
+            return floe_pb2.TopReply(entries=pack(await self.service.top(request.k or 10)))
         except FloeError as exc:
             await abort(context, exc)
 
     async def Scan(self, request, context):
         try:
             chunk = self.service.scan_chunk(request.chunk, SCAN_CHUNK)
-            items = self.service.scan(request.ring_stamp)
+            items = await self.service.scan(request.ring_stamp)
         except FloeError as exc:
             await abort(context, exc)
         for start in range(0, len(items), chunk):
             yield floe_pb2.ScanChunk(entries=pack_entries(items[start:start + chunk]))
+            await asyncio.sleep(0)      # the event loop runs between two chunks
 
     async def Stats(self, request, context):
         return floe_pb2.NodeStats(**self.service.stats())
@@ -191,7 +192,8 @@ class QueryPlane(floe_pb2_grpc.QueryPlaneServicer):
 async def start_server(runtime: NodeRuntime) -> tuple[grpc.aio.Server, health_aio.HealthServicer, int]:
     """Serve on runtime.config.listen; returns (server, health, bound port)."""
     service = NodeService(runtime)
-    server = grpc.aio.server(options=channel_options(runtime.config.max_message_bytes))
+    server = grpc.aio.server(options=channel_options(runtime.config.max_message_bytes),
+                             maximum_concurrent_rpcs=runtime.config.max_concurrent_rpcs)
     floe_pb2_grpc.add_DataPlaneServicer_to_server(DataPlane(service), server)
     floe_pb2_grpc.add_ControlPlaneServicer_to_server(ControlPlane(service), server)
     floe_pb2_grpc.add_QueryPlaneServicer_to_server(QueryPlane(service), server)
