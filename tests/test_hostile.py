@@ -307,3 +307,19 @@ def test_heavy_queries_on_a_large_state_do_not_get_a_node_declared_dead(tmp_path
         assert not declared, declared
         with RingClient(cluster.seeds) as client:
             assert sum(1 for _ in client.scan()) == len(keys)
+
+
+def test_every_key_of_a_batch_is_checked_against_its_token_not_only_the_first():
+    from tests.helpers import CoreCluster
+    c = CoreCluster(nodes=2, replication=0, tokens_per_node=2)
+    token = c.ring.token_for_key("a")
+    owner = c.ring.owner_of_token(token)
+    mine = [k for k in (f"k{i}" for i in range(200)) if c.ring.token_for_key(k) == token][:3]
+    stray = next(k for k in (f"s{i}" for i in range(200)) if c.ring.token_for_key(k) != token)
+    keys = [mine[0], mine[1], stray, mine[2]]          # the stray key is not the first
+    batch = Batch(c.ring.stamp, token, "s", 1, 4, 4, encode_payload(keys, [1] * 4))
+    with pytest.raises(InvalidArgument, match="does not belong"):
+        c.cores[owner].receive_batch(batch)
+    assert c.state() == {}                              # nothing of it was applied
+    ok = Batch(c.ring.stamp, token, "s", 1, 3, 3, encode_payload(mine, [1] * 3))
+    assert c.cores[owner].receive_batch(ok).applied == 3

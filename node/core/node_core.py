@@ -236,10 +236,13 @@ class NodeCore:
         check_header(count, first_seq, last_seq, seqs, payload, self.limits)
         role = ring.role_of(self.node_id, token) if ring.has_token(token) else None
         if role == "primary":
-            verify = self._verify_all if self.verify_keys else self._verify_first
+            state = self.primaries[token].state
 
             def check(keys):
-                verify(token, keys)
+                # Every key is checked against the token, exactly: a key the range
+                # already holds was checked when it first came, so only new ones are
+                # hashed (--verify-keys hashes all of them, every time).
+                self._verify_all(token, keys if self.verify_keys else state.unknown(keys))
                 self.positions.record(token, keys)
             applied, dups = self.primaries[token].apply(
                 source, first_seq, last_seq, count, payload, seqs, verify=check)
@@ -255,11 +258,6 @@ class NodeCore:
             return PushResult(stored, dups)
         raise StaleRing(f"node {self.node_id} is not a destination of token {token} "
                         f"in ring version {ring.version}")
-
-    def _verify_first(self, token: int, keys) -> None:
-        # One hash per batch catches a mis-routed batch; hashing every key would cost
-        # about as much as applying it (--verify-keys does it anyway).
-        self._verify_all(token, keys[:1])
 
     def _verify_all(self, token: int, keys) -> None:
         token_for_key = self.ring.token_for_key

@@ -41,6 +41,14 @@ class LayeredState:
         master = self.master
         return master[key] if key in master else self.reducer.initial()
 
+    def unknown(self, keys) -> set:
+        """The distinct keys of `keys` no layer holds: never applied to this range.
+        (set.difference with a dict runs in C, probing the dict per key of the set.)"""
+        new = set(keys).difference(self.active)
+        if new and self.inactive:
+            new = new.difference(self.inactive)
+        return new.difference(self.master) if new else new
+
     def apply(self, keys, values) -> None:
         """Fold a batch; raises InvalidArgument, changing nothing, for a bad one."""
         self.reducer.apply_batch(keys, values, self.active, self.lookup)
