@@ -26,6 +26,7 @@ from pathlib import Path
 
 from chaos import faults as fault_ops
 from chaos import handoff_faults
+from chaos.hostile import hostile_clients
 from chaos.cluster import LocalCluster
 from chaos.load import chunk_ids, chunk_keys
 from chaos.mapper_proc import MapperHandle
@@ -210,6 +211,8 @@ def run_round(scenario: Scenario, seed: int, index: int, planned: list[PlannedFa
                                                tokens=dict(p.ranges)))
             elif p.kind == "rolling-restart":
                 result.injected.append(fault_ops.rolling_restart(cluster, p.victims))
+            elif p.kind == "hostile":
+                result.injected.append(hostile_clients(cluster, p.victims))
             elif p.kind == "kill-mapper":
                 m = int(p.victims[0].split("-")[1])
                 victim = mappers[m]
@@ -247,7 +250,8 @@ def run_round(scenario: Scenario, seed: int, index: int, planned: list[PlannedFa
         result.injected = [_judge_handoff(i, logs, events, result.errors)
                            if i.kind == "kill-mid-handoff" else i for i in result.injected]
         result.timelines = failure_timelines(result.injected, events)
-        faulted = {v for i in result.injected for v in i.victims}
+        # A node a hostile client only talked to must not be declared dead either.
+        faulted = {v for i in result.injected if i.kind != "hostile" for v in i.victims}
         for e in events:
             if e.kind == "detected" and e.about[0] not in faulted:
                 result.errors.append(f"false positive: {e.node} declared {e.about[0]} dead "

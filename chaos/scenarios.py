@@ -22,7 +22,7 @@ from pathlib import Path
 
 from node.core.ring import Ring
 
-NODE_FAULTS = ("kill", "pause", "kill-mid-handoff", "restart", "rolling-restart")
+NODE_FAULTS = ("kill", "pause", "kill-mid-handoff", "restart", "rolling-restart", "hostile")
 FAULT_KINDS = NODE_FAULTS + ("kill-mapper",)
 HANDOFF_SIDES = ("giver", "receiver")
 HANDOFFS = ("move", "scale-out", "scale-in")
@@ -74,6 +74,8 @@ class Fault:
     #                               | kill-mid-handoff | restart (SIGKILL, then the same
     #                               command at once) | rolling-restart (target all: each
     #                               node leaves, restarts empty and takes ranges back)
+    #                               | hostile (forged and oversized requests to a node,
+    #                               chaos.hostile: each must be refused)
     target: str = "one"           # which processes; see TARGETS
     at: float = 1.0
     jitter: float = 0.0
@@ -441,6 +443,12 @@ BUILTIN: dict[str, Scenario] = {s.name: s for s in [
              "every range to be on r+1 nodes again; every tuple checked by its id", 3, 1,
              (Round((Fault("rolling-restart", "all", at=0.8),)),),
              Load("zipf", rate=2000, chunk=200, ids=True), duration=2.0, ci=True),
+    Scenario("hostile-clients", "a hostile client sends one node forged ring views, "
+             "queries past its limits, an oversized source id and a NaN timeout while the "
+             "load runs: each is refused with its status, nobody is declared dead, every "
+             "tuple checked by its id", 4, 1,
+             (Round((Fault("hostile", "one", at=0.8),)),),
+             Load("zipf", rate=3000, chunk=300, ids=True), duration=2.5, ci=True),
     simultaneous_kills("target-n8", "n=8, r=1: 1..4 non-adjacent SIGKILLs at once, 5 "
                        "rounds each (the recovery target)", 8, range(1, 5), 5, rate=10_000),
     simultaneous_kills("fig8b", "the paper's Fig. 8b: n=12, r=1, 1..6 non-adjacent "

@@ -88,7 +88,7 @@ class Injected:
     """A fault as the harness carried it out."""
 
     kind: str                     # kill | pause | kill-mapper | kill-mid-handoff | restart
-    #                               | rolling-restart
+    #                               | rolling-restart | hostile
     victims: tuple[str, ...]
     at: float                     # wall clock when the signal was sent
     resumed: float | None = None  # pause: when SIGCONT was sent

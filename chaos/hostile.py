@@ -1,0 +1,81 @@
+"""A hostile (or careless) client against one node of a live ring: forged ring views,
+requests past the node's limits, a poisoned stream number. Every one must be refused
+with the status that names why, while the load goes on; the harness then checks that
+every acknowledged tuple is counted exactly and that nobody was declared dead.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import grpc
+
+from chaos.cluster import LocalCluster
+from chaos.timeline import Injected
+from floering.v1 import floe_pb2, floe_pb2_grpc
+from node.core.batch import encode_payload
+from node.core.ring import Ring
+from node.core.ring_merge import MAX_VERSION_STEP
+
+
+def forged_views(ring: Ring) -> dict[str, Ring]:
+    """Views no honest member can have sent."""
+    victim = ring.nodes[-1]
+    return {"replication": replace(ring, replication=ring.replication + 1)
+            .with_version(ring.version + 1),
+            "moved member": replace(ring, addresses=tuple(
+                (n, "127.0.0.1:1" if n == victim else a) for n, a in ring.addresses))
+            .with_version(ring.version + 1),
+            "version far ahead": ring.with_version(ring.version + MAX_VERSION_STEP + 1)}
+
+
+def _refused(call, expected: grpc.StatusCode) -> str:
+    try:
+        call()
+    except grpc.RpcError as exc:
+        if exc.code() != expected:
+            raise AssertionError(f"refused with {exc.code().name}, not {expected.name}: "
+                                 f"{exc.details()}") from None
+        return exc.code().name
+    raise AssertionError("accepted")
+
+
+def attack(address: str) -> dict[str, str]:
+    """Every hostile request once; returns how each was refused (raises if one was not)."""
+    outcome = {}
+    with grpc.insecure_channel(address) as channel:
+        control = floe_pb2_grpc.ControlPlaneStub(channel)
+        query = floe_pb2_grpc.QueryPlaneStub(channel)
+        data = floe_pb2_grpc.DataPlaneStub(channel)
+        ring = Ring.from_wire(control.GetRing(floe_pb2.GetRingRequest(), timeout=5).ring)
+        invalid, exhausted = grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED
+        for name, view in forged_views(ring).items():
+            outcome[f"ring view: {name}"] = _refused(lambda: control.ExchangeRing(
+                floe_pb2.RingView(version=view.version, ring=view.to_wire(),
+                                  sender="mallory"), timeout=5), invalid)
+        outcome["top of 10^9"] = _refused(
+            lambda: query.Top(floe_pb2.TopRequest(k=10 ** 9), timeout=5), exhausted)
+        outcome["scan chunks of 10^9"] = _refused(
+            lambda: list(query.Scan(floe_pb2.ScanRequest(chunk=10 ** 9), timeout=5)), exhausted)
+        token = ring.tokens_of(ring.owners[0])[0]
+
+        def push(**fields):
+            batch = dict(ring_stamp=ring.stamp, token=token, source="mallory", first_seq=1,
+                         last_seq=1, count=1, id=1, payload=encode_payload(["x"], [1]))
+            batch.update(fields)
+            return lambda: list(data.Push(iter([floe_pb2.PushRequest(
+                batches=[floe_pb2.Batch(**batch)])]), timeout=5))
+
+        outcome["source id of 10,000 characters"] = _refused(push(source="m" * 10_000),
+                                                             exhausted)
+        outcome["timeout of NaN on a move"] = _refused(lambda: control.Move(
+            floe_pb2.MoveRequest(tokens=[token], target=ring.nodes[0], timeout=float("nan")),
+            timeout=5), invalid)
+    return outcome
+
+
+def hostile_clients(cluster: LocalCluster, node_ids) -> Injected:
+    at = time.time()
+    detail = {node_id: attack(cluster.node(node_id).address) for node_id in node_ids}
+    return Injected("hostile", tuple(node_ids), at, detail=detail)
