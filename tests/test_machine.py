@@ -152,3 +152,18 @@ def test_records_name_the_stimulus_that_caused_them():
     assert {r.stimulus for r in records} == {f"n0:{m.stimuli}:ProbeFinished"}
     later = m.handle(RingSeen(m.core.ring.without(["n0"])), 6.0)
     assert [e.stimulus for e in later if isinstance(e, Record)] == [f"n0:{m.stimuli}:RingSeen"]
+
+
+def test_a_replica_that_keeps_failing_checkpoints_is_reported_once_then_its_return():
+    from node.core.machine import FAILING_ROUNDS
+    from node.core.machine_io import CheckpointAcked, CheckpointFailed
+    m = machine()
+    token = m.core.ring.tokens_of("n0")[0]
+    replica = m.core.ring.replicas_of_token(token)[0]
+    failed = [m.handle(CheckpointFailed(token, replica, False, 0, "too large"), 1.0 + i)
+              for i in range(2 * FAILING_ROUNDS)]
+    warned = [i for i, effects in enumerate(failed) if "checkpoints_failing" in kinds(effects)]
+    assert warned == [FAILING_ROUNDS - 1]
+    assert token in m.core.under_replicated()
+    back = m.handle(CheckpointAcked(token, replica, 1, False, 0), 99.0)
+    assert kinds(back) == ["checkpoints_resumed"]

@@ -35,6 +35,11 @@ from node.core.node_core import NodeCore, RingChange
 from node.core.ring import Ring
 from node.core.shedding import PeerLoad, ShedPlan, plan_shed, with_split_tail
 
+# Checkpoint rounds a replica may fail in a row (5 s at the default interval: longer
+# than any detection) before it is reported: its copy of the range is going stale and
+# the batches backed up for it pile up.
+FAILING_ROUNDS = 25
+
 # How long a requested handoff waits for the extras of its ranges to retire (another
 # handoff just committed next to them) before it is prepared anyway.
 SETTLE_SECONDS = 5.0
@@ -61,6 +66,7 @@ class NodeMachine:
         # Ranges taken over whose first new tuples are not applied yet: token -> the
         # dead owner. Recorded once applied, so recovery can be timed to that moment.
         self.resuming: dict[int, str] = {}
+        self.failing: dict[tuple[int, str], int] = {}   # (token, replica) -> failed rounds
         self._handlers = {
             RingSeen: self._ring_seen, HeardFrom: self._heard_from,
             SignOfLife: self._sign_of_life, HeartbeatFailed: self._heartbeat_failed,
@@ -275,13 +281,26 @@ class NodeMachine:
             tuple(sorted({s.checkpoint.token for s in shipments})), behind, self.epoch))
 
     def _checkpoint_acked(self, event: CheckpointAcked, now: float, out: list) -> None:
-        if event.epoch == self.epoch:
-            self.core.checkpoint_acked(event.token, event.replica, event.seq, event.need_full)
+        if event.epoch != self.epoch:
+            return
+        self.core.checkpoint_acked(event.token, event.replica, event.seq, event.need_full)
+        if self.failing.pop((event.token, event.replica), 0) >= FAILING_ROUNDS:
+            out.append(self._record("checkpoints_resumed", f"{event.replica} takes the "
+                                    f"checkpoints of token {event.token} again",
+                                    token=event.token, replica=event.replica))
 
     def _checkpoint_failed(self, event: CheckpointFailed, now: float, out: list) -> None:
         if event.epoch != self.epoch:
             return
         self.core.checkpoint_failed(event.token, event.replica)
+        key = (event.token, event.replica)
+        self.failing[key] = failed = self.failing.get(key, 0) + 1
+        if failed == FAILING_ROUNDS:
+            out.append(self._record(
+                "checkpoints_failing", f"{event.replica} has refused or missed the last "
+                f"{failed} checkpoints of token {event.token}; the range is "
+                f"under-replicated: {event.why}", logging.WARNING, token=event.token,
+                replica=event.replica, why=event.why))
         if event.refresh:
             out.append(Gossip(self.address_of(event.replica)))
 

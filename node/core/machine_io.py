@@ -99,6 +99,7 @@ class CheckpointFailed:
     replica: str
     refresh: bool
     epoch: int
+    why: str = ""
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,9 @@ runs as (`node`), the id it was started with (`process`), the `stimulus` that ca
 it (the node machine's name for the event it handled; every record of one stimulus
 carries the same) and the event's own fields.
 
-Kinds: started, stopped, left, suspected, detected, taken_over, applying_again, re_replicated, fenced, lost,
-handoff_prepared, handoff_committed, handoff_aborted, split, overloaded, relieved.
+Kinds: started, stopped, left, suspected, detected, taken_over, applying_again,
+re_replicated, fenced, lost, handoff_prepared, handoff_committed, handoff_aborted, split,
+overloaded, relieved, checkpoints_failing, checkpoints_resumed.
 """
 
 from __future__ import annotations

@@ -336,7 +336,8 @@ class NodeRuntime:
                     base_seq=s.base_seq)
             except FloeError as exc:
                 log.debug("checkpoint of %s to %s failed: %s", token, s.replica, exc)
-                self._handle(CheckpointFailed(token, s.replica, exc.refresh_ring, e.epoch))
+                self._handle(CheckpointFailed(token, s.replica, exc.refresh_ring, e.epoch,
+                                              inert(exc, 200)))
             else:
                 self._handle(CheckpointAcked(token, s.replica, seq, need_full, e.epoch))
 
