@@ -34,6 +34,7 @@ class NodeConfig:
     max_concurrent_rpcs: int = 1000              # more at once are refused RESOURCE_EXHAUSTED
     max_tokens: int = 4096                       # splits stop when the ring has this many tokens
     max_handoff_timeout: float = 600.0           # a move, split or leave asks at most this long
+    max_backup_bytes: int = 1 << 30              # batches held for other primaries, at most
     rpc_timeout: float = 2.0                     # deadline on every outbound call, seconds
     shutdown_grace: float = 2.0                  # seconds in-flight RPCs get on SIGTERM
     leave_on_sigterm: bool = False               # SIGTERM hands every range over, then exits
@@ -182,6 +183,9 @@ def _add_limits(p: argparse.ArgumentParser) -> None:
                    help="calls served at once; more are refused RESOURCE_EXHAUSTED (default 1000)")
     p.add_argument("--max-tokens", type=int,
                    help="no split once the ring has this many tokens (default 4096)")
+    p.add_argument("--max-backup-bytes", type=int,
+                   help="bytes of batches a replica holds until checkpoints cover them; "
+                        "past it, batches are refused RESOURCE_EXHAUSTED (default 1 GiB)")
     p.add_argument("--max-handoff-timeout", type=float,
                    help="longest timeout a move, split or leave may ask, seconds (default 600)")
     p.add_argument("--stream-window", type=int,

@@ -323,3 +323,33 @@ def test_every_key_of_a_batch_is_checked_against_its_token_not_only_the_first():
     assert c.state() == {}                              # nothing of it was applied
     ok = Batch(c.ring.stamp, token, "s", 1, 3, 3, encode_payload(mine, [1] * 3))
     assert c.cores[owner].receive_batch(ok).applied == 3
+
+
+def test_a_full_backup_store_refuses_batches_until_checkpoints_make_room():
+    from node.core.batch import Limits
+    from node.core.errors import Overloaded
+    r = Ring.initial({"p": "a:1", "b": "a:2"}, 1, 1)
+    token = r.tokens_of("p")[0]
+    key = next(k for k in (f"k{i}" for i in range(1000)) if r.token_for_key(k) == token)
+    primary = NodeCore("p", r, load_reducer("count"))
+    replica = NodeCore("b", r, load_reducer("count"), Limits(max_backup_bytes=100))
+    batches = [Batch(r.stamp, token, "s", i, i, 1, encode_payload([key], [1]))
+               for i in range(1, 40)]
+    taken = 0
+    for b in batches:
+        try:
+            replica.receive_batch(b)
+        except Overloaded as exc:
+            assert "--max-backup-bytes" in str(exc)
+            break
+        primary.receive_batch(b)
+        taken += 1
+    assert 0 < taken < len(batches)           # the replica filled up and said so
+    for s in primary.plan_checkpoints():      # a checkpoint covers what it holds...
+        need_full, seq = replica.receive_checkpoint(
+            "p", r.stamp, s.checkpoint.token, s.checkpoint.seq, s.base_seq,
+            s.checkpoint.full, dict(s.checkpoint.states), dict(s.checkpoint.watermarks))
+        primary.checkpoint_acked(s.checkpoint.token, "b", seq, need_full)
+        primary.checkpoint_done(s.checkpoint.token)
+    assert replica.replicas.backups.bytes == 0
+    replica.receive_batch(batches[taken])     # ...and it takes batches again

@@ -43,6 +43,7 @@ class Limits:
     max_batch_bytes: int = 4 << 20
     max_batch_tuples: int = 100_000
     max_source_bytes: int = 256
+    max_backup_bytes: int = 1 << 30     # batches a replica holds until checkpoints cover them
 
 
 def encode_payload(keys: list, values: list) -> bytes:

@@ -253,7 +253,8 @@ class NodeCore:
         if role == "replica":
             stored, dups = self.replicas.store(
                 token, ring.owner_of_token(token), source,
-                BackupEntry(first_seq, last_seq, count, payload, seqs))
+                BackupEntry(first_seq, last_seq, count, payload, seqs),
+                self.limits.max_backup_bytes)
             self.counters["backed_up"] += stored
             return PushResult(stored, dups)
         raise StaleRing(f"node {self.node_id} is not a destination of token {token} "

@@ -14,7 +14,7 @@ from node.core.backup_store import BackupEntry, BackupStore
 from node.core.batch import decode_payload, decode_seqs
 from node.core.dedup import first_new_index
 from node.core.epochs import effective_mark, raise_floor, replay_order
-from node.core.errors import FloeError
+from node.core.errors import FloeError, Overloaded
 from node.core.reducers import Reducer
 from node.core.state_store import LayeredState, ReplicaState
 
@@ -156,10 +156,16 @@ class ReplicaSide:
             rng.checkpoint_seq = 0
         return rng
 
-    def store(self, token: int, primary: str, source: str, entry: BackupEntry) -> tuple[int, int]:
+    def store(self, token: int, primary: str, source: str, entry: BackupEntry,
+              max_bytes: int = 1 << 62) -> tuple[int, int]:
         rng = self._range(token, primary)
         if entry.last_seq <= effective_mark(rng.watermarks, source):
             return 0, entry.count  # already covered by a checkpoint
+        if self.backups.bytes + entry.nbytes > max_bytes:
+            # The primary's checkpoints are not reaching us (or not fast enough): hold
+            # the sender back rather than grow without bound; nothing is acknowledged.
+            raise Overloaded(f"the backup store holds {self.backups.bytes} bytes, the limit "
+                           f"is {max_bytes} (--max-backup-bytes)")
         self.backups.add(token, source, entry)
         return entry.count, 0
 

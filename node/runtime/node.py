@@ -105,7 +105,8 @@ class NodeRuntime:
     def _new_core(self, node_id: str, ring: Ring) -> NodeCore:
         return NodeCore(node_id, ring, self.reducer,
                         Limits(max_batch_bytes=self.config.max_batch_bytes,
-                               max_source_bytes=self.config.max_source_bytes),
+                               max_source_bytes=self.config.max_source_bytes,
+                               max_backup_bytes=self.config.max_backup_bytes),
                         verify_keys=self.config.verify_keys)
 
     async def confirm_membership(self, seeds: list[str] | None = None) -> None:
