@@ -40,9 +40,20 @@ def _seeds(args) -> list[str]:
     return LocalCluster.load(args.cluster_file).seeds
 
 
+def _tls(args, name: str):
+    """`name`'s credentials (client or operator): from --tls-dir, else from the
+    recorded cluster when it runs TLS; None for a plain ring."""
+    from node.transport.tls import TlsFiles
+    if args.tls_dir:
+        return TlsFiles.in_dir(args.tls_dir, name)
+    if args.ring or not Path(args.cluster_file).exists():
+        return None
+    return LocalCluster.load(args.cluster_file).tls(name)
+
+
 def _client(args, **kwargs):
     from mapper import RingClient
-    return RingClient(_seeds(args), timeout=args.timeout, **kwargs)
+    return RingClient(_seeds(args), timeout=args.timeout, tls=_tls(args, "client"), **kwargs)
 
 
 def cmd_up(args) -> int:
@@ -52,7 +63,7 @@ def cmd_up(args) -> int:
     cluster = LocalCluster.up(args.nodes, args.replicas, base_port=args.base_port,
                               workdir=Path(args.cluster_file).resolve().parent,
                               reducer=args.reducer, tokens_per_node=args.tokens_per_node,
-                              extra_args=extra)
+                              extra_args=extra, tls=args.tls)
     for node in cluster.nodes:
         print(f"{node.node_id}  {node.address}  pid {node.pid}")
     print(f"{len(cluster.nodes)} nodes serving, r={cluster.replicas}; recorded in "
@@ -146,7 +157,8 @@ def cmd_move(args) -> int:
     from mapper.admin import move, parse_position
     with _client(args) as client:
         ring = client.refresh_ring()
-    print(move(ring, args.node, parse_position(args.to), timeout=args.timeout))
+    print(move(ring, args.node, parse_position(args.to), timeout=args.timeout,
+               tls=_tls(args, "operator")))
     return 0
 
 
@@ -154,7 +166,8 @@ def cmd_split(args) -> int:
     from mapper.admin import parse_position, split
     with _client(args) as client:
         ring = client.refresh_ring()
-    print(split(ring, parse_position(args.position), args.to, timeout=args.timeout))
+    print(split(ring, parse_position(args.position), args.to, timeout=args.timeout,
+                tls=_tls(args, "operator")))
     return 0
 
 
@@ -190,7 +203,8 @@ def cmd_scale(args) -> int:
             time.sleep(0.05)
         ring = client.ring
         load = _range_loads(client.stats())
-    for line in carry_out(ring, plan_scale_out(ring, names, load), timeout=args.timeout):
+    for line in carry_out(ring, plan_scale_out(ring, names, load), timeout=args.timeout,
+                          tls=_tls(args, "operator")):
         print(line)
     print(f"added {', '.join(names)}; {len(cluster.nodes)} nodes")
     return 0
@@ -214,6 +228,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--cluster-file", default=DEFAULT_STATE_FILE,
                         help="where `up` records the cluster (default ./floe-cluster.json)")
     parser.add_argument("--ring", help="seed addresses host:port,... instead of the cluster file")
+    parser.add_argument("--tls-dir", help="ca.pem, client.pem/.key and operator.pem/.key of a "
+                                          "TLS ring (default: the recorded cluster's, if any)")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per operation")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -223,6 +239,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--base-port", type=int, help="first port (default: any free ports)")
     up.add_argument("--reducer", default="count")
     up.add_argument("--tokens-per-node", type=int, default=8)
+    up.add_argument("--tls", action="store_true",
+                    help="write a throwaway CA and certificates (floe-cluster/tls/) and run "
+                         "every call over mutual TLS; the other commands find them there")
     up.add_argument("--checkpoint-interval", type=float)
     up.set_defaults(func=cmd_up)
 

@@ -20,6 +20,8 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from node.transport.tls import TlsFiles, generate as generate_tls, issue as issue_tls
+
 DEFAULT_STATE_FILE = "floe-cluster.json"
 
 
@@ -63,7 +65,10 @@ class LocalCluster:
     def up(cls, nodes: int, replicas: int = 1, *, base_port: int | None = None,
            workdir: str | Path = ".", reducer: str = "count", tokens_per_node: int = 8,
            extra_args: list[str] | None = None, ready_timeout: float = 30.0,
-           host: str = "127.0.0.1") -> "LocalCluster":
+           host: str = "127.0.0.1", tls: bool = False) -> "LocalCluster":
+        """Start `nodes` node processes. With `tls`, a throwaway CA and certificates
+        for every node, a client and an operator are written to
+        floe-cluster/tls/ and every call is mutual TLS (node.transport.tls)."""
         if nodes < 1:
             raise ValueError("a cluster needs at least one node")
         if replicas < 0:
@@ -82,6 +87,9 @@ class LocalCluster:
         log_dir.mkdir(parents=True, exist_ok=True)
         procs = []
         extra = list(extra_args or [])
+        if tls:
+            tls_dir = generate_tls(workdir / "floe-cluster" / "tls", ids, (host, "localhost"))
+            extra += ["--tls-dir", str(tls_dir)]
         for node_id, port in zip(ids, ports):
             log_path = log_dir / f"{node_id}.log"
             cmd = [sys.executable, "-m", "node", "--node-id", node_id,
@@ -102,7 +110,7 @@ class LocalCluster:
     def wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         for node in self.nodes:
-            while not serving(node.address):
+            while not serving(node.address, self.tls("client")):
                 if not node.alive():
                     raise RuntimeError(f"node {node.node_id} exited during start:\n"
                                        + _tail(node.log))
@@ -151,7 +159,10 @@ class LocalCluster:
         log_dir = Path(self.state_file).parent / "floe-cluster" / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
         added = []
+        tls = self.tls()
         for node_id, port in zip(ids, ports):
+            if tls is not None:                    # a certificate from the ring's CA
+                issue_tls(tls.ca.parent, node_id, "node", (host, "localhost"))
             log_path = log_dir / f"{node_id}.log"
             address = f"{host}:{port}"
             cmd = [sys.executable, "-m", "node", "--node-id", node_id, "--listen", address,
@@ -162,7 +173,8 @@ class LocalCluster:
             added.append(spawn_node(node_id, address, cmd, log_path))
         self.nodes += added
         self.save()
-        LocalCluster(added, self.replicas, self.state_file).wait_ready(ready_timeout)
+        LocalCluster(added, self.replicas, self.state_file,
+                     extra_args=self.extra_args).wait_ready(ready_timeout)
         return added
 
     def remove(self, node_id: str, timeout: float = 60.0) -> None:
@@ -170,7 +182,8 @@ class LocalCluster:
         and exits by itself; we wait for the exit and forget it."""
         from mapper.admin import request_handoff
         node = self.node(node_id)
-        reply = request_handoff(node.address, [], leave=True, timeout=timeout)
+        reply = request_handoff(node.address, [], leave=True, timeout=timeout,
+                                tls=self.tls("operator"))
         if not reply.accepted:
             raise RuntimeError(f"{node_id} did not leave: {reply.detail}")
         deadline = time.monotonic() + 15
@@ -211,7 +224,8 @@ class LocalCluster:
         fresh = spawn_node(node.node_id, node.address, node.cmd, Path(node.log))
         self.nodes.append(fresh)
         self.save()
-        LocalCluster([fresh], self.replicas, self.state_file).wait_ready(ready_timeout)
+        LocalCluster([fresh], self.replicas, self.state_file,
+                     extra_args=self.extra_args).wait_ready(ready_timeout)
         return fresh
 
     def kill(self, node_id: str, sig: int = signal.SIGKILL) -> None:
@@ -241,6 +255,13 @@ class LocalCluster:
     @property
     def seeds(self) -> list[str]:
         return [n.address for n in self.nodes]
+
+    def tls(self, name: str = "client") -> TlsFiles | None:
+        """`name`'s credentials (client, operator or a node id) if the cluster runs
+        TLS, else None."""
+        if "--tls-dir" not in self.extra_args:
+            return None
+        return TlsFiles.in_dir(self.extra_args[self.extra_args.index("--tls-dir") + 1], name)
 
     def save(self) -> None:
         data = {"replicas": self.replicas, "reducer": self.reducer,
@@ -321,9 +342,10 @@ def _port_free(host: str, port: int) -> bool:
     return True
 
 
-def serving(address: str) -> bool:
+def serving(address: str, tls: TlsFiles | None = None) -> bool:
     try:
-        with grpc.insecure_channel(address) as channel:
+        with (grpc.secure_channel(address, tls.channel_credentials()) if tls
+              else grpc.insecure_channel(address)) as channel:
             reply = health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(), timeout=0.5)
             return reply.status == health_pb2.HealthCheckResponse.SERVING

@@ -16,12 +16,12 @@ from chaos.cluster import LocalCluster
 from mapper.admin import carry_out, plan_scale_out
 
 
-def member_at(address: str, seeds: list[str], timeout: float) -> str:
+def member_at(address: str, seeds: list[str], timeout: float, tls=None) -> str:
     """The ring name the process at `address` serves under, once every node's ring
     view lists it (a restarted process takes a new name: `n0#1`)."""
     from mapper import RingClient
     deadline = time.monotonic() + timeout
-    with RingClient(seeds, timeout=timeout, rpc_timeout=1.0) as client:
+    with RingClient(seeds, timeout=timeout, rpc_timeout=1.0, tls=tls) as client:
         while True:
             rows = client.stats()
             names = {r["node_id"] for r in rows if r.get("address") == address
@@ -36,11 +36,11 @@ def member_at(address: str, seeds: list[str], timeout: float) -> str:
             time.sleep(0.05)
 
 
-def wait_replicated(seeds: list[str], timeout: float) -> None:
+def wait_replicated(seeds: list[str], timeout: float, tls=None) -> None:
     """Until every live node answers and has every range it owns on r+1 nodes."""
     from mapper import RingClient
     deadline = time.monotonic() + timeout
-    with RingClient(seeds, timeout=timeout, rpc_timeout=1.0) as client:
+    with RingClient(seeds, timeout=timeout, rpc_timeout=1.0, tls=tls) as client:
         while True:
             client.refresh_ring()
             rows = client.stats()
@@ -58,14 +58,16 @@ def restart_node(cluster: LocalCluster, node_id: str, *, graceful: bool = True,
     """Restart one node and give it its share of the ring back; returns what was done."""
     process = cluster.restart(node_id, graceful=graceful, timeout=timeout)
     seeds = [n.address for n in cluster.nodes if n.alive()]
-    name = member_at(process.address, seeds, timeout)
+    client_tls = cluster.tls("client")
+    name = member_at(process.address, seeds, timeout, client_tls)
     from mapper import RingClient
-    with RingClient(seeds, timeout=timeout) as client:
+    with RingClient(seeds, timeout=timeout, tls=client_tls) as client:
         ring = client.refresh_ring()
     how = "left the ring and restarted" if graceful else "was killed and restarted"
     lines = [f"{node_id} {how} (pid {process.pid}); it serves as {name}"]
-    lines += carry_out(ring, plan_scale_out(ring, [name]), timeout=timeout)
-    wait_replicated(seeds, timeout)
+    lines += carry_out(ring, plan_scale_out(ring, [name]), timeout=timeout,
+                       tls=cluster.tls("operator"))
+    wait_replicated(seeds, timeout, client_tls)
     return lines
 
 

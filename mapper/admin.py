@@ -13,14 +13,17 @@ from node.core.errors import InvalidArgument
 from node.core.hashing import HASH_SPACE
 from node.core.ring import Ring
 from node.transport.status import error_from_rpc
+from node.transport.tls import TlsFiles
 
 
 def request_handoff(address: str, tokens, target: str = "", *, leave: bool = False,
-                    timeout: float = 30.0, split_at: int | None = None) -> floe_pb2.HandoffReply:
+                    timeout: float = 30.0, split_at: int | None = None,
+                    tls: TlsFiles | None = None) -> floe_pb2.HandoffReply:
     """Ask the node at `address` to hand `tokens` to `target` (or to leave, or to split
     its range at `split_at` and hand the tail to `target`); returns once the handoff
-    committed or was aborted."""
-    with grpc.insecure_channel(address) as channel:
+    committed or was aborted. `tls`: an operator's certificate, on a TLS ring."""
+    with (grpc.secure_channel(address, tls.channel_credentials()) if tls
+          else grpc.insecure_channel(address)) as channel:
         stub = floe_pb2_grpc.ControlPlaneStub(channel)
         try:
             if leave:
@@ -47,7 +50,8 @@ def parse_position(text: str) -> int:
     return pos
 
 
-def move(ring: Ring, node: str, pos: int, timeout: float = 30.0) -> str:
+def move(ring: Ring, node: str, pos: int, timeout: float = 30.0,
+         tls: TlsFiles | None = None) -> str:
     """`node` takes over the range containing `pos` from its current owner."""
     if node not in ring.nodes:
         raise InvalidArgument(f"{node!r} is not a member of ring v{ring.version}: "
@@ -56,14 +60,15 @@ def move(ring: Ring, node: str, pos: int, timeout: float = 30.0) -> str:
     owner = ring.owner_of_token(token)
     if owner == node:
         return f"{node} already owns the range of token {token:#x}"
-    reply = request_handoff(ring.address(owner), [token], node, timeout=timeout)
+    reply = request_handoff(ring.address(owner), [token], node, timeout=timeout, tls=tls)
     if not reply.accepted:
         raise InvalidArgument(f"{owner} did not hand token {token:#x} to {node}: {reply.detail}")
     return (f"{owner} handed the range ending at token {token:#x} to {node} "
             f"(ring v{reply.ring_version})")
 
 
-def split(ring: Ring, pos: int, node: str | None = None, timeout: float = 30.0) -> str:
+def split(ring: Ring, pos: int, node: str | None = None, timeout: float = 30.0,
+          tls: TlsFiles | None = None) -> str:
     """Cut the range holding `pos` at `pos`: its owner keeps (lo, pos] under the new
     token `pos`, the tail (pos, token] keeps the token; with `node`, the tail then goes
     to `node` live (to the owner's clockwise neighbour: "move my token back to pos")."""
@@ -76,7 +81,8 @@ def split(ring: Ring, pos: int, node: str | None = None, timeout: float = 30.0) 
     owner = ring.owner_of_token(token)
     if node == owner:
         raise InvalidArgument(f"{owner} owns the range already; give --to another node")
-    reply = request_handoff(ring.address(owner), [], node or "", timeout=timeout, split_at=pos)
+    reply = request_handoff(ring.address(owner), [], node or "", timeout=timeout, split_at=pos,
+                            tls=tls)
     if not reply.accepted:
         raise InvalidArgument(f"{owner} split at {pos:#x} but did not hand the tail to "
                               f"{node}: {reply.detail}")
@@ -110,7 +116,8 @@ def plan_scale_out(ring: Ring, newcomers: list[str],
     return plan
 
 
-def carry_out(ring: Ring, plan: dict[str, dict[int, str]], timeout: float = 60.0) -> list[str]:
+def carry_out(ring: Ring, plan: dict[str, dict[int, str]], timeout: float = 60.0,
+              tls: TlsFiles | None = None) -> list[str]:
     """Every donor hands its share at once (donors in parallel, one handoff each per
     target). Raises if any was aborted."""
     calls = []
@@ -124,7 +131,8 @@ def carry_out(ring: Ring, plan: dict[str, dict[int, str]], timeout: float = 60.0
         donor, by_target = call
         out = []
         for target, tokens in sorted(by_target.items()):
-            reply = request_handoff(ring.address(donor), tokens, target, timeout=timeout)
+            reply = request_handoff(ring.address(donor), tokens, target, timeout=timeout,
+                                    tls=tls)
             if not reply.accepted:
                 raise InvalidArgument(f"{donor} -> {target}: {reply.detail}")
             out.append(f"{donor} handed {len(tokens)} ranges to {target}")

@@ -32,6 +32,7 @@ from mapper.delivery import Delivery
 from mapper.outbox import PendingBatch
 from mapper.routing import Router
 from node.transport.status import error_from_rpc
+from node.transport.tls import TlsFiles
 
 _PLAIN_VALUES = frozenset((int, float, str, bytes, bool, type(None)))
 
@@ -71,14 +72,15 @@ class RingClient:
     """Push (key, value) tuples into a floe ring and query its state.
 
     `flush()` returns when every tuple emitted so far is acknowledged by its primary
-    and all its replicas. Not thread-safe: use one client per thread.
+    and all its replicas. Not thread-safe: use one client per thread. `tls`: the
+    client's certificate of the ring's CA when the nodes run TLS (`--tls-dir`).
     """
 
     def __init__(self, seeds: str | Iterable[str], *, source: str | None = None,
                  batch_size: int = 1000, linger: float = 0.05, window: int = 64,
                  max_pending_batches: int = 512, timeout: float = 60.0,
                  rpc_timeout: float = 5.0, expect_reducer: str | None = None,
-                 first_seq: int = 1) -> None:
+                 first_seq: int = 1, tls: TlsFiles | None = None) -> None:
         seeds = [s.strip() for s in (seeds.split(",") if isinstance(seeds, str) else seeds)
                  if s.strip()]
         if not seeds:
@@ -102,7 +104,8 @@ class RingClient:
         self._lock = threading.Lock()
         self._closed = False
         self._loop, self._thread = _client_loop()
-        self._delivery = Delivery(seeds, window, rpc_timeout, expect_reducer)
+        self._delivery = Delivery(seeds, window, rpc_timeout, expect_reducer,
+                                  tls.channel_credentials() if tls else None)
         try:
             ring = self._call(self._delivery.fetch_ring())
         except BaseException:

@@ -154,8 +154,9 @@ class Delivery:
     """Everything the mapper does on its event loop thread."""
 
     def __init__(self, seeds: list[str], window: int, rpc_timeout: float,
-                 expect_reducer: str | None) -> None:
+                 expect_reducer: str | None, credentials=None) -> None:
         self.seeds = seeds
+        self.credentials = credentials           # grpc.ChannelCredentials, or None
         self.window = window
         self.rpc_timeout = rpc_timeout
         self.ack_timeout = rpc_timeout
@@ -193,9 +194,12 @@ class Delivery:
     def channel(self, address: str) -> grpc.aio.Channel:
         channel = self.channels.get(address)
         if channel is None:
-            channel = self.channels[address] = grpc.aio.insecure_channel(
-                address, options=[("grpc.max_receive_message_length", 64 << 20),
-                                  ("grpc.max_send_message_length", 64 << 20)])
+            options = [("grpc.max_receive_message_length", 64 << 20),
+                       ("grpc.max_send_message_length", 64 << 20)]
+            channel = self.channels[address] = (
+                grpc.aio.secure_channel(address, self.credentials, options=options)
+                if self.credentials is not None
+                else grpc.aio.insecure_channel(address, options=options))
         return channel
 
     def data_stub(self, address: str) -> floe_pb2_grpc.DataPlaneStub:

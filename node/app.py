@@ -14,7 +14,7 @@ from node.core.reducers import load_reducer, parse_reducer_args
 from node.runtime.events import EventLog
 from node.runtime.node import NodeRuntime
 from node.transport.peers import PeerPool
-from node.transport.server import start_server
+from node.transport.server import node_tls, start_server
 
 log = logging.getLogger("floe.node")
 
@@ -38,7 +38,10 @@ async def start_node(config: NodeConfig) -> RunningNode:
     reducer = load_reducer(config.reducer, **parse_reducer_args(
         [f"{k}={v}" for k, v in config.reducer_args]))
     reducer.name = config.reducer
-    runtime = NodeRuntime(config, reducer, PeerPool(config.rpc_timeout, config.max_message_bytes),
+    tls = node_tls(config)
+    peers = PeerPool(config.rpc_timeout, config.max_message_bytes,
+                     tls.channel_credentials() if tls else None)
+    runtime = NodeRuntime(config, reducer, peers,
                           events=EventLog(config.events_file, config.node_id))
     server, health, port = await start_server(runtime)
     if config.listen.endswith(":0"):

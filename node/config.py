@@ -54,6 +54,8 @@ class NodeConfig:
     join: str = ""                               # seed host:port,...: join a running ring with no tokens
     startup_grace: float = 10.0                  # a starting node suspects a peer it never heard from only after this
     log_level: str = "INFO"
+    tls_dir: str = ""                            # ca.pem, <node-id>.pem/.key: mutual TLS on every call
+    insecure: bool = False                       # serve without TLS on a non-loopback address
     events_file: str = ""                        # JSON lines of protocol events (node.runtime.events)
 
     def __post_init__(self) -> None:
@@ -166,6 +168,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds before a starting node suspects a peer it has not heard from")
     _add_limits(p)
     p.add_argument("--log-level")
+    p.add_argument("--tls-dir",
+                   help="directory holding ca.pem and <node-id>.pem/.key (floe up --tls "
+                        "writes one): every call is mutual TLS, callers are authorised by "
+                        "their certificate's role")
+    p.add_argument("--insecure", action="store_true", default=None,
+                   help="allow serving without TLS on an address other than loopback")
     p.add_argument("--events-file",
                    help="append structured protocol events (detected, taken_over, handoff_*, "
                         "...) to this file as JSON lines")

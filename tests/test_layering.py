@@ -15,7 +15,8 @@ CORE_FORBIDDEN = ("asyncio", "grpc", "grpc_health", "floering", "socket", "subpr
                   "mapper", "chaos", "spark_driver")
 # What the mapper may use of the node: the shared wire vocabulary.
 MAPPER_ALLOWED_NODE = ("node.core.ring", "node.core.hashing", "node.core.batch", "node.core.codec",
-                       "node.core.errors", "node.core.epochs", "node.transport.status")
+                       "node.core.errors", "node.core.epochs", "node.transport.status",
+                       "node.transport.tls")
 
 
 def imports(path: Path) -> list[str]:

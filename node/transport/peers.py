@@ -25,16 +25,19 @@ def channel_options(max_message_bytes: int) -> list[tuple[str, int]]:
 
 
 class PeerPool:
-    def __init__(self, timeout: float, max_message_bytes: int) -> None:
+    def __init__(self, timeout: float, max_message_bytes: int, credentials=None) -> None:
         self.timeout = timeout
         self._options = channel_options(max_message_bytes)
+        self._credentials = credentials         # grpc.ChannelCredentials, or None
         self._channels: dict[str, grpc.aio.Channel] = {}
 
     def _channel(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
         if channel is None:
-            channel = self._channels[address] = grpc.aio.insecure_channel(
-                address, options=self._options)
+            channel = self._channels[address] = (
+                grpc.aio.secure_channel(address, self._credentials, options=self._options)
+                if self._credentials is not None
+                else grpc.aio.insecure_channel(address, options=self._options))
         return channel
 
     def _control(self, address: str) -> floe_pb2_grpc.ControlPlaneStub:

@@ -20,6 +20,20 @@ from node.runtime.node import NodeRuntime, StreamState
 from node.runtime.service import NodeService
 from node.transport.peers import channel_options
 from node.transport.status import abort
+from node.transport.tls import Authorizer, TlsFiles
+
+LOOPBACK = ("127.", "localhost:", "[::1]:")
+
+
+def node_tls(config) -> TlsFiles | None:
+    """The node's credentials, or None; refuses to serve in the clear on an address
+    other networks reach unless told to (--insecure)."""
+    if config.tls_dir:
+        return TlsFiles.in_dir(config.tls_dir, config.node_id.split("#", 1)[0])
+    if not config.listen.startswith(LOOPBACK) and not config.insecure:
+        raise ValueError(f"{config.listen} is not a loopback address: give --tls-dir, or "
+                         f"--insecure to serve every caller unauthenticated")
+    return None
 
 log = logging.getLogger("floe.transport")
 
@@ -192,14 +206,18 @@ class QueryPlane(floe_pb2_grpc.QueryPlaneServicer):
 async def start_server(runtime: NodeRuntime) -> tuple[grpc.aio.Server, health_aio.HealthServicer, int]:
     """Serve on runtime.config.listen; returns (server, health, bound port)."""
     service = NodeService(runtime)
-    server = grpc.aio.server(options=channel_options(runtime.config.max_message_bytes),
-                             maximum_concurrent_rpcs=runtime.config.max_concurrent_rpcs)
+    config = runtime.config
+    tls = node_tls(config)
+    server = grpc.aio.server(options=channel_options(config.max_message_bytes),
+                             maximum_concurrent_rpcs=config.max_concurrent_rpcs,
+                             interceptors=[Authorizer()] if tls else None)
     floe_pb2_grpc.add_DataPlaneServicer_to_server(DataPlane(service), server)
     floe_pb2_grpc.add_ControlPlaneServicer_to_server(ControlPlane(service), server)
     floe_pb2_grpc.add_QueryPlaneServicer_to_server(QueryPlane(service), server)
     health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    port = server.add_insecure_port(runtime.config.listen)
+    port = (server.add_secure_port(config.listen, tls.server_credentials()) if tls
+            else server.add_insecure_port(config.listen))
     if port == 0:
         raise OSError(f"cannot bind {runtime.config.listen}")
     await server.start()

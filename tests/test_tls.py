@@ -1,0 +1,135 @@
+"""Mutual TLS on a real cluster: who may call what is decided by the caller's
+certificate, not by a field of its message."""
+
+from collections import Counter
+
+import grpc
+import pytest
+
+from chaos.cluster import LocalCluster
+from floering.v1 import floe_pb2, floe_pb2_grpc
+from mapper import RingClient
+from node.config import NodeConfig
+from node.core.errors import Unavailable
+from node.transport.server import node_tls
+
+pytestmark = pytest.mark.multiprocess
+
+WORDS = [f"w{i % 37}" for i in range(3000)]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    with LocalCluster.up(3, 1, workdir=tmp_path_factory.mktemp("tls"), tls=True) as cluster:
+        yield cluster
+
+
+def channel(cluster, name: str | None, index: int = 0):
+    address = cluster.nodes[index].address
+    if name is None:
+        return grpc.insecure_channel(address)
+    return grpc.secure_channel(address, cluster.tls(name).channel_credentials())
+
+
+def status_of(call) -> grpc.StatusCode:
+    try:
+        call()
+    except grpc.RpcError as exc:
+        return exc.code()
+    return grpc.StatusCode.OK
+
+
+def test_a_client_with_its_certificate_pushes_and_queries_exactly(cluster):
+    with RingClient(cluster.seeds, tls=cluster.tls("client")) as client:
+        before = Counter(dict(client.scan()))
+        client.emit_many(WORDS)
+        client.flush()
+        assert Counter(dict(client.scan())) == before + Counter(WORDS)
+        assert client.get("w0") == before["w0"] + WORDS.count("w0")
+
+
+def test_without_a_certificate_nothing_gets_through(cluster):
+    with pytest.raises(Unavailable):
+        RingClient(cluster.seeds, timeout=2.0, rpc_timeout=0.5)
+    with channel(cluster, None) as plain:
+        stub = floe_pb2_grpc.ControlPlaneStub(plain)
+        assert status_of(lambda: stub.GetRing(floe_pb2.GetRingRequest(), timeout=2)) == \
+            grpc.StatusCode.UNAVAILABLE
+
+
+def test_each_role_may_call_only_its_own_methods(cluster):
+    with channel(cluster, "client") as c, channel(cluster, "operator") as o, \
+            channel(cluster, "n1") as n:
+        as_client, as_operator = floe_pb2_grpc.ControlPlaneStub(c), floe_pb2_grpc.ControlPlaneStub(o)
+        as_node = floe_pb2_grpc.ControlPlaneStub(n)
+        ring = as_client.GetRing(floe_pb2.GetRingRequest(), timeout=5)     # everyone reads
+        denied = grpc.StatusCode.PERMISSION_DENIED
+        # a client forging ring views, heartbeats or moves is refused by its certificate
+        assert status_of(lambda: as_client.ExchangeRing(ring, timeout=5)) == denied
+        assert status_of(lambda: as_client.Heartbeat(floe_pb2.HeartbeatRequest(
+            sender="n1", ring_stamp=1), timeout=5)) == denied
+        assert status_of(lambda: as_client.Move(floe_pb2.MoveRequest(
+            tokens=[1], target="n1"), timeout=5)) == denied
+        # an operator may not act as a node, a node not as an operator
+        assert status_of(lambda: as_operator.Heartbeat(floe_pb2.HeartbeatRequest(
+            sender="n1"), timeout=5)) == denied
+        assert status_of(lambda: as_node.Leave(floe_pb2.LeaveRequest(), timeout=5)) == denied
+        # a node's certificate names it: it may not speak as another node
+        assert status_of(lambda: as_node.Heartbeat(floe_pb2.HeartbeatRequest(
+            sender="n2", ring_stamp=1), timeout=5)) == denied
+        assert status_of(lambda: as_node.Heartbeat(floe_pb2.HeartbeatRequest(
+            sender="n1", ring_stamp=1), timeout=5)) == grpc.StatusCode.OK
+        # and an operator may split (a range of the node it talks to)
+        from node.core.ring import Ring
+        r = Ring.from_wire(ring.ring)
+        token = r.tokens_of(cluster.nodes[0].node_id)[0]
+        lo, _ = r.range_of_token(token)
+        reply = as_operator.Split(floe_pb2.SplitRequest(at=(lo + 1000) % 2 ** 64), timeout=10)
+        assert reply.accepted
+
+
+def test_a_killed_node_is_taken_over_over_tls(cluster):
+    victim = cluster.nodes[2]
+    with RingClient(cluster.seeds, tls=cluster.tls("client")) as client:
+        before = dict(client.scan())
+        client.emit_many(WORDS)
+        client.flush()
+    cluster.kill(victim.node_id)
+    with RingClient([n.address for n in cluster.nodes[:2]], tls=cluster.tls("client"),
+                    timeout=20.0) as client:
+        client.emit_many(WORDS)
+        client.flush()
+        assert dict(client.scan()) == Counter(before) + Counter(WORDS) + Counter(WORDS)
+
+
+def test_a_node_refuses_to_serve_in_the_clear_beyond_loopback():
+    config = NodeConfig(node_id="n0", listen="10.1.2.3:7000", peers=(("n0", "10.1.2.3:7000"),))
+    with pytest.raises(ValueError, match="--tls-dir"):
+        node_tls(config)
+    assert node_tls(NodeConfig(node_id="n0", listen="10.1.2.3:7000", insecure=True,
+                               peers=(("n0", "10.1.2.3:7000"),))) is None
+    assert node_tls(NodeConfig(node_id="n0", listen="127.0.0.1:7000",
+                               peers=(("n0", "127.0.0.1:7000"),))) is None
+
+
+def test_the_floe_command_runs_a_tls_ring_end_to_end(tmp_path):
+    import json
+    from tests.helpers import floe, floe_run
+    words = [("alpha", "beta", "gamma", "delta")[i % 4] for i in range(500)]
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(" ".join(words))
+    floe(tmp_path, "up", "--nodes", "3", "--replicas", "1", "--tls")
+    try:
+        assert (tmp_path / "floe-cluster" / "tls" / "ca.pem").exists()
+        floe(tmp_path, "feed", str(corpus))
+        assert floe(tmp_path, "get", "gamma").strip() == str(words.count("gamma"))
+        rows = json.loads(floe(tmp_path, "status", "--json"))["nodes"]
+        assert len(rows) == 3 and all("error" not in r for r in rows)
+        added = floe(tmp_path, "scale", "--add", "1")       # a new node's certificate too
+        assert "added n3" in added
+        assert floe(tmp_path, "get", "gamma").strip() == str(words.count("gamma"))
+        plain = floe_run(tmp_path, "--ring", rows[0]["address"], "--timeout", "3", "get",
+                         "gamma")
+        assert plain.returncode != 0                        # no certificate, no answer
+    finally:
+        floe(tmp_path, "down")
