@@ -1,11 +1,12 @@
 """Throughput and latency benchmark, measured side by side in one run.
 
-    python -m chaos.bench [--tuples 2000000] [--nodes 4]
+    python -m chaos.bench [--tuples 2000000] [--nodes 4] [--tls]
 
 Prints: the in-process ceiling (msgpack decode + reducer apply in one process), the
 feeder's own ceiling (route + batch + encode, no network), end-to-end throughput from
 one feeder process to N node processes with r=0 and r=1, and emit-to-acknowledged
-latency at half the measured r=1 throughput.
+latency at half the measured r=1 throughput; with --tls, r=1 again with mutual TLS on
+every call.
 """
 
 from __future__ import annotations
@@ -57,10 +58,11 @@ def ceiling_feeder(words: list[str], nodes: int, batch: int = 1000) -> float:
     return len(words) / (time.perf_counter() - started)
 
 
-def end_to_end(words: list[str], nodes: int, replicas: int) -> tuple[float, bool]:
+def end_to_end(words: list[str], nodes: int, replicas: int,
+               tls: bool = False) -> tuple[float, bool]:
     with tempfile.TemporaryDirectory(prefix="floe-bench-") as workdir:
-        with LocalCluster.up(nodes, replicas, workdir=workdir) as cluster:
-            with RingClient(cluster.seeds) as client:
+        with LocalCluster.up(nodes, replicas, workdir=workdir, tls=tls) as cluster:
+            with RingClient(cluster.seeds, tls=cluster.tls("client")) as client:
                 started = time.perf_counter()
                 for i in range(0, len(words), CHUNK):
                     client.emit_many(words[i:i + CHUNK])
@@ -70,11 +72,12 @@ def end_to_end(words: list[str], nodes: int, replicas: int) -> tuple[float, bool
     return rate, exact
 
 
-def latency(words: list[str], nodes: int, replicas: int, rate: float) -> tuple[float, float]:
+def latency(words: list[str], nodes: int, replicas: int, rate: float,
+            tls: bool = False) -> tuple[float, float]:
     """Feed at `rate` tuples/s; tuple-weighted p50/p99 of first-emit -> last-ack."""
     with tempfile.TemporaryDirectory(prefix="floe-bench-") as workdir:
-        with LocalCluster.up(nodes, replicas, workdir=workdir) as cluster:
-            with RingClient(cluster.seeds, linger=0.002) as client:
+        with LocalCluster.up(nodes, replicas, workdir=workdir, tls=tls) as cluster:
+            with RingClient(cluster.seeds, linger=0.002, tls=cluster.tls("client")) as client:
                 tick = 0.005
                 per_tick = max(1, int(rate * tick))
                 started = time.perf_counter()
@@ -101,6 +104,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tuples", type=int, default=2_000_000)
     parser.add_argument("--nodes", type=int, default=4)
+    parser.add_argument("--tls", action="store_true",
+                        help="also run r=1 with mutual TLS on every call, side by side")
     args = parser.parse_args(argv)
     words = corpus_words(args.tuples)
     print(f"workload: {len(words):,} words of the King James Bible (word count), "
@@ -119,7 +124,17 @@ def main(argv=None) -> int:
     p50, p99 = latency(words[: max(200_000, len(words) // 4)], args.nodes, 1, half)
     print(f"latency at {half / 1e6:.2f} M tuples/s (half load), r=1  : "
           f"p50 {p50 * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms (first emit -> acked by r+1)")
-    return 0 if exact0 and exact1 else 1
+    exact = exact0 and exact1
+    if args.tls:
+        rt, exact_tls = end_to_end(words, args.nodes, 1, tls=True)
+        print(f"end to end, r=1, mutual TLS            : {rt / 1e6:6.2f} M tuples/s "
+              f"(TLS / plain = {rt / r1:.2f}, exact={exact_tls})")
+        t50, t99 = latency(words[: max(200_000, len(words) // 4)], args.nodes, 1, half,
+                           tls=True)
+        print(f"latency at {half / 1e6:.2f} M tuples/s, r=1, mutual TLS : "
+              f"p50 {t50 * 1e3:.1f} ms, p99 {t99 * 1e3:.1f} ms")
+        exact = exact and exact_tls
+    return 0 if exact else 1
 
 
 if __name__ == "__main__":
