@@ -662,7 +662,11 @@ class Simulation:
         if batch is None or mapper.routed[batch_id][0] != stamp:
             return
         if mapper.outbox.acked(batch, node):
-            self.acked.update(decode_payload(batch.payload, batch.count)[0])
+            keys = decode_payload(batch.payload, batch.count)[0]
+            self.acked.update(keys)
+            for key in set(keys):
+                if self.acked[key] > self.sent[key]:
+                    raise AssertionError(f"{key} acknowledged more often than sent")
 
     def refresh_mapper(self, mapper: SimMapper) -> None:
         """As the client does: newest ring among reachable nodes; the outbox fits and
@@ -897,6 +901,8 @@ class Simulation:
 
     def check_invariants(self) -> None:
         touched, self.touched = self.touched, set()
+        if not touched:
+            return
         latest = self._latest()
         if latest is None:
             return
@@ -909,9 +915,6 @@ class Simulation:
                 for token in p.core.primaries:
                     if latest.owner_of_token(token) != p.name:
                         raise AssertionError(f"{p.name} applies token {token} it does not own")
-        for key, count in self.acked.items():
-            if count > self.sent[key]:
-                raise AssertionError(f"{key} acknowledged more often than sent")
 
     def under_replicated(self) -> dict[str, list[int]]:
         """Ranges of usable owners not yet on all their replicas."""
