@@ -63,11 +63,12 @@ def cmd_up(args) -> int:
     cluster = LocalCluster.up(args.nodes, args.replicas, base_port=args.base_port,
                               workdir=Path(args.cluster_file).resolve().parent,
                               reducer=args.reducer, tokens_per_node=args.tokens_per_node,
-                              extra_args=extra, tls=args.tls)
+                              extra_args=extra, tls=not args.insecure)
     for node in cluster.nodes:
         print(f"{node.node_id}  {node.address}  pid {node.pid}")
-    print(f"{len(cluster.nodes)} nodes serving, r={cluster.replicas}; recorded in "
-          f"{cluster.state_file}")
+    print(f"{len(cluster.nodes)} nodes serving, r={cluster.replicas}, "
+          + ("no TLS" if args.insecure else f"mutual TLS ({cluster.tls().ca.parent})")
+          + f"; recorded in {cluster.state_file}")
     return 0
 
 
@@ -239,9 +240,10 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--base-port", type=int, help="first port (default: any free ports)")
     up.add_argument("--reducer", default="count")
     up.add_argument("--tokens-per-node", type=int, default=8)
-    up.add_argument("--tls", action="store_true",
-                    help="write a throwaway CA and certificates (floe-cluster/tls/) and run "
-                         "every call over mutual TLS; the other commands find them there")
+    up.add_argument("--insecure", action="store_true",
+                    help="no TLS (default: a throwaway CA and certificates in "
+                         "floe-cluster/tls/, mutual TLS on every call; the other commands "
+                         "find them there)")
     up.add_argument("--checkpoint-interval", type=float)
     up.set_defaults(func=cmd_up)
 

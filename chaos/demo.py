@@ -35,6 +35,8 @@ def main(argv=None) -> int:
     parser.add_argument("--combine", action="store_true",
                         help="mappers sum counts per partition before sending")
     parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--insecure", action="store_true",
+                        help="run the ring without TLS (default: mutual TLS on every call)")
     parser.add_argument("--timeout", type=float, default=300.0,
                         help="give up waiting for the ring after this many seconds")
     args = parser.parse_args(argv)
@@ -54,15 +56,19 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="floe-demo-") as tmp:
         workdir = Path(tmp)
         started = time.perf_counter()
-        with LocalCluster.up(args.nodes, args.replicas, workdir=workdir) as cluster:
+        with LocalCluster.up(args.nodes, args.replicas, workdir=workdir,
+                             tls=not args.insecure) as cluster:
             print(f"ring: {args.nodes} nodes, r={args.replicas}, up in "
                   f"{time.perf_counter() - started:.1f}s "
-                  f"({', '.join(n.address for n in cluster.nodes)})")
+                  f"({', '.join(n.address for n in cluster.nodes)}), "
+                  + ("no TLS" if args.insecure else "mutual TLS on every call"))
             inbox = workdir / "inbox"
             inbox.mkdir()
             driver_args = ["--ring", ",".join(cluster.seeds), "--source", f"dir:{inbox}",
                            "--checkpoint", str(workdir / "checkpoint"), "--progress", "2",
                            "--max-files-per-trigger", "1"]
+            if cluster.tls() is not None:
+                driver_args += ["--tls-dir", str(cluster.tls().ca.parent)]
             if args.combine:
                 driver_args.append("--combine")
             print(f"spark-submit --master {args.master} spark_driver/driver.py "
@@ -86,7 +92,7 @@ def main(argv=None) -> int:
                 else:
                     print(f"recovery: no takeover of {victim}'s ranges was logged")
             print("top 20 words:")
-            with RingClient(cluster.seeds) as client:
+            with RingClient(cluster.seeds, tls=cluster.tls()) as client:
                 for word, count in client.top(20):
                     print(f"  {count:>7}  {word}")
     diff = {w for w in expected.keys() | got.keys() if expected.get(w) != got.get(w)}
@@ -148,7 +154,7 @@ def _wait(probe, timeout, spark):
 
 
 def _scan(cluster) -> dict:
-    with RingClient(cluster.seeds) as client:
+    with RingClient(cluster.seeds, tls=cluster.tls()) as client:
         return dict(client.scan())
 
 

@@ -20,10 +20,10 @@ _idle: dict[tuple, object] = {}          # key -> the flushed RingClient nobody 
 
 
 def acquire(seeds: tuple[str, ...], *, source: str, first_seq: int,
-            expect_reducer: str | None, batch_size: int):
+            expect_reducer: str | None, batch_size: int, tls_dir: str | None = None):
     """A RingClient for one task: the worker's idle one rebound, or a new one."""
-    from mapper import RingClient
-    key = (tuple(seeds), expect_reducer, batch_size)
+    from mapper import RingClient, TlsFiles
+    key = (tuple(seeds), expect_reducer, batch_size, tls_dir)
     with _lock:
         _forget_if_forked()
         client = _idle.pop(key, None)
@@ -34,14 +34,15 @@ def acquire(seeds: tuple[str, ...], *, source: str, first_seq: int,
         except Exception:
             _close_quietly(client)        # a dead ring or a stale client: start over
     return RingClient(list(seeds), source=source, first_seq=first_seq,
-                      expect_reducer=expect_reducer, batch_size=batch_size)
+                      expect_reducer=expect_reducer, batch_size=batch_size,
+                      tls=TlsFiles.in_dir(tls_dir, "client") if tls_dir else None)
 
 
 def release(client, seeds: tuple[str, ...], expect_reducer: str | None,
-            batch_size: int) -> None:
+            batch_size: int, tls_dir: str | None = None) -> None:
     """Keep a flushed client for the worker's next task. Only the latest one is
     kept (a worker feeds one ring), so a worker that saw many rings holds no more."""
-    key = (tuple(seeds), expect_reducer, batch_size)
+    key = (tuple(seeds), expect_reducer, batch_size, tls_dir)
     with _lock:
         _forget_if_forked()
         old = [c for c in _idle.values() if c is not client]

@@ -42,6 +42,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="spark_driver/driver.py",
                                 description=__doc__.splitlines()[0])
     p.add_argument("--ring", required=True, help="seed nodes host:port[,host:port...]")
+    p.add_argument("--tls-dir", help="the ring's ca.pem and client.pem/.key, when it runs "
+                                     "mutual TLS (floe up writes them to floe-cluster/tls/)")
     p.add_argument("--source", required=True,
                    help="dir:PATH (text files, watched), rate:ROWS_PER_SECOND, socket:HOST:PORT")
     p.add_argument("--map", dest="map_spec",
@@ -80,14 +82,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.map_spec = args.map_spec or (DEFAULT_RATE_MAP if kind == "rate" else DEFAULT_TEXT_MAP)
     load_map(args.map_spec)     # fail here, not in every task
     args.seeds = [s.strip() for s in args.ring.split(",") if s.strip()]
+    if args.tls_dir:
+        args.tls_dir = str(Path(args.tls_dir).resolve())    # the executors read it too
     return args
 
 
-def check_ring(seeds: list[str], reducer: str):
+def check_ring(seeds: list[str], reducer: str, tls_dir: str | None = None):
     """Refuse to start against a ring that is down or runs another reducer."""
-    from mapper import FloeError, RingClient
+    from mapper import FloeError, RingClient, TlsFiles
     try:
-        client = RingClient(seeds, expect_reducer=reducer, timeout=15, rpc_timeout=3)
+        tls = TlsFiles.in_dir(tls_dir, "client") if tls_dir else None
+    except FileNotFoundError as exc:
+        raise UsageError(f"--tls-dir: {exc}") from None
+    try:
+        client = RingClient(seeds, expect_reducer=reducer, timeout=15, rpc_timeout=3, tls=tls)
     except FloeError as exc:
         raise UsageError(f"cannot use the ring at {','.join(seeds)}: {exc}") from None
     return client
@@ -118,7 +126,7 @@ def build_session(args):
 
 
 def run(args) -> int:
-    ring = check_ring(args.seeds, args.reducer)
+    ring = check_ring(args.seeds, args.reducer, args.tls_dir)
     print(f"ring: {len(ring.ring.nodes)} nodes, reducer {ring.reducer}, version "
           f"{ring.ring.version}", flush=True)
     spark = build_session(args)
@@ -128,7 +136,7 @@ def run(args) -> int:
         print(f"no --checkpoint: using {checkpoint}; a restarted driver would start over",
               file=sys.stderr, flush=True)
     sink = RingSink(seeds=tuple(args.seeds), map_spec=args.map_spec, reducer=args.reducer,
-                    combine=args.combine, batch_size=args.batch_size,
+                    combine=args.combine, batch_size=args.batch_size, tls_dir=args.tls_dir,
                     fail_once=args.inject_task_failure, hang_once=args.inject_hang)
     writer = (read_stream(spark, args).writeStream.foreachBatch(sink)
               .option("checkpointLocation", checkpoint).queryName("floe_ring"))

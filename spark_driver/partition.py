@@ -30,6 +30,7 @@ class PartitionConfig:
     reducer: str | None = None      # the reducer the ring must run (checked again here)
     combine: bool = False           # sum values per key within a partition first
     batch_size: int = 2000
+    tls_dir: str | None = None      # the ring's client certificate (ca.pem, client.pem/.key)
     # Fault injection for tests: the first task to create this file fails (or hangs)
     # after half its partition is on the ring.
     fail_once: str | None = None
@@ -57,7 +58,8 @@ def write_partition(config: PartitionConfig, batch_id: int, partition_id: int, r
         half = len(rows) // 2
     client = connections.acquire(config.seeds, source=epoch_source(config.query_id, partition_id),
                                  first_seq=epoch_seq(batch_id, 0),
-                                 expect_reducer=config.reducer, batch_size=config.batch_size)
+                                 expect_reducer=config.reducer, batch_size=config.batch_size,
+                                 tls_dir=config.tls_dir)
     try:
         emitter = _Emitter(client, config.combine)
         for n, row in enumerate(rows):
@@ -71,7 +73,8 @@ def write_partition(config: PartitionConfig, batch_id: int, partition_id: int, r
     except BaseException:
         connections.discard(client)
         raise
-    connections.release(client, config.seeds, config.reducer, config.batch_size)
+    connections.release(client, config.seeds, config.reducer, config.batch_size,
+                        config.tls_dir)
     return emitter.emitted
 
 

@@ -118,7 +118,7 @@ def test_the_floe_command_runs_a_tls_ring_end_to_end(tmp_path):
     words = [("alpha", "beta", "gamma", "delta")[i % 4] for i in range(500)]
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(" ".join(words))
-    floe(tmp_path, "up", "--nodes", "3", "--replicas", "1", "--tls")
+    floe(tmp_path, "up", "--nodes", "3", "--replicas", "1")            # TLS by default
     try:
         assert (tmp_path / "floe-cluster" / "tls" / "ca.pem").exists()
         floe(tmp_path, "feed", str(corpus))
