@@ -19,7 +19,7 @@ def autoscale_loop(cluster, *, seconds: float, min_nodes: int, max_nodes: int,
     changes = [] if changes is None else changes
     started = time.monotonic()
     last = float("-inf")
-    with RingClient(cluster.seeds, timeout=30) as client:
+    with RingClient(cluster.seeds, timeout=30, tls=cluster.tls()) as client:
         while time.monotonic() - started < seconds and not (until and until(changes)):
             time.sleep(interval)
             if time.monotonic() - last < cooldown:
@@ -46,7 +46,7 @@ def autoscale_loop(cluster, *, seconds: float, min_nodes: int, max_nodes: int,
                 load = {s["node_id"]: {int(t): v for t, v in msgpack.unpackb(
                     s["load"], strict_map_key=False).items()}
                     for s in client.stats() if "error" not in s and s.get("load")}
-                carry_out(ring, plan_scale_out(ring, names, load))
+                carry_out(ring, plan_scale_out(ring, names, load), tls=cluster.tls("operator"))
                 changes.append((at, f"added {names[0]}"))
             else:
                 cluster.remove(node)
