@@ -185,6 +185,7 @@ def test_main_job_kills_a_node_and_stays_exact(tmp_path):
         raise AssertionError("the main job timed out:\n" + out)
     assert demo.returncode == 0, out
     assert "SIGKILL n2" in out and "recovery:" in out and "top 20 words:" in out
+    assert "mutual TLS on every call" in out and "--tls-dir" in out   # secured by default
     assert "exact: the ring's" in out
 
 
