@@ -225,3 +225,20 @@ def test_an_idle_member_is_watched_by_exactly_one_sponsor_and_declared_dead_when
     # Declared dead, it leaves the ring; nothing else changes owner.
     after = c.ring.without(["z9"])
     assert "z9" not in after.nodes and after.owners == c.ring.owners
+
+
+def test_a_replica_pushed_in_and_out_again_before_it_was_filled_is_no_heir():
+    # n3 hands its token to n0: n0 becomes the (still empty) replica of n2's range and
+    # n3 keeps its complete copy as a holding extra. Then n0 hands that token on to a
+    # newcomer, pushing n0 out of n2's walk before n2 ever filled it. When n2 dies its
+    # range must go to n3, which holds it, not to n0, which holds nothing.
+    from node.core.handoff import commit_ring
+    from node.core.ring import Ring
+    ring = Ring.initial({f"n{i}": f"a:{i}" for i in range(4)}, 1, 1)
+    a, b, c, d = ring.tokens
+    first = commit_ring(ring, {d: "n0"})
+    assert ("n3" in first.extras_of(c)) and (c, "n3") in first.retiring
+    joined = first.add_node("n9", "a:9", ())
+    second = commit_ring(joined, {d: "n9"})
+    assert (c, "n0") not in second.retiring and (c, "n3") in second.retiring
+    assert second.remove_node("n2").owner_of_token(c) == "n3"

@@ -179,8 +179,14 @@ def commit_ring(ring: Ring, moves: dict[int, str]) -> Ring:
                    and (token, x) not in ring.retiring}
         if keep != list(committed.extras_of(token)) or demoted:
             retiring[token] = keep
-            holding |= {(token, x) for x in leaving | demoted} | {
-                (t, x) for t, x in ring.retiring if t == token and x in keep}
+            held = {(t, x) for t, x in ring.retiring if t == token and x in keep}
+            if token in moves or not held:
+                holding |= {(token, x) for x in leaving | demoted}
+            # else: the token still keeps former holders, so its owner has not filled
+            # its regular replicas yet; one the move pushes out may hold nothing, and
+            # marking it would let the owner's death hand the range to it (lost) rather
+            # than to a holder.
+            holding |= held
     ring = committed.with_extras(retiring, holding) if retiring else committed
     return ring.with_version(committed.version)
 
