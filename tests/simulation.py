@@ -39,7 +39,7 @@ from node.core.membership import base_name, decide_start, ready_to_decide
 from node.core.node_core import NodeCore
 from node.core.reducers import load_reducer
 from node.core.ring import Ring
-from node.core.ring_merge import MAX_VERSION_STEP
+from chaos.hostile import forged_views
 from node.core.shedding import PeerLoad, shed_reach
 
 HEARTBEAT = 0.05
@@ -851,14 +851,7 @@ class Simulation:
         proc = self.process(name)
         if proc is None or not self._usable(proc):
             return
-        ring = proc.core.ring
-        victim = ring.nodes[0]
-        forged = {"replication": lambda: replace(ring, replication=ring.replication + 1),
-                  "address": lambda: replace(ring, addresses=tuple(
-                      (n, "sim:mallory" if n == victim else a) for n, a in ring.addresses)),
-                  "version": lambda: ring}[kind]()
-        step = MAX_VERSION_STEP + 1 if kind == "version" else 1
-        forged = forged.with_version(ring.version + step)
+        forged = forged_views(proc.core.ring)[kind]
         try:
             self.handle(proc, RingSeen(forged))
         except InvalidArgument:

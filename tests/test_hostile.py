@@ -10,6 +10,7 @@ import msgpack
 import pytest
 
 from chaos.cluster import LocalCluster
+from chaos.hostile import forged_views
 from floering.v1 import floe_pb2, floe_pb2_grpc
 from mapper import RingClient
 from node.core.batch import Batch, encode_payload
@@ -123,10 +124,7 @@ def test_forged_ring_views_are_refused_and_the_ring_keeps_serving(cluster):
         client.flush()
         ring = client.ring
     node = cluster.nodes[0]
-    forged = [replace(ring, replication=0).with_version(ring.version + 1),
-              ring.with_version(ring.version + MAX_VERSION_STEP + 1),
-              Ring.initial({**dict(ring.addresses), "n1": "127.0.0.1:1"}, 1,
-                           len(ring.tokens_of("n1"))).with_version(ring.version + 1)]
+    forged = list(forged_views(ring).values())
     with grpc.insecure_channel(node.address) as channel:
         stub = floe_pb2_grpc.ControlPlaneStub(channel)
         for view in forged:

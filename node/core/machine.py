@@ -312,6 +312,8 @@ class NodeMachine:
         core = self.core
         for token in event.tokens:
             core.checkpoint_done(token)
+        # failure counts of ranges we no longer own go with them: the map stays bounded
+        self.failing = {k: n for k, n in self.failing.items() if k[0] in core.primaries}
         h = self.handoff
         busy = h.moves if h is not None and h.state == HandoffState.PREPARED else ()
         retired = retired_extras(core, busy)

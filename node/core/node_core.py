@@ -357,9 +357,7 @@ class NodeCore:
 
     def top(self, k: int) -> list[tuple[object, object, object]]:
         self._check_complete()
-        sort_key = self.reducer.sort_key
-        best = heapq.nlargest(k, self.items(), key=lambda item: sort_key(item[1]))
-        return [(key, state, sort_key(state)) for key, state in best]
+        return self.rank(k, self.items())
 
     def items(self) -> Iterator[tuple[object, object]]:
         for rng in self.primaries.values():
@@ -380,8 +378,7 @@ class NodeCore:
 
     def snapshot_items(self) -> list[tuple[object, object]]:
         """A consistent copy, safe to stream while batches keep being applied."""
-        self._check_complete()
-        return [item for rng in self.primaries.values() for item in rng.state.snapshot().items()]
+        return [item for snapshot in self.range_snapshots() for item in snapshot.items()]
 
     def inspect_range(self, token: int) -> tuple[str, dict]:
         if token in self.primaries:
