@@ -25,8 +25,22 @@ class RunningNode:
     def __init__(self, runtime, server, health, port):
         self.runtime, self.server, self.health, self.port = runtime, server, health, port
         self.address = runtime.config.listen
+        self._reporting = asyncio.create_task(self._report_health())
+
+    async def _report_health(self) -> None:
+        """Keep the health status in step with the node: NOT_SERVING while it is
+        fenced and not yet back in the ring as a new member."""
+        status = health_pb2.HealthCheckResponse
+        shown = True                      # start_node set it once the node started
+        while True:
+            serving = self.runtime.serving
+            if serving != shown:
+                await self.health.set("", status.SERVING if serving else status.NOT_SERVING)
+                shown = serving
+            await asyncio.sleep(0.1)
 
     async def stop(self) -> None:
+        self._reporting.cancel()
         await self.health.enter_graceful_shutdown()   # health checks now say NOT_SERVING
         await self.server.stop(self.runtime.config.shutdown_grace)
         await self.runtime.stop()                      # drain queue, final checkpoint

@@ -25,6 +25,7 @@ class NodeConfig:
     reducer_args: tuple[tuple[str, str], ...] = ()
     checkpoint_interval: float = 0.2             # seconds; short keeps backups and replay small
     queue_batches: int = 256                     # inbound queue bound; full queue slows senders
+    max_inbound_bytes: int = 256 << 20           # bytes of batches queued to apply, at most
     max_batch_bytes: int = 4 << 20               # larger batches are refused RESOURCE_EXHAUSTED
     max_message_bytes: int = 64 << 20            # gRPC message limit (scan chunks, full checkpoints)
     max_source_bytes: int = 256                  # a longer source id is refused RESOURCE_EXHAUSTED
@@ -33,8 +34,12 @@ class NodeConfig:
     stream_window: int = 64                      # Push requests read ahead of the acks sent back
     max_concurrent_rpcs: int = 1000              # more at once are refused RESOURCE_EXHAUSTED
     max_tokens: int = 4096                       # splits stop when the ring has this many tokens
+    max_splits_per_minute: int = 60              # splits a node makes in a minute, at most
     max_handoff_timeout: float = 600.0           # a move, split or leave asks at most this long
     max_backup_bytes: int = 1 << 30              # batches held for other primaries, at most
+    backup_expiry: float = 300.0                 # a backed-up batch its primary never applied is dropped
+    max_sources_per_range: int = 4096            # dedup watermarks per range; more sources refused
+    source_expiry: float = 7 * 86400.0           # a source idle this long loses its watermark
     rpc_timeout: float = 2.0                     # deadline on every outbound call, seconds
     shutdown_grace: float = 2.0                  # seconds in-flight RPCs get on SIGTERM
     leave_on_sigterm: bool = False               # SIGTERM hands every range over, then exits
@@ -83,6 +88,17 @@ class NodeConfig:
             raise ValueError("startup_grace must be >= 0")
         if self.queue_batches < 1 or self.max_batch_bytes < 1:
             raise ValueError("queue_batches and max_batch_bytes must be >= 1")
+        if self.max_inbound_bytes < self.max_batch_bytes:
+            raise ValueError("max_inbound_bytes must be at least max_batch_bytes")
+        if self.max_splits_per_minute < 1:
+            raise ValueError("max_splits_per_minute must be >= 1")
+        if self.max_sources_per_range < 1:
+            raise ValueError("max_sources_per_range must be >= 1")
+        for name in ("backup_expiry", "source_expiry"):
+            # Both must outlast any resend and any queue: an expiry cut short drops
+            # or double-counts what a slow sender still holds.
+            if not getattr(self, name) >= 60:       # NaN fails too
+                raise ValueError(f"{name} must be at least 60 seconds")
 
 
 def _check_address(address: str) -> None:
@@ -191,11 +207,26 @@ def _add_limits(p: argparse.ArgumentParser) -> None:
                    help="calls served at once; more are refused RESOURCE_EXHAUSTED (default 1000)")
     p.add_argument("--max-tokens", type=int,
                    help="no split once the ring has this many tokens (default 4096)")
+    p.add_argument("--max-splits-per-minute", type=int,
+                   help="splits a node makes in any minute, asked for or to shed load; more "
+                        "are refused RESOURCE_EXHAUSTED (default 60)")
     p.add_argument("--max-backup-bytes", type=int,
                    help="bytes of batches a replica holds until checkpoints cover them; "
                         "past it, batches are refused RESOURCE_EXHAUSTED (default 1 GiB)")
     p.add_argument("--max-handoff-timeout", type=float,
                    help="longest timeout a move, split or leave may ask, seconds (default 600)")
+    p.add_argument("--max-inbound-bytes", type=int,
+                   help="bytes of batches queued to apply; a full queue stops reading the "
+                        "senders' streams (backpressure) (default 256 MiB)")
+    p.add_argument("--max-sources-per-range", type=int,
+                   help="sources whose dedup watermark a range keeps; a new one past it is "
+                        "refused RESOURCE_EXHAUSTED (default 4096)")
+    p.add_argument("--source-expiry", type=float,
+                   help="seconds a source may stay idle before its watermarks are dropped; "
+                        "it must outlast any resend (default 604800, a week)")
+    p.add_argument("--backup-expiry", type=float,
+                   help="seconds after which a backed-up batch its primary still has not "
+                        "applied is dropped (default 300)")
     p.add_argument("--stream-window", type=int,
                    help="Push requests read ahead of the acknowledgements sent back; a "
                         "client that does not read its acks is not read either (default 64)")

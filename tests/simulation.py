@@ -450,7 +450,7 @@ class Simulation:
                 self.handle(server, HeardFrom(me, e.ring_stamp, incarnation))
                 return server.core.receive_checkpoint(
                     me, e.ring_stamp, cp.token, cp.seq, s.base_seq, cp.full,
-                    dict(cp.states), dict(cp.watermarks))
+                    dict(cp.states), dict(cp.watermarks), self.now)
 
             self.call(proc, address, serve,
                       lambda reply, s=s: answered(CheckpointAcked(
@@ -644,7 +644,7 @@ class Simulation:
     def _apply_batch(self, proc, mapper, dest, batch_id, stamp, fields, link, stream,
                      index) -> None:
         try:
-            result = proc.core.receive_batch(Batch(**fields))
+            result = proc.core.receive_batch(Batch(**fields), self.now)
         except FloeError as exc:
             self._kill_stream(link, stream, index + 1)
             if isinstance(exc, StaleRing):

@@ -12,7 +12,8 @@ from node.core.batch import Batch, encode_payload, encode_seqs
 from node.core.errors import FloeError
 from node.core.handoff import HandoffState
 from node.core.reducers import load_reducer
-from node.runtime.node import NodeRuntime, StreamState
+from node.runtime.inbound import StreamState
+from node.runtime.node import NodeRuntime
 from node.runtime.peers import Network
 from node.runtime.service import NodeService
 from node.runtime.events import EventLog

@@ -25,6 +25,7 @@ class BackupEntry:
     count: int
     payload: bytes
     seqs: bytes
+    stored_at: float = 0.0      # when the replica received it (expiry of the unapplied)
 
     @property
     def nbytes(self) -> int:
@@ -57,6 +58,24 @@ class BackupStore:
         for source, queue in list(per_source.items()):
             mark = effective_mark(watermarks, source)
             while queue and queue[0].last_seq <= mark:
+                entry = queue.popleft()
+                dropped += entry.count
+                self.bytes -= entry.nbytes
+            if not queue:
+                del per_source[source]
+        self.tuples -= dropped
+        return dropped
+
+    def expire(self, token: int, watermarks: dict[str, int], before: float) -> int:
+        """Drop the batches received before `before` that the watermarks still do not
+        cover: their primary never applied them (it refused them, or never got them
+        and its sender resends). Returns the number of tuples dropped."""
+        per_source = self._entries.get(token)
+        if not per_source:
+            return 0
+        dropped = 0
+        for source, queue in list(per_source.items()):
+            while queue and queue[0].stored_at < before:
                 entry = queue.popleft()
                 dropped += entry.count
                 self.bytes -= entry.nbytes
@@ -126,5 +145,6 @@ def split_entry(entry: BackupEntry, part_of, whole: int) -> dict[int, BackupEntr
     if all(p == parts[0] for p in parts):
         return {parts[0]: entry}
     grouped = group_by_part(parts, keys, values, seqs)
-    return {part: BackupEntry(s[0], s[-1], len(s), encode_payload(k, v), encode_seqs(s))
+    return {part: BackupEntry(s[0], s[-1], len(s), encode_payload(k, v), encode_seqs(s),
+                              entry.stored_at)
             for part, (k, v, s) in grouped.items()}

@@ -44,6 +44,9 @@ class Limits:
     max_batch_tuples: int = 100_000
     max_source_bytes: int = 256
     max_backup_bytes: int = 1 << 30     # batches a replica holds until checkpoints cover them
+    max_sources_per_range: int = 4096   # dedup watermarks a range keeps
+    source_expiry: float = 7 * 86400.0  # a source idle this long loses its watermark
+    backup_expiry: float = 300.0        # a backed-up batch its primary never applied goes
 
 
 def encode_payload(keys: list, values: list) -> bytes:

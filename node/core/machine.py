@@ -14,11 +14,12 @@ discarded by value, never applied to the member that replaced it.
 from __future__ import annotations
 
 import logging
+from collections import deque
 from typing import Callable
 
 from node.core.detector import (ALIVE, DEAD, REFUSED, SUSPECT, FailureDetector, combine,
                                 indirect_via)
-from node.core.errors import InvalidArgument, TooLarge
+from node.core.errors import InvalidArgument, Overloaded, TooLarge, inert
 from node.core.handoff import (Handoff, HandoffState, leave_moves, retired_extras,
                                split_ring)
 from node.core.load import LoadMonitor
@@ -48,7 +49,8 @@ SETTLE_SECONDS = 5.0
 class NodeMachine:
     def __init__(self, core: NodeCore, incarnation: int, detector: FailureDetector,
                  load: LoadMonitor, make_core: Callable[[str, Ring], NodeCore],
-                 listen: str = "", balance: bool = False, max_tokens: int = 4096) -> None:
+                 listen: str = "", balance: bool = False, max_tokens: int = 4096,
+                 max_splits_per_minute: int = 60) -> None:
         self.core = core
         self.incarnation = incarnation
         self.detector = detector
@@ -57,6 +59,8 @@ class NodeMachine:
         self.listen = listen
         self.balance = balance
         self.max_tokens = max_tokens     # splits stop there: a ring's size is bounded
+        self.max_splits_per_minute = max_splits_per_minute
+        self._split_times: deque[float] = deque()   # splits of the last minute
         self.epoch = 0
         self.stimuli = 0                 # events handled so far: names each one
         self._stimulus = ""
@@ -273,8 +277,12 @@ class NodeMachine:
 
     def _checkpoint_due(self, event: CheckpointDue, now: float, out: list) -> None:
         core = self.core
+        expired = core.expire_idle_sources(now)
+        if expired:
+            out.append(Note(f"forgot the dedup watermarks of {len(expired)} sources idle "
+                            f"for --source-expiry: {inert(', '.join(expired))}"))
         behind = bool(core.under_replicated())
-        shipments = tuple(core.plan_checkpoints())
+        shipments = tuple(core.plan_checkpoints(now))
         ring = core.ring
         out.append(ShipCheckpoints(
             shipments, tuple(ring.address(s.replica) for s in shipments), ring.stamp,
@@ -428,9 +436,17 @@ class NodeMachine:
         if len(core.ring.tokens) >= self.max_tokens:
             raise TooLarge(f"the ring has {len(core.ring.tokens)} tokens, the limit "
                            f"(--max-tokens); no more splits")
+        recent = self._split_times
+        while recent and recent[0] <= now - 60:
+            recent.popleft()
+        if len(recent) >= self.max_splits_per_minute:
+            # Every split is a ring change gossiped to all: bounded like any load.
+            raise Overloaded(f"{len(recent)} splits in the last minute, the limit "
+                             f"(--max-splits-per-minute); try again later")
         token, split = split_ring(core.ring, core.node_id, event.position, core.fenced)
         if self.handoff is not None and token in self.handoff.moves:
             raise InvalidArgument(f"token {token:#x} is being handed off")
+        recent.append(now)
         self._adopt(split, now, out)
         out.append(Gossip())
         out.append(self._record("split", f"split the range of token {token:#x} at "

@@ -68,7 +68,7 @@ class NodeCore:
         self.positions = PositionLoad()              # where inside each range the load sits
         self.counters = dict(applied=0, duplicates=0, refused=0, backed_up=0,
                              checkpoints_shipped=0, checkpoints_received=0, takeovers=0,
-                             handed_off=0)
+                             handed_off=0, sources_expired=0)
         for token in ring.tokens_of(node_id):
             self.primaries[token] = PrimaryRange(token, reducer)
         if ring.pristine:
@@ -100,7 +100,7 @@ class NodeCore:
                 continue
             rng = PrimaryRange(token, self.reducer)
             if self.replicas.is_complete(token) and token not in new.lost:
-                state, watermarks = self.replicas.rebuild(token)
+                state, watermarks = self.replicas.rebuild(token, self._keys_of(token))
                 rng.state.replace(state)
                 rng.watermarks = watermarks
                 taken.append(token)
@@ -202,14 +202,14 @@ class NodeCore:
 
     # ------------------------------------------------------------- data path
 
-    def receive_batch(self, b: Batch) -> PushResult:
+    def receive_batch(self, b: Batch, now: float = 0.0) -> PushResult:
         try:
             newest = self.streams.get(b.source, 0)
             if b.stream < newest:
                 raise StaleRing(f"batch from {b.source}'s stream {b.stream}, which stream "
                                 f"{newest} replaced")
             result = self._receive_batch(b.ring_stamp, b.token, b.source, b.first_seq,
-                                         b.last_seq, b.count, b.payload, b.seqs)
+                                         b.last_seq, b.count, b.payload, b.seqs, now)
             # Recorded once accepted: a refused batch must not retire anyone's stream.
             self.streams[b.source] = b.stream
             return result
@@ -218,7 +218,7 @@ class NodeCore:
             raise
 
     def _receive_batch(self, ring_version, token, source, first_seq, last_seq, count,
-                       payload, seqs) -> PushResult:
+                       payload, seqs, now) -> PushResult:
         ring = self.ring
         self._check_started()
         if self.fenced:
@@ -246,7 +246,8 @@ class NodeCore:
                 self._verify_all(token, keys if self.verify_keys else state.unknown(keys))
                 self.positions.record(token, keys)
             applied, dups = self.primaries[token].apply(
-                source, first_seq, last_seq, count, payload, seqs, verify=check)
+                source, first_seq, last_seq, count, payload, seqs, verify=check, now=now,
+                max_sources=self.limits.max_sources_per_range)
             self.counters["applied"] += applied
             self.counters["duplicates"] += dups
             self.applied_by_token[token] = self.applied_by_token.get(token, 0) + applied
@@ -254,12 +255,16 @@ class NodeCore:
         if role == "replica":
             stored, dups = self.replicas.store(
                 token, ring.owner_of_token(token), source,
-                BackupEntry(first_seq, last_seq, count, payload, seqs),
+                BackupEntry(first_seq, last_seq, count, payload, seqs, now),
                 self.limits.max_backup_bytes)
             self.counters["backed_up"] += stored
             return PushResult(stored, dups)
         raise StaleRing(f"node {self.node_id} is not a destination of token {token} "
                         f"in ring version {ring.version}")
+
+    def _keys_of(self, token: int):
+        """A check that every key given belongs to `token` in our ring."""
+        return lambda keys: self._verify_all(token, keys)
 
     def _verify_all(self, token: int, keys) -> None:
         token_for_key = self.ring.token_for_key
@@ -269,19 +274,21 @@ class NodeCore:
 
     # ----------------------------------------------------------- checkpoints
 
-    def plan_checkpoints(self) -> list[Shipment]:
+    def plan_checkpoints(self, now: float | None = None) -> list[Shipment]:
         """Cut a checkpoint of every primary range that changed (or has a replica that
-        needs a full copy) and say what to ship where. Processing goes on meanwhile
-        into fresh active layers; call `checkpoint_done(token)` after shipping."""
+        needs a full copy; or, given `now`, had none for --backup-expiry seconds) and
+        say what to ship where. Processing goes on meanwhile into fresh active layers;
+        call `checkpoint_done(token)` after shipping."""
         shipments = []
+        refresh = self.limits.backup_expiry
         for token, rng in self.primaries.items():
             if rng.state.inactive is not None:
                 continue  # the previous checkpoint of this range is still in flight
             replicas = self.ring.replicas_of_token(token)
             behind = [r for r in replicas if rng.replica_seq.get(r) != rng.checkpoint_seq]
-            if not rng.has_changes() and not behind:
+            if not rng.has_changes(now, refresh if replicas else 0) and not behind:
                 continue
-            delta = rng.cut_checkpoint()
+            delta = rng.cut_checkpoint(now or 0.0)
             full = None
             for replica in replicas:
                 base = rng.replica_seq.get(replica)
@@ -316,7 +323,7 @@ class NodeCore:
 
     def receive_checkpoint(self, sender: str, ring_version: int, token: int, seq: int,
                            base_seq: int, full: bool, states: dict,
-                           watermarks: dict[str, int]) -> tuple[bool, int]:
+                           watermarks: dict[str, int], now: float = 0.0) -> tuple[bool, int]:
         ring = self.ring
         self._check_started()
         if self.fenced:
@@ -329,7 +336,16 @@ class NodeCore:
             raise StaleRing(f"{self.node_id} does not back up token {token} of {sender}")
         self.counters["checkpoints_received"] += 1
         return self.replicas.apply_checkpoint(token, sender, seq, base_seq, full, states,
-                                              watermarks)
+                                              watermarks, now, self.limits.backup_expiry)
+
+    def expire_idle_sources(self, now: float) -> list[str]:
+        """Forget the dedup watermarks of sources idle for --source-expiry seconds in
+        every owned range (the next checkpoints tell the replicas)."""
+        expired = set()
+        for rng in self.primaries.values():
+            expired.update(rng.expire_idle(now, self.limits.source_expiry))
+        self.counters["sources_expired"] += len(expired)
+        return sorted(expired)
 
     # --------------------------------------------------------------- queries
 
@@ -384,7 +400,7 @@ class NodeCore:
         if token in self.primaries:
             return "primary", self.primaries[token].state.snapshot()
         if token in self.replicas.ranges or token in self.replicas.backups.tokens():
-            return "replica", self.replicas.rebuild(token)[0]
+            return "replica", self.replicas.rebuild(token, self._keys_of(token))[0]
         return "", {}
 
     def stats(self) -> dict:
@@ -393,6 +409,7 @@ class NodeCore:
             keys=sum(len(r.state) for r in self.primaries.values()),
             backup_tuples=self.replicas.backups.tuples,
             backup_bytes=self.replicas.backups.bytes,
+            backups_expired=self.replicas.expired,
             ring_version=self.ring.version,
             ring_share=self.ring.share_of(self.node_id),
             lost_ranges=len(self.lost_tokens),

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from node.core.backup_store import BackupEntry, BackupStore
 from node.core.batch import decode_payload, decode_seqs
 from node.core.dedup import first_new_index
-from node.core.epochs import effective_mark, raise_floor, replay_order
-from node.core.errors import FloeError, Overloaded
+from node.core.epochs import effective_mark, floor_key, raise_floor, replay_order
+from node.core.errors import FloeError, Overloaded, TooLarge
 from node.core.reducers import Reducer
 from node.core.state_store import LayeredState, ReplicaState
 
@@ -45,13 +45,18 @@ class PrimaryRange:
         self.ack_floor: dict[str, int] = {}
         self.min_ack = 0
         self._forced = False
+        # When each source (and epoch group floor) last had a tuple applied here, for
+        # expiring idle ones. Not checkpointed: a new primary counts from its takeover.
+        self.last_seen: dict[str, float] = {}
+        self.cut_at = 0.0                 # when the last checkpoint was cut
 
     def force_checkpoint(self) -> None:
         """Cut a checkpoint next round even if nothing changed (a handoff's final one)."""
         self._forced = True
 
     def apply(self, source: str, first_seq: int, last_seq: int, count: int,
-              payload: bytes, seqs: bytes, verify=None) -> tuple[int, int]:
+              payload: bytes, seqs: bytes, verify=None, now: float = 0.0,
+              max_sources: int = 1 << 62) -> tuple[int, int]:
         """Apply a batch; return (applied, duplicates). Raises before changing anything
         when the batch is malformed. `verify(keys)` may refuse keys outside the range."""
         mark = effective_mark(self.watermarks, source)
@@ -59,6 +64,11 @@ class PrimaryRange:
                                 lambda: decode_seqs(first_seq, last_seq, count, seqs))
         if start == count:
             return 0, count
+        if source not in self.watermarks and len(self.watermarks) >= max_sources:
+            # Every source costs a watermark here and in every checkpoint of the range.
+            raise TooLarge(f"the range of token {self.token} tracks {len(self.watermarks)} "
+                           f"sources, the limit (--max-sources-per-range); idle ones expire "
+                           f"(--source-expiry)")
         keys, values = decode_payload(payload, count)
         if verify is not None:
             verify(keys)
@@ -67,15 +77,37 @@ class PrimaryRange:
         self.state.apply(keys, values)
         self.watermarks[source] = last_seq
         raise_floor(self.watermarks, source, first_seq)
+        self.last_seen[source] = now
+        group = floor_key(source)
+        if group is not None:
+            self.last_seen[group] = now
         return count - start, start
 
-    def has_changes(self) -> bool:
-        return bool(self.state.active) or self._forced or \
-            self.watermarks != self._watermarks_at_checkpoint
+    def expire_idle(self, now: float, idle: float) -> list[str]:
+        """Forget the watermarks of sources (and group floors) that had nothing applied
+        here for `idle` seconds; return them. A resend of theirs after this would be
+        applied again: `idle` must exceed how long any sender may resend a batch."""
+        seen = self.last_seen
+        for gone in seen.keys() - self.watermarks.keys():
+            del seen[gone]                          # covered by a floor meanwhile
+        expired = []
+        for source in list(self.watermarks):
+            if now - seen.setdefault(source, now) > idle:
+                del self.watermarks[source], seen[source]
+                expired.append(source)
+        return expired
 
-    def cut_checkpoint(self) -> Checkpoint:
+    def has_changes(self, now: float | None = None, refresh: float = 0.0) -> bool:
+        """Whether a checkpoint is due; also every `refresh` seconds with nothing new,
+        so replicas learn what the primary never applied (node.core.backup_store)."""
+        return bool(self.state.active) or self._forced or \
+            self.watermarks != self._watermarks_at_checkpoint or \
+            (now is not None and refresh > 0 and now - self.cut_at >= refresh)
+
+    def cut_checkpoint(self, now: float = 0.0) -> Checkpoint:
         """Swap active into inactive (processing goes on into a fresh active) and
         return the delta. The caller ships it, then calls `checkpoint_shipped`."""
+        self.cut_at = now
         fragment = self.state.swap()
         self._forced = False
         self.checkpoint_seq += 1
@@ -105,6 +137,8 @@ class PrimaryRange:
             rng = PrimaryRange(token, self.state.reducer)
             rng.state.replace(groups[token])
             rng.watermarks = dict(self.watermarks)
+            rng.last_seen = dict(self.last_seen)
+            rng.cut_at = self.cut_at
             rng._watermarks_at_checkpoint = dict(self._watermarks_at_checkpoint)
             # Past any checkpoint of the old range still in flight: its late ack must
             # not count as a checkpoint of a part.
@@ -143,6 +177,7 @@ class ReplicaSide:
         self.reducer = reducer
         self.ranges: dict[int, ReplicaRange] = {}
         self.backups = BackupStore()
+        self.expired = 0          # backed-up tuples dropped as never applied by the primary
 
     def _range(self, token: int, primary: str) -> ReplicaRange:
         rng = self.ranges.get(token)
@@ -158,6 +193,9 @@ class ReplicaSide:
 
     def store(self, token: int, primary: str, source: str, entry: BackupEntry,
               max_bytes: int = 1 << 62) -> tuple[int, int]:
+        """Keep a batch until a checkpoint covers it. It is decoded and its values
+        checked as the primary would: a replica acknowledges only what a takeover can
+        replay. (Whether its keys belong to the range is checked at that replay.)"""
         rng = self._range(token, primary)
         if entry.last_seq <= effective_mark(rng.watermarks, source):
             return 0, entry.count  # already covered by a checkpoint
@@ -166,12 +204,15 @@ class ReplicaSide:
             # the sender back rather than grow without bound; nothing is acknowledged.
             raise Overloaded(f"the backup store holds {self.backups.bytes} bytes, the limit "
                            f"is {max_bytes} (--max-backup-bytes)")
+        self.reducer.check_values(decode_payload(entry.payload, entry.count)[1])
         self.backups.add(token, source, entry)
         return entry.count, 0
 
     def apply_checkpoint(self, token: int, primary: str, seq: int, base_seq: int, full: bool,
-                         states: dict, watermarks: dict[str, int]) -> tuple[bool, int]:
-        """Merge a checkpoint; return (need_full, latest seq held)."""
+                         states: dict, watermarks: dict[str, int], now: float = 0.0,
+                         backup_expiry: float = float("inf")) -> tuple[bool, int]:
+        """Merge a checkpoint; return (need_full, latest seq held). Batches received
+        `backup_expiry` seconds before it that it still does not cover are dropped."""
         rng = self._range(token, primary)
         if full:
             rng.copy.replace(states)
@@ -183,12 +224,13 @@ class ReplicaSide:
         rng.checkpoint_seq = seq
         rng.watermarks = dict(watermarks)
         self.backups.evict(token, rng.watermarks)
+        self.expired += self.backups.expire(token, rng.watermarks, now - backup_expiry)
         return False, seq
 
-    def rebuild(self, token: int) -> tuple[dict, dict[str, int]]:
+    def rebuild(self, token: int, verify=None) -> tuple[dict, dict[str, int]]:
         """The range's state as the primary has it: checkpoint + backups past it.
-        Backed-up batches that fail to decode are skipped: the primary refused them
-        too, so no mapper counted them delivered."""
+        Backed-up batches the primary would have refused (`verify(keys)` raises for
+        a key outside the range) are skipped: no mapper counted them delivered."""
         rng = self.ranges.get(token)
         state = LayeredState(self.reducer)
         watermarks: dict[str, int] = {}
@@ -200,7 +242,7 @@ class ReplicaSide:
         for source, entry in replay_order(self.backups.entries(token)):
             try:
                 replay.apply(source, entry.first_seq, entry.last_seq, entry.count,
-                             entry.payload, entry.seqs)
+                             entry.payload, entry.seqs, verify)
             except FloeError:
                 continue
         return replay.state.snapshot(), replay.watermarks

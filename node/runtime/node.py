@@ -11,7 +11,6 @@ import asyncio
 import logging
 import os
 import time
-from dataclasses import dataclass, field
 
 import msgpack
 
@@ -37,25 +36,10 @@ from node.core.reducers import Reducer
 from node.core.ring import Ring
 from node.runtime.balancing import ShedOutcome, shed_load
 from node.runtime.events import EventLog
+from node.runtime.inbound import Inbound, InboundQueue, StreamState
 from node.runtime.startup import decide_membership, record_start
 
 log = logging.getLogger("floe.node")
-
-
-@dataclass
-class StreamState:
-    """One inbound Push stream. After a refused batch the stream is dead: batches
-    queued behind it must not be applied, or a gap would open in the source's seqs."""
-
-    failed: bool = False
-
-
-@dataclass
-class _Inbound:
-    batches: list
-    stream: StreamState
-    done: asyncio.Future = field(repr=False)
-    applied: int = 0                       # batches of it already applied
 
 
 class NodeRuntime:
@@ -71,7 +55,7 @@ class NodeRuntime:
         # by it (node.core.membership).
         self.incarnation = incarnation or time.time_ns()
         self.machine = self._make_machine(config)
-        self.inbound: asyncio.Queue[_Inbound] = asyncio.Queue(config.queue_batches)
+        self.inbound = InboundQueue(config.queue_batches, config.max_inbound_bytes)
         self.started_at = clock()
         self.queued_batches = 0        # batches received, not yet applied (load measure)
         self.busy_seconds = 0.0        # time the applier spent applying (load measure)
@@ -81,6 +65,7 @@ class NodeRuntime:
         self._handoff_lock = asyncio.Lock()
         self._handoff_done: asyncio.Future | None = None
         self.left = asyncio.Event()             # set once we left the ring: the process exits
+        self._rejoins_seen = 0                  # rejoins a peer has answered for
 
     def _make_machine(self, config: NodeConfig) -> NodeMachine:
         """The machine of the ring this node would found alone; it serves nothing until
@@ -96,7 +81,8 @@ class NodeRuntime:
             low_cpu=config.low_cpu, cooldown=config.balance_cooldown))
         return NodeMachine(core, self.incarnation, detector, load, self._new_core,
                            listen=config.listen, balance=config.balance,
-                           max_tokens=config.max_tokens)
+                           max_tokens=config.max_tokens,
+                           max_splits_per_minute=config.max_splits_per_minute)
 
     @staticmethod
     def _initial_ring(config: NodeConfig) -> Ring:
@@ -106,7 +92,10 @@ class NodeRuntime:
         return NodeCore(node_id, ring, self.reducer,
                         Limits(max_batch_bytes=self.config.max_batch_bytes,
                                max_source_bytes=self.config.max_source_bytes,
-                               max_backup_bytes=self.config.max_backup_bytes),
+                               max_backup_bytes=self.config.max_backup_bytes,
+                               max_sources_per_range=self.config.max_sources_per_range,
+                               source_expiry=self.config.source_expiry,
+                               backup_expiry=self.config.backup_expiry),
                         verify_keys=self.config.verify_keys)
 
     async def confirm_membership(self, seeds: list[str] | None = None) -> None:
@@ -134,9 +123,18 @@ class NodeRuntime:
     def starting(self) -> bool:
         return self.machine.core.starting
 
+    @property
+    def serving(self) -> bool:
+        """What health checks say: not while starting or gone, nor from being fenced
+        until a peer's ring holds the member we rejoined as."""
+        return not (self.starting or self.left.is_set() or self.core.fenced
+                    or self.machine.rejoined > self._rejoins_seen)
+
     def adopt(self, ring: Ring) -> None:
         """A ring view from a peer."""
         self._handle(RingSeen(ring))
+        if self.core.node_id in ring.nodes:
+            self._rejoins_seen = self.machine.rejoined     # a peer knows who we are now
 
     def sign_of_life(self, node: str) -> None:
         self._handle(SignOfLife(node))
@@ -252,7 +250,7 @@ class NodeRuntime:
         # After a refusal the stream ends and nobody awaits the futures behind it: mark
         # their errors seen, or asyncio logs each one as never retrieved.
         done.add_done_callback(_seen)
-        await self.inbound.put(_Inbound(batches, stream, done))
+        await self.inbound.put(Inbound(batches, stream, done))
         self.queued_batches += len(batches)
         return done
 
@@ -269,15 +267,16 @@ class NodeRuntime:
                 await self._apply(item)
             finally:
                 self.queued_batches -= len(item.batches) - item.applied
+                await inbound.done(item)
 
-    async def _apply(self, item: _Inbound) -> None:
+    async def _apply(self, item: Inbound) -> None:
         acks = []
         machine = self.machine
         core = machine.core            # replaced when we rejoin after being fenced
         started = mark = self.clock()
         try:
             for b in item.batches:
-                result = core.receive_batch(b)
+                result = core.receive_batch(b, mark)
                 acks.append((b.id, result))
                 if result.applied and b.token in machine.resuming:
                     self._handle(BatchApplied(b.token))
@@ -505,7 +504,8 @@ class NodeRuntime:
                     tokens=len(core.ring.tokens_of(core.node_id)),
                     load=msgpack.packb(dict(rates)), rejoined=machine.rejoined,
                     node_id=core.node_id, address=self.config.listen,
-                    queue_length=self.inbound.qsize(), reducer=self.reducer.name,
+                    queue_length=self.inbound.qsize(),
+                    queued_bytes=self.inbound.nbytes, reducer=self.reducer.name,
                     pid=os.getpid(), uptime=self.clock() - self.started_at)
 
 

@@ -13,7 +13,8 @@ from node.core.errors import (Fenced, InvalidArgument, ReducerMismatch, StaleRin
 from node.core.handoff import Handoff
 from node.core.ring import Ring
 from node.runtime.balancing import ShedOutcome
-from node.runtime.node import NodeRuntime, StreamState
+from node.runtime.inbound import StreamState
+from node.runtime.node import NodeRuntime
 
 
 class NodeService:
@@ -88,7 +89,8 @@ class NodeService:
             raise InvalidArgument("watermarks must be a msgpack map")
         core = self.runtime.core
         need_full, held = core.receive_checkpoint(sender, ring_stamp, token, seq, base_seq,
-                                                  full, states, watermarks)
+                                                  full, states, watermarks,
+                                                  self.runtime.clock())
         return need_full, held, core.ring.stamp
 
     # ------------------------------------------------------------ operations

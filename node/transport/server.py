@@ -16,7 +16,8 @@ from node.core.codec import pack, pack_entries, unpack, unpack_entries
 from node.core.errors import FloeError
 from node.core.handoff import HandoffState
 from node.core.ring import Ring
-from node.runtime.node import NodeRuntime, StreamState
+from node.runtime.inbound import StreamState
+from node.runtime.node import NodeRuntime
 from node.runtime.service import NodeService
 from node.transport.peers import channel_options
 from node.transport.status import abort
