@@ -62,6 +62,8 @@ class NodeConfig:
     tls_dir: str = ""                            # ca.pem, <node-id>.pem/.key: mutual TLS on every call
     insecure: bool = False                       # serve without TLS on a non-loopback address
     events_file: str = ""                        # JSON lines of protocol events (node.runtime.events)
+    data_dir: str = ""                           # durable mode: log and copies here; a restart comes back as itself
+    fsync_interval: float = 0.002                # durable mode: group commit, seconds between fsyncs
 
     def __post_init__(self) -> None:
         if not self.node_id:
@@ -90,6 +92,10 @@ class NodeConfig:
             raise ValueError("queue_batches and max_batch_bytes must be >= 1")
         if self.max_inbound_bytes < self.max_batch_bytes:
             raise ValueError("max_inbound_bytes must be at least max_batch_bytes")
+        if "{node}" in self.data_dir:         # one flag for a whole local cluster
+            object.__setattr__(self, "data_dir", self.data_dir.replace("{node}", self.node_id))
+        if not 0 <= self.fsync_interval <= 1:
+            raise ValueError("fsync_interval must be 0 to 1 second")
         if self.max_splits_per_minute < 1:
             raise ValueError("max_splits_per_minute must be >= 1")
         if self.max_sources_per_range < 1:
@@ -193,7 +199,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--events-file",
                    help="append structured protocol events (detected, taken_over, handoff_*, "
                         "...) to this file as JSON lines")
+    _add_durability(p)
     return p
+
+
+def _add_durability(p: argparse.ArgumentParser) -> None:
+    """Durable mode (docs/durability.md)."""
+    p.add_argument("--data-dir",
+                   help="durable mode: keep a log of accepted batches and checkpointed copies "
+                        "here, acknowledge only what is synced, and come back as the same "
+                        "member after a restart; {node} in it is replaced by the node id "
+                        "(docs/durability.md)")
+    p.add_argument("--fsync-interval", type=float,
+                   help="durable mode: seconds a group commit waits for more batches before "
+                        "its fsync (default 0.002)")
 
 
 def _add_limits(p: argparse.ArgumentParser) -> None:

@@ -100,9 +100,10 @@ class NodeMachine:
 
     # ------------------------------------------------------------- lifecycle
 
-    def begin(self, node_id: str, ring: Ring) -> None:
-        """The start-up decision is made (node.core.membership): serve as `node_id`."""
-        self.core = self.make_core(node_id, ring)
+    def begin(self, node_id: str, ring: Ring, core: NodeCore | None = None) -> None:
+        """The start-up decision is made (node.core.membership): serve as `node_id`,
+        empty, or as `core` (a member back from its data directory)."""
+        self.core = core or self.make_core(node_id, ring)
 
     def watch_peers(self, now: float, grace: float) -> None:
         """Start watching the primaries we back up; peers are starting too, so none is

@@ -59,6 +59,7 @@ class NodeCore:
         self.replicas = ReplicaSide(reducer)
         self.lost_tokens: set[int] = set(ring.lost)
         self.streams: dict[str, int] = {}   # newest stream number seen per source
+        self.cuts: list[Checkpoint] = []     # the checkpoints the last round cut
         self.fenced = False
         self._ring_checked: Ring | None = None
         # A process that has not yet heard its peers may be the restart of a member
@@ -280,6 +281,7 @@ class NodeCore:
         say what to ship where. Processing goes on meanwhile into fresh active layers;
         call `checkpoint_done(token)` after shipping."""
         shipments = []
+        self.cuts = []
         refresh = self.limits.backup_expiry
         for token, rng in self.primaries.items():
             if rng.state.inactive is not None:
@@ -289,6 +291,7 @@ class NodeCore:
             if not rng.has_changes(now, refresh if replicas else 0) and not behind:
                 continue
             delta = rng.cut_checkpoint(now or 0.0)
+            self.cuts.append(delta)
             full = None
             for replica in replicas:
                 base = rng.replica_seq.get(replica)

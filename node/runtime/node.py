@@ -16,9 +16,8 @@ import msgpack
 
 from node.config import NodeConfig
 from node.core.batch import Limits
-from node.core.detector import ALIVE, REFUSED, TIMED_OUT, DetectorConfig, FailureDetector
-from node.core.errors import (Fenced, FloeError, InvalidArgument, Refused, StaleRing,
-                              Unavailable, inert)
+from node.core.detector import DetectorConfig, FailureDetector
+from node.core.errors import Fenced, FloeError, InvalidArgument, StaleRing, inert
 from node.core.handoff import Handoff, HandoffState
 from node.core.load import LoadConfig, LoadMonitor
 from node.core.machine import NodeMachine
@@ -26,8 +25,8 @@ from node.core.machine_io import (BatchApplied, CheckpointAcked, CheckpointDue,
                                   CheckpointFailed, CheckpointRoundDone, Exit, Farewell,
                                   Gossip, HandoffAbandoned, HandoffEnded, HandoffRequested, HeardFrom,
                                   HeartbeatDue, HeartbeatFailed, LeaveRing, LoadSampled,
-                                  MapperAhead, MonitorDue, Note, ProbeAbandoned,
-                                  ProbeFinished, Record, RefillDue, RingSeen, SendHeartbeat,
+                                  MapperAhead, MonitorDue, Note, Record, RefillDue, RingSeen,
+                                  SendHeartbeat,
                                   ShipCheckpoints, SignOfLife, Split, SplitRequested,
                                   StartHandoff, StartProbe, StartShed)
 from node.core.membership import founding_ring
@@ -35,7 +34,9 @@ from node.core.node_core import NodeCore
 from node.core.reducers import Reducer
 from node.core.ring import Ring
 from node.runtime.balancing import ShedOutcome, shed_load
+from node.runtime.durability import Durability, open_data_dir, restore
 from node.runtime.events import EventLog
+from node.runtime.probing import probe_for, probe_round
 from node.runtime.inbound import Inbound, InboundQueue, StreamState
 from node.runtime.startup import decide_membership, record_start
 
@@ -51,9 +52,14 @@ class NodeRuntime:
         self.reducer = reducer
         self.peers = peers
         self.clock = clock             # the one clock every event is stamped with
-        # Drawn once per process: peers tell a restart of this node from this process
+        # With --data-dir the member it holds comes back (node.runtime.durability).
+        self.disk = open_data_dir(config.data_dir) if config.data_dir else None
+        loaded = self.disk.loaded if self.disk else None
+        self.me = loaded.node_id if loaded else config.node_id
+        self.durable: Durability | None = None
+        # Drawn once per member: peers tell a restart of this node from this process
         # by it (node.core.membership).
-        self.incarnation = incarnation or time.time_ns()
+        self.incarnation = incarnation or (loaded.incarnation if loaded else time.time_ns())
         self.machine = self._make_machine(config)
         self.inbound = InboundQueue(config.queue_batches, config.max_inbound_bytes)
         self.started_at = clock()
@@ -70,8 +76,8 @@ class NodeRuntime:
     def _make_machine(self, config: NodeConfig) -> NodeMachine:
         """The machine of the ring this node would found alone; it serves nothing until
         `confirm_membership` has heard what its peers know."""
-        core = self._new_core(config.node_id, founding_ring(
-            self._initial_ring(config), config.node_id, self.incarnation))
+        core = self._new_core(self.me, founding_ring(
+            self._initial_ring(config), self.me, self.incarnation))
         core.starting = True
         detector = FailureDetector(DetectorConfig(
             min_timeout=config.suspect_min, max_timeout=config.suspect_max,
@@ -84,9 +90,11 @@ class NodeRuntime:
                            max_tokens=config.max_tokens,
                            max_splits_per_minute=config.max_splits_per_minute)
 
-    @staticmethod
-    def _initial_ring(config: NodeConfig) -> Ring:
-        return Ring.initial(dict(config.peers), config.replication, config.tokens_per_node)
+    def _initial_ring(self, config: NodeConfig) -> Ring:
+        """The configured founders' ring, or the one the data directory held."""
+        ring = self.disk.ring if self.disk else None
+        return ring or Ring.initial(dict(config.peers), config.replication,
+                                    config.tokens_per_node)
 
     def _new_core(self, node_id: str, ring: Ring) -> NodeCore:
         return NodeCore(node_id, ring, self.reducer,
@@ -100,11 +108,21 @@ class NodeRuntime:
 
     async def confirm_membership(self, seeds: list[str] | None = None) -> None:
         """Decide who this process is (node.runtime.startup) and start serving as it."""
-        decision = await decide_membership(self.config, self.peers, self.incarnation,
-                                           self._initial_ring(self.config), seeds, self.clock)
-        self.machine.begin(decision.node_id, decision.ring)
+        initial, disk = self._initial_ring(self.config), self.disk
+        back = disk is not None and disk.loaded is not None
+        decision = await decide_membership(self.config, self.peers, self.incarnation, initial,
+                                           seeds, self.clock, self.me,
+                                           initial.addresses if back else None)
+        if back and decision.node_id == self.me:       # the same member, with its state
+            self.machine.begin(self.me, initial, restore(disk, self.core, self.clock()))
+            self._handle(RingSeen(decision.ring))
+        else:
+            self.machine.begin(decision.node_id, decision.ring)
         record_start(self.events, decision, self.incarnation, self.config.node_id,
                      joining=seeds is not None)
+        if disk is not None:
+            self.durable = Durability.begin(disk, self.core, self.incarnation,
+                                            self.config.fsync_interval)
 
     def reconfigure(self, config: NodeConfig) -> None:
         """Before start only: the listen address became known after binding."""
@@ -146,7 +164,10 @@ class NodeRuntime:
     # ------------------------------------------------------------- effects
 
     def _handle(self, event) -> list[asyncio.Task]:
-        return self._run(self.machine.handle(event, self.clock()))
+        tasks = self._run(self.machine.handle(event, self.clock()))
+        if self.durable is not None:
+            self.durable.after(self.core)
+        return tasks
 
     def _run(self, effects) -> list[asyncio.Task]:
         """Carry out the machine's effects; returns the tasks of those a caller may
@@ -204,6 +225,8 @@ class NodeRuntime:
                        asyncio.create_task(self._every(self.config.heartbeat_interval / 2,
                                                        self._monitor_due), name="monitor"),
                        asyncio.create_task(self._every(0.1, self._load_due), name="load")]
+        if self.durable is not None:
+            self._tasks.append(asyncio.create_task(self.durable.run(), name="group-commit"))
         log.info("node %s up on %s, %s", self.core.node_id, self.config.listen,
                  self.core.ring.describe())
         self.sync_ring()   # every peer learns our incarnation now
@@ -219,6 +242,8 @@ class NodeRuntime:
             await asyncio.wait_for(self.checkpoint_once(), self.config.rpc_timeout)
         except (asyncio.TimeoutError, FloeError) as exc:
             log.warning("final checkpoint incomplete: %s", exc)
+        if self.durable is not None:
+            await self.durable.close()
         await self.peers.close()
 
     def halt(self) -> None:
@@ -277,6 +302,8 @@ class NodeRuntime:
         try:
             for b in item.batches:
                 result = core.receive_batch(b, mark)
+                if self.durable is not None and result.applied:   # applied, or kept as a replica
+                    self.durable.logged(b)
                 acks.append((b.id, result))
                 if result.applied and b.token in machine.resuming:
                     self._handle(BatchApplied(b.token))
@@ -303,7 +330,9 @@ class NodeRuntime:
             if not item.done.done():
                 item.done.set_exception(InvalidArgument(f"reducer failed: {inert(exc, 200)}"))
         else:
-            if not item.done.done():   # the stream may have gone while we yielded
+            if self.durable is not None:                  # acknowledged once on disk
+                _after(self.durable.committed(), item.done, acks)
+            elif not item.done.done():   # the stream may have gone while we yielded
                 item.done.set_result(acks)
 
     # ----------------------------------------------------------- checkpoints
@@ -384,55 +413,10 @@ class NodeRuntime:
         self._handle(HeardFrom(e.node, theirs, incarnation, e.address))
 
     async def _probe(self, e: StartProbe) -> None:
-        """One probe round of a suspect: directly and through a third node. The
-        machine decides what the answers mean."""
-        probe = e.probe
-        me = self.machine.node_id
-
-        async def direct():
-            try:
-                _, incarnation = await self.peers.heartbeat(
-                    e.address, sender=me, ring_stamp=e.ring_stamp,
-                    incarnation=self.incarnation, timeout=probe.deadline)
-            except (Refused, Fenced) as exc:
-                return REFUSED, 0, f": {exc}"   # nothing listens, or it knows it was removed
-            except Unavailable:
-                return TIMED_OUT, 0, ""          # a deadline or a stalled handshake
-            except FloeError:
-                return ALIVE, 0, ""              # it answered, if only with an error
-            return ALIVE, incarnation, ""
-
-        async def indirect():
-            if e.via_address is None:
-                return TIMED_OUT
-            try:
-                alive = await self.peers.probe(e.via_address, probe.node, probe.deadline)
-            except FloeError:
-                return TIMED_OUT
-            return ALIVE if alive else TIMED_OUT
-
-        try:
-            (answer, incarnation, failure), seen = await asyncio.gather(direct(), indirect())
-        except BaseException:
-            self._handle(ProbeAbandoned(probe))    # cancelled: a later tick probes again
-            raise
-        self._handle(ProbeFinished(probe, answer, seen, e.epoch, incarnation, failure))
+        await probe_round(self, e)
 
     async def probe_for(self, target: str, timeout: float) -> bool:
-        """Serve an indirect probe: can we reach `target`?"""
-        address = self.machine.address_of(target)
-        if address is None:
-            return False
-        try:
-            _, incarnation = await self.peers.heartbeat(
-                address, sender=self.core.node_id, ring_stamp=self.core.ring.stamp,
-                incarnation=self.incarnation, timeout=timeout)
-        except FloeError:
-            return False
-        if not self.machine.is_process_of(target, incarnation):
-            return False
-        self.sign_of_life(target)
-        return True
+        return await probe_for(self, target, timeout)
 
     # -------------------------------------------------------------- handoffs
 
@@ -507,6 +491,17 @@ class NodeRuntime:
                     queue_length=self.inbound.qsize(),
                     queued_bytes=self.inbound.nbytes, reducer=self.reducer.name,
                     pid=os.getpid(), uptime=self.clock() - self.started_at)
+
+
+def _after(committed: asyncio.Future, done: asyncio.Future, acks) -> None:
+    """Resolve `done` with `acks` once `committed` did, or with its error."""
+    def resolve(c: asyncio.Future) -> None:
+        if not done.done():
+            if c.exception() is not None:
+                done.set_exception(c.exception())
+            else:
+                done.set_result(acks)
+    committed.add_done_callback(resolve)
 
 
 def _seen(future: asyncio.Future) -> None:

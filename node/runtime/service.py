@@ -91,6 +91,9 @@ class NodeService:
         need_full, held = core.receive_checkpoint(sender, ring_stamp, token, seq, base_seq,
                                                   full, states, watermarks,
                                                   self.runtime.clock())
+        durable = self.runtime.durable
+        if durable is not None and not need_full:         # merged: our copy on disk too
+            durable.checkpoint(token, sender, states, watermarks, full)
         return need_full, held, core.ring.stamp
 
     # ------------------------------------------------------------ operations

@@ -39,7 +39,8 @@ async def ask_peers(peers, targets: list[str],
 
 
 async def decide_membership(config, peers, incarnation: int, initial: Ring,
-                            seeds: list[str] | None, clock=time.monotonic) -> StartDecision:
+                            seeds: list[str] | None, clock=time.monotonic,
+                            me: str | None = None, members=None) -> StartDecision:
     """Ask the peers (or, joining, the seeds) for their rings and decide who this
     process is: a founding member taking its place, a joiner, or the restart of a
     member whose state died with its process.
@@ -48,7 +49,11 @@ async def decide_membership(config, peers, incarnation: int, initial: Ring,
     running peer's answer, or for every founding peer to answer as starting too (a
     fresh cluster); after --startup-grace, starting peers' answers suffice."""
     joining = seeds is not None
-    targets = seeds if joining else [a for n, a in config.peers if n != config.node_id]
+    me = me or config.node_id
+    # A member back from its data directory (`me`, `members`) asks the members its
+    # ring names; a fresh process the peers it was configured with.
+    members = members or config.peers
+    targets = seeds if joining else [a for n, a in members if n != me]
     started = clock()
     log_at = started + WAIT_LOG_SECONDS
     timeout = min(config.rpc_timeout, 1.0)
@@ -61,7 +66,7 @@ async def decide_membership(config, peers, incarnation: int, initial: Ring,
             break
         if clock() >= log_at:
             log.warning("%s is waiting for a running peer to confirm its place in the "
-                        "ring (%d of %d answered, all starting): %s", config.node_id,
+                        "ring (%d of %d answered, all starting): %s", me,
                         len(seen), len(targets), "; ".join(errors) or "-")
             log_at += WAIT_LOG_SECONDS
         await asyncio.sleep(ASK_AGAIN_SECONDS)
@@ -69,8 +74,7 @@ async def decide_membership(config, peers, incarnation: int, initial: Ring,
         if ring.replication != config.replication:
             raise ValueError(f"the ring runs r={ring.replication}, this node was started "
                              f"with --replication {config.replication}")
-    return decide_start(config.node_id, incarnation, config.listen, seen,
-                        None if joining else initial)
+    return decide_start(me, incarnation, config.listen, seen, None if joining else initial)
 
 
 def record_start(events, decision: StartDecision, incarnation: int, configured_id: str,

@@ -1,0 +1,86 @@
+"""A node back from its data directory (node.storage.node_store): a takeover from
+its own disk. Every range it held comes back as a replica copy plus the batches
+logged past it; the ranges its ring gives it are then rebuilt exactly as a replica
+rebuilds a dead primary's (`ReplicaSide.rebuild`), so a restart and a failover share
+one replay path, deduplicated by the same watermarks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from node.core.backup_store import BackupEntry, split_entry
+from node.core.batch import Batch, Limits
+from node.core.node_core import NodeCore
+from node.core.ranges import ReplicaSide
+from node.core.reducers import Reducer
+from node.core.ring import Ring
+
+
+@dataclass
+class DiskCopy:
+    """One range's checkpointed copy as read back."""
+
+    token: int
+    primary: str
+    watermarks: dict[str, int]
+    complete: bool = True
+    states: dict = field(default_factory=dict)
+
+
+def restored_core(node_id: str, ring: Ring, reducer: Reducer, limits: Limits,
+                  copies: dict[int, DiskCopy], batches, now: float,
+                  verify_keys: bool = False) -> NodeCore:
+    """The core `node_id` had in `ring`, from its copies and its logged batches
+    ((token, batch) in the order accepted)."""
+    core = NodeCore(node_id, ring, reducer, limits, verify_keys)
+    side = ReplicaSide(reducer)
+    for token, copy in copies.items():
+        if ring.has_token(token):
+            side.adopt_copy(token, copy.primary, copy.states, copy.watermarks)
+            side.ranges[token].complete = copy.complete
+    for token, b in batches:
+        # The ring may have cut or joined ranges since the batch was logged: each of
+        # its keys goes to the range holding it now (a batch that does not decode
+        # stays whole, and its replay skips it as the primary did).
+        held = token if ring.has_token(token) else ring.token_for_position(token)
+        entry = BackupEntry(b.first_seq, b.last_seq, b.count, b.payload, b.seqs, now)
+        for part, piece in split_entry(entry, ring.token_for_key, held).items():
+            side.backups.add(part, b.source, piece)
+    for token in ring.tokens:
+        role = ring.role_of(node_id, token)
+        if role == "primary":
+            state, watermarks = side.rebuild(token, core._keys_of(token))
+            rng = core.primaries[token]
+            rng.state.replace(state)
+            rng.watermarks = watermarks
+            side.drop(token)
+        elif role == "replica":
+            owner = ring.owner_of_token(token)
+            if token not in side.ranges and ring.pristine:
+                side.start_complete(token, owner)
+            elif token in side.ranges:
+                side.ranges[token].primary = owner
+                side.backups.evict(token, side.ranges[token].watermarks)
+        else:
+            side.drop(token)
+    core.replicas = side
+    return core
+
+
+def disk_image(core: NodeCore, tokens) -> list[tuple[int, str, dict, dict[str, int], bool]]:
+    """The ranges of `tokens` the core holds, as whole copies: (token, primary,
+    states, watermarks, complete). Taken on the event loop; the dicts are copies."""
+    image = [(t, core.node_id, rng.state.snapshot(), dict(rng.watermarks), True)
+             for t, rng in core.primaries.items() if t in tokens]
+    image += [(t, r.primary, dict(r.copy.master), dict(r.watermarks), r.complete)
+              for t, r in core.replicas.ranges.items() if t in tokens]
+    return image
+
+
+def batch_record(b: Batch) -> tuple:
+    return (b.source, b.first_seq, b.last_seq, b.count, b.payload, b.seqs)
+
+
+def batch_from_record(token: int, record) -> Batch:
+    source, first, last, count, payload, seqs = record
+    return Batch(0, token, source, first, last, count, payload, seqs)

@@ -1,0 +1,62 @@
+"""Probing a suspect as a node runs it (SWIM): directly and through a third node at
+once; the machine (node.core.detector) decides what the answers mean."""
+
+from __future__ import annotations
+
+import asyncio
+
+from node.core.detector import ALIVE, REFUSED, TIMED_OUT
+from node.core.errors import Fenced, FloeError, Refused, Unavailable
+from node.core.machine_io import ProbeAbandoned, ProbeFinished, StartProbe
+
+
+async def probe_round(runtime, e: StartProbe) -> None:
+    """One probe round of a suspect: directly and through a third node. The
+    machine decides what the answers mean."""
+    probe = e.probe
+    me = runtime.machine.node_id
+
+    async def direct():
+        try:
+            _, incarnation = await runtime.peers.heartbeat(
+                e.address, sender=me, ring_stamp=e.ring_stamp,
+                incarnation=runtime.incarnation, timeout=probe.deadline)
+        except (Refused, Fenced) as exc:
+            return REFUSED, 0, f": {exc}"   # nothing listens, or it knows it was removed
+        except Unavailable:
+            return TIMED_OUT, 0, ""          # a deadline or a stalled handshake
+        except FloeError:
+            return ALIVE, 0, ""              # it answered, if only with an error
+        return ALIVE, incarnation, ""
+
+    async def indirect():
+        if e.via_address is None:
+            return TIMED_OUT
+        try:
+            alive = await runtime.peers.probe(e.via_address, probe.node, probe.deadline)
+        except FloeError:
+            return TIMED_OUT
+        return ALIVE if alive else TIMED_OUT
+
+    try:
+        (answer, incarnation, failure), seen = await asyncio.gather(direct(), indirect())
+    except BaseException:
+        runtime._handle(ProbeAbandoned(probe))    # cancelled: a later tick probes again
+        raise
+    runtime._handle(ProbeFinished(probe, answer, seen, e.epoch, incarnation, failure))
+
+async def probe_for(runtime, target: str, timeout: float) -> bool:
+    """Serve an indirect probe: can we reach `target`?"""
+    address = runtime.machine.address_of(target)
+    if address is None:
+        return False
+    try:
+        _, incarnation = await runtime.peers.heartbeat(
+            address, sender=runtime.core.node_id, ring_stamp=runtime.core.ring.stamp,
+            incarnation=runtime.incarnation, timeout=timeout)
+    except FloeError:
+        return False
+    if not runtime.machine.is_process_of(target, incarnation):
+        return False
+    runtime.sign_of_life(target)
+    return True

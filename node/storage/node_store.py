@@ -1,0 +1,199 @@
+"""A node's data directory: the disk as one more replica of every range it holds.
+
+What the node keeps on disk mirrors what a replica keeps in memory
+(node.core.ranges): per range a checkpointed copy (per-key state and the per-source
+watermarks it covers), and every batch accepted since, as received. For a range it
+backs up the copy is the primary's checkpoints; for a range it owns it is its own
+checkpoints, cut in the same rounds. Coming back is then a takeover from its own
+disk: the copy plus the batches past its watermarks (`NodeCore.restored`).
+
+- `log/`: a SegmentLog of the raw batches accepted, in order, each a checksummed
+  record. A batch is acknowledged only once its record is synced (group commit:
+  one fsync for every batch appended meanwhile).
+- `state/`: RocksDB. `I` the identity (node id, incarnation), `G` the ring, and per
+  token `M<token>` (primary, watermarks) and `K<token><key>` -> state.
+
+Log segments are dropped once every batch in them is covered by the watermarks of
+a copy written to RocksDB: the backup store's eviction, on disk.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+from node.core.batch import Batch
+from node.core.codec import pack, unpack
+from node.core.restore import DiskCopy, batch_from_record, batch_record
+from node.storage.segment_log import SegmentLog
+
+TOKEN = struct.Struct(">Q")
+IDENTITY, RING = b"I", b"G"
+META, KEYS = b"M", b"K"
+
+
+def _meta_key(token: int) -> bytes:
+    return META + TOKEN.pack(token)
+
+
+def _key_prefix(token: int) -> bytes:
+    return KEYS + TOKEN.pack(token)
+
+
+def _prefix_end(token: int) -> bytes:
+    return KEYS + TOKEN.pack(token + 1) if token < (1 << 64) - 1 else b"L"
+
+
+@dataclass
+class Loaded:
+    """Everything a data directory held, for `NodeCore.restored`."""
+
+    node_id: str
+    incarnation: int
+    ring_wire: bytes | None
+    copies: dict[int, DiskCopy]
+    batches: list[tuple[int, Batch]]             # (token, batch), in the order accepted
+    truncated: int = 0                           # bytes of torn log tail dropped
+
+
+@dataclass(frozen=True)
+class CopyWrite:
+    """A change to one range's copy: the keys changed (or all of them, `full`) and the
+    watermarks the copy covers from now on."""
+
+    token: int
+    primary: str
+    states: dict
+    watermarks: dict[str, int]
+    full: bool = False
+    complete: bool = True
+
+
+class NodeStore:
+    def __init__(self, data_dir: str | os.PathLike, segment_bytes: int = 64 << 20) -> None:
+        from rocksdict import Options, Rdict        # only durable nodes need it
+        self.dir = Path(data_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        options = Options(raw_mode=True)
+        options.create_if_missing(True)
+        self.db = Rdict(str(self.dir / "state"), options)
+        self.log = SegmentLog(self.dir / "log", segment_bytes)
+
+    # ---------------------------------------------------------- identity
+
+    def identity(self) -> tuple[str, int] | None:
+        raw = self.db.get(IDENTITY)
+        if raw is None:
+            return None
+        node_id, incarnation = unpack(raw)
+        return node_id, incarnation
+
+    def save_identity(self, node_id: str, incarnation: int) -> None:
+        """A new member in this directory: whatever it held belonged to another."""
+        self.wipe()
+        self._write([(IDENTITY, pack((node_id, incarnation)))], (), sync=True)
+
+    def wipe(self) -> None:
+        self.db.delete_range(b"\x00", b"\xff")
+        self.log.drop_before(self.log.next_seq)
+        self.log.close()
+        for _, path in self.log.segments:
+            path.unlink()
+        self.log = SegmentLog(self.log.directory, self.log.segment_bytes)
+
+    # --------------------------------------------------------------- log
+
+    def append_batch(self, b: Batch) -> int:
+        """Log an accepted batch (not yet synced); returns its record number."""
+        return self.log.append(pack((b.token, batch_record(b))))
+
+    def flush(self) -> tuple[int, int]:
+        """Hand what was appended to the OS: (last record number, a descriptor to fsync
+        that stays valid if the segment rolls meanwhile; the caller closes it)."""
+        log = self.log
+        if log._file is None:
+            return log.next_seq - 1, -1
+        log._file.flush()
+        return log.next_seq - 1, os.dup(log._file.fileno())
+
+    @staticmethod
+    def fsync(fd: int) -> None:
+        """On a worker thread: make a flushed log durable."""
+        if fd >= 0:
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    def drop_log_before(self, record: int) -> int:
+        return self.log.drop_before(record)
+
+    # -------------------------------------------------------------- copies
+
+    def write(self, copies: Iterable[CopyWrite], dropped: Iterable[int] = (),
+              ring_wire: bytes | None = None, replace_all: bool = False) -> None:
+        """One atomic, synced write: copies changed (with `replace_all`, the only
+        copies left), copies gone, and the ring. Run on a worker thread: `states`
+        must not change meanwhile (checkpoint fragments and copies taken on the event
+        loop never do)."""
+        puts: list[tuple[bytes, bytes]] = []
+        ranges = [(KEYS, b"N")] if replace_all else []   # every K and M key
+        for c in copies:
+            if c.full and not replace_all:
+                ranges.append((_key_prefix(c.token), _prefix_end(c.token)))
+            prefix = _key_prefix(c.token)
+            puts.extend((prefix + pack(k), pack(v)) for k, v in c.states.items())
+            puts.append((_meta_key(c.token), pack((c.primary, c.watermarks, c.complete))))
+        for token in dropped:
+            ranges.append((_key_prefix(token), _prefix_end(token)))
+            ranges.append((_meta_key(token), _meta_key(token) + b"\x00"))
+        if ring_wire is not None:
+            puts.append((RING, ring_wire))
+        self._write(puts, ranges, sync=True)
+
+    def _write(self, puts, ranges, sync: bool) -> None:
+        from rocksdict import WriteBatch, WriteOptions
+        batch = WriteBatch(raw_mode=True)
+        for begin, end in ranges:
+            batch.delete_range(begin, end)
+        for k, v in puts:
+            batch.put(k, v)
+        options = WriteOptions()
+        options.sync = sync
+        self.db.write(batch, options)
+
+    # --------------------------------------------------------------- load
+
+    def load(self) -> Loaded | None:
+        """What the directory holds, or None if it never held a member. A corrupt
+        log raises CorruptLog (naming the file and byte); nothing is served partially."""
+        ident = self.identity()
+        if ident is None:
+            return None
+        copies: dict[int, DiskCopy] = {}
+        for k, v in self.db.items(from_key=META):
+            if not k.startswith(META):
+                break
+            token = TOKEN.unpack_from(k, 1)[0]
+            primary, watermarks, complete = unpack(v)
+            copies[token] = DiskCopy(token, primary, dict(watermarks), complete)
+        for k, v in self.db.items(from_key=KEYS):
+            if not k.startswith(KEYS):
+                break
+            token = TOKEN.unpack_from(k, 1)[0]
+            copy = copies.get(token)
+            if copy is not None:
+                copy.states[unpack(k[9:])] = unpack(v)
+        batches = []
+        for _, raw in self.log:
+            token, record = unpack(raw)
+            batches.append((token, batch_from_record(token, record)))
+        return Loaded(ident[0], ident[1], self.db.get(RING), copies, batches,
+                      self.log.truncated)
+
+    def close(self) -> None:
+        self.log.close()
+        self.db.close()

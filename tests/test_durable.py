@@ -1,0 +1,180 @@
+"""Durable nodes (--data-dir): the disk is one more replica of every range a node
+holds. The store and the restore path in one process, then real node processes
+killed together (SIGKILL, and a power loss that tears every log's tail) and
+restarted on their data directories, exact against an independent count."""
+
+import signal
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from chaos.cluster import LocalCluster, spawn_node
+from mapper import RingClient
+from node.core.batch import Batch, Limits, encode_payload
+from node.core.node_core import NodeCore
+from node.core.reducers import load_reducer
+from node.core.restore import restored_core
+from node.core.ring import Ring
+from node.storage.node_store import CopyWrite, NodeStore
+from node.storage.segment_log import SUFFIX
+from tests.helpers import Feeder
+
+RING = Ring.initial({"p": "127.0.0.1:1", "b": "127.0.0.1:2"}, 1, 2)
+
+
+def words_of(token: int, n: int, ring: Ring = RING) -> list[str]:
+    return [k for k in (f"w{i}" for i in range(20 * n)) if ring.token_for_key(k) == token][:n]
+
+
+def feed(core: NodeCore, store: NodeStore, token: int, keys, seq: int) -> int:
+    b = Batch(core.ring.stamp, token, "s", seq, seq + len(keys) - 1, len(keys),
+              encode_payload(keys, [1] * len(keys)))
+    assert core.receive_batch(b).applied == len(keys)
+    store.append_batch(b)
+    return seq + len(keys)
+
+
+def cut_and_write(core: NodeCore, store: NodeStore) -> None:
+    core.plan_checkpoints()
+    store.write([CopyWrite(c.token, core.node_id, c.states, dict(c.watermarks))
+                 for c in core.cuts])
+    for token in core.primaries:
+        core.checkpoint_done(token)
+
+
+def test_a_core_comes_back_from_its_copies_and_the_batches_logged_past_them(tmp_path):
+    store = NodeStore(tmp_path)
+    store.save_identity("p", 7)
+    core = NodeCore("p", RING, load_reducer("count"))
+    t1, t2 = RING.tokens_of("p")
+    seq = feed(core, store, t1, words_of(t1, 30), 1)
+    seq = feed(core, store, t2, words_of(t2, 30), seq)
+    cut_and_write(core, store)                     # copies cover these...
+    seq = feed(core, store, t1, words_of(t1, 10), seq)    # ...not these: only the log
+    store.close()
+
+    store = NodeStore(tmp_path)
+    loaded = store.load()
+    assert (loaded.node_id, loaded.incarnation) == ("p", 7)
+    back = restored_core("p", RING, load_reducer("count"), Limits(), loaded.copies,
+                         loaded.batches, now=0.0)
+    assert dict(back.items()) == dict(core.items())
+    assert back.primaries[t1].watermarks == core.primaries[t1].watermarks
+    # replaying again changes nothing: the watermarks make the log idempotent
+    again = restored_core("p", RING, load_reducer("count"), Limits(), loaded.copies,
+                          loaded.batches + loaded.batches, now=0.0)
+    assert dict(again.items()) == dict(core.items())
+
+
+def test_a_batch_logged_under_a_token_cut_since_goes_to_the_range_holding_it(tmp_path):
+    store = NodeStore(tmp_path)
+    store.save_identity("p", 7)
+    core = NodeCore("p", RING, load_reducer("count"))
+    t1 = RING.tokens_of("p")[0]
+    lo, _ = RING.range_of_token(t1)
+    cut = (lo + (t1 - lo) % 2 ** 64 // 2) % 2 ** 64
+    split = RING.split_token(t1, cut)
+    words = words_of(t1, 40)
+    head = [w for w in words if split.token_for_key(w) == cut]
+    assert head and len(head) < len(words)
+    feed(core, store, t1, words, 1)
+    store.close()
+    store = NodeStore(tmp_path)
+    loaded = store.load()
+    back = restored_core("p", split, load_reducer("count"), Limits(), {}, loaded.batches, 0.0)
+    assert dict(back.primaries[cut].state.snapshot()) == Counter(head)
+    assert sum(back.primaries[t1].state.snapshot().values()) == len(words) - len(head)
+
+
+def test_a_replicas_copy_and_backups_come_back_as_a_replica(tmp_path):
+    store = NodeStore(tmp_path)
+    store.save_identity("b", 9)
+    primary = NodeCore("p", RING, load_reducer("count"))
+    replica = NodeCore("b", RING, load_reducer("count"))
+    t1 = RING.tokens_of("p")[0]
+    words = words_of(t1, 20)
+    for i, w in enumerate(words, 1):
+        b = Batch(RING.stamp, t1, "s", i, i, 1, encode_payload([w], [1]))
+        primary.receive_batch(b)
+        replica.receive_batch(b)
+        store.append_batch(b)
+        if i == 10:
+            for s in primary.plan_checkpoints():
+                cp = s.checkpoint
+                replica.receive_checkpoint("p", RING.stamp, cp.token, cp.seq, s.base_seq,
+                                           cp.full, dict(cp.states), dict(cp.watermarks))
+                store.write([CopyWrite(cp.token, "p", dict(cp.states), dict(cp.watermarks),
+                                       cp.full)])
+                primary.checkpoint_done(cp.token)
+    store.close()
+    loaded = NodeStore(tmp_path).load()
+    back = restored_core("b", RING, load_reducer("count"), Limits(), loaded.copies,
+                         loaded.batches, 0.0)
+    assert back.replicas.backups.tuples_of(t1) == 10          # past the copy's watermark
+    assert back.replicas.rebuild(t1)[0] == primary.primaries[t1].state.snapshot()
+
+
+# ------------------------------------------------------- real processes
+
+def durable_cluster(tmp_path, nodes=3, **kw) -> LocalCluster:
+    return LocalCluster.up(nodes, 1, workdir=tmp_path, extra_args=[
+        "--data-dir", str(tmp_path / "data" / "{node}")], **kw)
+
+
+def restart_all(cluster: LocalCluster, before_start=None) -> None:
+    """SIGKILL every node at once, then start each again with its command line."""
+    for node in cluster.nodes:
+        node_signal(node, signal.SIGKILL)
+    for node in cluster.nodes:
+        while node.alive():
+            time.sleep(0.01)
+    if before_start is not None:
+        before_start()
+    old, cluster.nodes[:] = list(cluster.nodes), []
+    for node in old:
+        cluster.nodes.append(spawn_node(node.node_id, node.address, node.cmd, node.log))
+    cluster.save()
+    cluster.wait_ready(60)
+
+
+def node_signal(node, sig) -> None:
+    import os
+    os.kill(node.pid, sig)
+
+
+def tear_every_log(root: Path, cut: int = 7) -> int:
+    """A power loss mid-write: the last bytes of every node's newest log segment are
+    gone. Returns how many segments were cut."""
+    torn = 0
+    for log_dir in root.glob("data/*/log"):
+        segments = sorted(log_dir.glob("*" + SUFFIX))
+        if segments and segments[-1].stat().st_size > cut:
+            with open(segments[-1], "r+b") as f:
+                f.truncate(segments[-1].stat().st_size - cut)
+            torn += 1
+    return torn
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("power_loss", [False, True], ids=["sigkill", "power-loss"])
+def test_a_whole_cluster_killed_under_load_comes_back_exact(tmp_path, power_loss):
+    with durable_cluster(tmp_path) as cluster:
+        feeder = Feeder(cluster.seeds)
+        feeder.start()
+        time.sleep(1.5)
+        before = sum(feeder.acked.values())
+        torn = []
+        restart_all(cluster, (lambda: torn.append(tear_every_log(tmp_path)))
+                    if power_loss else None)
+        time.sleep(1.5)
+        client = feeder.finish()
+        assert before > 0 and sum(feeder.acked.values()) > before     # it went on
+        got = dict(client.scan())
+        assert got == feeder.acked, f"{sum(got.values())} != {sum(feeder.acked.values())}"
+        client.close()
+        logs = "".join(open(n.log).read() for n in cluster.nodes)
+        assert "data directory" in logs and "joins empty" not in logs
+        if power_loss:
+            assert torn[0] == len(cluster.nodes) and "torn tail cut" in logs
