@@ -222,6 +222,10 @@ class Durability:
             for source, e in core.replicas.backups.entries(token):
                 self.logged(Batch(0, token, source, e.first_seq, e.last_seq, e.count,
                                   e.payload, e.seqs))
+        # Synced before the copies' write lets the old log go.
+        last, fd = self.store.flush()
+        NodeStore.fsync(fd)
+        self.synced = last
         self.whole(core, everything=True)
 
     def _covered(self, covers: dict[int, dict[str, int]]) -> None:
