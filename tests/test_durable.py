@@ -182,3 +182,72 @@ def test_a_whole_cluster_killed_under_load_comes_back_exact(tmp_path, power_loss
         assert "data directory" in logs and "joins empty" not in logs
         if power_loss:
             assert torn[0] == len(cluster.nodes) and "torn tail cut" in logs
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 24 MiB filesystem (tmpfs), mounted for the test: needs root."""
+    import os
+    import subprocess
+    if os.geteuid() != 0:
+        pytest.skip("mounting a size-limited tmpfs needs root")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(disk)],
+                          capture_output=True, text=True)
+    if done.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    yield disk
+    subprocess.run(["umount", "-l", str(disk)], check=True)
+
+
+def fill(disk: Path) -> Path:
+    """Take every free byte of the filesystem."""
+    filler = disk / "filler"
+    with open(filler, "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * (1 << 16))
+                f.flush()
+        except OSError:
+            pass
+    return filler
+
+
+@pytest.mark.multiprocess
+def test_a_full_disk_refuses_writes_keeps_serving_reads_and_recovers(tmp_path, small_disk):
+    import threading
+    with LocalCluster.up(3, 1, workdir=tmp_path, extra_args=[
+            "--data-dir", str(small_disk / "{node}")]) as cluster:
+        first = [f"a{i % 50}" for i in range(3000)]
+        later = [f"b{i % 50}" for i in range(3000)]
+        with RingClient(cluster.seeds) as client:
+            client.emit_many(first)
+            client.flush()
+        filler = fill(small_disk)
+        done, errors = threading.Event(), []
+
+        def feed_later():
+            try:
+                with RingClient(cluster.seeds, timeout=90) as c:
+                    c.emit_many(later)
+                    c.flush()
+            except Exception as exc:
+                errors.append(exc)
+            done.set()
+        threading.Thread(target=feed_later, daemon=True).start()
+        logs = lambda: "".join(open(n.log).read() for n in cluster.nodes)   # noqa: E731
+        deadline = time.monotonic() + 30
+        while "refusing batches" not in logs():
+            assert time.monotonic() < deadline, "no node noticed the full disk"
+            time.sleep(0.2)
+        assert not done.is_set()                           # held back, not acknowledged
+        with RingClient(cluster.seeds) as reader:          # reads are served meanwhile
+            assert reader.get("a7") == 60
+        filler.unlink()
+        assert done.wait(90) and not errors, errors
+        assert "takes writes again" in logs()
+        with RingClient(cluster.seeds) as client:
+            assert dict(client.scan()) == Counter(first) + Counter(later)
+        for node in cluster.nodes:
+            assert node.alive()

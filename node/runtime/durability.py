@@ -29,6 +29,8 @@ from node.storage.node_store import CopyWrite, Loaded, NodeStore
 
 log = logging.getLogger("floe.node")
 
+REPAIR_SECONDS = 1.0
+
 
 @dataclass
 class DataDir:
@@ -90,6 +92,7 @@ class Durability:
         self._sync = ThreadPoolExecutor(1, thread_name_prefix="floe-fsync")
         self._writes: asyncio.Future | None = None   # the last write queued
         self.failed: BaseException | None = None
+        self.rewrite = False                         # write every copy whole next
         self.held: frozenset = frozenset()           # (token, role) of the last whole write
 
     # ------------------------------------------------------------ the log
@@ -115,27 +118,59 @@ class Durability:
             self._wakeup.set()
         return future
 
+    def check_writable(self) -> None:
+        """Before applying a batch: refuse it while the disk fails (a full disk),
+        rather than apply what could not be logged."""
+        if self.failed is not None:
+            raise Overloaded(f"the data directory fails ({self.failed}); batches are "
+                             f"refused until it takes writes again")
+
     async def run(self) -> None:
-        """The group commit loop."""
+        """The group commit loop; while the disk fails, the repair loop."""
         loop = asyncio.get_running_loop()
         while True:
+            if self.failed is not None:
+                await self._repair(loop)
+                continue
             await self._wakeup.wait()
             self._wakeup.clear()
             await asyncio.sleep(self.interval)       # let more batches join this fsync
-            last, fd = self.store.flush()
             try:
+                last, fd, size, segment = self.store.flush()
                 await loop.run_in_executor(self._sync, NodeStore.fsync, fd)
             except OSError as exc:
                 self._fail(exc)
                 continue
-            self.synced = last
-            while self._waiting and self._waiting[0][0] <= last:
-                _, future = self._waiting.popleft()
-                if not future.done():
-                    future.set_result(None)
+            self.store.log.mark_synced(last, size, segment)
+            self._synced_to(last)
+
+    def _synced_to(self, last: int) -> None:
+        self.synced = max(self.synced, last)
+        while self._waiting and self._waiting[0][0] <= self.synced:
+            _, future = self._waiting.popleft()
+            if not future.done():
+                future.set_result(None)
+
+    async def _repair(self, loop) -> None:
+        """Every second, try to write again what the disk refused: the log records
+        not synced, then every copy whole. Reads are served meanwhile."""
+        await asyncio.sleep(REPAIR_SECONDS)
+        if self._writes is not None:
+            await asyncio.gather(self._writes, return_exceptions=True)
+        try:
+            await loop.run_in_executor(self._disk, self.store.repair)
+        except Exception as exc:
+            log.debug("data directory still fails: %s", exc)
+            return
+        log.warning("data directory %s takes writes again", self.store.dir)
+        self.failed = None
+        self.rewrite = True                       # a copy write may have failed too
+        self._synced_to(self.store.log.next_seq - 1)
 
     def _fail(self, exc: BaseException) -> None:
-        log.error("data directory %s: %s; refusing batches", self.store.dir, exc)
+        if self.failed is None:
+            log.error("data directory %s: %s; refusing batches until it takes writes "
+                      "again", self.store.dir, exc)
         self.failed = exc
         while self._waiting:
             _, future = self._waiting.popleft()
@@ -148,12 +183,22 @@ class Durability:
         """After the machine handled an event: write what its checkpoint round cut,
         and everything whole if the ranges we hold changed."""
         if core.cuts:
-            self.cuts(core.node_id, core.cuts)
+            if self.failed is None:
+                self.cuts(core.node_id, core.cuts)
             core.cuts = []
+        if self.failed is not None:
+            return                                # the repair rewrites everything
         if core.node_id != self.node_id:          # fenced, rejoined as a new member
-            self.store.save_identity(core.node_id, self.incarnation)
+            try:
+                self.store.save_identity(core.node_id, self.incarnation)
+            except Exception as exc:
+                self._fail(exc)
+                return
             self.node_id = core.node_id
             self._uncovered.clear()
+            self.rewrite = True
+        if self.rewrite:
+            self.rewrite = False
             self.whole(core, everything=True)
         elif held_ranges(core) != self.held:
             self.whole(core)
@@ -223,9 +268,7 @@ class Durability:
                 self.logged(Batch(0, token, source, e.first_seq, e.last_seq, e.count,
                                   e.payload, e.seqs))
         # Synced before the copies' write lets the old log go.
-        last, fd = self.store.flush()
-        NodeStore.fsync(fd)
-        self.synced = last
+        self.synced = self.store.sync_now()
         self.whole(core, everything=True)
 
     def _covered(self, covers: dict[int, dict[str, int]]) -> None:
@@ -248,8 +291,10 @@ class Durability:
     async def close(self) -> None:
         if self._writes is not None:
             await asyncio.gather(self._writes, return_exceptions=True)
-        last, fd = self.store.flush()
-        NodeStore.fsync(fd)
+        try:
+            self.store.sync_now()
+        except OSError as exc:
+            log.error("data directory %s: final sync failed: %s", self.store.dir, exc)
         self._disk.shutdown()
         self._sync.shutdown()
         self.store.close()

@@ -301,6 +301,8 @@ class NodeRuntime:
         started = mark = self.clock()
         try:
             for b in item.batches:
+                if self.durable is not None:
+                    self.durable.check_writable()
                 result = core.receive_batch(b, mark)
                 if self.durable is not None and result.applied:   # applied, or kept as a replica
                     self.durable.logged(b)

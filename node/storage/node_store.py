@@ -74,13 +74,27 @@ class CopyWrite:
 
 class NodeStore:
     def __init__(self, data_dir: str | os.PathLike, segment_bytes: int = 64 << 20) -> None:
-        from rocksdict import Options, Rdict        # only durable nodes need it
         self.dir = Path(data_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
+        self.db = self._open_db()
+        self.log = SegmentLog(self.dir / "log", segment_bytes)
+
+    def _open_db(self):
+        from rocksdict import Options, Rdict        # only durable nodes need it
         options = Options(raw_mode=True)
         options.create_if_missing(True)
-        self.db = Rdict(str(self.dir / "state"), options)
-        self.log = SegmentLog(self.dir / "log", segment_bytes)
+        return Rdict(str(self.dir / "state"), options)
+
+    def repair(self) -> None:
+        """After the disk refused a write (it was full): write the log's unsynced
+        records again, and reopen RocksDB, which refuses every write after a failed
+        one until reopened. Raises while the disk still fails."""
+        self.log.repair()
+        try:
+            self.db.close()
+        except Exception:      # it reports the earlier failure, and is closed all the same
+            pass
+        self.db = self._open_db()
 
     # ---------------------------------------------------------- identity
 
@@ -110,14 +124,10 @@ class NodeStore:
         """Log an accepted batch (not yet synced); returns its record number."""
         return self.log.append(pack((b.token, batch_record(b))))
 
-    def flush(self) -> tuple[int, int]:
-        """Hand what was appended to the OS: (last record number, a descriptor to fsync
-        that stays valid if the segment rolls meanwhile; the caller closes it)."""
-        log = self.log
-        if log._file is None:
-            return log.next_seq - 1, -1
-        log._file.flush()
-        return log.next_seq - 1, os.dup(log._file.fileno())
+    def flush(self) -> tuple[int, int, int, int]:
+        """Hand what was appended to the OS (`SegmentLog.flushed`); raises OSError if
+        the disk failed."""
+        return self.log.flushed()
 
     @staticmethod
     def fsync(fd: int) -> None:
@@ -127,6 +137,11 @@ class NodeStore:
                 os.fsync(fd)
             finally:
                 os.close(fd)
+
+    def sync_now(self) -> int:
+        """Flush and fsync here and now; returns the last record synced."""
+        self.log.sync()
+        return self.log.next_seq - 1
 
     def drop_log_before(self, record: int) -> int:
         return self.log.drop_before(record)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import struct
 import zlib
+from collections import deque
 from pathlib import Path
 from typing import Iterator
 
@@ -70,7 +71,14 @@ class SegmentLog:
         self.truncated = 0                               # bytes of torn tail dropped at open
         self._file = None
         self._size = 0
+        # Records appended and not yet synced, and how much of the current segment is
+        # synced: after a failed write or fsync (a full disk) `repair` cuts back to
+        # that and writes them again.
+        self._pending: deque[tuple[int, bytes]] = deque()
+        self._synced_size = 0
+        self.broken: OSError | None = None
         self._recover()
+        self._synced_size = self._size
 
     # ------------------------------------------------------------ recovery
 
@@ -119,33 +127,97 @@ class SegmentLog:
     # -------------------------------------------------------------- writing
 
     def append(self, payload: bytes) -> int:
-        """Append one record (not yet synced); returns its sequence number."""
+        """Append one record (not yet synced); returns its sequence number. A write
+        that fails (a full disk) leaves the log `broken` until `repair`; the record
+        is kept to be written then."""
         if not 0 < len(payload) <= MAX_RECORD:
             raise ValueError(f"a record must hold 1 to {MAX_RECORD} bytes, not {len(payload)}")
-        if self._file is None or self._size >= self.segment_bytes:
-            self._roll()
-        self._file.write(HEADER.pack(len(payload), zlib.crc32(payload)) + payload)
-        self._size += HEADER.size + len(payload)
         seq = self.next_seq
         self.next_seq += 1
+        self._pending.append((seq, payload))
+        if self.broken is None:
+            try:
+                self._write(seq, payload)
+            except OSError as exc:
+                self.broken = exc
         return seq
+
+    def _write(self, seq: int, payload: bytes) -> None:
+        if self._file is None or self._size >= self.segment_bytes:
+            self._roll(seq)
+        self._file.write(HEADER.pack(len(payload), zlib.crc32(payload)) + payload)
+        self._size += HEADER.size + len(payload)
 
     def sync(self) -> None:
         """Everything appended so far is on disk when this returns."""
+        if self.broken is not None:
+            raise self.broken
         if self._file is not None:
             self._file.flush()
             os.fsync(self._file.fileno())
+        self.mark_synced(self.next_seq - 1, self._size, self._current())
 
-    def _roll(self) -> None:
+    def flushed(self) -> tuple[int, int, int, int]:
+        """Hand what was appended to the OS: (last record, a descriptor to fsync on
+        another thread that stays valid if the segment rolls meanwhile, or -1; the
+        segment's size then; the segment's first record). See `mark_synced`."""
+        if self.broken is not None:
+            raise self.broken
+        last = self.next_seq - 1
+        if self._file is None:
+            return last, -1, self._size, self._current()
+        self._file.flush()
+        return last, os.dup(self._file.fileno()), self._size, self._current()
+
+    def _current(self) -> int:
+        return self.segments[-1][0] if self.segments else 0
+
+    def mark_synced(self, last: int, size: int, segment: int) -> None:
+        """Records up to `last` (the current segment up to `size`) are on disk."""
+        if segment == self._current():
+            self._synced_size = max(self._synced_size, size)
+        while self._pending and self._pending[0][0] <= last:
+            self._pending.popleft()
+
+    def repair(self) -> None:
+        """After a failed write or fsync: cut the current segment back to what was
+        synced, write the records since again and sync them (raises while the disk
+        still fails; call again later)."""
         if self._file is not None:
+            try:
+                self._file.close()
+            except OSError:
+                pass
+            self._file = None
+        if self.segments:
+            with open(self.segments[-1][1], "r+b") as f:
+                f.truncate(self._synced_size)
+                os.fsync(f.fileno())
+            self._size = self._synced_size
+        self.broken = None
+        try:
+            for seq, payload in self._pending:
+                self._write(seq, payload)
             self.sync()
+        except OSError as exc:
+            self.broken = exc
+            raise
+
+    def _roll(self, seq: int) -> None:
+        """Start writing record `seq` into a new segment (or, just opened, the last)."""
+        if self._file is not None:
+            self._file.flush()
+            os.fsync(self._file.fileno())
             self._file.close()
+            self._file = None
+            # Everything written so far is synced; the new segment starts empty.
+            self._pending = deque(r for r in self._pending if r[0] >= seq)
         if self.segments and self._size < self.segment_bytes and self._file is None:
             path = self.segments[-1][1]                  # reopen the last segment
         else:
-            path = self.directory / _segment_name(self.next_seq)
-            self.segments.append((self.next_seq, path))
-            self._size = 0
+            path = self.directory / _segment_name(seq)
+            self.segments.append((seq, path))
+            self._size = self._synced_size = 0
             self._sync_directory()
         self._file = open(path, "ab")
 
@@ -184,7 +256,14 @@ class SegmentLog:
         return dropped
 
     def close(self) -> None:
+        """Sync and close; on a broken log what was not synced stays unsynced."""
         if self._file is not None:
-            self.sync()
-            self._file.close()
+            try:
+                self.sync()
+            except OSError:
+                pass
+            try:
+                self._file.close()
+            except OSError:
+                pass
             self._file = None
