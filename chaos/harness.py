@@ -320,14 +320,17 @@ def _sleep_until(t: float, progress: Progress, what: str, t0: float, end: float,
 
 def _settle(sampler: Sampler, cluster: LocalCluster, deadline: float) -> None:
     """Wait until every live node has drained its queue and has every range it owns on
-    r+1 nodes again (or the deadline passes: the timeline will then show it)."""
+    r+1 nodes again (or the deadline passes: the timeline will then show it). Live
+    means every running process: one just restarted may answer the sampler only after
+    its channel's reconnect backoff, and the last sample must count it."""
     while time.monotonic() < deadline:
         time.sleep(0.2)
         if not sampler.samples:
             continue
         nodes = sampler.samples[-1]["nodes"]
-        if nodes and all(n["queue_length"] == 0 and n["under_replicated"] == 0
-                         for n in nodes.values()):
+        running = sum(1 for node in cluster.nodes if node.alive())
+        if nodes and len(nodes) >= running and all(
+                n["queue_length"] == 0 and n["under_replicated"] == 0 for n in nodes.values()):
             return
 
 
