@@ -58,9 +58,9 @@ class OpenLoopFeeder(threading.Thread):
     """Emits `rate` tuples/s in 20 ms ticks; a flush every half second counts what the
     ring acknowledged."""
 
-    def __init__(self, seeds, rate: float, words: list[str]) -> None:
+    def __init__(self, seeds, rate: float, words: list[str], tls=None) -> None:
         super().__init__(daemon=True)
-        self.client = RingClient(seeds, linger=0.01, timeout=60, batch_size=100)
+        self.client = RingClient(seeds, linger=0.01, timeout=60, batch_size=100, tls=tls)
         self.rate, self.words = rate, words
         self.acked, self.stop, self.error = Counter(), threading.Event(), None
 
@@ -96,7 +96,7 @@ def run(workdir: str | Path, seconds: float = 20.0, rate: float = 30_000, nodes:
              "--balance-cooldown", str(cooldown)]   # the default failure detector
     with LocalCluster.up(nodes, 1, workdir=workdir, reducer="chaos.costly:CostlyCount",
                          tokens_per_node=8, extra_args=extra) as cluster:
-        probe = RingClient(cluster.seeds, timeout=30)
+        probe = RingClient(cluster.seeds, timeout=30, tls=cluster.tls("client"))
         ring = probe.ring
         hot_keys = hot_words_in_one_range(ring, "n0", hot) if one_range else \
             hot_words(ring, "n0", hot)
@@ -108,7 +108,7 @@ def run(workdir: str | Path, seconds: float = 20.0, rate: float = 30_000, nodes:
             else:
                 stream.append(background[b % len(background)])
                 b += 1
-        feeder = OpenLoopFeeder(cluster.seeds, rate, stream)
+        feeder = OpenLoopFeeder(cluster.seeds, rate, stream, tls=cluster.tls("client"))
         started = time.time()
         feeder.start()
         samples = []                       # (t, ring, {node: stats dict})

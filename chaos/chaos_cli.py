@@ -1,7 +1,7 @@
 """`floe chaos`: list the built-in scenarios, run one.
 
     floe chaos list
-    floe chaos run SCENARIO [--seed N] [--out DIR] [--no-plots]
+    floe chaos run SCENARIO [--seed N] [--out DIR] [--no-plots] [--insecure]
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ def cmd_list(args) -> int:
 
 def cmd_run(args) -> int:
     from chaos.harness import run_scenario, summary_table
-    from chaos.scenarios import load_scenario
-    scenario = load_scenario(args.scenario)
+    from chaos.scenarios import load_scenario, with_overrides
+    scenario = with_overrides(load_scenario(args.scenario),
+                              tls=False if args.insecure else None)
     result = run_scenario(scenario, args.seed, args.out, plots=not args.no_plots)
     print(summary_table(result))
     if result.get("plots"):
@@ -42,6 +43,8 @@ def add_chaos_command(sub) -> None:
     run.add_argument("--seed", type=int, default=1, help="same seed, same faults and load")
     run.add_argument("--out", help="output directory (default chaos-results/NAME-seedN-TIME)")
     run.add_argument("--no-plots", action="store_true")
+    run.add_argument("--insecure", action="store_true",
+                     help="run the cluster in the clear (default: mutual TLS on every call)")
     run.set_defaults(func=cmd_run)
 
 

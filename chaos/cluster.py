@@ -65,10 +65,12 @@ class LocalCluster:
     def up(cls, nodes: int, replicas: int = 1, *, base_port: int | None = None,
            workdir: str | Path = ".", reducer: str = "count", tokens_per_node: int = 8,
            extra_args: list[str] | None = None, ready_timeout: float = 30.0,
-           host: str = "127.0.0.1", tls: bool = False) -> "LocalCluster":
-        """Start `nodes` node processes. With `tls`, a throwaway CA and certificates
-        for every node, a client and an operator are written to
-        floe-cluster/tls/ and every call is mutual TLS (node.transport.tls)."""
+           host: str = "127.0.0.1", tls: bool = True) -> "LocalCluster":
+        """Start `nodes` node processes. With `tls` (the default), a throwaway CA and
+        certificates for every node, a client and an operator are written to
+        floe-cluster/tls/ and every call is mutual TLS (node.transport.tls); callers
+        take their credentials from `tls("client")` / `tls("operator")`. `tls=False`
+        serves in the clear, for what must be shown without authentication."""
         if nodes < 1:
             raise ValueError("a cluster needs at least one node")
         if replicas < 0:
@@ -256,12 +258,23 @@ class LocalCluster:
     def seeds(self) -> list[str]:
         return [n.address for n in self.nodes]
 
+    @property
+    def tls_dir(self) -> Path | None:
+        """The directory of the ring's CA and certificates, or None in the clear."""
+        if "--tls-dir" not in self.extra_args:
+            return None
+        return Path(self.extra_args[self.extra_args.index("--tls-dir") + 1])
+
     def tls(self, name: str = "client") -> TlsFiles | None:
         """`name`'s credentials (client, operator or a node id) if the cluster runs
         TLS, else None."""
-        if "--tls-dir" not in self.extra_args:
-            return None
-        return TlsFiles.in_dir(self.extra_args[self.extra_args.index("--tls-dir") + 1], name)
+        directory = self.tls_dir
+        return None if directory is None else TlsFiles.in_dir(directory, name)
+
+    def channel(self, address: str, name: str = "client", **kwargs) -> grpc.Channel:
+        """A blocking channel to `address` with `name`'s credentials when the cluster
+        runs TLS."""
+        return channel(address, self.tls(name), **kwargs)
 
     def save(self) -> None:
         data = {"replicas": self.replicas, "reducer": self.reducer,
@@ -342,11 +355,17 @@ def _port_free(host: str, port: int) -> bool:
     return True
 
 
+def channel(address: str, tls: TlsFiles | None = None, options=None) -> grpc.Channel:
+    """A blocking channel: mutual TLS with `tls`, else in the clear."""
+    if tls is None:
+        return grpc.insecure_channel(address, options=options)
+    return grpc.secure_channel(address, tls.channel_credentials(), options=options)
+
+
 def serving(address: str, tls: TlsFiles | None = None) -> bool:
     try:
-        with (grpc.secure_channel(address, tls.channel_credentials()) if tls
-              else grpc.insecure_channel(address)) as channel:
-            reply = health_pb2_grpc.HealthStub(channel).Check(
+        with channel(address, tls) as health:
+            reply = health_pb2_grpc.HealthStub(health).Check(
                 health_pb2.HealthCheckRequest(), timeout=0.5)
             return reply.status == health_pb2.HealthCheckResponse.SERVING
     except grpc.RpcError:

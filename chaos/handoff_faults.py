@@ -109,13 +109,15 @@ def kill_mid_handoff(cluster: LocalCluster, p: PlannedFault, timeout: float = 30
         _wait_member(cluster, givers, p.newcomer)
         detail["joined_s"] = round(time.time() - t, 3)
     calls = []
+    operator = cluster.tls("operator")
     for giver, (receiver, tokens) in givers.items():
         address = cluster.node(giver).address
         if p.handoff == "scale-in":
-            request = (lambda a=address: request_handoff(a, [], leave=True, timeout=timeout))
+            request = (lambda a=address: request_handoff(a, [], leave=True, timeout=timeout,
+                                                         tls=operator))
         else:
             request = (lambda a=address, t=tokens, r=receiver: request_handoff(
-                a, t, r, timeout=timeout))
+                a, t, r, timeout=timeout, tls=operator))
         calls.append(_Call(request, giver))
     watched_call = next(c for c in calls if c.label == p.watch)
     receiver = givers[p.watch][0]
@@ -171,7 +173,8 @@ def _wait_member(cluster: LocalCluster, givers, newcomer: str, timeout: float = 
     from mapper import RingClient
     deadline = time.monotonic() + timeout
     for giver in givers:
-        with RingClient([cluster.node(giver).address], timeout=30) as client:
+        with RingClient([cluster.node(giver).address], timeout=30,
+                        tls=cluster.tls("client")) as client:
             while newcomer not in client.refresh_ring().nodes:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"{giver} did not learn of {newcomer} in {timeout}s")

@@ -1,12 +1,13 @@
 """Run a chaos scenario against a real local cluster and judge it.
 
-    python -m chaos.harness SCENARIO [--seed N] [--out DIR]     (also: floe chaos run)
+    python -m chaos.harness SCENARIO [--seed N] [--out DIR] [--insecure]   (also: floe chaos run)
 
-Each round: start the cluster with the same launcher `floe up` uses, start the mapper
-processes (real RingClients, fixed rate), inject the planned faults into processes
-started here (by PID), sample every node's stats, stop the load, let re-replication
-settle, read the ring back and check it against the mappers' journals (chaos.oracle),
-and time every failure from the nodes' structured events (chaos.timeline). Writes result.json and
+Each round: start the cluster with the same launcher `floe up` uses (mutual TLS on
+every call unless the scenario says `tls = false`), start the mapper processes (real
+RingClients, fixed rate), inject the planned faults into processes started here (by
+PID), sample every node's stats, stop the load, let re-replication settle, read the
+ring back and check it against the mappers' journals (chaos.oracle), and time every
+failure from the nodes' structured events (chaos.timeline). Writes result.json and
 PNG plots to the output directory and prints a summary table.
 """
 
@@ -31,7 +32,7 @@ from chaos.cluster import LocalCluster
 from chaos.load import chunk_ids, chunk_keys
 from chaos.mapper_proc import MapperHandle
 from chaos.oracle import Verdict, check, check_ids, unreadable
-from chaos.scenarios import PlannedFault, Scenario, load_scenario, plan
+from chaos.scenarios import PlannedFault, Scenario, load_scenario, plan, with_overrides
 from chaos.timeline import (STAGES, FailureTimeline, Injected, by_simultaneous,
                             failure_timelines, parse_events, stage_summary)
 
@@ -66,9 +67,9 @@ def bar(fraction: float, width: int = 24) -> str:
 class Sampler(threading.Thread):
     """Polls every node's stats (applied tuples, backup size, queue) every `interval`."""
 
-    def __init__(self, seeds: list[str], interval: float = 0.1) -> None:
+    def __init__(self, seeds: list[str], interval: float = 0.1, tls=None) -> None:
         super().__init__(daemon=True, name="chaos-sampler")
-        self.seeds, self.interval = seeds, interval
+        self.seeds, self.interval, self.tls = seeds, interval, tls
         self.samples: list[dict] = []
         self.stopping = threading.Event()
         self.error: str | None = None
@@ -76,7 +77,7 @@ class Sampler(threading.Thread):
     def run(self) -> None:
         from mapper import RingClient
         try:
-            client = RingClient(self.seeds, rpc_timeout=0.3, timeout=10)
+            client = RingClient(self.seeds, rpc_timeout=0.3, timeout=10, tls=self.tls)
         except Exception as exc:
             self.error = repr(exc)
             return
@@ -172,7 +173,8 @@ def run_round(scenario: Scenario, seed: int, index: int, planned: list[PlannedFa
     progress.update(f"{scenario.name} {tag}: starting {scenario.nodes} nodes")
     cluster = LocalCluster.up(scenario.nodes, scenario.replicas, workdir=workdir,
                               tokens_per_node=scenario.tokens_per_node,
-                              reducer=scenario.reducer, extra_args=list(scenario.node_args))
+                              reducer=scenario.reducer, extra_args=list(scenario.node_args),
+                              tls=scenario.tls)
     mappers: list[MapperHandle] = []
     retired: list[MapperHandle] = []
     sampler = None
@@ -181,9 +183,9 @@ def run_round(scenario: Scenario, seed: int, index: int, planned: list[PlannedFa
             name = f"mapper-{m}" + (f".{generation}" if generation else "")
             return MapperHandle(cluster.seeds, scenario.load, seed, m,
                                 str(workdir / f"{name}.journal"), str(workdir / f"{name}.log"),
-                                first_chunk=first)
+                                first_chunk=first, tls_dir=cluster.tls_dir)
 
-        sampler = Sampler(cluster.seeds)
+        sampler = Sampler(cluster.seeds, tls=cluster.tls("client"))
         sampler.start()
         mappers = [start_mapper(m) for m in range(scenario.load.mappers)]
         result.load_started = _wait_load_started(mappers)
@@ -320,14 +322,17 @@ def _sleep_until(t: float, progress: Progress, what: str, t0: float, end: float,
 
 def _settle(sampler: Sampler, cluster: LocalCluster, deadline: float) -> None:
     """Wait until every live node has drained its queue and has every range it owns on
-    r+1 nodes again (or the deadline passes: the timeline will then show it)."""
+    r+1 nodes again (or the deadline passes: the timeline will then show it). Live
+    means every running process: one just restarted may answer the sampler only after
+    its channel's reconnect backoff, and the last sample must count it."""
     while time.monotonic() < deadline:
         time.sleep(0.2)
         if not sampler.samples:
             continue
         nodes = sampler.samples[-1]["nodes"]
-        if nodes and all(n["queue_length"] == 0 and n["under_replicated"] == 0
-                         for n in nodes.values()):
+        running = sum(1 for node in cluster.nodes if node.alive())
+        if nodes and len(nodes) >= running and all(
+                n["queue_length"] == 0 and n["under_replicated"] == 0 for n in nodes.values()):
             return
 
 
@@ -363,7 +368,7 @@ def _verify(cluster: LocalCluster, acked, unacked, ids: bool) -> Verdict:
     from mapper import RingClient
     seeds = [n.address for n in cluster.nodes if n.alive()]
     try:
-        client = RingClient(seeds, timeout=60)
+        client = RingClient(seeds, timeout=60, tls=cluster.tls("client"))
         try:
             counted = dict(client.scan())
         finally:
@@ -481,9 +486,12 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", help="output directory (default chaos-results/NAME-seedN-TIME)")
     parser.add_argument("--no-plots", action="store_true")
+    parser.add_argument("--insecure", action="store_true",
+                        help="run the cluster in the clear (default: mutual TLS on every call)")
     args = parser.parse_args(argv)
     try:
-        scenario = load_scenario(args.scenario)
+        scenario = with_overrides(load_scenario(args.scenario),
+                                  tls=False if args.insecure else None)
         result = run_scenario(scenario, args.seed, args.out, plots=not args.no_plots)
     except ValueError as exc:
         print(f"floe chaos: {exc}", file=sys.stderr)

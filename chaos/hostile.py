@@ -2,6 +2,9 @@
 requests past the node's limits, a poisoned stream number. Every one must be refused
 with the status that names why, while the load goes on; the harness then checks that
 every acknowledged tuple is counted exactly and that nobody was declared dead.
+
+It calls in the clear, with no certificate: on a ring in the clear, so what is refused
+is refused by the node's validation alone (under TLS the handshake would stop it first).
 """
 
 from __future__ import annotations
@@ -76,6 +79,9 @@ def attack(address: str) -> dict[str, str]:
 
 
 def hostile_clients(cluster: LocalCluster, node_ids) -> Injected:
+    if cluster.tls() is not None:
+        raise RuntimeError("the hostile client calls without a certificate: it needs a "
+                           "cluster in the clear (tls=False)")
     at = time.time()
     detail = {node_id: attack(cluster.node(node_id).address) for node_id in node_ids}
     return Injected("hostile", tuple(node_ids), at, detail=detail)

@@ -1,7 +1,7 @@
 """A mapper as its own process, so the harness can SIGKILL it mid-chunk.
 
     python -m chaos.mapper_proc --seeds HOST:PORT,... --load JSON --seed N --mapper M \
-        --journal FILE [--first-chunk I]
+        --journal FILE [--first-chunk I] [--tls-dir DIR]
 
 Sends chunk after chunk of `chaos.load.chunk_keys(load, seed, mapper, i)` at the load's
 fixed rate, each emitted then flushed, until SIGTERM (it then finishes the chunk in
@@ -74,6 +74,8 @@ def main(argv=None) -> int:
     parser.add_argument("--journal", required=True)
     parser.add_argument("--first-chunk", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=30.0)
+    parser.add_argument("--tls-dir", help="the ring's ca.pem and client.pem/.key, when it "
+                                          "runs mutual TLS")
     args = parser.parse_args(argv)
     load = Load(**json.loads(args.load))
 
@@ -81,8 +83,11 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
 
     from mapper import RingClient
+    from node.transport.tls import TlsFiles
     journal = Journal(args.journal)
-    client = RingClient(args.seeds, linger=0.005, batch_size=1000, timeout=args.timeout)
+    tls = TlsFiles.in_dir(args.tls_dir, "client") if args.tls_dir else None
+    client = RingClient(args.seeds, linger=0.005, batch_size=1000, timeout=args.timeout,
+                        tls=tls)
     journal.write("start", client.source, f"{time.time():.6f}")
     period = load.chunk / load.rate
     index = args.first_chunk
@@ -122,7 +127,7 @@ class MapperHandle:
     """The harness's side: start one mapper process and stop it by its own PID."""
 
     def __init__(self, seeds: list[str], load: Load, seed: int, mapper: int, journal: str,
-                 log: str, first_chunk: int = 0) -> None:
+                 log: str, first_chunk: int = 0, tls_dir: str | None = None) -> None:
         import dataclasses
         import subprocess
         from chaos.cluster import node_env
@@ -132,6 +137,8 @@ class MapperHandle:
                "--load", json.dumps(dataclasses.asdict(load)), "--seed", str(seed),
                "--mapper", str(mapper), "--journal", journal,
                "--first-chunk", str(first_chunk)]
+        if tls_dir is not None:
+            cmd += ["--tls-dir", str(tls_dir)]
         with open(log, "ab") as out:
             self.popen = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
                                           stdin=subprocess.DEVNULL, start_new_session=True,

@@ -39,7 +39,7 @@ def false_positives(nodes: int, replicas: int, seconds: float, words: list[str])
     were wrongly declared dead in each phase."""
     with tempfile.TemporaryDirectory(prefix="floe-fp-") as workdir:
         with LocalCluster.up(nodes, replicas, workdir=workdir) as cluster:
-            with RingClient(cluster.seeds) as client:
+            with RingClient(cluster.seeds, tls=cluster.tls("client")) as client:
                 deadline = time.monotonic() + seconds
                 while time.monotonic() < deadline:
                     client.emit_many(words[:50_000])

@@ -60,6 +60,9 @@ def restart_node(cluster: LocalCluster, node_id: str, *, graceful: bool = True,
     seeds = [n.address for n in cluster.nodes if n.alive()]
     client_tls = cluster.tls("client")
     name = member_at(process.address, seeds, timeout, client_tls)
+    # When the leave left owners without replicas (n <= r+1), they refill the new
+    # member by themselves: plan the rest only from the ring that refill made.
+    wait_replicated(seeds, timeout, client_tls)
     from mapper import RingClient
     with RingClient(seeds, timeout=timeout, tls=client_tls) as client:
         ring = client.refresh_ring()

@@ -125,6 +125,9 @@ class Scenario:
     tokens_per_node: int = 8
     ci: bool = False              # small enough for the test suite
     node_args: tuple[str, ...] = ()   # extra flags for every node process
+    # Mutual TLS on every call, as deployed; False serves in the clear, for a fault
+    # that must show what a node refuses without knowing who is calling.
+    tls: bool = True
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.replicas < 0 or not self.rounds:
@@ -132,6 +135,9 @@ class Scenario:
         if self.duration <= 0 or self.settle < 0:
             raise ValueError("duration must be > 0 and settle >= 0")
         object.__setattr__(self, "node_args", tuple(str(a) for a in self.node_args))
+        if self.tls and any(f.kind == "hostile" for r in self.rounds for f in r.faults):
+            raise ValueError("a hostile fault sends unauthenticated requests, which TLS "
+                             "would stop at the handshake: give the scenario tls = false")
 
     @property
     def reducer(self) -> str:
@@ -446,9 +452,11 @@ BUILTIN: dict[str, Scenario] = {s.name: s for s in [
     Scenario("hostile-clients", "a hostile client sends one node forged ring views, "
              "queries past its limits, an oversized source id and a NaN timeout while the "
              "load runs: each is refused with its status, nobody is declared dead, every "
-             "tuple checked by its id", 4, 1,
+             "tuple checked by its id; in the clear, so that what is refused is refused "
+             "by validation alone, with no certificate to stop it", 4, 1,
              (Round((Fault("hostile", "one", at=0.8),)),),
-             Load("zipf", rate=3000, chunk=300, ids=True), duration=2.5, ci=True),
+             Load("zipf", rate=3000, chunk=300, ids=True), duration=2.5, ci=True,
+             tls=False),
     simultaneous_kills("target-n8", "n=8, r=1: 1..4 non-adjacent SIGKILLs at once, 5 "
                        "rounds each (the recovery target)", 8, range(1, 5), 5, rate=10_000),
     simultaneous_kills("fig8b", "the paper's Fig. 8b: n=12, r=1, 1..6 non-adjacent "

@@ -88,8 +88,10 @@ class RingCount:
         return "ring, combined per partition" if combine else "ring, every tuple"
 
     def start(self, source: Path, checkpoint: Path, available_now: bool, files_per_batch: int):
+        tls_dir = self.cluster.tls_dir
         sink = RingSink(seeds=tuple(self.cluster.seeds), map_spec="mapper.words:split_words",
-                        reducer="count", combine=self.combine)
+                        reducer="count", combine=self.combine,
+                        tls_dir=None if tls_dir is None else str(tls_dir))
         writer = (self.spark.readStream.option("maxFilesPerTrigger", files_per_batch)
                   .text(str(source)).writeStream.foreachBatch(sink)
                   .option("checkpointLocation", str(checkpoint)))
@@ -100,12 +102,12 @@ class RingCount:
         return query
 
     def result(self) -> dict:
-        with RingClient(self.cluster.seeds) as client:
+        with RingClient(self.cluster.seeds, tls=self.cluster.tls("client")) as client:
             return dict(client.scan())
 
     def query_latency(self, keys: list[str], rounds: int = 200) -> tuple[float, float]:
         """Live state queries while nothing else runs: get(key) p50, top(20) p50 (ms)."""
-        with RingClient(self.cluster.seeds) as client:
+        with RingClient(self.cluster.seeds, tls=self.cluster.tls("client")) as client:
             gets, tops = [], []
             for i in range(rounds):
                 t = time.perf_counter()

@@ -90,12 +90,13 @@ def corpus_words() -> list[str]:
 
 
 class Feeder(threading.Thread):
-    """Emits WORDS in flushed rounds until stopped; `acked` counts what flush() confirmed."""
+    """Emits WORDS in flushed rounds until stopped; `acked` counts what flush() confirmed.
+    `tls`: the client's credentials on a TLS ring (`cluster.tls("client")`)."""
 
-    def __init__(self, seeds, rounds=10_000):
+    def __init__(self, seeds, rounds=10_000, tls=None):
         super().__init__(daemon=True)
         from mapper import RingClient
-        self.client = RingClient(seeds, linger=0.01, timeout=30)
+        self.client = RingClient(seeds, linger=0.01, timeout=30, tls=tls)
         self.acked = Counter()
         self.stop = threading.Event()
         self.error = None

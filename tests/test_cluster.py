@@ -6,7 +6,6 @@ import time
 from collections import Counter
 from pathlib import Path
 
-import grpc
 import pytest
 
 from chaos.cluster import LocalCluster
@@ -29,12 +28,14 @@ def cluster(tmp_path):
 
 
 def test_corpus_counts_are_exact_and_resends_are_not_counted(cluster):
-    with RingClient(cluster.seeds, source="corpus", batch_size=500) as client:
+    with RingClient(cluster.seeds, source="corpus", batch_size=500,
+                    tls=cluster.tls()) as client:
         client.emit_many(WORDS)
         client.flush()
         assert dict(client.scan()) == Counter(WORDS)
     # A second incarnation resending the same (source, seq)s, e.g. a retried task.
-    with RingClient(cluster.seeds, source="corpus", batch_size=300) as again:
+    with RingClient(cluster.seeds, source="corpus", batch_size=300,
+                    tls=cluster.tls()) as again:
         again.emit_many(WORDS[:20_000])
         again.flush()
         assert dict(again.scan()) == Counter(WORDS)
@@ -44,15 +45,15 @@ def test_corpus_counts_are_exact_and_resends_are_not_counted(cluster):
     assert all(Counter(WORDS)[w] == c for w, c in top)
 
 
-def inspect(address, token):
-    with grpc.insecure_channel(address) as channel:
+def inspect(cluster, address, token):
+    with cluster.channel(address) as channel:
         reply = floe_pb2_grpc.QueryPlaneStub(channel).InspectRange(
             floe_pb2.RangeRequest(token=token), timeout=10)
     return reply.role, unpack_entries(reply.entries)
 
 
 def test_every_replica_holds_a_complete_copy_after_a_checkpoint(cluster):
-    with RingClient(cluster.seeds) as client:
+    with RingClient(cluster.seeds, tls=cluster.tls()) as client:
         client.emit_many(WORDS)
         client.flush()
         ring = client.ring
@@ -60,10 +61,10 @@ def test_every_replica_holds_a_complete_copy_after_a_checkpoint(cluster):
         wait_for(lambda: all(s["backup_tuples"] == 0 for s in client.stats()),
                  what="checkpoints to evict every backup")
     for token in ring.tokens:
-        role, primary = inspect(ring.address(ring.owner_of_token(token)), token)
+        role, primary = inspect(cluster, ring.address(ring.owner_of_token(token)), token)
         assert role == "primary"
         for replica in ring.replicas_of_token(token):
-            assert inspect(ring.address(replica), token) == ("replica", primary)
+            assert inspect(cluster, ring.address(replica), token) == ("replica", primary)
 
 
 def test_cli_up_feed_query_status_down(tmp_path):
@@ -101,7 +102,7 @@ def test_linger_sealing_racing_full_batches_keeps_counts_exact(cluster):
     # A tiny linger makes the client's timer seal buffers while emit() seals full ones;
     # seqs of a token must still reach the nodes in order or dedup would drop tuples.
     words = WORDS[:60_000]
-    with RingClient(cluster.seeds, batch_size=40, linger=0.001) as client:
+    with RingClient(cluster.seeds, batch_size=40, linger=0.001, tls=cluster.tls()) as client:
         for start in range(0, len(words), 500):
             for word in words[start:start + 500]:
                 client.emit(word)
@@ -114,7 +115,7 @@ def test_sigterm_drains_and_ships_a_final_checkpoint(tmp_path):
     # Periodic checkpoints are far apart, so only the shutdown one can evict backups.
     with LocalCluster.up(4, 1, workdir=tmp_path,
                          extra_args=["--checkpoint-interval", "60"]) as cluster:
-        with RingClient(cluster.seeds) as client:
+        with RingClient(cluster.seeds, tls=cluster.tls()) as client:
             client.emit_many(WORDS)
             client.flush()
             before = {s["node_id"]: s["backup_tuples"] for s in client.stats()}
@@ -133,7 +134,7 @@ def test_flush_to_a_dead_node_fails_cleanly_instead_of_hanging(tmp_path):
     # With r=0 nobody holds a copy to take over from: the client must give up, not hang.
     from node.core.errors import Unavailable
     with LocalCluster.up(2, 0, workdir=tmp_path) as cluster:
-        client = RingClient(cluster.seeds, timeout=3.0, rpc_timeout=0.5)
+        client = RingClient(cluster.seeds, timeout=3.0, rpc_timeout=0.5, tls=cluster.tls())
         client.emit_many(WORDS[:1000])
         client.flush()
         cluster.kill("n1")
@@ -149,7 +150,7 @@ def test_flush_to_a_dead_node_fails_cleanly_instead_of_hanging(tmp_path):
 
 def test_bad_keys_and_values_are_refused_at_emit(cluster):
     from node.core.errors import InvalidArgument, InvalidKey
-    with RingClient(cluster.seeds) as client:
+    with RingClient(cluster.seeds, tls=cluster.tls()) as client:
         for key in (1.5, None, True, ("a",), "\ud800"):
             with pytest.raises(InvalidKey):
                 client.emit(key)

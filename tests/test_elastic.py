@@ -17,7 +17,7 @@ pytestmark = pytest.mark.multiprocess
 
 def test_floe_move_under_a_streaming_mapper(tmp_path):
     with LocalCluster.up(3, 1, workdir=tmp_path, tokens_per_node=4) as cluster:
-        feeder = Feeder(cluster.seeds)
+        feeder = Feeder(cluster.seeds, tls=cluster.tls())
         feeder.start()
         time.sleep(0.5)
         ring = feeder.client.refresh_ring()
@@ -40,7 +40,7 @@ def test_floe_move_under_a_streaming_mapper(tmp_path):
 
 def test_scale_out_3_to_5_and_back_to_3_under_load(tmp_path):
     with LocalCluster.up(3, 1, workdir=tmp_path, tokens_per_node=4) as cluster:
-        feeder = Feeder(cluster.seeds)
+        feeder = Feeder(cluster.seeds, tls=cluster.tls())
         feeder.start()
         time.sleep(0.5)
         out = floe(tmp_path, "scale", "--add", "2")
@@ -68,7 +68,7 @@ def test_scale_out_3_to_5_and_back_to_3_under_load(tmp_path):
 @pytest.mark.parametrize("victim", ["owner", "target"])
 def test_a_kill_in_the_middle_of_a_move_loses_nothing(tmp_path, victim):
     with LocalCluster.up(4, 1, workdir=tmp_path, tokens_per_node=4) as cluster:
-        feeder = Feeder(cluster.seeds)
+        feeder = Feeder(cluster.seeds, tls=cluster.tls())
         feeder.start()
         time.sleep(0.5)
         ring = feeder.client.refresh_ring()
@@ -78,7 +78,8 @@ def test_a_kill_in_the_middle_of_a_move_loses_nothing(tmp_path, victim):
 
         def move():
             try:
-                result["reply"] = request_handoff(ring.address("n0"), tokens, target, timeout=10)
+                result["reply"] = request_handoff(ring.address("n0"), tokens, target, timeout=10,
+                                                  tls=cluster.tls("operator"))
             except Exception as exc:      # the owner may die under it
                 result["error"] = exc
         mover = threading.Thread(target=move)
@@ -110,7 +111,7 @@ def test_autoscale_adds_a_node_under_load_and_removes_it_when_idle(tmp_path):
     with LocalCluster.up(3, 1, workdir=tmp_path, reducer="chaos.costly:CostlyCount",
                          tokens_per_node=4, extra_args=extra) as cluster:
         words = [f"w{i}" for i in range(5000)]          # uniform: every node gets its share
-        feeder = OpenLoopFeeder(cluster.seeds, 60_000, words)
+        feeder = OpenLoopFeeder(cluster.seeds, 60_000, words, tls=cluster.tls())
         feeder.start()
         changes = []
         scaler = threading.Thread(target=lambda: autoscale_loop(

@@ -5,7 +5,6 @@ import signal
 import time
 from pathlib import Path
 
-import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -16,7 +15,7 @@ from tests.helpers import Feeder, events_of
 pytestmark = pytest.mark.multiprocess
 
 def run_with_faults(cluster, inject, settle=1.0):
-    feeder = Feeder(cluster.seeds)
+    feeder = Feeder(cluster.seeds, tls=cluster.tls())
     feeder.start()
     time.sleep(0.5)
     inject()
@@ -99,7 +98,7 @@ def test_sigstop_past_detection_then_sigcont_is_fenced_and_rejoins_empty(tmp_pat
         assert by_id["n2#1"]["rejoined"] == 1 and not by_id["n2#1"]["fenced"]
         assert any(e["kind"] == "fenced" and e["rejoins_as"] == "n2#1"
                    for e in events_of(cluster, "n2"))
-        with grpc.insecure_channel(cluster.node("n2").address) as channel:
+        with cluster.channel(cluster.node("n2").address) as channel:
             health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
             assert health.status == health_pb2.HealthCheckResponse.SERVING
 

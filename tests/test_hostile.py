@@ -90,9 +90,11 @@ def test_a_refused_batch_does_not_retire_its_sources_stream():
 
 # ------------------------------------------------------------ real processes
 
+# In the clear: what a node refuses from anyone who can reach its port, by validation
+# alone (tests/test_tls.py: what the certificates refuse first).
 @pytest.fixture
 def cluster(tmp_path):
-    with LocalCluster.up(3, 1, workdir=tmp_path) as cluster:
+    with LocalCluster.up(3, 1, workdir=tmp_path, tls=False) as cluster:
         yield cluster
 
 
@@ -245,7 +247,7 @@ def test_hostile_text_in_statuses_is_escaped_and_cut():
 
 @pytest.mark.multiprocess
 def test_splits_stop_at_the_token_limit_and_timeouts_are_checked(tmp_path):
-    with LocalCluster.up(2, 1, workdir=tmp_path, tokens_per_node=2,
+    with LocalCluster.up(2, 1, workdir=tmp_path, tokens_per_node=2, tls=False,
                          extra_args=["--max-tokens", "6"]) as cluster:
         node = cluster.nodes[0]
         with RingClient(cluster.seeds) as client:
@@ -276,7 +278,7 @@ def test_splits_stop_at_the_token_limit_and_timeouts_are_checked(tmp_path):
 def test_heavy_queries_on_a_large_state_do_not_get_a_node_declared_dead(tmp_path):
     import threading
     from tests.helpers import events_of
-    with LocalCluster.up(3, 1, workdir=tmp_path) as cluster:
+    with LocalCluster.up(3, 1, workdir=tmp_path, tls=False) as cluster:
         keys = [f"k{i}" for i in range(300_000)]
         with RingClient(cluster.seeds, batch_size=5000) as client:
             client.emit_many(keys)

@@ -42,17 +42,17 @@ def test_restarting_each_node_in_place_loses_nothing(tmp_path):
     member; owners left without replicas (from the second restart on) refill such a
     member with ranges by themselves, so nothing is lost."""
     with LocalCluster.up(3, 1, workdir=tmp_path) as cluster:
-        with RingClient(cluster.seeds, timeout=30) as client:
+        with RingClient(cluster.seeds, timeout=30, tls=cluster.tls()) as client:
             client.emit_many(WORDS16 * 3)
             client.flush()
         names = []
         for node_id in ["n0", "n1", "n2"]:
             fresh = restart_in_place(cluster, node_id, signal.SIGTERM)
-            name = member_at(fresh.address, cluster.seeds, 30)
+            name = member_at(fresh.address, cluster.seeds, 30, cluster.tls())
             assert name != node_id, "a restarted process came back as the member it was"
             names.append(name)
-            wait_replicated(cluster.seeds, 30)
-            with RingClient(cluster.seeds, timeout=30) as client:
+            wait_replicated(cluster.seeds, 30, cluster.tls())
+            with RingClient(cluster.seeds, timeout=30, tls=cluster.tls()) as client:
                 ring = client.refresh_ring()
                 assert node_id in ring.removed and not ring.lost, ring.describe()
                 assert answers(client, WORDS16) == {w: 3 for w in WORDS16}
@@ -63,13 +63,13 @@ def test_back_to_back_restarts_never_serve_a_lost_key_as_absent(tmp_path):
     """The same without waiting between restarts: a range may lose every copy, and
     then its keys are an error, never "absent"."""
     with LocalCluster.up(3, 1, workdir=tmp_path) as cluster:
-        with RingClient(cluster.seeds, timeout=30) as client:
+        with RingClient(cluster.seeds, timeout=30, tls=cluster.tls()) as client:
             client.emit_many(WORDS16 * 3)
             client.flush()
         for node_id in ["n0", "n1", "n2"]:
             fresh = restart_in_place(cluster, node_id, signal.SIGKILL)
-            member_at(fresh.address, cluster.seeds, 30)
-        with RingClient(cluster.seeds, timeout=30) as client:
+            member_at(fresh.address, cluster.seeds, 30, cluster.tls())
+        with RingClient(cluster.seeds, timeout=30, tls=cluster.tls()) as client:
             client.refresh_ring()
             got = answers(client, WORDS16)
         for word, value in got.items():
@@ -82,11 +82,12 @@ def test_a_kill_and_restart_inside_the_detection_window_under_load_is_exact(tmp_
     to suspect silence only after 4 s, so the restart surely beats their detector.)"""
     slow = ["--suspect-min", "4", "--suspect-max", "5"]
     with LocalCluster.up(4, 1, workdir=tmp_path, extra_args=slow) as cluster:
-        feeder = Feeder(cluster.seeds)
+        feeder = Feeder(cluster.seeds, tls=cluster.tls())
         feeder.start()
         time.sleep(0.5)
         fresh = restart_in_place(cluster, "n1", signal.SIGKILL)
-        name = member_at(fresh.address, [n.address for n in cluster.nodes], 30)
+        name = member_at(fresh.address, [n.address for n in cluster.nodes], 30,
+                         cluster.tls())
         time.sleep(0.5)
         client = feeder.finish_exact()
         ring = client.refresh_ring()
@@ -99,7 +100,7 @@ def test_a_kill_and_restart_inside_the_detection_window_under_load_is_exact(tmp_
 
 def test_rolling_restart_under_load_is_exact_and_ends_fully_replicated(tmp_path):
     with LocalCluster.up(3, 1, workdir=tmp_path) as cluster:
-        feeder = Feeder(cluster.seeds)
+        feeder = Feeder(cluster.seeds, tls=cluster.tls())
         feeder.start()
         time.sleep(0.3)
         lines = []
@@ -116,19 +117,20 @@ def test_rolling_restart_under_load_is_exact_and_ends_fully_replicated(tmp_path)
 
 def test_restart_by_sigterm_with_leave_on_sigterm_hands_everything_over(tmp_path):
     with LocalCluster.up(3, 1, workdir=tmp_path, extra_args=["--leave-on-sigterm"]) as cluster:
-        with RingClient(cluster.seeds, timeout=30) as client:
+        with RingClient(cluster.seeds, timeout=30, tls=cluster.tls()) as client:
             client.emit_many(WORDS16 * 2)
             client.flush()
         for node_id in ("n0", "n1"):
             fresh = restart_in_place(cluster, node_id, signal.SIGTERM)
             seeds = [n.address for n in cluster.nodes]
-            name = member_at(fresh.address, seeds, 30)
-            with RingClient(seeds, timeout=30) as client:
+            name = member_at(fresh.address, seeds, 30, cluster.tls())
+            with RingClient(seeds, timeout=30, tls=cluster.tls()) as client:
                 ring = client.refresh_ring()
             from mapper.admin import carry_out, plan_scale_out
-            carry_out(ring, plan_scale_out(ring, [name]), timeout=30)
-            wait_replicated(seeds, 30)
-        with RingClient([n.address for n in cluster.nodes], timeout=30) as client:
+            carry_out(ring, plan_scale_out(ring, [name]), timeout=30,
+                      tls=cluster.tls("operator"))
+            wait_replicated(seeds, 30, cluster.tls())
+        with RingClient([n.address for n in cluster.nodes], timeout=30, tls=cluster.tls()) as client:
             assert dict(client.scan()) == Counter(WORDS16 * 2)
             assert not client.refresh_ring().lost
         log = open(cluster.node("n0").log).read()
@@ -137,11 +139,11 @@ def test_restart_by_sigterm_with_leave_on_sigterm_hands_everything_over(tmp_path
 
 def test_restart_node_by_kill_gives_the_new_member_its_share(tmp_path):
     with LocalCluster.up(4, 1, workdir=tmp_path) as cluster:
-        with RingClient(cluster.seeds, timeout=30) as client:
+        with RingClient(cluster.seeds, timeout=30, tls=cluster.tls()) as client:
             client.emit_many(WORDS16 * 5)
             client.flush()
         lines = restart_node(cluster, "n2", graceful=False, timeout=60)
-        with RingClient([n.address for n in cluster.nodes], timeout=30) as client:
+        with RingClient([n.address for n in cluster.nodes], timeout=30, tls=cluster.tls()) as client:
             got = dict(client.scan())
             ring = client.refresh_ring()
         assert got == Counter(WORDS16 * 5), diff(got, Counter(WORDS16 * 5))
@@ -153,7 +155,7 @@ def test_a_restart_that_hears_no_running_peer_waits_instead_of_founding(tmp_path
     start: it serves nothing until a peer answers, then joins as a new member."""
     from chaos.cluster import serving, spawn_node
     with LocalCluster.up(3, 1, workdir=tmp_path) as cluster:
-        with RingClient(cluster.seeds, timeout=30) as client:
+        with RingClient(cluster.seeds, timeout=30, tls=cluster.tls()) as client:
             client.emit_many(WORDS16)
             client.flush()
         old = cluster.node("n0")
@@ -171,14 +173,15 @@ def test_a_restart_that_hears_no_running_peer_waits_instead_of_founding(tmp_path
             while time.monotonic() < started + 6 or \
                     "waiting for a running peer" not in open(fresh.log).read():
                 assert time.monotonic() < deadline, "never said it was waiting"
-                assert fresh.alive() and not serving(fresh.address), \
+                assert fresh.alive() and not serving(fresh.address, cluster.tls()), \
                     "served before any peer confirmed its place"
                 time.sleep(0.1)
         finally:
             for peer in ("n1", "n2"):
                 cluster.kill(peer, signal.SIGCONT)
-        LocalCluster([fresh], 1, cluster.state_file).wait_ready(30)
-        assert member_at(fresh.address, cluster.seeds, 30) == "n0#1"
-        wait_replicated(cluster.seeds, 30)
-        with RingClient(cluster.seeds, timeout=30) as client:
+        LocalCluster([fresh], 1, cluster.state_file,
+                     extra_args=cluster.extra_args).wait_ready(30)
+        assert member_at(fresh.address, cluster.seeds, 30, cluster.tls()) == "n0#1"
+        wait_replicated(cluster.seeds, 30, cluster.tls())
+        with RingClient(cluster.seeds, timeout=30, tls=cluster.tls()) as client:
             assert dict(client.scan()) == Counter(WORDS16)

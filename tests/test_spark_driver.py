@@ -44,7 +44,7 @@ def healthy_ring(tmp_path, attempts=3):
     for attempt in range(attempts):
         cluster = LocalCluster.up(4, 1, workdir=tmp_path / f"ring-{attempt}")
         time.sleep(1.0)
-        with RingClient(cluster.seeds) as client:
+        with RingClient(cluster.seeds, tls=cluster.tls()) as client:
             pristine = client.refresh_ring().pristine
             versions = [s.get("ring_version") for s in client.stats()]
         if pristine and len(set(versions)) == 1 and None not in versions:
@@ -55,7 +55,7 @@ def healthy_ring(tmp_path, attempts=3):
 
 def ring_state(cluster):
     try:
-        with RingClient(cluster.seeds) as client:
+        with RingClient(cluster.seeds, tls=cluster.tls()) as client:
             return dict(client.scan()), client.stats()
     except Exception as exc:   # say what the nodes were doing
         tails = "\n".join(f"--- {n.node_id} (alive={n.alive()})\n"
@@ -70,8 +70,13 @@ def diff(got, expect):
         f"{k}: ring {got.get(k)} != {expect.get(k)}" for k in sorted(keys)[:5])
 
 
+def ring_args(cluster):
+    """The driver's flags to reach the ring, with the client's certificate."""
+    return ["--ring", ",".join(cluster.seeds), "--tls-dir", str(cluster.tls_dir)]
+
+
 def run_driver(tmp_path, cluster, *extra, master="local[2]", name="driver"):
-    return SparkDriver(["--ring", ",".join(cluster.seeds), "--source", f"dir:{tmp_path / 'in'}",
+    return SparkDriver([*ring_args(cluster), "--source", f"dir:{tmp_path / 'in'}",
                         "--checkpoint", str(tmp_path / "checkpoint"), "--progress", "1",
                         "--max-files-per-trigger", "2", *extra],
                        master=master, log=tmp_path / f"{name}.log")
@@ -102,7 +107,7 @@ def wait_for(condition, timeout, what, spark=None):
 
 
 def applied(cluster):
-    with RingClient(cluster.seeds) as client:
+    with RingClient(cluster.seeds, tls=cluster.tls()) as client:
         return sum(s.get("applied", 0) for s in client.stats())
 
 
@@ -190,7 +195,7 @@ def test_main_job_kills_a_node_and_stays_exact(tmp_path):
 
 
 def test_refuses_an_unreachable_ring_or_another_reducer(tmp_path, ring, capsys):
-    assert driver.main(["--ring", ",".join(ring.seeds), "--source", "dir:/nonexistent",
+    assert driver.main([*ring_args(ring), "--source", "dir:/nonexistent",
                         "--reducer", "sum"]) == 2
     assert "reducer" in capsys.readouterr().err
     # through spark-submit, against a port nobody listens on
@@ -230,7 +235,7 @@ def test_socket_source_then_sigterm_stops_gracefully(tmp_path, ring):
 
     feeder = threading.Thread(target=serve, daemon=True)
     feeder.start()
-    spark = SparkDriver(["--ring", ",".join(ring.seeds), "--source", f"socket:127.0.0.1:{port}",
+    spark = SparkDriver([*ring_args(ring), "--source", f"socket:127.0.0.1:{port}",
                          "--checkpoint", str(tmp_path / "checkpoint"), "--progress", "1"],
                         log=tmp_path / "socket.log")
     try:
@@ -254,7 +259,7 @@ def test_rate_source_counts_a_prefix_of_its_numbers_exactly(tmp_path, ring):
     """The rate source emits 0, 1, 2, ...; the default rate map counts them by value % 100.
     After a SIGTERM (which lets the running batch finish) the ring must hold exactly the
     buckets of 0..N-1 for the N rows Spark committed."""
-    spark = SparkDriver(["--ring", ",".join(ring.seeds), "--source", "rate:1000",
+    spark = SparkDriver([*ring_args(ring), "--source", "rate:1000",
                          "--checkpoint", str(tmp_path / "checkpoint"), "--progress", "1",
                          "--trigger", "1"], log=tmp_path / "rate.log")
     try:

@@ -26,7 +26,7 @@ def rows(lines):
 
 
 def state(cluster):
-    with RingClient(cluster.seeds) as client:
+    with RingClient(cluster.seeds, tls=cluster.tls()) as client:
         return dict(client.scan()), sum(s["duplicates"] for s in client.stats())
 
 
@@ -35,7 +35,8 @@ def words(lines):
 
 
 def config(cluster, query, **kw):
-    return PartitionConfig(tuple(cluster.seeds), query, "mapper.words:split_words", "count", **kw)
+    return PartitionConfig(tuple(cluster.seeds), query, "mapper.words:split_words", "count",
+                           tls_dir=str(cluster.tls_dir), **kw)
 
 
 def test_retry_after_a_failure_half_way_and_a_zombie_count_once(ring, tmp_path):

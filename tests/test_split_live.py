@@ -15,10 +15,9 @@ from tests.helpers import Feeder, finish_exact, floe, middle, status
 pytestmark = pytest.mark.multiprocess
 
 
-def ring_at(address):
-    import grpc
+def ring_at(cluster, address):
     from floering.v1 import floe_pb2, floe_pb2_grpc
-    with grpc.insecure_channel(address) as channel:
+    with cluster.channel(address) as channel:
         view = floe_pb2_grpc.ControlPlaneStub(channel).GetRing(floe_pb2.GetRingRequest(),
                                                                timeout=5)
     return Ring.from_wire(view.ring)
@@ -26,7 +25,7 @@ def ring_at(address):
 
 def test_floe_split_hands_the_tail_to_the_neighbour_under_a_streaming_mapper(tmp_path):
     with LocalCluster.up(3, 1, workdir=tmp_path, tokens_per_node=2) as cluster:
-        feeder = Feeder(cluster.seeds)
+        feeder = Feeder(cluster.seeds, tls=cluster.tls())
         feeder.start()
         time.sleep(0.5)
         ring = feeder.client.refresh_ring()
@@ -53,18 +52,19 @@ def test_floe_split_hands_the_tail_to_the_neighbour_under_a_streaming_mapper(tmp
 @pytest.mark.parametrize("when", ["after the split", "during the tail's handoff"])
 def test_the_owner_killed_right_after_a_split_loses_nothing(tmp_path, when):
     with LocalCluster.up(3, 1, workdir=tmp_path, tokens_per_node=2) as cluster:
-        feeder = Feeder(cluster.seeds)
+        feeder = Feeder(cluster.seeds, tls=cluster.tls())
         feeder.start()
         time.sleep(0.5)
         ring = feeder.client.refresh_ring()
         token = ring.tokens_of("n0")[1]
         at = middle(ring, token)
         if when == "after the split":
-            reply = request_handoff(ring.address("n0"), [], "", timeout=10, split_at=at)
+            reply = request_handoff(ring.address("n0"), [], "", timeout=10, split_at=at,
+                                    tls=cluster.tls("operator"))
             assert reply.accepted
             # the replica holds the split (its copy cut in two) before the owner dies
             deadline = time.monotonic() + 10
-            while not ring_at(ring.address(ring.heir(token))).has_token(at):
+            while not ring_at(cluster, ring.address(ring.heir(token))).has_token(at):
                 assert time.monotonic() < deadline, "the split never reached the replica"
                 time.sleep(0.01)
             cluster.kill("n0")
@@ -74,7 +74,8 @@ def test_the_owner_killed_right_after_a_split_loses_nothing(tmp_path, when):
             def split_and_move():
                 try:
                     result["reply"] = request_handoff(ring.address("n0"), [], ring.heir(token),
-                                                      timeout=10, split_at=at)
+                                                      timeout=10, split_at=at,
+                                                      tls=cluster.tls("operator"))
                 except Exception as exc:      # the owner dies under it
                     result["error"] = exc
             mover = threading.Thread(target=split_and_move)

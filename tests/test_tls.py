@@ -20,7 +20,7 @@ WORDS = [f"w{i % 37}" for i in range(3000)]
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    with LocalCluster.up(3, 1, workdir=tmp_path_factory.mktemp("tls"), tls=True) as cluster:
+    with LocalCluster.up(3, 1, workdir=tmp_path_factory.mktemp("tls")) as cluster:   # TLS by default
         yield cluster
 
 

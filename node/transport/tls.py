@@ -14,7 +14,8 @@ certificate, never a field of its message, says who is speaking:
   the ring and the health.
 
 `generate` writes a throwaway CA and certificates for a local cluster (`floe up`);
-for several hosts, see docs/security.md.
+for several hosts, see docs/security.md. `reissue` replaces certificates (new keys, same
+CA) and `rotate_ca` replaces the CA itself, each followed by a rolling restart.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from __future__ import annotations
 import datetime
 import inspect
 import ipaddress
+import socket
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,17 +69,33 @@ class TlsFiles:
 
 # -------------------------------------------------------------- issuing
 
+CA_KEY = "ca.key"              # the key of the CA that issues (never leaves the directory)
+NEXT_CA_KEY = "ca-next.key"    # a CA being rotated in: trusted, not issuing yet
+
+
 def _name(common: str, role: str) -> x509.Name:
     return x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "floe-ring"),
                       x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, role),
                       x509.NameAttribute(NameOID.COMMON_NAME, common)])
 
 
-def _write_key(path: Path, key) -> None:
-    path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                       serialization.PrivateFormat.PKCS8,
-                                       serialization.NoEncryption()))
-    path.chmod(0o600)
+def _write(path: Path, data: bytes, private: bool = False) -> None:
+    """Replace `path` at once: a node starting meanwhile reads the old file or the new
+    one, never half of one."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    if private:
+        tmp.chmod(0o600)
+    tmp.replace(path)
+
+
+def _key_bytes(key) -> bytes:
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
+
+
+def _pem(cert: x509.Certificate) -> bytes:
+    return cert.public_bytes(serialization.Encoding.PEM)
 
 
 def _certificate(subject, issuer, public_key, signing_key, *, ca: bool, hosts=()):
@@ -85,7 +104,13 @@ def _certificate(subject, issuer, public_key, signing_key, *, ca: bool, hosts=()
                .public_key(public_key).serial_number(x509.random_serial_number())
                .not_valid_before(now - datetime.timedelta(minutes=5))
                .not_valid_after(now + datetime.timedelta(days=VALID_DAYS))
-               .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+               .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+               # key identifiers: with two CAs trusted at once (a rotation), each
+               # certificate names the key that signed it
+               .add_extension(x509.SubjectKeyIdentifier.from_public_key(public_key),
+                              critical=False)
+               .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(
+                   signing_key.public_key()), critical=False))
     if hosts:
         names = []
         for host in hosts:
@@ -97,16 +122,22 @@ def _certificate(subject, issuer, public_key, signing_key, *, ca: bool, hosts=()
     return builder.sign(signing_key, hashes.SHA256())
 
 
+def _new_ca():
+    """A CA certificate and key. Its name carries a random part: two CAs trusted at
+    once during a rotation never share a subject."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = _name(f"floe-ring CA {x509.random_serial_number():x}"[:40], "ca")
+    return _certificate(name, name, key.public_key(), key, ca=True), key
+
+
 def generate(directory: str | Path, nodes, hosts=("127.0.0.1", "localhost")) -> Path:
     """A fresh CA and certificates for `nodes` (node ids), `client` and `operator`,
     valid for connections to `hosts`. Returns the directory."""
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = _name("floe-ring CA", "ca")
-    ca_cert = _certificate(ca_name, ca_name, ca_key.public_key(), ca_key, ca=True)
-    (d / "ca.pem").write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
-    _write_key(d / "ca.key", ca_key)
+    ca_cert, ca_key = _new_ca()
+    _write(d / "ca.pem", _pem(ca_cert))
+    _write(d / CA_KEY, _key_bytes(ca_key), private=True)
     for name, role in [*((n, "node") for n in nodes), ("client", "client"),
                        ("operator", "operator")]:
         issue(d, name, role, hosts, ca_cert, ca_key)
@@ -114,19 +145,141 @@ def generate(directory: str | Path, nodes, hosts=("127.0.0.1", "localhost")) -> 
 
 
 def issue(directory: Path, name: str, role: str, hosts, ca_cert=None, ca_key=None) -> TlsFiles:
-    """One more certificate from the directory's CA (a node added later)."""
+    """One more certificate (a new key, a new serial) from the directory's issuing CA
+    (a node added later), or one that replaces `name`'s."""
     if role not in ROLES:
         raise ValueError(f"role must be one of {ROLES}, not {role!r}")
     d = Path(directory)
     if ca_cert is None:
-        ca_cert = x509.load_pem_x509_certificate((d / "ca.pem").read_bytes())
-        ca_key = serialization.load_pem_private_key((d / "ca.key").read_bytes(), None)
+        ca_cert, ca_key = _issuer(d)
     key = ec.generate_private_key(ec.SECP256R1())
     cert = _certificate(_name(name, role), ca_cert.subject, key.public_key(), ca_key,
                         ca=False, hosts=hosts)
-    (d / f"{name}.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    _write_key(d / f"{name}.key", key)
+    _write(d / f"{name}.key", _key_bytes(key), private=True)
+    _write(d / f"{name}.pem", _pem(cert))
     return TlsFiles(d / "ca.pem", d / f"{name}.pem", d / f"{name}.key")
+
+
+def trusted_cas(directory: str | Path) -> list[x509.Certificate]:
+    """Every CA in the directory's ca.pem (a bundle: more than one during a rotation)."""
+    return x509.load_pem_x509_certificates((Path(directory) / "ca.pem").read_bytes())
+
+
+def _load_key(path: Path):
+    return serialization.load_pem_private_key(path.read_bytes(), None)
+
+
+def _spki(public_key) -> bytes:
+    return public_key.public_bytes(serialization.Encoding.DER,
+                                   serialization.PublicFormat.SubjectPublicKeyInfo)
+
+
+def _ca_of(directory: Path, key) -> x509.Certificate:
+    """The trusted CA certificate of the private `key`."""
+    for cert in trusted_cas(directory):
+        if _spki(cert.public_key()) == _spki(key.public_key()):
+            return cert
+    raise ValueError(f"no CA in {directory / 'ca.pem'} has the key of this directory's CA")
+
+
+def _issuer(directory: Path):
+    key = _load_key(directory / CA_KEY)
+    return _ca_of(directory, key), key
+
+
+def holders(directory: str | Path) -> list[str]:
+    """The names of every certificate with its key in the directory (nodes, client,
+    operator), the CAs' own files aside."""
+    d = Path(directory)
+    return sorted(p.stem for p in d.glob("*.pem")
+                  if p.name != "ca.pem" and (d / f"{p.stem}.key").is_file())
+
+
+def reissue(directory: str | Path, names=None) -> list[str]:
+    """Replace the certificates of `names` (default: every holder) with new ones from
+    the issuing CA: a new key and serial, the same role, name and hosts. Running nodes
+    keep what they loaded; each presents its new certificate once restarted."""
+    d = Path(directory)
+    names = holders(d) if names is None else list(names)
+    ca = _issuer(d)
+    for name in names:
+        old = x509.load_pem_x509_certificate((d / f"{name}.pem").read_bytes())
+        role = old.subject.get_attributes_for_oid(NameOID.ORGANIZATIONAL_UNIT_NAME)[0].value
+        issue(d, name, role, _hosts(old), *ca)
+    return names
+
+
+def _hosts(cert: x509.Certificate) -> list[str]:
+    try:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return []
+    return ([str(ip) for ip in san.get_values_for_type(x509.IPAddress)]
+            + san.get_values_for_type(x509.DNSName))
+
+
+# A CA is rotated in three steps, every node restarted after each (a rolling restart,
+# so the ring never stops): at every moment, each pair of processes trusts the CA
+# of the other's certificate.
+
+def trust_next_ca(directory: str | Path) -> x509.Certificate:
+    """Step 1: a new CA, appended to ca.pem (trusted next to the old one). The old CA
+    still issues."""
+    d = Path(directory)
+    if (d / NEXT_CA_KEY).exists():
+        raise ValueError(f"a CA rotation is already under way in {d} ({NEXT_CA_KEY})")
+    cert, key = _new_ca()
+    _write(d / NEXT_CA_KEY, _key_bytes(key), private=True)
+    _write(d / "ca.pem", (d / "ca.pem").read_bytes() + _pem(cert))
+    return cert
+
+
+def issue_from_next_ca(directory: str | Path) -> list[str]:
+    """Step 2, once every node trusts the new CA: it becomes the issuing CA (the old
+    one's key is deleted) and every certificate is re-issued from it."""
+    d = Path(directory)
+    if not (d / NEXT_CA_KEY).exists():
+        raise ValueError(f"no CA rotation under way in {d}: trust_next_ca first")
+    _ca_of(d, _load_key(d / NEXT_CA_KEY))                # it is trusted already
+    (d / NEXT_CA_KEY).replace(d / CA_KEY)
+    return reissue(d)
+
+
+def drop_old_cas(directory: str | Path) -> list[x509.Certificate]:
+    """Step 3, once every node presents a certificate of the new CA: ca.pem keeps the
+    issuing CA only. Returns the CAs no longer trusted."""
+    d = Path(directory)
+    if (d / NEXT_CA_KEY).exists():
+        raise ValueError(f"the new CA does not issue yet in {d}: issue_from_next_ca first")
+    issuing, _ = _issuer(d)
+    dropped = [c for c in trusted_cas(d) if c != issuing]
+    _write(d / "ca.pem", _pem(issuing))
+    return dropped
+
+
+CA_ROTATION = (trust_next_ca, issue_from_next_ca, drop_old_cas)
+
+
+def rotate_ca(directory: str | Path, restart) -> None:
+    """Every step of a CA rotation, calling `restart(step)` (restart every node, one
+    at a time, and move every client to the files now in the directory) after each."""
+    for step in CA_ROTATION:
+        step(directory)
+        restart(step.__name__)
+
+
+def served_certificate(address: str, tls: TlsFiles) -> x509.Certificate:
+    """The certificate the node at `address` presents, verified against `tls.ca`
+    (a TLS handshake with `tls`'s own certificate; nothing is called)."""
+    host, port = address.rsplit(":", 1)
+    host = host.strip("[]")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.load_verify_locations(cafile=str(tls.ca))
+    context.load_cert_chain(str(tls.cert), str(tls.key))
+    context.set_alpn_protocols(["h2"])
+    with socket.create_connection((host, int(port)), timeout=5) as raw:
+        with context.wrap_socket(raw, server_hostname=host) as conn:
+            return x509.load_der_x509_certificate(conn.getpeercert(binary_form=True))
 
 
 # ------------------------------------------------------------- checking
