@@ -9,7 +9,8 @@
     floe scale --add N | --remove NODE  add nodes (they take ranges) or remove one
     floe scale --auto SECONDS           add/remove nodes by load, within --min/--max-nodes
     floe restart NODE... | --rolling    restart nodes one at a time, losing nothing
-    floe down                           stop exactly the processes `up` started
+    floe up --data-dir DIR              durable nodes; the same command brings them back
+    floe down [--kill]                  stop exactly the processes `up` started
     floe chaos list | run SCENARIO      chaos scenarios (chaos/chaos_cli.py)
 """
 
@@ -63,19 +64,21 @@ def cmd_up(args) -> int:
     cluster = LocalCluster.up(args.nodes, args.replicas, base_port=args.base_port,
                               workdir=Path(args.cluster_file).resolve().parent,
                               reducer=args.reducer, tokens_per_node=args.tokens_per_node,
-                              extra_args=extra, tls=not args.insecure)
+                              extra_args=extra, tls=not args.insecure,
+                              data_dir=args.data_dir)
     for node in cluster.nodes:
         print(f"{node.node_id}  {node.address}  pid {node.pid}")
     print(f"{len(cluster.nodes)} nodes serving, r={cluster.replicas}, "
           + ("no TLS" if args.insecure else f"mutual TLS ({cluster.tls().ca.parent})")
+          + (f"; durable in {args.data_dir}" if args.data_dir else "")
           + f"; recorded in {cluster.state_file}")
     return 0
 
 
 def cmd_down(args) -> int:
     cluster = LocalCluster.load(args.cluster_file)
-    cluster.down()
-    print(f"stopped {len(cluster.nodes)} nodes")
+    cluster.down(kill=args.kill)
+    print(f"{'killed' if args.kill else 'stopped'} {len(cluster.nodes)} nodes")
     return 0
 
 
@@ -245,9 +248,16 @@ def build_parser() -> argparse.ArgumentParser:
                          "floe-cluster/tls/, mutual TLS on every call; the other commands "
                          "find them there)")
     up.add_argument("--checkpoint-interval", type=float)
+    up.add_argument("--data-dir",
+                    help="durable nodes: each keeps its log and copies in DATA_DIR/<node-id>, "
+                         "acknowledges only what is synced, and `floe up` on the same "
+                         "directory brings the same cluster back (docs/durability.md)")
     up.set_defaults(func=cmd_up)
 
-    sub.add_parser("down", help="stop the local cluster").set_defaults(func=cmd_down)
+    down = sub.add_parser("down", help="stop the local cluster")
+    down.add_argument("--kill", action="store_true",
+                      help="SIGKILL every node at once instead of stopping them gracefully")
+    down.set_defaults(func=cmd_down)
 
     status = sub.add_parser("status", help="one row per node")
     status.add_argument("--json", action="store_true")

@@ -65,12 +65,18 @@ class LocalCluster:
     def up(cls, nodes: int, replicas: int = 1, *, base_port: int | None = None,
            workdir: str | Path = ".", reducer: str = "count", tokens_per_node: int = 8,
            extra_args: list[str] | None = None, ready_timeout: float = 30.0,
-           host: str = "127.0.0.1", tls: bool = True) -> "LocalCluster":
+           host: str = "127.0.0.1", tls: bool = True,
+           data_dir: str | Path | None = None) -> "LocalCluster":
         """Start `nodes` node processes. With `tls` (the default), a throwaway CA and
         certificates for every node, a client and an operator are written to
         floe-cluster/tls/ and every call is mutual TLS (node.transport.tls); callers
         take their credentials from `tls("client")` / `tls("operator")`. `tls=False`
-        serves in the clear, for what must be shown without authentication."""
+        serves in the clear, for what must be shown without authentication.
+
+        With `data_dir` every node is durable (`--data-dir data_dir/<node-id>`) and the
+        cluster's layout is kept there: started again on the same directory (after
+        `down(kill=True)`, a crash, a reboot), the same nodes come back on the same
+        addresses with what they held, whatever `nodes` says."""
         if nodes < 1:
             raise ValueError("a cluster needs at least one node")
         if replicas < 0:
@@ -82,8 +88,19 @@ class LocalCluster:
             if any(n.alive() for n in existing.nodes):
                 raise RuntimeError(f"a cluster recorded in {state_file} is still running; "
                                    f"run `floe down` first")
-        ports = _free_ports(host, nodes, base_port)
-        ids = [f"n{i}" for i in range(nodes)]
+        layout = _layout(data_dir) if data_dir is not None else None
+        if layout is not None:
+            ids = [n for n, _ in layout["nodes"]]
+            ports = [int(a.rpartition(":")[2]) for _, a in layout["nodes"]]
+            host = layout["nodes"][0][1].rpartition(":")[0]
+            replicas, tokens_per_node = layout["replicas"], layout["tokens_per_node"]
+            reducer = layout["reducer"]
+            busy = [p for p in ports if not _port_free(host, p)]
+            if busy:
+                raise OSError(f"the ports of the cluster in {data_dir} are in use: {busy}")
+        else:
+            ports = _free_ports(host, nodes, base_port)
+            ids = [f"n{i}" for i in range(nodes)]
         peers = ",".join(f"{i}={host}:{p}" for i, p in zip(ids, ports))
         log_dir = workdir / "floe-cluster" / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -92,6 +109,11 @@ class LocalCluster:
         if tls:
             tls_dir = generate_tls(workdir / "floe-cluster" / "tls", ids, (host, "localhost"))
             extra += ["--tls-dir", str(tls_dir)]
+        if data_dir is not None:
+            data_dir = Path(data_dir).resolve()
+            extra += ["--data-dir", str(data_dir / "{node}")]
+            _save_layout(data_dir, ids, [f"{host}:{p}" for p in ports], replicas,
+                         tokens_per_node, reducer)
         for node_id, port in zip(ids, ports):
             log_path = log_dir / f"{node_id}.log"
             cmd = [sys.executable, "-m", "node", "--node-id", node_id,
@@ -121,12 +143,13 @@ class LocalCluster:
                                        + _tail(node.log))
                 time.sleep(0.05)
 
-    def down(self, grace: float = 5.0) -> None:
-        """SIGTERM every node we started (graceful: final checkpoint), SIGKILL stragglers."""
+    def down(self, grace: float = 5.0, kill: bool = False) -> None:
+        """SIGTERM every node we started (graceful: final checkpoint), SIGKILL stragglers;
+        with `kill`, SIGKILL every node at once (what a power cut does to a cluster)."""
         for node in self.nodes:
             if node.alive():
                 _signal(node.pid, signal.SIGCONT)  # a paused node cannot handle SIGTERM
-                _signal(node.pid, signal.SIGTERM)
+                _signal(node.pid, signal.SIGKILL if kill else signal.SIGTERM)
         deadline = time.monotonic() + grace
         for node in self.nodes:
             while node.alive() and time.monotonic() < deadline:
@@ -320,6 +343,22 @@ def node_env() -> dict:
         p for p in (root, proto, env.get("PYTHONPATH", "")) if p)
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
+
+
+LAYOUT_FILE = "layout.json"
+
+
+def _layout(data_dir: str | Path) -> dict | None:
+    path = Path(data_dir) / LAYOUT_FILE
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _save_layout(data_dir: Path, ids, addresses, replicas: int, tokens_per_node: int,
+                 reducer: str) -> None:
+    data_dir.mkdir(parents=True, exist_ok=True)
+    (data_dir / LAYOUT_FILE).write_text(json.dumps(dict(
+        nodes=list(zip(ids, addresses)), replicas=replicas,
+        tokens_per_node=tokens_per_node, reducer=reducer), indent=1))
 
 
 def _free_ports(host: str, count: int, base: int | None) -> list[int]:

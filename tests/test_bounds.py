@@ -8,7 +8,6 @@ from collections import Counter
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from chaos.cluster import LocalCluster
 from floering.v1 import floe_pb2, floe_pb2_grpc

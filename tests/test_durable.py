@@ -165,7 +165,7 @@ def tear_every_log(root: Path) -> int:
 @pytest.mark.parametrize("power_loss", [False, True], ids=["sigkill", "torn-write"])
 def test_a_whole_cluster_killed_under_load_comes_back_exact(tmp_path, power_loss):
     with durable_cluster(tmp_path) as cluster:
-        feeder = Feeder(cluster.seeds)
+        feeder = Feeder(cluster.seeds, tls=cluster.tls())
         feeder.start()
         time.sleep(1.5)
         before = sum(feeder.acked.values())
@@ -221,7 +221,7 @@ def test_a_full_disk_refuses_writes_keeps_serving_reads_and_recovers(tmp_path, s
             "--data-dir", str(small_disk / "{node}")]) as cluster:
         first = [f"a{i % 50}" for i in range(3000)]
         later = [f"b{i % 50}" for i in range(3000)]
-        with RingClient(cluster.seeds) as client:
+        with RingClient(cluster.seeds, tls=cluster.tls()) as client:
             client.emit_many(first)
             client.flush()
         filler = fill(small_disk)
@@ -229,7 +229,7 @@ def test_a_full_disk_refuses_writes_keeps_serving_reads_and_recovers(tmp_path, s
 
         def feed_later():
             try:
-                with RingClient(cluster.seeds, timeout=90) as c:
+                with RingClient(cluster.seeds, timeout=90, tls=cluster.tls()) as c:
                     c.emit_many(later)
                     c.flush()
             except Exception as exc:
@@ -242,12 +242,38 @@ def test_a_full_disk_refuses_writes_keeps_serving_reads_and_recovers(tmp_path, s
             assert time.monotonic() < deadline, "no node noticed the full disk"
             time.sleep(0.2)
         assert not done.is_set()                           # held back, not acknowledged
-        with RingClient(cluster.seeds) as reader:          # reads are served meanwhile
+        with RingClient(cluster.seeds, tls=cluster.tls()) as reader:          # reads are served meanwhile
             assert reader.get("a7") == 60
         filler.unlink()
         assert done.wait(90) and not errors, errors
         assert "takes writes again" in logs()
-        with RingClient(cluster.seeds) as client:
+        with RingClient(cluster.seeds, tls=cluster.tls()) as client:
             assert dict(client.scan()) == Counter(first) + Counter(later)
         for node in cluster.nodes:
             assert node.alive()
+
+
+@pytest.mark.multiprocess
+def test_floe_down_kill_then_up_on_the_same_data_dir_gives_back_exact_state(tmp_path):
+    import json
+    from chaos.corpus import kjv_lines
+    from mapper import split_words
+    from tests.helpers import floe, floe_run
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(kjv_lines(1500)))
+    expect = Counter(w for line in kjv_lines(1500) for w in split_words(line))
+    data = tmp_path / "data"
+    floe(tmp_path, "up", "--nodes", "3", "--data-dir", str(data))
+    try:
+        floe(tmp_path, "feed", str(corpus))
+        assert "killed 3 nodes" in floe(tmp_path, "down", "--kill")
+        again = floe(tmp_path, "up", "--nodes", "5", "--data-dir", str(data))
+        assert again.count("pid") == 3                # the layout kept, not the flag
+        assert floe(tmp_path, "get", "lord").strip() == str(expect["lord"])
+        status = json.loads(floe(tmp_path, "status", "--json"))
+        assert sum(int(n["keys"]) for n in status["nodes"]) == len(expect)
+        top = floe(tmp_path, "top", "5")
+        assert [int(line.split("\t")[0]) for line in top.splitlines()] == \
+            [c for _, c in expect.most_common(5)]
+    finally:
+        floe_run(tmp_path, "down")
