@@ -1,5 +1,6 @@
 """A hostile (or careless) client against one node of a live ring: forged ring views,
-requests past the node's limits, a poisoned stream number. Every one must be refused
+requests past the node's limits, garbage at a replica, a key outside its batch's
+range, a value the reducer cannot take. Every one must be refused
 with the status that names why, while the load goes on; the harness then checks that
 every acknowledged tuple is counted exactly and that nobody was declared dead.
 
@@ -72,6 +73,17 @@ def attack(address: str) -> dict[str, str]:
 
         outcome["source id of 10,000 characters"] = _refused(push(source="m" * 10_000),
                                                              exhausted)
+        me = next(n for n, a in ring.addresses if a == address)
+        backed = next(t for t in ring.tokens if ring.role_of(me, t) == "replica")
+        outcome["undecodable batch at a replica"] = _refused(
+            push(token=backed, payload=b"\xc1" * 64), invalid)
+        owned = ring.tokens_of(me)[0]
+        stray = next(k for k in (f"k{i}" for i in range(10_000))
+                     if ring.token_for_key(k) != owned)
+        outcome["a key outside the batch's range"] = _refused(
+            push(token=owned, payload=encode_payload([stray], [1])), invalid)
+        outcome["a value the reducer cannot take"] = _refused(
+            push(token=backed, payload=encode_payload(["x"], ["one"])), invalid)
         outcome["timeout of NaN on a move"] = _refused(lambda: control.Move(
             floe_pb2.MoveRequest(tokens=[token], target=ring.nodes[0], timeout=float("nan")),
             timeout=5), invalid)
