@@ -58,25 +58,47 @@ def ceiling_feeder(words: list[str], nodes: int, batch: int = 1000) -> float:
     return len(words) / (time.perf_counter() - started)
 
 
-def end_to_end(words: list[str], nodes: int, replicas: int,
-               tls: bool = True) -> tuple[float, bool]:
+def _cluster(workdir: str, nodes: int, replicas: int, tls: bool,
+             fsync: float | None) -> LocalCluster:
+    """A cluster in memory, or durable (`fsync`: its --fsync-interval) when given."""
+    if fsync is None:
+        return LocalCluster.up(nodes, replicas, workdir=workdir, tls=tls)
+    return LocalCluster.up(nodes, replicas, workdir=workdir, tls=tls,
+                           data_dir=f"{workdir}/data",
+                           extra_args=["--fsync-interval", str(fsync)])
+
+
+def end_to_end(words: list[str], nodes: int, replicas: int, tls: bool = True,
+               fsync: float | None = None) -> tuple[float, bool, float]:
+    """(tuples/s, exact, bytes the nodes wrote to disk per tuple)."""
     with tempfile.TemporaryDirectory(prefix="floe-bench-") as workdir:
-        with LocalCluster.up(nodes, replicas, workdir=workdir, tls=tls) as cluster:
+        with _cluster(workdir, nodes, replicas, tls, fsync) as cluster:
             with RingClient(cluster.seeds, tls=cluster.tls("client")) as client:
+                written = _bytes_written(cluster)
                 started = time.perf_counter()
                 for i in range(0, len(words), CHUNK):
                     client.emit_many(words[i:i + CHUNK])
                 client.flush()
                 rate = len(words) / (time.perf_counter() - started)
+                written = _bytes_written(cluster) - written
                 exact = dict(client.scan()) == Counter(words)
-    return rate, exact
+    return rate, exact, written / len(words)
+
+
+def _bytes_written(cluster: LocalCluster) -> int:
+    """What the node processes wrote to storage so far (/proc/<pid>/io)."""
+    total = 0
+    for node in cluster.nodes:
+        with open(f"/proc/{node.pid}/io") as io:
+            total += next(int(line.split()[1]) for line in io if line.startswith("write_bytes"))
+    return total
 
 
 def latency(words: list[str], nodes: int, replicas: int, rate: float,
-            tls: bool = True) -> tuple[float, float]:
+            tls: bool = True, fsync: float | None = None) -> tuple[float, float]:
     """Feed at `rate` tuples/s; tuple-weighted p50/p99 of first-emit -> last-ack."""
     with tempfile.TemporaryDirectory(prefix="floe-bench-") as workdir:
-        with LocalCluster.up(nodes, replicas, workdir=workdir, tls=tls) as cluster:
+        with _cluster(workdir, nodes, replicas, tls, fsync) as cluster:
             with RingClient(cluster.seeds, linger=0.002, tls=cluster.tls("client")) as client:
                 tick = 0.005
                 per_tick = max(1, int(rate * tick))
@@ -106,7 +128,19 @@ def main(argv=None) -> int:
     parser.add_argument("--nodes", type=int, default=4)
     parser.add_argument("--insecure", "--tls", dest="compare", action="store_true",
                         help="also run r=1 in the clear, side by side with mutual TLS")
+    parser.add_argument("--durable", action="store_true",
+                        help="also run r=1 durable (--data-dir) at a few --fsync-interval "
+                             "settings, side by side with memory mode")
+    parser.add_argument("--restart-keys", default="",
+                        help="comma-separated key counts (e.g. 100000,5000000): time a "
+                             "durable one-node ring holding that many keys from SIGKILL to "
+                             "serving again on its data directory")
     args = parser.parse_args(argv)
+    if args.restart_keys:
+        for keys in map(int, args.restart_keys.split(",")):
+            restart, exact = restart_time(keys)
+            print(f"durable restart, {keys:,} keys on the node: serving again {restart:.2f} s "
+                  f"after the restart began (exact={exact})")
     words = corpus_words(args.tuples)
     print(f"workload: {len(words):,} words of the King James Bible (word count), "
           f"{args.nodes} nodes, batches of 1000, mutual TLS on every call")
@@ -114,10 +148,10 @@ def main(argv=None) -> int:
     print(f"ceiling, decode + apply in one process : {apply_rate / 1e6:6.2f} M tuples/s")
     feed_rate = ceiling_feeder(words, args.nodes)
     print(f"ceiling, feeder route + batch + encode : {feed_rate / 1e6:6.2f} M tuples/s")
-    r0, exact0 = end_to_end(words, args.nodes, 0)
+    r0, exact0, _ = end_to_end(words, args.nodes, 0)
     print(f"end to end, r=0                        : {r0 / 1e6:6.2f} M tuples/s "
           f"({r0 / apply_rate:.0%} of ceiling, exact={exact0})")
-    r1, exact1 = end_to_end(words, args.nodes, 1)
+    r1, exact1, _ = end_to_end(words, args.nodes, 1)
     print(f"end to end, r=1                        : {r1 / 1e6:6.2f} M tuples/s "
           f"(r=1 / r=0 = {r1 / r0:.2f}, exact={exact1})")
     half = r1 / 2
@@ -127,14 +161,54 @@ def main(argv=None) -> int:
           f"p50 {p50 * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms (first emit -> acked by r+1)")
     exact = exact0 and exact1
     if args.compare:
-        rp, exact_plain = end_to_end(words, args.nodes, 1, tls=False)
+        rp, exact_plain, _ = end_to_end(words, args.nodes, 1, tls=False)
         print(f"end to end, r=1, in the clear          : {rp / 1e6:6.2f} M tuples/s "
               f"(TLS / plain = {r1 / rp:.2f}, exact={exact_plain})")
         c50, c99 = latency(sample, args.nodes, 1, half, tls=False)
         print(f"latency at {half / 1e6:.2f} M tuples/s, r=1, in the clear : "
               f"p50 {c50 * 1e3:.1f} ms, p99 {c99 * 1e3:.1f} ms")
         exact = exact and exact_plain
+    if args.durable:
+        exact = durable_side_by_side(words, sample, args.nodes, r1, p50, p99) and exact
     return 0 if exact else 1
+
+
+def restart_time(keys: int) -> tuple[float, bool]:
+    """Seconds from starting a SIGKILLed durable node again to its serving, with
+    `keys` distinct keys in its state; and whether every count came back."""
+    import signal
+    from chaos.cluster import spawn_node
+    with tempfile.TemporaryDirectory(prefix="floe-bench-") as workdir:
+        with _cluster(workdir, 1, 0, True, 0.002) as cluster:
+            with RingClient(cluster.seeds, tls=cluster.tls("client")) as client:
+                for start in range(0, keys, CHUNK):
+                    client.emit_many([f"k{i}" for i in range(start, min(keys, start + CHUNK))])
+                client.flush()
+            node = cluster.nodes[0]
+            cluster.kill(node.node_id, signal.SIGKILL)
+            started = time.perf_counter()
+            cluster.nodes[0] = spawn_node(node.node_id, node.address, node.cmd, node.log)
+            cluster.save()
+            cluster.wait_ready(600)
+            elapsed = time.perf_counter() - started
+            with RingClient(cluster.seeds, tls=cluster.tls("client")) as client:
+                got = dict(client.scan())
+    return elapsed, len(got) == keys and set(got.values()) == {1}
+
+
+def durable_side_by_side(words, sample, nodes: int, memory_rate: float,
+                         memory_p50: float, memory_p99: float) -> bool:
+    """r=1 durable at a few fsync intervals against the memory-mode figures above."""
+    exact = True
+    for fsync in (0.0, 0.002, 0.01):
+        rate, ok, per_tuple = end_to_end(words, nodes, 1, fsync=fsync)
+        p50, p99 = latency(sample, nodes, 1, memory_rate / 2, fsync=fsync)
+        print(f"durable, fsync every {fsync * 1e3:4.1f} ms, r=1       : {rate / 1e6:6.2f} M "
+              f"tuples/s (durable / memory = {rate / memory_rate:.2f}, exact={ok}), "
+              f"{per_tuple:.0f} bytes written per tuple; at half the memory load p50 "
+              f"{p50 * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms (+{(p99 - memory_p99) * 1e3:.1f})")
+        exact = exact and ok
+    return exact
 
 
 if __name__ == "__main__":
