@@ -31,7 +31,9 @@ def forged_views(ring: Ring) -> dict[str, Ring]:
             "moved member": replace(ring, addresses=tuple(
                 (n, "127.0.0.1:1" if n == victim else a) for n, a in ring.addresses))
             .with_version(ring.version + 1),
-            "version far ahead": ring.with_version(ring.version + MAX_VERSION_STEP + 1)}
+            "version far ahead": ring.with_version(ring.version + MAX_VERSION_STEP + 1),
+            "every range lost": replace(ring, lost=frozenset(ring.tokens))
+            .with_version(ring.version + 1)}
 
 
 def _refused(call, expected: grpc.StatusCode) -> str:

@@ -4,6 +4,7 @@ expire, the inbound queue is bounded in bytes, and health says NOT_SERVING while
 node is fenced. The core with a fake clock, then the runtime, then real processes."""
 
 import asyncio
+import time
 from collections import Counter
 
 import grpc
@@ -274,3 +275,54 @@ def test_replicas_refuse_garbage_and_ranges_refuse_sources_past_the_limit(tmp_pa
             want = Counter(words)
             want[key] += 4
             assert dict(client.scan()) == want
+
+
+@pytest.mark.multiprocess
+def test_a_flood_of_idle_streams_is_refused_past_the_limit_and_nobody_is_declared_dead(
+        tmp_path):
+    import threading
+    from tests.test_hostile import rss_mib
+    limit = 40
+    with LocalCluster.up(3, 1, workdir=tmp_path,
+                         extra_args=["--max-concurrent-rpcs", str(limit)]) as cluster:
+        tls = cluster.tls("client")
+        with RingClient(cluster.seeds, tls=tls) as client:
+            client.emit_many(["w"] * 100)
+            client.flush()
+        node = cluster.nodes[0]
+        before = rss_mib(node.pid)
+        hold = threading.Event()
+
+        def idle():                          # a stream that never sends a batch
+            while not hold.wait(0.05):
+                pass
+            return
+            yield
+        codes = []
+        with grpc.secure_channel(node.address, tls.channel_credentials()) as channel:
+            stub = floe_pb2_grpc.DataPlaneStub(channel)
+            calls = [stub.Push(idle(), timeout=30) for _ in range(2 * limit)]
+
+            def outcome(call):
+                try:
+                    list(call)
+                    codes.append("OK")
+                except grpc.RpcError as exc:
+                    codes.append(exc.code().name)
+            waiters = [threading.Thread(target=outcome, args=(c,)) for c in calls]
+            for w in waiters:
+                w.start()
+            time.sleep(3)                    # longer than failure detection takes
+            refused = codes.count("RESOURCE_EXHAUSTED")
+            hold.set()
+            for w in waiters:
+                w.join(30)
+        assert refused >= limit // 2, codes
+        assert rss_mib(node.pid) - before < 64
+        events = "".join(open(n.log.replace(".log", ".events.jsonl")).read()
+                         for n in cluster.nodes)
+        assert '"detected"' not in events
+        with RingClient(cluster.seeds, tls=tls) as client:
+            client.emit_many(["w"] * 100)
+            client.flush()
+            assert dict(client.scan()) == {"w": 200}

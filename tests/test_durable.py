@@ -277,3 +277,21 @@ def test_floe_down_kill_then_up_on_the_same_data_dir_gives_back_exact_state(tmp_
             [c for _, c in expect.most_common(5)]
     finally:
         floe_run(tmp_path, "down")
+
+
+@pytest.mark.multiprocess
+def test_a_rolling_restart_on_data_dirs_under_load_is_exact(tmp_path):
+    """Each node leaves (its ranges go to their replicas: nothing is unavailable),
+    restarts on its data directory as a new member and takes its share back."""
+    from chaos.restart import rolling_restart
+    with durable_cluster(tmp_path) as cluster:
+        feeder = Feeder(cluster.seeds, tls=cluster.tls())
+        feeder.start()
+        time.sleep(0.5)
+        rolling_restart(cluster, report=lambda line: None)
+        time.sleep(0.5)
+        client = feeder.finish()
+        got = dict(client.scan())
+        client.close()
+        assert got == feeder.acked
+        assert sorted(n.node_id for n in cluster.nodes) == ["n0", "n1", "n2"]

@@ -67,6 +67,16 @@ def test_a_view_implausibly_far_ahead_is_refused_and_no_version_overflows_the_st
         Ring.from_wire(msgpack.packb(wire))
 
 
+def test_losses_are_accepted_only_with_the_removals_that_cause_them():
+    r = ring()
+    with pytest.raises(InvalidArgument, match="lost"):
+        r.merge(replace(r, lost=frozenset(r.tokens[:1])).with_version(r.version + 1))
+    both = r.without(["n0", "n1"])                 # a range and its replica both gone
+    assert both.lost and r.merge(both).lost == both.lost
+    split = both.split_token(next(iter(both.lost)), next(iter(both.lost)) - 1000)
+    assert len(r.merge(split).lost) == len(both.lost) + 1     # its split-off part too
+
+
 def test_a_refused_view_changes_nothing_on_the_node():
     core = NodeCore("n0", ring(), load_reducer("count"))
     with pytest.raises(InvalidArgument):

@@ -291,7 +291,8 @@ def forged_scenario(seed: int) -> Simulation:
     partition: every one is refused and nothing else changes."""
     pick, sim, names = random_cluster(seed, 86028121)
     faults = [(pick.uniform(0.05, 1.5), sim.forge,
-               (pick.choice(names), pick.choice(["replication", "moved member", "version far ahead"])))
+               (pick.choice(names), pick.choice(["replication", "moved member", "version far ahead",
+                                                 "every range lost"])))
               for _ in range(pick.randint(2, 6))]
     kind = pick.choice(["kill", "pause", "partition", "none"])
     faults += one_fault(pick, sim, names, kind, pick.randrange(len(names)),

@@ -155,6 +155,31 @@ def test_driver_killed_mid_batch_resumes_from_its_checkpoint(tmp_path, ring):
     assert sum(s["duplicates"] for s in stats) > 0   # the replayed batch was resent
 
 
+def test_a_durable_ring_killed_whole_mid_stream_comes_back_and_the_rerun_is_exact(tmp_path):
+    """Every node SIGKILLed while a batch is half delivered (and the driver with
+    them); the ring started again on its data directories holds exactly what it had
+    acknowledged, and the driver rerun from its checkpoint finishes exactly once."""
+    expected = write_corpus(tmp_path / "in")
+    data, work = tmp_path / "data", tmp_path / "ring"
+    cluster = LocalCluster.up(4, 1, workdir=work, data_dir=data)
+    marker = tmp_path / "hung"
+    first = run_driver(tmp_path, cluster, "--inject-hang", str(marker), name="first")
+    try:
+        wait_for(marker.exists, 300, "a task to reach the middle of its partition", first)
+        partial = applied(cluster)
+        cluster.down(kill=True)
+    finally:
+        first.kill()
+        cluster.down(kill=True)
+    assert 0 < partial < sum(expected.values())
+    with LocalCluster.up(4, 1, workdir=work, data_dir=data) as cluster:
+        second = run_driver(tmp_path, cluster, "--available-now", name="second")
+        assert finish(second) == 0, second.output()
+        got, stats = ring_state(cluster)
+        assert got == expected, diff(got, expected)
+        assert all(s["rejoined"] == 0 for s in stats)       # the same members came back
+
+
 def test_a_node_killed_mid_stream_loses_and_doubles_nothing(tmp_path, ring):
     expected = write_corpus(tmp_path / "in", files=12)
     total = sum(expected.values())

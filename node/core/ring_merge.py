@@ -45,6 +45,25 @@ def check_compatible(mine: "Ring", theirs: "Ring") -> None:
     if theirs.version > mine.version + MAX_VERSION_STEP:
         raise InvalidArgument(f"the view's version {theirs.version} is implausibly far "
                               f"ahead of ours ({mine.version})")
+    for token in theirs.lost - mine.lost:
+        if not _loss_possible(mine, theirs, token):
+            raise InvalidArgument(f"the view marks token {token:#x} lost, which no removal "
+                                  f"it holds can have caused")
+
+
+def _loss_possible(mine: "Ring", theirs: "Ring", token: int) -> bool:
+    """A range is lost only when its copies went with removed members
+    (`Ring.remove_node`): the view must remove one of the nodes that hold it in our
+    ring (two views may disagree on who else does, while a handoff races a
+    declaration). A part split off a lost range is lost."""
+    if not theirs.has_token(token):
+        return False
+    cover = token if mine.has_token(token) else mine.token_for_position(token)
+    if cover in mine.lost:
+        return True
+    if cover != token and cover in theirs.lost and _loss_possible(mine, theirs, cover):
+        return True
+    return bool(set(mine.destinations(cover)) & theirs.removed)
 
 
 def merge_rings(a: "Ring", b: "Ring") -> "Ring":
