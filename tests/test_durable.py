@@ -295,3 +295,36 @@ def test_a_rolling_restart_on_data_dirs_under_load_is_exact(tmp_path):
         client.close()
         assert got == feeder.acked
         assert sorted(n.node_id for n in cluster.nodes) == ["n0", "n1", "n2"]
+
+
+@pytest.mark.multiprocess
+def test_a_corrupt_data_dir_is_set_aside_and_its_ranges_come_from_replicas(tmp_path):
+    words = [f"w{i % 40}" for i in range(4000)]
+    with durable_cluster(tmp_path) as cluster:
+        with RingClient(cluster.seeds, tls=cluster.tls()) as client:
+            client.emit_many(words)
+            client.flush()
+        victim = cluster.node("n0")
+        cluster.kill("n0")
+        segment = sorted((tmp_path / "data" / "n0" / "log").glob("*" + SUFFIX))[0]
+        data = bytearray(segment.read_bytes())
+        assert len(data) > 200
+        data[20] ^= 0xFF                           # mid-log: records follow it
+        segment.write_bytes(bytes(data))
+        cluster.nodes.remove(victim)
+        cluster.nodes.append(spawn_node("n0", victim.address, victim.cmd, victim.log))
+        cluster.save()
+        cluster.wait_ready(60)
+        log = open(victim.log).read()
+        assert "is corrupt" in log and "00000000000000000001.log: corrupt at byte 0" in log
+        assert list((tmp_path / "data").glob("n0.corrupt-*"))
+        with RingClient(cluster.seeds, tls=cluster.tls(), timeout=30) as client:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    got = dict(client.scan())
+                    break
+                except Exception:
+                    assert time.monotonic() < deadline
+                    time.sleep(0.2)
+        assert got == Counter(words)

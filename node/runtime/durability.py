@@ -25,7 +25,7 @@ from node.core.errors import Overloaded
 from node.core.node_core import NodeCore
 from node.core.restore import disk_image, restored_core
 from node.core.ring import Ring
-from node.storage.node_store import CopyWrite, Loaded, NodeStore
+from node.storage.node_store import CopyWrite, Loaded, NodeStore, open_store
 
 log = logging.getLogger("floe.node")
 
@@ -46,8 +46,11 @@ class DataDir:
 
 
 def open_data_dir(path: str) -> DataDir:
-    store = NodeStore(path)
-    loaded = store.load()
+    store, loaded, quarantined = open_store(path)
+    if quarantined:
+        log.error("data directory %s is corrupt (%s): starting as a new member; the "
+                  "ring recovers its ranges from their replicas or reports them lost",
+                  path, quarantined)
     if loaded is not None:
         log.info("data directory %s: %s (incarnation %d), %d ranges, %d batches logged%s",
                  path, loaded.node_id, loaded.incarnation, len(loaded.copies),

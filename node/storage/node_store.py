@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import struct
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
@@ -28,7 +29,7 @@ from typing import Iterable
 from node.core.batch import Batch
 from node.core.codec import pack, unpack
 from node.core.restore import DiskCopy, batch_from_record, batch_record
-from node.storage.segment_log import SegmentLog
+from node.storage.segment_log import CorruptLog, SegmentLog
 
 TOKEN = struct.Struct(">Q")
 IDENTITY, RING = b"I", b"G"
@@ -72,12 +73,41 @@ class CopyWrite:
     complete: bool = True
 
 
+class CorruptState(Exception):
+    """A data directory that cannot be trusted (a damaged log record mid-log, a copy
+    that fails RocksDB's checksums or does not decode): what and where."""
+
+
+def open_store(data_dir: str | os.PathLike) -> tuple["NodeStore", Loaded | None, str]:
+    """Open a data directory and read it back. A corrupt one is never served, in
+    part or whole: it is moved aside (kept for inspection) and an empty one takes
+    its place, so the node starts as a new member and the ring recovers its ranges
+    from their replicas, or reports them lost. Returns (store, what it held, why it
+    was moved aside or "")."""
+    path = Path(data_dir)
+    try:
+        store = NodeStore(path)
+    except CorruptLog as exc:
+        return _quarantine(path, str(exc))
+    try:
+        return store, store.load(), ""
+    except (CorruptLog, CorruptState) as exc:
+        store.close()
+        return _quarantine(path, str(exc))
+
+
+def _quarantine(path: Path, why: str) -> tuple["NodeStore", None, str]:
+    aside = path.with_name(f"{path.name}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}")
+    os.rename(path, aside)
+    return NodeStore(path), None, f"{why}; moved to {aside}"
+
+
 class NodeStore:
     def __init__(self, data_dir: str | os.PathLike, segment_bytes: int = 64 << 20) -> None:
         self.dir = Path(data_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
+        self.log = SegmentLog(self.dir / "log", segment_bytes)   # CorruptLog: nothing open
         self.db = self._open_db()
-        self.log = SegmentLog(self.dir / "log", segment_bytes)
 
     def _open_db(self):
         from rocksdict import Options, Rdict        # only durable nodes need it
@@ -188,6 +218,21 @@ class NodeStore:
         ident = self.identity()
         if ident is None:
             return None
+        try:
+            copies = self._copies()
+        except Exception as exc:       # RocksDB's checksums, or a value that does not decode
+            raise CorruptState(f"{self.dir / 'state'}: {exc}") from None
+        batches = []
+        for number, raw in self.log:
+            try:
+                token, record = unpack(raw)
+                batches.append((token, batch_from_record(token, record)))
+            except Exception as exc:      # a record its checksum passed yet unreadable
+                raise CorruptState(f"{self.dir / 'log'}: record {number}: {exc}") from None
+        return Loaded(ident[0], ident[1], self.db.get(RING), copies, batches,
+                      self.log.truncated)
+
+    def _copies(self) -> dict[int, DiskCopy]:
         copies: dict[int, DiskCopy] = {}
         for k, v in self.db.items(from_key=META):
             if not k.startswith(META):
@@ -202,12 +247,7 @@ class NodeStore:
             copy = copies.get(token)
             if copy is not None:
                 copy.states[unpack(k[9:])] = unpack(v)
-        batches = []
-        for _, raw in self.log:
-            token, record = unpack(raw)
-            batches.append((token, batch_from_record(token, record)))
-        return Loaded(ident[0], ident[1], self.db.get(RING), copies, batches,
-                      self.log.truncated)
+        return copies
 
     def close(self) -> None:
         self.log.close()
