@@ -175,6 +175,7 @@ class Durability:
             log.error("data directory %s: %s; refusing batches until it takes writes "
                       "again", self.store.dir, exc)
         self.failed = exc
+        self._wakeup.set()                 # the commit loop turns to repairing
         while self._waiting:
             _, future = self._waiting.popleft()
             if not future.done():

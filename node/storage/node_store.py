@@ -251,4 +251,7 @@ class NodeStore:
 
     def close(self) -> None:
         self.log.close()
-        self.db.close()
+        try:
+            self.db.close()
+        except Exception:        # it reports a write that failed earlier; closed all the same
+            pass
