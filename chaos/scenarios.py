@@ -445,11 +445,12 @@ def mid_handoff(name: str, description: str, handoff: str, side: str, count: int
 
 def durable(name: str, description: str, fault: Fault, disk_mb: int = 0) -> Scenario:
     """n=4, r=1, durable, under a Zipf load with tuple ids: one fault of the whole
-    cluster, then a second of load once it is back. The mapper's flush may wait 90 s,
-    far past the outage."""
+    cluster, then 3 s more of load once it is back (the mapper's channels reconnect
+    on gRPC's backoff, 1 s and more). The mapper's flush may wait 90 s, far past the
+    outage."""
     return Scenario(name, description + "; every tuple checked by its id", 4, 1,
                     (Round((fault,)),), Load("zipf", rate=2000, chunk=200, ids=True),
-                    duration=2.0, settle=1.0, ci=True, durable=True, disk_mb=disk_mb,
+                    duration=2.0, settle=3.0, ci=True, durable=True, disk_mb=disk_mb,
                     client_timeout=90.0)
 
 
