@@ -28,7 +28,7 @@ def cmd_run(args) -> int:
     print(summary_table(result))
     if result.get("plots"):
         print("plots: " + ", ".join(result["plots"]))
-    return 0 if result["ok"] else 1
+    return 0 if result["ok"] or result.get("skipped") else 1
 
 
 def add_chaos_command(sub) -> None:

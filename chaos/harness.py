@@ -25,11 +25,12 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from chaos import durable_faults
 from chaos import faults as fault_ops
 from chaos import handoff_faults
 from chaos.hostile import hostile_clients
 from chaos.cluster import LocalCluster
-from chaos.load import chunk_ids, chunk_keys
+from chaos.load import chunk_ids, chunk_keys, hottest_key
 from chaos.mapper_proc import MapperHandle
 from chaos.oracle import Verdict, check, check_ids, unreadable
 from chaos.scenarios import PlannedFault, Scenario, load_scenario, plan, with_overrides
@@ -166,15 +167,27 @@ class RoundResult:
 
 def run_round(scenario: Scenario, seed: int, index: int, planned: list[PlannedFault],
               workdir: Path, progress: Progress, of: int) -> RoundResult:
+    """One round on a fresh cluster; a scenario with `disk_mb` keeps its data
+    directories on a tmpfs of that size, mounted for the round only."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    if not scenario.disk_mb:
+        return _run_round(scenario, seed, index, planned, workdir, progress, of, None)
+    with durable_faults.SmallDisk(workdir / "disk", scenario.disk_mb) as disk:
+        return _run_round(scenario, seed, index, planned, workdir, progress, of, disk)
+
+
+def _run_round(scenario: Scenario, seed: int, index: int, planned: list[PlannedFault],
+               workdir: Path, progress: Progress, of: int,
+               disk: durable_faults.SmallDisk | None) -> RoundResult:
     label = scenario.rounds[index].label or scenario.name
     result = RoundResult(index, label, planned, workdir=str(workdir))
-    workdir.mkdir(parents=True, exist_ok=True)
     tag = f"round {index + 1}/{of}"
     progress.update(f"{scenario.name} {tag}: starting {scenario.nodes} nodes")
+    data_dir = (disk.path if disk else workdir) / "data" if scenario.durable else None
     cluster = LocalCluster.up(scenario.nodes, scenario.replicas, workdir=workdir,
                               tokens_per_node=scenario.tokens_per_node,
                               reducer=scenario.reducer, extra_args=list(scenario.node_args),
-                              tls=scenario.tls)
+                              tls=scenario.tls, data_dir=data_dir)
     mappers: list[MapperHandle] = []
     retired: list[MapperHandle] = []
     sampler = None
@@ -183,7 +196,8 @@ def run_round(scenario: Scenario, seed: int, index: int, planned: list[PlannedFa
             name = f"mapper-{m}" + (f".{generation}" if generation else "")
             return MapperHandle(cluster.seeds, scenario.load, seed, m,
                                 str(workdir / f"{name}.journal"), str(workdir / f"{name}.log"),
-                                first_chunk=first, tls_dir=cluster.tls_dir)
+                                first_chunk=first, tls_dir=cluster.tls_dir,
+                                timeout=scenario.client_timeout)
 
         sampler = Sampler(cluster.seeds, tls=cluster.tls("client"))
         sampler.start()
@@ -215,6 +229,11 @@ def run_round(scenario: Scenario, seed: int, index: int, planned: list[PlannedFa
                 result.injected.append(fault_ops.rolling_restart(cluster, p.victims))
             elif p.kind == "hostile":
                 result.injected.append(hostile_clients(cluster, p.victims))
+            elif p.kind in durable_faults.KINDS:
+                result.injected.append(_durable_fault(cluster, p, data_dir, disk,
+                                                      hottest_key(scenario.load, seed)))
+                # the outage ate into the load: keep it going a while after it
+                end = max(end, time.time() + scenario.settle)
             elif p.kind == "kill-mapper":
                 m = int(p.victims[0].split("-")[1])
                 victim = mappers[m]
@@ -246,18 +265,30 @@ def run_round(scenario: Scenario, seed: int, index: int, planned: list[PlannedFa
         progress.update(f"{scenario.name} {tag}: checking every tuple")
         acked, unacked, summaries = _journals(scenario, seed, retired + mappers)
         result.mappers = summaries
+        members = {s["node_id"] for s in result.final_stats}
+        acked_at = sorted(t for s in summaries for t in s["acked_at"])
+        for i, injected in enumerate(result.injected):
+            if injected.kind in durable_faults.KINDS:
+                result.injected[i], errors = durable_faults.judge(injected, cluster,
+                                                                  acked_at, members)
+                result.errors += errors
         result.verdict = _verify(cluster, acked, unacked, scenario.load.ids)
         logs = {node.node_id: _read(node.events) for node in cluster.nodes}
         events = [e for node, text in logs.items() for e in parse_events(node, text)]
         result.injected = [_judge_handoff(i, logs, events, result.errors)
                            if i.kind == "kill-mid-handoff" else i for i in result.injected]
         result.timelines = failure_timelines(result.injected, events)
-        # A node a hostile client only talked to must not be declared dead either.
-        faulted = {v for i in result.injected if i.kind != "hostile" for v in i.victims}
+        # A node a hostile client only talked to must not be declared dead either, nor
+        # one a durable fault hit: it came back as itself (but one killed as it restored).
+        faulted = {v for i in result.injected for v in _may_be_declared(i)}
+        came_back = {v for i in result.injected if i.kind in durable_faults.KINDS
+                     for v in i.victims}
         for e in events:
             if e.kind == "detected" and e.about[0] not in faulted:
+                why = ("it came back on its data directory" if e.about[0] in came_back
+                       else "no fault touched it")
                 result.errors.append(f"false positive: {e.node} declared {e.about[0]} dead "
-                                     f"at {e.t - t0:+.3f}s, though no fault touched it")
+                                     f"at {e.t - t0:+.3f}s, though {why}")
         lost = sum(s.get("lost_ranges", 0) for s in result.final_stats)
         if lost:
             result.errors.append(f"{lost} ranges reported lost")
@@ -271,6 +302,23 @@ def run_round(scenario: Scenario, seed: int, index: int, planned: list[PlannedFa
             sampler.stop()
         cluster.down()
     return result
+
+
+def _may_be_declared(injected: Injected) -> tuple[str, ...]:
+    if injected.kind == "hostile":
+        return ()
+    if injected.kind in durable_faults.KINDS:
+        return durable_faults.may_be_declared(injected)
+    return injected.victims
+
+
+def _durable_fault(cluster: LocalCluster, p: PlannedFault, data_dir: Path,
+                   disk: durable_faults.SmallDisk | None, key: str) -> Injected:
+    if p.kind == "disk-full":
+        return durable_faults.disk_full(cluster, disk.path, p.hold, key)
+    if p.kind == "kill-during-replay":
+        return durable_faults.kill_during_replay(cluster, p.again, p.lag)
+    return durable_faults.restart_all(cluster, data_dir, tear=p.kind == "power-loss")
 
 
 def _judge_handoff(injected: Injected, logs: dict[str, str], events, errors: list[str]) -> Injected:
@@ -405,9 +453,16 @@ def run_scenario(scenario: Scenario, seed: int = 1, out: str | Path | None = Non
     rounds_plan = plan(scenario, seed)
     rounds = []
     started = time.time()
-    for index, planned in enumerate(rounds_plan):
-        rounds.append(run_round(scenario, seed, index, planned, out / f"round-{index + 1:02d}",
-                                progress, len(rounds_plan)))
+    try:
+        skipped = durable_faults.skip_reason(scenario)
+        if skipped:
+            raise durable_faults.Skipped(skipped)
+        for index, planned in enumerate(rounds_plan):
+            rounds.append(run_round(scenario, seed, index, planned,
+                                    out / f"round-{index + 1:02d}", progress, len(rounds_plan)))
+    except durable_faults.Skipped as exc:
+        progress.done()
+        return _skipped(scenario, seed, out, started, str(exc))
     progress.done()
     timelines = [t for r in rounds for t in r.timelines]
     result = {
@@ -429,8 +484,20 @@ def run_scenario(scenario: Scenario, seed: int = 1, out: str | Path | None = Non
     return result
 
 
+def _skipped(scenario: Scenario, seed: int, out: Path, started: float, why: str) -> dict:
+    """A scenario this machine cannot run: nothing was checked, nothing failed."""
+    result = {"scenario": scenario.to_dict(), "seed": seed, "started": started,
+              "seconds": round(time.time() - started, 1), "ok": False, "skipped": why,
+              "rounds": []}
+    (out / "result.json").write_text(json.dumps(result, indent=1, default=str))
+    result["out"] = str(out)
+    return result
+
+
 def summary_table(result: dict) -> str:
     """The terminal summary: one row per failure, then per-stage p50/max."""
+    if result.get("skipped"):
+        return f"SKIP: {result['scenario']['name']} seed {result['seed']}: {result['skipped']}"
     head = ("round", "fault", "victim", "detected", "taken over", "applying", "re-replicated")
     rows = [head]
     for r in result["rounds"]:
@@ -447,6 +514,9 @@ def summary_table(result: dict) -> str:
                 d = inj["detail"]
                 rows.append((str(r["index"] + 1), "rolling-restart", ",".join(inj["victims"]),
                              f"{d['seconds']:.1f} s", f"{len(d['steps'])} steps", "", ""))
+            elif inj["kind"] in durable_faults.KINDS:
+                rows.append((str(r["index"] + 1), inj["kind"], ",".join(inj["victims"]),
+                             *durable_faults.summary_cells(inj)))
             elif inj["kind"] == "kill-mid-handoff":
                 d = inj["detail"]
                 rows.append((str(r["index"] + 1), f"{d['handoff']} {d['side']}",
@@ -497,7 +567,7 @@ def main(argv=None) -> int:
         print(f"floe chaos: {exc}", file=sys.stderr)
         return 2
     print(summary_table(result))
-    return 0 if result["ok"] else 1
+    return 0 if result["ok"] or result.get("skipped") else 1
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """A mapper as its own process, so the harness can SIGKILL it mid-chunk.
 
     python -m chaos.mapper_proc --seeds HOST:PORT,... --load JSON --seed N --mapper M \
-        --journal FILE [--first-chunk I] [--tls-dir DIR]
+        --journal FILE [--first-chunk I] [--timeout S] [--tls-dir DIR]
 
 Sends chunk after chunk of `chaos.load.chunk_keys(load, seed, mapper, i)` at the load's
 fixed rate, each emitted then flushed, until SIGTERM (it then finishes the chunk in
@@ -73,7 +73,8 @@ def main(argv=None) -> int:
     parser.add_argument("--mapper", type=int, required=True)
     parser.add_argument("--journal", required=True)
     parser.add_argument("--first-chunk", type=int, default=0)
-    parser.add_argument("--timeout", type=float, default=30.0)
+    parser.add_argument("--timeout", type=float, default=30.0,
+                        help="seconds a flush may wait for its acknowledgements")
     parser.add_argument("--tls-dir", help="the ring's ca.pem and client.pem/.key, when it "
                                           "runs mutual TLS")
     args = parser.parse_args(argv)
@@ -127,7 +128,8 @@ class MapperHandle:
     """The harness's side: start one mapper process and stop it by its own PID."""
 
     def __init__(self, seeds: list[str], load: Load, seed: int, mapper: int, journal: str,
-                 log: str, first_chunk: int = 0, tls_dir: str | None = None) -> None:
+                 log: str, first_chunk: int = 0, tls_dir: str | None = None,
+                 timeout: float = 30.0) -> None:
         import dataclasses
         import subprocess
         from chaos.cluster import node_env
@@ -136,7 +138,7 @@ class MapperHandle:
         cmd = [sys.executable, "-m", "chaos.mapper_proc", "--seeds", ",".join(seeds),
                "--load", json.dumps(dataclasses.asdict(load)), "--seed", str(seed),
                "--mapper", str(mapper), "--journal", journal,
-               "--first-chunk", str(first_chunk)]
+               "--first-chunk", str(first_chunk), "--timeout", str(timeout)]
         if tls_dir is not None:
             cmd += ["--tls-dir", str(tls_dir)]
         with open(log, "ab") as out:

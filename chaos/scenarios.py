@@ -23,7 +23,9 @@ from pathlib import Path
 from node.core.ring import Ring
 
 NODE_FAULTS = ("kill", "pause", "kill-mid-handoff", "restart", "rolling-restart", "hostile")
-FAULT_KINDS = NODE_FAULTS + ("kill-mapper",)
+# Faults of a durable cluster (chaos.durable_faults): every node is hit and comes back.
+DURABLE_FAULTS = ("kill-all", "power-loss", "kill-during-replay", "disk-full")
+FAULT_KINDS = NODE_FAULTS + DURABLE_FAULTS + ("kill-mapper",)
 HANDOFF_SIDES = ("giver", "receiver")
 HANDOFFS = ("move", "scale-out", "scale-in")
 TARGETS = ("one", "consecutive", "beyond-r", "every-other", "non-adjacent", "random", "hottest",
@@ -68,14 +70,22 @@ class Fault:
     kill-mid-handoff starts a live handoff at `at` (`handoff`: a move of ranges to the
     giver's clockwise neighbour, a scale-out onto a new node, or a scale-in of a
     node) and SIGKILLs its giver or its receiver once the giver has logged that the
-    handoff is under way, before it commits."""
+    handoff is under way, before it commits.
+
+    The durable faults (target all, a scenario with `durable`) hit every node:
+    kill-all SIGKILLs them at once and starts them again on their data directories;
+    power-loss also tears every node's newest log record first; kill-during-replay
+    SIGKILLs a seeded node again while it restores (after up to `lag` seconds) and
+    starts it once more; disk-full fills the data directories' filesystem for `hold`
+    seconds."""
 
     kind: str                     # kill (SIGKILL) | pause (SIGSTOP, then SIGCONT) | kill-mapper
     #                               | kill-mid-handoff | restart (SIGKILL, then the same
     #                               command at once) | rolling-restart (target all: each
     #                               node leaves, restarts empty and takes ranges back)
     #                               | hostile (forged and oversized requests to a node,
-    #                               chaos.hostile: each must be refused)
+    #                               chaos.hostile: each must be refused) | kill-all
+    #                               | power-loss | kill-during-replay | disk-full
     target: str = "one"           # which processes; see TARGETS
     at: float = 1.0
     jitter: float = 0.0
@@ -83,7 +93,9 @@ class Fault:
     pause: float = 2.5            # pause: seconds between SIGSTOP and SIGCONT
     handoff: str = "move"         # kill-mid-handoff: move | scale-out | scale-in
     lag: float = 0.0              # kill-mid-handoff: kill up to this many seconds (seeded)
-    #                               after the handoff is under way, if it still is
+    #                               after the handoff is under way, if it still is;
+    #                               kill-during-replay: after the directory is open
+    hold: float = 3.0             # disk-full: seconds the disk stays full
 
     def __post_init__(self) -> None:
         if self.kind not in FAULT_KINDS:
@@ -94,16 +106,18 @@ class Fault:
                              f"got {self.target!r}")
         if (self.kind == "kill-mapper") != (self.target == "mapper"):
             raise ValueError("kill-mapper goes with target 'mapper', and only it")
-        if (self.kind == "rolling-restart") != (self.target == "all"):
-            raise ValueError("rolling-restart goes with target 'all', and only it")
+        if (self.kind in ("rolling-restart", *DURABLE_FAULTS)) != (self.target == "all"):
+            raise ValueError("rolling-restart and the durable faults go with target "
+                             "'all', and only they")
         if (self.kind == "kill-mid-handoff") != (self.target in HANDOFF_SIDES):
             raise ValueError("kill-mid-handoff goes with target 'giver' or 'receiver', "
                              "and only it")
         if self.handoff not in HANDOFFS:
             raise ValueError(f"fault handoff must be one of {', '.join(HANDOFFS)}, "
                              f"got {self.handoff!r}")
-        if self.at < 0 or self.jitter < 0 or self.count < 1 or self.pause <= 0 or self.lag < 0:
-            raise ValueError("fault at/jitter/lag >= 0, count >= 1, pause > 0")
+        if (self.at < 0 or self.jitter < 0 or self.count < 1 or self.pause <= 0
+                or self.lag < 0 or self.hold <= 0):
+            raise ValueError("fault at/jitter/lag >= 0, count >= 1, pause and hold > 0")
 
 
 @dataclass(frozen=True)
@@ -128,6 +142,14 @@ class Scenario:
     # Mutual TLS on every call, as deployed; False serves in the clear, for a fault
     # that must show what a node refuses without knowing who is calling.
     tls: bool = True
+    # Every node keeps its data directory (--data-dir) in the round's work dir, or
+    # on a tmpfs of `disk_mb` MiB mounted for the round (root only): what a
+    # disk-full fault fills.
+    durable: bool = False
+    disk_mb: int = 0
+    # How long a mapper's flush may wait for its acknowledgements: a durable
+    # cluster's whole outage (kill, restart, replay) must fit in it.
+    client_timeout: float = 30.0
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.replicas < 0 or not self.rounds:
@@ -138,6 +160,17 @@ class Scenario:
         if self.tls and any(f.kind == "hostile" for r in self.rounds for f in r.faults):
             raise ValueError("a hostile fault sends unauthenticated requests, which TLS "
                              "would stop at the handshake: give the scenario tls = false")
+        kinds = {f.kind for r in self.rounds for f in r.faults}
+        if kinds & set(DURABLE_FAULTS) and not self.durable:
+            raise ValueError("a durable fault needs a durable scenario (durable = true)")
+        if "disk-full" in kinds and not self.disk_mb:
+            raise ValueError("a disk-full fault fills a disk of its own: give the scenario "
+                             "disk_mb (a tmpfs of that size is mounted for each round)")
+        if self.disk_mb < 0 or (self.disk_mb and not self.durable):
+            raise ValueError("disk_mb holds the data directories: a durable scenario, "
+                             "disk_mb > 0")
+        if self.client_timeout <= 0:
+            raise ValueError("client_timeout must be > 0")
 
     @property
     def reducer(self) -> str:
@@ -147,6 +180,7 @@ class Scenario:
     def round_seconds(self) -> float:
         """Load time of a round: the duration, stretched to outlast its last fault."""
         last = max((f.at + f.jitter + (f.pause if f.kind == "pause" else 0.0)
+                    + (f.hold if f.kind == "disk-full" else 0.0)
                     for r in self.rounds for f in r.faults), default=0.0)
         return max(self.duration, last + self.settle)
 
@@ -194,6 +228,8 @@ class PlannedFault:
     newcomer: str = ""
     watch: str = ""
     lag: float = 0.0
+    again: str = ""               # kill-during-replay: the node killed while it restores
+    hold: float = 0.0             # disk-full: seconds the disk stays full
 
 
 def _initial_ring(nodes: int, replicas: int, tokens_per_node: int) -> Ring:
@@ -259,6 +295,9 @@ def plan(scenario: Scenario, seed: int) -> list[list[PlannedFault]]:
             elif fault.kind == "rolling-restart":
                 victims = tuple(live)
                 handed = True      # ranges move around: later node faults cannot be planned
+            elif fault.kind in DURABLE_FAULTS:
+                victims = tuple(live)
+                extra = _plan_durable(fault, live, rng)
             else:
                 victims = _victims(scenario, fault, live, rng, seed)
             ranges = ()
@@ -274,6 +313,17 @@ def plan(scenario: Scenario, seed: int) -> list[list[PlannedFault]]:
                                        **extra))
         planned.append(sorted(faults, key=lambda f: f.at))
     return planned
+
+
+def _plan_durable(fault: Fault, live: list[str], rng: random.Random) -> dict:
+    """Every live node is hit and comes back as itself, so the ring stays as it was;
+    kill-during-replay picks the node to kill again and when."""
+    if fault.kind == "disk-full":
+        return {"hold": fault.hold}
+    if fault.kind == "kill-during-replay":
+        return {"again": rng.choice(live),
+                "lag": round(rng.uniform(0, fault.lag), 4) if fault.lag else 0.0}
+    return {}
 
 
 def plan_handoff(scenario: Scenario, fault: Fault, live: list[str], ring: Ring,
@@ -393,6 +443,17 @@ def mid_handoff(name: str, description: str, handoff: str, side: str, count: int
                     Load("zipf", rate=3000, chunk=300, ids=True), duration=3.5, ci=True)
 
 
+def durable(name: str, description: str, fault: Fault, disk_mb: int = 0) -> Scenario:
+    """n=4, r=1, durable, under a Zipf load with tuple ids: one fault of the whole
+    cluster, then 3 s more of load once it is back (the mapper's channels reconnect
+    on gRPC's backoff, 1 s and more). The mapper's flush may wait 90 s, far past the
+    outage."""
+    return Scenario(name, description + "; every tuple checked by its id", 4, 1,
+                    (Round((fault,)),), Load("zipf", rate=2000, chunk=200, ids=True),
+                    duration=2.0, settle=3.0, ci=True, durable=True, disk_mb=disk_mb,
+                    client_timeout=90.0)
+
+
 BUILTIN: dict[str, Scenario] = {s.name: s for s in [
     Scenario("kill-one", "SIGKILL one node under a Zipf load", 4, 1,
              (Round((_kill("one", at=1.0),)),), Load("zipf", rate=4000), ci=True),
@@ -457,6 +518,21 @@ BUILTIN: dict[str, Scenario] = {s.name: s for s in [
              (Round((Fault("hostile", "one", at=0.8),)),),
              Load("zipf", rate=3000, chunk=300, ids=True), duration=2.5, ci=True,
              tls=False),
+    durable("whole-cluster-kill", "SIGKILL every node at once at a seeded moment under "
+            "load and start them all again on their data directories: each comes back as "
+            "itself, the mapper rides through the outage",
+            Fault("kill-all", "all", at=0.8, jitter=0.4)),
+    durable("power-loss", "the whole cluster SIGKILLed under load, and every node's newest "
+            "log segment ends in a record only partly written (a power cut mid-write) "
+            "before they start again: the torn tails are cut, nothing acknowledged is lost",
+            Fault("power-loss", "all", at=0.8, jitter=0.4)),
+    durable("kill-during-replay", "the whole cluster SIGKILLed and started again, then one "
+            "node SIGKILLed again while it restores from its data directory, and started "
+            "once more", Fault("kill-during-replay", "all", at=0.8, jitter=0.4, lag=0.02)),
+    durable("disk-full", "the data directories' filesystem (a 64 MiB tmpfs the harness "
+            "mounts: root only) filled under load and held full for 3 s: nodes refuse "
+            "batches and still serve reads; freed, they take writes again",
+            Fault("disk-full", "all", at=0.8, jitter=0.4, hold=3.0), disk_mb=64),
     simultaneous_kills("target-n8", "n=8, r=1: 1..4 non-adjacent SIGKILLs at once, 5 "
                        "rounds each (the recovery target)", 8, range(1, 5), 5, rate=10_000),
     simultaneous_kills("fig8b", "the paper's Fig. 8b: n=12, r=1, 1..6 non-adjacent "

@@ -3,15 +3,13 @@ holds. The store and the restore path in one process, then real node processes
 killed together (SIGKILL, and a power loss that tears every log's tail) and
 restarted on their data directories, exact against an independent count."""
 
-import signal
 import time
-import zlib
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
-from chaos.cluster import LocalCluster, spawn_node
+from chaos.cluster import LocalCluster
+from chaos.durable_faults import SmallDisk, Skipped, fill, kill_all, start_again, tear_every_log
 from mapper import RingClient
 from node.core.batch import Batch, Limits, encode_payload
 from node.core.node_core import NodeCore
@@ -19,7 +17,6 @@ from node.core.reducers import load_reducer
 from node.core.restore import restored_core
 from node.core.ring import Ring
 from node.storage.node_store import CopyWrite, NodeStore
-from node.storage.segment_log import HEADER, SUFFIX
 from tests.helpers import Feeder
 
 RING = Ring.initial({"p": "127.0.0.1:1", "b": "127.0.0.1:2"}, 1, 2)
@@ -126,39 +123,11 @@ def durable_cluster(tmp_path, nodes=3, **kw) -> LocalCluster:
 
 def restart_all(cluster: LocalCluster, before_start=None) -> None:
     """SIGKILL every node at once, then start each again with its command line."""
-    for node in cluster.nodes:
-        node_signal(node, signal.SIGKILL)
-    for node in cluster.nodes:
-        while node.alive():
-            time.sleep(0.01)
+    kill_all(cluster)
     if before_start is not None:
         before_start()
-    old, cluster.nodes[:] = list(cluster.nodes), []
-    for node in old:
-        cluster.nodes.append(spawn_node(node.node_id, node.address, node.cmd, node.log))
-    cluster.save()
+    start_again(cluster, [n.node_id for n in cluster.nodes])
     cluster.wait_ready(60)
-
-
-def node_signal(node, sig) -> None:
-    import os
-    os.kill(node.pid, sig)
-
-
-def tear_every_log(root: Path) -> int:
-    """A power loss in the middle of a write: every node's newest log segment ends
-    with a record only partly on disk (its header and the first bytes of its
-    payload). What was synced, and so acknowledged, is all there; the torn record
-    was never acknowledged. Returns how many segments were torn."""
-    torn = 0
-    for log_dir in root.glob("data/*/log"):
-        segments = sorted(log_dir.glob("*" + SUFFIX))
-        if segments:
-            payload = b"\x93" + bytes(range(200))
-            with open(segments[-1], "ab") as f:
-                f.write(HEADER.pack(len(payload), zlib.crc32(payload)) + payload[:77])
-            torn += 1
-    return torn
 
 
 @pytest.mark.multiprocess
@@ -170,7 +139,7 @@ def test_a_whole_cluster_killed_under_load_comes_back_exact(tmp_path, power_loss
         time.sleep(1.5)
         before = sum(feeder.acked.values())
         torn = []
-        restart_all(cluster, (lambda: torn.append(tear_every_log(tmp_path)))
+        restart_all(cluster, (lambda: torn.append(tear_every_log(tmp_path / "data")))
                     if power_loss else None)
         time.sleep(1.5)
         client = feeder.finish()
@@ -181,37 +150,19 @@ def test_a_whole_cluster_killed_under_load_comes_back_exact(tmp_path, power_loss
         logs = "".join(open(n.log).read() for n in cluster.nodes)
         assert "data directory" in logs and "joins empty" not in logs
         if power_loss:
-            assert torn[0] == len(cluster.nodes) and "torn tail cut" in logs
+            assert len(torn[0]) == len(cluster.nodes) and "torn tail cut" in logs
 
 
 @pytest.fixture
 def small_disk(tmp_path):
     """A real 24 MiB filesystem (tmpfs), mounted for the test: needs root."""
-    import os
-    import subprocess
-    if os.geteuid() != 0:
-        pytest.skip("mounting a size-limited tmpfs needs root")
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(disk)],
-                          capture_output=True, text=True)
-    if done.returncode:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    yield disk
-    subprocess.run(["umount", "-l", str(disk)], check=True)
-
-
-def fill(disk: Path) -> Path:
-    """Take every free byte of the filesystem."""
-    filler = disk / "filler"
-    with open(filler, "wb") as f:
-        try:
-            while True:
-                f.write(b"\0" * (1 << 16))
-                f.flush()
-        except OSError:
-            pass
-    return filler
+    disk = SmallDisk(tmp_path / "disk", 24)
+    try:
+        disk.__enter__()
+    except Skipped as exc:
+        pytest.skip(str(exc))
+    yield disk.path
+    disk.__exit__()
 
 
 @pytest.mark.multiprocess
