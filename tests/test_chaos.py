@@ -637,7 +637,6 @@ DURABLE_CI = [name for name, s in BUILTIN.items() if s.ci and s.durable]
 # A node whose first failed write on the full disk is a copy write (RocksDB), not the
 # log's fsync, never tries to repair: its group-commit loop waits for a batch to log,
 # and every batch is refused meanwhile (node.runtime.durability, Durability._fail).
-STUCK_AFTER_DISK_FULL = "still refused batches"
 
 
 @pytest.mark.chaos
@@ -654,9 +653,6 @@ def test_a_durable_cluster_hit_as_a_whole_comes_back_exact(name, tmp_path):
         (rnd,) = result["rounds"]
         if not any("missed the restore window" in e for e in rnd["errors"]):
             break
-    if any(STUCK_AFTER_DISK_FULL in e for e in rnd["errors"]):
-        pytest.xfail("a node whose copy write failed on the full disk never repairs: "
-                     + "; ".join(rnd["errors"])[:300])
     assert result["ok"], json.dumps([(r["errors"], r["oracle"]) for r in result["rounds"]])
     o = rnd["oracle"]
     assert o["by_id"] and o["acknowledged"] > 1000
