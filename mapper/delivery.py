@@ -194,8 +194,14 @@ class Delivery:
     def channel(self, address: str) -> grpc.aio.Channel:
         channel = self.channels.get(address)
         if channel is None:
+            # gRPC's default reconnect backoff grows to 2 minutes: a mapper that rode
+            # out a whole-cluster restart would wait that long after the nodes are
+            # back. Retry within a second instead (min is the handshake's deadline).
             options = [("grpc.max_receive_message_length", 64 << 20),
-                       ("grpc.max_send_message_length", 64 << 20)]
+                       ("grpc.max_send_message_length", 64 << 20),
+                       ("grpc.initial_reconnect_backoff_ms", 100),
+                       ("grpc.min_reconnect_backoff_ms", 1000),
+                       ("grpc.max_reconnect_backoff_ms", 1000)]
             channel = self.channels[address] = (
                 grpc.aio.secure_channel(address, self.credentials, options=options)
                 if self.credentials is not None
