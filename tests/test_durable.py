@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from chaos.cluster import LocalCluster
+from chaos.cluster import LocalCluster, spawn_node
 from chaos.durable_faults import SmallDisk, Skipped, fill, kill_all, start_again, tear_every_log
 from mapper import RingClient
 from node.core.batch import Batch, Limits, encode_payload
@@ -17,6 +17,7 @@ from node.core.reducers import load_reducer
 from node.core.restore import restored_core
 from node.core.ring import Ring
 from node.storage.node_store import CopyWrite, NodeStore
+from node.storage.segment_log import SUFFIX
 from tests.helpers import Feeder
 
 RING = Ring.initial({"p": "127.0.0.1:1", "b": "127.0.0.1:2"}, 1, 2)
