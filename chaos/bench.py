@@ -226,7 +226,8 @@ def durable_side_by_side(words, sample, nodes: int, memory_rate: float,
         print(f"durable, fsync every {fsync * 1e3:4.1f} ms, r=1       : {rate / 1e6:6.2f} M "
               f"tuples/s (durable / memory = {rate / memory_rate:.2f}, exact={ok}), "
               f"{per_tuple:.0f} bytes written per tuple; at half the memory load p50 "
-              f"{p50 * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms (+{(p99 - memory_p99) * 1e3:.1f})")
+              f"{p50 * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms ({(p99 - memory_p99) * 1e3:+.1f} "
+              f"against memory)")
         exact = exact and ok
     return exact
 
