@@ -2,7 +2,7 @@
 seed with its fault log and a summary. The long run recorded in docs/simulation.md:
 
     .venv/bin/python -m tests.run_seeds --jobs 2 failure=0:6000 handoff=0:4000 \\
-        split=0:4000 restart=0:3000 shed=0:2000 slow=0:1000
+        split=0:4000 restart=0:3000 shed=0:2000 slow=0:1000 durable=0:3000 cluster=0:2000
 """
 
 from __future__ import annotations

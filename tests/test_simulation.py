@@ -311,7 +311,7 @@ def test_forged_seed(seed):
     run_forged_seed(seed)
 
 
-DURABLE_SEEDS = int(os.environ.get("FLOE_SIM_DURABLE_SEEDS", "100"))
+DURABLE_SEEDS = int(os.environ.get("FLOE_SIM_DURABLE_SEEDS", "90"))
 
 
 def durable_scenario(seed: int) -> Simulation:
@@ -375,7 +375,7 @@ def test_durable_seed(seed):
     run_durable_seed(seed)
 
 
-CLUSTER_CRASH_SEEDS = int(os.environ.get("FLOE_SIM_CLUSTER_CRASH_SEEDS", "60"))
+CLUSTER_CRASH_SEEDS = int(os.environ.get("FLOE_SIM_CLUSTER_CRASH_SEEDS", "50"))
 
 
 def cluster_crash_scenario(seed: int) -> Simulation:
@@ -402,7 +402,8 @@ def run_cluster_crash_seed(seed: int) -> None:
     sim = cluster_crash_scenario(seed)
     check(sim, seed)
     context = f"seed {seed}: " + "; ".join(sim.log)
-    assert not any("declaring" in line for line in sim.log), context
+    # Every node comes back as itself: nobody is declared dead, nobody rejoins as n#k.
+    assert not any(" detected " in line or "#" in line for line in sim.log), context
 
 
 @pytest.mark.parametrize("seed", range(CLUSTER_CRASH_SEEDS))
