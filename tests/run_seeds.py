@@ -2,7 +2,7 @@
 seed with its fault log and a summary. The long run recorded in docs/simulation.md:
 
     .venv/bin/python -m tests.run_seeds --jobs 2 failure=0:6000 handoff=0:4000 \\
-        split=0:4000 restart=0:3000 shed=0:2000 slow=0:1000
+        split=0:4000 restart=0:3000 shed=0:2000 slow=0:1000 durable=0:3000 cluster=0:2000
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from tests import test_simulation as scenarios
 KINDS = {"failure": scenarios.run_seed, "handoff": scenarios.run_handoff_seed,
          "split": scenarios.run_split_seed, "restart": scenarios.run_restart_seed,
          "shed": scenarios.run_shed_seed, "slow": scenarios.run_slow_seed,
-         "forged": scenarios.run_forged_seed}
+         "forged": scenarios.run_forged_seed, "durable": scenarios.run_durable_seed,
+         "cluster": scenarios.run_cluster_crash_seed}
 
 
 def run_one(job: tuple[str, int]) -> tuple[str, int, str]:

@@ -1,6 +1,8 @@
 """Deterministic simulation: N production `NodeMachine`s and the mapper's production
 `Outbox` over a seeded in-memory network with a virtual clock, kills, restarts,
-pauses, starved (slow) nodes, partitions and message loss. It holds no protocol logic:
+pauses, starved (slow) nodes, partitions and message loss; durable nodes keep a
+simulated data directory run by the production `DiskPlan` (tests/sim_disk.py), and
+crash losing what was not synced. It holds no protocol logic:
 each process's timers and messages become machine events, and the machine's effects
 become messages, exactly as the asyncio runtime does with gRPC.
 
@@ -23,8 +25,8 @@ from dataclasses import dataclass, replace
 from mapper.outbox import Outbox, PendingBatch
 from node.core.batch import Batch, decode_payload, encode_payload, encode_seqs
 from node.core.detector import ALIVE, REFUSED, TIMED_OUT, DetectorConfig, FailureDetector
-from node.core.errors import (Fenced, FloeError, InvalidArgument, Refused, StaleRing,
-                              Unavailable)
+from node.core.errors import (Fenced, FloeError, InvalidArgument, Overloaded, Refused,
+                              StaleRing, Unavailable)
 from node.core.load import LoadMonitor
 from node.core.machine import NodeMachine
 from node.core.machine_io import (BatchApplied, CheckpointAcked, CheckpointDue,
@@ -41,6 +43,8 @@ from node.core.reducers import load_reducer
 from node.core.ring import Ring
 from chaos.hostile import forged_views
 from node.core.shedding import PeerLoad, shed_reach
+from tests.sim_disk import SimDisk, SimDurability
+from tests.sim_durable import DurableNodes, Starter
 
 HEARTBEAT = 0.05
 CHECKPOINT = 0.2
@@ -74,6 +78,7 @@ class SimProcess:
         self.waiting: deque = deque()   # deliveries held back while the queue is full
         self.applying = False
         self.after_handoff: list = []   # callbacks for the end of its running handoff
+        self.durable: SimDurability | None = None   # its data directory, if durable
 
     @property
     def core(self) -> NodeCore:
@@ -116,9 +121,12 @@ def make_machine(node_id: str, ring: Ring, incarnation: int, address: str) -> No
                        LoadMonitor(), make_core, listen=address, balance=True)
 
 
-class Simulation:
+class Simulation(DurableNodes):
+    make_machine = staticmethod(make_machine)
+
     def __init__(self, seed: int, nodes: int = 5, replication: int = 1, tokens: int = 2,
-                 loss: float = 0.0, mappers: int = 1, skew: float = 0.0) -> None:
+                 loss: float = 0.0, mappers: int = 1, skew: float = 0.0,
+                 durable: bool = False) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
         self.now = 0.0
@@ -127,6 +135,8 @@ class Simulation:
         self.loss = loss
         self.tokens = tokens
         self.skew = skew          # share of emitted keys drawn from three hot words
+        self.durable = durable    # every node keeps a (simulated) data directory
+        self.starting: dict[str, Starter] = {}     # address -> a process not serving yet
         self.members = {f"n{i}": f"sim:n{i}" for i in range(nodes)}   # founding id -> address
         self.incarnations = 0
         # The ring as the founding members leave their start-up exchange: each one's
@@ -143,6 +153,8 @@ class Simulation:
             proc = self._spawn_process(make_machine(name, ring, inc[name], address), address,
                                        name)
             proc.machine.watch_peers(0.0, 0.0)
+            if durable:
+                self._keep_on_disk(proc, SimDisk(), None)
         self.dead_from: dict = {}          # (link, stream) -> first message index not delivered
         self.sent_on_link: dict = defaultdict(int)
         self.delivering = None
@@ -215,6 +227,8 @@ class Simulation:
         self.touched.add(proc)
         effects = proc.machine.handle(event, self.now)
         self._run(proc, effects)
+        if proc.durable is not None and proc.alive:
+            proc.durable.after(proc.core)
         return effects
 
     # ---------------------------------------------------------------- network
@@ -446,17 +460,29 @@ class Simulation:
         for s, address in zip(e.shipments, e.addresses):
             cp = s.checkpoint
 
-            def serve(server, s=s, cp=cp):
+            def serve(server, respond, s=s, cp=cp):
                 self.handle(server, HeardFrom(me, e.ring_stamp, incarnation))
-                return server.core.receive_checkpoint(
-                    me, e.ring_stamp, cp.token, cp.seq, s.base_seq, cp.full,
-                    dict(cp.states), dict(cp.watermarks), self.now)
+                states, watermarks = dict(cp.states), dict(cp.watermarks)
+                try:
+                    need_full, seq = server.core.receive_checkpoint(
+                        me, e.ring_stamp, cp.token, cp.seq, s.base_seq, cp.full, states,
+                        watermarks, self.now)
+                except FloeError as exc:
+                    respond(None, exc)
+                    return
+                if server.durable is None or need_full:
+                    respond((need_full, seq), None)
+                else:                     # merged: acknowledged once on disk too
+                    server.durable.merged(cp.token, me, states, watermarks, cp.full,
+                                          lambda: respond((need_full, seq), None),
+                                          lambda exc: respond(None, exc))
 
-            self.call(proc, address, serve,
-                      lambda reply, s=s: answered(CheckpointAcked(
-                          s.checkpoint.token, s.replica, reply[1], reply[0], e.epoch)),
-                      lambda exc, s=s: answered(CheckpointFailed(
-                          s.checkpoint.token, s.replica, exc.refresh_ring, e.epoch)))
+            self.call_later(proc, address, serve,
+                            lambda reply, s=s: answered(CheckpointAcked(
+                                s.checkpoint.token, s.replica, reply[1], reply[0], e.epoch)),
+                            lambda exc, s=s: answered(CheckpointFailed(
+                                s.checkpoint.token, s.replica, exc.refresh_ring, e.epoch)),
+                            CALL_TIMEOUT)
         if not e.shipments:
             self._round_done(proc, e, started)
 
@@ -486,9 +512,11 @@ class Simulation:
         for callback in callbacks:
             callback(h)
 
-    def handoff(self, name: str, to: str = "heir") -> None:
+    def handoff(self, name: str, to: str = "heir", crash_after: tuple | None = None) -> None:
         """`name` hands one of its tokens to its first replica ("heir") or to another
-        member picked by the seed ("any"), as an operator's `floe move` does."""
+        member picked by the seed ("any"), as an operator's `floe move` does. With
+        `crash_after` (delay, downtime), the machine of the node it goes to loses
+        power that long after the commit (`crash`)."""
         proc = self.process(name)
         if proc is None or not self._usable(proc) or not proc.core.primaries:
             return
@@ -498,7 +526,14 @@ class Simulation:
         if not others:
             return
         target = core.ring.heir(token) if to == "heir" else self.rng.choice(others)
-        self.request_handoff(proc, {token: target}, f"hands {token} to {target}")
+        if self.request_handoff(proc, {token: target}, f"hands {token} to {target}") \
+                and crash_after is not None:
+            delay, downtime = crash_after
+
+            def ended(h) -> None:
+                if h.state == "committed":
+                    self.at(self.now + delay, self.crash, target, downtime)
+            proc.after_handoff.append(ended)
 
     def split(self, name: str, hand_tail: bool = True) -> None:
         """`name` cuts one of its ranges at a seeded position and (as load shedding
@@ -563,11 +598,13 @@ class Simulation:
         ring = sponsor.core.ring.add_node(name, address, (), incarnation)
         proc = self._spawn_process(make_machine(name, ring, incarnation, address), address,
                                    name)
+        if self.durable:
+            self._keep_on_disk(proc, SimDisk(), None)
         self._start_loops(proc)
         self.at(self.now + 0.05, self.handoff, via, "any")
 
-    def _start_loops(self, proc: SimProcess) -> None:
-        proc.machine.watch_peers(self.now, 0.0)
+    def _start_loops(self, proc: SimProcess, grace: float = 0.0) -> None:
+        proc.machine.watch_peers(self.now, grace)
         self.on(proc, self.now + HEARTBEAT, self.tick_node, proc, self.now + HEARTBEAT)
         self.on(proc, self.now + CHECKPOINT, self.checkpoint_round, proc)
         self.on(proc, self.now + 0.1, self.load_tick, proc)
@@ -643,18 +680,36 @@ class Simulation:
 
     def _apply_batch(self, proc, mapper, dest, batch_id, stamp, fields, link, stream,
                      index) -> None:
-        try:
-            result = proc.core.receive_batch(Batch(**fields), self.now)
-        except FloeError as exc:
+        durable = proc.durable
+
+        def refused(exc: FloeError) -> None:
             self._kill_stream(link, stream, index + 1)
+            if durable is not None and isinstance(exc, Overloaded):
+                return           # its disk is full: the mapper tries again after a while
             if isinstance(exc, StaleRing):
                 self.handle(proc, MapperAhead(stamp))
             if stream == self.streams[link]:
                 self.send(proc, mapper, self.refresh_mapper, mapper)
+
+        batch = Batch(**fields)
+        try:
+            if durable is not None:
+                durable.check_writable()
+            result = proc.core.receive_batch(batch, self.now)
+        except FloeError as exc:
+            refused(exc)
             return
+        if durable is not None:           # acknowledged once on disk
+            durable.kept(batch, result.applied)
         if result.applied and fields["token"] in proc.machine.resuming:
             self.handle(proc, BatchApplied(fields["token"]))
-        self.send(proc, mapper, self._mapper_ack, mapper, batch_id, dest, stamp)
+
+        def ack() -> None:
+            self.send(proc, mapper, self._mapper_ack, mapper, batch_id, dest, stamp)
+        if durable is None:
+            ack()
+        else:
+            durable.ack(ack, refused)
 
     def _mapper_ack(self, mapper: SimMapper, batch_id, node, stamp) -> None:
         batch = mapper.outbox.undelivered.get(batch_id)

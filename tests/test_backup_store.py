@@ -30,6 +30,23 @@ def test_resent_batch_is_stored_once():
     store.check_invariants()
 
 
+def test_an_earlier_batch_is_kept_in_its_place_once_the_copy_went_back():
+    # The copy covered 1-19 and its backups went; its primary came back from its disk
+    # without 13-19 (never synced there) and its full checkpoint took the copy back to
+    # 12: a resend of 13-19 is new again, though later batches are held.
+    store = BackupStore()
+    store.add(1, "s", entry(33, 38))
+    store.add(1, "s", entry(41, 42))
+    store.add(1, "s", entry(13, 19))
+    assert [e.first_seq for _, e in store.entries(1)] == [13, 33, 41]
+    store.add(1, "s", entry(34, 36))                 # inside one held: a resend
+    store.add(1, "s", entry(30, 38))                 # more of the same batch: it replaces
+    assert [(e.first_seq, e.last_seq) for _, e in store.entries(1)] == [(13, 19), (30, 38),
+                                                                         (41, 42)]
+    assert store.tuples == 7 + 9 + 2
+    store.check_invariants()
+
+
 def test_drop_token_updates_totals():
     store = BackupStore()
     store.add(1, "s", entry(1, 10, b"abc"))

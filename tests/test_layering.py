@@ -77,15 +77,17 @@ def test_the_checker_sees_a_forbidden_import(tmp_path):
     assert [m for m in imports(sample) if within(m, CORE_FORBIDDEN)] == ["grpc", "node.runtime.node"]
 
 
-# The protocol's decisions: only the node machine (node.core.machine) calls them. The
-# runtime and the simulation are executors of the machine's effects.
+# The protocol's decisions: only the node machine (node.core.machine) and durable
+# mode's DiskPlan (node.core.persistence) call them. The runtime and the simulation
+# are executors of their effects.
 DECISIONS = {"node.core.detector": {"combine", "indirect_via"},
              "node.core.handoff": {"retired_extras", "leave_moves", "split_ring",
                                    "commit_ring"},
              "node.core.membership": {"refill_moves", "rejoin_name", "restarted"},
              "node.core.load": {"choose_shed", "clockwise_nodes"},
              "node.core.split_point": {"plan_split"},
-             "node.core.shedding": {"plan_shed", "with_split_tail"}}
+             "node.core.shedding": {"plan_shed", "with_split_tail"},
+             "node.core.persistence": {"held_ranges", "disk_image", "overlapping"}}
 
 
 def decisions_imported(path: Path) -> list[str]:
@@ -95,8 +97,9 @@ def decisions_imported(path: Path) -> list[str]:
             for a in node.names if a.name in DECISIONS[node.module]]
 
 
-@pytest.mark.parametrize("path", [*files("node/runtime"), ROOT / "tests" / "simulation.py"],
-                         ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [*files("node/runtime"), ROOT / "tests" / "simulation.py",
+                                  ROOT / "tests" / "sim_disk.py",
+                                  ROOT / "tests" / "sim_durable.py"], ids=lambda p: p.name)
 def test_only_the_machine_makes_protocol_decisions(path):
     bad = decisions_imported(path)
     assert not bad, f"{path.name} decides for itself: {bad}"

@@ -44,8 +44,26 @@ class BackupStore:
         if queue is None:
             queue = per_source[source] = deque()
         elif queue and entry.last_seq <= queue[-1].last_seq:
-            return  # a resend of something already held: keep one copy
+            # Usually a resend of something held: keep one copy. But when the copy
+            # went back (its primary came back from its disk without what it had not
+            # synced) an earlier batch is new again: it goes in its place.
+            self._insert(queue, entry)
+            return
         queue.append(entry)
+        self.tuples += entry.count
+        self.bytes += entry.nbytes
+
+    def _insert(self, queue: deque, entry: BackupEntry) -> None:
+        if any(e.first_seq <= entry.first_seq and entry.last_seq <= e.last_seq for e in queue):
+            return                                   # held already
+        at = next(i for i, e in enumerate(queue) if e.last_seq >= entry.last_seq)
+        if queue[at].last_seq == entry.last_seq:     # it holds more of the same: replace
+            old = queue[at]
+            queue[at] = entry
+            self.tuples += entry.count - old.count
+            self.bytes += entry.nbytes - old.nbytes
+            return
+        queue.insert(at, entry)
         self.tuples += entry.count
         self.bytes += entry.nbytes
 

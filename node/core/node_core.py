@@ -304,6 +304,11 @@ class NodeCore:
                 rng.checkpoint_shipped()
         return shipments
 
+    def take_cuts(self) -> list[Checkpoint]:
+        """The checkpoints the last round cut, once: durable mode writes them."""
+        cuts, self.cuts = self.cuts, []
+        return cuts
+
     def checkpoint_acked(self, token: int, replica: str, seq: int, need_full: bool) -> None:
         rng = self.primaries.get(token)
         if rng is None:

@@ -67,16 +67,6 @@ def restored_core(node_id: str, ring: Ring, reducer: Reducer, limits: Limits,
     return core
 
 
-def disk_image(core: NodeCore, tokens) -> list[tuple[int, str, dict, dict[str, int], bool]]:
-    """The ranges of `tokens` the core holds, as whole copies: (token, primary,
-    states, watermarks, complete). Taken on the event loop; the dicts are copies."""
-    image = [(t, core.node_id, rng.state.snapshot(), dict(rng.watermarks), True)
-             for t, rng in core.primaries.items() if t in tokens]
-    image += [(t, r.primary, dict(r.copy.master), dict(r.watermarks), r.complete)
-              for t, r in core.replicas.ranges.items() if t in tokens]
-    return image
-
-
 def batch_record(b: Batch) -> tuple:
     return (b.source, b.first_seq, b.last_seq, b.count, b.payload, b.seqs)
 

@@ -1,31 +1,28 @@
-"""Durable mode (`--data-dir`): what the runtime writes to its NodeStore, and when.
-
-- Every batch accepted is logged as received; its acknowledgement waits for the
-  group commit that syncs it (one fsync every `--fsync-interval` for every batch
-  logged meanwhile). A duplicate's acknowledgement waits too: the batch it repeats
-  may not be synced yet.
-- Every checkpoint round's cuts (our primaries) and every checkpoint received (ranges
-  we back up) are written to the copies on disk, in order, on a worker thread.
-- When the ranges we hold change (a takeover, a split, a handoff, a rejoin), every
-  copy is written whole with the ring, and the log restarts from there.
-- A log segment goes once the copies written cover every batch in it.
+"""Durable mode (`--data-dir`): the executor of the node's DiskPlan
+(`node.core.persistence`, where every decision lives) on its NodeStore. The log is
+appended to on the event loop; its fsync (a group commit every `--fsync-interval`)
+and the copies' RocksDB writes run on worker threads, the writes one after another
+in the order the plan asked for them. A failing disk is tried again every second.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from node.core.batch import Batch
-from node.core.epochs import effective_mark
 from node.core.errors import Overloaded
 from node.core.node_core import NodeCore
-from node.core.restore import disk_image, restored_core
+from node.core.persistence import DiskPlan
+from node.core.persistence_io import (AcceptBatches, AckWanted, AppendRecord, Began,
+                                      BatchKept, CheckpointMerged, CompactLog, CopiesWritten,
+                                      DiskFailed, DiskRepaired, FailAcks, LogSynced,
+                                      RefuseBatches, ReleaseAcks, SaveIdentity, SyncLog,
+                                      WriteCopies)
+from node.core.restore import restored_core
 from node.core.ring import Ring
-from node.storage.node_store import CopyWrite, Loaded, NodeStore, open_store
+from node.storage.node_store import Loaded, NodeStore, open_store
 
 log = logging.getLogger("floe.node")
 
@@ -71,145 +68,108 @@ class Durability:
     @classmethod
     def begin(cls, disk: DataDir, core: NodeCore, incarnation: int,
               fsync_interval: float) -> "Durability":
-        """Serving starts as `core`'s member: if the directory held another, it is
-        wiped and now holds this one."""
-        d = cls(disk.store, fsync_interval, incarnation)
-        if disk.loaded is None or disk.loaded.node_id != core.node_id:
-            disk.store.save_identity(core.node_id, incarnation)
-        d.node_id = core.node_id
-        d.start(core)
+        """Serving starts as `core`'s member (the directory is wiped for it if it held
+        another)."""
+        last = disk.store.log.next_seq - 1           # everything opened is on disk
+        d = cls(disk.store, DiskPlan(incarnation, last + 1, last), fsync_interval)
+        d._do(d.plan.handle(Began(core, disk.loaded.node_id if disk.loaded else None)))
         return d
 
-    def __init__(self, store: NodeStore, fsync_interval: float, incarnation: int) -> None:
+    def __init__(self, store: NodeStore, plan: DiskPlan, fsync_interval: float) -> None:
         self.store = store
-        self.incarnation = incarnation
-        self.node_id = ""
+        self.plan = plan
         self.interval = fsync_interval
-        self.synced = store.log.next_seq - 1        # every record up to this is on disk
-        self._waiting: deque[tuple[int, asyncio.Future]] = deque()
+        self.refusing: str | None = None
+        self._acks: dict[int, asyncio.Future] = {}
+        self._tickets = 0
         self._wakeup = asyncio.Event()
-        # Logged batches no copy on disk covers yet, per token and source: the log is
-        # compacted past the oldest of them.
-        self._uncovered: dict[int, dict[str, deque[tuple[int, int]]]] = {}
         self._disk = ThreadPoolExecutor(1, thread_name_prefix="floe-disk")
         self._sync = ThreadPoolExecutor(1, thread_name_prefix="floe-fsync")
         self._writes: asyncio.Future | None = None   # the last write queued
-        self.failed: BaseException | None = None
-        self.rewrite = False                         # write every copy whole next
-        self.held: frozenset = frozenset()           # (token, role) of the last whole write
 
-    # ------------------------------------------------------------ the log
+    # ------------------------------------------------------------ events
 
-    def logged(self, b: Batch) -> int:
-        record = self.store.append_batch(b)
-        per_token = self._uncovered.setdefault(b.token, {})
-        per_token.setdefault(b.source, deque()).append((record, b.last_seq))
-        self._wakeup.set()
-        return record
+    def kept(self, b, kept: int) -> None:
+        """The core took batch `b`, `kept` of its tuples applied or backed up."""
+        self._do(self.plan.handle(BatchKept(b, kept)))
 
     def committed(self) -> asyncio.Future:
         """Resolves once everything logged so far is synced (or fails with the
         disk's error: then nothing is acknowledged)."""
-        future = asyncio.get_running_loop().create_future()
-        last = self.store.log.next_seq - 1
-        if self.failed is not None:
-            future.set_exception(Overloaded(f"the data directory fails: {self.failed}"))
-        elif last <= self.synced:
-            future.set_result(None)
-        else:
-            self._waiting.append((last, future))
-            self._wakeup.set()
+        ticket, future = self._ticket()
+        self._do(self.plan.handle(AckWanted(ticket)))
         return future
 
     def check_writable(self) -> None:
         """Before applying a batch: refuse it while the disk fails (a full disk),
         rather than apply what could not be logged."""
-        if self.failed is not None:
-            raise Overloaded(f"the data directory fails ({self.failed}); batches are "
+        if self.refusing is not None:
+            raise Overloaded(f"the data directory fails ({self.refusing}); batches are "
                              f"refused until it takes writes again")
 
-    async def run(self) -> None:
-        """The group commit loop; while the disk fails, the repair loop."""
-        loop = asyncio.get_running_loop()
-        while True:
-            if self.failed is not None:
-                await self._repair(loop)
-                continue
-            await self._wakeup.wait()
-            self._wakeup.clear()
-            await asyncio.sleep(self.interval)       # let more batches join this fsync
-            try:
-                last, fd, size, segment = self.store.flush()
-                await loop.run_in_executor(self._sync, NodeStore.fsync, fd)
-            except OSError as exc:
-                self._fail(exc)
-                continue
-            self.store.log.mark_synced(last, size, segment)
-            self._synced_to(last)
-
-    def _synced_to(self, last: int) -> None:
-        self.synced = max(self.synced, last)
-        while self._waiting and self._waiting[0][0] <= self.synced:
-            _, future = self._waiting.popleft()
-            if not future.done():
-                future.set_result(None)
-
-    async def _repair(self, loop) -> None:
-        """Every second, try to write again what the disk refused: the log records
-        not synced, then every copy whole. Reads are served meanwhile."""
-        await asyncio.sleep(REPAIR_SECONDS)
-        if self._writes is not None:
-            await asyncio.gather(self._writes, return_exceptions=True)
-        try:
-            await loop.run_in_executor(self._disk, self.store.repair)
-        except Exception as exc:
-            log.debug("data directory still fails: %s", exc)
-            return
-        log.warning("data directory %s takes writes again", self.store.dir)
-        self.failed = None
-        self.rewrite = True                       # a copy write may have failed too
-        self._synced_to(self.store.log.next_seq - 1)
-
-    def _fail(self, exc: BaseException) -> None:
-        if self.failed is None:
-            log.error("data directory %s: %s; refusing batches until it takes writes "
-                      "again", self.store.dir, exc)
-        self.failed = exc
-        self._wakeup.set()                 # the commit loop turns to repairing
-        while self._waiting:
-            _, future = self._waiting.popleft()
-            if not future.done():
-                future.set_exception(Overloaded(f"the data directory fails: {exc}"))
-
-    # ---------------------------------------------------------- the copies
-
     def after(self, core: NodeCore) -> None:
-        """After the machine handled an event: write what its checkpoint round cut,
-        and everything whole if the ranges we hold changed."""
-        if core.cuts:
-            if self.failed is None:
-                self.cuts(core.node_id, core.cuts)
-            core.cuts = []
-        if self.failed is not None:
-            return                                # the repair rewrites everything
-        if core.node_id != self.node_id:          # fenced, rejoined as a new member
-            try:
-                self.store.save_identity(core.node_id, self.incarnation)
-            except Exception as exc:
-                self._fail(exc)
-                return
-            self.node_id = core.node_id
-            self._uncovered.clear()
-            self.rewrite = True
-        if self.rewrite:
-            self.rewrite = False
-            self.whole(core, everything=True)
-        elif held_ranges(core) != self.held:
-            self.whole(core)
+        self._do(self.plan.after(core))
 
-    def _queue(self, write, covers: dict[int, dict[str, int]] | None) -> None:
+    def checkpoint(self, token: int, primary: str, states: dict, watermarks: dict,
+                   full: bool) -> asyncio.Future:
+        """A checkpoint was merged into our copy: resolves once the copy is on disk."""
+        ticket, future = self._ticket()
+        self._do(self.plan.handle(CheckpointMerged(token, primary, states, watermarks, full,
+                                                   ticket)))
+        return future
+
+    def _ticket(self) -> tuple[int, asyncio.Future]:
+        self._tickets += 1
+        future = self._acks[self._tickets] = asyncio.get_running_loop().create_future()
+        return self._tickets, future
+
+    # ----------------------------------------------------------- effects
+
+    def _do(self, effects) -> None:
+        for e in effects:
+            match e:
+                case AppendRecord():
+                    record = self.store.append_batch(e.batch)
+                    assert record == e.record, f"log record {record}, the plan says {e.record}"
+                case SyncLog():
+                    self._wakeup.set()
+                case ReleaseAcks():
+                    for ticket in e.tickets:
+                        _resolve(self._acks.pop(ticket), None)
+                case FailAcks():
+                    for ticket in e.tickets:
+                        _resolve(self._acks.pop(ticket),
+                                 Overloaded(f"the data directory fails: {e.why}"))
+                case WriteCopies():
+                    self._queue(lambda e=e: self.store.write(e.copies, e.dropped, e.ring_wire,
+                                                             e.replace_all),
+                                CopiesWritten(e.write))
+                case CompactLog():
+                    self.store.drop_log_before(e.before)
+                case SaveIdentity():
+                    self._save_identity(e)
+                case RefuseBatches():
+                    log.error("data directory %s: %s; refusing batches until it takes "
+                              "writes again", self.store.dir, e.why)
+                    self.refusing = e.why
+                    self._wakeup.set()              # the commit loop turns to repairing
+                case AcceptBatches():
+                    log.warning("data directory %s takes writes again", self.store.dir)
+                    self.refusing = None
+                case _:
+                    raise TypeError(f"unknown effect {e!r}")
+
+    def _save_identity(self, e: SaveIdentity) -> None:
+        try:
+            self.store.reset_log()
+        except OSError as exc:
+            self._do(self.plan.handle(DiskFailed(str(exc))))
+            return
+        self._queue(lambda: self.store.save_identity(e.node_id, e.incarnation), None)
+
+    def _queue(self, write, done) -> None:
         """Run `write` on the disk thread after every write queued before it; then
-        forget the logged batches the written copies cover and compact the log."""
+        tell the plan `done` (or that the disk failed)."""
         loop = asyncio.get_running_loop()
         before = self._writes
 
@@ -219,78 +179,47 @@ class Durability:
             try:
                 await loop.run_in_executor(self._disk, write)
             except Exception as exc:
-                self._fail(exc)
+                self._do(self.plan.handle(DiskFailed(str(exc))))
                 return
-            if covers is not None:
-                self._covered(covers)
+            if done is not None:
+                self._do(self.plan.handle(done))
         self._writes = asyncio.ensure_future(run())
 
-    def cuts(self, node_id: str, cuts) -> None:
-        """A checkpoint round of our primaries cut these deltas."""
-        if not cuts:
-            return
-        writes = [CopyWrite(c.token, node_id, c.states, dict(c.watermarks)) for c in cuts]
-        self._queue(lambda: self.store.write(writes),
-                    {c.token: c.watermarks for c in cuts})
+    # ------------------------------------------------------------- loops
 
-    def checkpoint(self, token: int, primary: str, states: dict, watermarks: dict,
-                   full: bool) -> None:
-        """A checkpoint of a range we back up was merged into our copy."""
-        write = CopyWrite(token, primary, states, dict(watermarks), full)
-        self._queue(lambda: self.store.write([write]), {token: watermarks})
-
-    def whole(self, core, everything: bool = False) -> None:
-        """The ranges we hold changed: write the new or changed ones whole (all of
-        them with `everything`), drop the ones gone, with the ring. Logged batches of
-        a range cut or moved since count for the range now holding them."""
-        held = held_ranges(core)
-        fresh = held if everything else held - self.held
-        tokens = {t for t, *_ in fresh}
-        image = disk_image(core, tokens)
-        gone = {t for t, *_ in self.held} - {t for t, *_ in held}
-        ring = core.ring
-        writes = [CopyWrite(t, p, s, w, True, c) for t, p, s, w, c in image]
-        keep = {t for t, *_ in held}
-        rekeyed: dict[int, dict[str, list]] = {}
-        for token, per_source in self._uncovered.items():
-            now_in = token if ring.has_token(token) else ring.token_for_position(token)
-            if now_in in keep:
-                for source, queue in per_source.items():
-                    rekeyed.setdefault(now_in, {}).setdefault(source, []).extend(queue)
-        self._uncovered = {t: {src: deque(sorted(q)) for src, q in per.items()}
-                           for t, per in rekeyed.items()}
-        self.held = held
-        ring_wire = ring.to_wire()
-        self._queue(lambda: self.store.write(writes, gone, ring_wire, replace_all=everything),
-                    {t: w for t, _, _, w, _ in image})
-
-    def start(self, core) -> None:
-        """Serving begins: log again what we back up (the batches restored from the
-        old log, which goes), then write every copy whole."""
-        for token in core.replicas.backups.tokens():
-            for source, e in core.replicas.backups.entries(token):
-                self.logged(Batch(0, token, source, e.first_seq, e.last_seq, e.count,
-                                  e.payload, e.seqs))
-        # Synced before the copies' write lets the old log go.
-        self.synced = self.store.sync_now()
-        self.whole(core, everything=True)
-
-    def _covered(self, covers: dict[int, dict[str, int]]) -> None:
-        for token, watermarks in covers.items():
-            per_token = self._uncovered.get(token)
-            if not per_token:
+    async def run(self) -> None:
+        """The group commit loop; while the disk fails, the repair loop."""
+        loop = asyncio.get_running_loop()
+        while True:
+            if self.refusing is not None:
+                await self._repair(loop)
                 continue
-            for source, queue in list(per_token.items()):
-                mark = effective_mark(watermarks, source)
-                while queue and queue[0][1] <= mark:
-                    queue.popleft()
-                if not queue:
-                    del per_token[source]
-            if not per_token:
-                del self._uncovered[token]
-        oldest = min((q[0][0] for per in self._uncovered.values() for q in per.values()),
-                     default=self.store.log.next_seq)
-        self.store.drop_log_before(min(oldest, self.synced + 1))
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            if self.refusing is not None:
+                continue
+            await asyncio.sleep(self.interval)       # let more batches join this fsync
+            try:
+                last, fd, size, segment = self.store.flush()
+                await loop.run_in_executor(self._sync, NodeStore.fsync, fd)
+            except OSError as exc:
+                self._do(self.plan.handle(DiskFailed(str(exc))))
+                continue
+            self.store.log.mark_synced(last, size, segment)
+            self._do(self.plan.handle(LogSynced(last)))
+
+    async def _repair(self, loop) -> None:
+        """Every second, try to write again what the disk refused (the log records
+        not synced; RocksDB reopened). Reads are served meanwhile."""
+        await asyncio.sleep(REPAIR_SECONDS)
+        if self._writes is not None:
+            await asyncio.gather(self._writes, return_exceptions=True)
+        try:
+            await loop.run_in_executor(self._disk, self.store.repair)
+        except Exception as exc:
+            log.debug("data directory still fails: %s", exc)
+            return
+        self._do(self.plan.handle(DiskRepaired(self.store.log.next_seq - 1)))
 
     async def close(self) -> None:
         if self._writes is not None:
@@ -304,9 +233,9 @@ class Durability:
         self.store.close()
 
 
-def held_ranges(core) -> frozenset:
-    """What the copies on disk must match: every range held, as (token, where it
-    starts, role): a split changes where the cut range starts."""
-    start = core.ring.range_of_token
-    return frozenset([(t, start(t)[0], "primary") for t in core.primaries] +
-                     [(t, start(t)[0], "replica") for t in core.replicas.ranges])
+def _resolve(future: asyncio.Future, error: BaseException | None) -> None:
+    if not future.done():
+        if error is None:
+            future.set_result(None)
+        else:
+            future.set_exception(error)

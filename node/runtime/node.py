@@ -304,8 +304,8 @@ class NodeRuntime:
                 if self.durable is not None:
                     self.durable.check_writable()
                 result = core.receive_batch(b, mark)
-                if self.durable is not None and result.applied:   # applied, or kept as a replica
-                    self.durable.logged(b)
+                if self.durable is not None:          # the plan decides what is logged
+                    self.durable.kept(b, result.applied)
                 acks.append((b.id, result))
                 if result.applied and b.token in machine.resuming:
                     self._handle(BatchApplied(b.token))

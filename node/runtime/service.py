@@ -79,10 +79,11 @@ class NodeService:
     async def probe(self, target: str, timeout: float) -> bool:
         return await self.runtime.probe_for(target, min(max(timeout, 0.01), 5.0))
 
-    def receive_checkpoint(self, sender: str, ring_stamp: int, incarnation: int, token: int,
-                           seq: int, base_seq: int, full: bool, states: dict,
-                           watermarks) -> tuple[bool, int, int]:
-        """(whether we need a full copy, the seq we hold, our ring stamp)."""
+    async def receive_checkpoint(self, sender: str, ring_stamp: int, incarnation: int,
+                                 token: int, seq: int, base_seq: int, full: bool, states: dict,
+                                 watermarks) -> tuple[bool, int, int]:
+        """(whether we need a full copy, the seq we hold, our ring stamp); a durable
+        node answers once the merged copy is on its disk."""
         self._check_started()
         self.runtime.heard_from(sender, ring_stamp, incarnation=incarnation)
         if not isinstance(watermarks, dict):
@@ -92,8 +93,8 @@ class NodeService:
                                                   full, states, watermarks,
                                                   self.runtime.clock())
         durable = self.runtime.durable
-        if durable is not None and not need_full:         # merged: our copy on disk too
-            durable.checkpoint(token, sender, states, watermarks, full)
+        if durable is not None and not need_full:         # acknowledged once on disk too
+            await durable.checkpoint(token, sender, states, watermarks, full)
         return need_full, held, core.ring.stamp
 
     # ------------------------------------------------------------ operations

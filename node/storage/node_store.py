@@ -28,6 +28,7 @@ from typing import Iterable
 
 from node.core.batch import Batch
 from node.core.codec import pack, unpack
+from node.core.persistence_io import CopyWrite
 from node.core.restore import DiskCopy, batch_from_record, batch_record
 from node.storage.segment_log import CorruptLog, SegmentLog
 
@@ -58,19 +59,6 @@ class Loaded:
     copies: dict[int, DiskCopy]
     batches: list[tuple[int, Batch]]             # (token, batch), in the order accepted
     truncated: int = 0                           # bytes of torn log tail dropped
-
-
-@dataclass(frozen=True)
-class CopyWrite:
-    """A change to one range's copy: the keys changed (or all of them, `full`) and the
-    watermarks the copy covers from now on."""
-
-    token: int
-    primary: str
-    states: dict
-    watermarks: dict[str, int]
-    full: bool = False
-    complete: bool = True
 
 
 class CorruptState(Exception):
@@ -136,17 +124,21 @@ class NodeStore:
         return node_id, incarnation
 
     def save_identity(self, node_id: str, incarnation: int) -> None:
-        """A new member in this directory: whatever it held belonged to another."""
-        self.wipe()
-        self._write([(IDENTITY, pack((node_id, incarnation)))], (), sync=True)
+        """A new member in this directory: the copies and the ring belonged to another
+        and go, in the same synced write that names the new one (`reset_log` empties
+        the log)."""
+        self._write([(IDENTITY, pack((node_id, incarnation)))], [(b"\x00", b"\xff")],
+                    sync=True)
 
-    def wipe(self) -> None:
-        self.db.delete_range(b"\x00", b"\xff")
-        self.log.drop_before(self.log.next_seq)
+    def reset_log(self) -> None:
+        """Empty the log (the records belonged to another member); record numbers go
+        on from where they were, so nothing logged later passes for synced."""
+        first = self.log.next_seq
+        self.log.drop_before(first)
         self.log.close()
         for _, path in self.log.segments:
             path.unlink()
-        self.log = SegmentLog(self.log.directory, self.log.segment_bytes)
+        self.log = SegmentLog(self.log.directory, self.log.segment_bytes, first)
 
     # --------------------------------------------------------------- log
 

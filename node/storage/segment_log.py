@@ -62,12 +62,13 @@ def scan(data: bytes) -> tuple[list[bytes], int, str]:
 
 
 class SegmentLog:
-    def __init__(self, directory: str | os.PathLike, segment_bytes: int = 64 << 20) -> None:
+    def __init__(self, directory: str | os.PathLike, segment_bytes: int = 64 << 20,
+                 first_seq: int = 1) -> None:
         self.directory = Path(directory)
         self.segment_bytes = segment_bytes
         self.directory.mkdir(parents=True, exist_ok=True)
         self.segments: list[tuple[int, Path]] = []      # (first seq, path), oldest first
-        self.next_seq = 1
+        self.next_seq = first_seq                        # when no segment holds any
         self.truncated = 0                               # bytes of torn tail dropped at open
         self._file = None
         self._size = 0

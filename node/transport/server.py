@@ -123,7 +123,7 @@ class ControlPlane(floe_pb2_grpc.ControlPlaneServicer):
 
     async def ShipCheckpoint(self, request, context):
         try:
-            need_full, seq, stamp = self.service.receive_checkpoint(
+            need_full, seq, stamp = await self.service.receive_checkpoint(
                 request.sender, request.ring_stamp, request.incarnation, request.token,
                 request.checkpoint_seq, request.base_seq, request.full,
                 unpack_entries(request.states),
