@@ -48,6 +48,13 @@ def open_data_dir(path: str) -> DataDir:
         log.error("data directory %s is corrupt (%s): starting as a new member; the "
                   "ring recovers its ranges from their replicas or reports them lost",
                   path, quarantined)
+    ring = DataDir(store, loaded).ring
+    if loaded is not None and ring is not None and loaded.node_id not in ring.nodes:
+        # It left (or learnt it was removed) before it stopped: nothing here is a
+        # member's any more.
+        log.info("data directory %s: %s had left the ring; starting as a new member",
+                 path, loaded.node_id)
+        loaded = None
     if loaded is not None:
         log.info("data directory %s: %s (incarnation %d), %d ranges, %d batches logged%s",
                  path, loaded.node_id, loaded.incarnation, len(loaded.copies),
