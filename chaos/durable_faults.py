@@ -27,6 +27,7 @@ from pathlib import Path
 
 from chaos import faults as fault_ops
 from chaos.cluster import LocalCluster, NodeProcess, serving, spawn_node
+from chaos.handoff_faults import read_from
 from chaos.timeline import Injected, node_events
 from node.storage.segment_log import HEADER, SUFFIX
 
@@ -366,7 +367,7 @@ def _came_back(injected: Injected, d: dict, cluster: LocalCluster, members: set[
     have been declared dead and rejoined empty), torn tails cut."""
     errors = []
     again = d.get("again")
-    logs = {n.node_id: _log_since(n.log, d["logs"][n.node_id]) for n in cluster.nodes}
+    logs = {n.node_id: read_from(n.log, d["logs"][n.node_id]) for n in cluster.nodes}
     d["came_back_as"] = {n: sorted(m for m in members if m.split("#")[0] == n)
                          for n in sorted(logs)}
     for node_id, names in d["came_back_as"].items():
@@ -406,15 +407,6 @@ def _refused_and_recovered(injected: Injected, d: dict, acked_at: list[float]) -
     if not any(t > freed for t in acked_at):
         errors.append("disk-full: no chunk was acknowledged after the disk was freed")
     return errors
-
-
-def _log_since(path: str, offset: int) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            return f.read().decode(errors="replace")
-    except OSError:
-        return ""
 
 
 def summary_cells(injected: dict) -> tuple[str, str, str, str]:

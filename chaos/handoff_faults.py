@@ -43,7 +43,7 @@ def _size(path: str) -> int:
         return 0
 
 
-def _read_from(path: str, offset: int) -> str:
+def read_from(path: str, offset: int) -> str:
     try:
         with open(path, "rb") as f:
             f.seek(offset)
@@ -134,7 +134,7 @@ def kill_mid_handoff(cluster: LocalCluster, p: PlannedFault, timeout: float = 30
     state = "requested"
     gap, last = 0.0, time.monotonic()
     while time.monotonic() < deadline:
-        state = handoff_state(_read_from(log, offsets[p.watch]), receiver)
+        state = handoff_state(read_from(log, offsets[p.watch]), receiver)
         now = time.monotonic()
         gap, last = max(gap, now - last), now
         if state != "requested" or not watched_call.is_alive():
@@ -146,11 +146,11 @@ def kill_mid_handoff(cluster: LocalCluster, p: PlannedFault, timeout: float = 30
     # but never waits past its end: a handoff that finished first makes in_flight false.
     while state == "in flight" and time.time() < seen + p.lag:
         time.sleep(0.0005)
-        state = handoff_state(_read_from(log, offsets[p.watch]), receiver)
+        state = handoff_state(read_from(log, offsets[p.watch]), receiver)
     at = signal_nodes(cluster, p.victims, signal.SIGKILL)
     # Had the handoff finished before the signal? The giver's events say; one written
     # after the kill by a surviving giver carries a time we can compare.
-    after = _read_from(log, offsets[p.watch])
+    after = read_from(log, offsets[p.watch])
     finished_before = _finished_before(after, receiver, at)
     detail.update({"state_when_killed": state, "requested_at": requested, "in_flight_seen": seen,
                    "lag_ms": round(p.lag * 1e3, 1), "killed_after_ms": round((at - seen) * 1e3, 2),

@@ -69,31 +69,24 @@ class BackupStore:
 
     def evict(self, token: int, watermarks: dict[str, int]) -> int:
         """Drop every batch the watermarks cover; return the number of tuples dropped."""
-        per_source = self._entries.get(token)
-        if not per_source:
-            return 0
-        dropped = 0
-        for source, queue in list(per_source.items()):
-            mark = effective_mark(watermarks, source)
-            while queue and queue[0].last_seq <= mark:
-                entry = queue.popleft()
-                dropped += entry.count
-                self.bytes -= entry.nbytes
-            if not queue:
-                del per_source[source]
-        self.tuples -= dropped
-        return dropped
+        return self._drop_oldest(token, lambda source, entry: entry.last_seq <= effective_mark(
+            watermarks, source))
 
     def expire(self, token: int, watermarks: dict[str, int], before: float) -> int:
         """Drop the batches received before `before` that the watermarks still do not
         cover: their primary never applied them (it refused them, or never got them
         and its sender resends). Returns the number of tuples dropped."""
+        self.evict(token, watermarks)
+        return self._drop_oldest(token, lambda source, entry: entry.stored_at < before)
+
+    def _drop_oldest(self, token: int, done) -> int:
+        """Per source, drop batches from the oldest while `done(source, entry)`."""
         per_source = self._entries.get(token)
         if not per_source:
             return 0
         dropped = 0
         for source, queue in list(per_source.items()):
-            while queue and queue[0].stored_at < before:
+            while queue and done(source, queue[0]):
                 entry = queue.popleft()
                 dropped += entry.count
                 self.bytes -= entry.nbytes
