@@ -357,10 +357,14 @@ class NodeRuntime:
 
     async def _ship(self, e: ShipCheckpoints) -> None:
         sender = self.machine.node_id
+        # Durable: no replica's copy gets ahead of what we come back with from disk.
+        synced = self.durable.synced() if self.durable and e.shipments else None
 
         async def ship(s, address):
             token = s.checkpoint.token
             try:
+                if synced is not None:
+                    await asyncio.shield(synced)
                 need_full, seq = await self.peers.ship_checkpoint(
                     address, sender=sender, ring_stamp=e.ring_stamp,
                     incarnation=self.incarnation, checkpoint=s.checkpoint,
