@@ -225,6 +225,15 @@ class Durability:
             return
         self._do(self.plan.handle(DiskRepaired(self.store.log.next_seq - 1)))
 
+    def sync_now(self) -> None:
+        """Sync here and now, on the event loop (at stop, the commit loop gone)."""
+        try:
+            last = self.store.sync_now()
+        except OSError as exc:
+            self._do(self.plan.handle(DiskFailed(str(exc))))
+            return
+        self._do(self.plan.handle(LogSynced(last)))
+
     async def close(self) -> None:
         if self._writes is not None:
             await asyncio.gather(self._writes, return_exceptions=True)

@@ -238,6 +238,8 @@ class NodeRuntime:
         for task in [*self._tasks, *self._background]:
             task.cancel()
         await asyncio.gather(*self._tasks, *self._background, return_exceptions=True)
+        if self.durable is not None:       # the commit loop is gone: the final round ships
+            self.durable.sync_now()
         try:
             await asyncio.wait_for(self.checkpoint_once(), self.config.rpc_timeout)
         except (asyncio.TimeoutError, FloeError) as exc:
