@@ -24,7 +24,7 @@ from node.core.persistence_io import (AcceptBatches, AckWanted, AppendRecord, Ba
                                       CheckpointMerged, CompactLog, CopiesWritten, CopyWrite,
                                       DiskFailed, DiskRepaired, FailAcks, LogSynced,
                                       RefuseBatches, ReleaseAcks, SaveIdentity, SyncLog,
-                                      WriteCopies)
+                                      SyncWanted, WriteCopies)
 from node.storage.node_store import Loaded
 from node.core.restore import DiskCopy
 
@@ -129,6 +129,12 @@ class SimDurability:
         self.tickets += 1
         self.acks[self.tickets] = (on_ack, on_failure)
         self.do(self.plan.handle(AckWanted(self.tickets)))
+
+    def synced(self, then, on_failure) -> None:
+        """`then()` once everything logged so far is synced."""
+        self.tickets += 1
+        self.acks[self.tickets] = (then, on_failure)
+        self.do(self.plan.handle(SyncWanted(self.tickets)))
 
     def merged(self, token: int, primary: str, states: dict, watermarks: dict, full: bool,
                on_ack, on_failure) -> None:

@@ -449,7 +449,6 @@ class Simulation(DurableNodes):
         """Ship every checkpoint of a round concurrently; the round is done once each
         was answered or timed out."""
         started, waiting = self.now, [len(e.shipments)]
-        me, incarnation = proc.name, proc.machine.incarnation
 
         def answered(event):
             self.handle(proc, event)
@@ -457,6 +456,18 @@ class Simulation(DurableNodes):
             if waiting[0] == 0:
                 self._round_done(proc, e, started)
 
+        if proc.durable is not None and e.shipments:
+            # Only what is on its disk: no replica's copy gets ahead of it.
+            proc.durable.synced(lambda: self._ship_all(proc, e, answered), lambda exc: [
+                answered(CheckpointFailed(s.checkpoint.token, s.replica, exc.refresh_ring,
+                                          e.epoch)) for s in e.shipments])
+        else:
+            self._ship_all(proc, e, answered)
+        if not e.shipments:
+            self._round_done(proc, e, started)
+
+    def _ship_all(self, proc: SimProcess, e: ShipCheckpoints, answered) -> None:
+        me, incarnation = proc.name, proc.machine.incarnation
         for s, address in zip(e.shipments, e.addresses):
             cp = s.checkpoint
 
@@ -483,8 +494,6 @@ class Simulation(DurableNodes):
                             lambda exc, s=s: answered(CheckpointFailed(
                                 s.checkpoint.token, s.replica, exc.refresh_ring, e.epoch)),
                             CALL_TIMEOUT)
-        if not e.shipments:
-            self._round_done(proc, e, started)
 
     def _round_done(self, proc: SimProcess, e: ShipCheckpoints, started: float) -> None:
         self.handle(proc, CheckpointRoundDone(e.tokens, e.behind_before, e.epoch))

@@ -7,7 +7,7 @@ from node.core.persistence_io import (AcceptBatches, AckWanted, AppendRecord, Be
                                       BatchKept, CheckpointMerged, CompactLog, CopiesWritten,
                                       DiskFailed, DiskRepaired, FailAcks, LogSynced,
                                       RefuseBatches, ReleaseAcks, SaveIdentity,
-                                      SyncLog, WriteCopies)
+                                      SyncLog, SyncWanted, WriteCopies)
 from node.core.reducers import load_reducer
 from node.core.ring import Ring
 from node.storage.node_store import NodeStore
@@ -247,3 +247,16 @@ def test_a_replica_holds_what_it_acks_after_a_primary_back_from_its_disk_took_it
     assert b.receive_batch(batches[1]).applied == 3                 # resent: acknowledged...
     state, _ = b.replicas.rebuild(t)
     assert sum(state.values()) == 9                                  # ...and held
+
+
+def test_a_round_ships_once_everything_logged_is_synced_and_not_while_the_disk_fails():
+    plan, core, effects = started()
+    done(plan, effects)
+    t = RING.tokens_of("p")[0]
+    keep(plan, core, t, words_of(t, 3), 1)
+    assert plan.handle(SyncWanted(1)) == [SyncLog()]
+    assert plan.handle(LogSynced(1)) == [ReleaseAcks((1,))]
+    assert plan.handle(SyncWanted(2)) == [ReleaseAcks((2,))]    # nothing new: at once
+    keep(plan, core, t, words_of(t, 1), 4)
+    plan.handle(DiskFailed("disk full"))
+    assert plan.handle(SyncWanted(3)) == [FailAcks((3,), "disk full")]

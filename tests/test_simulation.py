@@ -346,11 +346,11 @@ def durable_scenario(seed: int) -> Simulation:
         elif moved:
             faults.append((pick.uniform(0.05, 1.2), sim.split,
                            (pick.choice(names), pick.random() < 0.7)))
-    # A second failure (a crash past detection is one) only where no move can have
-    # made it the first one's neighbour.
     if pick.random() < 0.25:
         faults.append((pick.uniform(0.1, 1.3), sim.fill_disk,
                        (pick.choice(names), pick.uniform(0.2, 1.5))))
+    # A second failure (a crash past detection is one) only where no move can have
+    # made it the first one's neighbour.
     kind = pick.choice(["pause", "partition", "none"] + ([] if moved else ["crash", "crash"]))
     other = (victim + 2) % nodes
     if kind == "crash":
@@ -367,8 +367,7 @@ DOWNTIMES = [0.0, 0.0, 0.01, 0.05, 0.15, 0.4, 1.0]
 
 
 def run_durable_seed(seed: int) -> None:
-    sim = durable_scenario(seed)
-    check(sim, seed)
+    check(durable_scenario(seed), seed)
 
 
 @pytest.mark.parametrize("seed", range(DURABLE_SEEDS))

@@ -9,6 +9,8 @@ that it can crash between a write and its fsync.
   duplicate's too, since the batch it repeats may not be synced yet; and a
   duplicate's also for the copies written so far, since a checkpoint merged into
   a copy in memory may be what holds it.
+- A checkpoint round ships once everything logged so far is synced: a replica's
+  copy never gets ahead of what we come back with from our disk.
 - Every checkpoint round's cuts of our primaries, and every checkpoint merged into a
   copy we keep for another primary, are written to the copies, in order. A merged
   checkpoint is acknowledged once written: its primary takes the acknowledgement
@@ -35,7 +37,8 @@ from node.core.persistence_io import (AcceptBatches, AckWanted, AppendRecord, Be
                                       BatchKept, CheckpointMerged, CompactLog, CopiesWritten,
                                       CopyWrite, CoreSettled, DiskFailed, DiskRepaired,
                                       FailAcks, LogSynced, RefuseBatches, ReleaseAcks,
-                                      RoundCut, SaveIdentity, SyncLog, WriteCopies)
+                                      RoundCut, SaveIdentity, SyncLog, SyncWanted,
+                                      WriteCopies)
 from node.core.ring import Ring
 
 
@@ -82,6 +85,7 @@ class DiskPlan:
         self.ring: Ring | None = None          # the ring last written
         self._handlers = {
             Began: self._began, BatchKept: self._kept, AckWanted: self._ack_wanted,
+            SyncWanted: self._sync_wanted,
             LogSynced: self._synced, RoundCut: self._cut, CheckpointMerged: self._merged,
             CoreSettled: self._settled, CopiesWritten: self._written,
             DiskFailed: self._disk_failed, DiskRepaired: self._repaired,
@@ -142,6 +146,16 @@ class DiskPlan:
             self.waiting.append((last, write, e.ticket))
             if last > self.synced:
                 out.append(SyncLog())
+
+    def _sync_wanted(self, e: SyncWanted, out: list) -> None:
+        last = self.next_record - 1
+        if last <= self.synced:
+            out.append(ReleaseAcks((e.ticket,)))
+        elif self.failed is not None:
+            out.append(FailAcks((e.ticket,), self.failed))
+        else:
+            self.waiting.append((last, 0, e.ticket))
+            out.append(SyncLog())
 
     def _release(self, out: list) -> None:
         ready = [w for w in self.waiting if w[0] <= self.synced and w[1] <= self.written_through]

@@ -55,6 +55,16 @@ class AckWanted:
 
 
 @dataclass(frozen=True)
+class SyncWanted:
+    """A checkpoint round is about to ship: `ticket` waits until everything logged so
+    far is synced. A replica's copy must never get ahead of what we come back with
+    from our disk: it would go back with our next full checkpoint, below batches its
+    backups no longer hold."""
+
+    ticket: int
+
+
+@dataclass(frozen=True)
 class LogSynced:
     upto: int                  # every record up to this one is on disk
 

@@ -19,7 +19,7 @@ from node.core.persistence_io import (AcceptBatches, AckWanted, AppendRecord, Be
                                       BatchKept, CheckpointMerged, CompactLog, CopiesWritten,
                                       DiskFailed, DiskRepaired, FailAcks, LogSynced,
                                       RefuseBatches, ReleaseAcks, SaveIdentity, SyncLog,
-                                      WriteCopies)
+                                      SyncWanted, WriteCopies)
 from node.core.restore import restored_core
 from node.core.ring import Ring
 from node.storage.node_store import Loaded, NodeStore, open_store
@@ -105,6 +105,13 @@ class Durability:
         disk's error: then nothing is acknowledged)."""
         ticket, future = self._ticket()
         self._do(self.plan.handle(AckWanted(ticket)))
+        return future
+
+    def synced(self) -> asyncio.Future:
+        """Resolves once everything logged so far is synced (fails while the disk
+        fails and some of it is not)."""
+        ticket, future = self._ticket()
+        self._do(self.plan.handle(SyncWanted(ticket)))
         return future
 
     def check_writable(self) -> None:
@@ -227,6 +234,15 @@ class Durability:
             log.debug("data directory still fails: %s", exc)
             return
         self._do(self.plan.handle(DiskRepaired(self.store.log.next_seq - 1)))
+
+    def sync_now(self) -> None:
+        """Sync here and now, on the event loop (at stop, the commit loop gone)."""
+        try:
+            last = self.store.sync_now()
+        except OSError as exc:
+            self._do(self.plan.handle(DiskFailed(str(exc))))
+            return
+        self._do(self.plan.handle(LogSynced(last)))
 
     async def close(self) -> None:
         if self._writes is not None:

@@ -238,6 +238,8 @@ class NodeRuntime:
         for task in [*self._tasks, *self._background]:
             task.cancel()
         await asyncio.gather(*self._tasks, *self._background, return_exceptions=True)
+        if self.durable is not None:       # the commit loop is gone: the final round ships
+            self.durable.sync_now()
         try:
             await asyncio.wait_for(self.checkpoint_once(), self.config.rpc_timeout)
         except (asyncio.TimeoutError, FloeError) as exc:
@@ -357,10 +359,14 @@ class NodeRuntime:
 
     async def _ship(self, e: ShipCheckpoints) -> None:
         sender = self.machine.node_id
+        # Durable: no replica's copy gets ahead of what we come back with from disk.
+        synced = self.durable.synced() if self.durable and e.shipments else None
 
         async def ship(s, address):
             token = s.checkpoint.token
             try:
+                if synced is not None:
+                    await asyncio.shield(synced)
                 need_full, seq = await self.peers.ship_checkpoint(
                     address, sender=sender, ring_stamp=e.ring_stamp,
                     incarnation=self.incarnation, checkpoint=s.checkpoint,
