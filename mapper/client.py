@@ -87,7 +87,7 @@ class RingClient:
             raise ValueError("RingClient needs at least one seed address host:port")
         if batch_size < 1 or max_pending_batches < 1:
             raise ValueError("batch_size and max_pending_batches must be >= 1")
-        self.source = source or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        self.source = source or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex}"
         self.batch_size = batch_size
         self.linger = linger
         self.max_pending_batches = max_pending_batches

@@ -40,6 +40,8 @@ class NodeConfig:
     backup_expiry: float = 300.0                 # a backed-up batch its primary never applied is dropped
     max_sources_per_range: int = 4096            # dedup watermarks per range; more sources refused
     source_expiry: float = 7 * 86400.0           # a source idle this long loses its watermark
+    max_stream_ahead: float = 3600.0             # a stream numbered this far past our clock is refused
+    max_sources_per_node: int = 65536            # sources streaming to a node; more refused until idle ones expire
     rpc_timeout: float = 2.0                     # deadline on every outbound call, seconds
     shutdown_grace: float = 2.0                  # seconds in-flight RPCs get on SIGTERM
     leave_on_sigterm: bool = False               # SIGTERM hands every range over, then exits
@@ -98,8 +100,12 @@ class NodeConfig:
             raise ValueError("fsync_interval must be 0 to 1 second")
         if self.max_splits_per_minute < 1:
             raise ValueError("max_splits_per_minute must be >= 1")
+        if self.max_sources_per_node < 1:
+            raise ValueError("max_sources_per_node must be >= 1")
         if self.max_sources_per_range < 1:
             raise ValueError("max_sources_per_range must be >= 1")
+        if not self.max_stream_ahead >= 60:
+            raise ValueError("max_stream_ahead must be at least 60 seconds (clocks drift)")
         for name in ("backup_expiry", "source_expiry"):
             # Both must outlast any resend and any queue: an expiry cut short drops
             # or double-counts what a slow sender still holds.

@@ -98,6 +98,48 @@ def test_a_refused_batch_does_not_retire_its_sources_stream():
     assert core.receive_batch(ok).applied == 1
 
 
+def test_a_stream_numbered_far_past_the_nodes_clock_is_refused_and_retires_nothing():
+    key = next(k for k in (f"k{i}" for i in range(100)) if ring().owner(k) == "n0")
+    core = NodeCore("n0", ring(), load_reducer("count"))
+    token = ring().token_for_key(key)
+    wall = 1_800_000_000.0
+    now_us = int(wall * 1e6)
+
+    def batch(seq, stream):
+        return Batch(ring().stamp, token, "s", seq, seq, 1, encode_payload([key], [1]),
+                     stream=stream)
+    with pytest.raises(InvalidArgument, match="ahead of this node's clock"):
+        core.receive_batch(batch(1, 2 ** 64 - 1), wall=wall)
+    with pytest.raises(InvalidArgument):
+        core.receive_batch(batch(1, now_us + 3601 * 10 ** 6), wall=wall)
+    # the real stream, numbered by a clock a few minutes fast, still delivers
+    assert core.receive_batch(batch(1, now_us + 300 * 10 ** 6), wall=wall).applied == 1
+    assert core.receive_batch(batch(2, now_us + 301 * 10 ** 6), wall=wall).applied == 1
+    assert core.items() and dict(core.items())[key] == 2
+
+
+def test_the_sources_a_node_tracks_are_bounded_and_idle_ones_make_room():
+    from node.core.batch import Limits
+    from node.core.errors import TooLarge
+    key = next(k for k in (f"k{i}" for i in range(100)) if ring().owner(k) == "n0")
+    token = ring().token_for_key(key)
+    core = NodeCore("n0", ring(), load_reducer("count"),
+                    Limits(max_sources_per_node=3, source_expiry=60.0))
+
+    def batch(source, seq=1):
+        return Batch(ring().stamp, token, source, seq, seq, 1, encode_payload([key], [1]),
+                     stream=5)
+    for i in range(3):
+        core.receive_batch(batch(f"s{i}"), now=0.0)
+    with pytest.raises(TooLarge, match="max-sources-per-node"):
+        core.receive_batch(batch("s3"), now=30.0)
+    assert len(core.streams.newest) == 3
+    core.receive_batch(batch("s0", 2), now=40.0)    # s0 is active again; s1, s2 idle
+    assert core.receive_batch(batch("s4"), now=90.0).applied == 1
+    assert set(core.streams.newest) == {"s0", "s4"}
+    assert dict(core.items())[key] == 5             # every accepted batch counted once
+
+
 # ------------------------------------------------------------ real processes
 
 # In the clear: what a node refuses from anyone who can reach its port, by validation

@@ -47,6 +47,8 @@ class Limits:
     max_sources_per_range: int = 4096   # dedup watermarks a range keeps
     source_expiry: float = 7 * 86400.0  # a source idle this long loses its watermark
     backup_expiry: float = 300.0        # a backed-up batch its primary never applied goes
+    max_stream_ahead: float = 3600.0    # seconds a stream number may run ahead of our clock
+    max_sources_per_node: int = 65536   # sources whose current stream a node tracks
 
 
 def encode_payload(keys: list, values: list) -> bytes:

@@ -20,6 +20,7 @@ from node.core.ranges import Checkpoint, PrimaryRange, ReplicaSide
 from node.core.reducers import Reducer
 from node.core.ring import Ring
 from node.core.split_point import PositionLoad
+from node.core.streams import StreamGuard
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,8 @@ class NodeCore:
         self.primaries: dict[int, PrimaryRange] = {}
         self.replicas = ReplicaSide(reducer)
         self.lost_tokens: set[int] = set(ring.lost)
-        self.streams: dict[str, int] = {}   # newest stream number seen per source
+        self.streams = StreamGuard(limits.max_sources_per_node, limits.source_expiry,
+                                   limits.max_stream_ahead)
         self.cuts: list[Checkpoint] = []     # the checkpoints the last round cut
         self.fenced = False
         self._ring_checked: Ring | None = None
@@ -203,16 +205,16 @@ class NodeCore:
 
     # ------------------------------------------------------------- data path
 
-    def receive_batch(self, b: Batch, now: float = 0.0) -> PushResult:
+    def receive_batch(self, b: Batch, now: float = 0.0,
+                      wall: float | None = None) -> PushResult:
+        """Apply or back up one batch. `wall`: this node's clock (seconds since the
+        epoch), which the sender's stream numbers are checked against."""
         try:
-            newest = self.streams.get(b.source, 0)
-            if b.stream < newest:
-                raise StaleRing(f"batch from {b.source}'s stream {b.stream}, which stream "
-                                f"{newest} replaced")
+            self.streams.check(b.source, b.stream, now, wall)
             result = self._receive_batch(b.ring_stamp, b.token, b.source, b.first_seq,
                                          b.last_seq, b.count, b.payload, b.seqs, now)
             # Recorded once accepted: a refused batch must not retire anyone's stream.
-            self.streams[b.source] = b.stream
+            self.streams.accept(b.source, b.stream, now)
             return result
         except Exception:
             self.counters["refused"] += 1

@@ -103,7 +103,9 @@ class NodeRuntime:
                                max_backup_bytes=self.config.max_backup_bytes,
                                max_sources_per_range=self.config.max_sources_per_range,
                                source_expiry=self.config.source_expiry,
-                               backup_expiry=self.config.backup_expiry),
+                               backup_expiry=self.config.backup_expiry,
+                               max_stream_ahead=self.config.max_stream_ahead,
+                               max_sources_per_node=self.config.max_sources_per_node),
                         verify_keys=self.config.verify_keys)
 
     async def confirm_membership(self, seeds: list[str] | None = None) -> None:
@@ -301,11 +303,12 @@ class NodeRuntime:
         machine = self.machine
         core = machine.core            # replaced when we rejoin after being fenced
         started = mark = self.clock()
+        wall = time.time()             # what the senders' stream numbers are held to
         try:
             for b in item.batches:
                 if self.durable is not None:
                     self.durable.check_writable()
-                result = core.receive_batch(b, mark)
+                result = core.receive_batch(b, mark, wall)
                 if self.durable is not None:          # the plan decides what is logged
                     self.durable.kept(b, result.applied)
                 acks.append((b.id, result))
