@@ -246,6 +246,12 @@ def _add_limits(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-sources-per-range", type=int,
                    help="sources whose dedup watermark a range keeps; a new one past it is "
                         "refused RESOURCE_EXHAUSTED (default 4096)")
+    p.add_argument("--max-sources-per-node", type=int,
+                   help="sources whose current stream a node tracks; a new one past it is "
+                        "refused RESOURCE_EXHAUSTED until idle ones expire (default 65536)")
+    p.add_argument("--max-stream-ahead", type=float,
+                   help="seconds a stream number (the sender's wall clock) may run ahead "
+                        "of this node's clock; past it a batch is refused (default 3600)")
     p.add_argument("--source-expiry", type=float,
                    help="seconds a source may stay idle before its watermarks are dropped; "
                         "it must outlast any resend (default 604800, a week)")
