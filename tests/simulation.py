@@ -923,6 +923,34 @@ class Simulation(DurableNodes):
             return
         raise AssertionError(f"{proc.name} adopted a forged ring view ({kind})")
 
+    def forge_checkpoint(self, name: str, kind: str) -> None:
+        """`name` is sent a whole checkpoint that would replace its copy of a range it
+        backs up: claimed by a member that does not own the range, or by the owner
+        under a ring stamp that is not the current one. Refused; the copy is unchanged."""
+        proc = self.process(name)
+        if proc is None or not self._usable(proc) or proc.core.starting or proc.core.fenced:
+            return
+        ring = proc.core.ring
+        backed = [t for t in ring.tokens if ring.role_of(proc.name, t) == "replica"]
+        if not backed:
+            return
+        token = backed[0]
+        owner = ring.owner_of_token(token)
+        sender, stamp = ((next((n for n in ring.nodes if n != owner), owner), ring.stamp)
+                         if kind == "not the owner" else (owner, ring.stamp ^ 1))
+        copy = proc.core.replicas.ranges.get(token)
+        before = None if copy is None else (dict(copy.copy.master), dict(copy.watermarks))
+        try:
+            proc.core.receive_checkpoint(sender, stamp, token, 10 ** 9, 0, True,
+                                         {"forged": 10 ** 6}, {"forger": 10 ** 12}, self.now)
+        except StaleRing:
+            copy = proc.core.replicas.ranges.get(token)
+            assert (None if copy is None else (dict(copy.copy.master),
+                                               dict(copy.watermarks))) == before
+            self.log.append(f"{self.now:.3f} {proc.name} refused a forged checkpoint ({kind})")
+            return
+        raise AssertionError(f"{proc.name} took a forged checkpoint ({kind})")
+
     def kill(self, name: str) -> None:
         proc = self.process(name)
         self.log.append(f"{self.now:.3f} kill {proc.name}")

@@ -287,13 +287,17 @@ FORGED_SEEDS = int(os.environ.get("FLOE_SIM_FORGED_SEEDS", "60"))
 
 def forged_scenario(seed: int) -> Simulation:
     """Forged ring views (another replication factor, a member moved elsewhere, a
-    version far ahead) sent to random nodes while tuples flow, with a kill, pause or
-    partition: every one is refused and nothing else changes."""
+    version far ahead) and forged whole checkpoints (from a member not owning the
+    range, or under another ring stamp) sent to random nodes while tuples flow, with a
+    kill, pause or partition: every one is refused and nothing else changes."""
     pick, sim, names = random_cluster(seed, 86028121)
     faults = [(pick.uniform(0.05, 1.5), sim.forge,
                (pick.choice(names), pick.choice(["replication", "moved member", "version far ahead",
                                                  "every range lost"])))
               for _ in range(pick.randint(2, 6))]
+    faults += [(pick.uniform(0.05, 1.5), sim.forge_checkpoint,
+                (pick.choice(names), pick.choice(["not the owner", "another ring stamp"])))
+               for _ in range(pick.randint(1, 4))]
     kind = pick.choice(["kill", "pause", "partition", "none"])
     faults += one_fault(pick, sim, names, kind, pick.randrange(len(names)),
                         pick.uniform(0.2, 1.3))
@@ -305,6 +309,7 @@ def run_forged_seed(seed: int) -> None:
     sim = forged_scenario(seed)
     check(sim, seed)
     assert any("forged view" in line for line in sim.log), sim.log
+    assert any("forged checkpoint" in line for line in sim.log), sim.log
 
 
 @pytest.mark.parametrize("seed", range(FORGED_SEEDS))
