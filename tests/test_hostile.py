@@ -405,3 +405,18 @@ def test_a_full_backup_store_refuses_batches_until_checkpoints_make_room():
         primary.checkpoint_done(s.checkpoint.token)
     assert replica.replicas.backups.bytes == 0
     replica.receive_batch(batches[taken])     # ...and it takes batches again
+
+
+def test_a_source_ids_limit_counts_bytes_not_characters():
+    from node.core.batch import Limits
+    from node.core.errors import TooLarge
+    key = next(k for k in (f"k{i}" for i in range(100)) if ring().owner(k) == "n0")
+    token = ring().token_for_key(key)
+    core = NodeCore("n0", ring(), load_reducer("count"), Limits(max_source_bytes=16))
+
+    def batch(source):
+        return Batch(ring().stamp, token, source, 1, 1, 1, encode_payload([key], [1]))
+    with pytest.raises(TooLarge, match="24 bytes"):
+        core.receive_batch(batch("\u20ac" * 8))           # 8 characters, 24 bytes
+    assert core.receive_batch(batch("\u20ac" * 5)).applied == 1
+

@@ -233,8 +233,9 @@ class NodeCore:
                             f"{self.node_id} is at version {ring.version} ({ring.stamp:#x})")
         if not source:
             raise InvalidArgument("batch has no source id")
-        if len(source) > self.limits.max_source_bytes:
-            raise TooLarge(f"source id of {len(source)} characters is over the limit of "
+        if len(source) > self.limits.max_source_bytes or \
+                len(source.encode()) > self.limits.max_source_bytes:
+            raise TooLarge(f"source id of {len(source.encode())} bytes is over the limit of "
                            f"{self.limits.max_source_bytes} (--max-source-bytes)")
         check_source(source)
         check_header(count, first_seq, last_seq, seqs, payload, self.limits)
