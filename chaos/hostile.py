@@ -1,5 +1,6 @@
 """A hostile (or careless) client against one node of a live ring: forged ring views,
-requests past the node's limits, garbage at a replica, a key outside its batch's
+requests past the node's limits, a stream number that would retire every later stream
+of its source, garbage at a replica, a key outside its batch's
 range, a value the reducer cannot take. Every one must be refused
 with the status that names why, while the load goes on; the harness then checks that
 every acknowledged tuple is counted exactly and that nobody was declared dead.
@@ -75,6 +76,7 @@ def attack(address: str) -> dict[str, str]:
 
         outcome["source id of 10,000 characters"] = _refused(push(source="m" * 10_000),
                                                              exhausted)
+        outcome["stream numbered 2^64-1"] = _refused(push(stream=2 ** 64 - 1), invalid)
         me = next(n for n, a in ring.addresses if a == address)
         backed = next(t for t in ring.tokens if ring.role_of(me, t) == "replica")
         outcome["undecodable batch at a replica"] = _refused(
