@@ -28,7 +28,7 @@ from pathlib import Path
 from chaos import durable_faults
 from chaos import faults as fault_ops
 from chaos import handoff_faults
-from chaos.hostile import hostile_clients
+from chaos.hostile import hostile_clients, impostors
 from chaos.cluster import LocalCluster
 from chaos.load import chunk_ids, chunk_keys, hottest_key
 from chaos.mapper_proc import MapperHandle
@@ -229,6 +229,8 @@ def _run_round(scenario: Scenario, seed: int, index: int, planned: list[PlannedF
                 result.injected.append(fault_ops.rolling_restart(cluster, p.victims))
             elif p.kind == "hostile":
                 result.injected.append(hostile_clients(cluster, p.victims))
+            elif p.kind == "impostor":
+                result.injected.append(impostors(cluster, p.victims, workdir / "impostor"))
             elif p.kind in durable_faults.KINDS:
                 result.injected.append(_durable_fault(cluster, p, data_dir, disk,
                                                       hottest_key(scenario.load, seed)))
@@ -305,7 +307,7 @@ def _run_round(scenario: Scenario, seed: int, index: int, planned: list[PlannedF
 
 
 def _may_be_declared(injected: Injected) -> tuple[str, ...]:
-    if injected.kind == "hostile":
+    if injected.kind in ("hostile", "impostor"):
         return ()
     if injected.kind in durable_faults.KINDS:
         return durable_faults.may_be_declared(injected)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import grpc
 
@@ -20,6 +21,7 @@ from chaos.cluster import LocalCluster
 from chaos.timeline import Injected
 from floering.v1 import floe_pb2, floe_pb2_grpc
 from node.core.batch import encode_payload
+from node.core.codec import pack, pack_entries
 from node.core.ring import Ring
 from node.core.ring_merge import MAX_VERSION_STEP
 
@@ -101,3 +103,68 @@ def hostile_clients(cluster: LocalCluster, node_ids) -> Injected:
     at = time.time()
     detail = {node_id: attack(cluster.node(node_id).address) for node_id in node_ids}
     return Injected("hostile", tuple(node_ids), at, detail=detail)
+
+
+def impersonate(cluster: LocalCluster, address: str, scratch: Path) -> dict[str, str]:
+    """On a TLS ring: callers without the right credentials, each once against the
+    node at `address`. Returns how each was refused (raises if one was not)."""
+    from chaos.cluster import channel
+    from node.transport.tls import TlsFiles, generate
+    outcome = {}
+    unavailable, denied = grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.PERMISSION_DENIED
+    get_ring = floe_pb2.GetRingRequest()
+    with grpc.insecure_channel(address) as clear:
+        outcome["no certificate"] = _refused(lambda: floe_pb2_grpc.ControlPlaneStub(
+            clear).GetRing(get_ring, timeout=5), unavailable)
+    me = next(n.node_id for n in cluster.nodes if n.address == address)
+    other = next(n.node_id for n in cluster.nodes if n.node_id != me and n.alive())
+    # A certificate named like a member, from a CA the ring does not trust.
+    foreign = TlsFiles.in_dir(generate(scratch / "foreign-ca", [other]), other)
+    with channel(address, foreign) as ch:
+        outcome["a member's name from another CA"] = _refused(
+            lambda: floe_pb2_grpc.ControlPlaneStub(ch).GetRing(get_ring, timeout=5),
+            unavailable)
+    with cluster.channel(address) as ch:
+        ring = Ring.from_wire(floe_pb2_grpc.ControlPlaneStub(ch).GetRing(
+            get_ring, timeout=5).ring)
+    backed = next(t for t in ring.tokens if ring.role_of(me, t) == "replica")
+    owner = ring.owner_of_token(backed)
+    forger = next(n for n in ring.nodes if n not in (me, owner))
+    view = ring.without([owner]).with_version(ring.version + 1)
+    calls = {
+        "ring view": lambda c, sender: c.ExchangeRing(floe_pb2.RingView(
+            version=view.version, ring=view.to_wire(), sender=sender), timeout=5),
+        "heartbeat": lambda c, sender: c.Heartbeat(floe_pb2.HeartbeatRequest(
+            sender=sender, ring_stamp=ring.stamp), timeout=5),
+        "checkpoint": lambda c, sender: c.ShipCheckpoint(floe_pb2.CheckpointFragment(
+            sender=sender, ring_stamp=ring.stamp, token=backed, checkpoint_seq=10 ** 6,
+            full=True, states=pack_entries({"forged": 10 ** 6}), watermarks=pack({})),
+            timeout=5),
+        "leave": lambda c, sender: c.Leave(floe_pb2.LeaveRequest(), timeout=5),
+    }
+    for role in ("client", "operator"):
+        with cluster.channel(address, role) as ch:
+            control = floe_pb2_grpc.ControlPlaneStub(ch)
+            for what, call in calls.items():
+                if role == "operator" and what == "leave":
+                    continue                           # an operator's to call
+                outcome[f"{what} with the {role}'s certificate"] = _refused(
+                    lambda: call(control, owner), denied)
+    with cluster.channel(address, forger) as ch:
+        control = floe_pb2_grpc.ControlPlaneStub(ch)
+        for what in ("ring view", "heartbeat", "checkpoint"):
+            outcome[f"{what} from {forger} claiming to be {owner}"] = _refused(
+                lambda: calls[what](control, owner), denied)
+        outcome[f"checkpoint of {owner}'s range from {forger} as itself"] = _refused(
+            lambda: calls["checkpoint"](control, forger), grpc.StatusCode.FAILED_PRECONDITION)
+    return outcome
+
+
+def impostors(cluster: LocalCluster, node_ids, scratch: Path) -> Injected:
+    if cluster.tls() is None:
+        raise RuntimeError("impostors are refused by their certificates: they need a "
+                           "cluster with TLS")
+    at = time.time()
+    detail = {node_id: impersonate(cluster, cluster.node(node_id).address, scratch / node_id)
+              for node_id in node_ids}
+    return Injected("impostor", tuple(node_ids), at, detail=detail)

@@ -22,7 +22,8 @@ from pathlib import Path
 
 from node.core.ring import Ring
 
-NODE_FAULTS = ("kill", "pause", "kill-mid-handoff", "restart", "rolling-restart", "hostile")
+NODE_FAULTS = ("kill", "pause", "kill-mid-handoff", "restart", "rolling-restart", "hostile",
+               "impostor")
 # Faults of a durable cluster (chaos.durable_faults): every node is hit and comes back.
 DURABLE_FAULTS = ("kill-all", "power-loss", "kill-during-replay", "disk-full")
 FAULT_KINDS = NODE_FAULTS + DURABLE_FAULTS + ("kill-mapper",)
@@ -161,6 +162,9 @@ class Scenario:
             raise ValueError("a hostile fault sends unauthenticated requests, which TLS "
                              "would stop at the handshake: give the scenario tls = false")
         kinds = {f.kind for r in self.rounds for f in r.faults}
+        if "impostor" in kinds and not self.tls:
+            raise ValueError("an impostor fault is refused by certificates: give the "
+                             "scenario TLS (tls = true)")
         if kinds & set(DURABLE_FAULTS) and not self.durable:
             raise ValueError("a durable fault needs a durable scenario (durable = true)")
         if "disk-full" in kinds and not self.disk_mb:
@@ -518,6 +522,16 @@ BUILTIN: dict[str, Scenario] = {s.name: s for s in [
              (Round((Fault("hostile", "one", at=0.8),)),),
              Load("zipf", rate=3000, chunk=300, ids=True), duration=2.5, ci=True,
              tls=False),
+    Scenario("hostile-members", "on a TLS ring under load, callers without the right "
+             "credentials each call one node once: no certificate, a member's name "
+             "certified by another CA, a client's and an operator's certificate sending "
+             "ring views, heartbeats, checkpoints and a leave, and a member's certificate "
+             "forging another member's ring view, heartbeat and checkpoint: each is refused "
+             "(UNAVAILABLE at the handshake, PERMISSION_DENIED, or FAILED_PRECONDITION for "
+             "a checkpoint of a range the sender does not own), nobody is declared dead, "
+             "every tuple checked by its id", 4, 1,
+             (Round((Fault("impostor", "one", at=0.8),)),),
+             Load("zipf", rate=3000, chunk=300, ids=True), duration=2.5, ci=True),
     durable("whole-cluster-kill", "SIGKILL every node at once at a seeded moment under "
             "load and start them all again on their data directories: each comes back as "
             "itself, the mapper rides through the outage",
