@@ -296,6 +296,40 @@ def test_hostile_text_in_statuses_is_escaped_and_cut():
         load_reducer("count").check_values(("1\n2" * 1000,))
     assert len(str(refused.value)) < 200 and "\n" not in str(refused.value)
 
+    def inert_text(message: str) -> None:
+        assert len(message) < 300, message[:300]
+        assert not any(ord(ch) < 32 or ch == "\x7f" for ch in message), message
+        assert "characters)" in message           # cut, and says how long it was
+
+    # A source id with control characters, of any length the node was told to take:
+    # echoed in the status of a batch from one of its replaced streams.
+    from node.core.batch import Limits
+    source = "mapper\n2024-01-01 INFO forged line\r\x1b[2J\x00" + "s" * 100_000
+    core = NodeCore("n0", ring(), load_reducer("count"), Limits(max_source_bytes=200_000))
+    key = next(k for k in (f"k{i}" for i in range(100)) if ring().owner(k) == "n0")
+    token = ring().token_for_key(key)
+    payload = encode_payload([key], [1])
+    core.receive_batch(Batch(ring().stamp, token, source, 1, 1, 1, payload, stream=9))
+    with pytest.raises(StaleRing) as refused:
+        core.receive_batch(Batch(ring().stamp, token, source, 2, 2, 1, payload, stream=8))
+    inert_text(str(refused.value))
+    # A sender with control characters and a megabyte of text: in the status of a
+    # checkpoint for a range it does not own, and in a shed request's reason.
+    sender = "n1\nWARNING forged\x1b[31m\x00" + "x" * 1_000_000
+    with pytest.raises(StaleRing) as refused:
+        core.receive_checkpoint(sender, ring().stamp, token, 1, 0, True, {}, {})
+    inert_text(str(refused.value))
+
+    import asyncio
+    from types import SimpleNamespace
+    from node.runtime.service import NodeService
+    reasons = []
+
+    async def shed_load(reason, depth=0):
+        reasons.append(reason)
+    asyncio.run(NodeService(SimpleNamespace(shed_load=shed_load)).shed(sender, 1))
+    inert_text(reasons[0])
+
 
 @pytest.mark.multiprocess
 def test_splits_stop_at_the_token_limit_and_timeouts_are_checked(tmp_path):

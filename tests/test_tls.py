@@ -88,6 +88,39 @@ def test_each_role_may_call_only_its_own_methods(cluster):
         assert reply.accepted
 
 
+def test_a_nodes_message_names_exactly_its_certificates_node(cluster):
+    from node.core.ring import Ring
+    denied = grpc.StatusCode.PERMISSION_DENIED
+    with channel(cluster, "n1") as n:
+        as_node = floe_pb2_grpc.ControlPlaneStub(n)
+        view = as_node.GetRing(floe_pb2.GetRingRequest(), timeout=5)
+        stamp = Ring.from_wire(view.ring).stamp
+
+        def heartbeat(sender):
+            return status_of(lambda: as_node.Heartbeat(floe_pb2.HeartbeatRequest(
+                sender=sender, ring_stamp=stamp), timeout=5))
+        # n1, or a later member of the same process: n1#<decimal number>
+        for sender in ("n1", "n1#1", "n1#12"):
+            assert heartbeat(sender) == grpc.StatusCode.OK, sender
+        # nothing else: no empty sender, no other suffix, no other node's name
+        for sender in ("", "n1#", "n1#x", "n1#1x", "n1#-1", "n1#+1", "n1#01", "n1#1#2",
+                       "n1# 1", "n1#\u0661", "n1#1\n", "n1\n", "n10", "n1x", "n", "N1",
+                       "n0", "n0#1", "n2#n1", "#1", "n1" + "#1" * 1000):
+            assert heartbeat(sender) == denied, repr(sender)
+        # every node method with a sender field refuses an empty (or forged) one
+        for sender in ("", "n1#evil"):
+            assert status_of(lambda: as_node.ExchangeRing(floe_pb2.RingView(
+                version=view.version, ring=view.ring, sender=sender), timeout=5)) == denied
+            assert status_of(lambda: as_node.ShipCheckpoint(floe_pb2.CheckpointFragment(
+                sender=sender, ring_stamp=stamp, token=1, checkpoint_seq=1, full=True),
+                timeout=5)) == denied
+            assert status_of(lambda: as_node.RequestShed(floe_pb2.ShedRequest(
+                sender=sender, depth=5), timeout=5)) == denied
+        # a method without a sender field is not affected
+        assert status_of(lambda: as_node.Probe(floe_pb2.ProbeRequest(
+            target="n0", timeout=0.5), timeout=5)) == grpc.StatusCode.OK
+
+
 def test_a_killed_node_is_taken_over_over_tls(cluster):
     victim = cluster.nodes[2]
     with RingClient(cluster.seeds, tls=cluster.tls("client")) as client:
@@ -102,14 +135,35 @@ def test_a_killed_node_is_taken_over_over_tls(cluster):
         assert dict(client.scan()) == Counter(before) + Counter(WORDS) + Counter(WORDS)
 
 
-def test_a_node_refuses_to_serve_in_the_clear_beyond_loopback():
-    config = NodeConfig(node_id="n0", listen="10.1.2.3:7000", peers=(("n0", "10.1.2.3:7000"),))
-    with pytest.raises(ValueError, match="--tls-dir"):
-        node_tls(config)
-    assert node_tls(NodeConfig(node_id="n0", listen="10.1.2.3:7000", insecure=True,
-                               peers=(("n0", "10.1.2.3:7000"),))) is None
-    assert node_tls(NodeConfig(node_id="n0", listen="127.0.0.1:7000",
-                               peers=(("n0", "127.0.0.1:7000"),))) is None
+@pytest.mark.parametrize("listen", [
+    "10.1.2.3:7000", "0.0.0.0:7000", "[::]:7000", "[2001:db8::1]:7000",
+    "127.evil.com:80", "127.0.0.1.evil.com:80", "localhost.evil.com:80", "evil-localhost:80",
+    "[::1].evil.com:80", "host-a:7000", "ipv4:127.0.0.1:7000", "[127.0.0.1]:7000",
+    "::1:7000", "[::ffff:10.0.0.1]:7000"])
+def test_a_node_refuses_to_serve_in_the_clear_beyond_loopback(listen):
+    # --insecure or not: beyond loopback only with credentials
+    for insecure in (False, True):
+        config = NodeConfig(node_id="n0", listen=listen, peers=(("n0", listen),),
+                            insecure=insecure)
+        with pytest.raises(ValueError, match="not a loopback address.*--tls-dir"):
+            node_tls(config)
+
+
+@pytest.mark.parametrize("listen", [
+    "127.0.0.1:7000", "127.1.2.3:7000", "localhost:7000", "LocalHost:7000", "[::1]:7000",
+    "[0:0:0:0:0:0:0:1]:7000", "[::ffff:127.0.0.1]:7000", "127.0.0.1:0"])
+def test_a_node_serves_in_the_clear_on_loopback(listen):
+    for insecure in (False, True):
+        assert node_tls(NodeConfig(node_id="n0", listen=listen, peers=(("n0", listen),),
+                                   insecure=insecure)) is None
+
+
+def test_credentials_allow_any_address(tmp_path):
+    from node.transport.tls import generate
+    generate(tmp_path, ["n0"])
+    tls = node_tls(NodeConfig(node_id="n0", listen="10.1.2.3:7000",
+                              peers=(("n0", "10.1.2.3:7000"),), tls_dir=str(tmp_path)))
+    assert tls is not None and tls.cert.name == "n0.pem"
 
 
 def test_the_floe_command_runs_a_tls_ring_end_to_end(tmp_path):

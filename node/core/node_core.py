@@ -344,7 +344,7 @@ class NodeCore:
                             f"{self.node_id} is at {ring.stamp:#x}")
         if not ring.has_token(token) or ring.owner_of_token(token) != sender \
                 or ring.role_of(self.node_id, token) != "replica":
-            raise StaleRing(f"{self.node_id} does not back up token {token} of {sender}")
+            raise StaleRing(f"{self.node_id} does not back up token {token} of {inert(sender)}")
         self.counters["checkpoints_received"] += 1
         return self.replicas.apply_checkpoint(token, sender, seq, base_seq, full, states,
                                               watermarks, now, self.limits.backup_expiry)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 
 import grpc
@@ -13,7 +14,7 @@ from grpc_health.v1.health import aio as health_aio
 from floering.v1 import floe_pb2, floe_pb2_grpc
 from node.core.batch import Batch
 from node.core.codec import pack, pack_entries, unpack, unpack_entries
-from node.core.errors import FloeError
+from node.core.errors import FloeError, inert
 from node.core.handoff import HandoffState
 from node.core.ring import Ring
 from node.runtime.inbound import StreamState
@@ -23,17 +24,59 @@ from node.transport.peers import channel_options
 from node.transport.status import abort
 from node.transport.tls import Authorizer, TlsFiles
 
-LOOPBACK = ("127.", "localhost:", "[::1]:")
+
+def listen_host(listen: str) -> str:
+    """The host part of a host:port listen address: `127.0.0.1:7000` -> `127.0.0.1`,
+    `[::1]:7000` -> `::1`, `localhost:7000` -> `localhost`. ValueError for anything
+    else (no port, an unbracketed IPv6 address, brackets around a name)."""
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isascii() or not port.isdigit():
+        raise ValueError(f"listen address {listen!r} is not host:port")
+    if host.startswith("[") and host.endswith("]"):
+        inner = host[1:-1]
+        try:
+            if ipaddress.ip_address(inner).version == 6:
+                return inner
+        except ValueError:
+            pass
+        raise ValueError(f"listen address {listen!r}: only an IPv6 address goes in brackets")
+    if not host or "[" in host or "]" in host or ":" in host:
+        raise ValueError(f"listen address {listen!r} is not host:port (an IPv6 address "
+                         f"goes in brackets: [::1]:7000)")
+    return host
+
+
+def is_loopback(listen: str) -> bool:
+    """Whether a listen address is on loopback only: an IPv4 address in 127.0.0.0/8,
+    ::1 (or an IPv4-mapped 127.x), or the name `localhost`. Any other name counts as
+    reachable from elsewhere (it may resolve to anything), as does an unparseable
+    address, a wildcard (0.0.0.0, [::]) or a gRPC URI (ipv4:, unix:)."""
+    try:
+        host = listen_host(listen)
+    except ValueError:
+        return False
+    if host.lower() == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False                  # a hostname: 127.evil.com is not loopback
+    if address.version == 6 and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_loopback
 
 
 def node_tls(config) -> TlsFiles | None:
-    """The node's credentials, or None; refuses to serve in the clear on an address
-    other networks reach unless told to (--insecure)."""
+    """The node's credentials (--tls-dir), or None to serve in the clear, which it
+    does only on a loopback address: beyond loopback a node never serves without
+    credentials, --insecure or not."""
     if config.tls_dir:
         return TlsFiles.in_dir(config.tls_dir, config.node_id.split("#", 1)[0])
-    if not config.listen.startswith(LOOPBACK) and not config.insecure:
-        raise ValueError(f"{config.listen} is not a loopback address: give --tls-dir, or "
-                         f"--insecure to serve every caller unauthenticated")
+    if not is_loopback(config.listen):
+        raise ValueError(
+            f"refusing to serve in the clear on {inert(config.listen)}: it is not a "
+            f"loopback address (127.0.0.0/8, [::1] or localhost); give --tls-dir "
+            f"(--insecure allows no TLS on loopback only)")
     return None
 
 log = logging.getLogger("floe.transport")

@@ -7,8 +7,9 @@ a node accepts only callers with a certificate of the ring's CA, and the caller'
 certificate, never a field of its message, says who is speaking:
 
 - nodes alone exchange ring views, heartbeats, probes, checkpoints and shed requests,
-  and the `sender` they claim must be their certificate's name (or a later member of
-  the same process: `n0#1` for `n0`);
+  and every such message with a `sender` field must name the certificate's node:
+  exactly its name, or a later member of the same process (`n0#1` for `n0`: the name,
+  `#` and a decimal number); an empty `sender` is refused too;
 - operators alone move, split and make a node leave;
 - clients (mappers, queries) push and query; operators may too; every role may read
   the ring and the health.
@@ -23,6 +24,7 @@ from __future__ import annotations
 import datetime
 import inspect
 import ipaddress
+import re
 import socket
 import ssl
 from dataclasses import dataclass
@@ -33,6 +35,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+
+from node.core.errors import inert
 
 ROLES = ("node", "client", "operator")
 VALID_DAYS = 365
@@ -317,15 +321,32 @@ def may_call(role: str, method: str) -> bool:
     return False
 
 
+# What follows a node's name in a later member of the same process: `#` and the
+# rejoin number (node.core.membership.rejoin_name), plain ASCII decimal, no sign, no
+# leading zero.
+_REJOIN_SUFFIX = re.compile(r"#[1-9][0-9]*")
+
+
 def sender_matches(name: str, sender: str) -> bool:
-    """A node's claimed `sender` is its certificate's name, or a later member the same
-    process became (`n0#1`, `n0#2` for `n0`)."""
-    return sender == name or sender.startswith(name + "#")
+    """A node's claimed `sender` is its certificate's name exactly, or a later member
+    the same process became (`n0#1`, `n0#2` for `n0`; not `n0#`, `n0#x`, `n0#1#2`,
+    `n0#01`). An empty sender matches nothing."""
+    if not name or not sender.startswith(name):
+        return False
+    rest = sender[len(name):]
+    return rest == "" or _REJOIN_SUFFIX.fullmatch(rest) is not None
+
+
+def has_sender(request) -> bool:
+    """Whether the request's message type has a `sender` field (set or not)."""
+    descriptor = getattr(request, "DESCRIPTOR", None)
+    return descriptor is not None and "sender" in descriptor.fields_by_name
 
 
 class Authorizer(grpc.aio.ServerInterceptor):
     """Refuses, PERMISSION_DENIED, a call its caller's role may not make, and a node's
-    message whose `sender` is not the node its certificate names."""
+    message with a `sender` field that does not name the node its certificate names
+    (an empty one included)."""
 
     async def intercept_service(self, continuation, details):
         handler = await continuation(details)
@@ -344,11 +365,11 @@ def _guarded(handler, method: str):
         if not may_call(role, method):
             await context.abort(grpc.StatusCode.PERMISSION_DENIED,
                                 f"a {role} certificate may not call {method}")
-        sender = getattr(request, "sender", "") if request is not None else ""
-        if role == "node" and sender and not sender_matches(name, sender):
+        if role == "node" and request is not None and has_sender(request) \
+                and not sender_matches(name, request.sender):
             await context.abort(grpc.StatusCode.PERMISSION_DENIED,
-                                f"the certificate names {name!r:.40}, the message "
-                                f"claims {sender!r:.40}")
+                                f"the certificate names node {inert(name, 40)}, the "
+                                f"message claims sender {inert(request.sender, 40)}")
 
     if handler.unary_unary:
         async def unary_unary(request, context):

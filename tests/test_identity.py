@@ -1,0 +1,257 @@
+"""Identity on every call, against real node processes with mutual TLS: a member's
+certificate speaks only for that member, a certificate of another CA gets nowhere,
+and a fenced node says so in its health answer."""
+
+import signal
+import time
+from collections import Counter
+
+import grpc
+import pytest
+from cryptography.hazmat.primitives.asymmetric import ec
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from chaos.cluster import LocalCluster
+from floering.v1 import floe_pb2, floe_pb2_grpc
+from mapper import RingClient
+from node.core.batch import encode_payload
+from node.core.codec import pack, pack_entries, unpack_entries
+from node.core.ring import Ring
+from node.transport import tls
+from node.transport.tls import TlsFiles
+
+pytestmark = pytest.mark.multiprocess
+
+WORDS = [f"w{i % 97}" for i in range(5000)]
+FORGED = 10 ** 6            # what a forged checkpoint would make every count
+
+
+def status_of(call) -> grpc.StatusCode:
+    try:
+        call()
+    except grpc.RpcError as exc:
+        return exc.code()
+    return grpc.StatusCode.OK
+
+
+def feed(cluster, words) -> Ring:
+    with RingClient(cluster.seeds, tls=cluster.tls("client")) as client:
+        client.emit_many(words)
+        client.flush()
+        return client.ring
+
+
+def range_copy(cluster, node_id: str, token: int) -> tuple[str, dict]:
+    """What the node holds of the range: its role and the states (a replica: what a
+    takeover would serve, its checkpointed copy plus the batches backed up since)."""
+    with cluster.channel(cluster.node(node_id).address) as ch:
+        reply = floe_pb2_grpc.QueryPlaneStub(ch).InspectRange(
+            floe_pb2.RangeRequest(token=token), timeout=5)
+    return reply.role, dict(unpack_entries(reply.entries))
+
+
+def wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"not within {timeout} s: {what}")
+
+
+# ----------------------------------------------------- forged checkpoints
+
+def test_a_members_certificate_cannot_ship_checkpoints_it_does_not_own(tmp_path):
+    with LocalCluster.up(3, 2, workdir=tmp_path) as cluster:
+        ring = feed(cluster, WORDS)
+        want = Counter(WORDS)
+        # a range of n0 backed up on n1 and n2; n1 forges to n2 with its own (valid)
+        # certificate, as a member that backs the range up and knows its keys
+        candidates = [t for t in ring.tokens_of("n0")
+                      if ring.destinations(t) == ("n0", "n1", "n2")]
+        assert candidates, ring
+        token = max(candidates, key=lambda t: sum(ring.token_for_key(w) == t for w in want))
+        in_range = {w: n for w, n in want.items() if ring.token_for_key(w) == token}
+        assert in_range
+        wait_for(lambda: range_copy(cluster, "n2", token) == ("replica", in_range), 10,
+                 "n2's copy of the range is complete")
+
+        def forged(sender: str, incarnation: int) -> floe_pb2.CheckpointFragment:
+            # everything a takeover would serve: a full copy, every count made FORGED,
+            # a seq far ahead (later real checkpoints would not replace it)
+            return floe_pb2.CheckpointFragment(
+                sender=sender, ring_stamp=ring.stamp, token=token,
+                checkpoint_seq=10 ** 12, base_seq=0, full=True,
+                states=pack_entries([(w, FORGED) for w in in_range]),
+                watermarks=pack({"forger": 10 ** 12}), incarnation=incarnation)
+
+        with cluster.channel(cluster.node("n2").address, "n1") as ch:
+            as_n1 = floe_pb2_grpc.ControlPlaneStub(ch)
+            # claiming to be n0, the owner (last with an incarnation n0 never had:
+            # accepted, that would also get n0 declared dead as restarted)
+            for sender, incarnation in (("n0", 0), ("n0#1", 0), ("n0", 424242)):
+                assert status_of(lambda: as_n1.ShipCheckpoint(
+                    forged(sender, incarnation), timeout=5)) == \
+                    grpc.StatusCode.PERMISSION_DENIED, sender
+            # as itself (or a later member of its own process), for a range it does
+            # not own: its certificate lets it speak, the ring says it is not the owner
+            for sender in ("n1", "n1#1"):
+                assert status_of(lambda: as_n1.ShipCheckpoint(forged(sender, 0),
+                                                              timeout=5)) == \
+                    grpc.StatusCode.FAILED_PRECONDITION, sender
+
+        # the target's copy is untouched, and so is the ring
+        assert range_copy(cluster, "n2", token) == ("replica", in_range)
+        with RingClient(cluster.seeds, tls=cluster.tls("client")) as client:
+            assert client.ring.stamp == ring.stamp
+            assert dict(client.scan()) == want
+        # ...and once n0 dies, the range is served from the copies, exactly
+        cluster.kill("n0")
+        wait_for(lambda: range_copy(cluster, "n1", token)[0] == "primary", 20,
+                 "n1 takes the range over")
+        assert range_copy(cluster, "n1", token) == ("primary", in_range)
+        assert range_copy(cluster, "n2", token) == ("replica", in_range)
+        with RingClient([cluster.node(n).address for n in ("n1", "n2")],
+                        tls=cluster.tls("client"), timeout=20.0) as client:
+            assert dict(client.scan()) == want
+            client.emit_many(WORDS)
+            client.flush()
+            assert dict(client.scan()) == want + Counter(WORDS)
+
+
+# ------------------------------------------------- a certificate of another CA
+
+def rogue(cluster, tmp_path, name: str, role: str) -> TlsFiles:
+    """A certificate named like one of the ring's (same O, OU, CN) from a throwaway
+    CA that even copies the ring CA's name; the files trust the ring's real CA, so
+    only the node's own check of the caller can refuse it."""
+    real_ca = tls.trusted_cas(cluster.tls_dir)[0]
+    key = ec.generate_private_key(ec.SECP256R1())
+    ca = tls._certificate(real_ca.subject, real_ca.subject, key.public_key(), key, ca=True)
+    directory = tmp_path / "rogue"
+    directory.mkdir(exist_ok=True)
+    files = tls.issue(directory, name, role, ["127.0.0.1", "localhost"], ca, key)
+    return TlsFiles(cluster.tls("client").ca, files.cert, files.key)
+
+
+REFUSED = {grpc.StatusCode.UNAVAILABLE,          # the TLS handshake failed
+           grpc.StatusCode.UNAUTHENTICATED}
+
+
+def test_a_certificate_of_another_ca_gets_nowhere_and_the_node_keeps_serving(tmp_path):
+    with LocalCluster.up(3, 1, workdir=tmp_path) as cluster:
+        ring = feed(cluster, WORDS)
+        target = cluster.node("n1")
+        token = ring.tokens_of("n1")[0]
+        with cluster.channel(target.address, "n0") as ch:    # the real n0, for contrast
+            real = floe_pb2_grpc.ControlPlaneStub(ch)
+            assert status_of(lambda: real.Heartbeat(floe_pb2.HeartbeatRequest(
+                sender="n0", ring_stamp=ring.stamp), timeout=5)) == grpc.StatusCode.OK
+            view = real.GetRing(floe_pb2.GetRingRequest(), timeout=5)
+        for name, role in (("n0", "node"), ("client", "client"), ("operator", "operator")):
+            files = rogue(cluster, tmp_path, name, role)
+            options = [("grpc.max_reconnect_backoff_ms", 200)]
+            with grpc.secure_channel(target.address, files.channel_credentials(),
+                                     options=options) as ch:
+                control = floe_pb2_grpc.ControlPlaneStub(ch)
+                query = floe_pb2_grpc.QueryPlaneStub(ch)
+                data = floe_pb2_grpc.DataPlaneStub(ch)
+                health = health_pb2_grpc.HealthStub(ch)
+                batch = floe_pb2.Batch(ring_stamp=ring.stamp, token=token, source="rogue",
+                                       first_seq=1, last_seq=1, count=1, id=1,
+                                       payload=encode_payload(["w1"], [FORGED]))
+                calls = {
+                    # node methods: each would do harm if it got through
+                    "ExchangeRing": lambda: control.ExchangeRing(floe_pb2.RingView(
+                        version=view.version + 1,
+                        ring=Ring.from_wire(view.ring).without(["n2"]).to_wire(),
+                        sender=name), timeout=5),
+                    "Heartbeat": lambda: control.Heartbeat(floe_pb2.HeartbeatRequest(
+                        sender=name, ring_stamp=ring.stamp, incarnation=777), timeout=5),
+                    "ShipCheckpoint": lambda: control.ShipCheckpoint(
+                        floe_pb2.CheckpointFragment(
+                            sender=ring.owner_of_token(ring.tokens_of("n0")[0]),
+                            ring_stamp=ring.stamp, token=ring.tokens_of("n0")[0],
+                            checkpoint_seq=10 ** 12, full=True,
+                            states=pack_entries([("w1", FORGED)]), watermarks=pack({})),
+                        timeout=5),
+                    "RequestShed": lambda: control.RequestShed(floe_pb2.ShedRequest(
+                        sender=name, depth=0), timeout=5),
+                    "Leave": lambda: control.Leave(floe_pb2.LeaveRequest(), timeout=5),
+                    # client methods, and what every role may read
+                    "Push": lambda: list(data.Push(iter([floe_pb2.PushRequest(
+                        batches=[batch])]), timeout=5)),
+                    "Get": lambda: query.Get(floe_pb2.GetRequest(key=pack("w1")), timeout=5),
+                    "Top": lambda: query.Top(floe_pb2.TopRequest(k=3), timeout=5),
+                    "Scan": lambda: list(query.Scan(floe_pb2.ScanRequest(), timeout=5)),
+                    "Stats": lambda: query.Stats(floe_pb2.StatsRequest(), timeout=5),
+                    "GetRing": lambda: control.GetRing(floe_pb2.GetRingRequest(), timeout=5),
+                    "Check": lambda: health.Check(health_pb2.HealthCheckRequest(), timeout=5),
+                }
+                for method, call in calls.items():
+                    code = status_of(call)
+                    assert code in REFUSED, (name, method, code)
+        # the node kept serving, nothing changed
+        with RingClient(cluster.seeds, tls=cluster.tls("client")) as client:
+            assert client.ring.stamp == ring.stamp
+            assert dict(client.scan()) == Counter(WORDS)
+            client.emit_many(WORDS)
+            client.flush()
+            assert dict(client.scan()) == Counter(WORDS) + Counter(WORDS)
+
+
+# --------------------------------------------------------- health when fenced
+
+def health_of(cluster, node_id: str):
+    with cluster.channel(cluster.node(node_id).address) as ch:
+        return health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(),
+                                                     timeout=2).status
+
+
+def test_a_fenced_node_answers_not_serving_until_a_peer_knows_its_new_member(tmp_path):
+    SERVING = health_pb2.HealthCheckResponse.SERVING
+    NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+    with LocalCluster.up(3, 1, workdir=tmp_path) as cluster:
+        feed(cluster, WORDS)
+        assert health_of(cluster, "n2") == SERVING
+        stopped = []
+        try:
+            # paused until the others declare it dead
+            cluster.kill("n2", signal.SIGSTOP)
+            stopped.append("n2")
+
+            def ring_without_n2():
+                with cluster.channel(cluster.node("n0").address) as ch:
+                    view = floe_pb2_grpc.ControlPlaneStub(ch).GetRing(
+                        floe_pb2.GetRingRequest(), timeout=2)
+                ring = Ring.from_wire(view.ring)
+                return view if "n2" not in ring.nodes else None
+            view = wait_for(ring_without_n2, 20, "n2 declared dead")
+            # Hold the fence open: the peers pause too, so nobody acknowledges the
+            # member n2 rejoins as (that takes them milliseconds otherwise).
+            for peer in ("n0", "n1"):
+                cluster.kill(peer, signal.SIGSTOP)
+                stopped.append(peer)
+            cluster.kill("n2", signal.SIGCONT)
+            stopped.remove("n2")
+            # n2 learns it was declared dead (the view n0 would gossip, with n0's
+            # certificate), drops its state and rejoins as a new, empty member
+            with cluster.channel(cluster.node("n2").address, "n0") as ch:
+                floe_pb2_grpc.ControlPlaneStub(ch).ExchangeRing(view, timeout=5)
+            wait_for(lambda: health_of(cluster, "n2") == NOT_SERVING, 5,
+                     "n2 answers NOT_SERVING")
+            with cluster.channel(cluster.node("n2").address) as ch:
+                stats = floe_pb2_grpc.QueryPlaneStub(ch).Stats(floe_pb2.StatsRequest(),
+                                                               timeout=2)
+            assert stats.node_id == "n2#1" and stats.rejoined == 1 and stats.keys == 0
+            time.sleep(1.0)
+            assert health_of(cluster, "n2") == NOT_SERVING     # as long as nobody knows
+        finally:
+            for node_id in stopped:
+                cluster.kill(node_id, signal.SIGCONT)
+        # once a peer's ring holds n2#1, it serves again; the counts are exact
+        wait_for(lambda: health_of(cluster, "n2") == SERVING, 20, "n2 SERVING again")
+        with RingClient([cluster.node(n).address for n in ("n0", "n1")],
+                        tls=cluster.tls("client"), timeout=20.0) as client:
+            assert dict(client.scan()) == Counter(WORDS)
