@@ -9,11 +9,13 @@ import sys
 from node.app import serve
 from node.config import load_config
 from node.core.errors import UnknownReducer
+from node.transport.server import node_tls
 
 
 def main(argv=None) -> int:
     try:
         config = load_config(argv)
+        node_tls(config)            # refuses the clear beyond loopback, reads the certificates
     except (ValueError, OSError) as exc:
         print(f"floe node: bad configuration: {exc}", file=sys.stderr)
         return 2

@@ -62,7 +62,7 @@ class NodeConfig:
     startup_grace: float = 10.0                  # a starting node suspects a peer it never heard from only after this
     log_level: str = "INFO"
     tls_dir: str = ""                            # ca.pem, <node-id>.pem/.key: mutual TLS on every call
-    insecure: bool = False                       # serve without TLS on a non-loopback address
+    insecure: bool = False                       # no TLS: allowed on a loopback address only
     events_file: str = ""                        # JSON lines of protocol events (node.runtime.events)
     data_dir: str = ""                           # durable mode: log and copies here; a restart comes back as itself
     fsync_interval: float = 0.002                # durable mode: group commit, seconds between fsyncs
@@ -201,7 +201,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "writes one): every call is mutual TLS, callers are authorised by "
                         "their certificate's role")
     p.add_argument("--insecure", action="store_true", default=None,
-                   help="allow serving without TLS on an address other than loopback")
+                   help="serve without TLS; only on a loopback address (beyond loopback a "
+                        "node always needs --tls-dir)")
     p.add_argument("--events-file",
                    help="append structured protocol events (detected, taken_over, handoff_*, "
                         "...) to this file as JSON lines")
