@@ -274,6 +274,10 @@ def _run_round(scenario: Scenario, seed: int, index: int, planned: list[PlannedF
                 result.injected[i], errors = durable_faults.judge(injected, cluster,
                                                                   acked_at, members)
                 result.errors += errors
+            elif injected.kind == "rolling-restart" and scenario.durable:
+                result.injected[i], errors = _judge_durable_rolling(injected, cluster,
+                                                                    acked_at)
+                result.errors += errors
         result.verdict = _verify(cluster, acked, unacked, scenario.load.ids)
         logs = {node.node_id: _read(node.events) for node in cluster.nodes}
         events = [e for node, text in logs.items() for e in parse_events(node, text)]
@@ -312,6 +316,34 @@ def _may_be_declared(injected: Injected) -> tuple[str, ...]:
     if injected.kind in durable_faults.KINDS:
         return durable_faults.may_be_declared(injected)
     return injected.victims
+
+
+# What a node logs when it starts on a data directory whose member left the ring
+# (node.runtime.durability.open_data_dir): it starts there as a new member.
+LEFT_AND_BACK = "had left the ring; starting as a new member"
+
+
+def _judge_durable_rolling(injected: Injected, cluster: LocalCluster,
+                           acked_at: list[float]) -> tuple[Injected, list[str]]:
+    """A rolling restart on data directories: every node started again on its own
+    directory, found its member gone and started as a new member in it (what it held
+    is not served again); chunks were acknowledged while the nodes restarted."""
+    d = dict(injected.detail)
+    until = injected.at + d["seconds"]
+    after = [t for t in acked_at if t > injected.at]
+    during = [t for t in after if t < until]
+    d["first_ack_after_ms"] = round((min(after) - injected.at) * 1e3, 1) if after else None
+    d["acked_during"] = len(during)
+    d["longest_ack_gap_ms"] = round(max(b - a for a, b in zip(
+        [injected.at, *during], [*during, until])) * 1e3, 1)
+    d["new_members_on_data_dir"] = sorted(
+        v for v in injected.victims if LEFT_AND_BACK in _read(cluster.node(v).log))
+    errors = [f"rolling-restart: {v} did not start again on its data directory as a new "
+              f"member" for v in injected.victims if v not in d["new_members_on_data_dir"]]
+    if not during:
+        errors.append("rolling-restart: no chunk was acknowledged while the nodes "
+                      "restarted")
+    return replace(injected, detail=d), errors
 
 
 def _durable_fault(cluster: LocalCluster, p: PlannedFault, data_dir: Path,

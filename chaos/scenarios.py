@@ -547,6 +547,12 @@ BUILTIN: dict[str, Scenario] = {s.name: s for s in [
             "mounts: root only) filled under load and held full for 3 s: nodes refuse "
             "batches and still serve reads; freed, they take writes again",
             Fault("disk-full", "all", at=0.8, jitter=0.4, hold=3.0), disk_mb=64),
+    durable("rolling-restart", "`floe restart --rolling` on data directories under load: "
+            "every node in turn leaves (its ranges go to their replicas), starts again on "
+            "its data directory, finds its member left, starts as a new member in it and "
+            "takes its share back; the next waits for every range to be on r+1 nodes "
+            "again; acknowledgements go on throughout",
+            Fault("rolling-restart", "all", at=0.8)),
     simultaneous_kills("target-n8", "n=8, r=1: 1..4 non-adjacent SIGKILLs at once, 5 "
                        "rounds each (the recovery target)", 8, range(1, 5), 5, rate=10_000),
     simultaneous_kills("fig8b", "the paper's Fig. 8b: n=12, r=1, 1..6 non-adjacent "
