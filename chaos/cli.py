@@ -1,6 +1,7 @@
 """The `floe` command: run a local ring and talk to it.
 
-    floe up --nodes 4 --replicas 1      start a local cluster (recorded in ./floe-cluster.json)
+    floe up --nodes 4 --replicas 1      start a local durable cluster (recorded in
+                                        ./floe-cluster.json, data in ./floe-cluster/data)
     floe status [--json]                one row per node
     floe feed FILE...                   stream the words of text files in (.gz too)
     floe get KEY | floe top K           query state
@@ -9,8 +10,11 @@
     floe scale --add N | --remove NODE  add nodes (they take ranges) or remove one
     floe scale --auto SECONDS           add/remove nodes by load, within --min/--max-nodes
     floe restart NODE... | --rolling    restart nodes one at a time, losing nothing
-    floe up --data-dir DIR              durable nodes; the same command brings them back
-    floe down [--kill]                  stop exactly the processes `up` started
+    floe up                             after `floe down`: the same cluster, as it was
+    floe up --memory                    nodes without a data directory: state in memory only
+    floe up --data-dir DIR              keep the data in DIR instead
+    floe down [--kill] [--wipe]         stop exactly the processes `up` started
+                                        (--wipe: then delete the cluster's data)
     floe chaos list | run SCENARIO      chaos scenarios (chaos/chaos_cli.py)
 """
 
@@ -23,7 +27,8 @@ import sys
 import time
 from pathlib import Path
 
-from chaos.cluster import DEFAULT_STATE_FILE, LocalCluster
+from chaos.cluster import (DEFAULT_STATE_FILE, LayoutMismatch, LocalCluster, describe_layout,
+                           kept_layout, wipe)
 from node.core.errors import FloeError
 
 
@@ -57,28 +62,70 @@ def _client(args, **kwargs):
     return RingClient(_seeds(args), timeout=args.timeout, tls=_tls(args, "client"), **kwargs)
 
 
+def _workdir(args) -> Path:
+    """Where `up` keeps the cluster: beside the cluster file."""
+    return Path(args.cluster_file).resolve().parent
+
+
+def default_data_dir(args) -> Path:
+    return _workdir(args) / "floe-cluster" / "data"
+
+
+def _wipe_command(args) -> str:
+    where = "" if Path(args.data_dir or default_data_dir(args)).resolve() == \
+        default_data_dir(args) else f" --data-dir {args.data_dir}"
+    return f"floe down --wipe{where}"
+
+
 def cmd_up(args) -> int:
     extra = []
     if args.checkpoint_interval:
         extra += ["--checkpoint-interval", str(args.checkpoint_interval)]
-    cluster = LocalCluster.up(args.nodes, args.replicas, base_port=args.base_port,
-                              workdir=Path(args.cluster_file).resolve().parent,
-                              reducer=args.reducer, tokens_per_node=args.tokens_per_node,
-                              extra_args=extra, tls=not args.insecure,
-                              data_dir=args.data_dir)
+    data_dir = None if args.memory else Path(args.data_dir or default_data_dir(args)).resolve()
+    kept = kept_layout(data_dir) if data_dir is not None else None
+    try:
+        cluster = LocalCluster.up(args.nodes, args.replicas, base_port=args.base_port,
+                                  workdir=_workdir(args), reducer=args.reducer,
+                                  tokens_per_node=args.tokens_per_node, extra_args=extra,
+                                  tls=not args.insecure, data_dir=data_dir)
+    except LayoutMismatch as exc:
+        raise ValueError(f"{exc}. Run `floe up` without {' or '.join(exc.flags)} to "
+                         f"bring it back as it was, or `{_wipe_command(args)}` to delete "
+                         f"it (every node's data) and start fresh; `floe up --memory` "
+                         f"starts a cluster without a data directory") from None
     for node in cluster.nodes:
         print(f"{node.node_id}  {node.address}  pid {node.pid}")
+    if data_dir is None:
+        how = "in memory only (--memory)"
+    elif kept is not None:
+        how = f"durable, brought back from {data_dir}"
+    else:
+        how = f"durable in {data_dir}"
     print(f"{len(cluster.nodes)} nodes serving, r={cluster.replicas}, "
           + ("no TLS" if args.insecure else f"mutual TLS ({cluster.tls().ca.parent})")
-          + (f"; durable in {args.data_dir}" if args.data_dir else "")
-          + f"; recorded in {cluster.state_file}")
+          + f"; {how}; recorded in {cluster.state_file}")
     return 0
 
 
 def cmd_down(args) -> int:
-    cluster = LocalCluster.load(args.cluster_file)
-    cluster.down(kill=args.kill)
-    print(f"{'killed' if args.kill else 'stopped'} {len(cluster.nodes)} nodes")
+    recorded = Path(args.cluster_file).exists()
+    if not recorded and not args.wipe:
+        LocalCluster.load(args.cluster_file)            # says there is no cluster
+    cluster = LocalCluster.load(args.cluster_file) if recorded else None
+    if cluster is not None:
+        cluster.down(kill=args.kill)
+        print(f"{'killed' if args.kill else 'stopped'} {len(cluster.nodes)} nodes")
+    if args.wipe:
+        data_dir = Path(args.data_dir or (cluster and cluster.data_dir)
+                        or default_data_dir(args)).resolve()
+        layout = kept_layout(data_dir)
+        if layout is None:
+            print(f"no cluster kept in {data_dir}: nothing to wipe")
+            return 0
+        described = describe_layout(layout)
+        wipe(data_dir)
+        print(f"wiped the cluster kept in {data_dir}: {described}; the next `floe up` "
+              f"starts a new one")
     return 0
 
 
@@ -237,26 +284,50 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per operation")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    up = sub.add_parser("up", help="start a local cluster")
-    up.add_argument("--nodes", type=int, default=4)
-    up.add_argument("--replicas", type=int, default=1)
+    up = sub.add_parser(
+        "up", help="start a local cluster, durable: after `floe down`, `floe up` brings "
+                   "the same one back",
+        description="Start a local cluster. Its nodes are durable: each keeps its log and "
+                    "copies in floe-cluster/data/<node-id> beside the cluster file "
+                    "(--data-dir to choose), and the cluster's layout is kept there, so "
+                    "`floe up` after `floe down` (or a crash, or `floe down --kill`) brings "
+                    "the same nodes back with what they held. Against a kept cluster, "
+                    "--nodes, --replicas, --reducer, --tokens-per-node and --base-port "
+                    "may be left out; given and different, they are refused: "
+                    "`floe down --wipe` deletes the kept cluster first. --memory: no data "
+                    "directory, state in memory only (docs/durability.md).")
+    up.add_argument("--nodes", type=int, help="how many nodes (a new cluster: 4)")
+    up.add_argument("--replicas", type=int, help="r, copies besides the primary (a new "
+                                                 "cluster: 1)")
     up.add_argument("--base-port", type=int, help="first port (default: any free ports)")
-    up.add_argument("--reducer", default="count")
-    up.add_argument("--tokens-per-node", type=int, default=8)
+    up.add_argument("--reducer", help="a new cluster: count")
+    up.add_argument("--tokens-per-node", type=int, help="a new cluster: 8")
     up.add_argument("--insecure", action="store_true",
                     help="no TLS (default: a throwaway CA and certificates in "
                          "floe-cluster/tls/, mutual TLS on every call; the other commands "
                          "find them there)")
     up.add_argument("--checkpoint-interval", type=float)
-    up.add_argument("--data-dir",
-                    help="durable nodes: each keeps its log and copies in DATA_DIR/<node-id>, "
-                         "acknowledges only what is synced, and `floe up` on the same "
-                         "directory brings the same cluster back (docs/durability.md)")
+    where = up.add_mutually_exclusive_group()
+    where.add_argument("--data-dir",
+                       help="where the nodes keep their data (default: floe-cluster/data "
+                            "beside the cluster file): each its log and copies in "
+                            "DATA_DIR/<node-id>, acknowledging only what is synced; `floe "
+                            "up` on the same directory brings the same cluster back")
+    where.add_argument("--memory", action="store_true",
+                       help="no data directory: state in memory only (a restarted node "
+                            "comes back empty, a whole-cluster stop loses everything)")
     up.set_defaults(func=cmd_up)
 
     down = sub.add_parser("down", help="stop the local cluster")
     down.add_argument("--kill", action="store_true",
                       help="SIGKILL every node at once instead of stopping them gracefully")
+    down.add_argument("--wipe", action="store_true",
+                      help="then delete the cluster's data (every node's data directory "
+                           "and the kept layout), so the next `floe up` starts a new "
+                           "cluster; works on a cluster already stopped too")
+    down.add_argument("--data-dir",
+                      help="with --wipe: the data directory `floe up` was given (default: "
+                           "the recorded cluster's, else floe-cluster/data)")
     down.set_defaults(func=cmd_down)
 
     status = sub.add_parser("status", help="one row per node")

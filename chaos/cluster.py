@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -58,28 +59,37 @@ class LocalCluster:
     state_file: str
     reducer: str = "count"
     extra_args: list[str] = field(default_factory=list)
+    # Durable: the directory holding every node's data directory and the layout
+    # (layout.json) that `up` on it brings back; None keeps state in memory only.
+    data_dir: str | None = None
 
     # ----------------------------------------------------------- start/stop
 
     @classmethod
-    def up(cls, nodes: int, replicas: int = 1, *, base_port: int | None = None,
-           workdir: str | Path = ".", reducer: str = "count", tokens_per_node: int = 8,
+    def up(cls, nodes: int | None = None, replicas: int | None = None, *,
+           base_port: int | None = None, workdir: str | Path = ".",
+           reducer: str | None = None, tokens_per_node: int | None = None,
            extra_args: list[str] | None = None, ready_timeout: float = 30.0,
            host: str = "127.0.0.1", tls: bool = True,
            data_dir: str | Path | None = None) -> "LocalCluster":
-        """Start `nodes` node processes. With `tls` (the default), a throwaway CA and
+        """Start `nodes` node processes (default 4; r=1, the count reducer, 8 tokens
+        per node unless given). With `tls` (the default), a throwaway CA and
         certificates for every node, a client and an operator are written to
         floe-cluster/tls/ and every call is mutual TLS (node.transport.tls); callers
         take their credentials from `tls("client")` / `tls("operator")`. `tls=False`
         serves in the clear, for what must be shown without authentication.
 
         With `data_dir` every node is durable (`--data-dir data_dir/<node-id>`) and the
-        cluster's layout is kept there: started again on the same directory (after
+        cluster's layout is kept there (and kept up to date by `add_nodes` and
+        `remove`): started again on the same directory (after `down()`,
         `down(kill=True)`, a crash, a reboot), the same nodes come back on the same
-        addresses with what they held, whatever `nodes` says."""
-        if nodes < 1:
+        addresses with what they held. Against a kept layout, `nodes`, `replicas`,
+        `reducer`, `tokens_per_node` and `base_port` may be left out; given and
+        different from the layout, they are refused (`LayoutMismatch`): `wipe`
+        deletes the kept cluster first."""
+        if nodes is not None and nodes < 1:
             raise ValueError("a cluster needs at least one node")
-        if replicas < 0:
+        if replicas is not None and replicas < 0:
             raise ValueError("replicas must be >= 0")
         workdir = Path(workdir).resolve()
         state_file = workdir / DEFAULT_STATE_FILE
@@ -88,8 +98,15 @@ class LocalCluster:
             if any(n.alive() for n in existing.nodes):
                 raise RuntimeError(f"a cluster recorded in {state_file} is still running; "
                                    f"run `floe down` first")
+        if data_dir is not None:
+            data_dir = Path(data_dir).resolve()
         layout = _layout(data_dir) if data_dir is not None else None
         if layout is not None:
+            differ = layout_differences(layout, nodes=nodes, replicas=replicas,
+                                        reducer=reducer, tokens_per_node=tokens_per_node,
+                                        base_port=base_port)
+            if differ:
+                raise LayoutMismatch(data_dir, layout, differ)
             ids = [n for n, _ in layout["nodes"]]
             ports = [int(a.rpartition(":")[2]) for _, a in layout["nodes"]]
             host = layout["nodes"][0][1].rpartition(":")[0]
@@ -99,6 +116,11 @@ class LocalCluster:
             if busy:
                 raise OSError(f"the ports of the cluster in {data_dir} are in use: {busy}")
         else:
+            nodes = DEFAULT_LAYOUT["nodes"] if nodes is None else nodes
+            replicas = DEFAULT_LAYOUT["replicas"] if replicas is None else replicas
+            reducer = DEFAULT_LAYOUT["reducer"] if reducer is None else reducer
+            tokens_per_node = (DEFAULT_LAYOUT["tokens_per_node"] if tokens_per_node is None
+                               else tokens_per_node)
             ports = _free_ports(host, nodes, base_port)
             ids = [f"n{i}" for i in range(nodes)]
         peers = ",".join(f"{i}={host}:{p}" for i, p in zip(ids, ports))
@@ -110,10 +132,12 @@ class LocalCluster:
             tls_dir = generate_tls(workdir / "floe-cluster" / "tls", ids, (host, "localhost"))
             extra += ["--tls-dir", str(tls_dir)]
         if data_dir is not None:
-            data_dir = Path(data_dir).resolve()
             extra += ["--data-dir", str(data_dir / "{node}")]
-            _save_layout(data_dir, ids, [f"{host}:{p}" for p in ports], replicas,
-                         tokens_per_node, reducer)
+            if layout is None:
+                _save_layout(data_dir, dict(
+                    nodes=[[i, f"{host}:{p}"] for i, p in zip(ids, ports)],
+                    replicas=replicas, tokens_per_node=tokens_per_node, reducer=reducer,
+                    base_port=base_port))
         for node_id, port in zip(ids, ports):
             log_path = log_dir / f"{node_id}.log"
             cmd = [sys.executable, "-m", "node", "--node-id", node_id,
@@ -122,7 +146,8 @@ class LocalCluster:
                    "--reducer", reducer, "--events-file", str(log_path.with_suffix(".events.jsonl")),
                    *extra]
             procs.append(spawn_node(node_id, f"{host}:{port}", cmd, log_path))
-        cluster = cls(procs, replicas, str(state_file), reducer, extra)
+        cluster = cls(procs, replicas, str(state_file), reducer, extra,
+                      None if data_dir is None else str(data_dir))
         cluster.save()
         try:
             cluster.wait_ready(ready_timeout)
@@ -200,11 +225,16 @@ class LocalCluster:
         self.save()
         LocalCluster(added, self.replicas, self.state_file,
                      extra_args=self.extra_args).wait_ready(ready_timeout)
+        # Serving means joined: from now on `up` on the data directory starts them too.
+        self._update_layout(add=[(n.node_id, n.address) for n in added])
         return added
 
-    def remove(self, node_id: str, timeout: float = 60.0) -> None:
+    def remove(self, node_id: str, timeout: float = 60.0, *, forget: bool = True) -> None:
         """Scale-in: the node hands every range to its first replica, leaves the ring
-        and exits by itself; we wait for the exit and forget it."""
+        and exits by itself; we wait for the exit and forget it. Durable, it is dropped
+        from the layout and its data directory (which holds nothing the ring needs any
+        more) is deleted, so `up` does not start it again; `forget=False` keeps both,
+        for a restart."""
         from mapper.admin import request_handoff
         node = self.node(node_id)
         reply = request_handoff(node.address, [], leave=True, timeout=timeout,
@@ -220,6 +250,9 @@ class LocalCluster:
         _reap(node.pid)
         self.nodes.remove(node)
         self.save()
+        if forget and self.data_dir is not None:
+            self._update_layout(drop=[node_id])
+            _delete_node_dir(Path(self.data_dir), node_id)
 
     def restart(self, node_id: str, *, graceful: bool = True, sig: int = signal.SIGKILL,
                 timeout: float = 60.0, ready_timeout: float = 30.0) -> NodeProcess:
@@ -235,7 +268,7 @@ class LocalCluster:
             raise RuntimeError(f"{node_id} was recorded without its command line; "
                                f"it cannot be restarted from here")
         if graceful:
-            self.remove(node_id, timeout=timeout)
+            self.remove(node_id, timeout=timeout, forget=False)
         else:
             self.kill(node_id, sig)
             deadline = time.monotonic() + timeout
@@ -301,7 +334,8 @@ class LocalCluster:
 
     def save(self) -> None:
         data = {"replicas": self.replicas, "reducer": self.reducer,
-                "extra_args": self.extra_args, "nodes": [n.record() for n in self.nodes]}
+                "extra_args": self.extra_args, "data_dir": self.data_dir,
+                "nodes": [n.record() for n in self.nodes]}
         tmp = Path(self.state_file).with_suffix(".tmp")
         tmp.write_text(json.dumps(data, indent=2))
         tmp.replace(self.state_file)
@@ -315,7 +349,22 @@ class LocalCluster:
             raise FileNotFoundError(f"no cluster recorded at {path}; start one with "
                                     f"`floe up`") from None
         return cls([NodeProcess(**n) for n in data["nodes"]], data["replicas"], str(path),
-                   data.get("reducer", "count"), data.get("extra_args", []))
+                   data.get("reducer", "count"), data.get("extra_args", []),
+                   data.get("data_dir"))
+
+    def _update_layout(self, add=(), drop=()) -> None:
+        """Keep the durable layout in step with the nodes: `add` [(id, address)],
+        `drop` [id]. Nothing to do in memory."""
+        if self.data_dir is None:
+            return
+        data_dir = Path(self.data_dir)
+        layout = _layout(data_dir)
+        if layout is None:
+            raise RuntimeError(f"the layout of the cluster in {data_dir} is missing")
+        kept = [[i, a] for i, a in layout["nodes"] if i not in set(drop)]
+        known = {i for i, _ in kept}
+        kept += [[i, a] for i, a in add if i not in known]
+        _save_layout(data_dir, {**layout, "nodes": kept})
 
     def __enter__(self) -> "LocalCluster":
         return self
@@ -346,6 +395,47 @@ def node_env() -> dict:
 
 
 LAYOUT_FILE = "layout.json"
+# What a new cluster gets for what `up` was not given.
+DEFAULT_LAYOUT = {"nodes": 4, "replicas": 1, "reducer": "count", "tokens_per_node": 8}
+# The `floe up` flag of each setting a kept layout fixes.
+LAYOUT_FLAGS = {"nodes": "--nodes", "replicas": "--replicas", "reducer": "--reducer",
+                "tokens_per_node": "--tokens-per-node", "base_port": "--base-port"}
+
+
+class LayoutMismatch(ValueError):
+    """`up` on a data directory holding a cluster's layout, with settings that differ
+    from it: the kept cluster is not silently started otherwise. `flags`: the `floe up`
+    flags that differ."""
+
+    def __init__(self, data_dir: Path, layout: dict,
+                 differences: list[tuple[str, object, object]]) -> None:
+        self.data_dir, self.layout, self.differences = data_dir, layout, differences
+        self.flags = [LAYOUT_FLAGS[k] for k, _, _ in differences]
+        given = ", ".join(f"{LAYOUT_FLAGS[k]} {g} (kept: {kept})"
+                          for k, g, kept in differences)
+        super().__init__(f"the cluster kept in {data_dir} has {describe_layout(layout)}; "
+                         f"{given} {'differs' if len(differences) == 1 else 'differ'} "
+                         f"from it")
+
+
+def layout_differences(layout: dict, **given) -> list[tuple[str, object, object]]:
+    """[(setting, given, kept)] for every given (not None) setting that differs."""
+    kept = {"nodes": len(layout["nodes"]), "replicas": layout["replicas"],
+            "reducer": layout["reducer"], "tokens_per_node": layout["tokens_per_node"],
+            "base_port": layout.get("base_port")}
+    return [(k, v, kept[k] if kept[k] is not None else "ports chosen free")
+            for k, v in given.items() if v is not None and v != kept[k]]
+
+
+def describe_layout(layout: dict) -> str:
+    ids = [i for i, _ in layout["nodes"]]
+    return (f"{len(ids)} nodes ({', '.join(ids)}), r={layout['replicas']}, reducer "
+            f"{layout['reducer']}, {layout['tokens_per_node']} tokens per node")
+
+
+def kept_layout(data_dir: str | Path) -> dict | None:
+    """The layout of the cluster kept in `data_dir`, or None if none is."""
+    return _layout(data_dir)
 
 
 def _layout(data_dir: str | Path) -> dict | None:
@@ -353,12 +443,56 @@ def _layout(data_dir: str | Path) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def _save_layout(data_dir: Path, ids, addresses, replicas: int, tokens_per_node: int,
-                 reducer: str) -> None:
+def _save_layout(data_dir: Path, layout: dict) -> None:
+    """Written whole to a temporary file, synced, then renamed over the old one: a
+    crash leaves the old layout or the new, never a torn one."""
     data_dir.mkdir(parents=True, exist_ok=True)
-    (data_dir / LAYOUT_FILE).write_text(json.dumps(dict(
-        nodes=list(zip(ids, addresses)), replicas=replicas,
-        tokens_per_node=tokens_per_node, reducer=reducer), indent=1))
+    tmp = data_dir / (LAYOUT_FILE + ".tmp")
+    with open(tmp, "w") as fh:
+        fh.write(json.dumps(layout, indent=1))
+        fh.flush()
+        os.fsync(fh.fileno())
+    tmp.replace(data_dir / LAYOUT_FILE)
+
+
+def _node_dirs(data_dir: Path, node_id: str) -> list[Path]:
+    """A node's data directory and those set aside as corrupt (`<id>.corrupt-<time>`)."""
+    if not node_id or "/" in node_id or node_id in (".", ".."):
+        raise ValueError(f"not a node id: {node_id!r}")
+    return [p for p in (data_dir / node_id, *data_dir.glob(f"{node_id}.corrupt-*"))
+            if p.is_dir()]
+
+
+def _delete_node_dir(data_dir: Path, node_id: str) -> None:
+    for path in _node_dirs(data_dir, node_id):
+        shutil.rmtree(path)
+
+
+def wipe(data_dir: str | Path) -> list[str]:
+    """Delete the cluster kept in `data_dir`: every node's data directory the layout
+    names, then the layout (so a crash midway leaves it wipeable again), then
+    `data_dir` itself if nothing else is in it. Only what the cluster wrote is
+    touched. Returns the node ids deleted; [] if no cluster is kept there. The
+    cluster must not be running (`floe down --wipe` stops it first)."""
+    data_dir = Path(data_dir).resolve()
+    layout = _layout(data_dir)
+    if layout is None:
+        return []
+    listening = [a for _, a in layout["nodes"]
+                 if not _port_free(a.rpartition(":")[0], int(a.rpartition(":")[2]))]
+    if listening:
+        raise RuntimeError(f"the cluster kept in {data_dir} may still be running: "
+                           f"{', '.join(listening)} in use; stop it first")
+    ids = [i for i, _ in layout["nodes"]]
+    for node_id in ids:
+        _delete_node_dir(data_dir, node_id)
+    (data_dir / LAYOUT_FILE).unlink()
+    (data_dir / (LAYOUT_FILE + ".tmp")).unlink(missing_ok=True)
+    try:
+        data_dir.rmdir()
+    except OSError:
+        pass          # something else lives there: left alone
+    return ids
 
 
 def _free_ports(host: str, count: int, base: int | None) -> list[int]:

@@ -13,7 +13,7 @@ from chaos.corpus import kjv_lines
 from floering.v1 import floe_pb2, floe_pb2_grpc
 from mapper import RingClient, split_words
 from node.core.codec import unpack_entries
-from tests.helpers import floe_run, wait_for
+from tests.helpers import floe, floe_run, wait_for
 
 pytestmark = pytest.mark.multiprocess
 
@@ -180,3 +180,81 @@ def test_base_port_refuses_a_listening_port_but_not_one_a_stopped_cluster_left_i
     client.recv(1)
     client.close()
     assert _free_ports("127.0.0.1", 1, port) == [port]
+
+
+# ------------------------------------------------ `floe up`: durable by default
+
+def _scan(tmp_path) -> dict:
+    """Every key's count, read through the recorded cluster."""
+    cluster = LocalCluster.load(tmp_path / "floe-cluster.json")
+    with RingClient(cluster.seeds, tls=cluster.tls(), timeout=60) as client:
+        return dict(client.scan())
+
+
+def _members(tmp_path) -> set[str]:
+    rows = json.loads(floe(tmp_path, "status", "--json"))["nodes"]
+    assert all("error" not in r for r in rows), rows
+    return {r["node_id"] for r in rows}
+
+
+def test_floe_up_is_durable_by_default_and_keeps_scaled_nodes_across_restarts(tmp_path):
+    lines = kjv_lines(3000)
+    first, second = tmp_path / "first.txt", tmp_path / "second.txt"
+    first.write_text("\n".join(lines[:1500]))
+    second.write_text("\n".join(lines[1500:]))
+    expect = Counter(w for line in lines for w in split_words(line))
+    data = tmp_path / "floe-cluster" / "data"
+    try:
+        assert f"durable in {data}" in floe(tmp_path, "up", "--nodes", "3")
+        floe(tmp_path, "feed", str(first))
+        assert "added n3" in floe(tmp_path, "scale", "--add", "1")
+        floe(tmp_path, "feed", str(second))
+        assert [i for i, _ in json.loads((data / "layout.json").read_text())["nodes"]] == \
+            ["n0", "n1", "n2", "n3"]
+        assert "killed 4 nodes" in floe(tmp_path, "down", "--kill")
+        again = floe(tmp_path, "up")                     # the kept cluster, as it was
+        assert again.count("pid") == 4 and f"brought back from {data}" in again
+        assert _members(tmp_path) == {"n0", "n1", "n2", "n3"}   # each as itself
+        assert _scan(tmp_path) == expect
+        floe(tmp_path, "scale", "--remove", "n1")
+        assert not (data / "n1").exists()
+        assert "stopped 3 nodes" in floe(tmp_path, "down")
+        assert floe(tmp_path, "up").count("pid") == 3   # n1 is not started again
+        recorded = json.loads((tmp_path / "floe-cluster.json").read_text())["nodes"]
+        assert sorted(n["node_id"] for n in recorded) == ["n0", "n2", "n3"]
+        assert _members(tmp_path) == {"n0", "n2", "n3"}
+        assert _scan(tmp_path) == expect
+    finally:
+        floe_run(tmp_path, "down")
+
+
+def test_floe_up_refuses_flags_unlike_the_kept_cluster_and_down_wipe_starts_fresh(tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("alpha beta alpha")
+    data = tmp_path / "floe-cluster" / "data"
+    try:
+        floe(tmp_path, "up", "--nodes", "2", "--replicas", "1")
+        floe(tmp_path, "feed", str(corpus))
+        floe(tmp_path, "down")
+        refused = floe_run(tmp_path, "up", "--nodes", "3", "--reducer", "count")
+        assert refused.returncode == 1
+        assert "--nodes 3 (kept: 2)" in refused.stderr and "--reducer" not in \
+            refused.stderr.split(";")[1]                 # only what differs is named
+        assert "floe down --wipe" in refused.stderr and "--memory" in refused.stderr
+        assert not (tmp_path / "floe-cluster.json").exists()    # nothing was started
+        # the same settings as kept are fine
+        assert floe(tmp_path, "up", "--nodes", "2", "--replicas", "1").count("pid") == 2
+        assert floe(tmp_path, "get", "alpha").strip() == "2"
+        out = floe(tmp_path, "down", "--wipe")           # stops, then deletes
+        assert "stopped 2 nodes" in out and "wiped" in out
+        assert not data.exists()
+        assert "nothing to wipe" in floe(tmp_path, "down", "--wipe")
+        assert floe(tmp_path, "up", "--nodes", "3").count("pid") == 3   # a new cluster
+        assert floe_run(tmp_path, "get", "alpha").returncode == 1
+        floe(tmp_path, "down")
+        floe(tmp_path, "down", "--wipe")                 # a cluster already stopped
+        assert not data.exists()
+        memory = floe(tmp_path, "up", "--nodes", "2", "--memory")
+        assert "in memory only" in memory and not data.exists()
+    finally:
+        floe_run(tmp_path, "down")

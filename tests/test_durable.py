@@ -219,8 +219,10 @@ def test_floe_down_kill_then_up_on_the_same_data_dir_gives_back_exact_state(tmp_
     try:
         floe(tmp_path, "feed", str(corpus))
         assert "killed 3 nodes" in floe(tmp_path, "down", "--kill")
-        again = floe(tmp_path, "up", "--nodes", "5", "--data-dir", str(data))
-        assert again.count("pid") == 3                # the layout kept, not the flag
+        refused = floe_run(tmp_path, "up", "--nodes", "5", "--data-dir", str(data))
+        assert refused.returncode == 1 and "--nodes 5 (kept: 3)" in refused.stderr
+        again = floe(tmp_path, "up", "--data-dir", str(data))
+        assert again.count("pid") == 3                # the kept layout
         assert floe(tmp_path, "get", "lord").strip() == str(expect["lord"])
         status = json.loads(floe(tmp_path, "status", "--json"))
         assert sum(int(n["keys"]) for n in status["nodes"]) == len(expect)
