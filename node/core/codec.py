@@ -7,6 +7,11 @@ state never breaks a range's checkpoints or queries.
 
 from __future__ import annotations
 
+from io import BytesIO
+from itertools import chain, islice
+from operator import itemgetter
+from typing import Iterable, Iterator
+
 import msgpack
 
 from node.core.errors import InvalidArgument
@@ -37,12 +42,62 @@ def unpack(data: bytes):
         raise InvalidArgument(f"not valid msgpack: {exc}") from None
 
 
+# Entries are msgpack [keys, states]: two arrays of equal length. A key may occur more
+# than once; the last occurrence wins (a full checkpoint sends its range's master and
+# then, over it, the keys changed since).
+
+SLICE = 8192         # entries per step of the sliced encoders below
+
+
+def _columns(items) -> tuple[int, Iterable, Iterable]:
+    """(count, keys, states) of a dict, of a mapping made of `layers` (dicts, each one
+    laid over the ones before it), or of a sequence of (key, state) pairs."""
+    layers = items.layers if hasattr(items, "layers") else \
+        (items,) if isinstance(items, dict) else None
+    if layers is None:
+        return len(items), map(itemgetter(0), items), map(itemgetter(1), items)
+    return (sum(map(len, layers)), chain.from_iterable(layers),
+            chain.from_iterable(layer.values() for layer in layers))
+
+
+def entry_count(items) -> int:
+    """How many entries pack_entries(items) encodes (a key of several layers counts
+    once per layer)."""
+    return _columns(items)[0]
+
+
 def pack_entries(items) -> bytes:
-    """[(key, state), ...] or a dict -> msgpack [keys, states]."""
+    """[(key, state), ...], a dict or a layered mapping -> msgpack [keys, states]."""
     if isinstance(items, dict):
         return pack((list(items), list(items.values())))
-    keys = [k for k, _ in items]
-    return pack((keys, [s for _, s in items]))
+    _, keys, states = _columns(items)
+    return pack((list(keys), list(states)))
+
+
+def _array_header(n: int) -> bytes:
+    if n < 16:
+        return bytes((0x90 | n,))
+    return (b"\xdc" + n.to_bytes(2, "big")) if n < 1 << 16 else (b"\xdd" + n.to_bytes(4, "big"))
+
+
+def _array_in_slices(n: int, values: Iterable, size: int) -> Iterator[bytes]:
+    yield _array_header(n)
+    it = iter(values)
+    for start in range(0, n, size):
+        chunk = list(islice(it, size))
+        if len(chunk) != min(size, n - start):
+            raise RuntimeError("entries changed while they were packed")
+        yield memoryview(pack(chunk))[len(_array_header(len(chunk))):]
+
+
+def pack_entries_sliced(items, size: int = SLICE) -> Iterator[bytes]:
+    """pack_entries(items) in pieces, each the work of at most `size` entries; joined,
+    they are exactly pack_entries(items). Between two pieces the caller may do other
+    work, as long as `items` does not change meanwhile."""
+    n, keys, states = _columns(items)
+    yield _array_header(2)
+    yield from _array_in_slices(n, keys, size)
+    yield from _array_in_slices(n, states, size)
 
 
 def unpack_entries(data: bytes) -> dict:
@@ -52,3 +107,46 @@ def unpack_entries(data: bytes) -> dict:
     if type(decoded) is not tuple or len(decoded) != 2 or len(decoded[0]) != len(decoded[1]):
         raise InvalidArgument("entries must be msgpack [keys, states] of equal length")
     return dict(zip(*decoded))
+
+
+def _take(unpacker: msgpack.Unpacker, n: int) -> list:
+    got = list(islice(unpacker, n))
+    if len(got) != n:
+        raise InvalidArgument("not valid msgpack: entries cut short")
+    return got
+
+
+def _entries_in_slices(out: dict, data: bytes, size: int) -> Iterator[None]:
+    # Read from the bytes as they are (fed, they would be copied first, in one go);
+    # the limits on lengths are those unpack() puts on `data`.
+    unpacker = msgpack.Unpacker(BytesIO(data), read_size=min(len(data), 1 << 20),
+                                use_list=False, strict_map_key=False, ext_hook=_ext_hook,
+                                max_buffer_size=len(data))
+    if unpacker.read_array_header() != 2:
+        raise InvalidArgument("entries must be msgpack [keys, states] of equal length")
+    n = unpacker.read_array_header()
+    keys: list = []
+    while len(keys) < n:
+        keys += _take(unpacker, min(size, n - len(keys)))
+        yield
+    if unpacker.read_array_header() != n:
+        raise InvalidArgument("entries must be msgpack [keys, states] of equal length")
+    for start in range(0, n, size):
+        out.update(zip(keys[start:start + size], _take(unpacker, min(size, n - start))))
+        yield
+    if unpacker.tell() != len(data):
+        raise InvalidArgument("not valid msgpack: extra data after the entries")
+
+
+def unpack_entries_sliced(out: dict, data: bytes, size: int = SLICE) -> Iterator[None]:
+    """unpack_entries(data) into the empty dict `out`, at most `size` entries per step:
+    yields between two steps (the caller may do other work, leaving `out` alone).
+    Refuses what unpack_entries refuses (and [keys, states] that are not arrays)."""
+    if not data:
+        return
+    try:
+        yield from _entries_in_slices(out, data, size)
+    except InvalidArgument:
+        raise
+    except Exception as exc:
+        raise InvalidArgument(f"not valid msgpack: {exc}") from None

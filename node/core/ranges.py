@@ -8,6 +8,8 @@ rebuild exactly what the primary has, which is what a takeover does.
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from node.core.backup_store import BackupEntry, BackupStore
@@ -25,9 +27,46 @@ class Checkpoint:
 
     token: int
     seq: int
-    states: dict          # keys changed since the previous checkpoint (all keys if full)
+    states: Mapping       # keys changed since the previous checkpoint (all keys if full:
+                          # a FullStates)
     watermarks: dict[str, int]
     full: bool = False
+
+
+class FullStates(Mapping):
+    """A full checkpoint's states: the range's master with the checkpoint's delta laid
+    over it, read in place. A copy of a large range would hold the event loop for as
+    long as it takes; the encoder (node.core.codec) reads the `layers` in slices. Valid
+    while master changes only by merging this delta: before it changes otherwise, the
+    range freezes (copies) a FullStates still in use."""
+
+    def __init__(self, master: dict, delta: dict) -> None:
+        self.layers: tuple[dict, ...] = (master, delta)
+
+    def freeze(self) -> None:
+        full = dict(self.layers[0])
+        for layer in self.layers[1:]:
+            full.update(layer)
+        self.layers = (full,)
+
+    def __getitem__(self, key):
+        for layer in reversed(self.layers):
+            if key in layer:
+                return layer[key]
+        raise KeyError(key)
+
+    def __contains__(self, key) -> bool:
+        return any(key in layer for layer in self.layers)
+
+    def __iter__(self):
+        master, *over = self.layers
+        yield from master
+        for layer in over:
+            yield from (k for k in layer if k not in master)
+
+    def __len__(self) -> int:
+        master, *over = self.layers
+        return len(master) + sum(k not in master for layer in over for k in layer)
 
 
 class PrimaryRange:
@@ -49,6 +88,7 @@ class PrimaryRange:
         # expiring idle ones. Not checkpointed: a new primary counts from its takeover.
         self.last_seen: dict[str, float] = {}
         self.cut_at = 0.0                 # when the last checkpoint was cut
+        self._full = None                 # weakref to the last FullStates handed out
 
     def force_checkpoint(self) -> None:
         """Cut a checkpoint next round even if nothing changed (a handoff's final one)."""
@@ -117,11 +157,23 @@ class PrimaryRange:
 
     def full_checkpoint(self, delta: Checkpoint) -> Checkpoint:
         """The whole range as of `delta` (master + inactive), for a replica out of sync."""
-        states = dict(self.state.master)
-        states.update(delta.states)
+        self._freeze_full()
+        states = FullStates(self.state.master, delta.states)
+        self._full = weakref.ref(states)
         return Checkpoint(self.token, delta.seq, states, delta.watermarks, full=True)
 
+    def _freeze_full(self, unless_over: dict | None = None) -> None:
+        """Master is about to change: a full checkpoint's states still held by someone
+        (a call that has not sent them yet) become their own copy, unless the change
+        merges the very delta they lay over master (which leaves what they read as is)."""
+        full = self._full() if self._full is not None else None
+        if full is not None and full.layers[-1] is not unless_over:
+            full.freeze()
+            self._full = None
+
     def checkpoint_shipped(self) -> None:
+        if self.state.inactive is not None:
+            self._freeze_full(unless_over=self.state.inactive)
         self.state.merge_inactive()
 
     def split(self, parts, part_of) -> dict[int, "PrimaryRange"]:

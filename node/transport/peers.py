@@ -1,12 +1,44 @@
-"""Outbound calls from one node to another, each with a deadline."""
+"""Outbound calls from one node to another, each with a deadline; and the encoding of
+checkpoint states in steps, between which the event loop runs."""
 
 from __future__ import annotations
+
+import asyncio
 
 import grpc
 
 from floering.v1 import floe_pb2, floe_pb2_grpc
-from node.core.codec import pack, pack_entries
+from node.core.codec import (SLICE, entry_count, pack, pack_entries, pack_entries_sliced,
+                             unpack_entries, unpack_entries_sliced)
 from node.transport.status import error_from_rpc
+
+# Below these, entries are (un)packed in one go, as fast as can be; above, in steps of
+# SLICE entries (a few ms each). msgpack holds the GIL for a whole call, so only steps,
+# not a thread, keep the event loop, which answers heartbeats and probes, free.
+SLICED_ENTRIES = SLICE
+SLICED_BYTES = 16 * SLICE
+
+
+async def pack_entries_async(items) -> bytes:
+    """pack_entries(items), yielding to the event loop between steps. `items` must not
+    change meanwhile (a checkpoint's states do not until it is shipped)."""
+    if entry_count(items) <= SLICED_ENTRIES:
+        return pack_entries(items)
+    pieces = []
+    for piece in pack_entries_sliced(items):
+        pieces.append(piece)
+        await asyncio.sleep(0)
+    return b"".join(pieces)
+
+
+async def unpack_entries_async(data: bytes) -> dict:
+    """unpack_entries(data), yielding to the event loop between steps."""
+    if len(data) <= SLICED_BYTES:
+        return unpack_entries(data)
+    out: dict = {}
+    for _ in unpack_entries_sliced(out, data):
+        await asyncio.sleep(0)
+    return out
 
 
 def channel_options(max_message_bytes: int) -> list[tuple[str, int]]:
@@ -45,11 +77,12 @@ class PeerPool:
 
     async def ship_checkpoint(self, address: str, *, sender: str, ring_stamp: int,
                               checkpoint, base_seq: int, incarnation: int = 0) -> tuple[bool, int]:
+        states = await pack_entries_async(checkpoint.states)
         request = floe_pb2.CheckpointFragment(
             sender=sender, ring_stamp=ring_stamp, incarnation=incarnation,
             token=checkpoint.token,
             checkpoint_seq=checkpoint.seq, base_seq=base_seq, full=checkpoint.full,
-            states=pack_entries(checkpoint.states), watermarks=pack(checkpoint.watermarks))
+            states=states, watermarks=pack(checkpoint.watermarks))
         try:
             reply = await self._control(address).ShipCheckpoint(request, timeout=self.timeout)
         except grpc.RpcError as exc:

@@ -13,14 +13,14 @@ from grpc_health.v1.health import aio as health_aio
 
 from floering.v1 import floe_pb2, floe_pb2_grpc
 from node.core.batch import Batch
-from node.core.codec import pack, pack_entries, unpack, unpack_entries
+from node.core.codec import pack, pack_entries, unpack
 from node.core.errors import FloeError, inert
 from node.core.handoff import HandoffState
 from node.core.ring import Ring
 from node.runtime.inbound import StreamState
 from node.runtime.node import NodeRuntime
 from node.runtime.service import NodeService
-from node.transport.peers import channel_options
+from node.transport.peers import channel_options, unpack_entries_async
 from node.transport.status import abort
 from node.transport.tls import Authorizer, TlsFiles
 
@@ -166,10 +166,12 @@ class ControlPlane(floe_pb2_grpc.ControlPlaneServicer):
 
     async def ShipCheckpoint(self, request, context):
         try:
+            # A full checkpoint may hold millions of keys: decoded in steps, so that
+            # heartbeats and probes are answered meanwhile.
+            states = await unpack_entries_async(request.states)
             need_full, seq, stamp = await self.service.receive_checkpoint(
                 request.sender, request.ring_stamp, request.incarnation, request.token,
-                request.checkpoint_seq, request.base_seq, request.full,
-                unpack_entries(request.states),
+                request.checkpoint_seq, request.base_seq, request.full, states,
                 unpack(request.watermarks) if request.watermarks else {})
         except FloeError as exc:
             await abort(context, exc)
