@@ -9,7 +9,9 @@ copies (per-key state, watermarks, completeness), the identity and the ring. Wha
 a crash takes: every record appended after the last fsync (or, seeded, all but a
 prefix of them: the OS may have written some) and every copy write not done. A
 full disk fails fsyncs and copy writes (and every copy write after a failed one,
-as RocksDB does) until a repair finds space again.
+as RocksDB does) until a repair finds space again. A slow one (`write_delay`) takes
+longer over every copy write, as a node holding millions of keys does over a large
+one: fsyncs of the log meanwhile go on.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ class SimDisk:
         self.boots = 0                  # a crash makes every write queued before it void
         self.full_until = 0.0           # writes and fsyncs fail until then (a full disk)
         self.refuses_writes = False     # as RocksDB after a failed write, until reopened
+        self.write_delay = 0.0          # every copy write takes this much longer (a slow disk)
 
     # ------------------------------------------------------------ the log
 
@@ -194,7 +197,7 @@ class SimDurability:
         before then voids it."""
         sim = self.sim
         start = max(sim.now, self.writes_done_at)
-        self.writes_done_at = start + sim.rng.uniform(*WRITE_SECONDS)
+        self.writes_done_at = start + sim.rng.uniform(*WRITE_SECONDS) + self.disk.write_delay
 
         def land():
             if self.disk.boots != self.boot:

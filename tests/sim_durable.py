@@ -47,12 +47,19 @@ class Starter:
 class DurableNodes:
     """Methods of `Simulation` for durable nodes (it inherits them)."""
 
-    def _keep_on_disk(self, proc: SimProcess, disk: SimDisk, disk_member: str | None) -> None:
-        """`proc` serves from here on with `disk` as its data directory, as the
-        runtime's Durability.begin: the production DiskPlan decides what is written."""
+    def _keep_on_disk(self, proc: SimProcess, disk: SimDisk, disk_member: str | None,
+                      loaded: Loaded | None = None) -> None:
+        """`proc` serves from here on with `disk` as its data directory (which held
+        `loaded`), as the runtime's Durability.begin: the production DiskPlan decides
+        what is written."""
         plan = DiskPlan(proc.machine.incarnation, disk.next_record, disk.synced)
         proc.durable = SimDurability(self, proc, disk, plan)
-        proc.durable.do(plan.handle(Began(proc.core, disk_member)))
+        if loaded is None:
+            began = Began(proc.core, disk_member)
+        else:
+            ring = Ring.from_wire(loaded.ring_wire) if loaded.ring_wire else None
+            began = Began(proc.core, disk_member, ring, frozenset(loaded.copies))
+        proc.durable.do(plan.handle(began))
 
     def crash(self, name: str, downtime: float) -> None:
         """The machine of durable node `name` loses power: the records its log had not
@@ -150,5 +157,5 @@ class DurableNodes:
                 starter.me, ring, load_reducer("count"), Limits(), loaded.copies,
                 loaded.batches, self.now))
             self.handle(proc, RingSeen(decision.ring))
-        self._keep_on_disk(proc, starter.disk, loaded.node_id if loaded else None)
+        self._keep_on_disk(proc, starter.disk, loaded.node_id if loaded else None, loaded)
         self._start_loops(proc, STARTUP_GRACE)

@@ -8,7 +8,9 @@ from node.core.persistence_io import (AcceptBatches, AckWanted, AppendRecord, Be
                                       DiskFailed, DiskRepaired, FailAcks, LogSynced,
                                       RefuseBatches, ReleaseAcks, SaveIdentity,
                                       SyncLog, SyncWanted, WriteCopies)
+from node.core.batch import Limits
 from node.core.reducers import load_reducer
+from node.core.restore import DiskCopy, restored_core
 from node.core.ring import Ring
 from node.storage.node_store import NodeStore
 
@@ -260,3 +262,67 @@ def test_a_round_ships_once_everything_logged_is_synced_and_not_while_the_disk_f
     keep(plan, core, t, words_of(t, 1), 4)
     plan.handle(DiskFailed("disk full"))
     assert plan.handle(SyncWanted(3)) == [FailAcks((3,), "disk full")]
+
+
+def test_a_member_back_from_its_directory_compacts_nothing_before_its_restart_write_is_done():
+    # p's old log holds records 1-9, batches past its copy on disk. They are covered
+    # once the restart's write is done, not once the log is synced (the fsync of a
+    # few records is over long before the write of millions of keys).
+    p = NodeCore("p", RING, load_reducer("count"))
+    t = RING.tokens_of("p")[0]
+    for i, w in enumerate(words_of(t, 4), 1):
+        p.receive_batch(Batch(RING.stamp, t, "s", i, i, 1, encode_payload([w], [1])))
+    plan = DiskPlan(7, next_record=10, synced=9)
+    (restart,) = of(WriteCopies, plan.handle(Began(p, "p")))
+    assert of(CompactLog, plan.handle(LogSynced(9))) == []
+    assert of(CompactLog, plan.handle(DiskFailed("disk full"))) == []      # nor after a failure
+    assert of(CompactLog, plan.handle(CopiesWritten(restart.write))) == []
+    assert of(CompactLog, plan.handle(DiskRepaired(9))) == []
+    (rewrite,) = of(WriteCopies, plan.after(p))
+    assert rewrite.replace_all
+    assert plan.handle(CopiesWritten(rewrite.write)) == [CompactLog(10)]
+
+
+def restarted_p(batches) -> tuple[NodeCore, frozenset]:
+    """p back from a directory holding copies of its first range (a, b once each, up
+    to seq 2), of c's first range it backs up, and of b's first range, which it does
+    not hold; and the tokens of those copies."""
+    mine, theirs, gone = RING.tokens_of("p")[0], RING.tokens_of("c")[0], RING.tokens_of("b")[0]
+    a, b = words_of(mine, 2)
+    copies = {mine: DiskCopy(mine, "p", {"s": 2}, True, {a: 1, b: 1}),
+              theirs: DiskCopy(theirs, "c", {"s": 5}, True, {"x": 3}),
+              gone: DiskCopy(gone, "b", {}, True, {"y": 1})}
+    return (restored_core("p", RING, load_reducer("count"), Limits(), copies, batches, 0.0),
+            frozenset(copies))
+
+
+def test_a_member_back_from_its_directory_writes_only_what_the_replay_changed():
+    mine, theirs = RING.tokens_of("p")[0], RING.tokens_of("c")[0]
+    a, _, c = words_of(mine, 3)
+    logged = [Batch(0, mine, "s", 2, 4, 3, encode_payload([a, a, c], [1] * 3))]
+    core, on_disk = restarted_p([(mine, x) for x in logged])
+    assert core.primaries[mine].state.active == {a: 2, c: 1}        # seq 2 was in the copy
+    plan = DiskPlan(7, next_record=2, synced=1)
+    (write,) = of(WriteCopies, plan.handle(Began(core, "p", RING, on_disk)))
+    assert not write.replace_all and write.ring_wire == RING.to_wire()
+    assert write.dropped == (RING.tokens_of("b")[0],)
+    by_token = {c.token: c for c in write.copies}
+    assert not by_token[mine].full and by_token[mine].states == {a: 2, c: 1}
+    assert by_token[mine].watermarks == {"s": 4}
+    assert not by_token[theirs].full and by_token[theirs].states == {}     # meta only
+    assert by_token[theirs].watermarks == {"s": 5} and by_token[theirs].primary == "c"
+    for token in (RING.tokens_of("p")[1], RING.tokens_of("c")[1]):   # no copy on disk
+        assert by_token[token].full
+
+
+def test_a_range_changed_since_its_copy_was_read_is_written_whole_after_a_restart():
+    mine = RING.tokens_of("p")[0]
+    core, on_disk = restarted_p([])
+    lo, _ = RING.range_of_token(mine)
+    head = (lo + (mine - lo) % 2 ** 64 // 2) % 2 ** 64
+    core.adopt_ring(RING.split_token(mine, head))       # a newer ring heard at start
+    plan = DiskPlan(7)
+    (write,) = of(WriteCopies, plan.handle(Began(core, "p", RING, on_disk)))
+    by_token = {c.token: c for c in write.copies}
+    assert by_token[mine].full and by_token[head].full
+    assert sum(len(by_token[t].states) for t in (mine, head)) == 2

@@ -19,6 +19,9 @@ that it can crash between a write and its fsync.
   and changed ones are written whole with the ring, the ones gone dropped; any
   other ring change is written alone. A new member (rejoined as `n#k`) first wipes
   the directory and saves its identity.
+- A member back from its directory writes what its restore changed (the keys the
+  log's replay changed, the ranges held otherwise than on disk), not every copy
+  whole; no record of the old log goes before that write is done.
 - A logged record stays until a written copy covers it (its seqs at or below the
   copy's watermark for its source), as a replica evicts a backed-up batch; a record
   of a range no longer held stays until the write dropping that range is done.
@@ -75,7 +78,9 @@ class DiskPlan:
         self.uncovered: dict[int, dict[str, deque[tuple[int, int]]]] = {}
         self.next_write = 1
         self.pending: dict[int, PendingWrite] = {}       # writes not done yet
-        self.pinned: int | None = None         # records kept until a whole rewrite is done
+        # Records from `pinned` on stay until `rewrite_write` is done: the write that
+        # brings the copies level with memory (a restart's, a rewrite after a repair).
+        self.pinned: int | None = None
         self.rewrite_write = 0
         self.relogged_through = 0              # no compaction until these are synced
         self.compacted_before = 0
@@ -109,17 +114,42 @@ class DiskPlan:
         self.node_id = core.node_id
         if e.disk_member != core.node_id:
             out.append(SaveIdentity(core.node_id, self.incarnation))
-        else:
-            # Log again what we back up (restored from the old log, which goes once
-            # these are synced and the copies below written).
-            for token in core.replicas.backups.tokens():
-                for source, x in core.replicas.backups.entries(token):
-                    self._log(Batch(0, token, source, x.first_seq, x.last_seq, x.count,
-                                    x.payload, x.seqs), out)
-            self.relogged_through = self.next_record - 1
-            out.append(SyncLog())
-        self.ring = core.ring
-        self._whole(core, out, everything=True)
+            self.ring = core.ring
+            self._whole(core, out, everything=True)
+            return
+        # Log again what we back up (restored from the old log, which goes once
+        # these are synced and the copies below written).
+        for token in core.replicas.backups.tokens():
+            for source, x in core.replicas.backups.entries(token):
+                self._log(Batch(0, token, source, x.first_seq, x.last_seq, x.count,
+                                x.payload, x.seqs), out)
+        self.relogged_through = self.next_record - 1
+        out.append(SyncLog())
+        # The old log's records past the copies (our primaries' replayed batches) are
+        # covered by the write below only once it is done: none goes before.
+        self.pinned = 0
+        self.rewrite_write = self._restarted(core, e, out)
+
+    def _restarted(self, core, e: Began, out: list) -> int:
+        """Back from our directory as the same member: write what the restore changed.
+        A range restored from its copy on disk and held as it was (same range, same
+        role) gets the keys its replay changed (the restore leaves them in its active
+        layer, over the copy as it was read) and its watermarks: a primary's; a
+        replica's copy only its meta. Any other range held is written whole, the
+        copies of ranges no longer held dropped, and the ring written."""
+        held = held_ranges(core)
+        same = held & on_disk(e.disk_ring, core.node_id, e.disk_tokens)
+        kept = {t for t, *_ in same}
+        copies = [CopyWrite(t, core.node_id, replayed(rng.state), dict(rng.watermarks))
+                  for t, rng in core.primaries.items() if t in kept]
+        copies += [CopyWrite(t, r.primary, {}, dict(r.watermarks), False, r.complete)
+                   for t, r in core.replicas.ranges.items() if t in kept]
+        image = disk_image(core, {t for t, *_ in held - same})
+        copies += [CopyWrite(t, p, s, w, True, c) for t, p, s, w, c in image]
+        gone = sorted(set(e.disk_tokens) - {t for t, *_ in held})
+        self.held, self.ring = held, core.ring
+        return self._write(copies, {c.token: c.watermarks for c in copies}, out,
+                           dropped=tuple(gone), ring_wire=core.ring.to_wire())
 
     def _kept(self, e: BatchKept, out: list) -> None:
         if e.kept:
@@ -348,6 +378,25 @@ def held_ranges(core) -> frozenset:
     start = core.ring.range_of_token
     return frozenset([(t, start(t)[0], "primary") for t in core.primaries] +
                      [(t, start(t)[0], "replica") for t in core.replicas.ranges])
+
+
+def on_disk(ring: Ring | None, member: str, tokens) -> frozenset:
+    """The ranges a directory holds copies of (`tokens`, under `ring`), named as
+    `held_ranges` names them: what a restore makes of them."""
+    if ring is None:
+        return frozenset()
+    roles = ((t, ring.role_of(member, t)) for t in tokens if ring.has_token(t))
+    return frozenset((t, ring.range_of_token(t)[0], role) for t, role in roles
+                     if role is not None)
+
+
+def replayed(state) -> dict:
+    """What a restored primary's replay changed over its copy on disk: its active
+    layer (and an inactive one, had a round been cut since). A copy: a write may
+    run later."""
+    changed = dict(state.inactive or {})
+    changed.update(state.active)
+    return changed
 
 
 def disk_image(core, tokens) -> list[tuple[int, str, dict, dict[str, int], bool]]:

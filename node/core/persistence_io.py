@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from node.core.batch import Batch
 from node.core.ranges import Checkpoint
+from node.core.ring import Ring
 
 
 @dataclass(frozen=True)
@@ -33,10 +34,14 @@ class CopyWrite:
 @dataclass(frozen=True)
 class Began:
     """Serving starts as `core`'s member; the directory held `disk_member` (None:
-    nothing). Another member's directory is wiped for this one."""
+    nothing): copies of the ranges of `disk_tokens`, under `disk_ring`. Another
+    member's directory is wiped for this one; the same member's core was restored
+    from it (`node.core.restore`)."""
 
     core: object = field(hash=False)
     disk_member: str | None
+    disk_ring: Ring | None = field(default=None, hash=False)
+    disk_tokens: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)

@@ -279,25 +279,31 @@ class ReplicaSide:
         self.expired += self.backups.expire(token, rng.watermarks, now - backup_expiry)
         return False, seq
 
-    def rebuild(self, token: int, verify=None) -> tuple[dict, dict[str, int]]:
+    def rebuild(self, token: int, verify=None,
+                into: LayeredState | None = None) -> tuple[dict, dict[str, int]]:
         """The range's state as the primary has it: checkpoint + backups past it.
         Backed-up batches the primary would have refused (`verify(keys)` raises for
-        a key outside the range) are skipped: no mapper counted them delivered."""
+        a key outside the range) are skipped: no mapper counted them delivered.
+        With `into` (a primary's state; the caller drops the range next) nothing is
+        copied: the checkpoint becomes its master as it is, the replay goes to its
+        active layer, and what is returned is that layer, the keys it changed."""
         rng = self.ranges.get(token)
-        state = LayeredState(self.reducer)
-        watermarks: dict[str, int] = {}
-        if rng is not None:
-            state.replace(dict(rng.copy.master))
-            watermarks = dict(rng.watermarks)
+        state = into if into is not None else LayeredState(self.reducer)
+        master = rng.copy.master if rng is not None else {}
+        state.replace(master if into is not None else dict(master))
         replay = PrimaryRange(token, self.reducer)
-        replay.state, replay.watermarks = state, watermarks
+        replay.state = state
+        replay.watermarks = dict(rng.watermarks) if rng is not None else {}
         for source, entry in replay_order(self.backups.entries(token)):
             try:
                 replay.apply(source, entry.first_seq, entry.last_seq, entry.count,
                              entry.payload, entry.seqs, verify)
             except FloeError:
                 continue
-        return replay.state.snapshot(), replay.watermarks
+        if into is not None:
+            return state.active, replay.watermarks
+        state.master.update(state.active)        # our own copy: merged in place
+        return state.master, replay.watermarks
 
     def split(self, token: int, parts, part_of) -> None:
         """The range was cut into `parts`: split our copy and its backups by key. Each

@@ -31,12 +31,15 @@ def restored_core(node_id: str, ring: Ring, reducer: Reducer, limits: Limits,
                   copies: dict[int, DiskCopy], batches, now: float,
                   verify_keys: bool = False) -> NodeCore:
     """The core `node_id` had in `ring`, from its copies and its logged batches
-    ((token, batch) in the order accepted)."""
+    ((token, batch) in the order accepted). The copies' states become the ranges'
+    (the caller gives them up); a primary's replayed keys stay in its active layer."""
     core = NodeCore(node_id, ring, reducer, limits, verify_keys)
     side = ReplicaSide(reducer)
     for token, copy in copies.items():
         if ring.has_token(token):
-            side.adopt_copy(token, copy.primary, copy.states, copy.watermarks)
+            # The copy read back becomes the range's, uncopied (`copies` are ours).
+            side.adopt_copy(token, copy.primary, {}, copy.watermarks)
+            side.ranges[token].copy.master = copy.states
             side.ranges[token].complete = copy.complete
     for token, b in batches:
         # The ring may have cut or joined ranges since the batch was logged: each of
@@ -49,10 +52,10 @@ def restored_core(node_id: str, ring: Ring, reducer: Reducer, limits: Limits,
     for token in ring.tokens:
         role = ring.role_of(node_id, token)
         if role == "primary":
-            state, watermarks = side.rebuild(token, core._keys_of(token))
+            # The copy as read becomes master, what the replay changed the active
+            # layer: all a restart writes back of it (node.core.persistence).
             rng = core.primaries[token]
-            rng.state.replace(state)
-            rng.watermarks = watermarks
+            _, rng.watermarks = side.rebuild(token, core._keys_of(token), into=rng.state)
             side.drop(token)
         elif role == "replica":
             owner = ring.owner_of_token(token)

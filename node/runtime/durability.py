@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from node.core.errors import Overloaded
 from node.core.node_core import NodeCore
@@ -79,7 +79,14 @@ class Durability:
         another)."""
         last = disk.store.log.next_seq - 1           # everything opened is on disk
         d = cls(disk.store, DiskPlan(incarnation, last + 1, last), fsync_interval)
-        d._do(d.plan.handle(Began(core, disk.loaded.node_id if disk.loaded else None)))
+        loaded = disk.loaded
+        if loaded is None:
+            d._do(d.plan.handle(Began(core, None)))
+        else:
+            d._do(d.plan.handle(Began(core, loaded.node_id, disk.ring,
+                                      frozenset(loaded.copies))))
+            # The copies' states are the core's now, the batches replayed: let them go.
+            disk.loaded = replace(loaded, copies={}, batches=[])
         return d
 
     def __init__(self, store: NodeStore, plan: DiskPlan, fsync_interval: float) -> None:

@@ -22,9 +22,14 @@ from __future__ import annotations
 import os
 import struct
 import time
+from bisect import bisect_left
 from dataclasses import dataclass
+from itertools import islice
+from operator import itemgetter
 from pathlib import Path
 from typing import Iterable
+
+import msgpack
 
 from node.core.batch import Batch
 from node.core.codec import pack, unpack
@@ -47,6 +52,50 @@ def _key_prefix(token: int) -> bytes:
 
 def _prefix_end(token: int) -> bytes:
     return KEYS + TOKEN.pack(token + 1) if token < (1 << 64) - 1 else b"L"
+
+
+RUN = 1 << 15                    # entries read from RocksDB at a time at load
+
+
+def _take_states(run: list, copies: dict[int, DiskCopy]) -> bool:
+    """Decode a run of `K` entries (sorted, so each token's are together) into their
+    copies; False once past the last `K` entry."""
+    i = 0
+    while i < len(run):
+        first = run[i][0]
+        if not first.startswith(KEYS):
+            return False
+        token = TOKEN.unpack_from(first, 1)[0]
+        end = bisect_left(run, (_prefix_end(token),), i)
+        copy = copies.get(token)
+        if copy is not None:
+            copy.states.update(_decoded(run[i:end]))
+        i = end
+    return True
+
+
+def _decoded(entries: list) -> zip:
+    """(key, state) of every entry, decoded as two streams (one call per run, not
+    two per key); a stream that does not split into one value per entry raises."""
+    keys = b"".join(map(_AFTER_PREFIX, map(_KEY, entries)))
+    states = b"".join(map(_VALUE, entries))
+    out = []
+    for data in (keys, states):
+        stream = msgpack.Unpacker(None, use_list=False, strict_map_key=False,
+                                  ext_hook=_ext, max_buffer_size=0)
+        stream.feed(data)
+        out.append(list(stream))
+        if len(out[-1]) != len(entries) or stream.tell() != len(data):
+            raise ValueError(f"{len(entries)} entries decode as {len(out[-1])} values")
+    return zip(*out)
+
+
+def _ext(code: int, data: bytes):
+    """An extension (a state past 64 bits, rare): decoded by the codec's rule."""
+    return unpack(msgpack.packb(msgpack.ExtType(code, data)))
+
+
+_KEY, _VALUE, _AFTER_PREFIX = itemgetter(0), itemgetter(1), itemgetter(slice(9, None))
 
 
 @dataclass
@@ -232,13 +281,10 @@ class NodeStore:
             token = TOKEN.unpack_from(k, 1)[0]
             primary, watermarks, complete = unpack(v)
             copies[token] = DiskCopy(token, primary, dict(watermarks), complete)
-        for k, v in self.db.items(from_key=KEYS):
-            if not k.startswith(KEYS):
-                break
-            token = TOKEN.unpack_from(k, 1)[0]
-            copy = copies.get(token)
-            if copy is not None:
-                copy.states[unpack(k[9:])] = unpack(v)
+        # Millions of keys: read in runs, each token's part of a run decoded at once.
+        entries = self.db.items(from_key=KEYS)
+        while (run := list(islice(entries, RUN))) and _take_states(run, copies):
+            pass
         return copies
 
     def close(self) -> None:
