@@ -16,7 +16,7 @@ from node.core.node_core import NodeCore
 from node.core.persistence import DiskPlan
 from node.core.persistence_io import Began, WriteCopies
 from node.core.reducers import load_reducer
-from node.core.restore import restored_core
+from node.core.restore import DiskCopy, restored_core
 from node.core.ring import Ring
 from node.storage import node_store
 from node.storage.node_store import CopyWrite, NodeStore
@@ -171,6 +171,28 @@ def test_copies_are_read_back_exact_across_runs_and_a_value_that_does_not_decode
     with pytest.raises(node_store.CorruptState):
         store.load()
     store.close()
+
+
+def test_a_log_behind_every_copy_comes_back_as_the_copies_alone():
+    p, b = RING.tokens_of("p"), RING.tokens_of("b")            # p backs up b's ranges
+    batches, seq = [], 1
+    for t in (*p, *b):
+        keys = words_of(t, 5)
+        batches.append((t, Batch(0, t, "s", seq, seq + 4, 5, encode_payload(keys, [1] * 5))))
+        seq += 5
+    copies = lambda mark: {t: DiskCopy(t, "p" if t in p else "b", {"s": mark}, True, {"x": 1})
+                           for t in (*p, *b)}
+    covered = restored_core("p", RING, load_reducer("count"), Limits(), copies(seq - 1),
+                            batches, 0.0)
+    copies_only = {t: {"x": 1} for t in p}
+    assert {t: r.state.snapshot() for t, r in covered.primaries.items()} == copies_only
+    assert covered.replicas.backups.tuples == 0                 # nothing replayed or kept
+    # one copy behind: the batches are read, each going where its keys are
+    behind = copies(seq - 1)
+    behind[b[1]].watermarks = {"s": 0}
+    back = restored_core("p", RING, load_reducer("count"), Limits(), behind, batches, 0.0)
+    assert {t: r.state.snapshot() for t, r in back.primaries.items()} == copies_only
+    assert back.replicas.backups.tuples == back.replicas.backups.tuples_of(b[1]) == 5
 
 
 # ------------------------------------------------ simulated, crashed twice

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from node.core.backup_store import BackupEntry, split_entry
 from node.core.batch import Batch, Limits
+from node.core.epochs import effective_mark
 from node.core.node_core import NodeCore
 from node.core.ranges import ReplicaSide
 from node.core.reducers import Reducer
@@ -41,7 +42,10 @@ def restored_core(node_id: str, ring: Ring, reducer: Reducer, limits: Limits,
             side.adopt_copy(token, copy.primary, {}, copy.watermarks)
             side.ranges[token].copy.master = copy.states
             side.ranges[token].complete = copy.complete
+    covered = covered_by_every_copy(ring, node_id, copies)
     for token, b in batches:
+        if covered(b):
+            continue            # the replay and the eviction below would skip it anyway
         # The ring may have cut or joined ranges since the batch was logged: each of
         # its keys goes to the range holding it now (a batch that does not decode
         # stays whole, and its replay skips it as the primary did).
@@ -68,6 +72,18 @@ def restored_core(node_id: str, ring: Ring, reducer: Reducer, limits: Limits,
             side.drop(token)
     core.replicas = side
     return core
+
+
+def covered_by_every_copy(ring: Ring, node_id: str, copies: dict[int, DiskCopy]):
+    """Whether a logged batch is covered by the copy of every range `node_id` holds
+    in `ring`: wherever its keys go now, none is past that range's watermarks, so
+    it needs no decoding (most of a log is behind the copies). Never, while a range
+    held has no copy."""
+    held = [copies.get(t) for t in ring.tokens if ring.role_of(node_id, t) is not None]
+    if any(c is None for c in held):
+        return lambda b: False
+    marks = [c.watermarks for c in held]
+    return lambda b: all(b.last_seq <= effective_mark(w, b.source) for w in marks)
 
 
 def batch_record(b: Batch) -> tuple:
