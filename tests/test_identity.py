@@ -19,19 +19,12 @@ from node.core.codec import pack, pack_entries, unpack_entries
 from node.core.ring import Ring
 from node.transport import tls
 from node.transport.tls import TlsFiles
+from tests.test_tls import status_of
 
 pytestmark = pytest.mark.multiprocess
 
 WORDS = [f"w{i % 97}" for i in range(5000)]
 FORGED = 10 ** 6            # what a forged checkpoint would make every count
-
-
-def status_of(call) -> grpc.StatusCode:
-    try:
-        call()
-    except grpc.RpcError as exc:
-        return exc.code()
-    return grpc.StatusCode.OK
 
 
 def feed(cluster, words) -> Ring:
