@@ -298,7 +298,7 @@ def test_a_flood_of_idle_streams_is_refused_past_the_limit_and_nobody_is_declare
                 pass
             return
             yield
-        codes = []
+        codes, details = [], []
         with grpc.secure_channel(node.address, tls.channel_credentials()) as channel:
             stub = floe_pb2_grpc.DataPlaneStub(channel)
             calls = [stub.Push(idle(), timeout=30) for _ in range(2 * limit)]
@@ -309,6 +309,7 @@ def test_a_flood_of_idle_streams_is_refused_past_the_limit_and_nobody_is_declare
                     codes.append("OK")
                 except grpc.RpcError as exc:
                     codes.append(exc.code().name)
+                    details.append(exc.details() or "")
             waiters = [threading.Thread(target=outcome, args=(c,)) for c in calls]
             for w in waiters:
                 w.start()
@@ -318,6 +319,7 @@ def test_a_flood_of_idle_streams_is_refused_past_the_limit_and_nobody_is_declare
             for w in waiters:
                 w.join(30)
         assert refused >= limit // 2, codes
+        assert any("--max-concurrent-rpcs" in d for d in details), details
         assert rss_mib(node.pid) - before < 64
         events = "".join(open(n.log.replace(".log", ".events.jsonl")).read()
                          for n in cluster.nodes)

@@ -179,13 +179,17 @@ def test_forged_ring_views_are_refused_and_the_ring_keeps_serving(cluster):
         ring = client.ring
     node = cluster.nodes[0]
     forged = list(forged_views(ring).values())
+    before = rss_mib(node.pid)
     with grpc.insecure_channel(node.address) as channel:
         stub = floe_pb2_grpc.ControlPlaneStub(channel)
-        for view in forged:
-            with pytest.raises(grpc.RpcError) as refused:
-                stub.ExchangeRing(floe_pb2.RingView(version=view.version, ring=view.to_wire(),
-                                                    sender="mallory"), timeout=5)
-            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        for _ in range(20):
+            for view in forged:
+                with pytest.raises(grpc.RpcError) as refused:
+                    stub.ExchangeRing(floe_pb2.RingView(version=view.version,
+                                                        ring=view.to_wire(),
+                                                        sender="mallory"), timeout=5)
+                assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert rss_mib(node.pid) - before < 32
     with RingClient(cluster.seeds) as client:
         assert client.ring.stamp == ring.stamp
         client.emit_many(["w"] * 50)
@@ -201,6 +205,7 @@ def test_requests_past_a_limit_get_resource_exhausted_and_the_node_keeps_serving
         ring = client.ring
     node = cluster.nodes[0]
     token = ring.tokens_of(node.node_id)[0]
+    before = rss_mib(node.pid)
     with grpc.insecure_channel(node.address) as channel:
         query = floe_pb2_grpc.QueryPlaneStub(channel)
         for call in (lambda: query.Top(floe_pb2.TopRequest(k=10 ** 9), timeout=5),
@@ -217,11 +222,34 @@ def test_requests_past_a_limit_get_resource_exhausted_and_the_node_keeps_serving
             list(push)
         assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert len(refused.value.details()) < 300          # the id is not echoed back
+    assert rss_mib(node.pid) - before < 32
     with RingClient(cluster.seeds) as client:
         client.emit_many(["w"] * 20)
         client.flush()
         assert dict(client.scan()) == {"w": 40}
         assert client.top(3)[0][:2] == ("w", 40)
+
+
+@pytest.mark.multiprocess
+def test_a_range_too_large_to_inspect_whole_is_refused_and_scan_still_reads_it(tmp_path):
+    words = [f"w{i}" for i in range(400)]
+    with LocalCluster.up(2, 1, workdir=tmp_path, tls=False,
+                         extra_args=["--max-scan-chunk", "5"]) as cluster:
+        with RingClient(cluster.seeds) as client:
+            client.emit_many(words)
+            client.flush()
+            ring = client.ring
+        node = cluster.nodes[0]
+        sizes = Counter(ring.token_for_key(w) for w in words)
+        large = next(t for t in ring.tokens_of(node.node_id) if sizes[t] > 5)
+        with grpc.insecure_channel(node.address) as channel:
+            query = floe_pb2_grpc.QueryPlaneStub(channel)
+            with pytest.raises(grpc.RpcError) as refused:
+                query.InspectRange(floe_pb2.RangeRequest(token=large), timeout=5)
+            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "--max-scan-chunk" in refused.value.details()
+        with RingClient(cluster.seeds) as client:
+            assert dict(client.scan()) == Counter(words)
 
 
 def rss_mib(pid: int) -> float:

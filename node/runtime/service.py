@@ -166,4 +166,5 @@ class NodeService:
         return self.runtime.stats()
 
     def inspect_range(self, token: int) -> tuple[str, dict]:
-        return self.runtime.core.inspect_range(token)
+        """A range whole, if it is no larger than a Scan chunk may be."""
+        return self.runtime.core.inspect_range(token, self.runtime.config.max_scan_chunk)

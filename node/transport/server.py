@@ -20,7 +20,8 @@ from node.core.ring import Ring
 from node.runtime.inbound import StreamState
 from node.runtime.node import NodeRuntime
 from node.runtime.service import NodeService
-from node.transport.peers import channel_options, unpack_entries_async
+from node.transport.intercept import CallLimiter
+from node.transport.peers import channel_options, pack_entries_async, unpack_entries_async
 from node.transport.status import abort
 from node.transport.tls import Authorizer, TlsFiles
 
@@ -245,8 +246,11 @@ class QueryPlane(floe_pb2_grpc.QueryPlaneServicer):
         return floe_pb2.NodeStats(**self.service.stats())
 
     async def InspectRange(self, request, context):
-        role, states = self.service.inspect_range(request.token)
-        return floe_pb2.RangeState(role=role, entries=pack_entries(states))
+        try:
+            role, states = self.service.inspect_range(request.token)
+        except FloeError as exc:
+            await abort(context, exc)
+        return floe_pb2.RangeState(role=role, entries=await pack_entries_async(states))
 
 
 async def start_server(runtime: NodeRuntime) -> tuple[grpc.aio.Server, health_aio.HealthServicer, int]:
@@ -254,9 +258,9 @@ async def start_server(runtime: NodeRuntime) -> tuple[grpc.aio.Server, health_ai
     service = NodeService(runtime)
     config = runtime.config
     tls = node_tls(config)
+    limiter = CallLimiter(config.max_concurrent_rpcs)
     server = grpc.aio.server(options=channel_options(config.max_message_bytes),
-                             maximum_concurrent_rpcs=config.max_concurrent_rpcs,
-                             interceptors=[Authorizer()] if tls else None)
+                             interceptors=[limiter, Authorizer()] if tls else [limiter])
     floe_pb2_grpc.add_DataPlaneServicer_to_server(DataPlane(service), server)
     floe_pb2_grpc.add_ControlPlaneServicer_to_server(ControlPlane(service), server)
     floe_pb2_grpc.add_QueryPlaneServicer_to_server(QueryPlane(service), server)

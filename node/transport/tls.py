@@ -21,8 +21,8 @@ CA) and `rotate_ca` replaces the CA itself, each followed by a rolling restart.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
-import inspect
 import ipaddress
 import re
 import socket
@@ -37,6 +37,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from node.core.errors import inert
+from node.transport.intercept import around
 
 ROLES = ("node", "client", "operator")
 VALID_DAYS = 365
@@ -371,32 +372,9 @@ def _guarded(handler, method: str):
                                 f"the certificate names node {inert(name, 40)}, the "
                                 f"message claims sender {inert(request.sender, 40)}")
 
-    if handler.unary_unary:
-        async def unary_unary(request, context):
-            await check(request, context)
-            return await handler.unary_unary(request, context)
-        return grpc.unary_unary_rpc_method_handler(
-            unary_unary, handler.request_deserializer, handler.response_serializer)
-    if handler.unary_stream:
-        async def unary_stream(request, context):
-            await check(request, context)
-            replies = handler.unary_stream(request, context)
-            if inspect.isasyncgen(replies):
-                async for reply in replies:
-                    yield reply
-            else:                      # a handler that writes with context.write
-                await replies
-        return grpc.unary_stream_rpc_method_handler(
-            unary_stream, handler.request_deserializer, handler.response_serializer)
-    if handler.stream_stream:
-        async def stream_stream(requests, context):
-            await check(None, context)
-            async for reply in handler.stream_stream(requests, context):
-                yield reply
-        return grpc.stream_stream_rpc_method_handler(
-            stream_stream, handler.request_deserializer, handler.response_serializer)
-    async def stream_unary(requests, context):
-        await check(None, context)
-        return await handler.stream_unary(requests, context)
-    return grpc.stream_unary_rpc_method_handler(
-        stream_unary, handler.request_deserializer, handler.response_serializer)
+    @contextlib.asynccontextmanager
+    async def checked(request, context):
+        await check(request, context)
+        yield
+
+    return around(handler, checked)
