@@ -43,6 +43,7 @@ from node.core.reducers import load_reducer
 from node.core.ring import Ring
 from chaos.hostile import forged_views
 from node.core.shedding import PeerLoad, shed_reach
+from node.transport.tls import sender_matches
 from tests.sim_disk import SimDisk, SimDurability
 from tests.sim_durable import DurableNodes, Starter
 
@@ -366,6 +367,7 @@ class Simulation(DurableNodes):
         targets = [address] if address else [a for n, a in ring.addresses if n != me]
 
         def serve(server, ring=ring):
+            authenticate(proc, me)
             self.handle(server, SignOfLife(me))
             self.handle(server, RingSeen(ring))
             return server.core.ring
@@ -377,6 +379,7 @@ class Simulation(DurableNodes):
         me, incarnation = proc.name, proc.machine.incarnation
 
         def serve(server):
+            authenticate(proc, me)
             if server.core.fenced:
                 raise Fenced(f"{server.name} was removed from the ring")
             self.handle(server, HeardFrom(me, e.ring_stamp, incarnation))
@@ -472,6 +475,7 @@ class Simulation(DurableNodes):
             cp = s.checkpoint
 
             def serve(server, respond, s=s, cp=cp):
+                authenticate(proc, me)
                 self.handle(server, HeardFrom(me, e.ring_stamp, incarnation))
                 states, watermarks = dict(cp.states), dict(cp.watermarks)
                 try:
@@ -951,6 +955,39 @@ class Simulation(DurableNodes):
             return
         raise AssertionError(f"{proc.name} took a forged checkpoint ({kind})")
 
+    def forge_heartbeats(self, name: str, victim: str, seconds: float) -> None:
+        """The member `name` sends heartbeats claiming to be `victim` to every other
+        member, one per heartbeat interval for `seconds`: as the victim's
+        current process (to keep a killed one from being detected) or as a later one
+        (to have a live one taken for restarted). Each goes through the server's
+        identity check, which must refuse it; the victim's watchers hear nothing."""
+        forger, target = self.process(name), self.process(victim)
+        if forger is None or target is None or base_name(forger.name) == base_name(victim):
+            return
+        claims = [(target.name, target.machine.incarnation),
+                  (target.name, target.machine.incarnation + 1)]
+
+        def refused(exc):
+            if "PERMISSION_DENIED" in str(exc):
+                self.log.append(f"{self.now:.3f} {forger.name} sent a forged heartbeat as "
+                                f"{target.name}: refused")
+
+        def beat(left: int):
+            ring = forger.core.ring
+            sender, incarnation = claims[left % 2]
+            # every other member, the victim's watchers among them
+            for replica in sorted(set(ring.nodes) - {forger.name, sender}):
+                def serve(server, sender=sender, incarnation=incarnation):
+                    authenticate(forger, sender)
+                    self.handle(server, HeardFrom(sender, ring.stamp, incarnation))
+                    return server.core.ring.stamp
+
+                self.call(forger, ring.address(replica), serve, _ignore, refused)
+            if left > 0:
+                self.on(forger, self.now + HEARTBEAT, beat, left - 1)
+
+        beat(max(1, int(seconds / HEARTBEAT)))
+
     def kill(self, name: str) -> None:
         proc = self.process(name)
         self.log.append(f"{self.now:.3f} kill {proc.name}")
@@ -1024,6 +1061,14 @@ class Simulation(DurableNodes):
             if token in ring.lost or any(token in p.core.lost_tokens for p in usable):
                 lost_keys.add(key)
         return state, lost_keys
+
+
+def authenticate(caller: SimProcess, sender: str) -> None:
+    """What the server's interceptor checks before any member call runs: the caller's
+    certificate names the id its process was founded as, and speaks only for it."""
+    if not sender_matches(base_name(caller.name), sender):
+        raise FloeError(f"PERMISSION_DENIED: the certificate names node "
+                        f"{base_name(caller.name)}, the message claims sender {sender}")
 
 
 def _ignore(_value) -> None:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from node.core.membership import base_name
 from tests.simulation import Simulation
 
 SEEDS = int(os.environ.get("FLOE_SIM_SEEDS", "500"))
@@ -287,9 +288,10 @@ FORGED_SEEDS = int(os.environ.get("FLOE_SIM_FORGED_SEEDS", "60"))
 
 def forged_scenario(seed: int) -> Simulation:
     """Forged ring views (another replication factor, a member moved elsewhere, a
-    version far ahead) and forged whole checkpoints (from a member not owning the
-    range, or under another ring stamp) sent to random nodes while tuples flow, with a
-    kill, pause or partition: every one is refused and nothing else changes."""
+    version far ahead), forged whole checkpoints (from a member not owning the range,
+    or under another ring stamp) sent to random nodes while tuples flow, and heartbeats
+    another member forges as the victim of a kill, pause or partition: every one is
+    refused and nothing else changes (a killed node is still detected)."""
     pick, sim, names = random_cluster(seed, 86028121)
     faults = [(pick.uniform(0.05, 1.5), sim.forge,
                (pick.choice(names), pick.choice(["replication", "moved member", "version far ahead",
@@ -299,8 +301,13 @@ def forged_scenario(seed: int) -> Simulation:
                 (pick.choice(names), pick.choice(["not the owner", "another ring stamp"])))
                for _ in range(pick.randint(1, 4))]
     kind = pick.choice(["kill", "pause", "partition", "none"])
-    faults += one_fault(pick, sim, names, kind, pick.randrange(len(names)),
-                        pick.uniform(0.2, 1.3))
+    victim, when = pick.randrange(len(names)), pick.uniform(0.2, 1.3)
+    faults += one_fault(pick, sim, names, kind, victim, when)
+    # another member claims to be the victim around the fault, to hide a kill or to
+    # have a live node taken for restarted
+    forger = names[(victim + pick.randrange(1, len(names))) % len(names)]
+    faults.append((max(0.05, when - 0.1), sim.forge_heartbeats,
+                   (forger, names[victim], pick.uniform(0.3, 1.2))))
     sim.run(until=5.0, emit_until=1.5, faults=faults)
     return sim
 
@@ -310,6 +317,28 @@ def run_forged_seed(seed: int) -> None:
     check(sim, seed)
     assert any("forged view" in line for line in sim.log), sim.log
     assert any("forged checkpoint" in line for line in sim.log), sim.log
+    assert any("forged heartbeat" in line for line in sim.log), sim.log
+    assert_forgery_changed_no_verdict(sim.log)
+
+
+def assert_forgery_changed_no_verdict(log: list[str]) -> None:
+    """No member is fenced unless a fault hit it (a forged later incarnation would
+    have it taken for restarted), and a killed one is detected as soon as ever (a
+    heartbeat forged as it would hide it)."""
+    faulted: dict[str, float] = {}
+    for line in log:
+        when, what, *rest = line.split(" ")
+        if what in ("kill", "pause", "cut"):
+            for name in [rest[0]] + (rest[2].split(",") if what == "cut" else []):
+                faulted.setdefault(base_name(name), float(when))
+        if rest[:1] == ["fenced"]:
+            assert float(when) >= faulted.get(base_name(what), float("inf")), line
+    for line in log:
+        when, what, *rest = line.split(" ")
+        if what == "kill":
+            assert any(x.split(" ")[2:4] == ["detected", f"about={rest[0]}"]
+                       and float(when) <= float(x.split(" ")[0]) <= float(when) + 2.0
+                       for x in log), f"{line}: not detected within 2 s"
 
 
 @pytest.mark.parametrize("seed", range(FORGED_SEEDS))
