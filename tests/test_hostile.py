@@ -411,11 +411,18 @@ def test_heavy_queries_on_a_large_state_do_not_get_a_node_declared_dead(tmp_path
                     errors.append(exc)
 
         threads = [threading.Thread(target=query) for _ in range(4)]
+        before, peak = rss_mib(node.pid), 0.0
         for t in threads:
             t.start()
+        while any(t.is_alive() for t in threads):
+            peak = max(peak, rss_mib(node.pid))
+            time.sleep(0.02)
         for t in threads:
             t.join()
         assert not errors, errors
+        print(f"RSS {before:.0f} MiB before, {peak:.0f} MiB at most during the queries")
+        # each query holds one copy of the node's ~100 k keys (~25 MiB) at a time
+        assert peak - before < 96, (before, peak)
         declared = [e for n in cluster.nodes for e in events_of(cluster, n.node_id)
                     if e["kind"] == "detected"]
         assert not declared, declared

@@ -20,6 +20,7 @@ from node.core.ring import Ring
 from node.transport import tls
 from node.transport.tls import TlsFiles
 from tests.test_tls import status_of
+from tests.test_hostile import rss_mib
 
 pytestmark = pytest.mark.multiprocess
 
@@ -142,6 +143,7 @@ def test_a_certificate_of_another_ca_gets_nowhere_and_the_node_keeps_serving(tmp
             assert status_of(lambda: real.Heartbeat(floe_pb2.HeartbeatRequest(
                 sender="n0", ring_stamp=ring.stamp), timeout=5)) == grpc.StatusCode.OK
             view = real.GetRing(floe_pb2.GetRingRequest(), timeout=5)
+        before = rss_mib(target.pid)
         for name, role in (("n0", "node"), ("client", "client"), ("operator", "operator")):
             files = rogue(cluster, tmp_path, name, role)
             options = [("grpc.max_reconnect_backoff_ms", 200)]
@@ -185,6 +187,7 @@ def test_a_certificate_of_another_ca_gets_nowhere_and_the_node_keeps_serving(tmp
                 for method, call in calls.items():
                     code = status_of(call)
                     assert code in REFUSED, (name, method, code)
+        assert rss_mib(target.pid) - before < 32
         # the node kept serving, nothing changed
         with RingClient(cluster.seeds, tls=cluster.tls("client")) as client:
             assert client.ring.stamp == ring.stamp
