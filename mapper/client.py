@@ -10,6 +10,7 @@ channels must not cross fork().
 from __future__ import annotations
 
 import asyncio
+import functools
 import heapq
 import itertools
 import os
@@ -31,6 +32,10 @@ from node.core.ring import Ring
 from mapper.delivery import Delivery
 from mapper.outbox import PendingBatch
 from mapper.routing import Router
+from mapper.sharing import PieceChooser, check_key
+from node.core.balancers import balancer
+from node.core.pieces import check_user_key, merge_pieces, piece_key
+from node.core.reducers import load_reducer
 from node.transport.status import error_from_rpc
 from node.transport.tls import TlsFiles
 
@@ -112,6 +117,8 @@ class RingClient:
             self._stop_loop()
             raise
         self._router = Router(ring)
+        self._chooser = PieceChooser()      # where each tuple of a shared key goes
+        self._merging = None                # the reducer, once a read merges pieces
         self._tokens = ring.tokens          # the ring tokens the open buffers were routed with
         self._delivery.on_ring_change = self._router.update
         self._linger_task = self._call(self._start_linger())
@@ -180,9 +187,14 @@ class RingClient:
             raise InvalidKey(f"key must be str, bytes or int, not {type(key).__name__}")
         if type(value) not in _PLAIN_VALUES:
             _check_value(value)
+        if type(key) is bytes:
+            check_user_key(key)
         with self._lock:
-            tokens, route, sealed = self._routing_locked()
-            token = route(key)
+            tokens, route, sealed, place = self._routing_locked()
+            if place is None:
+                token = route(key)
+            else:
+                key, token = place(key)
             buf = self._buffers.get(token)
             if buf is None:
                 buf = self._buffers[token] = _Buffer(time.monotonic(), tokens)
@@ -202,13 +214,15 @@ class RingClient:
         tuple routed with the old ring then precedes, in seq order per token, every
         tuple routed with the new one (delivery cuts those batches by key)."""
         ring, route = self._router.fixed()
+        place = self._chooser.placer(ring, route) if balancer(ring.balancer).pieces > 1 \
+            else None
         sealed = False
         if ring.tokens is not self._tokens and ring.tokens != self._tokens:
             for token in list(self._buffers):
                 self._seal_locked(token)
                 sealed = True
         self._tokens = ring.tokens
-        return ring.tokens, route, sealed
+        return ring.tokens, route, sealed, place
 
     def emit_many(self, keys: Iterable, value=1) -> None:
         """emit(key, value) for every key, several times faster than a loop of emit()."""
@@ -216,14 +230,17 @@ class RingClient:
             _check_value(value)
         size = self.batch_size
         with self._lock:
-            tokens, route, full = self._routing_locked()
+            tokens, route, full, place = self._routing_locked()
             buffers = self._buffers
             seq = self._next_seq
             try:
                 for key in keys:
-                    if type(key) not in KEY_TYPES:
-                        raise InvalidKey(f"key must be str, bytes or int, not {type(key).__name__}")
-                    token = route(key)
+                    if type(key) is not str:
+                        check_key(key)
+                    if place is None:
+                        token = route(key)
+                    else:
+                        key, token = place(key)
                     buf = buffers.get(token)
                     if buf is None:
                         buf = buffers[token] = _Buffer(time.monotonic(), tokens)
@@ -344,13 +361,20 @@ class RingClient:
         if type(key) not in KEY_TYPES:
             raise InvalidKey(f"key must be str, bytes or int, not {type(key).__name__}")
 
-        async def call(ring: Ring):
-            stub = self._delivery.query_stub(ring.address(ring.owner(key)))
-            return await stub.Get(floe_pb2.GetRequest(key=pack(key)),
-                                  timeout=self.rpc_timeout)
+        if type(key) is bytes:
+            check_user_key(key)
 
-        reply = self._query(call)
-        return unpack(reply.state) if reply.found else None
+        async def call(ring: Ring):
+            keys = [piece_key(key, i) for i in range(balancer(ring.balancer).pieces)]
+            return await asyncio.gather(*(
+                self._delivery.query_stub(ring.address(ring.owner(k))).Get(
+                    floe_pb2.GetRequest(key=pack(k)), timeout=self.rpc_timeout)
+                for k in keys))
+
+        states = [unpack(reply.state) for reply in self._query(call) if reply.found]
+        if len(states) > 1:                 # the pieces of a shared key
+            return functools.reduce(self._reducer().merge, states)
+        return states[0] if states else None
 
     def top(self, k: int = 10) -> list[tuple[object, object]]:
         """The k keys with the highest rank (the count, for word count), best first."""
@@ -360,6 +384,10 @@ class RingClient:
                                                        timeout=self.rpc_timeout)
                 for _, address in ring.addresses))
 
+        if balancer(self.ring.balancer).pieces > 1:
+            # a key's pieces rank apart on their nodes: rank the merged whole
+            reducer = self._reducer()
+            return heapq.nlargest(k, self.scan(), key=lambda e: reducer.sort_key(e[1]))
         entries = [e for reply in self._query(call) for e in unpack(reply.entries)]
         return [(key, state) for key, state, _ in heapq.nlargest(k, entries, key=lambda e: e[2])]
 
@@ -374,9 +402,19 @@ class RingClient:
                     floe_pb2.ScanRequest(ring_stamp=ring.stamp),
                     timeout=max(self.rpc_timeout, 30.0))]
             return await asyncio.gather(*(one(a) for _, a in ring.addresses))
-        for per_node in self._query(call):
-            for entries in per_node:
-                yield from unpack_entries(entries).items()
+        replies = self._query(call)
+        items = (item for per_node in replies for entries in per_node
+                 for item in unpack_entries(entries).items())
+        if balancer(self.ring.balancer).pieces > 1:
+            yield from merge_pieces(items, self._reducer().merge).items()
+        else:
+            yield from items
+
+    def _reducer(self):
+        """The ring's reducer, loaded here to merge the pieces of shared keys."""
+        if self._merging is None:
+            self._merging = load_reducer(self.reducer)
+        return self._merging
 
     def delivery_latencies(self) -> list[tuple[float, int]]:
         """(seconds from a batch's first emit to its last ack, tuples in it) for the

@@ -8,7 +8,7 @@ import sys
 
 from node.app import serve
 from node.config import load_config
-from node.core.errors import UnknownReducer
+from node.core.errors import InvalidArgument, UnknownReducer
 from node.transport.server import node_tls
 
 
@@ -23,7 +23,7 @@ def main(argv=None) -> int:
                         format=f"%(asctime)s {config.node_id} %(levelname)s %(name)s: %(message)s")
     try:
         asyncio.run(serve(config))
-    except UnknownReducer as exc:
+    except (UnknownReducer, InvalidArgument) as exc:     # e.g. a reducer the balancer cannot use
         print(f"floe node: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -10,6 +10,7 @@ import signal
 from grpc_health.v1 import health_pb2
 
 from node.config import NodeConfig
+from node.core.balancers import balancer, check_reducer
 from node.core.reducers import load_reducer, parse_reducer_args
 from node.runtime.events import EventLog
 from node.runtime.node import NodeRuntime
@@ -52,6 +53,7 @@ async def start_node(config: NodeConfig) -> RunningNode:
     reducer = load_reducer(config.reducer, **parse_reducer_args(
         [f"{k}={v}" for k, v in config.reducer_args]))
     reducer.name = config.reducer
+    check_reducer(balancer(config.balancer), reducer)
     tls = node_tls(config)
     peers = PeerPool(config.rpc_timeout, config.max_message_bytes,
                      tls.channel_credentials() if tls else None)

@@ -13,6 +13,8 @@ import tomllib
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+from node.core.balancers import BALANCERS
+
 
 @dataclass(frozen=True)
 class NodeConfig:
@@ -51,7 +53,8 @@ class NodeConfig:
     suspect_max: float = 1.0                     # silence always suspected after this
     probe_timeout: float = 0.15                  # first probe deadline of a suspicion (then doubled)
     suspicion: float = 1.0                       # a suspect whose probes only time out is declared after this
-    balance: bool = False                        # shed load to neighbours when overloaded
+    balance: bool = False                        # given: balancer = "floe"; then: whether ranges move
+    balancer: str = "none"                       # the ring's load-balancing policy, chosen at founding
     high_queue: float = 8.0                      # overloaded: queue above this AND cpu above high_cpu
     high_cpu: float = 0.8
     low_queue: float = 2.0                       # relieved: queue below this AND cpu below low_cpu
@@ -84,6 +87,15 @@ class NodeConfig:
             raise ValueError("tokens_per_node must be >= 1")
         if self.balance_reach < 1:
             raise ValueError("balance_reach must be >= 1")
+        if self.balancer not in BALANCERS:
+            raise ValueError(f"unknown balancer {self.balancer!r:.40}: one of "
+                             f"{', '.join(sorted(BALANCERS))}")
+        if self.balance and self.balancer not in ("none", "floe"):
+            raise ValueError(f"--balance means --balancer floe, not {self.balancer}")
+        if self.balance:
+            object.__setattr__(self, "balancer", "floe")
+        # what the node machine reads: whether this policy moves ranges
+        object.__setattr__(self, "balance", BALANCERS[self.balancer].moves_ranges)
         for name in ("checkpoint_interval", "rpc_timeout", "heartbeat_interval", "suspect_min",
                      "probe_timeout", "suspicion"):
             if getattr(self, name) <= 0:
@@ -180,16 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--suspicion", type=float,
                    help="seconds a node whose probes time out (paused or slow, not refusing "
                         "connections) stays suspected before it is declared dead")
-    p.add_argument("--balance", action="store_true", default=None,
-                   help="shed load to ring neighbours when overloaded")
-    p.add_argument("--high-queue", type=float)
-    p.add_argument("--high-cpu", type=float)
-    p.add_argument("--low-queue", type=float)
-    p.add_argument("--low-cpu", type=float)
-    p.add_argument("--balance-cooldown", type=float)
-    p.add_argument("--balance-reach", type=int,
-                   help="how many distinct nodes clockwise a shed range may go (1: only "
-                        "the neighbour holding it)")
+    _add_balancing(p)
     p.add_argument("--join", help="seed addresses host:port,... of a running ring to join "
                                   "(as a member with no ranges; --peers names only this node)")
     p.add_argument("--startup-grace", type=float,
@@ -209,6 +212,24 @@ def build_parser() -> argparse.ArgumentParser:
     _add_durability(p)
     return p
 
+
+def _add_balancing(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--balance", action="store_true", default=None,
+                   help="the same as --balancer floe")
+    p.add_argument("--balancer", choices=sorted(BALANCERS),
+                   help="the ring's load-balancing policy, fixed when it is founded (every "
+                        "member must say the same): none (static hashing), floe (overloaded "
+                        "nodes hand ranges to neighbours), pkg (partial key grouping: every "
+                        "key split over two pieces, reads merged; needs a reducer with "
+                        "merge) (default none)")
+    p.add_argument("--high-queue", type=float)
+    p.add_argument("--high-cpu", type=float)
+    p.add_argument("--low-queue", type=float)
+    p.add_argument("--low-cpu", type=float)
+    p.add_argument("--balance-cooldown", type=float)
+    p.add_argument("--balance-reach", type=int,
+                   help="how many distinct nodes clockwise a shed range may go (1: only "
+                        "the neighbour holding it)")
 
 def _add_durability(p: argparse.ArgumentParser) -> None:
     """Durable mode (docs/durability.md)."""

@@ -15,6 +15,8 @@ from typing import Iterable, Mapping
 import mmh3
 import msgpack
 
+from node.core.balancers import BALANCERS
+from node.core.balancers import DEFAULT as DEFAULT_BALANCER
 from node.core.errors import InvalidArgument, inert
 from node.core.hashing import HASH_SPACE, position
 from node.core.ring_merge import merge_rings
@@ -53,6 +55,8 @@ class Ring:
     # removes it (its ranges pass to their replicas, as after a crash), and the new
     # process comes back under another name.
     incarnations: tuple[tuple[str, int], ...] = ()
+    # The load-balancing policy (node.core.balancers), fixed when the ring is founded.
+    balancer: str = DEFAULT_BALANCER
     # Lookup tables derived once: lookups are on hot paths.
     _index: dict = field(init=False, repr=False, compare=False)
     _address: dict = field(init=False, repr=False, compare=False)
@@ -69,7 +73,9 @@ class Ring:
         # removals not yet merged) are never taken for the same one.
         content = msgpack.packb((self.replication, self.tokens, self.owners, self.addresses,
                                  sorted(self.removed), sorted(self.lost), self.generations,
-                                 self.extras, sorted(self.retiring), self.incarnations))
+                                 self.extras, sorted(self.retiring), self.incarnations)
+                                + ((self.balancer,) if self.balancer != DEFAULT_BALANCER
+                                   else ()))
         digest = mmh3.hash(content, seed=0, signed=False) & 0xFFFFFF
         object.__setattr__(self, "stamp", (self.version << 24) | digest)
         object.__setattr__(self, "_index", {t: i for i, t in enumerate(self.tokens)})
@@ -90,7 +96,7 @@ class Ring:
 
     @classmethod
     def initial(cls, members: Mapping[str, str], replication: int,
-                tokens_per_node: int) -> "Ring":
+                tokens_per_node: int, balancer: str = DEFAULT_BALANCER) -> "Ring":
         """Evenly spaced tokens dealt round-robin: consecutive tokens belong to
         consecutive nodes, so each node's clockwise neighbour is its replica."""
         if not members:
@@ -103,7 +109,8 @@ class Ring:
         total = len(ids) * tokens_per_node
         tokens = tuple((i + 1) * HASH_SPACE // total - 1 for i in range(total))
         owners = tuple(ids[i % len(ids)] for i in range(total))
-        return cls(1, replication, tokens, owners, tuple((n, members[n]) for n in ids))
+        return cls(1, replication, tokens, owners, tuple((n, members[n]) for n in ids),
+                   balancer=balancer)
 
     # ------------------------------------------------------------- lookups
 
@@ -205,7 +212,7 @@ class Ring:
                       tokens=self.tokens, owners=self.owners, addresses=self.addresses,
                       removed=self.removed, lost=self.lost, generations=self.generations,
                       extras=self.extras, retiring=self.retiring,
-                      incarnations=self.incarnations)
+                      incarnations=self.incarnations, balancer=self.balancer)
         values.update(changes)
         ring = Ring(**values)
         ring.check_invariants()
@@ -428,6 +435,8 @@ class Ring:
     def check_invariants(self) -> None:
         if self.replication < 0:
             raise AssertionError("replication < 0")
+        if self.balancer not in BALANCERS:
+            raise AssertionError(f"unknown balancer {inert(self.balancer, 40)}")
         if not 0 <= self.version < MAX_VERSION:
             raise AssertionError(f"version {self.version} outside [0, 2**40)")
         if len(self.tokens) != len(self.owners):
@@ -468,7 +477,9 @@ class Ring:
                               "generations": list(self.generations),
                               "extras": [[t, list(n)] for t, n in self.extras],
                               "retiring": sorted([t, x] for t, x in self.retiring),
-                              "incarnations": [list(p) for p in self.incarnations]})
+                              "incarnations": [list(p) for p in self.incarnations],
+                              **({"balancer": self.balancer}
+                                 if self.balancer != DEFAULT_BALANCER else {})})
 
     @classmethod
     def from_wire(cls, data: bytes) -> "Ring":
@@ -483,7 +494,8 @@ class Ring:
                        tuple((int(t), tuple(str(n) for n in nodes))
                              for t, nodes in d.get("extras", ())),
                        frozenset((int(t), str(x)) for t, x in d.get("retiring", ())),
-                       tuple((str(n), int(i)) for n, i in d.get("incarnations", ())))
+                       tuple((str(n), int(i)) for n, i in d.get("incarnations", ())),
+                       str(d.get("balancer", DEFAULT_BALANCER)))
             ring.check_invariants()
         except InvalidArgument:
             raise

@@ -28,12 +28,15 @@ MAX_RING_TOKENS = 1 << 16
 
 
 def check_compatible(mine: "Ring", theirs: "Ring") -> None:
-    """Refuse a view no honest member can have sent us: another replication factor,
-    another address for a member we both know (a member's address never changes; a
-    process elsewhere joins under a new name), or a version too far ahead."""
+    """Refuse a view no honest member can have sent us: another replication factor or
+    balancer, another address for a member we both know (a member's address never
+    changes; a process elsewhere joins under a new name), or a version too far ahead."""
     if theirs.replication != mine.replication:
         raise InvalidArgument(f"the ring runs r={mine.replication}, the view says "
                               f"r={theirs.replication}")
+    if theirs.balancer != mine.balancer:
+        raise InvalidArgument(f"the ring runs balancer {mine.balancer}, the view says "
+                              f"{inert(theirs.balancer, 40)}")
     ours = dict(mine.addresses)
     for node, address in theirs.addresses:
         if ours.get(node, address) != address:
@@ -97,7 +100,8 @@ def merge_rings(a: "Ring", b: "Ring") -> "Ring":
                    frozenset((t, x) for t in tokens for x in entries[t][3]
                              if x not in gone and x in entries[t][2]),
                    tuple(sorted((n, i) for n, i in incarnations.items()
-                                if n in addresses and n not in gone)))
+                                if n in addresses and n not in gone)),
+                   newer.balancer)
     gone_members = gone & set(base.nodes)
     merged = base.without(gone_members) if gone_members else base
     merged = merged.with_membership(base.version, frozenset(gone),

@@ -1,0 +1,52 @@
+"""The load-balancing policies a ring can run, chosen when it is founded.
+
+The policy is part of the ring (`Ring.balancer`): every node and mapper reads it from
+the ring view, a view with another policy is refused like one with another
+replication factor, so all agree. What each policy decides:
+
+- `none`: static consistent hashing, the baseline; nothing moves by itself.
+- `floe`: the Floe paper's: an overloaded node hands its hottest ranges (cut at the
+  measured split point) to its clockwise neighbours (`node.core.shedding`).
+- `pkg`: partial key grouping: every key has two candidate pieces
+  (`node.core.pieces`), and a mapper sends each tuple to the candidate whose node it
+  has itself sent fewer tuples to (local load estimation). Reads merge the two.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from node.core.errors import InvalidArgument
+
+
+@dataclass(frozen=True)
+class Balancer:
+    name: str
+    moves_ranges: bool      # an overloaded node sheds ranges to its neighbours
+    pieces: int             # pieces a key's tuples may go to (1: keys are never shared)
+    summary: str
+
+
+BALANCERS = {b.name: b for b in (
+    Balancer("none", False, 1, "static consistent hashing"),
+    Balancer("floe", True, 1, "overloaded nodes hand ranges to their neighbours"),
+    Balancer("pkg", False, 2, "partial key grouping: two candidates per key, "
+                              "chosen by the mapper's own count of what it sent"),
+)}
+DEFAULT = "none"
+
+
+def balancer(name: str) -> Balancer:
+    found = BALANCERS.get(name)
+    if found is None:
+        raise InvalidArgument(f"unknown balancer {name!r:.40}: one of "
+                              f"{', '.join(sorted(BALANCERS))}")
+    return found
+
+
+def check_reducer(policy: Balancer, reducer) -> None:
+    """A policy that shares keys needs the reducer's merge to read them back."""
+    if policy.pieces > 1 and getattr(reducer, "merge", None) is None:
+        raise InvalidArgument(f"the {policy.name} balancer spreads a key over several "
+                              f"nodes, and reducer {reducer.name or type(reducer).__name__} "
+                              f"has no merge to read it back whole")

@@ -1,0 +1,182 @@
+"""The ring's balancer and the pieces of shared keys: pure rules, the mapper's choice of
+piece, and real rings under partial key grouping, exact against a Counter."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from collections import Counter
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from chaos.cluster import LocalCluster, node_env
+from floering.v1 import floe_pb2, floe_pb2_grpc
+from mapper import RingClient
+from mapper.sharing import PieceChooser
+from node.config import load_config
+from node.core.balancers import balancer, check_reducer
+from node.core.codec import pack, unpack
+from node.core.errors import InvalidArgument, InvalidKey
+from node.core.pieces import PIECE_MARK, base_of, check_user_key, is_piece, merge_pieces, piece_key
+from node.core.reducers import load_reducer
+from node.core.ring import Ring
+from tests.helpers import corpus_words
+
+MEMBERS = {f"n{i}": f"127.0.0.1:{7000 + i}" for i in range(4)}
+keys = st.one_of(st.text(max_size=20), st.binary(max_size=20).filter(lambda b: not is_piece(b)),
+                 st.integers(-2 ** 63, 2 ** 64 - 1))
+
+
+# ------------------------------------------------------------------- pieces
+
+@given(keys, st.integers(1, 64))
+def test_a_piece_is_its_own_key_and_names_the_key_it_belongs_to(key, index):
+    piece = piece_key(key, index)
+    assert piece_key(key, 0) == key and not is_piece(key)
+    assert is_piece(piece) and base_of(piece) == key and type(base_of(piece)) is type(key)
+    assert piece != piece_key(key, index + 1)
+
+
+@given(st.lists(st.tuples(keys, st.integers(0, 3), st.integers(0, 1000)), max_size=40))
+def test_merging_pieces_gives_what_one_unshared_key_would_hold(tuples):
+    expect: Counter = Counter()
+    held: Counter = Counter()
+    for key, index, value in tuples:
+        expect[key] += value
+        held[piece_key(key, index)] += value
+    merged = merge_pieces(held.items(), lambda a, b: a + b)
+    assert merged == {k: v for k, v in expect.items() if k in merged}
+    assert set(merged) == set(expect)
+
+
+def test_a_users_bytes_key_may_not_pose_as_a_piece():
+    check_user_key(b"plain bytes")
+    with pytest.raises(InvalidKey):
+        check_user_key(PIECE_MARK + b"anything")
+
+
+# ------------------------------------------------------------ the ring's policy
+
+def test_the_balancer_travels_with_the_ring_and_another_is_refused():
+    pkg = Ring.initial(MEMBERS, 1, 2, "pkg")
+    assert Ring.from_wire(pkg.to_wire()).balancer == "pkg"
+    assert Ring.from_wire(Ring.initial(MEMBERS, 1, 2).to_wire()).balancer == "none"
+    assert pkg.stamp != Ring.initial(MEMBERS, 1, 2).stamp
+    with pytest.raises(InvalidArgument, match="balancer"):
+        Ring.initial(MEMBERS, 1, 2).with_version(3).merge(pkg.with_version(4))
+    with pytest.raises(InvalidArgument, match="balancer"):
+        pkg.merge(Ring.initial(MEMBERS, 1, 2, "floe"))
+    assert pkg.without(["n3"]).balancer == "pkg"
+
+
+def test_an_unknown_balancer_is_refused_by_name():
+    with pytest.raises(InvalidArgument, match="one of floe, none, pkg"):
+        balancer("round-robin")
+    import msgpack
+    wire = msgpack.unpackb(Ring.initial(MEMBERS, 1, 2, "pkg").to_wire())
+    wire["balancer"] = "round-robin"
+    with pytest.raises(InvalidArgument):
+        Ring.from_wire(msgpack.packb(wire))
+
+
+def test_the_node_flag_selects_the_policy_and_balance_means_floe():
+    base = ["--node-id", "n0", "--listen", "127.0.0.1:1", "--peers", "n0=127.0.0.1:1"]
+    assert load_config(base, environ={}).balancer == "none"
+    assert not load_config(base, environ={}).balance
+    floe = load_config(base + ["--balance"], environ={})
+    assert floe.balancer == "floe" and floe.balance
+    pkg = load_config(base + ["--balancer", "pkg"], environ={})
+    assert pkg.balancer == "pkg" and not pkg.balance        # pkg moves no ranges
+    with pytest.raises(ValueError, match="--balance means"):
+        load_config(base + ["--balance", "--balancer", "pkg"], environ={})
+
+
+def test_a_sharing_policy_needs_a_reducer_with_merge():
+    check_reducer(balancer("pkg"), load_reducer("count"))
+    check_reducer(balancer("none"), load_reducer("tests.test_reducers:Concat"))
+    with pytest.raises(InvalidArgument, match="no merge"):
+        check_reducer(balancer("pkg"), load_reducer("tests.test_reducers:Concat"))
+
+
+def test_a_node_refuses_to_start_pkg_with_a_reducer_without_merge():
+    done = subprocess.run(
+        [sys.executable, "-m", "node", "--node-id", "n0", "--listen", "127.0.0.1:1",
+         "--peers", "n0=127.0.0.1:1", "--insecure", "--balancer", "pkg",
+         "--reducer", "tests.test_reducers:Concat"],
+        capture_output=True, text=True, env=node_env(), timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "no merge" in done.stderr and "Traceback" not in done.stderr
+
+
+# --------------------------------------------------- the mapper's choice of piece
+
+def test_pkg_splits_one_hot_key_evenly_over_its_two_candidates():
+    ring = Ring.initial(MEMBERS, 1, 8, "pkg")
+    key = next(f"hot{i}" for i in range(1000)
+               if ring.owner(f"hot{i}") != ring.owner(piece_key(f"hot{i}", 1)))
+    chooser = PieceChooser()
+    place = chooser.placer(ring, ring.token_for_key)
+    sent = Counter(place(key)[0] for _ in range(10_000))
+    assert set(sent) == {key, piece_key(key, 1)}
+    assert abs(sent[key] - sent[piece_key(key, 1)]) <= 1
+
+
+def test_pkg_sends_each_tuple_to_the_candidate_whose_node_it_loaded_least():
+    ring = Ring.initial(MEMBERS, 1, 8, "pkg")
+    chooser = PieceChooser()
+    place = chooser.placer(ring, ring.token_for_key)
+    words = corpus_words()[:50_000]
+    for word in words:
+        key, token = place(word)
+        assert base_of(key) == word and token == ring.token_for_key(key)
+    loads = chooser.sent
+    assert sum(loads.values()) == len(words)
+    static = Counter(ring.owner(w) for w in words)
+    # the corpus's hot words ("the", "and") make static hashing lopsided; two choices
+    # per key even it out
+    assert max(loads.values()) / min(loads.values()) < max(static.values()) / min(static.values())
+    assert max(loads.values()) / (len(words) / len(MEMBERS)) < 1.05
+
+
+# ------------------------------------------------------------------ real rings
+
+def raw_get(cluster, ring, key) -> int:
+    """What the owner of `key` itself holds under it (a piece is not merged there)."""
+    with cluster.channel(ring.address(ring.owner(key))) as channel:
+        reply = floe_pb2_grpc.QueryPlaneStub(channel).Get(
+            floe_pb2.GetRequest(key=pack(key)), timeout=5)
+    return unpack(reply.state) if reply.found else 0
+
+
+@pytest.mark.multiprocess
+def test_a_pkg_ring_reads_every_key_whole_and_exact_through_a_kill(tmp_path):
+    words = corpus_words()[:60_000]
+    expect = Counter(words)
+    with LocalCluster.up(4, 1, workdir=tmp_path, extra_args=["--balancer", "pkg"]) as cluster:
+        tls = cluster.tls("client")
+        with RingClient(cluster.seeds, tls=tls) as client:
+            assert client.ring.balancer == "pkg"
+            client.emit_many(words[:30_000])
+            client.flush()
+            hot = expect.most_common(1)[0][0]
+            ring = client.ring
+            holders = {ring.owner(hot), ring.owner(piece_key(hot, 1))}
+            # both pieces of the hottest word hold part of its count
+            first = Counter(words[:30_000])[hot]
+            parts = [raw_get(cluster, ring, piece_key(hot, i)) for i in (0, 1)]
+            assert sum(parts) == first and min(parts) > first // 4, parts
+            feeder = threading.Thread(target=lambda: (client.emit_many(words[30_000:]),
+                                                      client.flush()))
+            feeder.start()
+            cluster.kill(sorted(holders)[0])          # a node holding a piece of "the"
+            feeder.join(120)
+            assert not feeder.is_alive()
+        with RingClient([n.address for n in cluster.nodes if n.alive()], tls=tls,
+                        timeout=30) as client:
+            assert dict(client.scan()) == dict(expect)
+            for word in [hot, "and", "Jesus", "zzz-never-sent"]:
+                assert client.get(word) == (expect[word] or None), word
+            assert [c for _, c in client.top(5)] == [c for _, c in expect.most_common(5)]
