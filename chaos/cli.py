@@ -29,6 +29,7 @@ from pathlib import Path
 
 from chaos.cluster import (DEFAULT_STATE_FILE, LayoutMismatch, LocalCluster, describe_layout,
                            kept_layout, wipe)
+from node.core.balancers import BALANCERS
 from node.core.errors import FloeError
 
 
@@ -87,7 +88,8 @@ def cmd_up(args) -> int:
         cluster = LocalCluster.up(args.nodes, args.replicas, base_port=args.base_port,
                                   workdir=_workdir(args), reducer=args.reducer,
                                   tokens_per_node=args.tokens_per_node, extra_args=extra,
-                                  tls=not args.insecure, data_dir=data_dir)
+                                  tls=not args.insecure, data_dir=data_dir,
+                                  balancer=args.balancer)
     except LayoutMismatch as exc:
         raise ValueError(f"{exc}. Run `floe up` without {' or '.join(exc.flags)} to "
                          f"bring it back as it was, or `{_wipe_command(args)}` to delete "
@@ -102,6 +104,7 @@ def cmd_up(args) -> int:
     else:
         how = f"durable in {data_dir}"
     print(f"{len(cluster.nodes)} nodes serving, r={cluster.replicas}, "
+          f"balancer {cluster.balancer}, "
           + ("no TLS" if args.insecure else f"mutual TLS ({cluster.tls().ca.parent})")
           + f"; {how}; recorded in {cluster.state_file}")
     return 0
@@ -292,7 +295,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "(--data-dir to choose), and the cluster's layout is kept there, so "
                     "`floe up` after `floe down` (or a crash, or `floe down --kill`) brings "
                     "the same nodes back with what they held. Against a kept cluster, "
-                    "--nodes, --replicas, --reducer, --tokens-per-node and --base-port "
+                    "--nodes, --replicas, --reducer, --tokens-per-node, --balancer and "
+                    "--base-port "
                     "may be left out; given and different, they are refused: "
                     "`floe down --wipe` deletes the kept cluster first. --memory: no data "
                     "directory, state in memory only (docs/durability.md).")
@@ -302,6 +306,11 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--base-port", type=int, help="first port (default: any free ports)")
     up.add_argument("--reducer", help="a new cluster: count")
     up.add_argument("--tokens-per-node", type=int, help="a new cluster: 8")
+    up.add_argument("--balancer", choices=sorted(BALANCERS),
+                    help="a new cluster's load-balancing policy, for good: none (static "
+                         "hashing), floe (overloaded nodes hand ranges to neighbours), pkg "
+                         "(every key over two pieces, reads merged; needs a reducer with "
+                         "merge) (a new cluster: none)")
     up.add_argument("--insecure", action="store_true",
                     help="no TLS (default: a throwaway CA and certificates in "
                          "floe-cluster/tls/, mutual TLS on every call; the other commands "

@@ -71,20 +71,22 @@ class LocalCluster:
            reducer: str | None = None, tokens_per_node: int | None = None,
            extra_args: list[str] | None = None, ready_timeout: float = 30.0,
            host: str = "127.0.0.1", tls: bool = True,
-           data_dir: str | Path | None = None) -> "LocalCluster":
+           data_dir: str | Path | None = None,
+           balancer: str | None = None) -> "LocalCluster":
         """Start `nodes` node processes (default 4; r=1, the count reducer, 8 tokens
         per node unless given). With `tls` (the default), a throwaway CA and
         certificates for every node, a client and an operator are written to
         floe-cluster/tls/ and every call is mutual TLS (node.transport.tls); callers
         take their credentials from `tls("client")` / `tls("operator")`. `tls=False`
         serves in the clear, for what must be shown without authentication.
+        `balancer`: the ring's load-balancing policy (node.core.balancers; none).
 
         With `data_dir` every node is durable (`--data-dir data_dir/<node-id>`) and the
         cluster's layout is kept there (and kept up to date by `add_nodes` and
         `remove`): started again on the same directory (after `down()`,
         `down(kill=True)`, a crash, a reboot), the same nodes come back on the same
         addresses with what they held. Against a kept layout, `nodes`, `replicas`,
-        `reducer`, `tokens_per_node` and `base_port` may be left out; given and
+        `reducer`, `tokens_per_node`, `balancer` and `base_port` may be left out; given and
         different from the layout, they are refused (`LayoutMismatch`): `wipe`
         deletes the kept cluster first."""
         if nodes is not None and nodes < 1:
@@ -104,7 +106,7 @@ class LocalCluster:
         if layout is not None:
             differ = layout_differences(layout, nodes=nodes, replicas=replicas,
                                         reducer=reducer, tokens_per_node=tokens_per_node,
-                                        base_port=base_port)
+                                        base_port=base_port, balancer=balancer)
             if differ:
                 raise LayoutMismatch(data_dir, layout, differ)
             ids = [n for n, _ in layout["nodes"]]
@@ -112,6 +114,7 @@ class LocalCluster:
             host = layout["nodes"][0][1].rpartition(":")[0]
             replicas, tokens_per_node = layout["replicas"], layout["tokens_per_node"]
             reducer = layout["reducer"]
+            balancer = layout.get("balancer", DEFAULT_LAYOUT["balancer"])
             busy = [p for p in ports if not _port_free(host, p)]
             if busy:
                 raise OSError(f"the ports of the cluster in {data_dir} are in use: {busy}")
@@ -119,6 +122,7 @@ class LocalCluster:
             nodes = DEFAULT_LAYOUT["nodes"] if nodes is None else nodes
             replicas = DEFAULT_LAYOUT["replicas"] if replicas is None else replicas
             reducer = DEFAULT_LAYOUT["reducer"] if reducer is None else reducer
+            balancer = DEFAULT_LAYOUT["balancer"] if balancer is None else balancer
             tokens_per_node = (DEFAULT_LAYOUT["tokens_per_node"] if tokens_per_node is None
                                else tokens_per_node)
             ports = _free_ports(host, nodes, base_port)
@@ -127,7 +131,8 @@ class LocalCluster:
         log_dir = workdir / "floe-cluster" / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
         procs = []
-        extra = list(extra_args or [])
+        # every node of the ring, and every one added later, runs the same policy
+        extra = ["--balancer", balancer] + list(extra_args or [])
         if tls:
             tls_dir = generate_tls(workdir / "floe-cluster" / "tls", ids, (host, "localhost"))
             extra += ["--tls-dir", str(tls_dir)]
@@ -137,7 +142,7 @@ class LocalCluster:
                 _save_layout(data_dir, dict(
                     nodes=[[i, f"{host}:{p}"] for i, p in zip(ids, ports)],
                     replicas=replicas, tokens_per_node=tokens_per_node, reducer=reducer,
-                    base_port=base_port))
+                    base_port=base_port, balancer=balancer))
         for node_id, port in zip(ids, ports):
             log_path = log_dir / f"{node_id}.log"
             cmd = [sys.executable, "-m", "node", "--node-id", node_id,
@@ -327,6 +332,13 @@ class LocalCluster:
         directory = self.tls_dir
         return None if directory is None else TlsFiles.in_dir(directory, name)
 
+    @property
+    def balancer(self) -> str:
+        """The ring's load-balancing policy, as its nodes were started."""
+        given = [value for flag, value in zip(self.extra_args, self.extra_args[1:])
+                 if flag == "--balancer"]
+        return given[-1] if given else DEFAULT_LAYOUT["balancer"]
+
     def channel(self, address: str, name: str = "client", **kwargs) -> grpc.Channel:
         """A blocking channel to `address` with `name`'s credentials when the cluster
         runs TLS."""
@@ -396,10 +408,12 @@ def node_env() -> dict:
 
 LAYOUT_FILE = "layout.json"
 # What a new cluster gets for what `up` was not given.
-DEFAULT_LAYOUT = {"nodes": 4, "replicas": 1, "reducer": "count", "tokens_per_node": 8}
+DEFAULT_LAYOUT = {"nodes": 4, "replicas": 1, "reducer": "count", "tokens_per_node": 8,
+                  "balancer": "none"}
 # The `floe up` flag of each setting a kept layout fixes.
 LAYOUT_FLAGS = {"nodes": "--nodes", "replicas": "--replicas", "reducer": "--reducer",
-                "tokens_per_node": "--tokens-per-node", "base_port": "--base-port"}
+                "tokens_per_node": "--tokens-per-node", "base_port": "--base-port",
+                "balancer": "--balancer"}
 
 
 class LayoutMismatch(ValueError):
@@ -422,7 +436,8 @@ def layout_differences(layout: dict, **given) -> list[tuple[str, object, object]
     """[(setting, given, kept)] for every given (not None) setting that differs."""
     kept = {"nodes": len(layout["nodes"]), "replicas": layout["replicas"],
             "reducer": layout["reducer"], "tokens_per_node": layout["tokens_per_node"],
-            "base_port": layout.get("base_port")}
+            "base_port": layout.get("base_port"),
+            "balancer": layout.get("balancer", DEFAULT_LAYOUT["balancer"])}
     return [(k, v, kept[k] if kept[k] is not None else "ports chosen free")
             for k, v in given.items() if v is not None and v != kept[k]]
 
@@ -430,7 +445,8 @@ def layout_differences(layout: dict, **given) -> list[tuple[str, object, object]
 def describe_layout(layout: dict) -> str:
     ids = [i for i, _ in layout["nodes"]]
     return (f"{len(ids)} nodes ({', '.join(ids)}), r={layout['replicas']}, reducer "
-            f"{layout['reducer']}, {layout['tokens_per_node']} tokens per node")
+            f"{layout['reducer']}, {layout['tokens_per_node']} tokens per node, balancer "
+            f"{layout.get('balancer', DEFAULT_LAYOUT['balancer'])}")
 
 
 def kept_layout(data_dir: str | Path) -> dict | None:

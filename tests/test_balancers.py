@@ -155,7 +155,7 @@ def raw_get(cluster, ring, key) -> int:
 def test_a_pkg_ring_reads_every_key_whole_and_exact_through_a_kill(tmp_path):
     words = corpus_words()[:60_000]
     expect = Counter(words)
-    with LocalCluster.up(4, 1, workdir=tmp_path, extra_args=["--balancer", "pkg"]) as cluster:
+    with LocalCluster.up(4, 1, workdir=tmp_path, balancer="pkg") as cluster:
         tls = cluster.tls("client")
         with RingClient(cluster.seeds, tls=tls) as client:
             assert client.ring.balancer == "pkg"
@@ -180,3 +180,21 @@ def test_a_pkg_ring_reads_every_key_whole_and_exact_through_a_kill(tmp_path):
             for word in [hot, "and", "Jesus", "zzz-never-sent"]:
                 assert client.get(word) == (expect[word] or None), word
             assert [c for _, c in client.top(5)] == [c for _, c in expect.most_common(5)]
+
+
+@pytest.mark.multiprocess
+def test_floe_up_keeps_the_balancer_and_refuses_another_on_the_kept_cluster(tmp_path):
+    from tests.helpers import floe, floe_run
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("alpha beta alpha alpha")
+    try:
+        assert "balancer pkg" in floe(tmp_path, "up", "--nodes", "2", "--balancer", "pkg")
+        floe(tmp_path, "feed", str(corpus))
+        assert floe(tmp_path, "get", "alpha").strip() == "3"
+        floe(tmp_path, "down")
+        refused = floe_run(tmp_path, "up", "--balancer", "floe")
+        assert refused.returncode == 1 and "--balancer floe (kept: pkg)" in refused.stderr
+        assert "balancer pkg" in floe(tmp_path, "up")          # brought back as it was
+        assert floe(tmp_path, "get", "alpha").strip() == "3"
+    finally:
+        floe_run(tmp_path, "down")
