@@ -32,7 +32,7 @@ from node.core.ring import Ring
 from mapper.delivery import Delivery
 from mapper.outbox import PendingBatch
 from mapper.routing import Router
-from mapper.sharing import PieceChooser, check_key
+from mapper.sharing import check_key, chooser_for
 from node.core.balancers import balancer
 from node.core.pieces import check_user_key, merge_pieces, piece_key
 from node.core.reducers import load_reducer
@@ -117,7 +117,8 @@ class RingClient:
             self._stop_loop()
             raise
         self._router = Router(ring)
-        self._chooser = PieceChooser()      # where each tuple of a shared key goes
+        # where each tuple of a shared key goes (the ring's balancer is fixed)
+        self._chooser = chooser_for(balancer(ring.balancer))
         self._merging = None                # the reducer, once a read merges pieces
         self._tokens = ring.tokens          # the ring tokens the open buffers were routed with
         self._delivery.on_ring_change = self._router.update
@@ -214,8 +215,7 @@ class RingClient:
         tuple routed with the old ring then precedes, in seq order per token, every
         tuple routed with the new one (delivery cuts those batches by key)."""
         ring, route = self._router.fixed()
-        place = self._chooser.placer(ring, route) if balancer(ring.balancer).pieces > 1 \
-            else None
+        place = self._chooser.placer(ring, route) if self._chooser else None
         sealed = False
         if ring.tokens is not self._tokens and ring.tokens != self._tokens:
             for token in list(self._buffers):

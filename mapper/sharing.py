@@ -9,12 +9,14 @@ a piece is an ordinary key, and the pieces are merged on every read."""
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 from node.core.batch import KEY_TYPES
 from node.core.errors import InvalidKey
 from node.core.pieces import check_user_key, piece_key
 from node.core.ring import Ring
+from node.core.sketch import SpaceSaving
 
 
 class PieceChooser:
@@ -56,3 +58,80 @@ def check_key(key) -> None:
         raise InvalidKey(f"key must be str, bytes or int, not {type(key).__name__}")
     if type(key) is bytes:
         check_user_key(key)
+
+
+class DynamicChooser:
+    """Dynamic key grouping (`dkg`): a cold key goes to its own node (piece 0); a hot
+    one (a Space-Saving sketch of this mapper's keys, bounded to `capacity` counters)
+    gets a pool of pieces that grows while even its least loaded candidate carries
+    more than the ideal share plus its square root (in % of what this mapper sent,
+    the reference implementation's thresholds) and shrinks below the ideal minus it.
+    A piece joins a pool only if its node is new to the pool and less loaded than every
+    candidate already in it. Pools are reviewed every `review_every` tuples once
+    `warm_up` tuples were sent. A piece left out of a shrunk pool keeps what it holds:
+    reads merge every piece a key may have (`max_pieces`). After each review, the
+    sketch and the loads decay by `decay`, so they follow the last few tens of
+    thousands of tuples: a key that cools down loses its pool."""
+
+    def __init__(self, max_pieces: int, capacity: int = 256, review_every: int = 2000,
+                 warm_up: int = 10_000, decay: float = 0.9) -> None:
+        self.max_pieces = max_pieces
+        self.sketch = SpaceSaving(capacity)
+        self.pools: dict = {}                    # hot key -> its pieces, the key first
+        self.sent: Counter = Counter()           # tuples sent per node, by this mapper
+        self.total = 0
+        self.review_every, self.warm_up, self.decay = review_every, warm_up, decay
+
+    def placer(self, ring: Ring, route):
+        sent, owner, pools, sketch = self.sent, ring.owner_of_token, self.pools, self.sketch
+        review_every = self.review_every
+
+        def place(key):
+            sketch.add(key)
+            pool = pools.get(key)
+            if pool is None:
+                token = route(key)
+            else:
+                key, token = min(((p, route(p)) for p in pool), key=lambda c: sent[owner(c[1])])
+            sent[owner(token)] += 1
+            self.total += 1
+            if self.total % review_every == 0 and self.total >= self.warm_up:
+                self.review(ring, route)
+            return key, token
+        return place
+
+    def review(self, ring: Ring, route) -> None:
+        ideal = 100 / len(ring.nodes)
+        up, down = ideal + math.sqrt(ideal), ideal - math.sqrt(ideal)
+        weight = sum(self.sent.values()) or 1.0
+        load = {n: 100 * self.sent[n] / weight for n in ring.nodes}
+        hot = {k for k, _ in self.sketch.above(1 / (4 * len(ring.nodes)))}
+        for key in [k for k in self.pools if k not in hot]:
+            del self.pools[key]                  # cooled down: back to its own node
+        for key in hot:
+            pool = self.pools.get(key, (key,))
+            holders = [ring.owner(p) for p in pool]
+            least = min(load[n] for n in holders)
+            if least > up and len(pool) < self.max_pieces:
+                for i in range(1, self.max_pieces):
+                    piece = piece_key(key, i)
+                    node = ring.owner(piece)
+                    if piece not in pool and node not in holders and load[node] < least:
+                        self.pools[key] = pool + (piece,)
+                        break
+            elif len(pool) > 1 and max(load[n] for n in holders) < down:
+                self.pools[key] = pool[:-1]
+                if len(self.pools[key]) == 1:
+                    del self.pools[key]
+        self.sketch.decay(self.decay)
+        for node in self.sent:
+            self.sent[node] *= self.decay
+
+
+def chooser_for(policy):
+    """The mapper's piece chooser for a ring's balancer (None: keys are not shared)."""
+    if policy.name == "pkg":
+        return PieceChooser()
+    if policy.name == "dkg":
+        return DynamicChooser(policy.pieces)
+    return None

@@ -220,8 +220,9 @@ def _add_balancing(p: argparse.ArgumentParser) -> None:
                    help="the ring's load-balancing policy, fixed when it is founded (every "
                         "member must say the same): none (static hashing), floe (overloaded "
                         "nodes hand ranges to neighbours), pkg (partial key grouping: every "
-                        "key split over two pieces, reads merged; needs a reducer with "
-                        "merge) (default none)")
+                        "key split over two pieces), dkg (dynamic key grouping: hot keys "
+                        "over a pool of pieces that follows the load); pkg and dkg merge "
+                        "the pieces on reads and need a reducer with merge (default none)")
     p.add_argument("--high-queue", type=float)
     p.add_argument("--high-cpu", type=float)
     p.add_argument("--low-queue", type=float)

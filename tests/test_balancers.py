@@ -3,6 +3,7 @@ piece, and real rings under partial key grouping, exact against a Counter."""
 
 from __future__ import annotations
 
+import random
 import subprocess
 import sys
 import threading
@@ -15,7 +16,7 @@ from hypothesis import strategies as st
 from chaos.cluster import LocalCluster, node_env
 from floering.v1 import floe_pb2, floe_pb2_grpc
 from mapper import RingClient
-from mapper.sharing import PieceChooser
+from mapper.sharing import DynamicChooser, PieceChooser
 from node.config import load_config
 from node.core.balancers import balancer, check_reducer
 from node.core.codec import pack, unpack
@@ -73,7 +74,7 @@ def test_the_balancer_travels_with_the_ring_and_another_is_refused():
 
 
 def test_an_unknown_balancer_is_refused_by_name():
-    with pytest.raises(InvalidArgument, match="one of floe, none, pkg"):
+    with pytest.raises(InvalidArgument, match="one of dkg, floe, none, pkg"):
         balancer("round-robin")
     import msgpack
     wire = msgpack.unpackb(Ring.initial(MEMBERS, 1, 2, "pkg").to_wire())
@@ -112,6 +113,38 @@ def test_a_node_refuses_to_start_pkg_with_a_reducer_without_merge():
 
 
 # --------------------------------------------------- the mapper's choice of piece
+
+def test_dkg_spreads_one_hot_key_over_every_node_and_keeps_cold_keys_whole():
+    ring = Ring.initial(MEMBERS, 1, 8, "dkg")
+    chooser = DynamicChooser(balancer("dkg").pieces)
+    place = chooser.placer(ring, ring.token_for_key)
+    keys = ["hot"] * 60_000 + [f"cold{i}" for i in range(20_000)]
+    random.Random(7).shuffle(keys)
+    where: dict = {}
+    for key in keys:
+        piece, token = place(key)
+        assert base_of(piece) == key and token == ring.token_for_key(piece)
+        where.setdefault(key, set()).add(ring.owner_of_token(token))
+    assert len(where["hot"]) == len(MEMBERS)               # every node holds a piece
+    assert all(len(where[f"cold{i}"]) == 1 for i in range(20_000))
+    late = Counter()
+    for _ in range(40_000):                                  # once the pool has grown
+        late[ring.owner_of_token(place("hot")[1])] += 1
+    mean = 40_000 / len(MEMBERS)
+    assert max(abs(n - mean) for n in late.values()) <= 0.10 * mean, late
+
+
+def test_dkg_shrinks_a_pool_when_its_key_cools_down():
+    ring = Ring.initial(MEMBERS, 1, 8, "dkg")
+    chooser = DynamicChooser(balancer("dkg").pieces)
+    place = chooser.placer(ring, ring.token_for_key)
+    for _ in range(30_000):
+        place("hot")
+    assert len(chooser.pools["hot"]) > 1
+    for i in range(200_000):                                 # an even load takes over
+        place(f"k{i}")
+    assert "hot" not in chooser.pools
+
 
 def test_pkg_splits_one_hot_key_evenly_over_its_two_candidates():
     ring = Ring.initial(MEMBERS, 1, 8, "pkg")
@@ -152,22 +185,25 @@ def raw_get(cluster, ring, key) -> int:
 
 
 @pytest.mark.multiprocess
-def test_a_pkg_ring_reads_every_key_whole_and_exact_through_a_kill(tmp_path):
+@pytest.mark.parametrize("policy", ["pkg", "dkg"])
+def test_a_sharing_ring_reads_every_key_whole_and_exact_through_a_kill(tmp_path, policy):
     words = corpus_words()[:60_000]
     expect = Counter(words)
-    with LocalCluster.up(4, 1, workdir=tmp_path, balancer="pkg") as cluster:
+    with LocalCluster.up(4, 1, workdir=tmp_path, balancer=policy) as cluster:
         tls = cluster.tls("client")
         with RingClient(cluster.seeds, tls=tls) as client:
-            assert client.ring.balancer == "pkg"
+            assert client.ring.balancer == policy
             client.emit_many(words[:30_000])
             client.flush()
             hot = expect.most_common(1)[0][0]
             ring = client.ring
-            holders = {ring.owner(hot), ring.owner(piece_key(hot, 1))}
-            # both pieces of the hottest word hold part of its count
+            # the hottest word is spread: its pieces on several nodes hold parts of it
             first = Counter(words[:30_000])[hot]
-            parts = [raw_get(cluster, ring, piece_key(hot, i)) for i in (0, 1)]
-            assert sum(parts) == first and min(parts) > first // 4, parts
+            parts = {i: raw_get(cluster, ring, piece_key(hot, i))
+                     for i in range(balancer(policy).pieces)}
+            assert sum(parts.values()) == first, parts
+            holders = {ring.owner(piece_key(hot, i)) for i, n in parts.items() if n}
+            assert len(holders) >= 2 and max(parts.values()) < first * 3 // 4, parts
             feeder = threading.Thread(target=lambda: (client.emit_many(words[30_000:]),
                                                       client.flush()))
             feeder.start()

@@ -14,12 +14,12 @@ CORE_FORBIDDEN = ("asyncio", "grpc", "grpc_health", "floering", "socket", "subpr
                   "threading", "time", "random", "node.runtime", "node.transport", "node.app",
                   "mapper", "chaos", "spark_driver")
 # What the mapper may use of the node: the shared wire vocabulary.
-# The wire's vocabulary, plus the ring's balancer, the pieces of shared keys and the
-# reducers (whose merge a read of a shared key needs).
+# The wire's vocabulary, plus the ring's balancer, the pieces of shared keys, the
+# sketch that finds hot keys, and the reducers (whose merge a read of a shared key needs).
 MAPPER_ALLOWED_NODE = ("node.core.ring", "node.core.hashing", "node.core.batch", "node.core.codec",
                        "node.core.errors", "node.core.epochs", "node.transport.status",
                        "node.transport.tls", "node.core.balancers", "node.core.pieces",
-                       "node.core.reducers")
+                       "node.core.reducers", "node.core.sketch")
 
 
 def imports(path: Path) -> list[str]:

@@ -10,6 +10,10 @@ replication factor, so all agree. What each policy decides:
 - `pkg`: partial key grouping: every key has two candidate pieces
   (`node.core.pieces`), and a mapper sends each tuple to the candidate whose node it
   has itself sent fewer tuples to (local load estimation). Reads merge the two.
+- `dkg`: dynamic key grouping: a mapper finds its hot keys with a Space-Saving sketch
+  and gives each a pool of pieces that grows while its candidates are loaded above
+  the ideal share (and shrinks below it); cold keys stay on their own node. Reads
+  merge every piece a key may have (up to `pieces`).
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ BALANCERS = {b.name: b for b in (
     Balancer("floe", True, 1, "overloaded nodes hand ranges to their neighbours"),
     Balancer("pkg", False, 2, "partial key grouping: two candidates per key, "
                               "chosen by the mapper's own count of what it sent"),
+    Balancer("dkg", False, 16, "dynamic key grouping: a hot key's pool of pieces grows "
+                               "and shrinks with the load, cold keys stay on one node"),
 )}
 DEFAULT = "none"
 

@@ -1,0 +1,238 @@
+"""The skew benchmark: every balancer on the same workloads, side by side in one run.
+
+Each (policy, workload) pair gets a fresh local ring running that policy; the workload
+is fed as fast as one mapper goes, then the counts are checked exactly against a
+Counter over the workload and the load each node carried is read from its `applied`
+counter. Reported per pair: the skew S of the Ray consistent-hashing paper, max/mean
+load, the load's standard deviation in % (partial/dynamic key grouping's measure),
+DIST_COST (nodes holding a piece of a key, mean over the workload's keys),
+ranges handed over, throughput, and the p50/p99 of a batch's first emit -> acked.
+
+Workloads:
+- the Ray paper's WL1-WL5, rebuilt from their definitions on our ring: 100 items
+  (letters) laid out so that static hashing on the 4-node ring has the paper's
+  no-balancing skew, one variant per method where the paper's differ (`-h`
+  halving's, `-d` doubling's); the 100 items repeated in a seeded order;
+- Zipf s = 0.8 / 1.1 / 1.5 over 10,000 keys on 8 nodes;
+- one key only (WL3 at scale);
+- the bundled corpus (King James Bible);
+- a shifting Zipf 1.1 whose hot keys change half-way.
+
+    python -m chaos.skew                       # every policy, every workload
+    python -m chaos.skew --policies none,pkg --workloads zipf-1.1 --tuples 300000
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import random
+import statistics
+import tempfile
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass
+
+from chaos.cluster import LocalCluster
+from chaos.skew_measures import distribution_cost, imbalance, load_std_percent, skew
+from floering.v1 import floe_pb2, floe_pb2_grpc
+from mapper import RingClient
+from node.core.balancers import BALANCERS
+from node.core.codec import unpack_entries
+from node.core.pieces import base_of
+from node.core.ring import Ring
+
+# WL name -> (nodes, items on the most loaded node out of 100): S = (W - 25) / 75
+RAY = {"wl1-h": 25, "wl1-d": 100, "wl2": 25, "wl3": None, "wl4-h": 85, "wl4-d": 62,
+       "wl5-h": 40, "wl5-d": 66}
+PAPER_S = {"wl1-h": ("halving", 0.00, 0.08), "wl1-d": ("doubling", 1.00, 0.20),
+           "wl2": ("both", 0.00, 0.00), "wl3": ("doubling", 1.00, 0.75),
+           "wl4-h": ("halving", 0.80, 0.52), "wl4-d": ("doubling", 0.49, 0.11),
+           "wl5-h": ("halving", 0.20, 0.20), "wl5-d": ("doubling", 0.55, 0.12)}
+WORKLOADS = [*RAY, "zipf-0.8", "zipf-1.1", "zipf-1.5", "one-key", "corpus", "shifting"]
+TOKENS_PER_NODE = 8
+
+
+@dataclass
+class Outcome:
+    policy: str
+    workload: str
+    nodes: int
+    tuples: int
+    exact: bool
+    skew: float
+    max_over_mean: float
+    load_std_percent: float
+    dist_cost: float
+    handed_off: int
+    seconds: float
+    throughput: float
+    p50_ms: float
+    p99_ms: float
+    loads: list
+
+
+def nodes_for(workload: str) -> int:
+    return 8 if workload.startswith("zipf") else 4
+
+
+def letters_by_node(nodes: int) -> dict[str, list[str]]:
+    """Short keys ('a'..'z', then 'aa', ...) grouped by the node owning them on a fresh
+    ring (every policy starts from the same token layout)."""
+    ring = Ring.initial({f"n{i}": f"h:{i}" for i in range(nodes)}, 1, TOKENS_PER_NODE)
+    alphabet = "abcdefghijklmnopqrstuvwxyz"
+    pool = itertools.chain(alphabet, ("".join(p) for p in itertools.product(alphabet, repeat=2)))
+    mine: dict[str, list[str]] = {n: [] for n in ring.nodes}
+    for key in pool:
+        mine[ring.owner(key)].append(key)
+        if all(len(v) >= 4 for v in mine.values()):
+            return mine
+    raise AssertionError("no ring leaves a node without letters")
+
+
+def ray_items(name: str) -> list[str]:
+    """100 letters with the paper's no-balancing skew on our 4-node ring."""
+    if name == "wl3":
+        return ["a"] * 100
+    letters = letters_by_node(4)
+    nodes = sorted(letters)
+    hot = RAY[name]
+    rest = 100 - hot
+    counts = [hot] + [rest // 3 + (1 if i < rest % 3 else 0) for i in range(3)]
+    items = []
+    for node, count in zip(nodes, counts):
+        own = letters[node][:4]
+        items += [own[i % len(own)] for i in range(count)]
+    return items
+
+
+def workload(name: str, tuples: int, seed: int = 1) -> list:
+    pick = random.Random(f"{name}/{seed}")
+    if name in RAY:
+        items = ray_items(name)
+        out = []
+        for _ in range(max(1, tuples // len(items))):
+            pick.shuffle(items)
+            out += items
+        return out
+    if name.startswith("zipf-") or name == "shifting":
+        s = 1.1 if name == "shifting" else float(name.split("-")[1])
+        cumulative = list(itertools.accumulate(k ** -s for k in range(1, 10_001)))
+        ranks = pick.choices(range(10_000), cum_weights=cumulative, k=tuples)
+        if name != "shifting":
+            return [f"k{r}" for r in ranks]
+        later = list(range(10_000))
+        pick.shuffle(later)                     # the hot keys of the second half
+        half = tuples // 2
+        return [f"k{r}" for r in ranks[:half]] + [f"k{later[r]}" for r in ranks[half:]]
+    if name == "one-key":
+        return ["hot"] * tuples
+    if name == "corpus":
+        from chaos.load import corpus_words
+        words = corpus_words()
+        return list(itertools.islice(itertools.cycle(words), tuples))
+    raise ValueError(f"unknown workload {name!r}: one of {', '.join(WORKLOADS)}")
+
+
+def raw_holders(cluster: LocalCluster) -> dict:
+    """{key: nodes holding a piece of it}, from every node's own (unmerged) scan."""
+    holders: dict = {}
+    for node in cluster.nodes:
+        if not node.alive():
+            continue
+        with cluster.channel(node.address) as channel:
+            for chunk in floe_pb2_grpc.QueryPlaneStub(channel).Scan(
+                    floe_pb2.ScanRequest(), timeout=60):
+                for key in unpack_entries(chunk.entries):
+                    holders.setdefault(base_of(key), set()).add(node.node_id)
+    return holders
+
+
+def run_one(policy: str, name: str, tuples: int, seed: int = 1) -> Outcome:
+    keys = workload(name, tuples, seed)
+    nodes = nodes_for(name)
+    with tempfile.TemporaryDirectory(prefix="floe-skew-") as tmp, \
+            LocalCluster.up(nodes, 1, workdir=tmp, balancer=policy,
+                            tokens_per_node=TOKENS_PER_NODE) as cluster:
+        tls = cluster.tls("client")
+        with RingClient(cluster.seeds, tls=tls) as client:
+            before = {s["node_id"]: s["applied"] for s in client.stats()}
+            start = time.perf_counter()
+            for at in range(0, len(keys), 10_000):
+                client.emit_many(keys[at:at + 10_000])
+            client.flush()
+            seconds = time.perf_counter() - start
+            latencies = sorted(s for s, _ in client.delivery_latencies())
+            rows = client.stats()
+            got = dict(client.scan())
+        loads = [r["applied"] - before.get(r["node_id"], 0) for r in rows]
+        counts = Counter(keys)
+        holders = raw_holders(cluster)
+    dist = distribution_cost({k: holders.get(k, ()) for k in counts})
+    return Outcome(policy, name, nodes, len(keys), got == dict(counts), round(skew(loads), 3),
+                   round(1 + imbalance(loads), 3), round(load_std_percent(loads), 2),
+                   round(dist, 3), sum(r["handed_off"] for r in rows), round(seconds, 2),
+                   round(len(keys) / seconds), _ms(latencies, 0.5), _ms(latencies, 0.99),
+                   loads)
+
+
+def _ms(sorted_seconds: list[float], q: float) -> float:
+    if not sorted_seconds:
+        return 0.0
+    return round(1000 * sorted_seconds[min(len(sorted_seconds) - 1,
+                                           int(q * len(sorted_seconds)))], 1)
+
+
+def print_table(outcomes: list[Outcome]) -> None:
+    print(f"{'workload':10} {'policy':6} {'S':>6} {'max/mean':>8} {'std%':>6} "
+          f"{'dist':>5} {'moved':>5} {'tuples/s':>9} {'p50 ms':>7} {'p99 ms':>7} exact")
+    for o in outcomes:
+        print(f"{o.workload:10} {o.policy:6} {o.skew:6.3f} {o.max_over_mean:8.3f} "
+              f"{o.load_std_percent:6.2f} {o.dist_cost:5.2f} {o.handed_off:5d} "
+              f"{o.throughput:9.0f} {o.p50_ms:7.1f} {o.p99_ms:7.1f} {o.exact}")
+    ray = [o for o in outcomes if o.workload in PAPER_S]
+    if ray:
+        print("\nThe Ray paper's Table 1 (S without / with its balancing), for comparison:")
+        for name, (method, before, after) in PAPER_S.items():
+            print(f"  {name:6} {method:8} {before:.2f} -> {after:.2f}")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m chaos.skew", description=__doc__.split("\n\n")[0])
+    p.add_argument("--policies", default=",".join(sorted(BALANCERS)),
+                   help="comma-separated balancers (default: every one)")
+    p.add_argument("--workloads", default=",".join(WORKLOADS),
+                   help="comma-separated workloads (default: every one)")
+    p.add_argument("--tuples", type=int, default=200_000, help="tuples per workload")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--json", help="also write every outcome to this file")
+    args = p.parse_args(argv)
+    policies = [x for x in args.policies.split(",") if x]
+    names = [x for x in args.workloads.split(",") if x]
+    for x in policies:
+        if x not in BALANCERS:
+            p.error(f"unknown policy {x!r}: one of {', '.join(sorted(BALANCERS))}")
+    for x in names:
+        if x not in WORKLOADS:
+            p.error(f"unknown workload {x!r}: one of {', '.join(WORKLOADS)}")
+    outcomes = []
+    for name in names:
+        for policy in policies:
+            outcomes.append(run_one(policy, name, args.tuples, args.seed))
+            o = outcomes[-1]
+            print(f"# {name} {policy}: S {o.skew:.3f}, max/mean {o.max_over_mean:.3f}, "
+                  f"exact {o.exact}", flush=True)
+    print()
+    print_table(outcomes)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump([asdict(o) for o in outcomes], fh, indent=1)
+    median = statistics.median(o.throughput for o in outcomes) if outcomes else 0
+    print(f"\nmedian throughput {median:.0f} tuples/s; every count exact: "
+          f"{all(o.exact for o in outcomes)}")
+    return 0 if all(o.exact for o in outcomes) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
