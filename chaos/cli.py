@@ -309,8 +309,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--balancer", choices=sorted(BALANCERS),
                     help="a new cluster's load-balancing policy, for good: none (static "
                          "hashing), floe (overloaded nodes hand ranges to neighbours), pkg "
-                         "(every key over two pieces, reads merged; needs a reducer with "
-                         "merge) (a new cluster: none)")
+                         "(every key over two pieces), dkg (hot keys over a pool of pieces "
+                         "that follows the load); pkg and dkg merge pieces on reads and "
+                         "need a reducer with merge (a new cluster: none)")
     up.add_argument("--insecure", action="store_true",
                     help="no TLS (default: a throwaway CA and certificates in "
                          "floe-cluster/tls/, mutual TLS on every call; the other commands "
