@@ -1,8 +1,8 @@
 """The skew benchmark: every balancer on the same workloads, side by side in one run.
 
 Each (policy, workload) pair gets a fresh local ring running that policy; the workload
-is fed as fast as one mapper goes, then the counts are checked exactly against a
-Counter over the workload and the load each node carried is read from its `applied`
+is fed as fast as one mapper goes, over and over for a few seconds, then the counts
+are checked exactly against a Counter over what was fed, and the load each node carried is read from its `applied`
 counter. Reported per pair: the skew S of the Ray consistent-hashing paper, max/mean
 load, the load's standard deviation in % (partial/dynamic key grouping's measure),
 DIST_COST (nodes holding a piece of a key, mean over the workload's keys),
@@ -149,8 +149,13 @@ def raw_holders(cluster: LocalCluster) -> dict:
     return holders
 
 
-def run_one(policy: str, name: str, tuples: int, seed: int = 1) -> Outcome:
+def run_one(policy: str, name: str, tuples: int, seed: int = 1,
+            seconds: float = 0.0) -> Outcome:
+    """Feed the workload once, or over and over for `seconds` (a sustained load, so
+    that a policy reacting to overload has time to)."""
     keys = workload(name, tuples, seed)
+    chunks = [keys[at:at + 10_000] for at in range(0, len(keys), 10_000)]
+    chunk_counts = [Counter(c) for c in chunks]
     nodes = nodes_for(name)
     with tempfile.TemporaryDirectory(prefix="floe-skew-") as tmp, \
             LocalCluster.up(nodes, 1, workdir=tmp, balancer=policy,
@@ -159,21 +164,26 @@ def run_one(policy: str, name: str, tuples: int, seed: int = 1) -> Outcome:
         with RingClient(cluster.seeds, tls=tls) as client:
             before = {s["node_id"]: s["applied"] for s in client.stats()}
             start = time.perf_counter()
-            for at in range(0, len(keys), 10_000):
-                client.emit_many(keys[at:at + 10_000])
+            counts: Counter = Counter()
+            sent = 0
+            for i in itertools.count():
+                client.emit_many(chunks[i % len(chunks)])
+                counts.update(chunk_counts[i % len(chunks)])
+                sent += len(chunks[i % len(chunks)])
+                if i + 1 >= len(chunks) and time.perf_counter() - start >= seconds:
+                    break
             client.flush()
-            seconds = time.perf_counter() - start
+            elapsed = time.perf_counter() - start
             latencies = sorted(s for s, _ in client.delivery_latencies())
             rows = client.stats()
             got = dict(client.scan())
         loads = [r["applied"] - before.get(r["node_id"], 0) for r in rows]
-        counts = Counter(keys)
         holders = raw_holders(cluster)
     dist = distribution_cost({k: holders.get(k, ()) for k in counts})
-    return Outcome(policy, name, nodes, len(keys), got == dict(counts), round(skew(loads), 3),
+    return Outcome(policy, name, nodes, sent, got == dict(counts), round(skew(loads), 3),
                    round(1 + imbalance(loads), 3), round(load_std_percent(loads), 2),
-                   round(dist, 3), sum(r["handed_off"] for r in rows), round(seconds, 2),
-                   round(len(keys) / seconds), _ms(latencies, 0.5), _ms(latencies, 0.99),
+                   round(dist, 3), sum(r["handed_off"] for r in rows), round(elapsed, 2),
+                   round(sent / elapsed), _ms(latencies, 0.5), _ms(latencies, 0.99),
                    loads)
 
 
@@ -204,7 +214,11 @@ def main(argv=None) -> int:
                    help="comma-separated balancers (default: every one)")
     p.add_argument("--workloads", default=",".join(WORKLOADS),
                    help="comma-separated workloads (default: every one)")
-    p.add_argument("--tuples", type=int, default=200_000, help="tuples per workload")
+    p.add_argument("--tuples", type=int, default=200_000,
+                   help="tuples a workload is made of (default 200000)")
+    p.add_argument("--seconds", type=float, default=6.0,
+                   help="feed each workload over and over for this long, at least once "
+                        "(default 6)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", help="also write every outcome to this file")
     args = p.parse_args(argv)
@@ -219,7 +233,7 @@ def main(argv=None) -> int:
     outcomes = []
     for name in names:
         for policy in policies:
-            outcomes.append(run_one(policy, name, args.tuples, args.seed))
+            outcomes.append(run_one(policy, name, args.tuples, args.seed, args.seconds))
             o = outcomes[-1]
             print(f"# {name} {policy}: S {o.skew:.3f}, max/mean {o.max_over_mean:.3f}, "
                   f"exact {o.exact}", flush=True)

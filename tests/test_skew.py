@@ -1,0 +1,44 @@
+"""The skew benchmark's workloads are what their definitions say, and a short run of it
+is exact and measures what each policy did."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from chaos.skew import PAPER_S, RAY, TOKENS_PER_NODE, ray_items, run_one, workload
+from chaos.skew_measures import skew
+from node.core.ring import Ring
+
+
+def static_skew(keys, nodes: int) -> float:
+    ring = Ring.initial({f"n{i}": f"h:{i}" for i in range(nodes)}, 1, TOKENS_PER_NODE)
+    per_node = Counter(ring.owner(k) for k in keys)
+    return skew([per_node[n] for n in ring.nodes])
+
+
+@pytest.mark.parametrize("name", sorted(RAY))
+def test_the_ray_workloads_have_the_papers_skew_under_static_hashing(name):
+    items = ray_items(name)
+    assert len(items) == 100
+    assert static_skew(items, 4) == pytest.approx(PAPER_S[name][1], abs=0.01)
+    assert Counter(workload(name, 10_000)) == Counter({k: 100 * n for k, n in
+                                                      Counter(items).items()})
+
+
+def test_the_shifting_workload_changes_its_hot_keys_half_way():
+    keys = workload("shifting", 100_000)
+    first, second = Counter(keys[:50_000]), Counter(keys[50_000:])
+    assert first.most_common(1)[0][0] != second.most_common(1)[0][0]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("policy", ["none", "dkg"])
+def test_a_short_run_is_exact_and_dkg_evens_a_skewed_workload(policy):
+    outcome = run_one(policy, "wl4-h", 30_000)
+    assert outcome.exact and outcome.tuples == 30_000 and sum(outcome.loads) == 30_000
+    if policy == "none":
+        assert outcome.skew == pytest.approx(0.8, abs=0.01) and outcome.dist_cost == 1.0
+    else:
+        assert outcome.skew < 0.3 and outcome.dist_cost > 1.0
