@@ -68,11 +68,12 @@ def tear_every_log(data_dir: str | Path) -> list[str]:
 def fill(disk: str | Path) -> Path:
     """Take every free byte of the filesystem holding `disk`."""
     filler = Path(disk) / "filler"
-    with open(filler, "wb") as f:
+    # Unbuffered: a buffered file would try again to write what did not fit when it
+    # is closed, and raise ENOSPC there.
+    with open(filler, "wb", buffering=0) as f:
         try:
             while True:
                 f.write(b"\0" * (1 << 16))
-                f.flush()
         except OSError:
             pass
     return filler
