@@ -208,6 +208,40 @@ def print_table(outcomes: list[Outcome]) -> None:
             print(f"  {name:6} {method:8} {before:.2f} -> {after:.2f}")
 
 
+PLOTTED = {"skew": "skew S (0 even, 1 all on one node)", "max_over_mean": "max / mean load",
+           "dist_cost": "DIST_COST (nodes holding a piece of a key)",
+           "throughput": "input tuples/s", "p99_ms": "p99 emit -> acked (ms)"}
+
+
+def plot(outcomes: list[Outcome], directory: str) -> list[str]:
+    """One PNG per metric: a bar per policy, grouped by workload."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from pathlib import Path
+    names = list(dict.fromkeys(o.workload for o in outcomes))
+    policies = list(dict.fromkeys(o.policy for o in outcomes))
+    by = {(o.workload, o.policy): o for o in outcomes}
+    written = []
+    for metric, label in PLOTTED.items():
+        fig, ax = plt.subplots(figsize=(12, 4))
+        width = 0.8 / len(policies)
+        for j, policy in enumerate(policies):
+            ax.bar([i + j * width for i in range(len(names))],
+                   [getattr(by[(n, policy)], metric) if (n, policy) in by else 0
+                    for n in names], width, label=policy)
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(names))], names, rotation=30)
+        ax.set_ylabel(label)
+        ax.legend()
+        fig.tight_layout()
+        path = Path(directory) / f"skew-{metric.replace('_', '-')}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=90)
+        plt.close(fig)
+        written.append(str(path))
+    return written
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m chaos.skew", description=__doc__.split("\n\n")[0])
     p.add_argument("--policies", default=",".join(sorted(BALANCERS)),
@@ -221,6 +255,9 @@ def main(argv=None) -> int:
                         "(default 6)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", help="also write every outcome to this file")
+    p.add_argument("--plot", metavar="DIR", help="write a PNG per metric to DIR")
+    p.add_argument("--from-json", metavar="FILE",
+                   help="print (and plot) the outcomes of an earlier run instead of running")
     args = p.parse_args(argv)
     policies = [x for x in args.policies.split(",") if x]
     names = [x for x in args.workloads.split(",") if x]
@@ -231,6 +268,10 @@ def main(argv=None) -> int:
         if x not in WORKLOADS:
             p.error(f"unknown workload {x!r}: one of {', '.join(WORKLOADS)}")
     outcomes = []
+    if args.from_json:
+        with open(args.from_json) as fh:
+            outcomes = [Outcome(**o) for o in json.load(fh)]
+        names = []
     for name in names:
         for policy in policies:
             outcomes.append(run_one(policy, name, args.tuples, args.seed, args.seconds))
@@ -239,6 +280,8 @@ def main(argv=None) -> int:
                   f"exact {o.exact}", flush=True)
     print()
     print_table(outcomes)
+    if args.plot:
+        print("plots:", ", ".join(plot(outcomes, args.plot)))
     if args.json:
         with open(args.json, "w") as fh:
             json.dump([asdict(o) for o in outcomes], fh, indent=1)
