@@ -43,6 +43,9 @@ from node.core.reducers import load_reducer
 from node.core.ring import Ring
 from chaos.hostile import forged_views
 from node.core.shedding import PeerLoad, shed_reach
+from mapper.sharing import chooser_for
+from node.core.balancers import balancer
+from node.core.pieces import base_of
 from node.transport.tls import sender_matches
 from tests.sim_disk import SimDisk, SimDurability
 from tests.sim_durable import DurableNodes, Starter
@@ -100,6 +103,8 @@ class SimMapper:
     def __init__(self, name: str, ring: Ring) -> None:
         self.name = self.address = name
         self.ring = ring
+        # The production piece chooser of the ring's balancer (None: keys not shared).
+        self.chooser = chooser_for(balancer(ring.balancer))
         self.next_seq = 1
         # The production outbox: which batch goes where, when one is delivered, how
         # batches are fitted to a new ring. The simulation only carries the messages.
@@ -118,8 +123,11 @@ class ShedOutcome:
 def make_machine(node_id: str, ring: Ring, incarnation: int, address: str) -> NodeMachine:
     def make_core(name: str, r: Ring) -> NodeCore:
         return NodeCore(name, r, load_reducer("count"))
+    # Shedding on unless the ring's balancer shares keys instead (node.config does the
+    # same): the default ring's `none` runs shedding too, to exercise it everywhere.
     return NodeMachine(make_core(node_id, ring), incarnation, FailureDetector(DetectorConfig()),
-                       LoadMonitor(), make_core, listen=address, balance=True)
+                       LoadMonitor(), make_core, listen=address,
+                       balance=balancer(ring.balancer).pieces == 1)
 
 
 class Simulation(DurableNodes):
@@ -127,7 +135,7 @@ class Simulation(DurableNodes):
 
     def __init__(self, seed: int, nodes: int = 5, replication: int = 1, tokens: int = 2,
                  loss: float = 0.0, mappers: int = 1, skew: float = 0.0,
-                 durable: bool = False) -> None:
+                 durable: bool = False, policy: str = "none") -> None:
         self.seed = seed
         self.rng = random.Random(seed)
         self.now = 0.0
@@ -142,7 +150,7 @@ class Simulation(DurableNodes):
         self.incarnations = 0
         # The ring as the founding members leave their start-up exchange: each one's
         # incarnation heard by all (node.core.membership).
-        self.founding = Ring.initial(self.members, replication, tokens)
+        self.founding = Ring.initial(self.members, replication, tokens, policy)
         inc = {n: self._incarnation() for n in sorted(self.members)}
         ring = replace(self.founding, incarnations=tuple(sorted(inc.items())))
         self.procs: list[SimProcess] = []
@@ -167,6 +175,7 @@ class Simulation(DurableNodes):
         self.batch_ids = 0
         self.acked = Counter()
         self.sent = Counter()
+        self.pieces_sent: set = set()      # the pieces of shared keys tuples went to
         self.log: list[str] = []
         self.declared: list[tuple[float, str, str]] = []   # (when, by whom, whom)
 
@@ -632,9 +641,16 @@ class Simulation(DurableNodes):
     def emit(self, keys: list[str]) -> None:
         mapper = self.mappers[0] if len(self.mappers) == 1 else self.rng.choice(self.mappers)
         by_token = defaultdict(lambda: ([], []))
+        place = mapper.chooser.placer(mapper.ring, mapper.ring.token_for_key) \
+            if mapper.chooser else None
         for key in keys:
-            k, s = by_token[mapper.ring.token_for_key(key)]
-            k.append(key)
+            if place is None:
+                piece, token = key, mapper.ring.token_for_key(key)
+            else:
+                piece, token = place(key)
+                self.pieces_sent.add(piece)
+            k, s = by_token[token]
+            k.append(piece)
             s.append(mapper.next_seq)
             mapper.next_seq += 1
             self.sent[key] += 1
@@ -730,7 +746,7 @@ class Simulation(DurableNodes):
         if batch is None or mapper.routed[batch_id][0] != stamp:
             return
         if mapper.outbox.acked(batch, node):
-            keys = decode_payload(batch.payload, batch.count)[0]
+            keys = [base_of(k) for k in decode_payload(batch.payload, batch.count)[0]]
             self.acked.update(keys)
             for key in set(keys):
                 if self.acked[key] > self.sent[key]:
@@ -1053,13 +1069,13 @@ class Simulation(DurableNodes):
                 continue
             for token, rng in p.core.primaries.items():
                 for key, count in rng.state.snapshot().items():
-                    state[key] += count
+                    state[base_of(key)] += count        # a key's pieces merged
                 if token in p.core.lost_tokens:
-                    lost_keys |= set(rng.state.snapshot())
-        for key in self.sent:
+                    lost_keys |= {base_of(k) for k in rng.state.snapshot()}
+        for key in set(self.sent) | self.pieces_sent:
             token = ring.token_for_key(key)
             if token in ring.lost or any(token in p.core.lost_tokens for p in usable):
-                lost_keys.add(key)
+                lost_keys.add(base_of(key))
         return state, lost_keys
 
 

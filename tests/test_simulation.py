@@ -12,7 +12,8 @@ from tests.simulation import Simulation
 SEEDS = int(os.environ.get("FLOE_SIM_SEEDS", "500"))
 
 
-def random_cluster(seed: int, salt: int, skew: float = 0.0, durable: bool = False):
+def random_cluster(seed: int, salt: int, skew: float = 0.0, durable: bool = False,
+                   policy: str = "none"):
     """A seeded random Simulation (4-6 nodes, r 1 or 2, 1-3 tokens each, maybe lossy,
     one to three mappers), the generator that drew it, to draw the faults from, and
     the sorted node names."""
@@ -22,7 +23,7 @@ def random_cluster(seed: int, salt: int, skew: float = 0.0, durable: bool = Fals
     replication = pick.choice([1, 1, 2])
     sim = Simulation(seed, nodes=nodes, replication=replication, tokens=pick.randint(1, 3),
                      loss=pick.choice([0.0, 0.0, 0.002]), mappers=pick.choice([1, 1, 2, 3]),
-                     skew=skew, durable=durable)
+                     skew=skew, durable=durable, policy=policy)
     return pick, sim, sorted(sim.nodes)
 
 
@@ -344,6 +345,41 @@ def assert_forgery_changed_no_verdict(log: list[str]) -> None:
 @pytest.mark.parametrize("seed", range(FORGED_SEEDS))
 def test_forged_seed(seed):
     run_forged_seed(seed)
+
+
+BALANCER_SEEDS = int(os.environ.get("FLOE_SIM_BALANCER_SEEDS", "40"))
+
+
+def balancer_scenario(seed: int) -> Simulation:
+    """A ring running a balancer that shares keys (pkg, or dkg reviewing its pools
+    every 20 tuples so that they form within the run) under a skewed stream, with a
+    handoff or a split and a kill, pause or partition: the pieces of a key are
+    ordinary ring state, so every count, merged over its pieces, must be exact."""
+    import random
+    policy = random.Random(seed).choice(["pkg", "dkg"])
+    pick, sim, names = random_cluster(seed, 15485863, skew=0.6, policy=policy)
+    for mapper in sim.mappers:
+        if policy == "dkg":
+            mapper.chooser.warm_up, mapper.chooser.review_every = 40, 20
+    faults = [(pick.uniform(0.1, 1.2), sim.handoff, (pick.choice(names), "heir"))
+              if pick.random() < 0.5 else
+              (pick.uniform(0.1, 1.2), sim.split, (pick.choice(names), True))]
+    kind = pick.choice(["kill", "kill", "pause", "partition"])
+    faults += one_fault(pick, sim, names, kind, pick.randrange(len(names)),
+                        pick.uniform(0.2, 1.3))
+    sim.run(until=5.0, emit_until=1.5, faults=faults)
+    return sim
+
+
+def run_balancer_seed(seed: int) -> None:
+    sim = balancer_scenario(seed)
+    check(sim, seed)
+    assert sim.pieces_sent, "no tuple went to a piece of a shared key"
+
+
+@pytest.mark.parametrize("seed", range(BALANCER_SEEDS))
+def test_balancer_seed(seed):
+    run_balancer_seed(seed)
 
 
 DURABLE_SEEDS = int(os.environ.get("FLOE_SIM_DURABLE_SEEDS", "90"))
