@@ -153,6 +153,10 @@ class TupleIds(Reducer):
     def reduce(self, key, value, state):
         return state + (value,)
 
+    def merge(self, a, b):
+        """The ids of two pieces of a key (a balancer that shares keys): together."""
+        return a + b
+
     def check_value(self, value) -> None:
         if type(value) is not int:
             raise InvalidArgument(f"TupleIds values are int tuple ids, got {value!r}")

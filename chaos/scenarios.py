@@ -30,7 +30,7 @@ FAULT_KINDS = NODE_FAULTS + DURABLE_FAULTS + ("kill-mapper",)
 HANDOFF_SIDES = ("giver", "receiver")
 HANDOFFS = ("move", "scale-out", "scale-in")
 TARGETS = ("one", "consecutive", "beyond-r", "every-other", "non-adjacent", "random", "hottest",
-           "mapper", "all") + HANDOFF_SIDES
+           "hottest-piece", "mapper", "all") + HANDOFF_SIDES
 KEY_DISTRIBUTIONS = ("zipf", "corpus", "burst")
 
 
@@ -251,6 +251,17 @@ def owner_of(key: str, nodes: int, tokens_per_node: int = 8) -> str:
     return _initial_ring(nodes, 0, tokens_per_node).owner(key)
 
 
+def hottest_piece_holder(scenario: "Scenario", seed: int) -> str:
+    """The node holding the first piece of the hottest key placed away from the key's
+    own node (the first a sharing balancer spreads it to)."""
+    from chaos.load import hottest_key
+    from node.core.pieces import piece_key
+    ring = _initial_ring(scenario.nodes, 0, scenario.tokens_per_node)
+    key = hottest_key(scenario.load, seed)
+    return next(ring.owner(piece_key(key, i)) for i in range(1, 64)
+                if ring.owner(piece_key(key, i)) != ring.owner(key))
+
+
 def loses_data(live: list[str], victims, replicas: int) -> bool:
     """Would killing `victims` at once leave a range with no live copy? True when more
     than `replicas` of them are consecutive among the live nodes (cyclically)."""
@@ -393,6 +404,11 @@ def _victims(scenario: Scenario, fault: Fault, live: list[str], rng: random.Rand
         if owner not in live:
             raise ValueError(f"{scenario.name}: the hottest key's owner {owner} is already down")
         return (owner,)
+    if target == "hottest-piece":
+        owner = hottest_piece_holder(scenario, seed)
+        if owner not in live:
+            raise ValueError(f"{scenario.name}: {owner} is already down")
+        return (owner,)
     if target == "consecutive":
         if r < 1 or r >= n:
             raise ValueError(f"{scenario.name}: 'consecutive' needs 1 <= r < live nodes")
@@ -479,6 +495,13 @@ BUILTIN: dict[str, Scenario] = {s.name: s for s in [
              Load("zipf", rate=3000, mappers=2, chunk=300, ids=True), ci=True),
     Scenario("burst", "a few words repeated over and over; SIGKILL the hottest word's owner",
              4, 1, (Round((_kill("hottest", at=1.0),)),), Load("burst", rate=4000), ci=True),
+    Scenario("kill-shared-hot-key", "a ring running dynamic key grouping under three hot "
+             "words: once the mapper has spread the hottest over a pool of pieces, SIGKILL "
+             "the node holding its first piece away from its own node; reads merge the "
+             "pieces; every tuple checked by its id", 4, 1,
+             (Round((_kill("hottest-piece", at=3.0),)),),
+             Load("burst", rate=6000, chunk=300, ids=True), duration=4.5, ci=True,
+             node_args=("--balancer", "dkg")),
     Scenario("corpus", "the bundled corpus in order; SIGKILL two non-adjacent nodes", 6, 1,
              (Round((_kill("non-adjacent", at=1.0, count=2),)),), Load("corpus", rate=4000),
              ci=True),
