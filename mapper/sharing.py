@@ -64,8 +64,10 @@ class DynamicChooser:
     """Dynamic key grouping (`dkg`): a cold key goes to its own node (piece 0); a hot
     one (a Space-Saving sketch of this mapper's keys, bounded to `capacity` counters)
     gets a pool of pieces that grows while even its least loaded candidate carries
-    more than the ideal share plus its square root (in % of what this mapper sent,
-    the reference implementation's thresholds) and shrinks below the ideal minus it.
+    more than the ideal share (in % of what this mapper sent) times 1 + `slack`, and
+    shrinks while every one carries less than it times 1 - `slack`. `slack=None` takes
+    the reference implementation's thresholds instead, the ideal plus or minus its
+    square root (12.5% +- 3.5% on 8 nodes), which leave more imbalance (docs/balance.md).
     A piece joins a pool only if its node is new to the pool and less loaded than every
     candidate already in it. Pools are reviewed every `review_every` tuples once
     `warm_up` tuples were sent. A piece left out of a shrunk pool keeps what it holds:
@@ -73,14 +75,16 @@ class DynamicChooser:
     sketch and the loads decay by `decay`, so they follow the last few tens of
     thousands of tuples: a key that cools down loses its pool."""
 
-    def __init__(self, max_pieces: int, capacity: int = 256, review_every: int = 2000,
-                 warm_up: int = 10_000, decay: float = 0.9) -> None:
+    def __init__(self, max_pieces: int, capacity: int = 256, review_every: int = 1000,
+                 warm_up: int = 10_000, decay: float = 0.9,
+                 slack: float | None = 0.05) -> None:
         self.max_pieces = max_pieces
         self.sketch = SpaceSaving(capacity)
         self.pools: dict = {}                    # hot key -> its pieces, the key first
         self.sent: Counter = Counter()           # tuples sent per node, by this mapper
         self.total = 0
         self.review_every, self.warm_up, self.decay = review_every, warm_up, decay
+        self.slack = slack
 
     def placer(self, ring: Ring, route):
         sent, owner, pools, sketch = self.sent, ring.owner_of_token, self.pools, self.sketch
@@ -102,7 +106,8 @@ class DynamicChooser:
 
     def review(self, ring: Ring, route) -> None:
         ideal = 100 / len(ring.nodes)
-        up, down = ideal + math.sqrt(ideal), ideal - math.sqrt(ideal)
+        margin = math.sqrt(ideal) if self.slack is None else ideal * self.slack
+        up, down = ideal + margin, ideal - margin
         weight = sum(self.sent.values()) or 1.0
         load = {n: 100 * self.sent[n] / weight for n in ring.nodes}
         hot = {k for k, _ in self.sketch.above(1 / (4 * len(ring.nodes)))}

@@ -234,3 +234,16 @@ def test_floe_up_keeps_the_balancer_and_refuses_another_on_the_kept_cluster(tmp_
         assert floe(tmp_path, "get", "alpha").strip() == "3"
     finally:
         floe_run(tmp_path, "down")
+
+
+def test_dkg_evens_zipf_1_1_on_8_nodes_to_within_5_percent_of_the_mean():
+    from chaos.skew import workload
+    ring = Ring.initial({f"n{i}": f"h:{i}" for i in range(8)}, 1, 8, "dkg")
+    keys = workload("zipf-1.1", 200_000)
+    ratios = {}
+    for slack in (None, 0.05):                    # the reference's thresholds, ours
+        chooser = DynamicChooser(balancer("dkg").pieces, slack=slack)
+        place = chooser.placer(ring, ring.token_for_key)
+        loads = Counter(ring.owner_of_token(place(k)[1]) for k in keys)
+        ratios[slack] = max(loads.values()) / (len(keys) / 8)
+    assert ratios[0.05] <= 1.05 < ratios[None], ratios
