@@ -117,8 +117,10 @@ class RingClient:
             self._stop_loop()
             raise
         self._router = Router(ring)
-        # where each tuple of a shared key goes (the ring's balancer is fixed)
-        self._chooser = chooser_for(balancer(ring.balancer))
+        # where each tuple of a shared key goes (the ring's balancer is fixed); a source
+        # the caller names may be replayed by another process (a retried Spark task),
+        # which must send each seq to the piece it went to: its choice is the seq's
+        self._chooser = chooser_for(balancer(ring.balancer), replayable=source is not None)
         self._merging = None                # the reducer, once a read merges pieces
         self._tokens = ring.tokens          # the ring tokens the open buffers were routed with
         self._delivery.on_ring_change = self._router.update
@@ -177,6 +179,7 @@ class RingClient:
             raise self._delivery.fatal
         self._call(self._delivery.reopen_streams())
         self._call(self._delivery.fetch_ring())
+        self._chooser = chooser_for(balancer(self.ring.balancer), replayable=True)
         self.source = source
         self._next_seq = first_seq
 
@@ -195,7 +198,7 @@ class RingClient:
             if place is None:
                 token = route(key)
             else:
-                key, token = place(key)
+                key, token = place(key, self._next_seq)
             buf = self._buffers.get(token)
             if buf is None:
                 buf = self._buffers[token] = _Buffer(time.monotonic(), tokens)
@@ -240,7 +243,7 @@ class RingClient:
                     if place is None:
                         token = route(key)
                     else:
-                        key, token = place(key)
+                        key, token = place(key, seq)
                     buf = buffers.get(token)
                     if buf is None:
                         buf = buffers[token] = _Buffer(time.monotonic(), tokens)

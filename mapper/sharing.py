@@ -35,7 +35,7 @@ class PieceChooser:
             self._pairs = (ring.tokens, pairs)
         sent, owner, max_cached = self.sent, ring.owner_of_token, self.max_cached
 
-        def place(key):
+        def place(key, _seq=0):
             pair = pairs.get(key)
             if pair is None:
                 other = piece_key(key, 1)
@@ -90,7 +90,7 @@ class DynamicChooser:
         sent, owner, pools, sketch = self.sent, ring.owner_of_token, self.pools, self.sketch
         review_every = self.review_every
 
-        def place(key):
+        def place(key, _seq=0):
             sketch.add(key)
             pool = pools.get(key)
             if pool is None:
@@ -133,10 +133,30 @@ class DynamicChooser:
             self.sent[node] *= self.decay
 
 
-def chooser_for(policy):
-    """The mapper's piece chooser for a ring's balancer (None: keys are not shared)."""
+def chooser_for(policy, replayable: bool = False):
+    """The mapper's piece chooser for a ring's balancer (None: keys are not shared).
+
+    `replayable`: the source's seqs may be sent again by another process (a retried
+    task of an epoch source). A range deduplicates by seq, so a seq sent again must go
+    to the piece it went to the first time; a choice made from this process's own load
+    counts is not repeatable, so such a source's piece is a function of the seq alone:
+    its parity, between the key and its piece 1 (every sharing policy reads both)."""
+    if policy.pieces == 1:
+        return None
+    if replayable:
+        return SeqParityChooser()
     if policy.name == "pkg":
         return PieceChooser()
-    if policy.name == "dkg":
-        return DynamicChooser(policy.pieces)
-    return None
+    return DynamicChooser(policy.pieces)
+
+
+class SeqParityChooser:
+    """Odd seqs to the key itself, even ones to its piece 1: replayable."""
+
+    def placer(self, ring: Ring, route):
+        def place(key, seq):
+            if seq & 1:
+                return key, route(key)
+            piece = piece_key(key, 1)
+            return piece, route(piece)
+        return place

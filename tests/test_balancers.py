@@ -247,3 +247,16 @@ def test_dkg_evens_zipf_1_1_on_8_nodes_to_within_5_percent_of_the_mean():
         loads = Counter(ring.owner_of_token(place(k)[1]) for k in keys)
         ratios[slack] = max(loads.values()) / (len(keys) / 8)
     assert ratios[0.05] <= 1.05 < ratios[None], ratios
+
+
+def test_a_replayable_source_sends_a_seq_to_the_same_piece_whatever_the_ring():
+    from mapper.sharing import chooser_for
+    ring = Ring.initial(MEMBERS, 1, 8, "pkg")
+    moved = ring.split_token(ring.tokens[3], ring.tokens[3] - 2 ** 40).without(["n2"])
+    for policy in ("pkg", "dkg"):
+        first = chooser_for(balancer(policy), replayable=True).placer(ring, ring.token_for_key)
+        again = chooser_for(balancer(policy), replayable=True).placer(moved, moved.token_for_key)
+        words = corpus_words()[:5000]
+        assert [first(w, s)[0] for s, w in enumerate(words, 1)] == \
+            [again(w, s)[0] for s, w in enumerate(words, 1)]
+        assert {is_piece(first(w, s)[0]) for s, w in enumerate(words, 1)} == {True, False}

@@ -37,12 +37,12 @@ def ring(tmp_path):
         yield cluster
 
 
-def healthy_ring(tmp_path, attempts=3):
+def healthy_ring(tmp_path, attempts=3, balancer=None):
     """A 4-node ring in which nothing has moved a second after start. On a heavily
     loaded machine a node that starts late can be declared dead by a peer that started
     first; these tests are about Spark, so they start from an intact ring."""
     for attempt in range(attempts):
-        cluster = LocalCluster.up(4, 1, workdir=tmp_path / f"ring-{attempt}")
+        cluster = LocalCluster.up(4, 1, workdir=tmp_path / f"ring-{attempt}", balancer=balancer)
         time.sleep(1.0)
         with RingClient(cluster.seeds, tls=cluster.tls()) as client:
             pristine = client.refresh_ring().pristine
@@ -133,6 +133,22 @@ def test_a_task_failing_half_way_is_retried_and_counted_once(tmp_path, ring):
     assert got == expected, diff(got, expected)
     # the retry resent the tuples the failed attempt had delivered; the ring dropped them
     assert sum(s["duplicates"] for s in stats) > 0
+
+
+def test_on_a_ring_sharing_keys_a_retried_task_is_counted_once_and_read_merged(tmp_path):
+    from chaos.skew import raw_holders
+    expected = write_corpus(tmp_path / "in")
+    marker = tmp_path / "failed-once"
+    with healthy_ring(tmp_path, balancer="pkg") as ring:
+        spark = run_driver(tmp_path, ring, "--available-now", "--inject-task-failure",
+                           str(marker), master="local[2,2]")
+        assert finish(spark) == 0, spark.output()
+        assert marker.exists(), "the fault was never injected"
+        got, stats = ring_state(ring)
+        assert got == expected, diff(got, expected)        # the pieces merged
+        assert sum(s["duplicates"] for s in stats) > 0     # the retry's resends dropped
+        spread = [k for k, nodes in raw_holders(ring).items() if len(nodes) > 1]
+        assert "the" in spread, "the hottest word was not spread over two nodes"
 
 
 def test_driver_killed_mid_batch_resumes_from_its_checkpoint(tmp_path, ring):
