@@ -187,6 +187,41 @@ def run_one(policy: str, name: str, tuples: int, seed: int = 1,
                    loads)
 
 
+def run_overload(policy: str, name: str, rate: float, work: int, seconds: float,
+                 seed: int = 1) -> dict:
+    """Latency under one overload for every policy: the reducer costs `work` loop turns
+    per tuple (chaos.costly), and the workload is fed open-loop at `rate` tuples/s in
+    20 ms ticks, each tick flushed; a tick's latency counts from when it was due, not
+    from when it could be sent, so a ring that falls behind shows it (no coordinated
+    omission)."""
+    keys = workload(name, max(int(rate * seconds), 1), seed)
+    with tempfile.TemporaryDirectory(prefix="floe-skew-") as tmp, \
+            LocalCluster.up(nodes_for(name), 1, workdir=tmp, balancer=policy,
+                            reducer="chaos.costly:CostlyCount",
+                            extra_args=["--reducer-arg", f"work={work}"]) as cluster:
+        with RingClient(cluster.seeds, tls=cluster.tls("client"), linger=0.005,
+                        batch_size=200) as client:
+            latencies, sent, tick = [], 0, 0.02
+            start = time.perf_counter()
+            for i in itertools.count():
+                due = start + i * tick
+                if due - start >= seconds:
+                    break
+                time.sleep(max(0.0, due - time.perf_counter()))
+                upto = min(len(keys), int((i + 1) * tick * rate))
+                client.emit_many(keys[sent:upto])
+                client.flush()
+                latencies.append(time.perf_counter() - due)
+                sent = upto
+            elapsed = time.perf_counter() - start
+            exact = dict(client.scan()) == dict(Counter(keys[:sent]))
+    latencies.sort()
+    return {"policy": policy, "workload": name, "rate": rate, "work": work, "sent": sent,
+            "offered_seconds": seconds, "elapsed": round(elapsed, 2), "exact": exact,
+            "p50_ms": _ms(latencies, 0.5), "p99_ms": _ms(latencies, 0.99),
+            "max_ms": round(1000 * latencies[-1], 1) if latencies else 0.0}
+
+
 def _ms(sorted_seconds: list[float], q: float) -> float:
     if not sorted_seconds:
         return 0.0
@@ -254,6 +289,11 @@ def main(argv=None) -> int:
                    help="feed each workload over and over for this long, at least once "
                         "(default 6)")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--overload", type=float, metavar="RATE",
+                   help="instead: latency of every policy under one open-loop overload "
+                        "of RATE tuples/s, with a reducer costing --work per tuple")
+    p.add_argument("--work", type=int, default=400,
+                   help="--overload: loop turns per tuple in the reducer (default 400)")
     p.add_argument("--json", help="also write every outcome to this file")
     p.add_argument("--plot", metavar="DIR", help="write a PNG per metric to DIR")
     p.add_argument("--from-json", metavar="FILE",
@@ -267,6 +307,18 @@ def main(argv=None) -> int:
     for x in names:
         if x not in WORKLOADS:
             p.error(f"unknown workload {x!r}: one of {', '.join(WORKLOADS)}")
+    if args.overload:
+        rows = [run_overload(policy, name, args.overload, args.work, args.seconds, args.seed)
+                for name in names for policy in policies]
+        for r in rows:
+            print(f"{r['workload']:10} {r['policy']:6} rate {r['rate']:.0f}/s: sent "
+                  f"{r['sent']} in {r['elapsed']:.1f} s (offered {r['offered_seconds']:.0f} s), "
+                  f"p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms, max {r['max_ms']} ms, "
+                  f"exact {r['exact']}")
+        if args.json:
+            with open(args.json, "w") as fh:
+                json.dump(rows, fh, indent=1)
+        return 0 if all(r["exact"] for r in rows) else 1
     outcomes = []
     if args.from_json:
         with open(args.from_json) as fh:

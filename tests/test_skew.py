@@ -42,3 +42,11 @@ def test_a_short_run_is_exact_and_dkg_evens_a_skewed_workload(policy):
         assert outcome.skew == pytest.approx(0.8, abs=0.01) and outcome.dist_cost == 1.0
     else:
         assert outcome.skew < 0.3 and outcome.dist_cost > 1.0
+
+
+@pytest.mark.multiprocess
+def test_the_overload_run_is_exact_and_counts_latency_from_when_a_tick_was_due():
+    from chaos.skew import run_overload
+    row = run_overload("pkg", "wl4-h", rate=5000, work=10, seconds=1.0)
+    assert row["exact"] and row["sent"] == 5000
+    assert 0 < row["p50_ms"] <= row["p99_ms"] <= row["max_ms"]
