@@ -381,16 +381,17 @@ class RingClient:
 
     def top(self, k: int = 10) -> list[tuple[object, object]]:
         """The k keys with the highest rank (the count, for word count), best first."""
+        if balancer(self.ring.balancer).pieces > 1:
+            # a key's pieces rank apart on their nodes: rank the merged whole
+            reducer = self._reducer()
+            return heapq.nlargest(k, self.scan(), key=lambda e: reducer.sort_key(e[1]))
+
         async def call(ring: Ring):
             return await asyncio.gather(*(
                 self._delivery.query_stub(address).Top(floe_pb2.TopRequest(k=k),
                                                        timeout=self.rpc_timeout)
                 for _, address in ring.addresses))
 
-        if balancer(self.ring.balancer).pieces > 1:
-            # a key's pieces rank apart on their nodes: rank the merged whole
-            reducer = self._reducer()
-            return heapq.nlargest(k, self.scan(), key=lambda e: reducer.sort_key(e[1]))
         entries = [e for reply in self._query(call) for e in unpack(reply.entries)]
         return [(key, state) for key, state, _ in heapq.nlargest(k, entries, key=lambda e: e[2])]
 
