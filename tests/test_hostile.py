@@ -279,12 +279,17 @@ def test_a_client_that_never_reads_its_acks_is_held_back_not_buffered(cluster):
                 last_seq=seq + 99, count=100, id=seq, payload=payload)])
 
     # A plain 64 KiB receive window: the acks this client leaves unread fill it soon.
+    # What the transports still take after that is bounded too: the node's receive
+    # window (~13,000 of these 442-byte requests measured here) and as many requests
+    # as 64 KiB of acks acknowledge, up to ~20,000 when a busy node packs 64 ids into
+    # one reply. A node that read on regardless (--stream-window 10^8) took ~10,000 a
+    # second, past 50,000 in 5 s.
     with grpc.insecure_channel(node.address, options=[("grpc.http2.bdp_probe", 0)]) as channel:
         call = floe_pb2_grpc.DataPlaneStub(channel).Push(requests(), timeout=30)
         deadline = time.monotonic() + 8
-        while time.monotonic() < deadline and len(sent) < 20_000:
+        while time.monotonic() < deadline and len(sent) < 50_000:
             time.sleep(0.2)
-        held_back = len(sent) < 20_000         # the node stopped reading us
+        held_back = len(sent) < 50_000         # the node stopped reading us
         grown = rss_mib(node.pid) - before
         call.cancel()
     assert held_back, f"all {len(sent)} requests were read without one ack read"
