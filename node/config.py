@@ -232,6 +232,7 @@ def _add_balancing(p: argparse.ArgumentParser) -> None:
                    help="how many distinct nodes clockwise a shed range may go (1: only "
                         "the neighbour holding it)")
 
+
 def _add_durability(p: argparse.ArgumentParser) -> None:
     """Durable mode (docs/durability.md)."""
     p.add_argument("--data-dir",
