@@ -1,5 +1,6 @@
 """Mapper side of the balancers that share keys (`node.core.balancers`): which piece
-of its key a tuple goes to, and merging the pieces back when reading.
+of its key a tuple goes to. Reads merge the pieces back (`RingClient`, with
+`node.core.pieces.merge_pieces`).
 
 Partial key grouping (`pkg`): a key's two candidates are its pieces 0 and 1, each on
 its own place of the ring; the tuple goes to the candidate whose owner this mapper has
