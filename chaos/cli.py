@@ -29,7 +29,7 @@ from pathlib import Path
 
 from chaos.cluster import (DEFAULT_STATE_FILE, LayoutMismatch, LocalCluster, describe_layout,
                            kept_layout, wipe)
-from node.core.balancers import BALANCERS
+from node.core.balancers import BALANCERS, described
 from node.core.errors import FloeError
 
 
@@ -307,11 +307,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--reducer", help="a new cluster: count")
     up.add_argument("--tokens-per-node", type=int, help="a new cluster: 8")
     up.add_argument("--balancer", choices=sorted(BALANCERS),
-                    help="a new cluster's load-balancing policy, for good: none (static "
-                         "hashing), floe (overloaded nodes hand ranges to neighbours), pkg "
-                         "(every key over two pieces), dkg (hot keys over a pool of pieces "
-                         "that follows the load); pkg and dkg merge pieces on reads and "
-                         "need a reducer with merge (a new cluster: none)")
+                    help="a new cluster's load-balancing policy, for good: " + described()
+                         + ". A policy that shares keys merges their pieces on reads and "
+                         "needs a reducer with merge (a new cluster: none)")
     up.add_argument("--insecure", action="store_true",
                     help="no TLS (default: a throwaway CA and certificates in "
                          "floe-cluster/tls/, mutual TLS on every call; the other commands "

@@ -13,7 +13,7 @@ import tomllib
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from node.core.balancers import BALANCERS
+from node.core.balancers import BALANCERS, described
 
 
 @dataclass(frozen=True)
@@ -218,11 +218,9 @@ def _add_balancing(p: argparse.ArgumentParser) -> None:
                    help="the same as --balancer floe")
     p.add_argument("--balancer", choices=sorted(BALANCERS),
                    help="the ring's load-balancing policy, fixed when it is founded (every "
-                        "member must say the same): none (static hashing), floe (overloaded "
-                        "nodes hand ranges to neighbours), pkg (partial key grouping: every "
-                        "key split over two pieces), dkg (dynamic key grouping: hot keys "
-                        "over a pool of pieces that follows the load); pkg and dkg merge "
-                        "the pieces on reads and need a reducer with merge (default none)")
+                        "member must say the same): " + described() + ". A policy that "
+                        "shares keys merges their pieces on reads and needs a reducer "
+                        "with merge (default none)")
     p.add_argument("--high-queue", type=float)
     p.add_argument("--high-cpu", type=float)
     p.add_argument("--low-queue", type=float)

@@ -42,7 +42,7 @@ from node.core.node_core import NodeCore
 from node.core.reducers import load_reducer
 from node.core.ring import Ring
 from chaos.hostile import forged_views
-from node.core.shedding import PeerLoad, shed_reach
+from node.core.shedding import PeerLoad, cut_positions, shed_reach
 from mapper.sharing import chooser_for
 from node.core.balancers import balancer
 from node.core.pieces import base_of
@@ -810,10 +810,10 @@ class Simulation(DurableNodes):
         def plan_now() -> None:
             plan = proc.machine.plan_shed(loads, reach=REACH, tokens_per_node=self.tokens,
                                           depth=depth, relieved=relieved)
-            if plan.split is not None:
+            for pos in cut_positions(plan):
                 try:
-                    self.handle(proc, SplitRequested(plan.split[1]))
-                except InvalidArgument as exc:
+                    self.handle(proc, SplitRequested(pos))
+                except FloeError as exc:
                     self.log.append(f"{self.now:.3f} {proc.name} split refused: {exc}")
             moves = proc.machine.shed_moves(plan)
             if moves:

@@ -246,8 +246,10 @@ def shed_scenario(seed: int) -> Simulation:
     """Skewed keys and an overloaded node (the owner of the hottest key) that sheds:
     whole ranges to its neighbours, a range cut at the measured point, or, when its
     heir is overloaded too, a request that the heir shed first (the cascade); mixed
-    with a kill, pause or partition."""
-    pick, sim, names = random_cluster(seed, 49979687, skew=pick_skew(seed))
+    with a kill, pause or partition. One seed in three runs the Ray paper's halving,
+    one in three its doubling (many cuts and a handoff to several nodes at once)."""
+    policy = ("none", "halving", "doubling")[seed % 3]
+    pick, sim, names = random_cluster(seed, 49979687, skew=pick_skew(seed), policy=policy)
     nodes = len(names)
     hot = sim.nodes[names[0]].core.ring.owner("w0")
     faults = [(pick.uniform(0.2, 0.6), sim.overload, (hot, pick.uniform(1.0, 2.5)))]
@@ -278,10 +280,18 @@ def test_shed_seed(seed):
 
 def test_shedding_moves_splits_and_cascades_across_seeds():
     # The shedding seeds must exercise what they claim to: moves, splits, cascades.
-    logs = [line for seed in range(20) for line in shed_scenario(seed).log]
+    sims = [shed_scenario(seed) for seed in range(20)]
+    logs = [line for sim in sims for line in sim.log]
     assert sum(" sheds " in line for line in logs) >= 10, logs
     assert any(" split " in line for line in logs), logs
     assert any("asked by" in line for line in logs), logs
+    # and the Ray paper's policies move ranges (doubling after cutting them)
+    for policy in ("halving", "doubling"):
+        runs = [sim.log for sim in sims if sim.founding.balancer == policy]
+        moved = [log for log in runs if any("shed (" in x and "committed" in x for x in log)]
+        assert len(moved) >= 2, (policy, runs)
+        if policy == "doubling":
+            assert all(any(" split " in x for x in log) for log in moved), moved
 
 
 FORGED_SEEDS = int(os.environ.get("FLOE_SIM_FORGED_SEEDS", "60"))

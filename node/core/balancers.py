@@ -7,6 +7,10 @@ replication factor, so all agree. What each policy decides:
 - `none`: static consistent hashing, the baseline; nothing moves by itself.
 - `floe`: the Floe paper's: an overloaded node hands its hottest ranges (cut at the
   measured split point) to its clockwise neighbours (`node.core.shedding`).
+- `halving`, `doubling`: the Ray consistent-hashing paper's: an overloaded node gives
+  up half of its tokens to the next owners clockwise, or cuts its ranges where the
+  other nodes' doubled tokens fall and hands them the heads
+  (`node.core.redistribution`).
 - `pkg`: partial key grouping: every key has two candidate pieces
   (`node.core.pieces`), and a mapper sends each tuple to the candidate whose node it
   has itself sent fewer tuples to (local load estimation). Reads merge the two.
@@ -34,12 +38,22 @@ class Balancer:
 BALANCERS = {b.name: b for b in (
     Balancer("none", False, 1, "static consistent hashing"),
     Balancer("floe", True, 1, "overloaded nodes hand ranges to their neighbours"),
+    Balancer("halving", True, 1, "overloaded nodes give half of their tokens to the "
+                                 "next owners clockwise, as the Ray paper's halving"),
+    Balancer("doubling", True, 1, "overloaded nodes give the other nodes new tokens "
+                                  "inside their own ranges, as the Ray paper's "
+                                  "doubling"),
     Balancer("pkg", False, 2, "partial key grouping: two candidates per key, "
                               "chosen by the mapper's own count of what it sent"),
     Balancer("dkg", False, 16, "dynamic key grouping: a hot key's pool of pieces grows "
                                "and shrinks with the load, cold keys stay on one node"),
 )}
 DEFAULT = "none"
+
+
+def described() -> str:
+    """Every policy with what it does, for help texts."""
+    return "; ".join(f"{b.name} ({b.summary})" for b in BALANCERS.values())
 
 
 def balancer(name: str) -> Balancer:

@@ -6,6 +6,9 @@ Hottest ranges go to the nearest nodes clockwise that are not busy themselves
 the measured point and its tail handed over (`plan_split`). When no move helps and a
 neighbour that would receive is busy, it is asked to shed first: the request cascades
 clockwise, at most once round the ring.
+
+A ring running the Ray paper's `halving` or `doubling` plans its round by that
+policy instead (`node.core.redistribution`); the caller carries it out the same way.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from node.core.load import choose_shed, clockwise_nodes
+from node.core.redistribution import DOUBLING_GROWTH, doubling_cuts, halving_moves
 from node.core.ring import Ring
 from node.core.split_point import plan_split
 
@@ -36,6 +40,7 @@ class ShedPlan:
     ask: str = ""                                   # busy heir to ask to shed first
     rates_of: dict = field(default_factory=dict)    # node -> apply rate, for the log
     busy: tuple[str, ...] = ()
+    cuts: tuple = ()                                # (position, node): cut there, head to node
 
 
 def shed_reach(ring: Ring, me: str, reach: int) -> list[str]:
@@ -48,6 +53,11 @@ def plan_shed(ring: Ring, me: str, rates: dict[int, float], peers: dict[str, Pee
               depth: int, relieved: str | None = None) -> ShedPlan:
     """`relieved` just shed: its overload verdict lags its move, so it is judged by its
     rate, and it is not asked again."""
+    if ring.balancer == "halving":
+        return ShedPlan(halving_moves(ring, me))
+    if ring.balancer == "doubling":
+        return ShedPlan(cuts=doubling_cuts(ring, me, DOUBLING_GROWTH * tokens_per_node
+                                           * len(ring.nodes)))
     rates_of, busy = {}, set()
     for node, peer in peers.items():
         if peer is None:
@@ -64,10 +74,20 @@ def plan_shed(ring: Ring, me: str, rates: dict[int, float], peers: dict[str, Pee
     return ShedPlan(moves, split, ask, rates_of, tuple(sorted(busy)))
 
 
+def cut_positions(plan: ShedPlan) -> list[int]:
+    """Where to cut our ranges before the moves, in order."""
+    first = [plan.split[1]] if plan.split is not None else []
+    return first + [pos for pos, _ in plan.cuts]
+
+
 def with_split_tail(plan: ShedPlan, ring: Ring, me: str) -> dict[int, str]:
-    """The moves once the planned split was made in `ring`: the tail (which kept the
-    token) goes to the heir, if the token is still ours."""
+    """The moves once the planned split and cuts were made in `ring`: the split's
+    tail (which kept the token) goes to the heir, a cut's head (the new token) to its
+    node, if the token is still ours."""
     moves = dict(plan.moves)
+    for pos, node in plan.cuts:
+        if ring.has_token(pos) and ring.owner_of_token(pos) == me:
+            moves[pos] = node
     if plan.split is not None:
         token, _, heir = plan.split
         if ring.has_token(token) and ring.owner_of_token(token) == me:

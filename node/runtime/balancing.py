@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from node.core.errors import FloeError
 from node.core.handoff import HandoffState
-from node.core.shedding import PeerLoad, shed_reach
+from node.core.shedding import PeerLoad, cut_positions, shed_reach
 
 log = logging.getLogger("floe.node")
 
@@ -56,11 +56,11 @@ async def _shed_once(runtime, reason: str, depth: int,
     plan = machine.plan_shed(loads, reach=runtime.config.balance_reach,
                              tokens_per_node=runtime.config.tokens_per_node, depth=depth,
                              relieved=relieved)
-    if plan.split is not None:
+    for pos in cut_positions(plan):
         try:
-            await runtime.split_range(plan.split[1])
+            await runtime.split_range(pos)
         except FloeError as exc:
-            log.info("load: split of token %#x refused: %s", plan.split[0], exc)
+            log.info("load: cut at %#x refused: %s", pos, exc)
     moves = machine.shed_moves(plan)
     log.info("load: %s at %.6f, rate %.0f/s, queue %.1f, busy %.0f%%; nodes %s busy %s; "
              "moving %d ranges", reason, time.time(), machine.load.rate(),
