@@ -88,9 +88,12 @@ class OpenLoopFeeder(threading.Thread):
 
 def run(workdir: str | Path, seconds: float = 20.0, rate: float = 30_000, nodes: int = 3,
         work: int = 1000, hot: int = 4, hot_share: float = 0.9, sample: float = 0.2,
-        cooldown: float = 3.0, reach: int = 2, one_range: bool = False) -> dict:
-    """`one_range`: every hot word in the same range of n0 (only a split can share it)."""
-    extra = ["--reducer-arg", f"work={work}", "--balance", "--balance-reach", str(reach),
+        cooldown: float = 3.0, reach: int = 2, one_range: bool = False,
+        policy: str = "floe") -> dict:
+    """`one_range`: every hot word in the same range of n0 (only a split can share it).
+    `policy`: the balancer that moves ranges (floe, halving or doubling)."""
+    extra = ["--reducer-arg", f"work={work}", "--balancer", policy,
+             "--balance-reach", str(reach),
              "--high-queue", "16",
              "--low-queue", "4", "--high-cpu", "0.85", "--low-cpu", "0.7",
              "--balance-cooldown", str(cooldown)]   # the default failure detector
@@ -308,6 +311,8 @@ def main(argv=None) -> int:
     p.add_argument("--plot", help="write the per-node rate plot (PNG) of the first run here")
     p.add_argument("--one-range", action="store_true",
                    help="put every hot word in the same range (only a token split shares it)")
+    p.add_argument("--policy", choices=["floe", "halving", "doubling"], default="floe",
+                   help="the balancer that moves ranges (default floe)")
     args = p.parse_args(argv)
     reaches = [1, 2] if args.compare_reach else [args.reach]
     rows: dict[int, list[dict]] = {r: [] for r in reaches}
@@ -317,7 +322,7 @@ def main(argv=None) -> int:
             with tempfile.TemporaryDirectory() as tmp:
                 result = run(tmp, args.seconds, args.rate, nodes=args.nodes, work=args.work,
                              hot=args.hot, cooldown=args.cooldown, reach=reach,
-                             one_range=args.one_range)
+                             one_range=args.one_range, policy=args.policy)
             print(f"--- run {i + 1}, reach {reach}")
             print(report(result), flush=True)
             rows[reach].append(summary_row(result))

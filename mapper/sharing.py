@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 
+from mapper.smalops import SmalopsChooser
 from node.core.batch import KEY_TYPES
 from node.core.errors import InvalidKey
 from node.core.pieces import check_user_key, piece_key
@@ -148,6 +149,8 @@ def chooser_for(policy, replayable: bool = False):
         return SeqParityChooser()
     if policy.name == "pkg":
         return PieceChooser()
+    if policy.name == "smalops":
+        return SmalopsChooser(policy.pieces)
     return DynamicChooser(policy.pieces)
 
 

@@ -74,7 +74,7 @@ def test_the_balancer_travels_with_the_ring_and_another_is_refused():
 
 
 def test_an_unknown_balancer_is_refused_by_name():
-    with pytest.raises(InvalidArgument, match="one of dkg, floe, none, pkg"):
+    with pytest.raises(InvalidArgument, match="one of dkg, doubling, floe, halving, none, pkg, smalops"):
         balancer("round-robin")
     import msgpack
     wire = msgpack.unpackb(Ring.initial(MEMBERS, 1, 2, "pkg").to_wire())

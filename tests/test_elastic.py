@@ -94,9 +94,11 @@ def test_a_kill_in_the_middle_of_a_move_loses_nothing(tmp_path, victim):
         assert all(n["lost_ranges"] == 0 for n in nodes.values() if "error" not in n)
 
 
-def test_a_skewed_stream_rebalances_by_itself_and_stays_exact(tmp_path):
+@pytest.mark.parametrize("policy", ["floe", "halving", "doubling"])
+def test_a_skewed_stream_rebalances_by_itself_and_stays_exact(tmp_path, policy):
     from chaos.balance import run
-    result = run(tmp_path, seconds=8, rate=24000, work=4000)   # hot words: ~1.5x one core
+    result = run(tmp_path, seconds=8, rate=24000, work=4000,   # hot words: ~1.5x one core
+                 policy=policy)
     assert result["exact"], "counts differ from the independent count"
     assert "t_over" in result, "no node became overloaded: the workload is too light here"
     assert result["t_moved"] is not None, "the overloaded node moved nothing"

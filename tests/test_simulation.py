@@ -361,16 +361,18 @@ BALANCER_SEEDS = int(os.environ.get("FLOE_SIM_BALANCER_SEEDS", "40"))
 
 
 def balancer_scenario(seed: int) -> Simulation:
-    """A ring running a balancer that shares keys (pkg, or dkg reviewing its pools
-    every 20 tuples so that they form within the run) under a skewed stream, with a
+    """A ring running a balancer that shares keys (pkg, dkg reviewing its pools every
+    20 tuples, or smalops deciding every 30, so that they act within the run) under a skewed stream, with a
     handoff or a split and a kill, pause or partition: the pieces of a key are
     ordinary ring state, so every count, merged over its pieces, must be exact."""
     import random
-    policy = random.Random(seed).choice(["pkg", "dkg"])
+    policy = random.Random(seed).choice(["pkg", "dkg", "smalops"])
     pick, sim, names = random_cluster(seed, 15485863, skew=0.6, policy=policy)
     for mapper in sim.mappers:
         if policy == "dkg":
             mapper.chooser.warm_up, mapper.chooser.review_every = 40, 20
+        elif policy == "smalops":
+            mapper.chooser.window, mapper.chooser.heavy = 30, 0.1
     faults = [(pick.uniform(0.1, 1.2), sim.handoff, (pick.choice(names), "heir"))
               if pick.random() < 0.5 else
               (pick.uniform(0.1, 1.2), sim.split, (pick.choice(names), True))]

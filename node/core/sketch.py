@@ -31,6 +31,13 @@ class SpaceSaving:
         self._heap: list[tuple[float, int, Hashable]] = []   # lazy: stale entries skipped
         self._pushes = 0
 
+    def clear(self) -> None:
+        """Forget every count: a new window starts."""
+        self.counts.clear()
+        self.errors.clear()
+        self.total = 0.0
+        self._heap.clear()
+
     def __len__(self) -> int:
         return len(self.counts)
 
