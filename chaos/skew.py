@@ -77,10 +77,10 @@ def nodes_for(workload: str) -> int:
     return 8 if workload.startswith("zipf") else 4
 
 
-def letters_by_node(nodes: int) -> dict[str, list[str]]:
+def letters_by_node(nodes: int, tokens: int = TOKENS_PER_NODE) -> dict[str, list[str]]:
     """Short keys ('a'..'z', then 'aa', ...) grouped by the node owning them on a fresh
     ring (every policy starts from the same token layout)."""
-    ring = Ring.initial({f"n{i}": f"h:{i}" for i in range(nodes)}, 1, TOKENS_PER_NODE)
+    ring = Ring.initial({f"n{i}": f"h:{i}" for i in range(nodes)}, 1, tokens)
     alphabet = "abcdefghijklmnopqrstuvwxyz"
     pool = itertools.chain(alphabet, ("".join(p) for p in itertools.product(alphabet, repeat=2)))
     mine: dict[str, list[str]] = {n: [] for n in ring.nodes}
@@ -91,11 +91,12 @@ def letters_by_node(nodes: int) -> dict[str, list[str]]:
     raise AssertionError("no ring leaves a node without letters")
 
 
-def ray_items(name: str) -> list[str]:
-    """100 letters with the paper's no-balancing skew on our 4-node ring."""
+def ray_items(name: str, tokens: int = TOKENS_PER_NODE) -> list[str]:
+    """100 letters with the paper's no-balancing skew on our 4-node ring (`tokens`
+    per node)."""
     if name == "wl3":
         return ["a"] * 100
-    letters = letters_by_node(4)
+    letters = letters_by_node(4, tokens)
     nodes = sorted(letters)
     hot = RAY[name]
     rest = 100 - hot

@@ -50,3 +50,19 @@ def test_the_overload_run_is_exact_and_counts_latency_from_when_a_tick_was_due()
     row = run_overload("pkg", "wl4-h", rate=5000, work=10, seconds=1.0)
     assert row["exact"] and row["sent"] == 5000
     assert 0 < row["p50_ms"] <= row["p99_ms"] <= row["max_ms"]
+
+
+def test_the_ray_table_replay_matches_the_papers_halving_and_doubling_lowers_skew():
+    from chaos.ray_table import START_TOKENS, replay, table
+    rows = {(r["workload"], r["method"]): r for r in table()}
+    for (name, method), r in rows.items():
+        # the letters sit on the layout the paper starts that method from
+        ring = Ring.initial({f"n{i}": f"h:{i}" for i in range(4)}, 1, START_TOKENS[method])
+        per_node = Counter(ring.owner(k) for k in ray_items(name, START_TOKENS[method]))
+        assert round(skew([per_node[n] for n in ring.nodes]), 3) == r["before"]
+        assert r["before"] == pytest.approx(r["paper"][0], abs=0.01)
+        assert r["after"] <= r["before"], r                 # never worse
+    assert rows[("wl4-h", "halving")]["after"] == pytest.approx(0.52, abs=0.005)
+    for name in ("wl1-d", "wl4-d", "wl5-d"):
+        assert rows[(name, "doubling")]["after"] < rows[(name, "doubling")]["before"] - 0.15
+    assert replay("wl2", "halving") == (0.0, 0.0, 0)        # no skew: no trigger
