@@ -98,7 +98,7 @@ class Sampler(threading.Thread):
                 except Exception:
                     rows = []
                 nodes = {r["node_id"]: {k: r[k] for k in (
-                    "applied", "backup_tuples", "queue_length", "under_replicated", "keys",
+                    "applied", "handed_off", "backup_tuples", "queue_length", "under_replicated", "keys",
                     "ring_version", "lost_ranges", "fenced", "ring_share", "rejoined")} for r in rows if "error" not in r}
                 self.samples.append({"t": t, "nodes": nodes})
                 self.stopping.wait(self.interval)

@@ -502,6 +502,16 @@ BUILTIN: dict[str, Scenario] = {s.name: s for s in [
              (Round((_kill("hottest-piece", at=3.0),)),),
              Load("burst", rate=6000, chunk=300, ids=True), duration=4.5, ci=True,
              node_args=("--balancer", "dkg")),
+    *(Scenario(f"kill-while-{policy}", f"a ring running the Ray paper's {policy} with "
+               "a hair trigger (every node counts as overloaded, a round every 0.5 s), "
+               "so ranges are cut and handed off all along; SIGKILL the "
+               "hottest word's owner mid-way; every tuple checked by its id", 4, 1,
+               (Round((_kill("hottest", at=1.5),)),),
+               Load("burst", rate=4000, chunk=200, ids=True), duration=3.0, ci=True,
+               node_args=("--balancer", policy, "--high-queue", "-1", "--high-cpu",
+                          "-1", "--low-queue", "-2", "--low-cpu", "-2",
+                          "--balance-cooldown", "0.5"))
+      for policy in ("halving", "doubling")),
     Scenario("corpus", "the bundled corpus in order; SIGKILL two non-adjacent nodes", 6, 1,
              (Round((_kill("non-adjacent", at=1.0, count=2),)),), Load("corpus", rate=4000),
              ci=True),
