@@ -175,12 +175,16 @@ def run_one(policy: str, name: str, tuples: int, seed: int = 1,
                 sent += len(chunks[i % len(chunks)])
                 if i + 1 >= len(chunks) and time.perf_counter() - start >= seconds:
                     break
-            client.flush()
+            try:
+                client.flush()
+                failure = ""
+            except FloeError as exc:      # e.g. a ring that stopped taking tuples
+                failure = f"{type(exc).__name__}: {exc}"
             elapsed = time.perf_counter() - start
             latencies = sorted(s for s, _ in client.delivery_latencies())
             rows = client.stats()
             try:
-                got, failure = dict(client.scan()), ""
+                got = None if failure else dict(client.scan())
             except FloeError as exc:      # e.g. a range reported lost: shown, not hidden
                 got, failure = None, f"{type(exc).__name__}: {exc}"
         loads = [r["applied"] - before.get(r["node_id"], 0) for r in rows]

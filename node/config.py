@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from node.core.balancers import BALANCERS, described
+from node.core.reducers import parse_reducer_args, reducer_identity
 
 
 @dataclass(frozen=True)
@@ -123,6 +124,12 @@ class NodeConfig:
             # or double-counts what a slow sender still holds.
             if not getattr(self, name) >= 60:       # NaN fails too
                 raise ValueError(f"{name} must be at least 60 seconds")
+
+    @property
+    def reducer_identity(self) -> str:
+        """The reducer and its arguments, as the ring records them for every member."""
+        return reducer_identity(self.reducer, parse_reducer_args(
+            f"{k}={v}" for k, v in self.reducer_args))
 
 
 def _check_address(address: str) -> None:

@@ -266,6 +266,14 @@ def load_reducer(spec: str, **kwargs) -> Reducer:
     return reducer
 
 
+def reducer_identity(spec: str, kwargs: dict) -> str:
+    """What every member of a ring must run alike: the reducer's class (an alias as
+    the class it names) and its arguments."""
+    cls = BUILTINS.get(spec)
+    path = f"{cls.__module__}:{cls.__qualname__}" if cls is not None else spec
+    return path + "(" + ", ".join(f"{k}={kwargs[k]!r}" for k in sorted(kwargs)) + ")"
+
+
 def parse_reducer_args(items) -> dict:
     """["k=10", "unit=s"] -> {"k": 10, "unit": "s"}: ints, then floats, else strings."""
     args: dict = {}

@@ -57,6 +57,8 @@ class Ring:
     incarnations: tuple[tuple[str, int], ...] = ()
     # The load-balancing policy (node.core.balancers), fixed when the ring is founded.
     balancer: str = DEFAULT_BALANCER
+    # The reducer every member runs (node.core.reducers.reducer_identity); "": not recorded.
+    reducer: str = ""
     # Lookup tables derived once: lookups are on hot paths.
     _index: dict = field(init=False, repr=False, compare=False)
     _address: dict = field(init=False, repr=False, compare=False)
@@ -75,7 +77,7 @@ class Ring:
                                  sorted(self.removed), sorted(self.lost), self.generations,
                                  self.extras, sorted(self.retiring), self.incarnations)
                                 + ((self.balancer,) if self.balancer != DEFAULT_BALANCER
-                                   else ()))
+                                   else ()) + ((self.reducer,) if self.reducer else ()))
         digest = mmh3.hash(content, seed=0, signed=False) & 0xFFFFFF
         object.__setattr__(self, "stamp", (self.version << 24) | digest)
         object.__setattr__(self, "_index", {t: i for i, t in enumerate(self.tokens)})
@@ -96,7 +98,8 @@ class Ring:
 
     @classmethod
     def initial(cls, members: Mapping[str, str], replication: int,
-                tokens_per_node: int, balancer: str = DEFAULT_BALANCER) -> "Ring":
+                tokens_per_node: int, balancer: str = DEFAULT_BALANCER,
+                reducer: str = "") -> "Ring":
         """Evenly spaced tokens dealt round-robin: consecutive tokens belong to
         consecutive nodes, so each node's clockwise neighbour is its replica."""
         if not members:
@@ -110,7 +113,7 @@ class Ring:
         tokens = tuple((i + 1) * HASH_SPACE // total - 1 for i in range(total))
         owners = tuple(ids[i % len(ids)] for i in range(total))
         return cls(1, replication, tokens, owners, tuple((n, members[n]) for n in ids),
-                   balancer=balancer)
+                   balancer=balancer, reducer=reducer)
 
     # ------------------------------------------------------------- lookups
 
@@ -212,7 +215,8 @@ class Ring:
                       tokens=self.tokens, owners=self.owners, addresses=self.addresses,
                       removed=self.removed, lost=self.lost, generations=self.generations,
                       extras=self.extras, retiring=self.retiring,
-                      incarnations=self.incarnations, balancer=self.balancer)
+                      incarnations=self.incarnations, balancer=self.balancer,
+                      reducer=self.reducer)
         values.update(changes)
         ring = Ring(**values)
         ring.check_invariants()
@@ -396,7 +400,8 @@ class Ring:
     def content(self) -> tuple:
         """Everything but the version: two views saying the same thing."""
         return (self.replication, self.tokens, self.owners, self.addresses, self.removed,
-                self.lost, self.generations, self.extras, self.retiring, self.incarnations)
+                self.lost, self.generations, self.extras, self.retiring, self.incarnations,
+                self.reducer)
 
     def with_membership(self, version: int, removed: frozenset,
                         addresses: tuple) -> "Ring":
@@ -437,6 +442,8 @@ class Ring:
             raise AssertionError("replication < 0")
         if self.balancer not in BALANCERS:
             raise AssertionError(f"unknown balancer {inert(self.balancer, 40)}")
+        if len(self.reducer) > 1024:
+            raise AssertionError("a reducer name over 1024 characters")
         if not 0 <= self.version < MAX_VERSION:
             raise AssertionError(f"version {self.version} outside [0, 2**40)")
         if len(self.tokens) != len(self.owners):
@@ -479,7 +486,8 @@ class Ring:
                               "retiring": sorted([t, x] for t, x in self.retiring),
                               "incarnations": [list(p) for p in self.incarnations],
                               **({"balancer": self.balancer}
-                                 if self.balancer != DEFAULT_BALANCER else {})})
+                                 if self.balancer != DEFAULT_BALANCER else {}),
+                              **({"reducer": self.reducer} if self.reducer else {})})
 
     @classmethod
     def from_wire(cls, data: bytes) -> "Ring":
@@ -495,7 +503,7 @@ class Ring:
                              for t, nodes in d.get("extras", ())),
                        frozenset((int(t), str(x)) for t, x in d.get("retiring", ())),
                        tuple((str(n), int(i)) for n, i in d.get("incarnations", ())),
-                       str(d.get("balancer", DEFAULT_BALANCER)))
+                       str(d.get("balancer", DEFAULT_BALANCER)), str(d.get("reducer", "")))
             ring.check_invariants()
         except InvalidArgument:
             raise

@@ -28,8 +28,8 @@ MAX_RING_TOKENS = 1 << 16
 
 
 def check_compatible(mine: "Ring", theirs: "Ring") -> None:
-    """Refuse a view no honest member can have sent us: another replication factor or
-    balancer, another address for a member we both know (a member's address never
+    """Refuse a view no honest member can have sent us: another replication factor,
+    balancer or reducer, another address for a member we both know (a member's address never
     changes; a process elsewhere joins under a new name), or a version too far ahead."""
     if theirs.replication != mine.replication:
         raise InvalidArgument(f"the ring runs r={mine.replication}, the view says "
@@ -37,6 +37,9 @@ def check_compatible(mine: "Ring", theirs: "Ring") -> None:
     if theirs.balancer != mine.balancer:
         raise InvalidArgument(f"the ring runs balancer {mine.balancer}, the view says "
                               f"{inert(theirs.balancer, 40)}")
+    if mine.reducer and theirs.reducer and theirs.reducer != mine.reducer:
+        raise InvalidArgument(f"the ring runs reducer {mine.reducer}, the view says "
+                              f"{inert(theirs.reducer, 200)}")
     ours = dict(mine.addresses)
     for node, address in theirs.addresses:
         if ours.get(node, address) != address:
@@ -101,7 +104,7 @@ def merge_rings(a: "Ring", b: "Ring") -> "Ring":
                              if x not in gone and x in entries[t][2]),
                    tuple(sorted((n, i) for n, i in incarnations.items()
                                 if n in addresses and n not in gone)),
-                   newer.balancer)
+                   newer.balancer, newer.reducer or older.reducer)
     gone_members = gone & set(base.nodes)
     merged = base.without(gone_members) if gone_members else base
     merged = merged.with_membership(base.version, frozenset(gone),

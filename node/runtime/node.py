@@ -93,8 +93,8 @@ class NodeRuntime:
     def _initial_ring(self, config: NodeConfig) -> Ring:
         """The configured founders' ring, or the one the data directory held."""
         ring = self.disk.ring if self.disk else None
-        return ring or Ring.initial(dict(config.peers), config.replication,
-                                    config.tokens_per_node, config.balancer)
+        return ring or Ring.initial(dict(config.peers), config.replication, config.tokens_per_node,
+                                    config.balancer, config.reducer_identity)
 
     def _new_core(self, node_id: str, ring: Ring) -> NodeCore:
         return NodeCore(node_id, ring, self.reducer,

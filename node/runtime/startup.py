@@ -9,7 +9,7 @@ import asyncio
 import logging
 import time
 
-from node.core.errors import FloeError, Unavailable
+from node.core.errors import FloeError, InvalidArgument, Unavailable, inert
 from node.core.membership import StartDecision, decide_start, ready_to_decide
 from node.core.ring import Ring
 
@@ -70,10 +70,13 @@ async def decide_membership(config, peers, incarnation: int, initial: Ring,
                         len(seen), len(targets), "; ".join(errors) or "-")
             log_at += WAIT_LOG_SECONDS
         await asyncio.sleep(ASK_AGAIN_SECONDS)
-    for ring in seen:
+    for ring in seen + [initial]:
         if ring.replication != config.replication:
-            raise ValueError(f"the ring runs r={ring.replication}, this node was started "
+            raise InvalidArgument(f"the ring runs r={ring.replication}, this node was started "
                              f"with --replication {config.replication}")
+        if ring.reducer and ring.reducer != config.reducer_identity:
+            raise InvalidArgument(f"the ring runs reducer {inert(ring.reducer, 200)}, this node "
+                             f"was started with {config.reducer_identity}")
     return decide_start(me, incarnation, config.listen, seen, None if joining else initial)
 
 

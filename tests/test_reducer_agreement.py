@@ -1,0 +1,58 @@
+"""Every member of a ring runs the same reducer with the same arguments: the ring
+records it when it is founded, and a view or a joining node saying otherwise is
+refused."""
+
+from __future__ import annotations
+
+import pytest
+
+from chaos.cluster import LocalCluster
+from mapper import RingClient
+from node.config import load_config
+from node.core.errors import InvalidArgument
+from node.core.reducers import reducer_identity
+from node.core.ring import Ring
+from node.core.ring_merge import check_compatible
+
+MEMBERS = {f"n{i}": f"127.0.0.1:{7000 + i}" for i in range(3)}
+COUNT = reducer_identity("count", {})
+
+
+def test_an_alias_and_its_class_are_one_reducer_and_arguments_count():
+    assert COUNT == reducer_identity("node.core.reducers:Count", {})
+    assert reducer_identity("topk", {"k": 5}) != reducer_identity("topk", {"k": 10})
+    assert reducer_identity("x.y:Z", {"b": 1, "a": "s"}) == "x.y:Z(a='s', b=1)"
+    config = load_config(["--node-id", "n0", "--listen", "127.0.0.1:1", "--peers",
+                          "n0=127.0.0.1:1", "--reducer", "topk", "--reducer-arg", "k=5"])
+    assert config.reducer_identity == reducer_identity("topk", {"k": 5})
+
+
+def test_the_ring_carries_its_reducer_and_refuses_a_view_with_another():
+    ring = Ring.initial(MEMBERS, 1, 2, reducer=COUNT)
+    assert Ring.from_wire(ring.to_wire()).reducer == COUNT
+    other = Ring.initial(MEMBERS, 1, 2, reducer=reducer_identity("sum", {}))
+    assert other.stamp != ring.stamp
+    with pytest.raises(InvalidArgument, match="reducer"):
+        check_compatible(ring, other)
+    # a view from before rings recorded their reducer is taken, and the merge keeps it
+    unrecorded = Ring.initial(MEMBERS, 1, 2)
+    check_compatible(ring, unrecorded)
+    assert ring.merge(unrecorded.with_version(5)).reducer == COUNT
+    with pytest.raises(InvalidArgument):
+        Ring.from_wire(Ring.initial(MEMBERS, 1, 2, reducer="x" * 2000).to_wire())
+
+
+@pytest.mark.multiprocess
+def test_a_node_with_another_reducer_is_refused_when_it_joins(tmp_path):
+    with LocalCluster.up(2, 1, workdir=tmp_path, reducer="count") as cluster:
+        with RingClient(cluster.seeds, tls=cluster.tls("client")) as client:
+            assert client.ring.reducer == COUNT
+        cluster.reducer = "sum"
+        with pytest.raises(RuntimeError, match="exited during start"):
+            cluster.add_nodes(1, ready_timeout=30)
+        joiner = cluster.nodes[-1]
+        assert joiner.popen.wait(30) == 2
+        log = open(joiner.log).read()
+        assert (f"the ring runs reducer '{COUNT}', this node was started with "
+                f"{reducer_identity('sum', {})}") in log, log
+        assert "Traceback" not in log
