@@ -277,15 +277,40 @@ def cmd_restart(args) -> int:
     return 0
 
 
+def _global_options(parser: argparse.ArgumentParser, defaults: bool) -> None:
+    """The options every command takes, before or after its name (after it, they are
+    left unset unless given, so those given before it stand)."""
+    def default(value):
+        return value if defaults else argparse.SUPPRESS
+    parser.add_argument("--cluster-file", default=default(DEFAULT_STATE_FILE),
+                        help="where `up` records the cluster (default ./floe-cluster.json)")
+    parser.add_argument("--ring", default=default(None),
+                        help="seed addresses host:port,... instead of the cluster file")
+    parser.add_argument("--tls-dir", default=default(None),
+                        help="ca.pem, client.pem/.key and operator.pem/.key of a TLS ring "
+                             "(default: the recorded cluster's, if any)")
+    parser.add_argument("--timeout", type=float, default=default(60.0),
+                        help="seconds per operation (default 60)")
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="floe", description=__doc__.splitlines()[0])
-    parser.add_argument("--cluster-file", default=DEFAULT_STATE_FILE,
-                        help="where `up` records the cluster (default ./floe-cluster.json)")
-    parser.add_argument("--ring", help="seed addresses host:port,... instead of the cluster file")
-    parser.add_argument("--tls-dir", help="ca.pem, client.pem/.key and operator.pem/.key of a "
-                                          "TLS ring (default: the recorded cluster's, if any)")
-    parser.add_argument("--timeout", type=float, default=60.0, help="seconds per operation")
+    _global_options(parser, defaults=True)
+    common = argparse.ArgumentParser(add_help=False)
+    _global_options(common, defaults=False)
     sub = parser.add_subparsers(dest="command", required=True)
+    add_parser = sub.add_parser      # every command takes the global options too
+    sub.add_parser = lambda name, **kw: add_parser(name, parents=[common], **kw)
 
     up = sub.add_parser(
         "up", help="start a local cluster, durable: after `floe down`, `floe up` brings "
@@ -387,7 +412,7 @@ def build_parser() -> argparse.ArgumentParser:
     restart.set_defaults(func=cmd_restart)
 
     top = sub.add_parser("top", help="the K keys ranked highest")
-    top.add_argument("k", type=int)
+    top.add_argument("k", type=_positive, help="how many keys, at least 1")
     top.set_defaults(func=cmd_top)
 
     from chaos.chaos_cli import add_chaos_command
