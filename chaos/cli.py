@@ -116,8 +116,11 @@ def cmd_down(args) -> int:
         LocalCluster.load(args.cluster_file)            # says there is no cluster
     cluster = LocalCluster.load(args.cluster_file) if recorded else None
     if cluster is not None:
+        running = sum(n.alive() for n in cluster.nodes)
         cluster.down(kill=args.kill)
-        print(f"{'killed' if args.kill else 'stopped'} {len(cluster.nodes)} nodes")
+        idle = len(cluster.nodes) - running
+        print(f"{'killed' if args.kill else 'stopped'} {running} nodes"
+              + (f" ({idle} recorded were not running)" if idle else ""))
     if args.wipe:
         data_dir = Path(args.data_dir or (cluster and cluster.data_dir)
                         or default_data_dir(args)).resolve()
@@ -144,10 +147,12 @@ def cmd_status(args) -> int:
         if node is not None and "error" in row:
             row["pid"] = node.pid
             row["alive"] = node.alive()
+    verdict = status_verdict(rows, {n: node.alive() for n, node in known.items()})
     if args.json:
         for row in rows:
             row.pop("load", None)
-        print(json.dumps({"ring_version": version, "nodes": rows}, indent=2))
+        print(json.dumps({"ring_version": version, "verdict": verdict, "nodes": rows},
+                         indent=2))
         return 0
     header = ("node", "address", "pid", "share", "tokens", "rate/s", "busy", "load", "keys",
               "queue", "backup", "ring", "lost")
@@ -166,7 +171,34 @@ def cmd_status(args) -> int:
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     for row in table:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    print(verdict)
     return 0
+
+
+def status_verdict(rows: list[dict], recorded: dict[str, bool]) -> str:
+    """One line: how many members answer, what is under-replicated or lost, and the
+    recorded processes that are not members any more (killed, or declared dead)."""
+    answering = [r for r in rows if "error" not in r]
+    lost = sum(r["lost_ranges"] for r in answering)
+    under = sum(r["under_replicated"] for r in answering)
+    gone = sorted(n for n, alive in recorded.items()
+                  if not alive and n not in {r["node_id"] for r in rows})
+    silent = [r["node_id"] for r in rows if "error" in r]
+    if lost:
+        word = "DATA LOST"
+    elif silent or under or not answering:
+        word = "DEGRADED"
+    else:
+        word = "HEALTHY"
+    parts = [f"{len(answering)} of {len(rows)} members answering"]
+    if silent:
+        parts.append("not answering: " + ", ".join(silent))
+    parts.append(f"{under} ranges under-replicated" if under else "every range on r+1 nodes")
+    if lost:
+        parts.append(f"{lost} ranges lost")
+    if gone:
+        parts.append("not running any more: " + ", ".join(gone))
+    return f"{word}: " + "; ".join(parts)
 
 
 def cmd_feed(args) -> int:
@@ -245,7 +277,7 @@ def cmd_scale(args) -> int:
     if args.remove:
         cluster.remove(args.remove, timeout=args.timeout)
         print(f"{args.remove} handed its ranges to its neighbours and exited; "
-              f"{len(cluster.nodes)} nodes left")
+              f"{sum(n.alive() for n in cluster.nodes)} nodes running")
         return 0
     added = cluster.add_nodes(args.add)
     names = [n.node_id for n in added]
@@ -260,7 +292,7 @@ def cmd_scale(args) -> int:
     for line in carry_out(ring, plan_scale_out(ring, names, load), timeout=args.timeout,
                           tls=_tls(args, "operator")):
         print(line)
-    print(f"added {', '.join(names)}; {len(cluster.nodes)} nodes")
+    print(f"added {', '.join(names)}; {sum(n.alive() for n in cluster.nodes)} nodes running")
     return 0
 
 

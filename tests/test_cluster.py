@@ -1,6 +1,7 @@
 """Real node processes on loopback ports, fed through the real client."""
 
 import json
+import os
 import signal
 import time
 from collections import Counter
@@ -258,3 +259,24 @@ def test_floe_up_refuses_flags_unlike_the_kept_cluster_and_down_wipe_starts_fres
         assert "in memory only" in memory and not data.exists()
     finally:
         floe_run(tmp_path, "down")
+
+
+def test_status_after_a_kill_names_the_dead_process_and_down_counts_only_running_ones(tmp_path):
+    try:
+        floe(tmp_path, "up", "--nodes", "3", "--memory")
+        healthy = "HEALTHY: 3 of 3 members answering; every range on r+1 nodes"
+        wait_for(lambda: floe(tmp_path, "status").splitlines()[-1] == healthy, 20,
+                 "a healthy status once every replica has its first checkpoint")
+        recorded = json.loads((tmp_path / "floe-cluster.json").read_text())["nodes"]
+        victim = next(n for n in recorded if n["node_id"] == "n1")
+        os.kill(victim["pid"], signal.SIGKILL)
+        wanted = ("HEALTHY: 2 of 2 members answering; every range on r+1 nodes; "
+                  "not running any more: n1")
+        wait_for(lambda: floe(tmp_path, "status").splitlines()[-1] == wanted, 20,
+                 "status to show n1 gone and its ranges on r+1 nodes again")
+        shown = json.loads(floe(tmp_path, "status", "--json"))
+        assert shown["verdict"] == wanted and len(shown["nodes"]) == 2
+    finally:
+        down = floe_run(tmp_path, "down")
+    assert down.returncode == 0, down.stderr
+    assert "stopped 2 nodes (1 recorded were not running)" in down.stdout, down.stdout
