@@ -3,7 +3,7 @@
     floe up --nodes 4 --replicas 1      start a local durable cluster (recorded in
                                         ./floe-cluster.json, data in ./floe-cluster/data)
     floe status [--json]                one row per node
-    floe feed FILE...                   stream the words of text files in (.gz too)
+    floe feed FILE...                   stream the words of text files in (.gz too), once
     floe get KEY | floe top K           query state
     floe move NODE --to POSITION        NODE takes over the range holding POSITION, live
     floe split POSITION [--to NODE]     cut the range holding POSITION there; NODE takes the tail
@@ -21,7 +21,6 @@
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import sys
 import time
@@ -31,14 +30,6 @@ from chaos.cluster import (DEFAULT_STATE_FILE, LayoutMismatch, LocalCluster, des
                            kept_layout, wipe)
 from node.core.balancers import BALANCERS, described
 from node.core.errors import FloeError
-
-
-def _open_text(path: str):
-    if path == "-":
-        return sys.stdin
-    if path.endswith(".gz"):
-        return gzip.open(path, "rt", encoding="utf-8", errors="replace")
-    return open(path, encoding="utf-8", errors="replace")
 
 
 def _seeds(args) -> list[str]:
@@ -202,25 +193,15 @@ def status_verdict(rows: list[dict], recorded: dict[str, bool]) -> str:
 
 
 def cmd_feed(args) -> int:
-    from mapper import words_of_lines
+    from chaos.feed import Progress, check_inputs, feed
+    inputs = check_inputs(args.files, force=args.force, again=args.again)   # before sending
     started = time.perf_counter()
-    total = 0
-    with _client(args, batch_size=args.batch_size) as client:
-        for path in args.files:
-            with _open_text(path) as fh:
-                chunk: list[str] = []
-                for word in words_of_lines(fh):
-                    chunk.append(word)
-                    if len(chunk) >= 65536:
-                        client.emit_many(chunk)
-                        total += len(chunk)
-                        chunk = []
-                client.emit_many(chunk)
-                total += len(chunk)
-        client.flush()
+    with _client(args, batch_size=args.batch_size, source=inputs[0].source) as client:
+        total = feed(client, inputs, Progress(sum(i.size for i in inputs)))
     elapsed = time.perf_counter() - started
     print(f"fed {total} words in {elapsed:.2f}s ({total / elapsed:,.0f} tuples/s), "
-          f"all acknowledged by r+1 nodes")
+          f"all acknowledged by r+1 nodes; fed again unchanged, they are not counted "
+          f"again")
     return 0
 
 
@@ -400,8 +381,16 @@ def build_parser() -> argparse.ArgumentParser:
     status.set_defaults(func=cmd_status)
 
     feed = sub.add_parser("feed", help="stream the words of text files")
-    feed.add_argument("files", nargs="+", help="text files (.gz allowed, - for stdin)")
-    feed.add_argument("--batch-size", type=int, default=1000)
+    feed.add_argument("files", nargs="+",
+                      help="text files (.gz allowed, - for stdin); every one is checked "
+                           "before anything is sent, and a rerun (after a failure or "
+                           "Ctrl-C) counts nothing twice")
+    feed.add_argument("--batch-size", type=int, default=1000,
+                      help="tuples per batch (default 1000)")
+    feed.add_argument("--force", action="store_true",
+                      help="feed files that look binary too")
+    feed.add_argument("--again", action="store_true",
+                      help="count files fed before once more (a new source for each)")
     feed.set_defaults(func=cmd_feed)
 
     get = sub.add_parser("get", help="state of one key")

@@ -3,13 +3,15 @@
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from chaos.cluster import LocalCluster
+from chaos.cluster import LocalCluster, node_env
 from chaos.corpus import kjv_lines
 from floering.v1 import floe_pb2, floe_pb2_grpc
 from mapper import RingClient, split_words
@@ -280,3 +282,38 @@ def test_status_after_a_kill_names_the_dead_process_and_down_counts_only_running
         down = floe_run(tmp_path, "down")
     assert down.returncode == 0, down.stderr
     assert "stopped 2 nodes (1 recorded were not running)" in down.stdout, down.stdout
+
+
+def test_feed_checks_every_input_first_and_a_rerun_after_ctrl_c_counts_nothing_twice(tmp_path):
+    lines = kjv_lines(30_000)
+    big = tmp_path / "big.txt"
+    big.write_text("\n".join(lines * 6))
+    expect = Counter(w for line in lines * 6 for w in split_words(line))
+    try:
+        floe(tmp_path, "up", "--nodes", "3", "--memory")
+        refused = floe_run(tmp_path, "feed", str(big), str(tmp_path / "missing.txt"))
+        assert refused.returncode == 1 and "Traceback" not in refused.stderr
+        assert refused.stderr.strip() == (f"floe feed: cannot read {tmp_path / 'missing.txt'}: "
+                                          "No such file or directory")
+        binary = tmp_path / "blob.bin"
+        binary.write_bytes(b"some words\0\x01\x02")
+        assert "looks binary" in floe_run(tmp_path, "feed", str(binary)).stderr
+        assert _scan(tmp_path) == {}                       # nothing was sent
+        # interrupted half way, then run again: every word counted once
+        cmd = [sys.executable, "-m", "chaos.cli", "feed", str(big)]
+        first = subprocess.Popen(cmd, cwd=tmp_path, env=node_env(), stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+        wait_for(lambda: sum(_scan(tmp_path).values()) > 50_000, 60, "the feed to start")
+        first.send_signal(signal.SIGINT)
+        first.communicate(timeout=60)
+        assert 0 < sum(_scan(tmp_path).values()) < sum(expect.values())
+        again = floe_run(tmp_path, "feed", str(big), timeout=300)
+        assert again.returncode == 0, again.stderr
+        assert "words," in again.stderr and "left" in again.stderr     # progress shown
+        assert _scan(tmp_path) == expect
+        floe(tmp_path, "feed", str(big))                   # unchanged: nothing more
+        assert _scan(tmp_path) == expect
+        floe(tmp_path, "feed", "--force", str(binary))
+        assert _scan(tmp_path)["some"] == expect["some"] + 1
+    finally:
+        floe_run(tmp_path, "down")

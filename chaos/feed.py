@@ -1,0 +1,131 @@
+"""`floe feed`: the words of text files into the ring, exactly once across reruns.
+
+Every input is checked before anything is sent: a missing or unreadable file, a
+directory, or one that looks binary (a NUL byte in its first 8 KiB, or a .gz that
+does not decompress) is refused, naming it (`force` feeds a binary-looking file
+anyway). Each file is then its own source, named after what it is where it lies
+(absolute path, size, modification time): its words go out with seqs 1, 2, ... in
+order, so a rerun after a failure or an interrupt sends the same (source, seq) pairs
+again and every range drops what it applied before. The same file fed again,
+unchanged, is therefore not counted again (`again` names a fresh source instead).
+A node forgets a source idle for `--source-expiry` (7 days by default); a rerun after
+that counts again. Standard input cannot be read twice: it is a fresh source each
+time.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import os
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from mapper import words_of_lines
+
+SNIFF_BYTES = 8192
+CHUNK_WORDS = 65536
+
+
+class FeedRefused(ValueError):
+    """An input that cannot be fed as it is: what and why."""
+
+
+@dataclass(frozen=True)
+class Input:
+    path: str            # as given; "-" for standard input
+    size: int            # bytes on disk (0 for standard input)
+    source: str
+
+
+def check_inputs(paths: list[str], force: bool = False, again: bool = False) -> list[Input]:
+    """Every input, checked and named, or FeedRefused for the first bad one."""
+    return [_checked(p, force, again) for p in paths]
+
+
+def _checked(path: str, force: bool, again: bool) -> Input:
+    if path == "-":
+        return Input(path, 0, f"feed-stdin-{uuid.uuid4().hex}")
+    try:
+        st = os.stat(path)
+        if Path(path).is_dir():
+            raise FeedRefused(f"{path} is a directory, not a text file")
+        with open(path, "rb") as fh:
+            head = fh.read(SNIFF_BYTES)
+        if path.endswith(".gz"):
+            with gzip.open(path, "rb") as fh:
+                head = fh.read(SNIFF_BYTES)
+    except FeedRefused:
+        raise
+    except (OSError, EOFError) as exc:
+        raise FeedRefused(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") \
+            from None
+    if b"\0" in head and not force:
+        raise FeedRefused(f"{path} looks binary (a NUL byte in its first {SNIFF_BYTES} "
+                          f"bytes); --force feeds it anyway")
+    identity = f"{Path(path).resolve()}|{st.st_size}|{st.st_mtime_ns}"
+    if again:
+        identity += f"|{uuid.uuid4().hex}"
+    digest = hashlib.sha256(identity.encode()).hexdigest()[:32]
+    return Input(path, st.st_size, f"feed-{digest}")
+
+
+def _open_text(path: str):
+    if path == "-":
+        return sys.stdin
+    if path.endswith(".gz"):
+        return gzip.open(path, "rt", encoding="utf-8", errors="replace")
+    return open(path, encoding="utf-8", errors="replace")
+
+
+class Progress:
+    """A line on standard error every `every` seconds: words, rate, share of the
+    inputs' bytes read, and the time left at that pace."""
+
+    def __init__(self, total_bytes: int, every: float = 1.0, out=sys.stderr) -> None:
+        self.total, self.every, self.out = total_bytes, every, out
+        self.started = self.shown = time.monotonic()
+        self.words = 0
+        self.done_bytes = 0          # of the files finished
+
+    def update(self, words: int, at_bytes: int) -> None:
+        self.words += words
+        now = time.monotonic()
+        if now - self.shown < self.every:
+            return
+        self.shown = now
+        rate = self.words / (now - self.started)
+        read = self.done_bytes + at_bytes
+        line = f"floe feed: {self.words:,} words, {rate:,.0f}/s"
+        if self.total:
+            share = min(1.0, read / self.total)
+            left = (now - self.started) * (1 - share) / share if share else 0.0
+            line += f", {share:.0%} of the input read, about {left:.0f}s left"
+        print(line, file=self.out, flush=True)
+
+
+def feed(client, inputs: list[Input], progress: Progress) -> int:
+    """Send every input's words, each file as its source; returns the words sent.
+    Each file is flushed (acknowledged by r+1) before the next begins."""
+    total = 0
+    for item in inputs:
+        client.rebind(item.source)
+        with _open_text(item.path) as fh:
+            raw = getattr(fh, "buffer", None) if item.path != "-" else None
+            chunk: list[str] = []
+            for word in words_of_lines(fh):
+                chunk.append(word)
+                if len(chunk) >= CHUNK_WORDS:
+                    client.emit_many(chunk)
+                    total += len(chunk)
+                    progress.update(len(chunk), raw.tell() if raw is not None else 0)
+                    chunk = []
+            client.emit_many(chunk)
+            total += len(chunk)
+            progress.update(len(chunk), item.size)
+        client.flush()
+        progress.done_bytes += item.size
+    return total
