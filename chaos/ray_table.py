@@ -19,22 +19,21 @@ from collections import Counter
 
 from chaos.skew import PAPER_S, RAY, TOKENS_PER_NODE, ray_items
 from chaos.skew_measures import skew
-from node.core.redistribution import DOUBLING_GROWTH, doubling_cuts, halving_moves
+from node.core.shedding import cut_positions, plan_shed, with_split_tail
 from node.core.ring import Ring
 
 TAU = 0.2
 START_TOKENS = {"halving": TOKENS_PER_NODE, "doubling": 1}
 
 
-def redistribute(ring: Ring, node: str, method: str) -> Ring:
-    """`node`'s round, as its machine plans it and its runtime carries it out."""
-    if method == "halving":
-        return ring.with_owners(halving_moves(ring, node))
-    cuts = doubling_cuts(ring, node, DOUBLING_GROWTH * TOKENS_PER_NODE * len(ring.nodes))
-
-    for pos, _ in cuts:
+def redistribute(ring: Ring, node: str, tokens_per_node: int) -> Ring:
+    """`node`'s round: planned by the function its machine calls, carried out as its
+    runtime does (the cuts, then the moves)."""
+    plan = plan_shed(ring, node, {}, {}, {}, reach=1, tokens_per_node=tokens_per_node,
+                     depth=0)
+    for pos in cut_positions(plan):
         ring = ring.split_token(ring.token_for_position(pos), pos)
-    return ring.with_owners(dict(cuts))
+    return ring.with_owners(with_split_tail(plan, ring, node))
 
 
 def replay(name: str, method: str, rounds: int = 1) -> tuple[float, float, int]:
@@ -51,7 +50,7 @@ def replay(name: str, method: str, rounds: int = 1) -> tuple[float, float, int]:
         if loads[0] <= loads[1] * (1 + TAU) or done[top] >= rounds:
             return before, skew(loads), made
         done[top] += 1
-        ring = redistribute(ring, top, method)
+        ring = redistribute(ring, top, tokens)
         made += 1
 
 
