@@ -304,9 +304,10 @@ class RingClient:
                     return
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise Unavailable(f"flush timed out with {len(d.undelivered)} batches "
-                                      f"unacknowledged")
+                    break
                 d.changed.wait(min(remaining, 0.05))
+        raise Unavailable(f"flush timed out with {len(d.undelivered)} batches "
+                          f"unacknowledged, {self._call(_describe_waiting(d), 5.0)}")
 
     def close(self) -> None:
         """Flush, then release the connections."""
@@ -437,6 +438,10 @@ class RingClient:
                 return {f.name: getattr(s, f.name) for f in s.DESCRIPTOR.fields}
             return await asyncio.gather(*(one(n, a) for n, a in ring.addresses))
         return self._query(call)
+
+
+async def _describe_waiting(delivery) -> str:
+    return delivery.waiting_for()
 
 
 async def _noop():

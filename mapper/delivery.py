@@ -72,7 +72,12 @@ class NodeSender:
                 backoff = 0.02
             except asyncio.CancelledError:
                 raise
-            except FloeError as exc:
+            except Exception as exc:
+                if not isinstance(exc, FloeError):
+                    # Whatever failed, this task must live on: a dead sender would
+                    # strand its batches until the ring changed, which it may never.
+                    log.warning("stream to %s failed unexpectedly: %r", self.node, exc)
+                    exc = Unavailable(f"stream to {self.node} failed: {exc!r}")
                 # Unacknowledged batches go back to the front, in their order.
                 self.queue.extendleft(reversed(self.inflight))
                 self.inflight.clear()
@@ -103,7 +108,7 @@ class NodeSender:
                         self.inflight.append(batch)
                         batches.append(to_message(batch, d.ring.stamp, stream))
                         size += len(batch.payload) + len(batch.seqs)
-                    await call.write(floe_pb2.PushRequest(batches=batches))
+                    await write(call, floe_pb2.PushRequest(batches=batches), self.node)
                 self.wakeup.clear()
                 waiter = asyncio.create_task(self.wakeup.wait())
                 idle = not self.queue and not self.inflight
@@ -176,6 +181,7 @@ class Delivery:
         self.last_progress = time.monotonic()
         self._streams = 0
         self._wire = b""                             # our ring as a node sent it
+        self.last_errors: dict[str, str] = {}        # node -> why its stream last failed
 
     @property
     def undelivered(self) -> dict[int, PendingBatch]:
@@ -302,6 +308,7 @@ class Delivery:
 
     def stream_failed(self, sender: NodeSender, exc: FloeError) -> None:
         log.debug("stream to %s failed: %s", sender.node, exc)
+        self.last_errors[sender.node] = str(exc)[:200]
         if not exc.retriable and not exc.refresh_ring:
             self._fail(exc, sender)
             return
@@ -351,8 +358,22 @@ class Delivery:
                     sender = self.senders[node] = NodeSender(self, node, ring.address(node))
                 sender.enqueue(batch)
 
+    def waiting_for(self) -> str:
+        """Who the undelivered batches wait for, and why their streams last failed:
+        what a timeout tells the caller."""
+        count: dict[str, int] = {}
+        for batch in self.undelivered.values():
+            for node in batch.waiting_for:
+                count[node] = count.get(node, 0) + 1
+        parts = [f"{node} ({n}" + (f"; last error: {self.last_errors[node]}"
+                                   if node in self.last_errors else "") + ")"
+                 for node, n in sorted(count.items())]
+        version = self.ring.version if self.ring is not None else "none"
+        return f"waiting for {', '.join(parts) or 'nobody'} at ring v{version}"
+
     def acked(self, batch: PendingBatch, node: str) -> None:
         self.last_progress = time.monotonic()
+        self.last_errors.pop(node, None)
         if self.outbox.acked(batch, node):
             self.latencies.append((time.monotonic() - batch.born, batch.count))
             with self.changed:
@@ -377,6 +398,21 @@ class Delivery:
         for channel in self.channels.values():
             await channel.close()
         self.channels.clear()
+
+
+async def write(call, request, node: str) -> None:
+    """One message on a stream. A stream the node ended (it died, or refused a batch)
+    between two writes is the same failure as one that fails mid-write: gRPC
+    raises InvalidStateError for the first and an RpcError for the second."""
+    try:
+        await call.write(request)
+    except asyncio.InvalidStateError:
+        code = await call.code()
+        if code == grpc.StatusCode.OK:
+            raise Unavailable(f"{node} ended the stream") from None
+        raise error_from_rpc(grpc.aio.AioRpcError(
+            code, await call.initial_metadata(), await call.trailing_metadata(),
+            await call.details())) from None
 
 
 def to_message(batch: PendingBatch, ring_stamp: int, stream: int) -> floe_pb2.Batch:

@@ -109,3 +109,45 @@ async def test_resent_stream_is_deduplicated(node):
     again = await push(node.address, b)
     assert (first[0].applied, again[0].applied, again[0].duplicates) == (2, 0, 2)
     assert dict(node.runtime.core.items()) == {"a": 1, "b": 1}
+
+
+async def test_a_write_on_a_stream_the_node_ended_is_its_status_not_a_crash(node):
+    """The mapper's sender writes, then the node ends the stream (here by refusing a
+    batch; a node killed between two writes ends it the same way): the next write
+    must raise the stream's status as the project's error, which the sender retries
+    or reports. gRPC itself raises InvalidStateError there, which once killed the
+    sender's task and stranded its batches until the ring changed."""
+    from mapper.delivery import write
+    from node.core.errors import FloeError, InvalidArgument
+    token = node.runtime.core.ring.tokens[0]
+    bad = batch(node.runtime.core.ring.stamp, token, b"\xc1", 1)
+    async with grpc.aio.insecure_channel(node.address) as channel:
+        call = floe_pb2_grpc.DataPlaneStub(channel).Push()
+        await write(call, floe_pb2.PushRequest(batches=[bad]), "n0")
+        assert await call.code() == grpc.StatusCode.INVALID_ARGUMENT
+        with pytest.raises(asyncio.InvalidStateError):        # what gRPC does
+            await call.write(floe_pb2.PushRequest(batches=[bad]))
+        with pytest.raises(FloeError) as info:                 # what the sender sees
+            await write(call, floe_pb2.PushRequest(batches=[bad]), "n0")
+        assert isinstance(info.value, InvalidArgument) and "msgpack" in str(info.value)
+
+
+async def test_a_sender_outlives_an_unexpected_error_and_delivers(node, monkeypatch):
+    """Whatever a stream raises, the sender task resends on a new stream: here the
+    first write of the first stream fails with an error nobody planned for."""
+    import mapper.delivery as delivery
+    real, failures = delivery.write, []
+
+    async def write_failing_once(call, request, name):
+        if not failures:
+            failures.append(name)
+            raise RuntimeError("an unplanned failure")
+        await real(call, request, name)
+    monkeypatch.setattr(delivery, "write", write_failing_once)
+
+    def run():
+        with RingClient([node.address], batch_size=64, timeout=10) as client:
+            client.emit_many(WORDS)
+            client.flush()
+            return dict(client.scan())
+    assert await asyncio.to_thread(run) == Counter(WORDS) and failures == ["n0"]
