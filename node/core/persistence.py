@@ -135,8 +135,9 @@ class DiskPlan:
         A range restored from its copy on disk and held as it was (same range, same
         role) gets the keys its replay changed (the restore leaves them in its active
         layer, over the copy as it was read) and its watermarks: a primary's; a
-        replica's copy only its meta. Any other range held is written whole, the
-        copies of ranges no longer held dropped, and the ring written."""
+        replica's copy only its meta. Any other range held is written whole (a
+        corrupt copy is never held as it was), the copies of ranges no longer held
+        dropped, and the ring written."""
         held = held_ranges(core)
         same = held & on_disk(e.disk_ring, core.node_id, e.disk_tokens)
         kept = {t for t, *_ in same}
@@ -146,7 +147,7 @@ class DiskPlan:
                    for t, r in core.replicas.ranges.items() if t in kept]
         image = disk_image(core, {t for t, *_ in held - same})
         copies += [CopyWrite(t, p, s, w, True, c) for t, p, s, w, c in image]
-        gone = sorted(set(e.disk_tokens) - {t for t, *_ in held})
+        gone = sorted((e.disk_tokens | e.corrupt) - {t for t, *_ in held})
         self.held, self.ring = held, core.ring
         return self._write(copies, {c.token: c.watermarks for c in copies}, out,
                            dropped=tuple(gone), ring_wire=core.ring.to_wire())

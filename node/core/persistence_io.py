@@ -34,14 +34,15 @@ class CopyWrite:
 @dataclass(frozen=True)
 class Began:
     """Serving starts as `core`'s member; the directory held `disk_member` (None:
-    nothing): copies of the ranges of `disk_tokens`, under `disk_ring`. Another
-    member's directory is wiped for this one; the same member's core was restored
-    from it (`node.core.restore`)."""
+    nothing): copies of the ranges of `disk_tokens`, under `disk_ring`, and the
+    corrupt ones of `corrupt`. Another member's directory is wiped for this one;
+    the same member's core was restored from it (`node.core.restore`)."""
 
     core: object = field(hash=False)
     disk_member: str | None
     disk_ring: Ring | None = field(default=None, hash=False)
     disk_tokens: frozenset[int] = frozenset()
+    corrupt: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)

@@ -30,10 +30,13 @@ class DiskCopy:
 
 def restored_core(node_id: str, ring: Ring, reducer: Reducer, limits: Limits,
                   copies: dict[int, DiskCopy], batches, now: float,
-                  verify_keys: bool = False) -> NodeCore:
+                  verify_keys: bool = False, corrupt=frozenset()) -> NodeCore:
     """The core `node_id` had in `ring`, from its copies and its logged batches
     ((token, batch) in the order accepted). The copies' states become the ranges'
-    (the caller gives them up); a primary's replayed keys stay in its active layer."""
+    (the caller gives them up); a primary's replayed keys stay in its active layer.
+    The ranges whose copies were `corrupt` come back as after our death alone
+    (`without_corrupt`): the core's ring is then one version newer."""
+    ring = without_corrupt(ring, node_id, corrupt)
     core = NodeCore(node_id, ring, reducer, limits, verify_keys)
     side = ReplicaSide(reducer)
     for token, copy in copies.items():
@@ -63,7 +66,7 @@ def restored_core(node_id: str, ring: Ring, reducer: Reducer, limits: Limits,
             side.drop(token)
         elif role == "replica":
             owner = ring.owner_of_token(token)
-            if token not in side.ranges and ring.pristine:
+            if token not in side.ranges and ring.pristine and token not in corrupt:
                 side.start_complete(token, owner)
             elif token in side.ranges:
                 side.ranges[token].primary = owner
@@ -72,6 +75,24 @@ def restored_core(node_id: str, ring: Ring, reducer: Reducer, limits: Limits,
             side.drop(token)
     core.replicas = side
     return core
+
+
+def without_corrupt(ring: Ring, node_id: str, corrupt) -> Ring:
+    """The ring a member comes back under when its copies of some ranges failed to
+    read (`corrupt` tokens): each of those it owned goes to its heir, which takes
+    it over from its own copy exactly as if we had died (or reports it lost if
+    that copy is incomplete); one with no heir (r=0) is lost. A corrupt copy we
+    kept for another primary needs no change: ours is simply incomplete, and the
+    primary's next checkpoint to us is a full one."""
+    owned = [t for t in sorted(corrupt)
+             if ring.has_token(t) and ring.owner_of_token(t) == node_id]
+    moves = {t: ring.heir(t) for t in owned if ring.heir(t) is not None}
+    lost = [t for t in owned if t not in moves]
+    if moves:
+        ring = ring.with_owners(moves)
+    if lost:
+        ring = ring.with_lost(lost)
+    return ring
 
 
 def covered_by_every_copy(ring: Ring, node_id: str, copies: dict[int, DiskCopy]):

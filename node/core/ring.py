@@ -231,6 +231,9 @@ class Ring:
     def generation_of(self, token: int) -> int:
         return self.generations[self._index[token]]
 
+    def with_lost(self, tokens: Iterable[int]) -> "Ring":
+        return self._with(lost=self.lost | frozenset(tokens))
+
     def with_token_owner(self, token: int, node: str) -> "Ring":
         """Hand a token to `node`: its extra destinations become ordinary ones."""
         return self.with_owners({token: node})

@@ -66,9 +66,12 @@ def open_data_dir(path: str) -> DataDir:
 def restore(disk: DataDir, template: NodeCore, now: float) -> NodeCore:
     """The core the directory held, as the member `template` names."""
     loaded = disk.loaded
+    for token, why in sorted(loaded.corrupt.items()):
+        log.error("data directory: the copy of the range of token %d is corrupt (%s): "
+                  "not served; it comes back from a replica, or is reported lost", token, why)
     return restored_core(template.node_id, disk.ring or template.ring, template.reducer,
                          template.limits, loaded.copies, loaded.batches, now,
-                         template.verify_keys)
+                         template.verify_keys, frozenset(loaded.corrupt))
 
 
 class Durability:
@@ -84,7 +87,7 @@ class Durability:
             d._do(d.plan.handle(Began(core, None)))
         else:
             d._do(d.plan.handle(Began(core, loaded.node_id, disk.ring,
-                                      frozenset(loaded.copies))))
+                                      frozenset(loaded.copies), frozenset(loaded.corrupt))))
             # The copies' states are the core's now, the batches replayed: let them go.
             disk.loaded = replace(loaded, copies={}, batches=[])
         return d

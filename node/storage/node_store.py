@@ -23,7 +23,7 @@ import os
 import struct
 import time
 from bisect import bisect_left
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import islice
 from operator import itemgetter
 from pathlib import Path
@@ -57,9 +57,10 @@ def _prefix_end(token: int) -> bytes:
 RUN = 1 << 15                    # entries read from RocksDB at a time at load
 
 
-def _take_states(run: list, copies: dict[int, DiskCopy]) -> bool:
+def _take_states(run: list, copies: dict[int, DiskCopy], corrupt: dict[int, str]) -> bool:
     """Decode a run of `K` entries (sorted, so each token's are together) into their
-    copies; False once past the last `K` entry."""
+    copies; False once past the last `K` entry. A token whose values do not decode
+    leaves `copies` for `corrupt`."""
     i = 0
     while i < len(run):
         first = run[i][0]
@@ -69,7 +70,11 @@ def _take_states(run: list, copies: dict[int, DiskCopy]) -> bool:
         end = bisect_left(run, (_prefix_end(token),), i)
         copy = copies.get(token)
         if copy is not None:
-            copy.states.update(_decoded(run[i:end]))
+            try:
+                copy.states.update(_decoded(run[i:end]))
+            except Exception as exc:
+                corrupt[token] = f"a value does not decode: {exc}"
+                del copies[token]
         i = end
     return True
 
@@ -108,6 +113,7 @@ class Loaded:
     copies: dict[int, DiskCopy]
     batches: list[tuple[int, Batch]]             # (token, batch), in the order accepted
     truncated: int = 0                           # bytes of torn log tail dropped
+    corrupt: dict[int, str] = field(default_factory=dict)   # token -> why its copy is not
 
 
 class CorruptState(Exception):
@@ -124,7 +130,7 @@ def open_store(data_dir: str | os.PathLike) -> tuple["NodeStore", Loaded | None,
     path = Path(data_dir)
     try:
         store = NodeStore(path)
-    except CorruptLog as exc:
+    except (CorruptLog, CorruptState) as exc:
         return _quarantine(path, str(exc))
     try:
         return store, store.load(), ""
@@ -144,13 +150,26 @@ class NodeStore:
         self.dir = Path(data_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.log = SegmentLog(self.dir / "log", segment_bytes)   # CorruptLog: nothing open
-        self.db = self._open_db()
+        try:
+            self.db = self._open_db()
+        except BaseException:
+            self.log.close()
+            raise
 
     def _open_db(self):
-        from rocksdict import Options, Rdict        # only durable nodes need it
+        from rocksdict import DBRecoveryMode, Options, Rdict   # only durable nodes need it
         options = Options(raw_mode=True)
         options.create_if_missing(True)
-        return Rdict(str(self.dir / "state"), options)
+        # As our own log's rule: a torn tail (a write never synced, so never counted
+        # done) is cut, a damaged record before it refuses the whole store. RocksDB's
+        # default would open silently at the last write before the damage.
+        options.set_wal_recovery_mode(DBRecoveryMode.tolerate_corrupted_tail_records())
+        try:
+            return Rdict(str(self.dir / "state"), options)
+        except Exception as exc:
+            if "Corruption" in str(exc):
+                raise CorruptState(f"{self.dir / 'state'}: {exc}") from None
+            raise                          # e.g. another process holds it: not a damage
 
     def repair(self) -> None:
         """After the disk refused a write (it was full): write the log's unsynced
@@ -166,7 +185,10 @@ class NodeStore:
     # ---------------------------------------------------------- identity
 
     def identity(self) -> tuple[str, int] | None:
-        raw = self.db.get(IDENTITY)
+        try:
+            raw = self.db.get(IDENTITY)
+        except Exception as exc:          # RocksDB's checksums
+            raise CorruptState(f"{self.dir / 'state'}: the identity: {exc}") from None
         if raw is None:
             return None
         node_id, incarnation = unpack(raw)
@@ -255,13 +277,17 @@ class NodeStore:
 
     def load(self) -> Loaded | None:
         """What the directory holds, or None if it never held a member. A corrupt
-        log raises CorruptLog (naming the file and byte); nothing is served partially."""
+        log raises CorruptLog (naming the file and byte), and a corrupt identity,
+        ring or list of copies CorruptState: nothing is served partially. A copy
+        whose entries fail RocksDB's checksums or do not decode is left out and
+        named in `corrupt`: the range is then recovered as if we had died."""
         ident = self.identity()
         if ident is None:
             return None
         try:
-            copies = self._copies()
-        except Exception as exc:       # RocksDB's checksums, or a value that does not decode
+            ring_wire = self.db.get(RING)
+            copies, corrupt = self._copies()
+        except Exception as exc:       # RocksDB's checksums, or a meta that does not decode
             raise CorruptState(f"{self.dir / 'state'}: {exc}") from None
         batches = []
         for number, raw in self.log:
@@ -270,22 +296,60 @@ class NodeStore:
                 batches.append((token, batch_from_record(token, record)))
             except Exception as exc:      # a record its checksum passed yet unreadable
                 raise CorruptState(f"{self.dir / 'log'}: record {number}: {exc}") from None
-        return Loaded(ident[0], ident[1], self.db.get(RING), copies, batches,
-                      self.log.truncated)
+        return Loaded(ident[0], ident[1], ring_wire, copies, batches, self.log.truncated,
+                      corrupt)
 
-    def _copies(self) -> dict[int, DiskCopy]:
+    def _copies(self) -> tuple[dict[int, DiskCopy], dict[int, str]]:
+        """Every copy, and the tokens whose copies are corrupt (with why)."""
         copies: dict[int, DiskCopy] = {}
+        last = None
         for k, v in self.db.items(from_key=META):
             if not k.startswith(META):
                 break
+            last = k
             token = TOKEN.unpack_from(k, 1)[0]
             primary, watermarks, complete = unpack(v)
             copies[token] = DiskCopy(token, primary, dict(watermarks), complete)
-        # Millions of keys: read in runs, each token's part of a run decoded at once.
-        entries = self.db.items(from_key=KEYS)
-        while (run := list(islice(entries, RUN))) and _take_states(run, copies):
-            pass
-        return copies
+        if why := self._stopped_by(META, last):
+            raise CorruptState(f"the list of copies: {why}")
+        corrupt: dict[int, str] = {}
+        unread = sorted(copies)            # tokens whose entries are not all read yet
+        start = KEYS
+        while True:
+            # Millions of keys: read in runs, each token's part of a run decoded at once.
+            entries, last = self.db.items(from_key=start), None
+            while run := list(islice(entries, RUN)):
+                last = run[-1][0]
+                if not _take_states(run, copies, corrupt):
+                    return copies, corrupt          # past the last K entry
+            why = self._stopped_by(start, last)
+            if why is None:
+                return copies, corrupt
+            # A damaged block: the token being read goes, and reading goes on past it.
+            if last is not None:
+                at = TOKEN.unpack_from(last, 1)[0]
+                unread = [t for t in unread if t >= at]
+            if not unread:
+                return copies, corrupt
+            token = unread.pop(0)
+            copies.pop(token, None)
+            corrupt[token] = f"{self.dir / 'state'}: {why}"
+            start = _prefix_end(token)
+
+    def _stopped_by(self, start: bytes, last: bytes | None) -> str | None:
+        """Why reading from `start` ended after `last`: RocksDB's iteration just ends
+        at a block failing its checksum, which only the iterator's status tells."""
+        it = self.db.iter()
+        it.seek(start if last is None else last)
+        if last is not None and it.valid():
+            it.next()
+        if it.valid():
+            return None
+        try:
+            it.status()
+        except Exception as exc:
+            return str(exc)
+        return None
 
     def close(self) -> None:
         self.log.close()
