@@ -48,6 +48,7 @@ class SimDisk:
         self.full_until = 0.0           # writes and fsyncs fail until then (a full disk)
         self.refuses_writes = False     # as RocksDB after a failed write, until reopened
         self.write_delay = 0.0          # every copy write takes this much longer (a slow disk)
+        self.damaged: set[int] = set()  # copies whose bytes no longer read back (bit rot)
 
     # ------------------------------------------------------------ the log
 
@@ -71,7 +72,10 @@ class SimDisk:
         """As NodeStore.write, at once: the caller delays it."""
         if replace_all:
             self.copies = {}
+            self.damaged.clear()
         for c in copies:
+            if c.full:
+                self.damaged.discard(c.token)      # written whole over the damage
             copy = self.copies.get(c.token)
             if copy is None or c.full:
                 copy = self.copies[c.token] = DiskCopy(c.token, c.primary, {}, c.complete)
@@ -79,20 +83,33 @@ class SimDisk:
             copy.primary, copy.watermarks, copy.complete = c.primary, dict(c.watermarks), c.complete
         for token in dropped:
             self.copies.pop(token, None)
+            self.damaged.discard(token)
         if ring_wire is not None:
             self.ring_wire = ring_wire
 
     def save_identity(self, node_id: str, incarnation: int) -> None:
         self.copies, self.ring_wire = {}, None
+        self.damaged.clear()
         self.identity = (node_id, incarnation)
 
     def load(self) -> Loaded | None:
         if self.identity is None:
             return None
         copies = {t: replace(c, states=dict(c.states), watermarks=dict(c.watermarks))
-                  for t, c in self.copies.items()}
+                  for t, c in self.copies.items() if t not in self.damaged}
         return Loaded(self.identity[0], self.identity[1], self.ring_wire, copies,
-                      [(b.token, b) for _, b in self.records])
+                      [(b.token, b) for _, b in self.records],
+                      corrupt={t: "damaged" for t in self.damaged if t in self.copies})
+
+    def damage(self, rng) -> int | None:
+        """One copy's bytes rot while the node is down (its reads fail a checksum):
+        returns its token."""
+        intact = sorted(set(self.copies) - self.damaged)
+        if not intact:
+            return None
+        token = rng.choice(intact)
+        self.damaged.add(token)
+        return token
 
     # ------------------------------------------------------------- a crash
 

@@ -58,7 +58,8 @@ class DurableNodes:
             began = Began(proc.core, disk_member)
         else:
             ring = Ring.from_wire(loaded.ring_wire) if loaded.ring_wire else None
-            began = Began(proc.core, disk_member, ring, frozenset(loaded.copies))
+            began = Began(proc.core, disk_member, ring, frozenset(loaded.copies),
+                          frozenset(loaded.corrupt))
         proc.durable.do(plan.handle(began))
 
     def crash(self, name: str, downtime: float) -> None:
@@ -71,13 +72,19 @@ class DurableNodes:
         self._power_off(proc)
         self.at(self.now + downtime, self._boot, proc)
 
-    def crash_cluster(self, spread: float) -> None:
+    def crash_cluster(self, spread: float, damage: bool = False) -> None:
         """Every durable node loses power at once; each starts again on its directory
-        within `spread` seconds."""
+        within `spread` seconds. With `damage`, one copy on one disk rots meanwhile."""
         self.log.append(f"{self.now:.3f} power loss of the whole cluster")
-        for proc in [p for p in self.procs if p.alive and p.durable is not None]:
+        procs = [p for p in self.procs if p.alive and p.durable is not None]
+        for proc in procs:
             self._power_off(proc)
             self.at(self.now + self.rng.uniform(0.0, spread), self._boot, proc)
+        if damage and procs:
+            proc = self.rng.choice(procs)
+            token = proc.durable.disk.damage(self.rng)
+            self.log.append(f"{self.now:.3f} the copy of token {token} on {proc.name}'s "
+                            f"disk is damaged")
 
     def fill_disk(self, name: str, seconds: float) -> None:
         """The disk of durable node `name` is full for `seconds`: its writes and
@@ -155,7 +162,7 @@ class DurableNodes:
             ring = starter.initial or decision.ring
             machine.begin(starter.me, ring, restored_core(
                 starter.me, ring, load_reducer("count"), Limits(), loaded.copies,
-                loaded.batches, self.now))
+                loaded.batches, self.now, corrupt=frozenset(loaded.corrupt)))
             self.handle(proc, RingSeen(decision.ring))
         self._keep_on_disk(proc, starter.disk, loaded.node_id if loaded else None, loaded)
         self._start_loops(proc, STARTUP_GRACE)

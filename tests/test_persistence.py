@@ -326,3 +326,23 @@ def test_a_range_changed_since_its_copy_was_read_is_written_whole_after_a_restar
     by_token = {c.token: c for c in write.copies}
     assert by_token[mine].full and by_token[head].full
     assert sum(len(by_token[t].states) for t in (mine, head)) == 2
+
+
+def test_a_restart_drops_the_damaged_copies_and_writes_the_ring_that_gave_them_away():
+    """p's copies of its own first range and of c's range it backs up did not read
+    back: the first went to its heir (the restored core's ring says so), the second
+    is missing until c ships a full checkpoint. Neither stays on disk, the rest is
+    written as after any restart, and the ring written is the one with the change."""
+    mine, theirs = RING.tokens_of("p")[0], RING.tokens_of("c")[0]
+    core, on_disk = restarted_p([])
+    copies = {t: DiskCopy(t, RING.owner_of_token(t), {"s": 1}, True, {"x": 1})
+              for t in on_disk - {mine, theirs}}
+    core = restored_core("p", RING, load_reducer("count"), Limits(), copies, [], 0.0,
+                         corrupt=frozenset({mine, theirs}))
+    assert core.ring.owner_of_token(mine) == RING.heir(mine)
+    plan = DiskPlan(7)
+    (write,) = of(WriteCopies, plan.handle(Began(core, "p", RING, frozenset(copies),
+                                                 frozenset({mine, theirs}))))
+    assert mine in write.dropped and theirs in write.dropped
+    assert not {mine, theirs} & {c.token for c in write.copies}
+    assert write.ring_wire == core.ring.to_wire()
