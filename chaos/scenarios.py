@@ -508,9 +508,7 @@ BUILTIN: dict[str, Scenario] = {s.name: s for s in [
                "hottest word's owner mid-way; every tuple checked by its id", 4, 1,
                (Round((_kill("hottest", at=1.5),)),),
                Load("burst", rate=4000, chunk=200, ids=True), duration=3.0,
-               # doubling's churn has shown a range lost after the kill (an open bug,
-               # docs/chaos.md): out of CI until it is fixed
-               ci=policy == "halving",
+               ci=True,
                node_args=("--balancer", policy, "--high-queue", "-1", "--high-cpu",
                           "-1", "--low-queue", "-2", "--low-cpu", "-2",
                           "--balance-cooldown", "0.5"))

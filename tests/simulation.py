@@ -159,7 +159,7 @@ class Simulation(DurableNodes):
         self.touched: set[SimProcess] = set()
         self.listening: dict[str, SimProcess] = {}     # address -> the latest process there
         for name, address in self.members.items():
-            proc = self._spawn_process(make_machine(name, ring, inc[name], address), address,
+            proc = self._spawn_process(self.make_machine(name, ring, inc[name], address), address,
                                        name)
             proc.machine.watch_peers(0.0, 0.0)
             if durable:
@@ -618,7 +618,7 @@ class Simulation(DurableNodes):
         address = f"sim:{name}"
         incarnation = self._incarnation()
         ring = sponsor.core.ring.add_node(name, address, (), incarnation)
-        proc = self._spawn_process(make_machine(name, ring, incarnation, address), address,
+        proc = self._spawn_process(self.make_machine(name, ring, incarnation, address), address,
                                    name)
         if self.durable:
             self._keep_on_disk(proc, SimDisk(), None)
@@ -918,7 +918,7 @@ class Simulation(DurableNodes):
         if decision.replaces:
             self.declared.append((self.now, decision.node_id, decision.replaces))
         proc = self._spawn_process(
-            make_machine(decision.node_id, decision.ring, incarnation, old.address),
+            self.make_machine(decision.node_id, decision.ring, incarnation, old.address),
             old.address, base)
         self._start_loops(proc)
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from node.core.membership import base_name
+from tests.sim_storm import StormSimulation
 from tests.simulation import Simulation
 
 SEEDS = int(os.environ.get("FLOE_SIM_SEEDS", "500"))
@@ -392,6 +393,38 @@ def run_balancer_seed(seed: int) -> None:
 @pytest.mark.parametrize("seed", range(BALANCER_SEEDS))
 def test_balancer_seed(seed):
     run_balancer_seed(seed)
+
+
+STORM_SEEDS = int(os.environ.get("FLOE_SIM_STORM_SEEDS", "40"))
+
+
+def storm_scenario(seed: int) -> Simulation:
+    """Every node of a 4-node ring (r = 1, 2 to 8 tokens each) halving or doubling on a
+    hair trigger while a node is killed: at a random moment, just after a handoff was
+    committed to it, or just after it prepared one (tests/sim_storm.py)."""
+    import random
+    pick = random.Random(seed * 7777)
+    sim = StormSimulation(seed, nodes=4, replication=1, tokens=pick.choice([2, 3, 4, 8]),
+                          policy=pick.choice(["doubling", "doubling", "halving"]),
+                          skew=0.5, mappers=pick.choice([1, 2]))
+    sim.kill_after = pick.choice(["time", "target", "giver"])
+    sim.armed_at, sim.delay = pick.uniform(0.3, 2.0), pick.choice([0.005, 0.03, 0.1])
+    faults = [(4.5, sim.calm_down, ())]
+    if sim.kill_after == "time":
+        faults.append((pick.uniform(0.4, 2.5), sim.kill, (pick.choice(sorted(sim.nodes)),)))
+    sim.run(until=6.0, emit_until=3.0, faults=faults)
+    return sim
+
+
+def run_storm_seed(seed: int) -> None:
+    sim = storm_scenario(seed)
+    check(sim, seed)
+    assert not [line for line in sim.log if " lost " in line], sim.log
+
+
+@pytest.mark.parametrize("seed", range(STORM_SEEDS))
+def test_storm_seed(seed):
+    run_storm_seed(seed)
 
 
 DURABLE_SEEDS = int(os.environ.get("FLOE_SIM_DURABLE_SEEDS", "90"))

@@ -144,22 +144,45 @@ class Handoff:
                        f"target {', '.join(gone)} left the ring" if gone else
                        "a token changed owner meanwhile" if len(mine) < len(self.moves)
                        else "timed out before every destination held the range")
-            return ring.with_extras({t: () for t in mine if ring.extras_of(t)}) \
-                if any(ring.extras_of(t) for t in mine) else None
+            return unpinned(ring, mine)
         again = self._extras_ring(ring)
         if again is not None:
             return again               # the ring changed (a failure): prepare anew
         if not self.ready(core):
             return None
         self._move(HandoffState.COMMITTED)
-        return commit_ring(ring, self.moves)
+        return commit_ring(ring, self.moves, complete_copies(core))
 
 
-def commit_ring(ring: Ring, moves: dict[int, str]) -> Ring:
+def unpinned(ring: Ring, tokens) -> Ring | None:
+    """A handoff of `tokens` ended without a commit: drop the extras it pinned, but
+    keep the former holders of a complete copy (their marks say the regular replicas
+    are not filled yet: the owner's death must still give the range to one of them)."""
+    change = {}
+    for t in tokens:
+        if ring.has_token(t) and ring.extras_of(t):
+            held = tuple(sorted(x for tt, x in ring.retiring if tt == t))
+            if held != ring.extras_of(t):
+                change[t] = held
+    return ring.with_extras(change) if change else None
+
+
+def complete_copies(core) -> dict[int, set[str]]:
+    """Per range we own, the nodes known to hold a complete copy: those whose
+    acknowledgement of a checkpoint counts (a full one, then every one after it)."""
+    return {t: set(rng.replica_seq) for t, rng in core.primaries.items()}
+
+
+def commit_ring(ring: Ring, moves: dict[int, str],
+                complete: dict[int, set[str]] | None = None) -> Ring:
     """Give the tokens to their targets. Every node that stops being a destination of
     any token (the old owner of a moved one, or a replica whose place in a neighbour's
     clockwise walk the move took) stays an extra destination, keeping its complete copy
-    until the token's owner has the new replicas filled (`retired_extras`)."""
+    until the token's owner has the new replicas filled (`retired_extras`).
+    `complete`: per token the committer owns, the nodes it knows hold a complete copy
+    (`complete_copies`); only those (and the owner itself) are marked holding: a node
+    that just became a destination by someone else's move may have nothing yet."""
+    complete = complete or {}
     committed = ring.with_owners(moves)
     retiring, holding = {}, set()
     for token in ring.tokens:
@@ -180,7 +203,10 @@ def commit_ring(ring: Ring, moves: dict[int, str]) -> Ring:
         if keep != list(committed.extras_of(token)) or demoted:
             retiring[token] = keep
             held = {(t, x) for t, x in ring.retiring if t == token and x in keep}
-            if token in moves or not held:
+            if token in complete:
+                known = complete[token] | {ring.owner_of_token(token)}
+                holding |= {(token, x) for x in leaving | demoted if x in known}
+            elif token in moves or not held:
                 holding |= {(token, x) for x in leaving | demoted}
             # else: the token still keeps former holders, so its owner has not filled
             # its regular replicas yet; one the move pushes out may hold nothing, and

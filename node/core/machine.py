@@ -21,7 +21,7 @@ from node.core.detector import (ALIVE, DEAD, REFUSED, SUSPECT, FailureDetector, 
                                 indirect_via)
 from node.core.errors import InvalidArgument, Overloaded, TooLarge, inert
 from node.core.handoff import (Handoff, HandoffState, leave_moves, retired_extras,
-                               split_ring)
+                               split_ring, unpinned)
 from node.core.load import LoadMonitor
 from node.core.machine_io import (BatchApplied, CheckpointAcked, CheckpointDue,
                                   CheckpointFailed, CheckpointRoundDone, Exit, Farewell,
@@ -403,12 +403,12 @@ class NodeMachine:
         if h is None:
             return
         ring = self.core.ring
-        pinned = {t: () for t in h.moves if h.state == HandoffState.PREPARED
-                  and ring.has_token(t) and ring.owner_of_token(t) == self.core.node_id
-                  and ring.extras_of(t)}
+        mine = [t for t in h.moves if h.state == HandoffState.PREPARED
+                and ring.has_token(t) and ring.owner_of_token(t) == self.core.node_id]
         self._abort_handoff(event.reason, out)
-        if pinned:
-            self._adopt(ring.with_extras(pinned), now, out)
+        cleared = unpinned(ring, mine)
+        if cleared is not None:
+            self._adopt(cleared, now, out)
             out.append(Gossip())
 
     def _abort_handoff(self, reason: str, out: list) -> None:

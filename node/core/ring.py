@@ -274,7 +274,8 @@ class Ring:
                 extras[token] = nodes
             else:
                 extras.pop(token, None)
-        retiring = {p for p in self.retiring if p[0] not in extras_by_token} | {
+        # A holder stays marked while it stays an extra (re-pinned by a new prepare).
+        retiring = {p for p in self.retiring if p[1] in extras.get(p[0], ())} | {
             p for p in holding if p[1] in extras.get(p[0], ())}
         return self._with(generations=tuple(generations), extras=tuple(sorted(extras.items())),
                           retiring=frozenset(retiring))

@@ -143,9 +143,15 @@ def _extend_split_off(ring: "Ring", entries: Entries) -> None:
         cover = ring.token_for_position(token)
         i = ring.token_index(cover)
         more = ring.extras_of(cover)
-        if not more or ring.owners[i] != entry[1] or ring.generations[i] <= entry[0]:
+        # A tie is two concurrent changes (the part's own, say a prepare, and one of
+        # the whole range, say a neighbour's commit marking holders): keep both, as
+        # `_token_entries` does for one token.
+        if not more or ring.owners[i] != entry[1] or ring.generations[i] < entry[0]:
             continue
-        entries[token] = (entry[0], entry[1], tuple(sorted(set(entry[2]) | set(more))),
+        # The part now carries that change: it takes its generation too, so that a
+        # later change of the part elsewhere meets it as a tie (both kept) rather
+        # than erasing it (merging stays independent of the order views arrive in).
+        entries[token] = (ring.generations[i], entry[1], tuple(sorted(set(entry[2]) | set(more))),
                           entry[3] | {x for t, x in ring.retiring if t == cover})
 
 
