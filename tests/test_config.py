@@ -43,6 +43,9 @@ def test_config_is_frozen():
       "--balance-reach", "0"], "balance_reach"),
     (["--node-id", "n0", "--listen", "127.0.0.1:7000", "--peers", PEERS,
       "--suspicion", "0"], "suspicion must be > 0"),
+    # a batch larger than the whole backup store could never be acknowledged
+    (["--node-id", "n0", "--listen", "127.0.0.1:7000", "--peers", PEERS,
+      "--max-backup-bytes", str(1 << 20)], "max_backup_bytes must be at least max_batch_bytes"),
 ])
 def test_bad_settings_are_refused_clearly(argv, message):
     with pytest.raises(ValueError, match=message):

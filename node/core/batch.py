@@ -43,7 +43,7 @@ class Limits:
     max_batch_bytes: int = 4 << 20
     max_batch_tuples: int = 100_000
     max_source_bytes: int = 256
-    max_backup_bytes: int = 1 << 30     # batches a replica holds until checkpoints cover them
+    max_backup_bytes: int = 8 << 20     # batches a replica holds until checkpoints cover them
     max_sources_per_range: int = 4096   # dedup watermarks a range keeps
     source_expiry: float = 7 * 86400.0  # a source idle this long loses its watermark
     backup_expiry: float = 300.0        # a backed-up batch its primary never applied goes
