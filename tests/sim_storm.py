@@ -7,14 +7,11 @@ concurrent ring changes and a single death lost the range."""
 
 from __future__ import annotations
 
-from node.core.detector import DetectorConfig, FailureDetector
-from node.core.load import LoadConfig, LoadMonitor
+from node.core.load import LoadConfig
 from node.core.machine import NodeMachine
-from node.core.node_core import NodeCore
-from node.core.reducers import load_reducer
-from node.core.ring import Ring
 from node.core.machine_io import Record
-from tests.simulation import Simulation
+from node.core.ring import Ring
+from tests.simulation import Simulation, make_machine
 
 HAIR_TRIGGER = LoadConfig(high_queue=-1, high_cpu=-1, low_queue=-2, low_cpu=-2, cooldown=0.5)
 
@@ -43,12 +40,8 @@ class StormSimulation(Simulation):
 
     def make_machine(self, node_id: str, ring: Ring, incarnation: int,
                      address: str) -> NodeMachine:
-        def make_core(name: str, r: Ring) -> NodeCore:
-            return NodeCore(name, r, load_reducer("count"))
-        load = LoadMonitor(LoadConfig() if self.calm else HAIR_TRIGGER)
-        return NodeMachine(make_core(node_id, ring), incarnation,
-                           FailureDetector(DetectorConfig()), load, make_core,
-                           listen=address, balance=True)
+        return make_machine(node_id, ring, incarnation, address,
+                            LoadConfig() if self.calm else HAIR_TRIGGER)
 
     def calm_down(self) -> None:
         """End the storm (normal load thresholds), so the ring settles before the end."""

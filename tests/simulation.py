@@ -27,7 +27,7 @@ from node.core.batch import Batch, decode_payload, encode_payload, encode_seqs
 from node.core.detector import ALIVE, REFUSED, TIMED_OUT, DetectorConfig, FailureDetector
 from node.core.errors import (Fenced, FloeError, InvalidArgument, Overloaded, Refused,
                               StaleRing, Unavailable)
-from node.core.load import LoadMonitor
+from node.core.load import LoadConfig, LoadMonitor
 from node.core.machine import NodeMachine
 from node.core.machine_io import (BatchApplied, CheckpointAcked, CheckpointDue,
                                   CheckpointFailed, CheckpointRoundDone, Exit, Farewell,
@@ -120,13 +120,14 @@ class ShedOutcome:
     asked_moved: bool = False
 
 
-def make_machine(node_id: str, ring: Ring, incarnation: int, address: str) -> NodeMachine:
+def make_machine(node_id: str, ring: Ring, incarnation: int, address: str,
+                 load: LoadConfig = LoadConfig()) -> NodeMachine:
     def make_core(name: str, r: Ring) -> NodeCore:
         return NodeCore(name, r, load_reducer("count"))
     # Shedding on unless the ring's balancer shares keys instead (node.config does the
     # same): the default ring's `none` runs shedding too, to exercise it everywhere.
     return NodeMachine(make_core(node_id, ring), incarnation, FailureDetector(DetectorConfig()),
-                       LoadMonitor(), make_core, listen=address,
+                       LoadMonitor(load), make_core, listen=address,
                        balance=balancer(ring.balancer).pieces == 1)
 
 
