@@ -10,10 +10,11 @@ import argparse
 import dataclasses
 import os
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Mapping, Sequence
 
 from node.core.balancers import BALANCERS, described
+from node.core.batch import Limits
 from node.core.reducers import parse_reducer_args, reducer_identity
 
 
@@ -45,6 +46,7 @@ class NodeConfig:
     backup_expiry: float = 300.0                 # a backed-up batch its primary never applied is dropped
     max_sources_per_range: int = 4096            # dedup watermarks per range; more sources refused
     source_expiry: float = 7 * 86400.0           # a source idle this long loses its watermark
+    piece_idle: float = 10.0                     # a shared key's piece unchanged this long is merged back
     max_stream_ahead: float = 3600.0             # a stream numbered this far past our clock is refused
     max_sources_per_node: int = 65536            # sources streaming to a node; more refused until idle ones expire
     rpc_timeout: float = 2.0                     # deadline on every outbound call, seconds
@@ -124,11 +126,18 @@ class NodeConfig:
             raise ValueError("max_sources_per_range must be >= 1")
         if not self.max_stream_ahead >= 60:
             raise ValueError("max_stream_ahead must be at least 60 seconds (clocks drift)")
+        if not self.piece_idle >= 0.5:
+            raise ValueError("piece_idle must be at least 0.5 seconds")
         for name in ("backup_expiry", "source_expiry"):
             # Both must outlast any resend and any queue: an expiry cut short drops
             # or double-counts what a slow sender still holds.
             if not getattr(self, name) >= 60:       # NaN fails too
                 raise ValueError(f"{name} must be at least 60 seconds")
+
+    def limits(self) -> Limits:
+        """The bounds the protocol core enforces, as configured."""
+        return Limits(**{f.name: getattr(self, f.name) for f in fields(Limits)
+                         if hasattr(self, f.name)})
 
     @property
     def reducer_identity(self) -> str:
@@ -290,6 +299,9 @@ def _add_limits(p: argparse.ArgumentParser) -> None:
     p.add_argument("--source-expiry", type=float,
                    help="seconds a source may stay idle before its watermarks are dropped; "
                         "it must outlast any resend (default 604800, a week)")
+    p.add_argument("--piece-idle", type=float,
+                   help="seconds a piece of a shared key (dkg, smalops) must stay unchanged "
+                        "before its owner merges it back into the key (default 10)")
     p.add_argument("--backup-expiry", type=float,
                    help="seconds after which a backed-up batch its primary still has not "
                         "applied is dropped (default 300)")

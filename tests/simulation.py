@@ -23,20 +23,18 @@ from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, replace
 
 from mapper.outbox import Outbox, PendingBatch
-from node.core.batch import Batch, decode_payload, encode_payload, encode_seqs
+from node.core.batch import Batch, Limits, decode_payload, encode_payload, encode_seqs
 from node.core.detector import ALIVE, REFUSED, TIMED_OUT, DetectorConfig, FailureDetector
 from node.core.errors import (Fenced, FloeError, InvalidArgument, Overloaded, Refused,
                               StaleRing, Unavailable)
 from node.core.load import LoadConfig, LoadMonitor
 from node.core.machine import NodeMachine
-from node.core.machine_io import (BatchApplied, CheckpointAcked, CheckpointDue,
-                                  CheckpointFailed, CheckpointRoundDone, Exit, Farewell,
-                                  Gossip, HandoffEnded, HandoffRequested, HeardFrom,
-                                  HeartbeatDue, HeartbeatFailed, LeaveRing, LoadSampled,
-                                  MapperAhead,
-                                  MonitorDue, Note, ProbeFinished, Record, RefillDue,
-                                  RingSeen, SendHeartbeat, ShipCheckpoints, SignOfLife,
-                                  Split, SplitRequested, StartHandoff, StartProbe, StartShed)
+from node.core.machine_io import (
+    BatchApplied, CheckpointAcked, CheckpointDue, CheckpointFailed, CheckpointRoundDone, Exit,
+    Farewell, FoldAnswered, Gossip, HandoffEnded, HandoffRequested, HeardFrom, HeartbeatDue,
+    HeartbeatFailed, LeaveRing, LoadSampled, MapperAhead, MonitorDue, Note, ProbeFinished,
+    Record, RefillDue, RingSeen, SendFolds, SendHeartbeat, ShipCheckpoints, SignOfLife, Split,
+    SplitRequested, StartHandoff, StartProbe, StartShed)
 from node.core.membership import base_name, decide_start, ready_to_decide
 from node.core.node_core import NodeCore
 from node.core.reducers import load_reducer
@@ -45,7 +43,7 @@ from chaos.hostile import forged_views
 from node.core.shedding import PeerLoad, cut_positions, shed_reach
 from mapper.sharing import chooser_for
 from node.core.balancers import balancer
-from node.core.pieces import base_of
+from node.core.pieces import base_of, merge_pieces
 from node.transport.tls import sender_matches
 from tests.sim_disk import SimDisk, SimDurability
 from tests.sim_durable import DurableNodes, Starter
@@ -120,10 +118,15 @@ class ShedOutcome:
     asked_moved: bool = False
 
 
+# Pieces of shared keys are merged back after this long unchanged (10 s in production):
+# within a run, and more than a few checkpoint rounds.
+PIECE_IDLE = 0.5
+
+
 def make_machine(node_id: str, ring: Ring, incarnation: int, address: str,
                  load: LoadConfig = LoadConfig()) -> NodeMachine:
     def make_core(name: str, r: Ring) -> NodeCore:
-        return NodeCore(name, r, load_reducer("count"))
+        return NodeCore(name, r, load_reducer("count"), Limits(piece_idle=PIECE_IDLE))
     # Shedding on unless the ring's balancer shares keys instead (node.config does the
     # same): the default ring's `none` runs shedding too, to exercise it everywhere.
     return NodeMachine(make_core(node_id, ring), incarnation, FailureDetector(DetectorConfig()),
@@ -348,6 +351,8 @@ class Simulation(DurableNodes):
                     self._probe(proc, e)
                 case ShipCheckpoints():
                     self._ship(proc, e)
+                case SendFolds():
+                    self._send_folds(proc, e)
                 case StartHandoff():
                     self.request_handoff(proc, e.moves, e.why)
                 case HandoffEnded():
@@ -508,6 +513,39 @@ class Simulation(DurableNodes):
                             lambda exc, s=s: answered(CheckpointFailed(
                                 s.checkpoint.token, s.replica, exc.refresh_ring, e.epoch)),
                             CALL_TIMEOUT)
+
+    def _send_folds(self, proc: SimProcess, e: SendFolds) -> None:
+        """As node.runtime.folds: each fold pushed to every node of its key's range,
+        answered once all took it or one did not."""
+        for fold, token, addresses in zip(e.folds, e.tokens, e.addresses):
+            batch = Batch(e.ring_stamp, token, fold.source, fold.seq, fold.seq, 1,
+                          encode_payload([fold.key], [fold.state]))
+            waiting = [len(addresses)]
+
+            def answer(ok: bool, fold=fold, waiting=waiting) -> None:
+                if waiting[0] > 0:
+                    waiting[0] = waiting[0] - 1 if ok else 0
+                    if waiting[0] == 0:
+                        self.handle(proc, FoldAnswered(fold.out_key, fold.seq, ok, e.epoch))
+
+            def serve(server, respond, batch=batch) -> None:
+                try:
+                    if server.durable is not None:
+                        server.durable.check_writable()
+                    result = server.core.receive_batch(batch, self.now)
+                except FloeError as exc:
+                    respond(None, exc)
+                    return
+                if server.durable is None:
+                    respond(result, None)
+                else:                     # acknowledged once on disk
+                    server.durable.kept(batch, result.applied)
+                    server.durable.ack(lambda: respond(result, None),
+                                       lambda exc: respond(None, exc))
+
+            for address in addresses:
+                self.call_later(proc, address, serve, lambda _r, a=answer: a(True),
+                                lambda _exc, a=answer: a(False), CALL_TIMEOUT)
 
     def _round_done(self, proc: SimProcess, e: ShipCheckpoints, started: float) -> None:
         self.handle(proc, CheckpointRoundDone(e.tokens, e.behind_before, e.epoch))
@@ -1069,8 +1107,9 @@ class Simulation(DurableNodes):
             if p.core.ring.stamp != ring.stamp:
                 continue
             for token, rng in p.core.primaries.items():
-                for key, count in rng.state.snapshot().items():
-                    state[base_of(key)] += count        # a key's pieces merged
+                for key, count in merge_pieces(rng.state.snapshot().items(),
+                                               lambda a, b: a + b).items():
+                    state[key] += count                 # a key's pieces merged
                 if token in p.core.lost_tokens:
                     lost_keys |= {base_of(k) for k in rng.state.snapshot()}
         for key in set(self.sent) | self.pieces_sent:

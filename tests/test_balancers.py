@@ -7,6 +7,7 @@ import random
 import subprocess
 import sys
 import threading
+import time
 from collections import Counter
 
 import pytest
@@ -21,13 +22,14 @@ from node.config import load_config
 from node.core.balancers import balancer, check_reducer
 from node.core.codec import pack, unpack
 from node.core.errors import InvalidArgument, InvalidKey
-from node.core.pieces import PIECE_MARK, base_of, check_user_key, is_piece, merge_pieces, piece_key
+from node.core.pieces import (FOLD_MARK, PIECE_MARK, RESERVED, base_of, check_user_key, is_piece,
+                              merge_pieces, piece_key)
 from node.core.reducers import load_reducer
 from node.core.ring import Ring
 from tests.helpers import corpus_words
 
 MEMBERS = {f"n{i}": f"127.0.0.1:{7000 + i}" for i in range(4)}
-keys = st.one_of(st.text(max_size=20), st.binary(max_size=20).filter(lambda b: not is_piece(b)),
+keys = st.one_of(st.text(max_size=20), st.binary(max_size=20).filter(lambda b: not b.startswith(RESERVED)),
                  st.integers(-2 ** 63, 2 ** 64 - 1))
 
 
@@ -57,6 +59,8 @@ def test_a_users_bytes_key_may_not_pose_as_a_piece():
     check_user_key(b"plain bytes")
     with pytest.raises(InvalidKey):
         check_user_key(PIECE_MARK + b"anything")
+    with pytest.raises(InvalidKey):
+        check_user_key(FOLD_MARK + b"anything")
 
 
 # ------------------------------------------------------------ the ring's policy
@@ -221,6 +225,32 @@ def test_a_sharing_ring_reads_every_key_whole_and_exact_through_a_kill(tmp_path,
             for word in [hot, "and", "Jesus", "zzz-never-sent"]:
                 assert client.get(word) == (expect[word] or None), word
             assert [c for _, c in client.top(5)] == [c for _, c in expect.most_common(5)]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("policy", ["dkg", "smalops"])
+def test_a_shrunk_pools_pieces_are_merged_back_exactly_into_their_keys(tmp_path, policy):
+    words = corpus_words()[:40_000]
+    expect = Counter(words)
+    with LocalCluster.up(4, 1, workdir=tmp_path, balancer=policy,
+                         extra_args=["--piece-idle", "0.5"]) as cluster:
+        with RingClient(cluster.seeds, tls=cluster.tls("client")) as client:
+            client.emit_many(words)
+            client.flush()
+            ring = client.ring
+            shared = [w for w, _ in expect.most_common(20)
+                      if any(raw_get(cluster, ring, piece_key(w, i)) for i in range(1, 16))]
+            assert shared, "no hot word was spread over pieces"
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and any(
+                    raw_get(cluster, ring, piece_key(w, i)) for w in shared for i in range(1, 16)):
+                time.sleep(0.2)
+            # every piece merged back: the key itself holds the whole count
+            for word in shared:
+                assert raw_get(cluster, ring, word) == expect[word], word
+                assert client.get(word) == expect[word], word
+            assert sum(s["pieces_folded"] for s in client.stats()) >= len(shared)
+            assert dict(client.scan()) == dict(expect)
 
 
 @pytest.mark.multiprocess

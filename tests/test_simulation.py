@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from node.core.folding import pending
 from node.core.membership import base_name
+from node.core.pieces import is_fold_key, is_piece
 from tests.sim_storm import StormSimulation
 from tests.simulation import Simulation
 
@@ -369,11 +371,7 @@ def balancer_scenario(seed: int) -> Simulation:
     import random
     policy = random.Random(seed).choice(["pkg", "dkg", "smalops"])
     pick, sim, names = random_cluster(seed, 15485863, skew=0.6, policy=policy)
-    for mapper in sim.mappers:
-        if policy == "dkg":
-            mapper.chooser.warm_up, mapper.chooser.review_every = 40, 20
-        elif policy == "smalops":
-            mapper.chooser.window, mapper.chooser.heavy = 30, 0.1
+    act_soon(sim, policy)
     faults = [(pick.uniform(0.1, 1.2), sim.handoff, (pick.choice(names), "heir"))
               if pick.random() < 0.5 else
               (pick.uniform(0.1, 1.2), sim.split, (pick.choice(names), True))]
@@ -382,6 +380,15 @@ def balancer_scenario(seed: int) -> Simulation:
                         pick.uniform(0.2, 1.3))
     sim.run(until=5.0, emit_until=1.5, faults=faults)
     return sim
+
+
+def act_soon(sim: Simulation, policy: str) -> None:
+    """dkg reviews its pools every 20 tuples, smalops decides every 30: within a run."""
+    for mapper in sim.mappers:
+        if policy == "dkg":
+            mapper.chooser.warm_up, mapper.chooser.review_every = 40, 20
+        elif policy == "smalops":
+            mapper.chooser.window, mapper.chooser.heavy = 30, 0.1
 
 
 def run_balancer_seed(seed: int) -> None:
@@ -393,6 +400,77 @@ def run_balancer_seed(seed: int) -> None:
 @pytest.mark.parametrize("seed", range(BALANCER_SEEDS))
 def test_balancer_seed(seed):
     run_balancer_seed(seed)
+
+
+FOLD_SEEDS = int(os.environ.get("FLOE_SIM_FOLD_SEEDS", "40"))
+
+
+class FoldSimulation(Simulation):
+    """`kill_sender`: the first node to send a fold (a piece merged back into its key,
+    node.core.folding) is killed up to `delay` later: before, while or after its
+    destinations take it."""
+    kill_sender = False
+    delay = 0.01
+
+    def _send_folds(self, proc, e) -> None:
+        super()._send_folds(proc, e)
+        if self.kill_sender:
+            self.kill_sender = False
+            self.at(self.now + self.rng.uniform(0, self.delay), self.kill, proc.name)
+
+
+def fold_scenario(seed: int) -> Simulation:
+    """A dkg or smalops ring whose pools shrink when the stream stops: each piece idle
+    for half a second is merged back into its key, while a node is killed just after
+    sending a fold, or killed, paused or cut off at a random moment of the merging,
+    maybe during a handoff. Every count must stay exact and every piece end merged."""
+    import random
+    policy = random.Random(seed).choice(["dkg", "smalops"])
+    pick = random.Random(seed * 15485867)
+    nodes = pick.randint(4, 5)
+    sim = FoldSimulation(seed, nodes=nodes, replication=pick.choice([1, 1, 2]),
+                         tokens=pick.choice([1, 2, 4]), skew=0.6, policy=policy,
+                         mappers=pick.choice([1, 2]), durable=pick.random() < 0.25)
+    names = sorted(sim.nodes)
+    act_soon(sim, policy)
+    faults = []
+    if pick.random() < 0.3:
+        faults.append((pick.uniform(1.5, 2.5), sim.handoff, (pick.choice(names), "heir")))
+    kind = pick.choice(["sender", "sender", "kill", "pause", "partition"])
+    if kind == "sender":
+        sim.kill_sender, sim.delay = True, pick.choice([0.0005, 0.003, 0.02])
+    else:
+        faults += one_fault(pick, sim, names, kind, pick.randrange(nodes),
+                            pick.uniform(1.6, 2.6))
+    sim.run(until=7.0, emit_until=1.5, faults=faults)
+    return sim
+
+
+def run_fold_seed(seed: int) -> None:
+    sim = fold_scenario(seed)
+    check(sim, seed)
+    assert any(p.core.folds.folded for p in sim.procs), "no piece was merged back"
+    ring = sim._latest()
+    for p in sim.procs:
+        if sim._usable(p) and p.core.ring.stamp == ring.stamp:
+            for token, rng in p.core.primaries.items():
+                outs = sim_outgoing(p.core, token)
+                for key, state in rng.state.snapshot().items():
+                    assert not (is_fold_key(key) and pending(state)), \
+                        f"seed {seed}: a fold never arrived: {sim.log}"
+                    assert not is_piece(key) or state == 0 or outs.get(key, 1) is None, \
+                        f"seed {seed}: piece {key!r} of {p.name} holds {state}: {sim.log}"
+
+
+def sim_outgoing(core, token) -> dict:
+    """piece -> its outgoing key in the range of `token` (None: none was found)."""
+    book = core.folds.ranges.get(token)
+    return book.outs if book is not None else {}
+
+
+@pytest.mark.parametrize("seed", range(FOLD_SEEDS))
+def test_fold_seed(seed):
+    run_fold_seed(seed)
 
 
 STORM_SEEDS = int(os.environ.get("FLOE_SIM_STORM_SEEDS", "40"))

@@ -49,6 +49,7 @@ class Limits:
     backup_expiry: float = 300.0        # a backed-up batch its primary never applied goes
     max_stream_ahead: float = 3600.0    # seconds a stream number may run ahead of our clock
     max_sources_per_node: int = 65536   # sources whose current stream a node tracks
+    piece_idle: float = 10.0            # a shared key's piece unchanged this long is folded
 
 
 def encode_payload(keys: list, values: list) -> bytes:

@@ -22,10 +22,11 @@ out the rings this returns.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from node.core.errors import InvalidArgument, inert
+from node.core.errors import InvalidArgument, Overloaded, TooLarge, inert
 from node.core.ring import Ring
 
 
@@ -252,3 +253,27 @@ def split_ring(ring: Ring, me: str, position: int, fenced: bool = False) -> tupl
         return token, ring.split_token(token, position)
     except ValueError as exc:
         raise InvalidArgument(str(exc)) from None
+
+
+class SplitBudget:
+    """Every split is a ring change gossiped to all: bounded like any load, in tokens
+    (`max_tokens`) and in splits per minute."""
+
+    def __init__(self, max_tokens: int, per_minute: int) -> None:
+        self.max_tokens = max_tokens
+        self.per_minute = per_minute
+        self.recent: deque[float] = deque()     # when the last minute's splits were made
+
+    def check(self, tokens: int, now: float) -> None:
+        if tokens >= self.max_tokens:
+            raise TooLarge(f"the ring has {tokens} tokens, the limit (--max-tokens); no "
+                           f"more splits")
+        recent = self.recent
+        while recent and recent[0] <= now - 60:
+            recent.popleft()
+        if len(recent) >= self.per_minute:
+            raise Overloaded(f"{len(recent)} splits in the last minute, the limit "
+                             f"(--max-splits-per-minute); try again later")
+
+    def spend(self, now: float) -> None:
+        self.recent.append(now)

@@ -14,23 +14,20 @@ discarded by value, never applied to the member that replaced it.
 from __future__ import annotations
 
 import logging
-from collections import deque
 from typing import Callable
 
-from node.core.detector import (ALIVE, DEAD, REFUSED, SUSPECT, FailureDetector, combine,
-                                indirect_via)
-from node.core.errors import InvalidArgument, Overloaded, TooLarge, inert
-from node.core.handoff import (Handoff, HandoffState, leave_moves, retired_extras,
-                               split_ring, unpinned)
+from node.core.detector import ALIVE, DEAD, REFUSED, SUSPECT, FailureDetector, combine, indirect_via
+from node.core.errors import InvalidArgument, inert
+from node.core.handoff import (Handoff, HandoffState, SplitBudget, leave_moves,
+                               retired_extras, split_ring, unpinned)
+from node.core.folding import FOLDING_BALANCERS, routed
 from node.core.load import LoadMonitor
-from node.core.machine_io import (BatchApplied, CheckpointAcked, CheckpointDue,
-                                  CheckpointFailed, CheckpointRoundDone, Exit, Farewell,
-                                  Gossip, HandoffAbandoned, HandoffEnded, HandoffRequested, HeardFrom,
-                                  HeartbeatDue, HeartbeatFailed, LeaveRing, LoadSampled, MapperAhead,
-                                  MonitorDue, Note, ProbeAbandoned, ProbeFinished, Record,
-                                  RefillDue, RingSeen, SendHeartbeat, ShipCheckpoints,
-                                  SignOfLife, Split, SplitRequested, StartHandoff,
-                                  StartProbe, StartShed)
+from node.core.machine_io import (
+    BatchApplied, CheckpointAcked, CheckpointDue, CheckpointFailed, CheckpointRoundDone, Exit,
+    Farewell, FoldAnswered, Gossip, HandoffAbandoned, HandoffEnded, HandoffRequested,
+    HeardFrom, HeartbeatDue, HeartbeatFailed, LeaveRing, LoadSampled, MapperAhead, MonitorDue,
+    Note, ProbeAbandoned, ProbeFinished, Record, RefillDue, RingSeen, SendFolds, SendHeartbeat,
+    ShipCheckpoints, SignOfLife, Split, SplitRequested, StartHandoff, StartProbe, StartShed)
 from node.core.membership import refill_moves, rejoin_name, restarted
 from node.core.node_core import NodeCore, RingChange
 from node.core.ring import Ring
@@ -59,8 +56,7 @@ class NodeMachine:
         self.listen = listen
         self.balance = balance
         self.max_tokens = max_tokens     # splits stop there: a ring's size is bounded
-        self.max_splits_per_minute = max_splits_per_minute
-        self._split_times: deque[float] = deque()   # splits of the last minute
+        self.splits = SplitBudget(max_tokens, max_splits_per_minute)
         self.epoch = 0
         self.stimuli = 0                 # events handled so far: names each one
         self._stimulus = ""
@@ -83,6 +79,7 @@ class NodeMachine:
             HandoffRequested: self._handoff_requested, SplitRequested: self._split,
             HandoffAbandoned: self._handoff_abandoned,
             LeaveRing: self._leave_ring, MapperAhead: self._mapper_ahead,
+            FoldAnswered: self._fold_answered,
         }
 
     @property
@@ -282,12 +279,25 @@ class NodeMachine:
         if expired:
             out.append(Note(f"forgot the dedup watermarks of {len(expired)} sources idle "
                             f"for --source-expiry: {inert(', '.join(expired))}"))
+        self._send_folds(now, out)
         behind = bool(core.under_replicated())
         shipments = tuple(core.plan_checkpoints(now))
         ring = core.ring
         out.append(ShipCheckpoints(
             shipments, tuple(ring.address(s.replica) for s in shipments), ring.stamp,
             tuple(sorted({s.checkpoint.token for s in shipments})), behind, self.epoch))
+
+    def _send_folds(self, now: float, out: list) -> None:
+        """Pieces idle long enough are merged back into their keys (node.core.folding)."""
+        core = self.core
+        if core.ring.balancer in FOLDING_BALANCERS and not (core.fenced or core.starting):
+            if folds := core.folds.review(core, now):
+                out.append(SendFolds(folds, *routed(core.ring, folds), core.ring.stamp,
+                                     self.epoch))
+
+    def _fold_answered(self, event: FoldAnswered, now: float, out: list) -> None:
+        ok = event.ok and event.epoch == self.epoch
+        self.core.folds.answered(self.core, event.out_key, event.seq, ok)
 
     def _checkpoint_acked(self, event: CheckpointAcked, now: float, out: list) -> None:
         if event.epoch != self.epoch:
@@ -434,20 +444,11 @@ class NodeMachine:
         """Cut our range holding the position at it (a ring change told to everyone).
         Only the owner splits, and never a range being handed off."""
         core = self.core
-        if len(core.ring.tokens) >= self.max_tokens:
-            raise TooLarge(f"the ring has {len(core.ring.tokens)} tokens, the limit "
-                           f"(--max-tokens); no more splits")
-        recent = self._split_times
-        while recent and recent[0] <= now - 60:
-            recent.popleft()
-        if len(recent) >= self.max_splits_per_minute:
-            # Every split is a ring change gossiped to all: bounded like any load.
-            raise Overloaded(f"{len(recent)} splits in the last minute, the limit "
-                             f"(--max-splits-per-minute); try again later")
+        self.splits.check(len(core.ring.tokens), now)
         token, split = split_ring(core.ring, core.node_id, event.position, core.fenced)
         if self.handoff is not None and token in self.handoff.moves:
             raise InvalidArgument(f"token {token:#x} is being handed off")
-        recent.append(now)
+        self.splits.spend(now)
         self._adopt(split, now, out)
         out.append(Gossip())
         out.append(self._record("split", f"split the range of token {token:#x} at "

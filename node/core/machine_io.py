@@ -136,6 +136,16 @@ class LoadSampled:
 
 
 @dataclass(frozen=True)
+class FoldAnswered:
+    """A fold sent (`SendFolds`) was taken by every destination (`ok`), or not."""
+
+    out_key: bytes
+    seq: int
+    ok: bool
+    epoch: int
+
+
+@dataclass(frozen=True)
 class HandoffRequested:
     moves: dict = field(hash=False)    # token -> target
     timeout: float
@@ -221,6 +231,18 @@ class ShipCheckpoints:
     ring_stamp: int
     tokens: tuple[int, ...]
     behind_before: bool
+    epoch: int
+
+
+@dataclass(frozen=True)
+class SendFolds:
+    """Push each fold (`node.core.folding.FoldSend`) as a one-tuple batch for the range
+    of `tokens[i]` to every address of `addresses[i]`; report each as a FoldAnswered."""
+
+    folds: tuple
+    tokens: tuple[int, ...]
+    addresses: tuple[tuple[str, ...], ...]
+    ring_stamp: int
     epoch: int
 
 

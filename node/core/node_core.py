@@ -14,6 +14,7 @@ from typing import Iterator
 from node.core.backup_store import BackupEntry
 from node.core.batch import Batch, Limits, check_header
 from node.core.epochs import check_source
+from node.core.folding import FOLDING_BALANCERS, FoldBook
 from node.core.errors import (Fenced, InvalidArgument, RangeLost, StaleRing, Starting,
                               TooLarge, inert)
 from node.core.ranges import Checkpoint, PrimaryRange, ReplicaSide
@@ -69,6 +70,7 @@ class NodeCore:
         self.starting = False
         self.applied_by_token: dict[int, int] = {}   # tuples applied per owned token, cumulative
         self.positions = PositionLoad()              # where inside each range the load sits
+        self.folds = FoldBook(limits.piece_idle)     # pieces merged back into their keys
         self.counters = dict(applied=0, duplicates=0, refused=0, backed_up=0,
                              checkpoints_shipped=0, checkpoints_received=0, takeovers=0,
                              handed_off=0, sources_expired=0)
@@ -247,8 +249,11 @@ class NodeCore:
                 # Every key is checked against the token, exactly: a key the range
                 # already holds was checked when it first came, so only new ones are
                 # hashed (--verify-keys hashes all of them, every time).
-                self._verify_all(token, keys if self.verify_keys else state.unknown(keys))
+                new = keys if self.verify_keys else state.unknown(keys)
+                self._verify_all(token, new)
                 self.positions.record(token, keys)
+                if ring.balancer in FOLDING_BALANCERS:
+                    self.folds.saw(token, new)
             applied, dups = self.primaries[token].apply(
                 source, first_seq, last_seq, count, payload, seqs, verify=check, now=now,
                 max_sources=self.limits.max_sources_per_range)
@@ -432,6 +437,7 @@ class NodeCore:
             ring_share=self.ring.share_of(self.node_id),
             lost_ranges=len(self.lost_tokens),
             under_replicated=len(self.under_replicated()),
+            pieces_folded=self.folds.folded,
         )
 
     def check_invariants(self) -> None:

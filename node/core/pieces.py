@@ -5,7 +5,13 @@ piece 0 is the key itself, piece i > 0 a bytes key made of a reserved mark and t
 msgpack of (key, i), which hashes to its own place on the ring. Each piece is an
 ordinary key to the ring: its own range, replicas, checkpoints, takeover and dedup.
 A read merges the pieces of a key with the reducer's `merge`, so it sees one value
-whatever the split. A user's bytes key must not begin with the mark (refused at emit).
+whatever the split. A user's bytes key must not begin with a mark (refused at emit).
+
+A piece no longer used is merged back into its key (`node.core.folding`): its state
+leaves it for an outgoing key, FOLD_MARK and the msgpack of (key, index, nonce), kept in
+the piece's own range until piece 0 has taken it. An outgoing key's state is
+[n, state] while fold n is on its way and [n] once it arrived; reads merge the first as
+a piece of the key and skip the second.
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ import msgpack
 from node.core.errors import InvalidKey
 
 PIECE_MARK = b"\x00floe:piece\x00"
+FOLD_MARK = b"\x00floe:fold\x00"
+RESERVED = b"\x00floe:"
 
 
 def piece_key(key, index: int):
@@ -30,18 +38,45 @@ def is_piece(key) -> bool:
     return type(key) is bytes and key.startswith(PIECE_MARK)
 
 
+FOLD_SOURCE = "fold:"       # the source of a fold's batch: its tuples carry states
+
+
+def is_fold_source(source: str) -> bool:
+    return source.startswith(FOLD_SOURCE)
+
+
+def fold_key(key, index: int, nonce: int) -> bytes:
+    """An outgoing key of piece `index` of `key`: where its state waits to be merged."""
+    return FOLD_MARK + msgpack.packb((key, index, nonce))
+
+
+def is_fold_key(key) -> bool:
+    return type(key) is bytes and key.startswith(FOLD_MARK)
+
+
+def parse_piece(key) -> tuple[object, int]:
+    """(key, index) of a piece or an outgoing key; raises ValueError for another key."""
+    mark = PIECE_MARK if is_piece(key) else FOLD_MARK if is_fold_key(key) else None
+    if mark is None:
+        raise ValueError("not a piece")
+    parts = msgpack.unpackb(key[len(mark):], use_list=False)
+    if not isinstance(parts, tuple) or len(parts) != (2 if mark is PIECE_MARK else 3) \
+            or type(parts[1]) is not int:
+        raise ValueError("malformed piece key")
+    return parts[0], parts[1]
+
+
 def base_of(key):
-    """The key a piece belongs to (a key that is no piece is its own)."""
-    if not is_piece(key):
+    """The key a piece (or an outgoing key) belongs to (another key is its own)."""
+    if not is_piece(key) and not is_fold_key(key):
         return key
-    base, _index = msgpack.unpackb(key[len(PIECE_MARK):], use_list=False)
-    return base
+    return parse_piece(key)[0]
 
 
 def check_user_key(key) -> None:
-    if is_piece(key):
-        raise InvalidKey("a bytes key may not begin with the mark reserved for the "
-                         "pieces of shared keys (b'\\x00floe:piece\\x00')")
+    if type(key) is bytes and key.startswith(RESERVED):
+        raise InvalidKey("a bytes key may not begin with b'\\x00floe:', the mark reserved "
+                         "for the pieces of shared keys")
 
 
 def merge_pieces(items: Iterable[tuple[object, object]],
@@ -49,7 +84,11 @@ def merge_pieces(items: Iterable[tuple[object, object]],
     """{key: state} with every piece merged into its key."""
     merged: dict = {}
     for key, state in items:
-        if is_piece(key):
+        if is_fold_key(key):
+            if len(state) < 2:
+                continue                      # merged into its key already
+            state = state[1]
+        if is_piece(key) or is_fold_key(key):
             key = base_of(key)
         merged[key] = merge(merged[key], state) if key in merged else state
     return merged

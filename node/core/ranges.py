@@ -17,6 +17,7 @@ from node.core.batch import decode_payload, decode_seqs
 from node.core.dedup import first_new_index
 from node.core.epochs import effective_mark, floor_key, raise_floor, replay_order
 from node.core.errors import FloeError, Overloaded, TooLarge
+from node.core.pieces import FOLD_SOURCE
 from node.core.reducers import Reducer
 from node.core.state_store import LayeredState, ReplicaState
 
@@ -114,7 +115,10 @@ class PrimaryRange:
             verify(keys)
         if start:
             keys, values = keys[start:], values[start:]
-        self.state.apply(keys, values)
+        if source.startswith(FOLD_SOURCE):        # a piece's state merged back
+            self.state.merge_in(keys, values)
+        else:
+            self.state.apply(keys, values)
         self.watermarks[source] = last_seq
         raise_floor(self.watermarks, source, first_seq)
         self.last_seen[source] = now
@@ -256,7 +260,11 @@ class ReplicaSide:
             # the sender back rather than grow without bound; nothing is acknowledged.
             raise Overloaded(f"the backup store holds {self.backups.bytes} bytes, the limit "
                            f"is {max_bytes} (--max-backup-bytes)")
-        self.reducer.check_values(decode_payload(entry.payload, entry.count)[1])
+        values = decode_payload(entry.payload, entry.count)[1]
+        if source.startswith(FOLD_SOURCE):
+            self.reducer.check_states(values)
+        else:
+            self.reducer.check_values(values)
         self.backups.add(token, source, entry)
         return entry.count, 0
 

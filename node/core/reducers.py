@@ -54,6 +54,30 @@ class Reducer:
             new[key] = reduce(key, value, state)
         active.update(new)
 
+    def check_states(self, states) -> None:
+        """Raise InvalidArgument for a state (from another node: a piece's state merged
+        back into its key) that `merge` cannot take."""
+        initial, merge = self.initial(), self.merge
+        for state in states:
+            try:
+                merge(initial, state)
+            except Exception as exc:
+                raise InvalidArgument(f"not a state of reducer {self.name or type(self).__name__}:"
+                                      f" {type(exc).__name__}") from None
+
+    def merge_batch(self, keys, states, active: dict, lookup) -> None:
+        """As apply_batch, with states merged in (`merge`) instead of values reduced."""
+        _check_lengths(keys, states)
+        if self.merge is None:
+            raise InvalidArgument("this reducer has no merge: it takes no states")
+        self.check_states(states)
+        merge = self.merge
+        new: dict = {}
+        for key, state in zip(keys, states):
+            held = new[key] if key in new else active[key] if key in active else lookup(key)
+            new[key] = merge(held, state)
+        active.update(new)
+
     def sort_key(self, state):
         """The number that ranks keys in top-k queries."""
         return state
@@ -102,6 +126,9 @@ class Count(Reducer):
 
     def check_value(self, value) -> None:
         self.check_values((value,))
+
+    def check_states(self, states) -> None:
+        self.check_values(states)
 
     def apply_batch(self, keys, values, active: dict, lookup) -> None:
         # The hot path: no per-tuple method call except lookup for a key new to active.

@@ -53,6 +53,10 @@ class LayeredState:
         """Fold a batch; raises InvalidArgument, changing nothing, for a bad one."""
         self.reducer.apply_batch(keys, values, self.active, self.lookup)
 
+    def merge_in(self, keys, states) -> None:
+        """Merge states into keys' (a piece merged back); as apply, all or nothing."""
+        self.reducer.merge_batch(keys, states, self.active, self.lookup)
+
     def swap(self) -> dict:
         """Start a checkpoint: return the fragment (the keys changed since the previous
         one), which stays readable as the inactive layer until merge_inactive."""

@@ -15,20 +15,17 @@ import time
 import msgpack
 
 from node.config import NodeConfig
-from node.core.batch import Limits
 from node.core.detector import DetectorConfig, FailureDetector
 from node.core.errors import Fenced, FloeError, InvalidArgument, StaleRing, inert
 from node.core.handoff import Handoff, HandoffState
 from node.core.load import LoadConfig, LoadMonitor
 from node.core.machine import NodeMachine
-from node.core.machine_io import (BatchApplied, CheckpointAcked, CheckpointDue,
-                                  CheckpointFailed, CheckpointRoundDone, Exit, Farewell,
-                                  Gossip, HandoffAbandoned, HandoffEnded, HandoffRequested, HeardFrom,
-                                  HeartbeatDue, HeartbeatFailed, LeaveRing, LoadSampled,
-                                  MapperAhead, MonitorDue, Note, Record, RefillDue, RingSeen,
-                                  SendHeartbeat,
-                                  ShipCheckpoints, SignOfLife, Split, SplitRequested,
-                                  StartHandoff, StartProbe, StartShed)
+from node.core.machine_io import (
+    BatchApplied, CheckpointAcked, CheckpointDue, CheckpointFailed, CheckpointRoundDone, Exit,
+    Farewell, Gossip, HandoffAbandoned, HandoffEnded, HandoffRequested, HeardFrom,
+    HeartbeatDue, HeartbeatFailed, LeaveRing, LoadSampled, MapperAhead, MonitorDue, Note,
+    Record, RefillDue, RingSeen, SendFolds, SendHeartbeat, ShipCheckpoints, SignOfLife, Split,
+    SplitRequested, StartHandoff, StartProbe, StartShed)
 from node.core.membership import founding_ring
 from node.core.node_core import NodeCore
 from node.core.reducers import Reducer
@@ -36,6 +33,7 @@ from node.core.ring import Ring
 from node.runtime.balancing import ShedOutcome, shed_load
 from node.runtime.durability import Durability, open_data_dir, restore
 from node.runtime.events import EventLog
+from node.runtime.folds import send_folds
 from node.runtime.probing import probe_for, probe_round
 from node.runtime.inbound import Inbound, InboundQueue, StreamState
 from node.runtime.startup import decide_membership, record_start
@@ -97,15 +95,7 @@ class NodeRuntime:
                                     config.balancer, config.reducer_identity)
 
     def _new_core(self, node_id: str, ring: Ring) -> NodeCore:
-        return NodeCore(node_id, ring, self.reducer,
-                        Limits(max_batch_bytes=self.config.max_batch_bytes,
-                               max_source_bytes=self.config.max_source_bytes,
-                               max_backup_bytes=self.config.max_backup_bytes,
-                               max_sources_per_range=self.config.max_sources_per_range,
-                               source_expiry=self.config.source_expiry,
-                               backup_expiry=self.config.backup_expiry,
-                               max_stream_ahead=self.config.max_stream_ahead,
-                               max_sources_per_node=self.config.max_sources_per_node),
+        return NodeCore(node_id, ring, self.reducer, self.config.limits(),
                         verify_keys=self.config.verify_keys)
 
     async def confirm_membership(self, seeds: list[str] | None = None) -> None:
@@ -172,8 +162,7 @@ class NodeRuntime:
         return tasks
 
     def _run(self, effects) -> list[asyncio.Task]:
-        """Carry out the machine's effects; returns the tasks of those a caller may
-        await (checkpoint shipments, the farewell)."""
+        """Carry out effects; returns the tasks a caller may await (shipments, farewell)."""
         awaitable = []
         for effect in effects:
             match effect:
@@ -192,6 +181,8 @@ class NodeRuntime:
                     self._spawn(self._probe(effect))
                 case ShipCheckpoints():
                     awaitable.append(self._spawn(self._ship(effect)))
+                case SendFolds():
+                    self._spawn(send_folds(effect, self.peers, self._handle))
                 case StartHandoff():
                     if not self._handoff_lock.locked():
                         self._spawn(self.hand_off(effect.moves))
@@ -499,9 +490,9 @@ class NodeRuntime:
                     tokens=len(core.ring.tokens_of(core.node_id)),
                     load=msgpack.packb(dict(rates)), rejoined=machine.rejoined,
                     node_id=core.node_id, address=self.config.listen,
-                    queue_length=self.inbound.qsize(),
-                    queued_bytes=self.inbound.nbytes, reducer=self.reducer.name,
-                    pid=os.getpid(), uptime=self.clock() - self.started_at)
+                    queue_length=self.inbound.qsize(), queued_bytes=self.inbound.nbytes,
+                    reducer=self.reducer.name, pid=os.getpid(),
+                    uptime=self.clock() - self.started_at)
 
 
 def _after(committed: asyncio.Future, done: asyncio.Future, acks) -> None:

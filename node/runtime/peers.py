@@ -15,6 +15,7 @@ from typing import Protocol
 from node.core.codec import pack_entries, unpack_entries
 from node.core.errors import Refused, Unavailable
 from node.core.ring import Ring
+from node.runtime.inbound import StreamState
 
 
 class Peers(Protocol):
@@ -36,6 +37,8 @@ class Peers(Protocol):
 
     async def exchange_ring(self, address: str, *, sender: str, ring_wire: bytes,
                             version: int, reducer: str) -> bytes: ...
+
+    async def push(self, address: str, batch) -> None: ...
 
     async def close(self) -> None: ...
 
@@ -108,6 +111,11 @@ class InMemoryPeers:
         ring = await self._call(address, None,
                                 lambda s: s.exchange_ring(sender, Ring.from_wire(ring_wire)))
         return ring.to_wire()
+
+    async def push(self, address, batch):
+        async def submit(service):
+            return await service.submit([batch], StreamState())
+        await self._call(address, None, submit)
 
     async def close(self) -> None:
         pass

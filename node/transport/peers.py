@@ -89,6 +89,20 @@ class PeerPool:
             raise error_from_rpc(exc) from None
         return reply.need_full, reply.checkpoint_seq
 
+    async def push(self, address: str, batch) -> None:
+        """One batch, as a mapper pushes it (a shared key's piece merged back)."""
+        request = floe_pb2.PushRequest(batches=[floe_pb2.Batch(
+            ring_stamp=batch.ring_stamp, token=batch.token, source=batch.source,
+            first_seq=batch.first_seq, last_seq=batch.last_seq, count=batch.count,
+            payload=batch.payload, seqs=batch.seqs, stream=batch.stream)])
+        try:
+            call = floe_pb2_grpc.DataPlaneStub(self._channel(address)).Push(
+                iter([request]), timeout=self.timeout)
+            async for _reply in call:
+                pass
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc) from None
+
     async def heartbeat(self, address: str, *, sender: str, ring_stamp: int,
                         incarnation: int = 0, timeout: float | None = None) -> tuple[int, int]:
         """Returns the peer's ring stamp and its process incarnation."""

@@ -11,8 +11,9 @@ certificate, never a field of its message, says who is speaking:
   exactly its name, or a later member of the same process (`n0#1` for `n0`: the name,
   `#` and a decimal number); an empty `sender` is refused too;
 - operators alone move, split and make a node leave;
-- clients (mappers, queries) push and query; operators may too; every role may read
-  the ring and the health.
+- clients (mappers, queries) push and query; operators may too, and nodes push (a
+  shared key's piece merged back into the key); every role may read the ring and the
+  health.
 
 `generate` writes a throwaway CA and certificates for a local cluster (`floe up`);
 for several hosts, see docs/security.md. `reissue` replaces certificates (new keys, same
@@ -318,7 +319,7 @@ def may_call(role: str, method: str) -> bool:
     if method in OPERATOR_ONLY:
         return role == "operator"
     if method in CLIENTS:
-        return role in ("client", "operator")
+        return role in ("client", "operator", "node")
     return False
 
 
