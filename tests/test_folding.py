@@ -82,6 +82,11 @@ def test_reads_merge_a_fold_on_its_way_and_skip_one_that_arrived():
     assert merge_pieces([*parts, arrived], lambda a, b: a + b) == {"the": 7}
 
 
+def test_reads_skip_an_outgoing_key_whose_state_is_no_fold():
+    forged = [("the", 3), (fold_key("the", 2, 0), 99), (fold_key("the", 3, 0), [1, 2, 3])]
+    assert merge_pieces(forged, lambda a, b: a + b) == {"the": 3}
+
+
 def test_the_receiver_merges_a_fold_once_however_often_it_is_sent():
     c, out = folded_core()
     ack_round(c)

@@ -85,8 +85,8 @@ def merge_pieces(items: Iterable[tuple[object, object]],
     merged: dict = {}
     for key, state in items:
         if is_fold_key(key):
-            if len(state) < 2:
-                continue                      # merged into its key already
+            if not isinstance(state, (list, tuple)) or len(state) != 2:
+                continue                      # merged into its key already (or no fold)
             state = state[1]
         if is_piece(key) or is_fold_key(key):
             key = base_of(key)
