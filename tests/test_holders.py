@@ -2,7 +2,7 @@
 kill-while-doubling loss, docs/chaos.md): whoever a single death hands a range to holds
 a complete copy of it."""
 
-from node.core.handoff import Handoff, commit_ring
+from node.core.handoff import Handoff, commit_ring, complete_copies, retired_extras
 from node.core.hashing import HASH_SPACE
 from node.core.node_core import NodeCore
 from node.core.reducers import load_reducer
@@ -92,3 +92,27 @@ def test_a_commit_marks_holding_only_copies_the_owner_knows_complete():
     assert h.state == "committed"
     assert not cores["B"].replicas.is_complete(P)
     assert takeover_of(cores, "D", P)[1]
+
+
+def test_a_refill_that_adds_a_replica_keeps_the_old_replica_marked_holding():
+    # Three nodes, r=2, one token each: B hands its only token to C, so A's range is
+    # replicated by C alone; then C hands it back, which makes B a replica of A's range
+    # again with nothing in it yet. A's death must give its range to C, which holds it.
+    third = HASH_SPACE // 3
+    tokens = (third - 1, 2 * third - 1, HASH_SPACE - 1)
+    ring = Ring(1, 2, tokens, ("A", "B", "C"), tuple((n, f"x:{n}") for n in "ABC"))
+    cores = {n: NodeCore(n, ring, load_reducer("count")) for n in "ABC"}
+    ta, tb = tokens[0], tokens[1]
+    away = Handoff("B", {tb: "C"}, deadline=10)
+    adopt(cores, away.prepare(cores["B"], 0), "ABC")
+    adopt(cores, commit_ring(cores["B"].ring, {tb: "C"}), "ABC")
+    cores["A"].primaries[ta].replica_seq["C"] = 5           # C acknowledged A's rounds
+    adopt(cores, retired_extras(cores["A"]), "ABC")
+    cores["C"].primaries[tb].replica_seq["A"] = 5           # and A acknowledged C's
+    adopt(cores, retired_extras(cores["C"]), "ABC")
+    assert cores["A"].ring.destinations(ta) == ("A", "C")
+    back = Handoff("C", {tb: "B"}, deadline=10)
+    adopt(cores, back.prepare(cores["C"], 1), "ABC")
+    adopt(cores, commit_ring(cores["C"].ring, {tb: "B"}, complete_copies(cores["C"])), "ABC")
+    assert set(cores["A"].ring.regular_replicas(ta)) == {"B", "C"}
+    assert takeover_of(cores, "A", ta) == ("C", True)

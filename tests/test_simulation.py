@@ -369,7 +369,7 @@ def balancer_scenario(seed: int) -> Simulation:
     handoff or a split and a kill, pause or partition: the pieces of a key are
     ordinary ring state, so every count, merged over its pieces, must be exact."""
     import random
-    policy = random.Random(seed).choice(["pkg", "dkg", "smalops"])
+    policy = random.Random(seed).choice(["pkg", "dkg", "smalops", "dchoices", "wchoices"])
     pick, sim, names = random_cluster(seed, 15485863, skew=0.6, policy=policy)
     act_soon(sim, policy)
     faults = [(pick.uniform(0.1, 1.2), sim.handoff, (pick.choice(names), "heir"))
@@ -383,12 +383,15 @@ def balancer_scenario(seed: int) -> Simulation:
 
 
 def act_soon(sim: Simulation, policy: str) -> None:
-    """dkg reviews its pools every 20 tuples, smalops decides every 30: within a run."""
+    """dkg, dchoices and wchoices review every 20 tuples, smalops decides every 30:
+    within a run."""
     for mapper in sim.mappers:
         if policy == "dkg":
             mapper.chooser.warm_up, mapper.chooser.review_every = 40, 20
         elif policy == "smalops":
             mapper.chooser.window, mapper.chooser.heavy = 30, 0.1
+        elif policy in ("dchoices", "wchoices"):
+            mapper.chooser.review_every = 20
 
 
 def run_balancer_seed(seed: int) -> None:
@@ -420,14 +423,14 @@ class FoldSimulation(Simulation):
 
 
 def fold_scenario(seed: int) -> Simulation:
-    """A dkg or smalops ring whose pools shrink when the stream stops: each piece idle
+    """A dkg, smalops, dchoices or wchoices ring whose pools shrink when the stream stops: each piece idle
     for half a second is merged back into its key, while a node is killed just after
     sending a fold, or killed, paused or cut off at a random moment of the merging,
     maybe during a handoff. Every count must stay exact and every piece end merged."""
     import random
-    policy = random.Random(seed).choice(["dkg", "smalops"])
+    policy = random.Random(seed).choice(["dkg", "smalops", "dchoices", "wchoices"])
     pick = random.Random(seed * 15485867)
-    nodes = pick.randint(4, 5)
+    nodes = pick.randint(3, 5)
     sim = FoldSimulation(seed, nodes=nodes, replication=pick.choice([1, 1, 2]),
                          tokens=pick.choice([1, 2, 4]), skew=0.6, policy=policy,
                          mappers=pick.choice([1, 2]), durable=pick.random() < 0.25)

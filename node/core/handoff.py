@@ -193,7 +193,12 @@ def commit_ring(ring: Ring, moves: dict[int, str],
             old -= set(ring.extras_of(token)) - {x for t, x in ring.retiring if t == token}
         new = committed.destinations(token)
         leaving = old - set(new)
-        keep = sorted(leaving | (set(committed.extras_of(token)) - {new[0]}))
+        # A node the move adds to a range it does not own holds nothing of it yet, so
+        # the destinations that stay keep their complete copies marked until the
+        # owner has filled it: the owner's death must not hand the range to it.
+        staying = (old & set(new)) - {new[0]} if token not in moves and set(new) - old \
+            else set()
+        keep = sorted(leaving | staying | (set(committed.extras_of(token)) - {new[0]}))
         # A regular replica that the move pushed out of the clockwise walk but that
         # stays as someone's pinned extra still holds its complete copy: it must
         # stay marked as holding, or the owner's death would give the range to the
@@ -206,9 +211,9 @@ def commit_ring(ring: Ring, moves: dict[int, str],
             held = {(t, x) for t, x in ring.retiring if t == token and x in keep}
             if token in complete:
                 known = complete[token] | {ring.owner_of_token(token)}
-                holding |= {(token, x) for x in leaving | demoted if x in known}
+                holding |= {(token, x) for x in leaving | demoted | staying if x in known}
             elif token in moves or not held:
-                holding |= {(token, x) for x in leaving | demoted}
+                holding |= {(token, x) for x in leaving | demoted | staying}
             # else: the token still keeps former holders, so its owner has not filled
             # its regular replicas yet; one the move pushes out may hold nothing, and
             # marking it would let the owner's death hand the range to it (lost) rather
