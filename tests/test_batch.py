@@ -67,3 +67,20 @@ def test_first_new_index_skips_exactly_the_applied_prefix(seqs, watermark):
     index = first_new_index(watermark, seqs[0], seqs[-1], len(seqs), lambda: seqs)
     assert all(s <= watermark for s in seqs[:index])
     assert all(s > watermark for s in seqs[index:])
+
+
+def test_a_pushed_key_may_use_the_reserved_mark_only_as_a_well_formed_piece():
+    from node.core.pieces import FOLD_MARK, PIECE_MARK, RESERVED, fold_key, piece_key
+    fine = [piece_key("w", 1), piece_key(b"w", 15), piece_key(7, 2), b"\x00flo", "\x00floe:x"]
+    assert decode_payload(encode_payload(fine, [1] * 5), 5)[0] == tuple(fine)
+    for key in (fold_key("w", 1, 0),                       # only its owner writes it
+                FOLD_MARK + b"junk", RESERVED + b"other",
+                PIECE_MARK + b"\xc1",                      # not msgpack
+                PIECE_MARK + msgpack.packb(("w", 1, 2)),   # three parts
+                PIECE_MARK + msgpack.packb(({"a": 1}, 1)),  # an unhashable base
+                PIECE_MARK + msgpack.packb(([1], 1)),
+                PIECE_MARK + msgpack.packb(("w", 0)),      # piece 0 is the key itself
+                PIECE_MARK + msgpack.packb(("w", 1 << 20)),
+                piece_key(piece_key("w", 1), 1)):          # a piece of a piece
+        with pytest.raises(InvalidKey):
+            decode_payload(encode_payload(["ok", key], [1, 1]), 2)

@@ -16,6 +16,7 @@ from floering.v1 import floe_pb2, floe_pb2_grpc
 from mapper import RingClient
 from node.core.batch import encode_payload
 from node.core.codec import pack, pack_entries, unpack_entries
+from node.core.pieces import PIECE_MARK, fold_key
 from node.core.ring import Ring
 from node.transport import tls
 from node.transport.tls import TlsFiles
@@ -94,6 +95,22 @@ def test_a_members_certificate_cannot_ship_checkpoints_it_does_not_own(tmp_path)
                 assert status_of(lambda: as_n1.ShipCheckpoint(forged(sender, 0),
                                                               timeout=5)) == \
                     grpc.StatusCode.FAILED_PRECONDITION, sender
+
+        # a client's certificate may push, but neither as a fold (whose tuples carry
+        # whole states, merged in) nor into an outgoing key of a fold
+        word = next(iter(in_range))
+        primary = cluster.node(ring.owner_of_token(token)).address
+        with cluster.channel(primary, "client") as ch:
+            data = floe_pb2_grpc.DataPlaneStub(ch)
+            for source, key in (("fold:00ff", word),
+                                ("rogue", fold_key(word, 1, 0)),
+                                ("rogue", PIECE_MARK + b"\xc1")):
+                batch = floe_pb2.Batch(ring_stamp=ring.stamp, token=token, source=source,
+                                       first_seq=1, last_seq=1, count=1, id=1,
+                                       payload=encode_payload([key], [FORGED]))
+                assert status_of(lambda: list(data.Push(iter([floe_pb2.PushRequest(
+                    batches=[batch])]), timeout=5))) == \
+                    grpc.StatusCode.INVALID_ARGUMENT, (source, key)
 
         # the target's copy is untouched, and so is the ring
         assert range_copy(cluster, "n2", token) == ("replica", in_range)

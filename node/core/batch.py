@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import msgpack
 
 from node.core.errors import InvalidArgument, InvalidKey, TooLarge
+from node.core.pieces import check_pushed_keys
 
 KEY_TYPES = frozenset((str, bytes, int))
 
@@ -103,10 +104,13 @@ def decode_payload(payload: bytes, count: int) -> tuple[tuple, tuple]:
     if len(keys) != count or len(values) != count:
         raise InvalidArgument(f"payload has {len(keys)} keys and {len(values)} values, "
                               f"header says {count}")
-    bad = set(map(type, keys)) - KEY_TYPES
+    types = set(map(type, keys))
+    bad = types - KEY_TYPES
     if bad:
         names = ", ".join(sorted(t.__name__ for t in bad))
         raise InvalidKey(f"keys must be str, bytes or int, got {names}")
+    if bytes in types:
+        check_pushed_keys(keys)
     return keys, values
 
 

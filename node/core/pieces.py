@@ -73,6 +73,27 @@ def base_of(key):
     return parse_piece(key)[0]
 
 
+MAX_PIECE_INDEX = 1 << 16
+
+
+def check_pushed_keys(keys) -> None:
+    """A pushed batch's bytes keys may use the reserved mark only for well-formed
+    pieces: a malformed one would break every read that merges it, and an outgoing key
+    is only ever written by its range's owner, never pushed."""
+    marked = {k for k in keys if type(k) is bytes and k.startswith(RESERVED)}
+    for key in marked:
+        if not is_piece(key):
+            raise InvalidKey(f"key {key[:40]!r} uses the reserved mark b'\\x00floe:' "
+                             f"and is not a piece of a shared key")
+        try:
+            base, index = parse_piece(key)
+        except Exception:            # msgpack raises several unrelated types
+            base, index = None, 0
+        if type(base) not in (str, bytes, int) or not 1 <= index < MAX_PIECE_INDEX or \
+                (type(base) is bytes and base.startswith(RESERVED)):
+            raise InvalidKey(f"key {key[:40]!r} is a malformed piece of a shared key")
+
+
 def check_user_key(key) -> None:
     if type(key) is bytes and key.startswith(RESERVED):
         raise InvalidKey("a bytes key may not begin with b'\\x00floe:', the mark reserved "

@@ -14,8 +14,9 @@ from grpc_health.v1.health import aio as health_aio
 from floering.v1 import floe_pb2, floe_pb2_grpc
 from node.core.batch import Batch
 from node.core.codec import pack, pack_entries, unpack
-from node.core.errors import FloeError, inert
+from node.core.errors import FloeError, InvalidArgument, inert
 from node.core.handoff import HandoffState
+from node.core.pieces import FOLD_SOURCE, is_fold_source
 from node.core.ring import Ring
 from node.runtime.inbound import StreamState
 from node.runtime.node import NodeRuntime
@@ -23,7 +24,7 @@ from node.runtime.service import NodeService
 from node.transport.intercept import CallLimiter
 from node.transport.peers import channel_options, pack_entries_async, unpack_entries_async
 from node.transport.status import abort
-from node.transport.tls import Authorizer, TlsFiles
+from node.transport.tls import Authorizer, TlsFiles, peer_identity
 
 
 def listen_host(listen: str) -> str:
@@ -91,6 +92,12 @@ def batches_of(request) -> list[Batch]:
                   b.payload, b.seqs, b.stream, b.id) for b in request.batches]
 
 
+def refused(exc: Exception) -> asyncio.Future:
+    done = asyncio.get_running_loop().create_future()
+    done.set_exception(exc)
+    return done
+
+
 class DataPlane(floe_pb2_grpc.DataPlaneServicer):
     def __init__(self, service: NodeService) -> None:
         self.service = service
@@ -102,10 +109,19 @@ class DataPlane(floe_pb2_grpc.DataPlaneServicer):
         # control then holds it back) instead of growing the node's memory.
         pending: asyncio.Queue = asyncio.Queue(service.stream_window)
 
+        who = peer_identity(context)
+        may_fold = who is None or who[0] == "node"     # None: a loopback node in the clear
+
         async def read():
             try:
                 async for request in request_iterator:
-                    await pending.put(await service.submit(batches_of(request), stream))
+                    batches = batches_of(request)
+                    if not may_fold and any(is_fold_source(b.source) for b in batches):
+                        await pending.put(refused(InvalidArgument(
+                            f"a {who[0]} may not push under a fold's source "
+                            f"({FOLD_SOURCE}...): only nodes merge pieces back")))
+                        return
+                    await pending.put(await service.submit(batches, stream))
             finally:
                 await pending.put(None)
 
