@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 
+from mapper.choices import ChoicesChooser
 from mapper.smalops import SmalopsChooser
 from node.core.batch import KEY_TYPES
 from node.core.errors import InvalidKey
@@ -151,6 +152,8 @@ def chooser_for(policy, replayable: bool = False):
         return PieceChooser()
     if policy.name == "smalops":
         return SmalopsChooser(policy.pieces)
+    if policy.name in ("dchoices", "wchoices"):
+        return ChoicesChooser(policy.pieces, every_node=policy.name == "wchoices")
     return DynamicChooser(policy.pieces)
 
 

@@ -300,8 +300,9 @@ def _add_limits(p: argparse.ArgumentParser) -> None:
                    help="seconds a source may stay idle before its watermarks are dropped; "
                         "it must outlast any resend (default 604800, a week)")
     p.add_argument("--piece-idle", type=float,
-                   help="seconds a piece of a shared key (dkg, smalops) must stay unchanged "
-                        "before its owner merges it back into the key (default 10)")
+                   help="seconds a piece of a shared key (dkg, dchoices, wchoices, "
+                        "smalops) must stay unchanged before its owner merges it back "
+                        "into the key (default 10)")
     p.add_argument("--backup-expiry", type=float,
                    help="seconds after which a backed-up batch its primary still has not "
                         "applied is dropped (default 300)")

@@ -78,7 +78,7 @@ def test_the_balancer_travels_with_the_ring_and_another_is_refused():
 
 
 def test_an_unknown_balancer_is_refused_by_name():
-    with pytest.raises(InvalidArgument, match="one of dkg, doubling, floe, halving, none, pkg, smalops"):
+    with pytest.raises(InvalidArgument, match="one of dchoices, dkg, doubling, floe, halving, none, pkg, smalops, wchoices"):
         balancer("round-robin")
     import msgpack
     wire = msgpack.unpackb(Ring.initial(MEMBERS, 1, 2, "pkg").to_wire())
@@ -189,7 +189,7 @@ def raw_get(cluster, ring, key) -> int:
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("policy", ["pkg", "dkg", "smalops"])
+@pytest.mark.parametrize("policy", ["pkg", "dkg", "smalops", "dchoices", "wchoices"])
 def test_a_sharing_ring_reads_every_key_whole_and_exact_through_a_kill(tmp_path, policy):
     words = corpus_words()[:60_000]
     expect = Counter(words)
@@ -228,7 +228,7 @@ def test_a_sharing_ring_reads_every_key_whole_and_exact_through_a_kill(tmp_path,
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("policy", ["dkg", "smalops"])
+@pytest.mark.parametrize("policy", ["dkg", "smalops", "dchoices", "wchoices"])
 def test_a_shrunk_pools_pieces_are_merged_back_exactly_into_their_keys(tmp_path, policy):
     words = corpus_words()[:40_000]
     expect = Counter(words)

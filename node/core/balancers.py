@@ -18,6 +18,9 @@ replication factor, so all agree. What each policy decides:
   and gives each a pool of pieces that grows while its candidates are loaded above
   the ideal share (and shrinks below it); cold keys stay on their own node. Reads
   merge every piece a key may have (up to `pieces`).
+- `dchoices`, `wchoices`: partial key grouping whose keys too hot for two candidates
+  (a Space-Saving sketch on the mapper) get d candidates, d from the key's share, or
+  a candidate on every node (`mapper.choices`).
 - `smalops`: SMALOPS: a mapper finds its heavy streams (keys) per window and moves
   each whole to a less loaded node (best fit), through the key's piece that lands
   there; what it left behind is merged on reads.
@@ -50,6 +53,10 @@ BALANCERS = {b.name: b for b in (
                               "chosen by the mapper's own count of what it sent"),
     Balancer("dkg", False, 16, "dynamic key grouping: a hot key's pool of pieces grows "
                                "and shrinks with the load, cold keys stay on one node"),
+    Balancer("dchoices", False, 16, "D-choices: partial key grouping, with d candidates "
+                                    "for each key too hot for two, d from its share"),
+    Balancer("wchoices", False, 16, "W-choices: partial key grouping, with every node a "
+                                    "candidate for each key too hot for two"),
     Balancer("smalops", False, 16, "SMALOPS: heavy keys moved whole, each window, to "
                                    "the node that best fits them; pieces merged on reads"),
 )}

@@ -36,7 +36,7 @@ import mmh3
 from node.core.state_store import MISSING
 from node.core.pieces import FOLD_SOURCE, fold_key, is_fold_key, is_piece, parse_piece
 
-FOLDING_BALANCERS = frozenset({"dkg", "smalops"})   # the policies whose pools shrink
+FOLDING_BALANCERS = frozenset({"dkg", "dchoices", "wchoices", "smalops"})  # pools shrink
 NONCE_TRIES = 16_384      # outgoing keys tried, once per piece and range (~25 ms at
 #                           most): a range under ~1/4000 of the ring may find none,
 #                           and its pieces then stay where they are
