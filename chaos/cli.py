@@ -2,9 +2,10 @@
 
     floe up --nodes 4 --replicas 1      start a local durable cluster (recorded in
                                         ./floe-cluster.json, data in ./floe-cluster/data)
-    floe status [--json]                one row per node
+    floe status [--json]                every member's state, then a one-line verdict
+    floe ring | floe locate KEY         the ranges and their holders; where a key lives
     floe feed FILE...                   stream the words of text files in (.gz too), once
-    floe get KEY | floe top K           query state
+    floe get KEY | floe top K           query state (--json on every read)
     floe move NODE --to POSITION        NODE takes over the range holding POSITION, live
     floe split POSITION [--to NODE]     cut the range holding POSITION there; NODE takes the tail
     floe scale --add N | --remove NODE  add nodes (they take ranges) or remove one
@@ -16,6 +17,7 @@
     floe down [--kill] [--wipe]         stop exactly the processes `up` started
                                         (--wipe: then delete the cluster's data)
     floe chaos list | run SCENARIO      chaos scenarios (chaos/chaos_cli.py)
+    floe node --node-id n0 ...          one node in this process (python -m node)
 """
 
 from __future__ import annotations
@@ -339,7 +341,7 @@ class DefaultsHelp(argparse.HelpFormatter):
     def _get_help_string(self, action):
         text = action.help or ""
         if ("default" in text or not action.option_strings
-                or action.default in (None, False, True, argparse.SUPPRESS)):
+                or any(action.default is v for v in (None, False, True, argparse.SUPPRESS))):
             return text
         return f"{text} (default: %(default)s)"
 

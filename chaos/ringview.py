@@ -38,7 +38,8 @@ def unlisted_processes(ring: Ring, recorded: dict[str, dict]) -> dict[str, str]:
 
 def member_rows(ring: Ring, rows: list[dict], recorded: dict[str, dict]) -> list[dict]:
     """Every row of `rows` (Stats replies, or errors) with its `state`, then a row for
-    every recorded process that is gone and every removed member not otherwise shown.
+    every recorded process that is gone and every removed member not otherwise shown
+    (those, like every row without stats, carry an `error`).
     `recorded`: {node: {"address", "pid", "alive"}} from the cluster file."""
     members = set(ring.nodes)
     suspected = {s for r in rows if "error" not in r for s in r.get("suspects", ())}
@@ -55,20 +56,21 @@ def member_rows(ring: Ring, rows: list[dict], recorded: dict[str, dict]) -> list
     for node, proc in sorted(recorded.items()):
         if node not in shown:
             out.append({"node_id": node, "address": proc["address"], "pid": proc["pid"],
-                        "state": DEAD if not proc["alive"] else SUSPECT})
+                        "state": DEAD if not proc["alive"] else SUSPECT,
+                        "error": "not running" if not proc["alive"] else "not asked"})
             shown.add(node)
     for node in sorted(ring.removed):
         if node not in shown and base_name(node) not in shown:
-            out.append({"node_id": node, "address": "-", "state": REMOVED})
+            out.append({"node_id": node, "address": "-", "state": REMOVED,
+                        "error": "not a member"})
     return out
 
 
 def _state(row: dict, ring: Ring, members: set, suspected: set, mine: dict | None) -> str:
     node = row["node_id"]
     if "error" in row:
-        if mine is not None and not mine["alive"]:
-            return DEAD
-        return SUSPECT
+        gone = mine is not None and not mine["alive"]
+        return DEAD if gone or ring.is_removed(node) else SUSPECT
     if row.get("fenced") or (node not in members and ring.is_removed(node)):
         return FENCED
     if row.get("leaving"):
