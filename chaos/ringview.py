@@ -101,9 +101,12 @@ def verdict(ring: Ring, rows: list[dict]) -> str:
     else:
         word = "HEALTHY"
     parts = [f"{len(serving)} of {len(members)} members serving"]
-    parts.append(f"{under} ranges under-replicated" if under else "every range on r+1 nodes")
+    if under:
+        parts.append(f"{under} ranges under-replicated")
     if lost:
         parts.append(f"{lost} ranges lost")
+    elif not under:
+        parts.append("every range on r+1 nodes")
     for state in (SUSPECT, DEAD, FENCED, JOINING, LEAVING):
         if state in by_state:
             parts.append(f"{state}: " + ", ".join(by_state[state]))
