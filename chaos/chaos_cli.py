@@ -38,11 +38,11 @@ def add_chaos_command(sub) -> None:
     verbs = chaos.add_subparsers(dest="chaos_command", required=True)
     verbs.add_parser("list", help="the built-in scenarios").set_defaults(func=cmd_list)
     run = verbs.add_parser("run", help="run a scenario; exit 1 if anything was lost or "
-                                       "doubled")
+                                       "doubled", formatter_class=chaos.formatter_class)
     run.add_argument("scenario", help="a built-in name (floe chaos list) or a .json/.toml file")
     run.add_argument("--seed", type=int, default=1, help="same seed, same faults and load")
     run.add_argument("--out", help="output directory (default chaos-results/NAME-seedN-TIME)")
-    run.add_argument("--no-plots", action="store_true")
+    run.add_argument("--no-plots", action="store_true", help="write no PNG plots")
     run.add_argument("--insecure", action="store_true",
                      help="run the cluster in the clear (default: mutual TLS on every call)")
     run.set_defaults(func=cmd_run)

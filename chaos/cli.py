@@ -2,9 +2,10 @@
 
     floe up --nodes 4 --replicas 1      start a local durable cluster (recorded in
                                         ./floe-cluster.json, data in ./floe-cluster/data)
-    floe status [--json]                one row per node
+    floe status [--json]                every member's state, then a one-line verdict
+    floe ring | floe locate KEY         the ranges and their holders; where a key lives
     floe feed FILE...                   stream the words of text files in (.gz too), once
-    floe get KEY | floe top K           query state
+    floe get KEY | floe top K           query state (--json on every read)
     floe move NODE --to POSITION        NODE takes over the range holding POSITION, live
     floe split POSITION [--to NODE]     cut the range holding POSITION there; NODE takes the tail
     floe scale --add N | --remove NODE  add nodes (they take ranges) or remove one
@@ -16,18 +17,21 @@
     floe down [--kill] [--wipe]         stop exactly the processes `up` started
                                         (--wipe: then delete the cluster's data)
     floe chaos list | run SCENARIO      chaos scenarios (chaos/chaos_cli.py)
+    floe node --node-id n0 ...          one node in this process (python -m node)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
 
 from chaos.cluster import (DEFAULT_STATE_FILE, LayoutMismatch, LocalCluster, describe_layout,
                            kept_layout, wipe)
+from mapper.admin import hex_position, parse_position, position_format
 from node.core.balancers import BALANCERS, described
 from node.core.errors import FloeError
 
@@ -80,7 +84,7 @@ def cmd_up(args) -> int:
                                   workdir=_workdir(args), reducer=args.reducer,
                                   tokens_per_node=args.tokens_per_node, extra_args=extra,
                                   tls=not args.insecure, data_dir=data_dir,
-                                  balancer=args.balancer)
+                                  balancer=args.balancer, node_args=args.node_flags or None)
     except LayoutMismatch as exc:
         raise ValueError(f"{exc}. Run `floe up` without {' or '.join(exc.flags)} to "
                          f"bring it back as it was, or `{_wipe_command(args)}` to delete "
@@ -126,70 +130,83 @@ def cmd_down(args) -> int:
     return 0
 
 
+def _recorded(args) -> dict[str, dict]:
+    """The processes `floe up` recorded (none with --ring): {node: address, pid, alive}."""
+    if args.ring or not Path(args.cluster_file).exists():
+        return {}
+    return {n.node_id: {"address": n.address, "pid": n.pid, "alive": n.alive()}
+            for n in LocalCluster.load(args.cluster_file).nodes}
+
+
 def cmd_status(args) -> int:
-    known = {}
-    if not args.ring and Path(args.cluster_file).exists():
-        known = {n.node_id: n for n in LocalCluster.load(args.cluster_file).nodes}
+    from chaos.ringview import describe_ring, member_rows, table, unlisted_processes, verdict
+    recorded = _recorded(args)
     with _client(args) as client:
-        rows = client.stats()
-        version = client.ring.version
+        ring = client.refresh_ring()
+        rows = member_rows(ring, client.stats(also=unlisted_processes(ring, recorded)),
+                           recorded)
+    line = verdict(ring, rows)
     for row in rows:
-        node = known.get(row["node_id"])
-        if node is not None and "error" in row:
-            row["pid"] = node.pid
-            row["alive"] = node.alive()
-    verdict = status_verdict(rows, {n: node.alive() for n, node in known.items()})
+        row.pop("load", None)   # per-token rates: bytes, summed up in apply_rate
     if args.json:
-        for row in rows:
-            row.pop("load", None)
-        print(json.dumps({"ring_version": version, "verdict": verdict, "nodes": rows},
-                         indent=2))
+        print(json.dumps({"ring_version": ring.version, "replication": ring.replication,
+                          "reducer": ring.reducer, "balancer": ring.balancer,
+                          "verdict": line, "nodes": rows}, indent=2))
         return 0
-    header = ("node", "address", "pid", "share", "tokens", "rate/s", "busy", "load", "keys",
-              "queue", "backup", "ring", "lost")
-    table = [header]
+    cells = [("node", "state", "address", "pid", "share", "tokens", "rate/s", "busy", "load",
+              "keys", "queue", "backup", "under", "lost", "ring")]
     for r in rows:
-        r.pop("load", None)   # per-token rates: bytes, shown by --json as their total only
-        if "error" in r:
-            table.append((r["node_id"], r["address"], str(r.get("pid", "?")), *["-"] * 9,
-                          r["error"]))
+        if "ring_share" not in r:
+            cells.append((r["node_id"], r["state"], r["address"], str(r.get("pid", "-")),
+                          *["-"] * 10, r.get("error", "")))
             continue
-        table.append((r["node_id"], r["address"], str(r["pid"]), f"{r['ring_share']:.1%}",
-                      str(r["tokens"]), f"{r['apply_rate']:,.0f}", f"{r['busy']:.0%}",
-                      "HIGH" if r["overloaded"] else "ok",
-                      str(r["keys"]), str(r["queue_length"]), str(r["backup_tuples"]),
-                      str(r["ring_version"]), str(r["lost_ranges"])))
-    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-    for row in table:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
-    print(verdict)
+        cells.append((r["node_id"], r["state"], r["address"], str(r["pid"]),
+                      f"{r['ring_share']:.1%}", str(r["tokens"]), f"{r['apply_rate']:,.0f}",
+                      f"{r['busy']:.0%}", "HIGH" if r["overloaded"] else "ok", str(r["keys"]),
+                      str(r["queue_length"]), str(r["backup_tuples"]),
+                      str(r["under_replicated"]), str(r["lost_ranges"]),
+                      f"v{r['ring_version']}"))
+    print(describe_ring(ring))
+    print("\n".join(table(cells)))
+    print(line)
     return 0
 
 
-def status_verdict(rows: list[dict], recorded: dict[str, bool]) -> str:
-    """One line: how many members answer, what is under-replicated or lost, and the
-    recorded processes that are not members any more (killed, or declared dead)."""
-    answering = [r for r in rows if "error" not in r]
-    lost = sum(r["lost_ranges"] for r in answering)
-    under = sum(r["under_replicated"] for r in answering)
-    gone = sorted(n for n, alive in recorded.items()
-                  if not alive and n not in {r["node_id"] for r in rows})
-    silent = [r["node_id"] for r in rows if "error" in r]
-    if lost:
-        word = "DATA LOST"
-    elif silent or under or not answering:
-        word = "DEGRADED"
-    else:
-        word = "HEALTHY"
-    parts = [f"{len(answering)} of {len(rows)} members answering"]
-    if silent:
-        parts.append("not answering: " + ", ".join(silent))
-    parts.append(f"{under} ranges under-replicated" if under else "every range on r+1 nodes")
-    if lost:
-        parts.append(f"{lost} ranges lost")
-    if gone:
-        parts.append("not running any more: " + ", ".join(gone))
-    return f"{word}: " + "; ".join(parts)
+def cmd_ring(args) -> int:
+    from chaos.ringview import describe_ring, range_rows, table
+    with _client(args) as client:
+        ring = client.refresh_ring()
+    rows = range_rows(ring, hex_position if args.hex else str)
+    if args.json:
+        print(json.dumps({"ring_version": ring.version, "replication": ring.replication,
+                          "reducer": ring.reducer, "balancer": ring.balancer,
+                          "ranges": rows}, indent=2))
+        return 0
+    cells = [("token", "range (start, token]", "share", "primary", "replicas", "extras")]
+    for r in rows:
+        cells.append((r["token"], f"({r['start']}, {r['end']}]", f"{r['share']:.1%}",
+                      r["primary"] + (" LOST" if r["lost"] else ""),
+                      ",".join(r["replicas"]) or "-", ",".join(r["extras"]) or "-"))
+    print(describe_ring(ring))
+    print("\n".join(table(cells)))
+    return 0
+
+
+def cmd_locate(args) -> int:
+    from chaos.ringview import locate
+    key: object = int(args.key) if args.int_key else args.key
+    with _client(args) as client:
+        ring = client.refresh_ring()
+    where = locate(ring, key, hex_position if args.hex else str)
+    if args.json:
+        print(json.dumps(where, indent=2))
+        return 0
+    replicas = ", ".join(where["replicas"]) or "none"
+    extras = f"; also sent to {', '.join(where['extras'])}" if where["extras"] else ""
+    print(f"key {key!r} at position {where['position']}: range ({where['start']}, "
+          f"{where['end']}] of token {where['token']}; primary {where['primary']}, "
+          f"replicas {replicas}{extras}" + ("; LOST" if where["lost"] else ""))
+    return 0
 
 
 def cmd_feed(args) -> int:
@@ -197,7 +214,8 @@ def cmd_feed(args) -> int:
     inputs = check_inputs(args.files, force=args.force, again=args.again)   # before sending
     started = time.perf_counter()
     with _client(args, batch_size=args.batch_size, source=inputs[0].source) as client:
-        total = feed(client, inputs, Progress(sum(i.size for i in inputs)))
+        show = sys.stderr.isatty() if args.progress is None else args.progress
+        total = feed(client, inputs, Progress(sum(i.size for i in inputs), show=show))
     elapsed = time.perf_counter() - started
     print(f"fed {total} words in {elapsed:.2f}s ({total / elapsed:,.0f} tuples/s), "
           f"all acknowledged by r+1 nodes; fed again unchanged, they are not counted "
@@ -209,32 +227,41 @@ def cmd_get(args) -> int:
     key: object = int(args.key) if args.int_key else args.key
     with _client(args) as client:
         state = client.get(key)
-    print(json.dumps(state, default=repr))
+    if args.json:
+        print(json.dumps({"key": key, "state": state}, default=repr))
+    elif state is not None:
+        print(json.dumps(state, default=repr))
+    else:
+        print(f"floe get: no state for key {key!r}", file=sys.stderr)
     return 0 if state is not None else 1
 
 
 def cmd_top(args) -> int:
     with _client(args) as client:
-        for key, state in client.top(args.k):
-            print(f"{state}\t{key}")
+        ranked = client.top(args.k)
+    if args.json:
+        print(json.dumps([{"key": k, "state": v} for k, v in ranked], default=repr))
+        return 0
+    for key, state in ranked:
+        print(f"{state}\t{key}")
     return 0
 
 
 def cmd_move(args) -> int:
-    from mapper.admin import move, parse_position
+    from mapper.admin import move
     with _client(args) as client:
         ring = client.refresh_ring()
     print(move(ring, args.node, parse_position(args.to), timeout=args.timeout,
-               tls=_tls(args, "operator")))
+               tls=_tls(args, "operator"), show=position_format(args.to)))
     return 0
 
 
 def cmd_split(args) -> int:
-    from mapper.admin import parse_position, split
+    from mapper.admin import split
     with _client(args) as client:
         ring = client.refresh_ring()
     print(split(ring, parse_position(args.position), args.to, timeout=args.timeout,
-                tls=_tls(args, "operator")))
+                tls=_tls(args, "operator"), show=position_format(args.position)))
     return 0
 
 
@@ -256,11 +283,12 @@ def cmd_scale(args) -> int:
         print(f"{len(cluster.nodes)} nodes")
         return 0
     if args.remove:
+        cluster.node(args.remove)       # an unknown name fails before anything is asked
         cluster.remove(args.remove, timeout=args.timeout)
         print(f"{args.remove} handed its ranges to its neighbours and exited; "
               f"{sum(n.alive() for n in cluster.nodes)} nodes running")
         return 0
-    added = cluster.add_nodes(args.add)
+    added = cluster.add_nodes(args.add, base_port=args.base_port)
     names = [n.node_id for n in added]
     deadline = time.monotonic() + args.timeout
     with _client(args) as client:
@@ -296,14 +324,26 @@ def _global_options(parser: argparse.ArgumentParser, defaults: bool) -> None:
     def default(value):
         return value if defaults else argparse.SUPPRESS
     parser.add_argument("--cluster-file", default=default(DEFAULT_STATE_FILE),
-                        help="where `up` records the cluster (default ./floe-cluster.json)")
-    parser.add_argument("--ring", default=default(None),
-                        help="seed addresses host:port,... instead of the cluster file")
+                        help="where `up` records the cluster (default: ./floe-cluster.json)")
+    parser.add_argument("--ring", default=default(None), metavar="HOST:PORT,...",
+                        help="seed addresses of a ring (default: the recorded cluster's)")
     parser.add_argument("--tls-dir", default=default(None),
                         help="ca.pem, client.pem/.key and operator.pem/.key of a TLS ring "
                              "(default: the recorded cluster's, if any)")
     parser.add_argument("--timeout", type=float, default=default(60.0),
-                        help="seconds per operation (default 60)")
+                        help="seconds per operation (default: 60)")
+
+
+class DefaultsHelp(argparse.HelpFormatter):
+    """Every option's help ends with its default, unless it names one already or has
+    none worth saying (unset, off)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if ("default" in text or not action.option_strings
+                or any(action.default is v for v in (None, False, True, argparse.SUPPRESS))):
+            return text
+        return f"{text} (default: %(default)s)"
 
 
 def _positive(text: str) -> int:
@@ -316,18 +356,54 @@ def _positive(text: str) -> int:
     return value
 
 
+def _json_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+
+def _key_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("key")
+    parser.add_argument("--int-key", action="store_true", help="the key is an integer")
+
+
+def floe_version() -> str:
+    """The installed package's version, else the one in this checkout's pyproject."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("floe-ring")
+    except PackageNotFoundError:
+        import tomllib
+        pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+        return tomllib.loads(pyproject.read_text())["project"]["version"]
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="floe", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="floe", description=__doc__.splitlines()[0],
+                                     formatter_class=DefaultsHelp)
+    parser.add_argument("--version", action="version", version=f"floe {floe_version()}")
     _global_options(parser, defaults=True)
     common = argparse.ArgumentParser(add_help=False)
     _global_options(common, defaults=False)
     sub = parser.add_subparsers(dest="command", required=True)
     add_parser = sub.add_parser      # every command takes the global options too
-    sub.add_parser = lambda name, **kw: add_parser(name, parents=[common], **kw)
+    sub.add_parser = lambda name, **kw: add_parser(name, parents=[common],
+                                                   formatter_class=DefaultsHelp, **kw)
+    _up_command(sub)
+    _cluster_commands(sub)
+    _query_commands(sub)
+    _admin_commands(sub)
+    from chaos.chaos_cli import add_chaos_command
+    add_chaos_command(sub)
+    # listed for --help only: main() hands `floe node ...` to the node's own parser
+    add_parser("node", help="run one node in this process, with the flags of `python -m "
+                            "node` (floe node --help)", add_help=False)
+    return parser
 
+
+def _up_command(sub) -> None:
     up = sub.add_parser(
         "up", help="start a local cluster, durable: after `floe down`, `floe up` brings "
                    "the same one back",
+        usage="floe up [options] [-- NODE_FLAG ...]",
         description="Start a local cluster. Its nodes are durable: each keeps its log and "
                     "copies in floe-cluster/data/<node-id> beside the cluster file "
                     "(--data-dir to choose), and the cluster's layout is kept there, so "
@@ -337,22 +413,31 @@ def build_parser() -> argparse.ArgumentParser:
                     "--base-port "
                     "may be left out; given and different, they are refused: "
                     "`floe down --wipe` deletes the kept cluster first. --memory: no data "
-                    "directory, state in memory only (docs/durability.md).")
-    up.add_argument("--nodes", type=int, help="how many nodes (a new cluster: 4)")
-    up.add_argument("--replicas", type=int, help="r, copies besides the primary (a new "
-                                                 "cluster: 1)")
-    up.add_argument("--base-port", type=int, help="first port (default: any free ports)")
-    up.add_argument("--reducer", help="a new cluster: count")
-    up.add_argument("--tokens-per-node", type=int, help="a new cluster: 8")
+                    "directory, state in memory only (docs/durability.md). Everything "
+                    "after `--` is given to every node as it is, e.g. `-- --reducer-arg "
+                    "k=5 --balance` (python -m node --help lists the flags); nodes "
+                    "`floe scale --add` starts get it too.")
+    up.add_argument("--nodes", type=int, help="how many nodes (default: 4 for a new cluster)")
+    up.add_argument("--replicas", type=int, help="r, copies besides the primary (default: "
+                                                 "1 for a new cluster)")
+    up.add_argument("--base-port", type=int,
+                    help="first port; nodes get consecutive ones, and `floe scale --add` "
+                         "the next free ones (default: any free ports)")
+    up.add_argument("--reducer", help="the reducer every node runs: count, sum, min, max, "
+                                      "topk, window or package.module:Class; its arguments "
+                                      "after `--` as --reducer-arg NAME=VALUE (default: "
+                                      "count for a new cluster)")
+    up.add_argument("--tokens-per-node", type=int, help="default: 8 for a new cluster")
     up.add_argument("--balancer", choices=sorted(BALANCERS),
                     help="a new cluster's load-balancing policy, for good: " + described()
                          + ". A policy that shares keys merges their pieces on reads and "
-                         "needs a reducer with merge (a new cluster: none)")
+                         "needs a reducer with merge (default: none)")
     up.add_argument("--insecure", action="store_true",
                     help="no TLS (default: a throwaway CA and certificates in "
                          "floe-cluster/tls/, mutual TLS on every call; the other commands "
                          "find them there)")
-    up.add_argument("--checkpoint-interval", type=float)
+    up.add_argument("--checkpoint-interval", type=float,
+                    help="seconds between a node's checkpoints (default: the node's own)")
     where = up.add_mutually_exclusive_group()
     where.add_argument("--data-dir",
                        help="where the nodes keep their data (default: floe-cluster/data "
@@ -364,6 +449,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "comes back empty, a whole-cluster stop loses everything)")
     up.set_defaults(func=cmd_up)
 
+
+def _cluster_commands(sub) -> None:
     down = sub.add_parser("down", help="stop the local cluster")
     down.add_argument("--kill", action="store_true",
                       help="SIGKILL every node at once instead of stopping them gracefully")
@@ -376,49 +463,19 @@ def build_parser() -> argparse.ArgumentParser:
                            "the recorded cluster's, else floe-cluster/data)")
     down.set_defaults(func=cmd_down)
 
-    status = sub.add_parser("status", help="one row per node")
-    status.add_argument("--json", action="store_true")
-    status.set_defaults(func=cmd_status)
-
-    feed = sub.add_parser("feed", help="stream the words of text files")
-    feed.add_argument("files", nargs="+",
-                      help="text files (.gz allowed, - for stdin); every one is checked "
-                           "before anything is sent, and a rerun (after a failure or "
-                           "Ctrl-C) counts nothing twice")
-    feed.add_argument("--batch-size", type=int, default=1000,
-                      help="tuples per batch (default 1000)")
-    feed.add_argument("--force", action="store_true",
-                      help="feed files that look binary too")
-    feed.add_argument("--again", action="store_true",
-                      help="count files fed before once more (a new source for each)")
-    feed.set_defaults(func=cmd_feed)
-
-    get = sub.add_parser("get", help="state of one key")
-    get.add_argument("key")
-    get.add_argument("--int-key", action="store_true", help="the key is an integer")
-    get.set_defaults(func=cmd_get)
-
-    mv = sub.add_parser("move", help="NODE takes over the range holding POSITION, live")
-    mv.add_argument("node")
-    mv.add_argument("--to", required=True, help="a ring position, 0 .. 2^64-1 (0x... allowed)")
-    mv.set_defaults(func=cmd_move)
-
-    sp = sub.add_parser("split", help="cut the range holding POSITION at it (a new boundary); "
-                                      "with --to, NODE takes the tail, live")
-    sp.add_argument("position", help="a ring position, 0 .. 2^64-1 (0x... allowed)")
-    sp.add_argument("--to", metavar="NODE",
-                    help="hand the tail (POSITION, token] to NODE, e.g. the clockwise neighbour")
-    sp.set_defaults(func=cmd_split)
-
     scale = sub.add_parser("scale", help="add nodes or remove one, live")
     how = scale.add_mutually_exclusive_group(required=True)
-    how.add_argument("--add", type=int, metavar="N", help="start N nodes; they take ranges")
+    how.add_argument("--add", type=_positive, metavar="N", help="start N nodes; they take ranges")
     how.add_argument("--remove", metavar="NODE", help="hand NODE's ranges over, then stop it")
     how.add_argument("--auto", type=float, metavar="SECONDS",
                      help="for SECONDS, add a node when all are overloaded, remove one when it "
                           "and its neighbour are idle")
-    scale.add_argument("--min-nodes", type=int, default=1)
-    scale.add_argument("--max-nodes", type=int, default=8)
+    scale.add_argument("--base-port", type=int,
+                       help="with --add: the new nodes take the first free ports from here, "
+                            "skipping the cluster's (default: `floe up`'s --base-port, else "
+                            "any free ports)")
+    scale.add_argument("--min-nodes", type=int, default=1, help="with --auto: fewest nodes")
+    scale.add_argument("--max-nodes", type=int, default=8, help="with --auto: most nodes")
     scale.set_defaults(func=cmd_scale)
 
     restart = sub.add_parser(
@@ -432,21 +489,114 @@ def build_parser() -> argparse.ArgumentParser:
                               "after a crash")
     restart.set_defaults(func=cmd_restart)
 
+    feed = sub.add_parser("feed", help="stream the words of text files, exactly once")
+    feed.add_argument("files", nargs="+",
+                      help="text files (.gz allowed, - for stdin); every one is checked "
+                           "before anything is sent, and a rerun (after a failure or "
+                           "Ctrl-C) counts nothing twice")
+    feed.add_argument("--batch-size", type=_positive, default=1000, help="tuples per batch")
+    feed.add_argument("--force", action="store_true",
+                      help="feed files that look binary too")
+    feed.add_argument("--again", action="store_true",
+                      help="count files fed before once more (a new source for each)")
+    feed.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                      help="a progress line on stderr every second: words, rate, time left "
+                           "(default: when stderr is a terminal)")
+    feed.set_defaults(func=cmd_feed)
+
+
+def _query_commands(sub) -> None:
+    status = sub.add_parser("status", help="every member's state and load, and a verdict")
+    _json_option(status)
+    status.set_defaults(func=cmd_status)
+
+    get = sub.add_parser("get", help="state of one key (exit 1 if it has none)")
+    _key_options(get)
+    _json_option(get)
+    get.set_defaults(func=cmd_get)
+
     top = sub.add_parser("top", help="the K keys ranked highest")
     top.add_argument("k", type=_positive, help="how many keys, at least 1")
+    _json_option(top)
     top.set_defaults(func=cmd_top)
 
-    from chaos.chaos_cli import add_chaos_command
-    add_chaos_command(sub)
-    return parser
+    ring = sub.add_parser("ring", help="every range (start, token] with its primary and "
+                                       "replicas")
+    ring.add_argument("--hex", action="store_true", help="positions in hex (default: decimal)")
+    _json_option(ring)
+    ring.set_defaults(func=cmd_ring)
+
+    loc = sub.add_parser("locate", help="a key's ring position, its range and the nodes "
+                                        "holding it")
+    _key_options(loc)
+    loc.add_argument("--hex", action="store_true", help="positions in hex (default: decimal)")
+    _json_option(loc)
+    loc.set_defaults(func=cmd_locate)
+
+
+def _admin_commands(sub) -> None:
+    mv = sub.add_parser("move", help="NODE takes over the range holding POSITION, live")
+    mv.add_argument("node")
+    mv.add_argument("--to", required=True, metavar="POSITION",
+                    help="a ring position, 0 .. 2^64-1, decimal or 0x...; answered the same way")
+    mv.set_defaults(func=cmd_move)
+
+    sp = sub.add_parser("split", help="cut the range holding POSITION at it (a new boundary); "
+                                      "with --to, NODE takes the tail, live")
+    sp.add_argument("position", help="a ring position, 0 .. 2^64-1, decimal or 0x...; "
+                                     "answered the same way")
+    sp.add_argument("--to", metavar="NODE",
+                    help="hand the tail (POSITION, token] to NODE, e.g. the clockwise neighbour")
+    sp.set_defaults(func=cmd_split)
+
+
+def one_line(exc: BaseException) -> str:
+    """An error as one line: its first line, plus its last (e.g. the end of a log)
+    when it has more."""
+    if isinstance(exc, KeyError) and exc.args:
+        text = str(exc.args[0])
+    else:
+        text = str(exc) or type(exc).__name__
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    text = lines[0] if len(lines) == 1 else f"{lines[0].rstrip(':')}: {lines[-1]}"
+    # gRPC's transport wording, for a node that does not answer
+    return text.replace("UNAVAILABLE: failed to connect to all addresses; last error: "
+                        "UNKNOWN: ", "cannot connect: ")
 
 
 def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["node"]:        # every flag is the node's own, --help included
+        from node.__main__ import main as node_main
+        return node_main(argv[1:])
+    node_flags: list[str] = []
+    if "--" in argv:
+        node_flags = argv[argv.index("--") + 1:]
+        argv = argv[:argv.index("--")]
     args = build_parser().parse_args(argv)
+    args.node_flags = node_flags
+    if node_flags and args.command != "up":
+        print(f"floe {args.command}: only `floe up` takes node flags after `--`",
+              file=sys.stderr)
+        return 2
     try:
         return args.func(args)
+    except KeyboardInterrupt:
+        print(f"floe {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:         # e.g. `floe ring | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except (FloeError, OSError, RuntimeError, ValueError, TimeoutError, KeyError) as exc:
-        print(f"floe {args.command}: {exc}", file=sys.stderr)
+        print(f"floe {args.command}: {one_line(exc)}", file=sys.stderr)
+        return 1
+    except Exception as exc:      # a bug: still one line; FLOE_DEBUG=1 shows the traceback
+        if os.environ.get("FLOE_DEBUG"):
+            raise
+        print(f"floe {args.command}: unexpected {type(exc).__name__}: {one_line(exc)} "
+              f"(FLOE_DEBUG=1 shows where)", file=sys.stderr)
         return 1
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from node.core.errors import FloeError
 from node.transport.tls import TlsFiles, generate as generate_tls, issue as issue_tls
 
 DEFAULT_STATE_FILE = "floe-cluster.json"
@@ -62,6 +63,8 @@ class LocalCluster:
     # Durable: the directory holding every node's data directory and the layout
     # (layout.json) that `up` on it brings back; None keeps state in memory only.
     data_dir: str | None = None
+    # `up`'s first port: `add_nodes` takes the next free ones from there.
+    base_port: int | None = None
 
     # ----------------------------------------------------------- start/stop
 
@@ -72,7 +75,8 @@ class LocalCluster:
            extra_args: list[str] | None = None, ready_timeout: float = 30.0,
            host: str = "127.0.0.1", tls: bool = True,
            data_dir: str | Path | None = None,
-           balancer: str | None = None) -> "LocalCluster":
+           balancer: str | None = None,
+           node_args: list[str] | None = None) -> "LocalCluster":
         """Start `nodes` node processes (default 4; r=1, the count reducer, 8 tokens
         per node unless given). With `tls` (the default), a throwaway CA and
         certificates for every node, a client and an operator are written to
@@ -88,7 +92,8 @@ class LocalCluster:
         addresses with what they held. Against a kept layout, `nodes`, `replicas`,
         `reducer`, `tokens_per_node`, `balancer` and `base_port` may be left out; given and
         different from the layout, they are refused (`LayoutMismatch`): `wipe`
-        deletes the kept cluster first."""
+        deletes the kept cluster first. `node_args`: flags given to every node as they
+        are (kept in the layout too, as the nodes' reducer arguments must not change)."""
         if nodes is not None and nodes < 1:
             raise ValueError("a cluster needs at least one node")
         if replicas is not None and replicas < 0:
@@ -106,7 +111,8 @@ class LocalCluster:
         if layout is not None:
             differ = layout_differences(layout, nodes=nodes, replicas=replicas,
                                         reducer=reducer, tokens_per_node=tokens_per_node,
-                                        base_port=base_port, balancer=balancer)
+                                        base_port=base_port, balancer=balancer,
+                                        node_args=node_args)
             if differ:
                 raise LayoutMismatch(data_dir, layout, differ)
             ids = [n for n, _ in layout["nodes"]]
@@ -115,6 +121,8 @@ class LocalCluster:
             replicas, tokens_per_node = layout["replicas"], layout["tokens_per_node"]
             reducer = layout["reducer"]
             balancer = layout.get("balancer", DEFAULT_LAYOUT["balancer"])
+            node_args = layout.get("node_args", [])
+            base_port = layout.get("base_port")
             busy = [p for p in ports if not _port_free(host, p)]
             if busy:
                 raise OSError(f"the ports of the cluster in {data_dir} are in use: {busy}")
@@ -127,12 +135,13 @@ class LocalCluster:
                                else tokens_per_node)
             ports = _free_ports(host, nodes, base_port)
             ids = [f"n{i}" for i in range(nodes)]
+            node_args = list(node_args or [])
         peers = ",".join(f"{i}={host}:{p}" for i, p in zip(ids, ports))
         log_dir = workdir / "floe-cluster" / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
         procs = []
         # every node of the ring, and every one added later, runs the same policy
-        extra = ["--balancer", balancer] + list(extra_args or [])
+        extra = ["--balancer", balancer] + list(extra_args or []) + node_args
         if tls:
             tls_dir = generate_tls(workdir / "floe-cluster" / "tls", ids, (host, "localhost"))
             extra += ["--tls-dir", str(tls_dir)]
@@ -142,7 +151,7 @@ class LocalCluster:
                 _save_layout(data_dir, dict(
                     nodes=[[i, f"{host}:{p}"] for i, p in zip(ids, ports)],
                     replicas=replicas, tokens_per_node=tokens_per_node, reducer=reducer,
-                    base_port=base_port, balancer=balancer))
+                    base_port=base_port, balancer=balancer, node_args=node_args))
         for node_id, port in zip(ids, ports):
             log_path = log_dir / f"{node_id}.log"
             cmd = [sys.executable, "-m", "node", "--node-id", node_id,
@@ -152,7 +161,7 @@ class LocalCluster:
                    *extra]
             procs.append(spawn_node(node_id, f"{host}:{port}", cmd, log_path))
         cluster = cls(procs, replicas, str(state_file), reducer, extra,
-                      None if data_dir is None else str(data_dir))
+                      None if data_dir is None else str(data_dir), base_port)
         cluster.save()
         try:
             cluster.wait_ready(ready_timeout)
@@ -196,9 +205,10 @@ class LocalCluster:
     # ------------------------------------------------------------ scale
 
     def add_nodes(self, count: int, *, tokens_per_node: int = 8, ready_timeout: float = 30.0,
-                  host: str = "127.0.0.1") -> list[NodeProcess]:
+                  host: str = "127.0.0.1", base_port: int | None = None) -> list[NodeProcess]:
         """Start `count` new node processes that join the running ring with no ranges
-        (give them ranges with mapper.admin.carry_out)."""
+        (give them ranges with mapper.admin.carry_out). Their ports: the first free ones
+        from `base_port` (else `up`'s) that no node of the cluster uses, else any."""
         if count < 1:
             raise ValueError("add at least one node")
         seeds = ",".join(n.address for n in self.nodes if n.alive())
@@ -210,7 +220,9 @@ class LocalCluster:
             if f"n{i}" not in taken:
                 ids.append(f"n{i}")
             i += 1
-        ports = _free_ports(host, count, None)
+        base = self.base_port if base_port is None else base_port
+        ports = _free_ports(host, count, None) if base is None else \
+            _ports_from(host, count, base, {int(n.address.rpartition(":")[2]) for n in self.nodes})
         log_dir = Path(self.state_file).parent / "floe-cluster" / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
         added = []
@@ -242,8 +254,16 @@ class LocalCluster:
         for a restart."""
         from mapper.admin import request_handoff
         node = self.node(node_id)
-        reply = request_handoff(node.address, [], leave=True, timeout=timeout,
-                                tls=self.tls("operator"))
+        if not node.alive():
+            raise RuntimeError(f"{node_id} is not running (pid {node.pid} is gone): it cannot "
+                               f"hand its ranges over; the ring gives them to their replicas "
+                               f"itself (`floe status` shows it as dead)")
+        try:
+            reply = request_handoff(node.address, [], leave=True, timeout=timeout,
+                                    tls=self.tls("operator"))
+        except FloeError as exc:
+            raise RuntimeError(f"{node_id} at {node.address} did not answer ({type(exc).__name__}"
+                               f"): is it paused or overloaded?") from None
         if not reply.accepted:
             raise RuntimeError(f"{node_id} did not leave: {reply.detail}")
         deadline = time.monotonic() + 15
@@ -313,7 +333,8 @@ class LocalCluster:
         for node in self.nodes:
             if node.node_id == node_id:
                 return node
-        raise KeyError(f"no node {node_id} in this cluster")
+        raise KeyError(f"no node {node_id} in this cluster (its nodes: "
+                       f"{', '.join(n.node_id for n in self.nodes)})")
 
     @property
     def seeds(self) -> list[str]:
@@ -347,6 +368,7 @@ class LocalCluster:
     def save(self) -> None:
         data = {"replicas": self.replicas, "reducer": self.reducer,
                 "extra_args": self.extra_args, "data_dir": self.data_dir,
+                "base_port": self.base_port,
                 "nodes": [n.record() for n in self.nodes]}
         tmp = Path(self.state_file).with_suffix(".tmp")
         tmp.write_text(json.dumps(data, indent=2))
@@ -362,7 +384,7 @@ class LocalCluster:
                                     f"`floe up`") from None
         return cls([NodeProcess(**n) for n in data["nodes"]], data["replicas"], str(path),
                    data.get("reducer", "count"), data.get("extra_args", []),
-                   data.get("data_dir"))
+                   data.get("data_dir"), data.get("base_port"))
 
     def _update_layout(self, add=(), drop=()) -> None:
         """Keep the durable layout in step with the nodes: `add` [(id, address)],
@@ -413,7 +435,7 @@ DEFAULT_LAYOUT = {"nodes": 4, "replicas": 1, "reducer": "count", "tokens_per_nod
 # The `floe up` flag of each setting a kept layout fixes.
 LAYOUT_FLAGS = {"nodes": "--nodes", "replicas": "--replicas", "reducer": "--reducer",
                 "tokens_per_node": "--tokens-per-node", "base_port": "--base-port",
-                "balancer": "--balancer"}
+                "balancer": "--balancer", "node_args": "--"}
 
 
 class LayoutMismatch(ValueError):
@@ -437,7 +459,8 @@ def layout_differences(layout: dict, **given) -> list[tuple[str, object, object]
     kept = {"nodes": len(layout["nodes"]), "replicas": layout["replicas"],
             "reducer": layout["reducer"], "tokens_per_node": layout["tokens_per_node"],
             "base_port": layout.get("base_port"),
-            "balancer": layout.get("balancer", DEFAULT_LAYOUT["balancer"])}
+            "balancer": layout.get("balancer", DEFAULT_LAYOUT["balancer"]),
+            "node_args": layout.get("node_args", [])}
     return [(k, v, kept[k] if kept[k] is not None else "ports chosen free")
             for k, v in given.items() if v is not None and v != kept[k]]
 
@@ -530,6 +553,17 @@ def _free_ports(host: str, count: int, base: int | None) -> list[int]:
         for s in socks:
             s.close()
     return ports
+
+
+def _ports_from(host: str, count: int, base: int, taken: set[int]) -> list[int]:
+    """The first `count` free ports from `base` on, skipping `taken`."""
+    ports = []
+    for port in range(base, 65536):
+        if port not in taken and _port_free(host, port):
+            ports.append(port)
+            if len(ports) == count:
+                return ports
+    raise OSError(f"no {count} free ports from {base} on {host}")
 
 
 def _port_free(host: str, port: int) -> bool:

@@ -85,8 +85,9 @@ class Progress:
     """A line on standard error every `every` seconds: words, rate, share of the
     inputs' bytes read, and the time left at that pace."""
 
-    def __init__(self, total_bytes: int, every: float = 1.0, out=sys.stderr) -> None:
-        self.total, self.every, self.out = total_bytes, every, out
+    def __init__(self, total_bytes: int, every: float = 1.0, out=sys.stderr,
+                 show: bool = True) -> None:
+        self.total, self.every, self.out, self.show = total_bytes, every, out, show
         self.started = self.shown = time.monotonic()
         self.words = 0
         self.done_bytes = 0          # of the files finished
@@ -94,7 +95,7 @@ class Progress:
     def update(self, words: int, at_bytes: int) -> None:
         self.words += words
         now = time.monotonic()
-        if now - self.shown < self.every:
+        if not self.show or now - self.shown < self.every:
             return
         self.shown = now
         rate = self.words / (now - self.started)

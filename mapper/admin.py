@@ -4,6 +4,7 @@ split, leave), plan who takes what when nodes are added, carry a plan out. What
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -40,6 +41,16 @@ def request_handoff(address: str, tokens, target: str = "", *, leave: bool = Fal
             raise error_from_rpc(exc) from None
 
 
+def hex_position(pos: int) -> str:
+    return f"{pos:#x}"
+
+
+def position_format(text: str) -> Callable[[int], str]:
+    """How to print positions for someone who wrote one as `text`: hex for 0x..., else
+    decimal."""
+    return hex_position if text.strip().lower().startswith("0x") else str
+
+
 def parse_position(text: str) -> int:
     try:
         pos = int(text, 0)
@@ -51,7 +62,7 @@ def parse_position(text: str) -> int:
 
 
 def move(ring: Ring, node: str, pos: int, timeout: float = 30.0,
-         tls: TlsFiles | None = None) -> str:
+         tls: TlsFiles | None = None, show: Callable[[int], str] = hex_position) -> str:
     """`node` takes over the range containing `pos` from its current owner."""
     if node not in ring.nodes:
         raise InvalidArgument(f"{node!r} is not a member of ring v{ring.version}: "
@@ -59,16 +70,16 @@ def move(ring: Ring, node: str, pos: int, timeout: float = 30.0,
     token = ring.token_for_position(pos)
     owner = ring.owner_of_token(token)
     if owner == node:
-        return f"{node} already owns the range of token {token:#x}"
+        return f"{node} already owns the range of token {show(token)}"
     reply = request_handoff(ring.address(owner), [token], node, timeout=timeout, tls=tls)
     if not reply.accepted:
-        raise InvalidArgument(f"{owner} did not hand token {token:#x} to {node}: {reply.detail}")
-    return (f"{owner} handed the range ending at token {token:#x} to {node} "
+        raise InvalidArgument(f"{owner} did not hand token {show(token)} to {node}: {reply.detail}")
+    return (f"{owner} handed the range ending at token {show(token)} to {node} "
             f"(ring v{reply.ring_version})")
 
 
 def split(ring: Ring, pos: int, node: str | None = None, timeout: float = 30.0,
-          tls: TlsFiles | None = None) -> str:
+          tls: TlsFiles | None = None, show: Callable[[int], str] = hex_position) -> str:
     """Cut the range holding `pos` at `pos`: its owner keeps (lo, pos] under the new
     token `pos`, the tail (pos, token] keeps the token; with `node`, the tail then goes
     to `node` live (to the owner's clockwise neighbour: "move my token back to pos")."""
@@ -76,7 +87,7 @@ def split(ring: Ring, pos: int, node: str | None = None, timeout: float = 30.0,
         raise InvalidArgument(f"{node!r} is not a member of ring v{ring.version}: "
                               f"{', '.join(ring.nodes)}")
     if ring.has_token(pos):
-        raise InvalidArgument(f"{pos:#x} is already a range boundary")
+        raise InvalidArgument(f"{show(pos)} is already a range boundary")
     token = ring.token_for_position(pos)
     owner = ring.owner_of_token(token)
     if node == owner:
@@ -84,11 +95,11 @@ def split(ring: Ring, pos: int, node: str | None = None, timeout: float = 30.0,
     reply = request_handoff(ring.address(owner), [], node or "", timeout=timeout, split_at=pos,
                             tls=tls)
     if not reply.accepted:
-        raise InvalidArgument(f"{owner} split at {pos:#x} but did not hand the tail to "
+        raise InvalidArgument(f"{owner} split at {show(pos)} but did not hand the tail to "
                               f"{node}: {reply.detail}")
     if node is None:
-        return f"{owner} split the range of token {token:#x} at {pos:#x} (ring v{reply.ring_version})"
-    return (f"{owner} split the range of token {token:#x} at {pos:#x} and handed the tail "
+        return f"{owner} split the range of token {show(token)} at {show(pos)} (ring v{reply.ring_version})"
+    return (f"{owner} split the range of token {show(token)} at {show(pos)} and handed the tail "
             f"to {node} (ring v{reply.ring_version})")
 
 

@@ -426,8 +426,9 @@ class RingClient:
         most recent batches delivered."""
         return list(self._delivery.latencies)
 
-    def stats(self) -> list[dict]:
-        """NodeStats of every node (an unreachable node gives {'node_id', 'error'})."""
+    def stats(self, also: dict[str, str] | None = None) -> list[dict]:
+        """NodeStats of every member, then of `also` ({node: address}, e.g. processes
+        no longer members); an unreachable node gives {'node_id', 'address', 'error'}."""
         async def call(ring: Ring):
             async def one(node, address):
                 try:
@@ -435,9 +436,15 @@ class RingClient:
                         floe_pb2.StatsRequest(), timeout=self.rpc_timeout)
                 except grpc.RpcError as exc:
                     return {"node_id": node, "address": address, "error": exc.code().name}
-                return {f.name: getattr(s, f.name) for f in s.DESCRIPTOR.fields}
-            return await asyncio.gather(*(one(n, a) for n, a in ring.addresses))
+                return {f.name: _plain(getattr(s, f.name)) for f in s.DESCRIPTOR.fields}
+            asked = list(ring.addresses) + sorted((also or {}).items())
+            return await asyncio.gather(*(one(n, a) for n, a in asked))
         return self._query(call)
+
+
+def _plain(value):
+    """A repeated field as a list (JSON-friendly); scalars as they are."""
+    return value if isinstance(value, (str, bytes, int, float, bool)) else list(value)
 
 
 async def _describe_waiting(delivery) -> str:

@@ -208,8 +208,11 @@ class ProgressReporter:
             live = [s for s in stats if "error" not in s]
             applied = sum(s["applied"] for s in live)
             dups = sum(s["duplicates"] for s in live)
+            # Per-process counters: a killed node's leave the sum, and an heir does not
+            # count again what it rebuilt, so this is no total of what the ring holds.
             ring = (f"ring: {len(live)}/{len(stats)} nodes up, {applied:,} tuples applied "
-                    f"and {dups:,} duplicates dropped by them")
+                    f"and {dups:,} duplicates dropped by these {len(live)} processes since "
+                    f"they started")
         except Exception as exc:   # progress must never stop the query
             ring = f"ring: stats unavailable ({exc})"
         print(f"{spark} | {ring}", flush=True)

@@ -225,7 +225,9 @@ def floe(tmp_path, *args, timeout=120) -> str:
 
 
 def status(tmp_path):
-    return {n["node_id"]: n for n in json.loads(floe(tmp_path, "status", "--json"))["nodes"]}
+    """`floe status --json`'s rows by node, without members that left the ring."""
+    return {n["node_id"]: n for n in json.loads(floe(tmp_path, "status", "--json"))["nodes"]
+            if n["state"] != "removed"}
 
 
 def finish_exact(feeder):

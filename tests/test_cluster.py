@@ -92,7 +92,10 @@ def test_cli_up_feed_query_status_down(tmp_path):
         assert sorted(n["pid"] for n in status["nodes"]) == sorted(int(p) for p in pids)
         assert sum(int(n["keys"]) for n in status["nodes"]) == len(expect)
         table = floe_run(tmp_path, "status").stdout
-        assert table.splitlines()[0].split()[:3] == ["node", "address", "pid"]
+        assert table.splitlines()[0].startswith("ring v")
+        assert "reducer node.core.reducers:Count()" in table.splitlines()[0]
+        assert table.splitlines()[1].split()[:4] == ["node", "state", "address", "pid"]
+        assert [line.split()[1] for line in table.splitlines()[2:5]] == ["serving"] * 3
     finally:
         down = floe_run(tmp_path, "down")
     assert down.returncode == 0, down.stderr
@@ -195,7 +198,8 @@ def _scan(tmp_path) -> dict:
 
 
 def _members(tmp_path) -> set[str]:
-    rows = json.loads(floe(tmp_path, "status", "--json"))["nodes"]
+    rows = [r for r in json.loads(floe(tmp_path, "status", "--json"))["nodes"]
+            if r["state"] != "removed"]               # a member that left is still listed
     assert all("error" not in r for r in rows), rows
     return {r["node_id"] for r in rows}
 
@@ -266,18 +270,24 @@ def test_floe_up_refuses_flags_unlike_the_kept_cluster_and_down_wipe_starts_fres
 def test_status_after_a_kill_names_the_dead_process_and_down_counts_only_running_ones(tmp_path):
     try:
         floe(tmp_path, "up", "--nodes", "3", "--memory")
-        healthy = "HEALTHY: 3 of 3 members answering; every range on r+1 nodes"
+        healthy = "HEALTHY: 3 of 3 members serving; every range on r+1 nodes"
         wait_for(lambda: floe(tmp_path, "status").splitlines()[-1] == healthy, 20,
                  "a healthy status once every replica has its first checkpoint")
         recorded = json.loads((tmp_path / "floe-cluster.json").read_text())["nodes"]
         victim = next(n for n in recorded if n["node_id"] == "n1")
         os.kill(victim["pid"], signal.SIGKILL)
-        wanted = ("HEALTHY: 2 of 2 members answering; every range on r+1 nodes; "
-                  "not running any more: n1")
+        wanted = "HEALTHY: 2 of 2 members serving; every range on r+1 nodes; dead: n1"
         wait_for(lambda: floe(tmp_path, "status").splitlines()[-1] == wanted, 20,
                  "status to show n1 gone and its ranges on r+1 nodes again")
         shown = json.loads(floe(tmp_path, "status", "--json"))
-        assert shown["verdict"] == wanted and len(shown["nodes"]) == 2
+        assert shown["verdict"] == wanted
+        assert {n["node_id"]: n["state"] for n in shown["nodes"]} == \
+            {"n0": "serving", "n1": "dead", "n2": "serving"}
+        assert "n1    dead" in floe(tmp_path, "status")              # the table shows it too
+        removed = floe_run(tmp_path, "scale", "--remove", "n1")      # cannot hand anything over
+        assert removed.returncode == 1 and len(removed.stderr.splitlines()) == 1
+        assert removed.stderr.startswith("floe scale: n1 is not running")
+        assert "UNAVAILABLE" not in removed.stderr and "Traceback" not in removed.stderr
     finally:
         down = floe_run(tmp_path, "down")
     assert down.returncode == 0, down.stderr
@@ -307,11 +317,12 @@ def test_feed_checks_every_input_first_and_a_rerun_after_ctrl_c_counts_nothing_t
         first.send_signal(signal.SIGINT)
         first.communicate(timeout=60)
         assert 0 < sum(_scan(tmp_path).values()) < sum(expect.values())
-        again = floe_run(tmp_path, "feed", str(big), timeout=300)
+        again = floe_run(tmp_path, "feed", "--progress", str(big), timeout=300)
         assert again.returncode == 0, again.stderr
         assert "words," in again.stderr and "left" in again.stderr     # progress shown
         assert _scan(tmp_path) == expect
-        floe(tmp_path, "feed", str(big))                   # unchanged: nothing more
+        quiet = floe_run(tmp_path, "feed", str(big))       # unchanged: nothing more
+        assert quiet.returncode == 0 and quiet.stderr == ""  # no progress off a terminal
         assert _scan(tmp_path) == expect
         floe(tmp_path, "feed", "--force", str(binary))
         assert _scan(tmp_path)["some"] == expect["some"] + 1

@@ -56,3 +56,9 @@ def test_a_node_with_another_reducer_is_refused_when_it_joins(tmp_path):
         assert (f"the ring runs reducer '{COUNT}', this node was started with "
                 f"{reducer_identity('sum', {})}") in log, log
         assert "Traceback" not in log
+        last = log.strip().splitlines()[-1]
+        assert last.startswith("floe node: the ring runs reducer"), log   # one clear line
+        with RingClient(cluster.seeds[:2], tls=cluster.tls("client")) as client:
+            ring = client.refresh_ring()           # the ring did not change
+            assert ring.nodes == ("n0", "n1") and not ring.removed
+            assert all("error" not in row for row in client.stats())

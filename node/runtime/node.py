@@ -487,7 +487,8 @@ class NodeRuntime:
         rates = load.token_rates()
         return dict(core.stats(), fenced=core.fenced, cpu=load.cpu(), busy=load.busy(),
                     apply_rate=sum(rates.values()), overloaded=load.overloaded,
-                    tokens=len(core.ring.tokens_of(core.node_id)),
+                    tokens=len(core.ring.tokens_of(core.node_id)), leaving=machine.leaving,
+                    suspects=sorted(machine.detector.suspected),
                     load=msgpack.packb(dict(rates)), rejoined=machine.rejoined,
                     node_id=core.node_id, address=self.config.listen,
                     queue_length=self.inbound.qsize(), queued_bytes=self.inbound.nbytes,

@@ -239,7 +239,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class NodeStats(_message.Message):
-    __slots__ = ("node_id", "address", "ring_version", "keys", "applied", "duplicates", "queue_length", "backup_tuples", "backup_bytes", "ring_share", "checkpoints_shipped", "lost_ranges", "reducer", "pid", "uptime", "refused", "backed_up", "checkpoints_received", "under_replicated", "takeovers", "fenced", "rejoined", "handed_off", "cpu", "apply_rate", "overloaded", "tokens", "load", "busy", "queued_bytes", "sources_expired", "backups_expired", "pieces_folded")
+    __slots__ = ("node_id", "address", "ring_version", "keys", "applied", "duplicates", "queue_length", "backup_tuples", "backup_bytes", "ring_share", "checkpoints_shipped", "lost_ranges", "reducer", "pid", "uptime", "refused", "backed_up", "checkpoints_received", "under_replicated", "takeovers", "fenced", "rejoined", "handed_off", "cpu", "apply_rate", "overloaded", "tokens", "load", "busy", "queued_bytes", "sources_expired", "backups_expired", "pieces_folded", "leaving", "suspects")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     RING_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -273,6 +273,8 @@ class NodeStats(_message.Message):
     SOURCES_EXPIRED_FIELD_NUMBER: _ClassVar[int]
     BACKUPS_EXPIRED_FIELD_NUMBER: _ClassVar[int]
     PIECES_FOLDED_FIELD_NUMBER: _ClassVar[int]
+    LEAVING_FIELD_NUMBER: _ClassVar[int]
+    SUSPECTS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     ring_version: int
@@ -306,7 +308,9 @@ class NodeStats(_message.Message):
     sources_expired: int
     backups_expired: int
     pieces_folded: int
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., ring_version: _Optional[int] = ..., keys: _Optional[int] = ..., applied: _Optional[int] = ..., duplicates: _Optional[int] = ..., queue_length: _Optional[int] = ..., backup_tuples: _Optional[int] = ..., backup_bytes: _Optional[int] = ..., ring_share: _Optional[float] = ..., checkpoints_shipped: _Optional[int] = ..., lost_ranges: _Optional[int] = ..., reducer: _Optional[str] = ..., pid: _Optional[int] = ..., uptime: _Optional[float] = ..., refused: _Optional[int] = ..., backed_up: _Optional[int] = ..., checkpoints_received: _Optional[int] = ..., under_replicated: _Optional[int] = ..., takeovers: _Optional[int] = ..., fenced: _Optional[bool] = ..., rejoined: _Optional[int] = ..., handed_off: _Optional[int] = ..., cpu: _Optional[float] = ..., apply_rate: _Optional[float] = ..., overloaded: _Optional[bool] = ..., tokens: _Optional[int] = ..., load: _Optional[bytes] = ..., busy: _Optional[float] = ..., queued_bytes: _Optional[int] = ..., sources_expired: _Optional[int] = ..., backups_expired: _Optional[int] = ..., pieces_folded: _Optional[int] = ...) -> None: ...
+    leaving: bool
+    suspects: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., ring_version: _Optional[int] = ..., keys: _Optional[int] = ..., applied: _Optional[int] = ..., duplicates: _Optional[int] = ..., queue_length: _Optional[int] = ..., backup_tuples: _Optional[int] = ..., backup_bytes: _Optional[int] = ..., ring_share: _Optional[float] = ..., checkpoints_shipped: _Optional[int] = ..., lost_ranges: _Optional[int] = ..., reducer: _Optional[str] = ..., pid: _Optional[int] = ..., uptime: _Optional[float] = ..., refused: _Optional[int] = ..., backed_up: _Optional[int] = ..., checkpoints_received: _Optional[int] = ..., under_replicated: _Optional[int] = ..., takeovers: _Optional[int] = ..., fenced: _Optional[bool] = ..., rejoined: _Optional[int] = ..., handed_off: _Optional[int] = ..., cpu: _Optional[float] = ..., apply_rate: _Optional[float] = ..., overloaded: _Optional[bool] = ..., tokens: _Optional[int] = ..., load: _Optional[bytes] = ..., busy: _Optional[float] = ..., queued_bytes: _Optional[int] = ..., sources_expired: _Optional[int] = ..., backups_expired: _Optional[int] = ..., pieces_folded: _Optional[int] = ..., leaving: _Optional[bool] = ..., suspects: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RangeRequest(_message.Message):
     __slots__ = ("token",)

@@ -1,0 +1,149 @@
+"""What `floe status`, `floe ring` and `floe locate` show: every member's state, a
+one-line verdict, the ranges with their holders, and where a key lives.
+
+A member's state comes from what the ring and the nodes' Stats replies say, plus the
+processes `floe up` recorded:
+
+    serving   a member answering, holding ranges
+    joining   answering but holding no range yet (or started, not yet a member)
+    leaving   handing its ranges over before it exits
+    suspect   a member that does not answer us, or that a peer's failure detector
+              suspects; the ring has not declared it dead (yet)
+    dead      its recorded process is gone (the ring takes, or took, its ranges over)
+    fenced    declared dead or restarted, yet still running: it serves nothing
+    removed   no longer a member, and no process of it is known (it left or died)
+"""
+
+from __future__ import annotations
+
+from node.core.hashing import HASH_SPACE, position
+from node.core.ring import Ring
+
+SERVING, JOINING, LEAVING, SUSPECT, DEAD, FENCED, REMOVED = (
+    "serving", "joining", "leaving", "suspect", "dead", "fenced", "removed")
+
+
+def base_name(node: str) -> str:
+    """A restarted member comes back as `n0#1`: its process is still `n0`'s."""
+    return node.partition("#")[0]
+
+
+def unlisted_processes(ring: Ring, recorded: dict[str, dict]) -> dict[str, str]:
+    """{node: address} of recorded running processes that are not members under their
+    name or a later incarnation's (fenced, or not joined yet): asked for stats too."""
+    members = {base_name(n) for n in ring.nodes}
+    return {n: p["address"] for n, p in recorded.items()
+            if p["alive"] and n not in members}
+
+
+def member_rows(ring: Ring, rows: list[dict], recorded: dict[str, dict]) -> list[dict]:
+    """Every row of `rows` (Stats replies, or errors) with its `state`, then a row for
+    every recorded process that is gone and every removed member not otherwise shown
+    (those, like every row without stats, carry an `error`).
+    `recorded`: {node: {"address", "pid", "alive"}} from the cluster file."""
+    members = set(ring.nodes)
+    suspected = {s for r in rows if "error" not in r for s in r.get("suspects", ())}
+    by_pid = {p["pid"]: n for n, p in recorded.items()}
+    out = []
+    for row in rows:
+        node = row["node_id"]
+        mine = recorded.get(node) or recorded.get(by_pid.get(row.get("pid"), ""), None)
+        if mine is not None and "error" in row:
+            row["pid"] = mine["pid"]
+        row["state"] = _state(row, ring, members, suspected, mine)
+        out.append(row)
+    shown = {base_name(r["node_id"]) for r in out} | {r["node_id"] for r in out}
+    for node, proc in sorted(recorded.items()):
+        if node not in shown:
+            out.append({"node_id": node, "address": proc["address"], "pid": proc["pid"],
+                        "state": DEAD if not proc["alive"] else SUSPECT,
+                        "error": "not running" if not proc["alive"] else "not asked"})
+            shown.add(node)
+    for node in sorted(ring.removed):
+        if node not in shown and base_name(node) not in shown:
+            out.append({"node_id": node, "address": "-", "state": REMOVED,
+                        "error": "not a member"})
+    return out
+
+
+def _state(row: dict, ring: Ring, members: set, suspected: set, mine: dict | None) -> str:
+    node = row["node_id"]
+    if "error" in row:
+        gone = mine is not None and not mine["alive"]
+        return DEAD if gone or ring.is_removed(node) else SUSPECT
+    if row.get("fenced") or (node not in members and ring.is_removed(node)):
+        return FENCED
+    if row.get("leaving"):
+        return LEAVING
+    if node not in members or not row.get("tokens"):
+        return JOINING
+    return SUSPECT if node in suspected else SERVING
+
+
+def verdict(ring: Ring, rows: list[dict]) -> str:
+    """One line: HEALTHY, DEGRADED or DATA LOST, then how many members serve, what is
+    under-replicated or lost, and who is not serving."""
+    members = [r for r in rows if r["node_id"] in set(ring.nodes)]
+    serving = [r for r in members if r["state"] == SERVING]
+    answering = [r for r in rows if "error" not in r and r["node_id"] in set(ring.nodes)]
+    lost = max([len(ring.lost)] + [r["lost_ranges"] for r in answering])
+    under = sum(r["under_replicated"] for r in answering)
+    by_state: dict[str, list[str]] = {}
+    for r in rows:
+        if r["state"] not in (SERVING, REMOVED):
+            by_state.setdefault(r["state"], []).append(r["node_id"])
+    trouble = any(s in by_state for s in (SUSPECT, FENCED)) or any(
+        r["state"] == DEAD for r in members)
+    if lost:
+        word = "DATA LOST"
+    elif trouble or under or not answering:
+        word = "DEGRADED"
+    else:
+        word = "HEALTHY"
+    parts = [f"{len(serving)} of {len(members)} members serving"]
+    if under:
+        parts.append(f"{under} ranges under-replicated")
+    if lost:
+        parts.append(f"{lost} ranges lost")
+    elif not under:
+        parts.append("every range on r+1 nodes")
+    for state in (SUSPECT, DEAD, FENCED, JOINING, LEAVING):
+        if state in by_state:
+            parts.append(f"{state}: " + ", ".join(by_state[state]))
+    return f"{word}: " + "; ".join(parts)
+
+
+def describe_ring(ring: Ring) -> str:
+    reducer = ring.reducer or "not recorded"
+    return (f"ring v{ring.version}: {len(ring.nodes)} members, {len(ring.tokens)} ranges, "
+            f"r={ring.replication}, reducer {reducer}, balancer {ring.balancer}")
+
+
+def range_rows(ring: Ring, show=str) -> list[dict]:
+    """One row per range, clockwise: (start, token] with its primary, replicas and
+    extra destinations of a handoff in flight."""
+    rows = []
+    for token in ring.tokens:
+        lo, hi = ring.range_of_token(token)
+        rows.append({"token": show(token), "start": show(lo), "end": show(hi),
+                     "share": Ring.range_size((lo, hi)) / HASH_SPACE,
+                     "primary": ring.owner_of_token(token),
+                     "replicas": list(ring.regular_replicas(token)),
+                     "extras": list(ring.extras_of(token)),
+                     "lost": token in ring.lost})
+    return rows
+
+
+def locate(ring: Ring, key, show=str) -> dict:
+    """Where `key` lives: its ring position, the range holding it and that range's
+    holders."""
+    pos = position(key)
+    token = ring.token_for_position(pos)
+    row = next(r for r in range_rows(ring, show) if r["token"] == show(token))
+    return {"key": key, "position": show(pos), **row}
+
+
+def table(rows: list[tuple[str, ...]]) -> list[str]:
+    """Left-aligned columns, two spaces apart."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
