@@ -15,7 +15,8 @@ from node.core.reducers import load_reducer, parse_reducer_args
 from node.runtime.events import EventLog
 from node.runtime.node import NodeRuntime
 from node.transport.peers import PeerPool
-from node.transport.server import node_tls, start_server
+from node.transport.metrics import NodeMetrics
+from node.transport.server import listen_host, node_tls, start_server
 
 log = logging.getLogger("floe.node")
 
@@ -23,8 +24,9 @@ log = logging.getLogger("floe.node")
 class RunningNode:
     """A started node; `stop()` is the graceful shutdown SIGTERM triggers."""
 
-    def __init__(self, runtime, server, health, port):
+    def __init__(self, runtime, server, health, port, metrics=None):
         self.runtime, self.server, self.health, self.port = runtime, server, health, port
+        self.metrics = metrics
         self.address = runtime.config.listen
         self._reporting = asyncio.create_task(self._report_health())
 
@@ -45,6 +47,8 @@ class RunningNode:
         await self.health.enter_graceful_shutdown()   # health checks now say NOT_SERVING
         await self.server.stop(self.runtime.config.shutdown_grace)
         await self.runtime.stop()                      # drain queue, final checkpoint
+        if self.metrics is not None:
+            self.metrics.close()
         self.runtime.events.record("stopped", self.runtime.core.node_id)
         self.runtime.events.close()
 
@@ -59,7 +63,8 @@ async def start_node(config: NodeConfig) -> RunningNode:
                      tls.channel_credentials() if tls else None)
     runtime = NodeRuntime(config, reducer, peers,
                           events=EventLog(config.events_file, config.node_id))
-    server, health, port = await start_server(runtime)
+    metrics = NodeMetrics(runtime) if config.metrics_port else None
+    server, health, port = await start_server(runtime, metrics)
     if config.listen.endswith(":0"):
         # Bound to an ephemeral port (tests): publish the real address in the ring.
         address = f"{config.listen.rpartition(':')[0]}:{port}"
@@ -67,13 +72,17 @@ async def start_node(config: NodeConfig) -> RunningNode:
         runtime.reconfigure(dataclasses.replace(config, listen=address, peers=peers))
     seeds = [s.strip() for s in config.join.split(",") if s.strip()] if config.join else None
     try:
+        if metrics is not None:       # up while the node waits to join: that shows too
+            metrics.serve(listen_host(config.listen), config.metrics_port)
         await runtime.confirm_membership(seeds)
         await runtime.start()
         await health.set("", health_pb2.HealthCheckResponse.SERVING)
     except BaseException:
+        if metrics is not None:
+            metrics.close()
         await server.stop(0)
         raise
-    return RunningNode(runtime, server, health, port)
+    return RunningNode(runtime, server, health, port, metrics)
 
 
 async def serve(config: NodeConfig) -> None:

@@ -68,7 +68,7 @@ except SystemExit as exc:
     result = subprocess.run([sys.executable, "-c", code, str(ROOT / "no-such-cluster.json")],
                             cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
-    assert "node exit 0" in result.stdout
+    assert "node exit 0" in result.stdout and "--metrics-port" in result.stdout
     assert "status exit 1" in result.stdout and "no-such-cluster.json" in result.stderr
 
 

@@ -21,6 +21,7 @@ from node.runtime.inbound import StreamState
 from node.runtime.node import NodeRuntime
 from node.runtime.service import NodeService
 from node.transport.intercept import CallLimiter
+from node.transport.metrics import NodeMetrics
 from node.transport.peers import channel_options, pack_entries_async, unpack_entries_async
 from node.transport.status import abort
 from node.transport.tls import Authorizer, TlsFiles
@@ -253,14 +254,19 @@ class QueryPlane(floe_pb2_grpc.QueryPlaneServicer):
         return floe_pb2.RangeState(role=role, entries=await pack_entries_async(states))
 
 
-async def start_server(runtime: NodeRuntime) -> tuple[grpc.aio.Server, health_aio.HealthServicer, int]:
-    """Serve on runtime.config.listen; returns (server, health, bound port)."""
+async def start_server(runtime: NodeRuntime, metrics: NodeMetrics | None = None
+                       ) -> tuple[grpc.aio.Server, health_aio.HealthServicer, int]:
+    """Serve on runtime.config.listen; returns (server, health, bound port). With
+    `metrics`, every call's duration is observed, refused ones included."""
     service = NodeService(runtime)
     config = runtime.config
     tls = node_tls(config)
-    limiter = CallLimiter(config.max_concurrent_rpcs)
+    interceptors = [metrics.rpc_timer] if metrics else []
+    interceptors.append(CallLimiter(config.max_concurrent_rpcs))
+    if tls:
+        interceptors.append(Authorizer())
     server = grpc.aio.server(options=channel_options(config.max_message_bytes),
-                             interceptors=[limiter, Authorizer()] if tls else [limiter])
+                             interceptors=interceptors)
     floe_pb2_grpc.add_DataPlaneServicer_to_server(DataPlane(service), server)
     floe_pb2_grpc.add_ControlPlaneServicer_to_server(ControlPlane(service), server)
     floe_pb2_grpc.add_QueryPlaneServicer_to_server(QueryPlane(service), server)
