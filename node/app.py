@@ -7,8 +7,6 @@ import dataclasses
 import logging
 import signal
 
-from grpc_health.v1 import health_pb2
-
 from node.config import NodeConfig
 from node.core.balancers import balancer, check_reducer
 from node.core.reducers import load_reducer, parse_reducer_args
@@ -16,7 +14,7 @@ from node.runtime.events import EventLog
 from node.runtime.node import NodeRuntime
 from node.transport.peers import PeerPool
 from node.transport.metrics import NodeMetrics
-from node.transport.server import listen_host, node_tls, start_server
+from node.transport.server import listen_host, node_tls, set_health, start_server
 
 log = logging.getLogger("floe.node")
 
@@ -33,12 +31,11 @@ class RunningNode:
     async def _report_health(self) -> None:
         """Keep the health status in step with the node: NOT_SERVING while it is
         fenced and not yet back in the ring as a new member."""
-        status = health_pb2.HealthCheckResponse
         shown = True                      # start_node set it once the node started
         while True:
             serving = self.runtime.serving
             if serving != shown:
-                await self.health.set("", status.SERVING if serving else status.NOT_SERVING)
+                await set_health(self.health, serving)
                 shown = serving
             await asyncio.sleep(0.1)
 
@@ -76,7 +73,7 @@ async def start_node(config: NodeConfig) -> RunningNode:
             metrics.serve(listen_host(config.listen), config.metrics_port)
         await runtime.confirm_membership(seeds)
         await runtime.start()
-        await health.set("", health_pb2.HealthCheckResponse.SERVING)
+        await set_health(health, True)
     except BaseException:
         if metrics is not None:
             metrics.close()

@@ -12,18 +12,18 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
-from collections import Counter
-from pathlib import Path
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from google.protobuf import descriptor_pb2
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from chaos.cluster import node_env
 from mapper import RingClient
+from node.transport.tls import may_call
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.multiprocess
@@ -43,12 +43,17 @@ def free_ports(count: int) -> list[int]:
             s.close()
 
 
-def health(address: str) -> int | None:
+FLOE_SERVICES = ("floering.v1.DataPlane", "floering.v1.ControlPlane", "floering.v1.QueryPlane")
+SERVING, NOT_SERVING = (health_pb2.HealthCheckResponse.SERVING,
+                        health_pb2.HealthCheckResponse.NOT_SERVING)
+
+
+def health(address: str, service: str = "") -> int | None:
     """The node's health status, or None while it does not answer."""
     try:
         with grpc.insecure_channel(address) as channel:
             return health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(), timeout=0.5).status
+                health_pb2.HealthCheckRequest(service=service), timeout=0.5).status
     except grpc.RpcError:
         return None
 
@@ -99,12 +104,12 @@ def ring(tmp_path_factory):
     try:
         start(0)
         wait_for(lambda: health(addresses["n0"]) is not None, 30, "n0 answers health checks")
-        seen = {"before_join": health(addresses["n0"]),
+        seen = {"before_join": {name: health(addresses["n0"], name)
+                                for name in ("", *FLOE_SERVICES)},
                 "metrics_before_join": scrape(metrics_ports[0])}
         start(1)
         for node, address in addresses.items():
-            wait_for(lambda: health(address) == health_pb2.HealthCheckResponse.SERVING, 30,
-                     f"{node} serving")
+            wait_for(lambda: health(address) == SERVING, 30, f"{node} serving")
         yield dict(seen, addresses=addresses, metrics_ports=metrics_ports, logs=logs)
     finally:
         for process in processes.values():
@@ -112,10 +117,12 @@ def ring(tmp_path_factory):
 
 
 def test_health_is_not_serving_until_the_node_joined_then_serving(ring):
-    assert ring["before_join"] == health_pb2.HealthCheckResponse.NOT_SERVING
+    # n0 answered (its ring, to starting peers) while it waited for n1: not serving
+    assert ring["before_join"] == {name: NOT_SERVING for name in ("", *FLOE_SERVICES)}
     assert value(ring["metrics_before_join"], "floe_serving") == 0
     for address in ring["addresses"].values():
-        assert health(address) == health_pb2.HealthCheckResponse.SERVING
+        assert {name: health(address, name) for name in ("", *FLOE_SERVICES)} == \
+            {name: SERVING for name in ("", *FLOE_SERVICES)}
 
 
 def test_metrics_count_what_was_fed(ring):
@@ -157,3 +164,34 @@ def test_metrics_are_only_served_on_the_listen_host(ring):
     port = ring["metrics_ports"][0]
     with socket.socket() as s:            # bound to 127.0.0.1, not every address
         assert s.connect_ex(("127.0.0.2", port)) != 0
+
+
+def test_reflection_lists_and_describes_the_floe_services(ring):
+    with grpc.insecure_channel(ring["addresses"]["n1"]) as channel:
+        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+        replies = list(stub.ServerReflectionInfo(iter([
+            reflection_pb2.ServerReflectionRequest(list_services=""),
+            reflection_pb2.ServerReflectionRequest(
+                file_containing_symbol="floering.v1.QueryPlane")]), timeout=5))
+    names = {s.name for s in replies[0].list_services_response.service}
+    assert {*FLOE_SERVICES, "grpc.health.v1.Health"} <= names
+    files = [descriptor_pb2.FileDescriptorProto.FromString(raw)
+             for raw in replies[1].file_descriptor_response.file_descriptor_proto]
+    methods = {m.name for f in files for s in f.service if s.name == "QueryPlane" for m in s.method}
+    assert {"Get", "Top", "Scan", "Stats"} <= methods
+
+
+def test_any_certificate_may_use_reflection():
+    assert all(may_call(role, "ServerReflectionInfo") for role in ("node", "client", "operator"))
+
+
+def test_log_lines_are_json_objects_with_the_node_id(ring):
+    lines = [line for line in ring["logs"]["n0"].read_text().splitlines() if line.strip()]
+    entries = [json.loads(line) for line in lines if not line.startswith("READY ")]
+    assert entries
+    for entry in entries:
+        assert {"time", "level", "logger", "message", "node_id"} <= set(entry), entry
+        assert entry["node_id"] == "n0"
+    assert any(e["level"] == "INFO" and e["logger"] == "floe.node"
+               and e["message"].startswith("node n0 up on") for e in entries)
+    assert all(e["time"].endswith("+00:00") for e in entries)            # ISO 8601, UTC
