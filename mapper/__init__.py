@@ -1,15 +1,18 @@
-"""The mapper client library: route, batch, multicast, ack, resend."""
+"""floe-ring's public Python API: the ring client, the errors it raises, the base
+class of reducers, and the helpers mappers use."""
 
 from mapper.client import RingClient
 from mapper.words import split_words, words_of_lines
 from node.core.epochs import MAX_POSITION, epoch_seq, epoch_source
 from node.core.errors import (FloeError, InvalidArgument, InvalidKey, RangeLost, ReducerMismatch,
                               StaleRing, Unavailable)
+from node.core.reducers import Reducer
 from node.transport.tls import TlsFiles
 
-# What a mapper's user needs, in one place: the client, the errors it raises, its
-# credentials on a TLS ring, and the (source, seq) numbering of epoch sources that
-# makes Spark's retries exactly-once.
+# What a user needs, in one place: the client, the errors it raises, its credentials
+# on a TLS ring, the reducer base class (it lives in the node's core, which runs it),
+# and the (source, seq) numbering of epoch sources that makes Spark's retries
+# exactly-once.
 __all__ = ["RingClient", "split_words", "words_of_lines", "FloeError", "InvalidArgument",
            "InvalidKey", "RangeLost", "ReducerMismatch", "StaleRing", "Unavailable",
-           "MAX_POSITION", "epoch_seq", "epoch_source", "TlsFiles"]
+           "MAX_POSITION", "epoch_seq", "epoch_source", "TlsFiles", "Reducer"]

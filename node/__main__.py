@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import sys
 
 from node.app import serve
 from node.config import load_config
 from node.core.errors import InvalidArgument, UnknownReducer
+from node.logs import configure_logging
 from node.transport.server import node_tls
 
 
@@ -19,8 +19,7 @@ def main(argv=None) -> int:
     except (ValueError, OSError) as exc:
         print(f"floe node: bad configuration: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=config.log_level.upper(),
-                        format=f"%(asctime)s {config.node_id} %(levelname)s %(name)s: %(message)s")
+    configure_logging(config.node_id, config.log_level, config.log_format)
     try:
         asyncio.run(serve(config))
     except (UnknownReducer, InvalidArgument) as exc:     # e.g. a reducer the balancer cannot use

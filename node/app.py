@@ -7,15 +7,14 @@ import dataclasses
 import logging
 import signal
 
-from grpc_health.v1 import health_pb2
-
 from node.config import NodeConfig
 from node.core.balancers import balancer, check_reducer
 from node.core.reducers import load_reducer, parse_reducer_args
 from node.runtime.events import EventLog
 from node.runtime.node import NodeRuntime
 from node.transport.peers import PeerPool
-from node.transport.server import node_tls, start_server
+from node.transport.metrics import NodeMetrics
+from node.transport.server import listen_host, node_tls, set_health, start_server
 
 log = logging.getLogger("floe.node")
 
@@ -23,20 +22,20 @@ log = logging.getLogger("floe.node")
 class RunningNode:
     """A started node; `stop()` is the graceful shutdown SIGTERM triggers."""
 
-    def __init__(self, runtime, server, health, port):
+    def __init__(self, runtime, server, health, port, metrics=None):
         self.runtime, self.server, self.health, self.port = runtime, server, health, port
+        self.metrics = metrics
         self.address = runtime.config.listen
         self._reporting = asyncio.create_task(self._report_health())
 
     async def _report_health(self) -> None:
         """Keep the health status in step with the node: NOT_SERVING while it is
         fenced and not yet back in the ring as a new member."""
-        status = health_pb2.HealthCheckResponse
         shown = True                      # start_node set it once the node started
         while True:
             serving = self.runtime.serving
             if serving != shown:
-                await self.health.set("", status.SERVING if serving else status.NOT_SERVING)
+                await set_health(self.health, serving)
                 shown = serving
             await asyncio.sleep(0.1)
 
@@ -45,6 +44,8 @@ class RunningNode:
         await self.health.enter_graceful_shutdown()   # health checks now say NOT_SERVING
         await self.server.stop(self.runtime.config.shutdown_grace)
         await self.runtime.stop()                      # drain queue, final checkpoint
+        if self.metrics is not None:
+            self.metrics.close()
         self.runtime.events.record("stopped", self.runtime.core.node_id)
         self.runtime.events.close()
 
@@ -59,7 +60,8 @@ async def start_node(config: NodeConfig) -> RunningNode:
                      tls.channel_credentials() if tls else None)
     runtime = NodeRuntime(config, reducer, peers,
                           events=EventLog(config.events_file, config.node_id))
-    server, health, port = await start_server(runtime)
+    metrics = NodeMetrics(runtime) if config.metrics_port else None
+    server, health, port = await start_server(runtime, metrics)
     if config.listen.endswith(":0"):
         # Bound to an ephemeral port (tests): publish the real address in the ring.
         address = f"{config.listen.rpartition(':')[0]}:{port}"
@@ -67,13 +69,17 @@ async def start_node(config: NodeConfig) -> RunningNode:
         runtime.reconfigure(dataclasses.replace(config, listen=address, peers=peers))
     seeds = [s.strip() for s in config.join.split(",") if s.strip()] if config.join else None
     try:
+        if metrics is not None:       # up while the node waits to join: that shows too
+            metrics.serve(listen_host(config.listen), config.metrics_port)
         await runtime.confirm_membership(seeds)
         await runtime.start()
-        await health.set("", health_pb2.HealthCheckResponse.SERVING)
+        await set_health(health, True)
     except BaseException:
+        if metrics is not None:
+            metrics.close()
         await server.stop(0)
         raise
-    return RunningNode(runtime, server, health, port)
+    return RunningNode(runtime, server, health, port, metrics)
 
 
 async def serve(config: NodeConfig) -> None:

@@ -17,6 +17,8 @@ from node.core.balancers import BALANCERS, described
 from node.core.batch import Limits
 from node.core.reducers import parse_reducer_args, reducer_identity
 
+LOG_FORMATS = ("text", "json")
+
 
 @dataclass(frozen=True)
 class NodeConfig:
@@ -72,6 +74,8 @@ class NodeConfig:
     tls_dir: str = ""                            # ca.pem, <node-id>.pem/.key: mutual TLS on every call
     insecure: bool = False                       # no TLS: allowed on a loopback address only
     events_file: str = ""                        # JSON lines of protocol events (node.runtime.events)
+    log_format: str = "text"                     # "json": one object per log line, for collectors
+    metrics_port: int = 0                        # Prometheus /metrics on the listen host; 0: off
     data_dir: str = ""                           # durable mode: log and copies here; a restart comes back as itself
     fsync_interval: float = 0.002                # durable mode: group commit, seconds between fsyncs
 
@@ -116,6 +120,7 @@ class NodeConfig:
             raise ValueError("max_backup_bytes must be at least max_batch_bytes")
         if "{node}" in self.data_dir:         # one flag for a whole local cluster
             object.__setattr__(self, "data_dir", self.data_dir.replace("{node}", self.node_id))
+        self._check_observability()
         if not 0 <= self.fsync_interval <= 1:
             raise ValueError("fsync_interval must be 0 to 1 second")
         if self.max_splits_per_minute < 1:
@@ -133,6 +138,12 @@ class NodeConfig:
             # or double-counts what a slow sender still holds.
             if not getattr(self, name) >= 60:       # NaN fails too
                 raise ValueError(f"{name} must be at least 60 seconds")
+
+    def _check_observability(self) -> None:
+        if self.log_format not in LOG_FORMATS:
+            raise ValueError(f"log_format must be one of {', '.join(LOG_FORMATS)}")
+        if not 0 <= self.metrics_port < 65536:
+            raise ValueError("metrics_port must be 0 (off) to 65535")
 
     def limits(self) -> Limits:
         """The bounds the protocol core enforces, as configured."""
@@ -219,7 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--startup-grace", type=float,
                    help="seconds before a starting node suspects a peer it has not heard from")
     _add_limits(p)
-    p.add_argument("--log-level")
+    p.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
     p.add_argument("--tls-dir",
                    help="directory holding ca.pem and <node-id>.pem/.key (floe up --tls "
                         "writes one): every call is mutual TLS, callers are authorised by "
@@ -231,7 +242,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="append structured protocol events (detected, taken_over, handoff_*, "
                         "...) to this file as JSON lines")
     _add_durability(p)
+    _add_observability(p)
     return p
+
+
+def _add_observability(p: argparse.ArgumentParser) -> None:
+    """What operators' tools read (docs/operations.md)."""
+    p.add_argument("--log-format", choices=LOG_FORMATS,
+                   help="text (default) or json: one JSON object per line with time, "
+                        "level, logger, message and node id")
+    p.add_argument("--metrics-port", type=int,
+                   help="serve Prometheus metrics over HTTP at /metrics on this port of "
+                        "the listen host (default 0: off)")
 
 
 def _add_balancing(p: argparse.ArgumentParser) -> None:

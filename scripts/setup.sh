@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Create .venv (Python >= 3.11) and install floe-ring with its test tools. Idempotent.
+# Create .venv (Python >= 3.11) and install floe-ring with every extra the README's
+# commands need (spark, plots) and its test tools, at the versions constraints.txt
+# pins. Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
@@ -10,10 +12,10 @@ fi
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
-stamp=.venv/.installed-$(cat pyproject.toml | cksum | cut -d' ' -f1)
+stamp=.venv/.installed-$(cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
 if [ ! -f "$stamp" ]; then
   .venv/bin/python -m pip install --quiet --upgrade pip
-  .venv/bin/python -m pip install --quiet -e '.[dev]'
+  .venv/bin/python -m pip install --quiet -c constraints.txt -e '.[spark,plots,dev]'
   rm -f .venv/.installed-*
   touch "$stamp"
 fi

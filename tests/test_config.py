@@ -46,6 +46,8 @@ def test_config_is_frozen():
     # a batch larger than the whole backup store could never be acknowledged
     (["--node-id", "n0", "--listen", "127.0.0.1:7000", "--peers", PEERS,
       "--max-backup-bytes", str(1 << 20)], "max_backup_bytes must be at least max_batch_bytes"),
+    (["--node-id", "n0", "--listen", "127.0.0.1:7000", "--peers", PEERS,
+      "--metrics-port", "70000"], "metrics_port must be 0"),
 ])
 def test_bad_settings_are_refused_clearly(argv, message):
     with pytest.raises(ValueError, match=message):
@@ -74,3 +76,14 @@ def test_node_process_exits_2_with_a_message(extra, message):
                             text=True, timeout=30)
     assert result.returncode == 2
     assert message in result.stderr
+
+
+def test_metrics_and_log_format_settings():
+    base = ["--node-id", "n0", "--listen", "127.0.0.1:7000", "--peers", PEERS]
+    default = load_config(base, environ={})
+    assert default.metrics_port == 0 and default.log_format == "text"      # off, as before
+    config = load_config(base + ["--metrics-port", "9400"],
+                         environ={"FLOE_LOG_FORMAT": "json"})
+    assert config.metrics_port == 9400 and config.log_format == "json"
+    with pytest.raises(ValueError, match="log_format must be one of text, json"):
+        load_config(base, environ={"FLOE_LOG_FORMAT": "xml"})

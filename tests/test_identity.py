@@ -216,10 +216,10 @@ def test_a_certificate_of_another_ca_gets_nowhere_and_the_node_keeps_serving(tmp
 
 # --------------------------------------------------------- health when fenced
 
-def health_of(cluster, node_id: str):
+def health_of(cluster, node_id: str, service: str = ""):
     with cluster.channel(cluster.node(node_id).address) as ch:
-        return health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(),
-                                                     timeout=2).status
+        return health_pb2_grpc.HealthStub(ch).Check(
+            health_pb2.HealthCheckRequest(service=service), timeout=2).status
 
 
 def test_a_fenced_node_answers_not_serving_until_a_peer_knows_its_new_member(tmp_path):
@@ -260,11 +260,13 @@ def test_a_fenced_node_answers_not_serving_until_a_peer_knows_its_new_member(tmp
             assert stats.node_id == "n2#1" and stats.rejoined == 1 and stats.keys == 0
             time.sleep(1.0)
             assert health_of(cluster, "n2") == NOT_SERVING     # as long as nobody knows
+            assert health_of(cluster, "n2", "floering.v1.DataPlane") == NOT_SERVING
         finally:
             for node_id in stopped:
                 cluster.kill(node_id, signal.SIGCONT)
         # once a peer's ring holds n2#1, it serves again; the counts are exact
         wait_for(lambda: health_of(cluster, "n2") == SERVING, 20, "n2 SERVING again")
+        assert health_of(cluster, "n2", "floering.v1.DataPlane") == SERVING
         with RingClient([cluster.node(n).address for n in ("n0", "n1")],
                         tls=cluster.tls("client"), timeout=20.0) as client:
             assert dict(client.scan()) == Counter(WORDS)

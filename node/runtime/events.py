@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 
 
 class EventLog:
     def __init__(self, path: str = "", process: str = "") -> None:
         self.process = process
+        self.counts: Counter[str] = Counter()   # events recorded per kind (/metrics)
         # Line-buffered append: a restarted process continues the same file, and a
         # line is on disk when the event is (readers poll it during a run).
         self._file = open(path, "a", buffering=1, encoding="utf-8") if path else None
@@ -28,6 +30,7 @@ class EventLog:
     def record(self, kind: str, node: str, **fields) -> float:
         """Write one event now; returns its time (what the human log line quotes)."""
         t = time.time()
+        self.counts[kind] += 1
         if self._file is not None:
             self._file.write(json.dumps({"t": t, "kind": kind, "node": node,
                                          "process": self.process, **fields},

@@ -63,6 +63,7 @@ class NodeRuntime:
         self.started_at = clock()
         self.queued_batches = 0        # batches received, not yet applied (load measure)
         self.busy_seconds = 0.0        # time the applier spent applying (load measure)
+        self.checkpoint_rounds, self.checkpoint_seconds = 0, 0.0   # /metrics reads them
         self._tasks: list[asyncio.Task] = []
         self._syncing: asyncio.Task | None = None
         self._background: set[asyncio.Task] = set()
@@ -344,7 +345,10 @@ class NodeRuntime:
                 self._handle(RefillDue())
             except Exception:
                 log.exception("checkpoint round failed")
-            await asyncio.sleep(max(0.0, interval - (self.clock() - started)))
+            elapsed = self.clock() - started
+            self.checkpoint_rounds += 1
+            self.checkpoint_seconds += elapsed
+            await asyncio.sleep(max(0.0, interval - elapsed))
 
     async def checkpoint_once(self) -> None:
         """One round: cut, ship to every replica concurrently, then merge."""

@@ -62,6 +62,7 @@ class PeerPool:
         self._options = channel_options(max_message_bytes)
         self._credentials = credentials         # grpc.ChannelCredentials, or None
         self._channels: dict[str, grpc.aio.Channel] = {}
+        self.checkpoint_bytes = 0               # shipped and acknowledged (/metrics)
 
     def _channel(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
@@ -87,6 +88,7 @@ class PeerPool:
             reply = await self._control(address).ShipCheckpoint(request, timeout=self.timeout)
         except grpc.RpcError as exc:
             raise error_from_rpc(exc) from None
+        self.checkpoint_bytes += len(request.states) + len(request.watermarks)
         return reply.need_full, reply.checkpoint_seq
 
     async def push(self, address: str, batch) -> None:

@@ -10,6 +10,7 @@ import logging
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
+from grpc_reflection.v1alpha import reflection
 
 from floering.v1 import floe_pb2, floe_pb2_grpc
 from node.core.batch import Batch
@@ -22,6 +23,7 @@ from node.runtime.inbound import StreamState
 from node.runtime.node import NodeRuntime
 from node.runtime.service import NodeService
 from node.transport.intercept import CallLimiter
+from node.transport.metrics import NodeMetrics
 from node.transport.peers import channel_options, pack_entries_async, unpack_entries_async
 from node.transport.status import abort
 from node.transport.tls import Authorizer, TlsFiles, peer_identity
@@ -84,6 +86,15 @@ def node_tls(config) -> TlsFiles | None:
 log = logging.getLogger("floe.transport")
 
 SCAN_CHUNK = 5000
+# What health checks answer for: the server as a whole ("") and each Floe service.
+FLOE_SERVICES = tuple(s.full_name for s in floe_pb2.DESCRIPTOR.services_by_name.values())
+HEALTH_NAMES = ("", *FLOE_SERVICES)
+
+
+async def set_health(health: health_aio.HealthServicer, serving: bool) -> None:
+    status = health_pb2.HealthCheckResponse
+    for name in HEALTH_NAMES:
+        await health.set(name, status.SERVING if serving else status.NOT_SERVING)
 
 
 def batches_of(request) -> list[Batch]:
@@ -269,24 +280,34 @@ class QueryPlane(floe_pb2_grpc.QueryPlaneServicer):
         return floe_pb2.RangeState(role=role, entries=await pack_entries_async(states))
 
 
-async def start_server(runtime: NodeRuntime) -> tuple[grpc.aio.Server, health_aio.HealthServicer, int]:
-    """Serve on runtime.config.listen; returns (server, health, bound port)."""
+async def start_server(runtime: NodeRuntime, metrics: NodeMetrics | None = None
+                       ) -> tuple[grpc.aio.Server, health_aio.HealthServicer, int]:
+    """Serve on runtime.config.listen; returns (server, health, bound port). With
+    `metrics`, every call's duration is observed, refused ones included."""
     service = NodeService(runtime)
     config = runtime.config
     tls = node_tls(config)
-    limiter = CallLimiter(config.max_concurrent_rpcs)
+    interceptors = [metrics.rpc_timer] if metrics else []
+    interceptors.append(CallLimiter(config.max_concurrent_rpcs))
+    if tls:
+        interceptors.append(Authorizer())
     server = grpc.aio.server(options=channel_options(config.max_message_bytes),
-                             interceptors=[limiter, Authorizer()] if tls else [limiter])
+                             interceptors=interceptors)
     floe_pb2_grpc.add_DataPlaneServicer_to_server(DataPlane(service), server)
     floe_pb2_grpc.add_ControlPlaneServicer_to_server(ControlPlane(service), server)
     floe_pb2_grpc.add_QueryPlaneServicer_to_server(QueryPlane(service), server)
     health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    # Tools (grpcurl, grpcui) list and call the services without the .proto files.
+    reflection.enable_server_reflection(
+        (*FLOE_SERVICES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+         reflection.SERVICE_NAME), server)
     port = (server.add_secure_port(config.listen, tls.server_credentials()) if tls
             else server.add_insecure_port(config.listen))
     if port == 0:
         raise OSError(f"cannot bind {runtime.config.listen}")
     await server.start()
-    # SERVING once the node has confirmed its place in the ring (node.app.start_node).
-    await health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+    # SERVING once the node has joined the ring (node.app.start_node): until then it
+    # answers nothing but its ring to starting peers.
+    await set_health(health, False)
     return server, health, port

@@ -308,7 +308,7 @@ NODE_ONLY = frozenset({"ExchangeRing", "Heartbeat", "Probe", "ShipCheckpoint", "
 OPERATOR_ONLY = frozenset({"Move", "Split", "Leave"})
 CLIENTS = frozenset({"Push"})
 EVERYONE = frozenset({"GetRing", "Get", "Top", "Scan", "Stats", "InspectRange", "Check",
-                      "Watch"})
+                      "Watch", "ServerReflectionInfo"})
 
 
 def may_call(role: str, method: str) -> bool:

@@ -1,0 +1,161 @@
+"""A node's Prometheus metrics (--metrics-port; every metric is listed in
+docs/operations.md).
+
+What the node already tracks (the Status RPC's stats, the checkpoint loop's timing,
+the event log's counts) is read at scrape time by a collector, never copied into
+counters of its own; only RPC latency is measured here. Each node has its own
+registry, so several nodes in one process (tests) never share a metric.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import grpc
+from prometheus_client import CollectorRegistry, Histogram, start_http_server
+from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily,
+                                    SummaryMetricFamily)
+from prometheus_client.registry import Collector
+
+from node.transport.intercept import around
+
+# (name without _total, key of the node's stats, help): totals since the process
+# started (since it rejoined, after being fenced: Prometheus sees a counter reset).
+COUNTERS = (
+    ("floe_tuples_applied", "applied", "Tuples applied to ranges this node is primary for"),
+    ("floe_duplicate_tuples_dropped", "duplicates",
+     "Tuples dropped by dedup: their (source, seq) was already applied"),
+    ("floe_batches_refused", "refused", "Batches refused (stale ring or bad input)"),
+    ("floe_tuples_backed_up", "backed_up", "Tuples stored as a replica for other primaries"),
+    ("floe_checkpoints_shipped", "checkpoints_shipped", "Checkpoints shipped to replicas"),
+    ("floe_checkpoints_received", "checkpoints_received", "Checkpoints received as a replica"),
+    ("floe_checkpoint_bytes", "checkpoint_bytes",
+     "Bytes of checkpoint states and watermarks shipped and acknowledged by replicas"),
+    ("floe_takeovers", "takeovers", "Ranges taken over from nodes declared dead"),
+    ("floe_deaths_declared", "declared", "Nodes this node declared dead"),
+    ("floe_handoffs", "handed_off", "Ranges handed to other nodes (moves, splits, leaving)"),
+    ("floe_sources_expired", "sources_expired", "Dedup watermarks dropped for idle sources"),
+    ("floe_backup_tuples_expired", "backups_expired",
+     "Backed-up tuples dropped because their primary never applied them"),
+    ("floe_pieces_folded", "pieces_folded", "Pieces of shared keys merged back into their key"),
+    ("floe_rejoins", "rejoined", "Times this process came back empty after being fenced"),
+)
+# (name, key of the node's stats, help): values now.
+GAUGES = (
+    ("floe_queue_batches", "queue_length", "Batches received and not yet applied"),
+    ("floe_queue_bytes", "queued_bytes", "Bytes of batches received and not yet applied"),
+    ("floe_backup_tuples", "backup_tuples",
+     "Tuples held for other primaries until their checkpoints cover them"),
+    ("floe_backup_bytes", "backup_bytes", "Bytes of the batches held for other primaries"),
+    ("floe_keys", "keys", "Keys in ranges this node is primary for"),
+    ("floe_tokens", "tokens", "Token ranges this node owns"),
+    ("floe_ring_share_ratio", "ring_share", "Fraction of the hash space this node owns"),
+    ("floe_ring_version", "ring_version", "Version of the ring this node holds"),
+    ("floe_under_replicated_ranges", "under_replicated",
+     "Ranges this node owns that are not yet on all r+1 nodes"),
+    ("floe_lost_ranges", "lost_ranges", "Ranges whose every copy died (never served)"),
+    ("floe_fenced", "fenced", "1 while this node is fenced: declared dead, serving nothing"),
+    ("floe_serving", "serving", "1 once this node has joined the ring and is not fenced"),
+    ("floe_overloaded", "overloaded", "1 while the load monitor finds this node overloaded"),
+    ("floe_cpu_ratio", "cpu", "Fraction of one core this process used, recent"),
+    ("floe_applier_busy_ratio", "busy", "Fraction of the time the applier was busy, recent"),
+    ("floe_apply_rate_tuples_per_second", "apply_rate", "Tuples applied per second, recent"),
+    ("floe_uptime_seconds", "uptime", "Seconds since the node started"),
+)
+# Latency from well under a millisecond (a Get on loopback) to a handoff's seconds.
+RPC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+               5.0, 10.0, 30.0)
+SCRAPE_TIMEOUT = 5.0
+
+
+def node_snapshot(runtime) -> dict:
+    """Everything the collector reports, read at once (on the event loop's thread)."""
+    return dict(runtime.stats(), serving=runtime.serving,
+                declared=runtime.events.counts["detected"],
+                checkpoint_bytes=getattr(runtime.peers, "checkpoint_bytes", 0),
+                checkpoint_rounds=runtime.checkpoint_rounds,
+                checkpoint_seconds=runtime.checkpoint_seconds)
+
+
+class NodeCollector(Collector):
+    """Reads the node's stats when scraped. The HTTP server runs in a thread, and the
+    node's state belongs to its event loop: the read is done there."""
+
+    def __init__(self, runtime, loop: asyncio.AbstractEventLoop) -> None:
+        self.runtime, self.loop = runtime, loop
+
+    def snapshot(self) -> dict:
+        try:
+            if asyncio.get_running_loop() is self.loop:   # scraped from the loop itself
+                return node_snapshot(self.runtime)
+        except RuntimeError:
+            pass                                          # no loop here: the usual case
+
+        async def read():
+            return node_snapshot(self.runtime)
+        return asyncio.run_coroutine_threadsafe(read(), self.loop).result(SCRAPE_TIMEOUT)
+
+    def collect(self):
+        stats = self.snapshot()
+        info = InfoMetricFamily("floe_node", "The node's id, address and reducer")
+        info.add_metric([], {"node_id": stats["node_id"], "address": stats["address"],
+                             "reducer": stats["reducer"]})
+        yield info
+        for name, key, text in COUNTERS:
+            yield CounterMetricFamily(name, text, value=stats[key])
+        for name, key, text in GAUGES:
+            yield GaugeMetricFamily(name, text, value=float(stats[key]))
+        yield SummaryMetricFamily(
+            "floe_checkpoint_round_duration_seconds",
+            "Checkpoint rounds (cut, ship to every replica, merge) and their total time",
+            count_value=stats["checkpoint_rounds"], sum_value=stats["checkpoint_seconds"])
+
+
+class RpcTimer(grpc.aio.ServerInterceptor):
+    """Observes each call's duration, by service and method; a stream's is its
+    whole life (a mapper's Push stream lasts as long as the mapper)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.seconds = Histogram("floe_rpc_duration_seconds",
+                                 "Time to serve a gRPC call, refused calls included",
+                                 ["service", "method"], registry=registry,
+                                 buckets=RPC_BUCKETS)
+
+    async def intercept_service(self, continuation, details):
+        handler = await continuation(details)
+        if handler is None:
+            return None
+        service, _, method = details.method.lstrip("/").rpartition("/")
+        observe = self.seconds.labels(service, method).observe
+
+        @contextlib.asynccontextmanager
+        async def timed(request, context):
+            started = time.perf_counter()
+            try:
+                yield
+            finally:
+                observe(time.perf_counter() - started)
+        return around(handler, timed)
+
+
+class NodeMetrics:
+    """The node's registry, its RPC timer (a server interceptor) and, once served,
+    the HTTP endpoint."""
+
+    def __init__(self, runtime) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(NodeCollector(runtime, asyncio.get_running_loop()))
+        self.rpc_timer = RpcTimer(self.registry)
+        self._http = None
+
+    def serve(self, host: str, port: int) -> None:
+        """GET /metrics on host:port, from a thread of its own."""
+        self._http, _thread = start_http_server(port, addr=host, registry=self.registry)
+
+    def close(self) -> None:
+        if self._http is not None:
+            self._http.shutdown()
+            self._http.server_close()
+            self._http = None

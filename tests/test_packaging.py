@@ -1,0 +1,100 @@
+"""The package as installed: version ranges the tested versions satisfy, Spark and
+plotting as extras the core never imports, the license, the type marker, and the one
+public place of the API."""
+
+import subprocess
+import sys
+import tomllib
+from importlib import metadata
+from pathlib import Path
+
+from packaging.requirements import Requirement
+
+ROOT = Path(__file__).resolve().parent.parent
+PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+TOP_LEVEL = {"floering": ROOT / "proto" / "floering", "node": ROOT / "node",
+             "mapper": ROOT / "mapper", "chaos": ROOT / "chaos",
+             "spark_driver": ROOT / "spark_driver"}
+
+
+def requirements(extra: str | None = None) -> list[Requirement]:
+    lines = PROJECT["dependencies"] if extra is None else PROJECT["optional-dependencies"][extra]
+    return [Requirement(line) for line in lines]
+
+
+def test_runtime_dependencies_are_ranges_and_hold_what_runs_here():
+    for req in requirements():
+        assert not any(s.operator == "==" for s in req.specifier), f"{req} is a pin"
+        assert req.specifier.contains(metadata.version(req.name)), \
+            f"{req.name} {metadata.version(req.name)} is outside {req.specifier}"
+
+
+def test_the_constraints_file_pins_versions_the_ranges_allow():
+    pins = {}
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            req = Requirement(line)
+            pins[req.name] = next(iter(req.specifier)).version
+    declared = requirements() + [r for extra in PROJECT["optional-dependencies"]
+                                 if extra != "storage-bench" for r in requirements(extra)]
+    for req in declared:
+        assert req.name in pins, f"constraints.txt does not pin {req.name}"
+        assert req.specifier.contains(pins[req.name]), f"{req.name}=={pins[req.name]} vs {req}"
+
+
+def test_spark_and_plotting_are_extras_only():
+    core = {r.name for r in requirements()}
+    assert not core & {"pyspark", "matplotlib"}
+    assert [r.name for r in requirements("spark")] == ["pyspark"]
+    assert [r.name for r in requirements("plots")] == ["matplotlib"]
+    setup = (ROOT / "scripts" / "setup.sh").read_text()
+    assert "-c constraints.txt -e '.[spark,plots,dev]'" in setup
+
+
+def test_the_core_runs_without_pyspark_or_matplotlib():
+    # None in sys.modules makes their import fail, as on an install without the extras.
+    code = """
+import runpy, sys
+sys.modules["pyspark"] = sys.modules["matplotlib"] = None
+import node, node.app, node.__main__, mapper, mapper.admin, chaos.cli, chaos.cluster
+import chaos.harness, spark_driver.launch
+print("status exit", chaos.cli.main(["--cluster-file", sys.argv[1], "status"]))
+sys.argv = ["node", "--help"]
+try:
+    runpy.run_module("node", run_name="__main__")
+except SystemExit as exc:
+    print("node exit", exc.code)
+"""
+    result = subprocess.run([sys.executable, "-c", code, str(ROOT / "no-such-cluster.json")],
+                            cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "node exit 0" in result.stdout and "--metrics-port" in result.stdout
+    assert "status exit 1" in result.stdout and "no-such-cluster.json" in result.stderr
+
+
+def test_license_is_the_spdx_expression_with_its_file():
+    assert PROJECT["license"] == "MIT"
+    assert PROJECT["license-files"] == ["LICENSE"]
+    assert (ROOT / "LICENSE").read_text().startswith("MIT License")
+    build = tomllib.loads((ROOT / "pyproject.toml").read_text())["build-system"]
+    assert "setuptools>=77" in build["requires"]      # the first that takes this form
+
+
+def test_every_package_is_marked_typed_and_ships_the_marker():
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    for name, folder in TOP_LEVEL.items():
+        assert (folder / "py.typed").is_file(), name
+        assert "py.typed" in data["package-data"][name], name
+
+
+def test_the_public_api_is_exported_from_mapper():
+    import mapper
+    from mapper.client import RingClient
+    from node.core import errors
+    from node.core.reducers import Reducer
+    assert mapper.RingClient is RingClient and mapper.Reducer is Reducer
+    for name in ("FloeError", "Unavailable", "RangeLost", "InvalidArgument", "InvalidKey",
+                 "StaleRing", "ReducerMismatch"):
+        assert getattr(mapper, name) is getattr(errors, name)
+    assert {"RingClient", "Reducer", "FloeError", "Unavailable"} <= set(mapper.__all__)
+    assert all(hasattr(mapper, name) for name in mapper.__all__)
