@@ -78,7 +78,8 @@ def test_a_key_that_cools_down_goes_back_to_two_candidates():
 
 
 @settings(max_examples=60, deadline=None)
-@given(key=st.one_of(st.text(max_size=12), st.integers(), st.binary(max_size=12)),
+@given(key=st.one_of(st.text(max_size=12), st.integers(-2 ** 63, 2 ** 63 - 1),
+                      st.binary(max_size=12)),
        count=st.integers(min_value=1, max_value=16), tokens=st.integers(1, 8))
 def test_candidates_are_on_distinct_nodes_and_begin_with_the_key(key, count, tokens):
     if isinstance(key, bytes) and key.startswith(b"\x00floe:"):
