@@ -24,7 +24,8 @@ from dataclasses import dataclass, replace
 
 from mapper.outbox import Outbox, PendingBatch
 from node.core.batch import Batch, Limits, decode_payload, encode_payload, encode_seqs
-from node.core.detector import ALIVE, REFUSED, TIMED_OUT, DetectorConfig, FailureDetector
+from node.core.detector import (ALIVE, REFUSED, TIMED_OUT, UNASKED, DetectorConfig,
+                                FailureDetector)
 from node.core.errors import (Fenced, FloeError, InvalidArgument, Overloaded, Refused,
                               StaleRing, Unavailable)
 from node.core.load import LoadConfig, LoadMonitor
@@ -435,6 +436,8 @@ class Simulation(DurableNodes):
         if e.via_address is not None:
             indirect_at = sent + 2 * deadline          # the outer call's deadline
             kind, reached, _ = self._answer(proc.address, e.via_address, sent)
+            if kind != REFUSED and (reached is None or reached > indirect_at):
+                indirect = UNASKED                     # the third node did not answer us
             if kind == ALIVE and reached <= indirect_at:
                 via = self.listening[e.via_address]
                 where = via.machine.address_of(e.probe.node)

@@ -2,8 +2,8 @@
 
 import pytest
 
-from node.core.detector import (ALIVE, DEAD, REFUSED, STALE, SUSPECT, TIMED_OUT, DetectorConfig,
-                                FailureDetector, combine)
+from node.core.detector import (ALIVE, DEAD, REFUSED, STALE, SUSPECT, TIMED_OUT, UNASKED,
+                                UNCONFIRMED, DetectorConfig, FailureDetector, combine)
 
 
 def suspects(d: FailureDetector, now: float) -> list[str]:
@@ -129,6 +129,20 @@ def test_outcomes_combine_an_answer_on_either_path_and_only_a_direct_refusal_is_
     assert combine(ALIVE, TIMED_OUT) == ALIVE
     assert combine(REFUSED, TIMED_OUT) == REFUSED
     assert combine(TIMED_OUT, TIMED_OUT) == TIMED_OUT
+    assert combine(TIMED_OUT, UNASKED) == UNCONFIRMED    # we may be the one cut off
+    assert combine(REFUSED, UNASKED) == REFUSED
+
+
+def test_a_node_cut_off_from_the_third_node_too_never_declares_until_one_confirms():
+    d, probe = suspected(0.3)
+    now = 0.3
+    for _ in range(20):                               # 20 rounds, long past the period
+        now += probe.deadline
+        assert d.probe_result(probe, UNCONFIRMED, now) == SUSPECT
+        (probe,) = d.due_probes(now)
+    assert now - 0.3 > 3.0 and "a" in d.suspected
+    now += probe.deadline                             # a third node answers: not it either
+    assert d.probe_result(probe, TIMED_OUT, now) == DEAD
 
 
 def test_own_loop_lag_stretches_timeouts_deadlines_and_the_suspicion():

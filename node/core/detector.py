@@ -13,6 +13,11 @@ directly and through a third node. What a failed probe proves depends on how it 
   and is probed again with a doubled deadline, and declared dead only when the
   suspicion has lasted `suspicion` seconds without any sign of life. Any message
   from it meanwhile (heartbeat, checkpoint, probe answer) clears the suspicion.
+- unconfirmed (the suspect timed out and so did the third node we asked): we may be
+  the one cut off, so the node stays suspected however long it lasts, and is declared
+  only once a round reaches a third node that cannot reach it either. A node cut off
+  from every peer therefore declares nobody, and learns it was removed when the link
+  comes back, instead of removing its live peers from its own view.
 
 Local health (from SWIM's Lifeguard): a node whose own event loop wakes up late is a
 poor judge of others' silence, since their messages may be waiting unread. The monitor
@@ -31,6 +36,8 @@ from dataclasses import dataclass, field
 from statistics import fmean, pstdev
 
 ALIVE, REFUSED, TIMED_OUT = "alive", "refused", "timed out"      # what a probe found
+UNCONFIRMED = "unconfirmed"     # timed out, and the third node did not answer us either
+UNASKED = "unasked"             # an indirect probe whose third node we could not reach
 DEAD, SUSPECT, STALE = "dead", "suspect", "stale"                 # verdicts besides ALIVE
 
 
@@ -63,7 +70,9 @@ def combine(direct: str, indirect: str) -> str:
     third node reports a bare yes/no, so its "no" never makes a timeout conclusive)."""
     if ALIVE in (direct, indirect):
         return ALIVE
-    return REFUSED if direct == REFUSED else TIMED_OUT
+    if direct == REFUSED:
+        return REFUSED
+    return UNCONFIRMED if indirect == UNASKED else TIMED_OUT
 
 
 def indirect_via(ring, prober: str, suspect: str) -> str | None:
@@ -184,7 +193,7 @@ class FailureDetector:
         """Record how a round ended. Returns ALIVE, DEAD (the caller removes the node;
         it is no longer watched), SUSPECT (probed again by a later `due_probes`) or
         STALE (the round no longer counts: the node spoke or stopped being watched)."""
-        if outcome not in (ALIVE, REFUSED, TIMED_OUT):
+        if outcome not in (ALIVE, REFUSED, TIMED_OUT, UNCONFIRMED):
             raise ValueError(f"unknown probe outcome {outcome!r}")
         w = self._watches.get(probe.node)
         if w is None or w.probe is not probe:
@@ -193,7 +202,8 @@ class FailureDetector:
         if outcome == ALIVE:
             self.heard(probe.node, now)
             return ALIVE
-        if outcome == REFUSED or now - w.suspected_since >= self.suspicion_period(now):
+        if outcome == REFUSED or (outcome == TIMED_OUT and
+                                  now - w.suspected_since >= self.suspicion_period(now)):
             del self._watches[probe.node]
             return DEAD
         # Double the deadline, but end the next round near the end of the suspicion.

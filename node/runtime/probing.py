@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from node.core.detector import ALIVE, REFUSED, TIMED_OUT
+from node.core.detector import ALIVE, REFUSED, TIMED_OUT, UNASKED
 from node.core.errors import Fenced, FloeError, Refused, Unavailable
 from node.core.machine_io import ProbeAbandoned, ProbeFinished, StartProbe
 
@@ -34,6 +34,10 @@ async def probe_round(runtime, e: StartProbe) -> None:
             return TIMED_OUT
         try:
             alive = await runtime.peers.probe(e.via_address, probe.node, probe.deadline)
+        except (Refused, Fenced):
+            return TIMED_OUT     # the third node is gone, but the network reached it
+        except Unavailable:
+            return UNASKED       # no answer from it either: we may be the one cut off
         except FloeError:
             return TIMED_OUT
         return ALIVE if alive else TIMED_OUT
