@@ -6,6 +6,7 @@ with every acknowledged count."""
 from __future__ import annotations
 
 import configparser
+import re
 import shlex
 import shutil
 import signal
@@ -172,3 +173,30 @@ def test_the_container_image_copies_every_package_and_runs_the_node():
     assert sources <= set(copied), sources - set(copied)
     assert 'ENTRYPOINT ["python", "-m", "node"]' in lines
     assert "STOPSIGNAL SIGTERM" in lines
+
+
+# Flags of other programs the deployment guide runs (useradd, systemctl, docker).
+OTHER_FLAGS = {"--home-dir", "--system", "--now", "--name", "--stop-timeout"}
+
+
+def option_strings(parser) -> set[str]:
+    """Every option of `parser` and of its subcommands."""
+    found = set()
+    for action in parser._actions:
+        found.update(action.option_strings)
+        if isinstance(getattr(action, "choices", None), dict):
+            for sub in action.choices.values():
+                if hasattr(sub, "_actions"):
+                    found |= option_strings(sub)
+    return found
+
+
+def test_every_flag_the_deployment_guide_names_exists():
+    from chaos.cli import build_parser as floe_parser
+    from node.config import build_parser as node_parser
+    text = (DEPLOY.parent.parent / "docs" / "deploy.md").read_text()
+    named = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", text))
+    known = option_strings(node_parser()) | option_strings(floe_parser()) | OTHER_FLAGS
+    assert named - known == set()
+    assert {"--listen", "--advertise", "--peers", "--join", "--tls-dir",
+            "--data-dir", "--leave-on-sigterm"} <= named
