@@ -25,7 +25,7 @@ class RunningNode:
     def __init__(self, runtime, server, health, port, metrics=None):
         self.runtime, self.server, self.health, self.port = runtime, server, health, port
         self.metrics = metrics
-        self.address = runtime.config.listen
+        self.address = runtime.config.advertise     # where peers and clients reach it
         self._reporting = asyncio.create_task(self._report_health())
 
     async def _report_health(self) -> None:
@@ -64,9 +64,13 @@ async def start_node(config: NodeConfig) -> RunningNode:
     server, health, port = await start_server(runtime, metrics)
     if config.listen.endswith(":0"):
         # Bound to an ephemeral port (tests): publish the real address in the ring.
-        address = f"{config.listen.rpartition(':')[0]}:{port}"
+        listen = f"{config.listen.rpartition(':')[0]}:{port}"
+        address = config.advertise
+        if address.endswith(":0"):
+            address = f"{address.rpartition(':')[0]}:{port}"
         peers = tuple((n, address if n == config.node_id else a) for n, a in config.peers)
-        runtime.reconfigure(dataclasses.replace(config, listen=address, peers=peers))
+        runtime.reconfigure(dataclasses.replace(config, listen=listen, advertise=address,
+                                                peers=peers))
     seeds = [s.strip() for s in config.join.split(",") if s.strip()] if config.join else None
     try:
         if metrics is not None:       # up while the node waits to join: that shows too

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import ipaddress
 import os
 import tomllib
 from dataclasses import dataclass, fields
@@ -23,7 +24,7 @@ LOG_FORMATS = ("text", "json")
 @dataclass(frozen=True)
 class NodeConfig:
     node_id: str
-    listen: str                                  # host:port this node serves on
+    listen: str                                  # host:port this node serves on (binds)
     peers: tuple[tuple[str, str], ...]           # (node_id, host:port) of every initial member, self included
     replication: int = 1                         # r: each range lives on r+1 nodes
     tokens_per_node: int = 8                     # more tokens spread a dead node's load over more heirs
@@ -78,11 +79,13 @@ class NodeConfig:
     metrics_port: int = 0                        # Prometheus /metrics on the listen host; 0: off
     data_dir: str = ""                           # durable mode: log and copies here; a restart comes back as itself
     fsync_interval: float = 0.002                # durable mode: group commit, seconds between fsyncs
+    advertise: str = ""                          # host:port peers and clients reach it at; "": listen
 
     def __post_init__(self) -> None:
         if not self.node_id:
             raise ValueError("node_id is required")
         _check_address(self.listen)
+        self._check_advertise()
         ids = [node for node, _ in self.peers]
         if self.node_id not in ids:
             raise ValueError(f"peers must include this node ({self.node_id}); got {ids}")
@@ -139,6 +142,25 @@ class NodeConfig:
             if not getattr(self, name) >= 60:       # NaN fails too
                 raise ValueError(f"{name} must be at least 60 seconds")
 
+    def _check_advertise(self) -> None:
+        """The address the ring records for this node: what it was told to advertise,
+        else its listen address, which must then be one others can dial."""
+        if not self.advertise:
+            if is_unspecified(self.listen):
+                raise ValueError(
+                    f"listen address {self.listen!r} is unspecified (every interface): give "
+                    f"--advertise host:port, the address peers and clients reach this node at")
+            object.__setattr__(self, "advertise", self.listen)
+        _check_address(self.advertise)
+        if is_unspecified(self.advertise):
+            raise ValueError(f"cannot advertise {self.advertise!r}: nobody can dial an "
+                             f"unspecified address; advertise this host's own address or name")
+        mine = dict(self.peers).get(self.node_id)
+        if self.advertise != self.listen and mine not in (None, self.advertise):
+            raise ValueError(f"--peers gives {self.node_id} the address {mine}, but it "
+                             f"advertises {self.advertise}: the ring records one address "
+                             f"per node, name the advertised one in --peers")
+
     def _check_observability(self) -> None:
         if self.log_format not in LOG_FORMATS:
             raise ValueError(f"log_format must be one of {', '.join(LOG_FORMATS)}")
@@ -161,6 +183,20 @@ def _check_address(address: str) -> None:
     host, sep, port = address.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
         raise ValueError(f"address must be host:port, got {address!r}")
+
+
+def is_unspecified(address: str) -> bool:
+    """Whether host:port names no host but every interface: 0.0.0.0, [::], ::, or an
+    empty host."""
+    host = address.rpartition(":")[0].strip()
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if host in ("", "*"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_unspecified
+    except ValueError:
+        return False
 
 
 def parse_peers(text: str) -> tuple[tuple[str, str], ...]:
@@ -200,7 +236,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m node", description="Run one floe-ring reducer node.")
     p.add_argument("--config", help="TOML file with any of the settings below")
     p.add_argument("--node-id")
-    p.add_argument("--listen", help="host:port to serve on")
+    p.add_argument("--listen", help="host:port to serve on (bind); 0.0.0.0 or [::] (every "
+                                    "interface) needs --advertise")
+    p.add_argument("--advertise",
+                   help="host:port peers and clients reach this node at, as the ring "
+                        "records it (default: the --listen address); never 0.0.0.0 or [::]")
     p.add_argument("--peers", help="every initial member as id=host:port,... (self included)")
     p.add_argument("--replication", type=int, help="r: replicas per range (default 1)")
     p.add_argument("--tokens-per-node", type=int)

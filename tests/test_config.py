@@ -87,3 +87,30 @@ def test_metrics_and_log_format_settings():
     assert config.metrics_port == 9400 and config.log_format == "json"
     with pytest.raises(ValueError, match="log_format must be one of text, json"):
         load_config(base, environ={"FLOE_LOG_FORMAT": "xml"})
+
+
+def test_advertise_defaults_to_the_listen_address():
+    argv = ["--node-id", "n0", "--listen", "127.0.0.1:7000", "--peers", PEERS]
+    assert load_config(argv, environ={}).advertise == "127.0.0.1:7000"
+    wild = ["--node-id", "n0", "--listen", "0.0.0.0:7000", "--advertise", "10.0.0.1:7000",
+            "--peers", "n0=10.0.0.1:7000,n1=10.0.0.2:7000"]
+    config = load_config(wild, environ={})
+    assert (config.listen, config.advertise) == ("0.0.0.0:7000", "10.0.0.1:7000")
+    assert load_config(wild, environ={"FLOE_ADVERTISE": "x"}).advertise == "10.0.0.1:7000"
+
+
+@pytest.mark.parametrize("listen, advertise, message", [
+    ("0.0.0.0:7000", None, "unspecified .*give --advertise"),
+    ("[::]:7000", None, "unspecified .*give --advertise"),
+    ("127.0.0.1:7000", "0.0.0.0:7000", "cannot advertise"),
+    ("0.0.0.0:7000", "[::]:7000", "cannot advertise"),
+    ("0.0.0.0:7000", "10.0.0.1", "host:port"),
+    # the ring records one address per node: --peers must name the advertised one
+    ("0.0.0.0:7000", "10.0.0.9:7000", "advertises 10.0.0.9:7000"),
+])
+def test_an_address_nobody_can_dial_is_never_advertised(listen, advertise, message):
+    argv = ["--node-id", "n0", "--listen", listen, "--peers", "n0=10.0.0.1:7000"]
+    if advertise is not None:
+        argv += ["--advertise", advertise]
+    with pytest.raises(ValueError, match=message):
+        load_config(argv, environ={})

@@ -6,12 +6,14 @@ with every acknowledged count."""
 from __future__ import annotations
 
 import configparser
+import re
 import shlex
 import shutil
 import signal
 import subprocess
 import sys
 import time
+import tomllib
 from collections import Counter
 from pathlib import Path
 
@@ -147,3 +149,54 @@ def test_a_restart_as_the_unit_does_it_hands_over_first_and_loses_nothing(tmp_pa
         for process in processes.values():
             if process.poll() is None:
                 stop_unit(process)
+
+
+CONTAINER = DEPLOY.parent / "container"
+
+
+def test_the_container_settings_bind_every_interface_and_advertise_the_host():
+    config = load_config(["--config", str(CONTAINER / "node.toml.example")], environ={})
+    assert config.listen.startswith("0.0.0.0:")
+    assert dict(config.peers)["n0"] == config.advertise != config.listen
+    assert config.data_dir.startswith("/var/lib/floe-ring/") and config.tls_dir
+
+
+def test_the_container_image_copies_every_package_and_runs_the_node():
+    root = DEPLOY.parent.parent
+    lines = (CONTAINER / "Containerfile").read_text().splitlines()
+    copied = [word for line in lines if line.startswith("COPY ")
+              for word in line.split()[1:-1]]
+    assert all((root / path).exists() for path in copied), copied
+    packages = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    tops = {p.split(".")[0] for p in packages["packages"]}
+    sources = {packages["package-dir"].get(t, t).split("/")[0] for t in tops}
+    assert sources <= set(copied), sources - set(copied)
+    assert 'ENTRYPOINT ["python", "-m", "node"]' in lines
+    assert "STOPSIGNAL SIGTERM" in lines
+
+
+# Flags of other programs the deployment guide runs (useradd, systemctl, docker).
+OTHER_FLAGS = {"--home-dir", "--system", "--now", "--name", "--stop-timeout"}
+
+
+def option_strings(parser) -> set[str]:
+    """Every option of `parser` and of its subcommands."""
+    found = set()
+    for action in parser._actions:
+        found.update(action.option_strings)
+        if isinstance(getattr(action, "choices", None), dict):
+            for sub in action.choices.values():
+                if hasattr(sub, "_actions"):
+                    found |= option_strings(sub)
+    return found
+
+
+def test_every_flag_the_deployment_guide_names_exists():
+    from chaos.cli import build_parser as floe_parser
+    from node.config import build_parser as node_parser
+    text = (DEPLOY.parent.parent / "docs" / "deploy.md").read_text()
+    named = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", text))
+    known = option_strings(node_parser()) | option_strings(floe_parser()) | OTHER_FLAGS
+    assert named - known == set()
+    assert {"--listen", "--advertise", "--peers", "--join", "--tls-dir",
+            "--data-dir", "--leave-on-sigterm"} <= named

@@ -141,10 +141,11 @@ def test_a_killed_node_is_taken_over_over_tls(cluster):
     "[::1].evil.com:80", "host-a:7000", "ipv4:127.0.0.1:7000", "[127.0.0.1]:7000",
     "::1:7000", "[::ffff:10.0.0.1]:7000"])
 def test_a_node_refuses_to_serve_in_the_clear_beyond_loopback(listen):
-    # --insecure or not: beyond loopback only with credentials
+    # --insecure or not: beyond loopback only with credentials; the bind address
+    # decides (a wildcard one needs --advertise, here a loopback one to show that)
     for insecure in (False, True):
-        config = NodeConfig(node_id="n0", listen=listen, peers=(("n0", listen),),
-                            insecure=insecure)
+        config = NodeConfig(node_id="n0", listen=listen, advertise="127.0.0.1:7000",
+                            peers=(("n0", "127.0.0.1:7000"),), insecure=insecure)
         with pytest.raises(ValueError, match="not a loopback address.*--tls-dir"):
             node_tls(config)
 

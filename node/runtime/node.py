@@ -85,7 +85,7 @@ class NodeRuntime:
             high_queue=config.high_queue, high_cpu=config.high_cpu, low_queue=config.low_queue,
             low_cpu=config.low_cpu, cooldown=config.balance_cooldown))
         return NodeMachine(core, self.incarnation, detector, load, self._new_core,
-                           listen=config.listen, balance=config.balance,
+                           listen=config.advertise, balance=config.balance,
                            max_tokens=config.max_tokens,
                            max_splits_per_minute=config.max_splits_per_minute)
 
@@ -221,7 +221,7 @@ class NodeRuntime:
                        asyncio.create_task(self._every(0.1, self._load_due), name="load")]
         if self.durable is not None:
             self._tasks.append(asyncio.create_task(self.durable.run(), name="group-commit"))
-        log.info("node %s up on %s, %s", self.core.node_id, self.config.listen,
+        log.info("node %s up on %s, %s", self.core.node_id, self.config.advertise,
                  self.core.ring.describe())
         self.sync_ring()   # every peer learns our incarnation now
 
@@ -494,7 +494,7 @@ class NodeRuntime:
                     tokens=len(core.ring.tokens_of(core.node_id)), leaving=machine.leaving,
                     suspects=sorted(machine.detector.suspected),
                     load=msgpack.packb(dict(rates)), rejoined=machine.rejoined,
-                    node_id=core.node_id, address=self.config.listen,
+                    node_id=core.node_id, address=self.config.advertise,
                     queue_length=self.inbound.qsize(), queued_bytes=self.inbound.nbytes,
                     reducer=self.reducer.name, pid=os.getpid(),
                     uptime=self.clock() - self.started_at)

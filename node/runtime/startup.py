@@ -77,7 +77,7 @@ async def decide_membership(config, peers, incarnation: int, initial: Ring,
         if ring.reducer and ring.reducer != config.reducer_identity:
             raise InvalidArgument(f"the ring runs reducer {inert(ring.reducer, 200)}, this node "
                              f"was started with {config.reducer_identity}")
-    return decide_start(me, incarnation, config.listen, seen, None if joining else initial)
+    return decide_start(me, incarnation, config.advertise, seen, None if joining else initial)
 
 
 def record_start(events, decision: StartDecision, incarnation: int, configured_id: str,
