@@ -259,17 +259,13 @@ def test_three_hosts_count_exactly_while_one_is_cut_off(ring3):
 
 
 @pytest.mark.multiprocess
-@pytest.mark.xfail(reason="a node cut off from every peer declares them dead in its own "
-                          "view; once the link is back either nobody tells it it was "
-                          "removed (it runs alone on, answering for ranges it calls lost) "
-                          "or its view reaches a survivor first, whose merge then removes "
-                          "a live node and loses that node's ranges")
 def test_a_healed_partition_fences_the_cut_off_node_and_loses_nothing(ring3):
     ring3.start()
     ring3.partition()
-    # n0 alone has meanwhile suspected its peers; heal once it has had the time to
-    # declare them (a node that knows it is cut off would not)
+    # n0 alone has meanwhile suspected its peers, long enough to have declared them
+    # had it not known that it reached no third node either
     time.sleep(3)
+    assert not any(e["kind"] == "detected" for e in events(ring3.tmp_path, "n0"))
     ring3.hosts.cut("n0", up=True)
     wait_for(lambda: any(e["kind"] == "fenced" for e in events(ring3.tmp_path, "n0")), 30,
              lambda: ring3.log("n0").read_text()[-3000:])
