@@ -20,20 +20,18 @@ import functools
 import time
 from typing import AsyncIterator, Iterable
 
-from mapper.batching import batcher_for, check_settings, default_source, linger_loop
-from mapper.delivery import Delivery
+from mapper.batching import batcher_for, linger_loop
+from mapper.common import ClientBase
 from mapper.queries import get_state, node_stats, query, top_entries, top_of
 from mapper.scanning import open_scan
-from node.core.balancers import balancer
 from node.core.errors import Unavailable
-from node.core.reducers import load_reducer
 from node.core.ring import Ring
 from node.transport.tls import TlsFiles
 
 POLL = 0.005        # seconds between two looks at the delivery while waiting on it
 
 
-class AsyncRingClient:
+class AsyncRingClient(ClientBase):
     """Push (key, value) tuples into a floe ring and query its state, from asyncio.
 
     Use it as `async with AsyncRingClient(...) as client` (or `await connect()`, then
@@ -45,21 +43,12 @@ class AsyncRingClient:
                  timeout: float = 60.0, rpc_timeout: float = 5.0,
                  expect_reducer: str | None = None, first_seq: int = 1,
                  tls: TlsFiles | None = None) -> None:
-        seeds = check_settings(seeds, batch_size, max_pending_batches)
-        self.source = source or default_source()
-        self.batch_size = batch_size
-        self.linger = linger
-        self.max_pending_batches = max_pending_batches
-        self.timeout = timeout
-        self.rpc_timeout = rpc_timeout
+        super().__init__(seeds, source, batch_size, linger, window, max_pending_batches,
+                         timeout, rpc_timeout, expect_reducer, tls)
         self._named = source is not None
         self._first_seq = first_seq
-        self._delivery = Delivery(seeds, window, rpc_timeout, expect_reducer,
-                                  tls.channel_credentials() if tls else None)
         self._batcher = None
         self._linger_task: asyncio.Task | None = None
-        self._merging = None
-        self._closed = False
 
     async def connect(self) -> "AsyncRingClient":
         """Fetch the ring and start the linger task (the first emit does it too)."""
@@ -81,19 +70,6 @@ class AsyncRingClient:
             await self.close()
         else:
             await self._shutdown()
-
-    @property
-    def ring(self) -> Ring:
-        return self._delivery.ring
-
-    @property
-    def reducer(self) -> str:
-        return self._delivery.reducer
-
-    @property
-    def closed(self) -> bool:
-        """Closed, and holding no connection any more."""
-        return self._closed and not self._delivery.channels
 
     async def refresh_ring(self) -> Ring:
         """Ask the nodes for the newest ring now."""
@@ -132,14 +108,9 @@ class AsyncRingClient:
 
     async def _hand_over(self) -> None:
         d = self._delivery
-        deadline = time.monotonic() + self.timeout
-        while d.fatal is None and len(d.undelivered) >= self.max_pending_batches:
-            if time.monotonic() > deadline:
-                raise Unavailable(f"{len(d.undelivered)} batches unacknowledged for "
-                                  f"{self.timeout}s; the ring is not accepting tuples")
-            await asyncio.sleep(POLL)
-        if d.fatal is not None:
-            raise d.fatal
+        await self._wait(lambda: len(d.undelivered) < self.max_pending_batches, self.timeout,
+                         lambda: f"{len(d.undelivered)} batches unacknowledged for "
+                                 f"{self.timeout}s; the ring is not accepting tuples")
         self._batcher.drain(d.submit)
 
     async def flush(self, timeout: float | None = None) -> None:
@@ -148,11 +119,18 @@ class AsyncRingClient:
         self._batcher.seal_all()
         await self._hand_over()
         d = self._delivery
-        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
-        while d.fatal is None and d.undelivered:
+        await self._wait(lambda: not d.undelivered,
+                         self.timeout if timeout is None else timeout,
+                         lambda: f"flush timed out with {len(d.undelivered)} batches "
+                                 f"unacknowledged, {d.waiting_for()}")
+
+    async def _wait(self, done, timeout: float, why) -> None:
+        """Until done() (polling the delivery), the delivery failed, or `timeout`."""
+        d = self._delivery
+        deadline = time.monotonic() + timeout
+        while d.fatal is None and not done():
             if time.monotonic() > deadline:
-                raise Unavailable(f"flush timed out with {len(d.undelivered)} batches "
-                                  f"unacknowledged, {d.waiting_for()}")
+                raise Unavailable(why())
             await asyncio.sleep(POLL)
         if d.fatal is not None:
             raise d.fatal
@@ -184,7 +162,7 @@ class AsyncRingClient:
     async def top(self, k: int = 10) -> list[tuple[object, object]]:
         """The k keys with the highest rank (the count, for word count), best first."""
         await self.connect()
-        if balancer(self.ring.balancer).pieces > 1:
+        if self.shares_keys:
             best, reducer = [], self._reducer()
             async for items in self._chunks(0):
                 best = top_of(best + items, k, reducer)
@@ -199,7 +177,7 @@ class AsyncRingClient:
 
     async def _chunks(self, chunk: int) -> AsyncIterator[list]:
         await self.connect()
-        merge = self._reducer().merge if balancer(self.ring.balancer).pieces > 1 else None
+        merge = self._reducer().merge if self.shares_keys else None
         scan = await open_scan(self._delivery, functools.partial(
             query, self._delivery, self.timeout), merge, chunk)
         try:
@@ -207,16 +185,6 @@ class AsyncRingClient:
                 yield items
         finally:
             scan.cancel()
-
-    def _reducer(self):
-        """The ring's reducer, loaded here to merge the pieces of shared keys."""
-        if self._merging is None:
-            self._merging = load_reducer(self.reducer)
-        return self._merging
-
-    def delivery_latencies(self) -> list[tuple[float, int]]:
-        """(seconds from a batch's first emit to its last ack, tuples in it)."""
-        return list(self._delivery.latencies)
 
     async def stats(self, also: dict[str, str] | None = None) -> list[dict]:
         """NodeStats of every member, then of `also` ({node: address})."""

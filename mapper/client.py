@@ -16,13 +16,11 @@ import threading
 import time
 from typing import Iterable, Iterator
 
-from mapper.batching import batcher_for, check_settings, default_source, linger_loop
-from mapper.delivery import Delivery
+from mapper.batching import batcher_for, linger_loop
+from mapper.common import ClientBase
 from mapper.queries import get_state, node_stats, query, top_entries, top_of
 from mapper.scanning import open_scan
-from node.core.balancers import balancer
 from node.core.errors import Unavailable
-from node.core.reducers import load_reducer
 from node.core.ring import Ring
 from node.transport.tls import TlsFiles
 
@@ -45,7 +43,7 @@ def _client_loop() -> tuple[asyncio.AbstractEventLoop, threading.Thread]:
         return _shared[1], _shared[2]
 
 
-class RingClient:
+class RingClient(ClientBase):
     """Push (key, value) tuples into a floe ring and query its state.
 
     `flush()` returns when every tuple emitted so far is acknowledged by its primary
@@ -58,17 +56,9 @@ class RingClient:
                  max_pending_batches: int = 512, timeout: float = 60.0,
                  rpc_timeout: float = 5.0, expect_reducer: str | None = None,
                  first_seq: int = 1, tls: TlsFiles | None = None) -> None:
-        seeds = check_settings(seeds, batch_size, max_pending_batches)
-        self.source = source or default_source()
-        self.batch_size = batch_size
-        self.linger = linger
-        self.max_pending_batches = max_pending_batches
-        self.timeout = timeout
-        self.rpc_timeout = rpc_timeout
-        self._closed = False
+        super().__init__(seeds, source, batch_size, linger, window, max_pending_batches,
+                         timeout, rpc_timeout, expect_reducer, tls)
         self._loop, self._thread = _client_loop()
-        self._delivery = Delivery(seeds, window, rpc_timeout, expect_reducer,
-                                  tls.channel_credentials() if tls else None)
         try:
             self._call(self._delivery.fetch_ring())
         except BaseException:
@@ -78,7 +68,6 @@ class RingClient:
         # batcher's lock; sealed batches are drained into the delivery on the loop.
         self._batcher = batcher_for(self._delivery, self.source, source is not None,
                                     batch_size, first_seq)
-        self._merging = None                # the reducer, once a read merges pieces
         self._linger_task = self._call(self._start_linger())
 
     # ------------------------------------------------------------- plumbing
@@ -94,18 +83,10 @@ class RingClient:
     async def _start_linger(self):
         return asyncio.create_task(linger_loop(self._batcher, self._delivery, self.linger))
 
-    @property
-    def ring(self) -> Ring:
-        return self._delivery.ring
-
     def refresh_ring(self) -> Ring:
         """Ask the nodes for the newest ring now (the client also does so by itself
         whenever a send is refused or stalls)."""
         return self._call(self._delivery.fetch_ring())
-
-    @property
-    def reducer(self) -> str:
-        return self._delivery.reducer
 
     def rebind(self, source: str, first_seq: int = 1) -> None:
         """Reuse this client's connections for a new sequence of tuples: `source` and
@@ -184,11 +165,6 @@ class RingClient:
             self._closed = True
             self._stop_loop()
 
-    @property
-    def closed(self) -> bool:
-        """Closed, and holding no connection any more."""
-        return self._closed and not self._delivery.channels
-
     def _stop_loop(self) -> None:
         async def shutdown():
             task = getattr(self, "_linger_task", None)
@@ -223,7 +199,7 @@ class RingClient:
 
     def top(self, k: int = 10) -> list[tuple[object, object]]:
         """The k keys with the highest rank (the count, for word count), best first."""
-        if balancer(self.ring.balancer).pieces > 1:
+        if self.shares_keys:
             # a key's pieces rank apart on their nodes: rank the merged whole
             return top_of(self.scan(), k, self._reducer())
         return self._query(top_entries(self._delivery, self.timeout, self.rpc_timeout, k))
@@ -234,7 +210,7 @@ class RingClient:
         merged (see `mapper.scanning`). Every node is read at the same ring (stamp); if
         the ring changes before the first item (a range moving), the scan starts over,
         so a moving range is never missed or read twice; a node lost later raises."""
-        merge = self._reducer().merge if balancer(self.ring.balancer).pieces > 1 else None
+        merge = self._reducer().merge if self.shares_keys else None
         scan = self._query(open_scan(self._delivery, functools.partial(
             query, self._delivery, self.timeout), merge, chunk))
         try:
@@ -242,17 +218,6 @@ class RingClient:
                 yield from items
         finally:
             self._loop.call_soon_threadsafe(scan.cancel)
-
-    def _reducer(self):
-        """The ring's reducer, loaded here to merge the pieces of shared keys."""
-        if self._merging is None:
-            self._merging = load_reducer(self.reducer)
-        return self._merging
-
-    def delivery_latencies(self) -> list[tuple[float, int]]:
-        """(seconds from a batch's first emit to its last ack, tuples in it) for the
-        most recent batches delivered."""
-        return list(self._delivery.latencies)
 
     def stats(self, also: dict[str, str] | None = None) -> list[dict]:
         """NodeStats of every member, then of `also` ({node: address}, e.g. processes
