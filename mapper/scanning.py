@@ -46,11 +46,13 @@ class RingScan:
         self.shared: dict | None = {}       # shared key -> its pieces merged so far
         self.ahead: list[list | None] = []  # per node: plain entries read by start()
         self.node = 0                       # the node whose stream is being read
+        self.started = False                # every head read: items may be handed on
 
     async def start(self) -> None:
         """Read the head of every stream; a node's refusal (stale ring) raises here."""
         try:
             self.ahead = list(await asyncio.gather(*(self._head(c) for c in self.calls)))
+            self.started = True
         except BaseException:
             self.cancel()
             raise
@@ -85,9 +87,9 @@ class RingScan:
         except asyncio.TimeoutError:
             raise Unavailable(f"a scan chunk took over {self.read_timeout}s") from None
         except grpc.RpcError as exc:
-            if self.node or self.ahead:
+            if self.started:        # items were handed on: the caller must scan again
                 raise error_from_rpc(exc) from None
-            raise
+            raise                   # the query retries it (on a stale ring)
         if chunk is grpc.aio.EOF:
             return None
         return list(unpack_entries(chunk.entries).items())

@@ -12,7 +12,7 @@ import pytest
 from chaos.cluster import LocalCluster
 from chaos.corpus import kjv_lines
 from floering.v1 import floe_pb2
-from mapper import AsyncRingClient, RingClient, split_words
+from mapper import AsyncRingClient, FloeError, RingClient, split_words
 from mapper.scanning import RingScan
 from node.core.codec import pack_entries
 from node.core.pieces import merge_pieces, piece_key, pieces_first
@@ -84,9 +84,10 @@ class FakeScanCall:
         self.chunks = [items[i:i + chunk] for i in range(0, len(items), chunk)]
         self.read_count = 0
         self.refuse = refuse
+        self.fail_at: int | None = None     # the stream breaks before this chunk
 
     async def read(self):
-        if self.refuse:
+        if self.refuse or self.read_count == self.fail_at:
             raise grpc.aio.AioRpcError(grpc.StatusCode.FAILED_PRECONDITION,
                                        grpc.aio.Metadata(), grpc.aio.Metadata(), "stale")
         if self.read_count == len(self.chunks):
@@ -152,3 +153,15 @@ async def test_a_node_refusing_the_ring_fails_the_start_before_anything_is_hande
     scan = RingScan(stub_for, ring)
     with pytest.raises(grpc.RpcError):
         await scan.start()
+
+
+async def test_a_stream_lost_after_items_were_handed_on_raises_a_floe_error():
+    ring, stub_for, calls = fake_ring({"n0": [(f"a{i}", 1) for i in range(9)],
+                                       "n1": [(f"b{i}", 1) for i in range(9)]}, chunk=3)
+    calls[0].fail_at = 2
+    scan = RingScan(stub_for, ring)
+    await scan.start()
+    assert len(await scan.next_chunk()) == 3
+    assert len(await scan.next_chunk()) == 3
+    with pytest.raises(FloeError):
+        await scan.next_chunk()
