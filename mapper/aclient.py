@@ -84,10 +84,7 @@ class AsyncRingClient(ClientBase):
             raise self._delivery.fatal
         await self._delivery.reopen_streams()
         await self._delivery.fetch_ring()
-        self._batcher = batcher_for(self._delivery, source, True, self.batch_size, first_seq)
-        self._linger_task.cancel()
-        self._linger_task = asyncio.create_task(
-            linger_loop(self._batcher, self._delivery, self.linger))
+        self._batcher.rebind(source, first_seq, self.ring)
         self.source = source
 
     # --------------------------------------------------------------- emit

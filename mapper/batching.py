@@ -60,6 +60,14 @@ class Batcher:
         self.tokens = router.ring.tokens       # the ring tokens the open buffers were routed with
         self._batch_ids = itertools.count(1)
 
+    def rebind(self, source: str, first_seq: int, ring) -> None:
+        """A new sequence of tuples (nothing buffered): `source`, seqs from `first_seq`
+        on, a replayable choice of pieces (see `batcher_for`)."""
+        with self.lock:
+            self.source = source
+            self.next_seq = first_seq
+            self.chooser = chooser_for(balancer(ring.balancer), replayable=True)
+
     @property
     def pending(self) -> bool:
         with self.lock:

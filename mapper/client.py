@@ -102,7 +102,7 @@ class RingClient(ClientBase):
             raise self._delivery.fatal
         self._call(self._delivery.reopen_streams())
         self._call(self._delivery.fetch_ring())
-        self._batcher = batcher_for(self._delivery, source, True, self.batch_size, first_seq)
+        self._batcher.rebind(source, first_seq, self.ring)
         self.source = source
 
     # --------------------------------------------------------------- emit

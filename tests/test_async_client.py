@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
 from types import SimpleNamespace
 
@@ -69,8 +70,17 @@ async def test_async_client_on_a_sharing_ring_reads_keys_whole(tmp_path):
             assert await client.get(hot) == expect[hot]
             top = await client.top(5)
             assert [c for _, c in top] == [c for _, c in expect.most_common(5)]
+            # a new sequence on the same connections: the lingering tuples get delivered
+            await client.rebind("second", first_seq=1)
+            await client.emit("rebound")
+            await asyncio.sleep(0.5)            # no flush: the linger task seals it
+            assert await client.get("rebound") == 1
         with RingClient(cluster.seeds, tls=cluster.tls()) as sync:
-            assert dict(sync.scan(chunk=50)) == expect
+            sync.rebind("third")
+            sync.emit("rebound")
+            time.sleep(0.5)
+            assert sync.get("rebound") == 2
+            assert dict(sync.scan(chunk=50)) == expect + Counter(["rebound"] * 2)
     assert not any(node.alive() for node in cluster.nodes)
 
 
