@@ -16,6 +16,8 @@ import tempfile
 import time
 from collections import Counter, defaultdict
 
+import psutil
+
 from chaos.cluster import LocalCluster
 from chaos.corpus import kjv_lines
 from mapper import RingClient, split_words
@@ -86,12 +88,8 @@ def end_to_end(words: list[str], nodes: int, replicas: int, tls: bool = True,
 
 
 def _bytes_written(cluster: LocalCluster) -> int:
-    """What the node processes wrote to storage so far (/proc/<pid>/io)."""
-    total = 0
-    for node in cluster.nodes:
-        with open(f"/proc/{node.pid}/io") as io:
-            total += next(int(line.split()[1]) for line in io if line.startswith("write_bytes"))
-    return total
+    """What the node processes wrote to storage so far (their I/O counters)."""
+    return sum(psutil.Process(node.pid).io_counters().write_bytes for node in cluster.nodes)
 
 
 def latency(words: list[str], nodes: int, replicas: int, rate: float,

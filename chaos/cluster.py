@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
+import psutil
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from node.core.errors import FloeError
@@ -35,7 +36,7 @@ class NodeProcess:
     log: str
     cmd: list[str] = field(default_factory=list)   # how it was started: a restart reuses it
     # Set when this process started the node: poll() is exact, and it also covers the
-    # instant after fork() before exec(), when /proc still shows the parent's cmdline.
+    # instant after fork() before exec(), when the child still has the parent's cmdline.
     popen: subprocess.Popen | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -597,13 +598,13 @@ def serving(address: str, tls: TlsFiles | None = None) -> bool:
 
 def _is_our_node(pid: int, node_id: str) -> bool:
     try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False  # a zombie has exited
+        cmdline = proc.cmdline()
+    except psutil.Error:
         return False
-    if stat.rsplit(")", 1)[1].split()[0] == "Z":
-        return False  # a zombie has exited
-    return b"node" in cmdline and b"--node-id" in cmdline and node_id.encode() in cmdline
+    return "node" in cmdline and "--node-id" in cmdline and node_id in cmdline
 
 
 def _signal(pid: int, sig: int) -> None:

@@ -1,6 +1,7 @@
 """floe-ring's public Python API: the ring client, the errors it raises, the base
 class of reducers, and the helpers mappers use."""
 
+from mapper.aclient import AsyncRingClient
 from mapper.client import RingClient
 from mapper.words import split_words, words_of_lines
 from node.core.epochs import MAX_POSITION, epoch_seq, epoch_source
@@ -9,10 +10,10 @@ from node.core.errors import (FloeError, InvalidArgument, InvalidKey, RangeLost,
 from node.core.reducers import Reducer
 from node.transport.tls import TlsFiles
 
-# What a user needs, in one place: the client, the errors it raises, its credentials
+# What a user needs, in one place: the clients (sync and asyncio), the errors it raises, its credentials
 # on a TLS ring, the reducer base class (it lives in the node's core, which runs it),
 # and the (source, seq) numbering of epoch sources that makes Spark's retries
 # exactly-once.
-__all__ = ["RingClient", "split_words", "words_of_lines", "FloeError", "InvalidArgument",
-           "InvalidKey", "RangeLost", "ReducerMismatch", "StaleRing", "Unavailable",
+__all__ = ["RingClient", "AsyncRingClient", "split_words", "words_of_lines", "FloeError",
+           "InvalidArgument", "InvalidKey", "RangeLost", "ReducerMismatch", "StaleRing", "Unavailable",
            "MAX_POSITION", "epoch_seq", "epoch_source", "TlsFiles", "Reducer"]

@@ -1,6 +1,6 @@
 """Start the driver through spark-submit from Python (the main job, tests, benchmark)
 and stop it with everything it started: the JVM, the Python driver, Spark's Python
-daemon and workers. Every process is found by walking /proc from the spark-submit PID
+daemon and workers. Every process is found by walking the process table (psutil) from the spark-submit PID
 and signalled by its own PID."""
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 DRIVER = Path(__file__).resolve().parent / "driver.py"
@@ -67,17 +69,16 @@ class SparkDriver:
             if self.log_path:
                 out.close()
         self.pid = self.proc.pid
-        self._seen: dict[int, int] = {}    # pid -> its start time (a recycled pid differs)
+        self._seen: dict[int, float] = {}  # pid -> its start time (a recycled pid differs)
 
     def descendants(self) -> set[int]:
         """Every live process started, directly or not, by spark-submit (remembered, so
         an orphan re-parented to init is still found)."""
         children: dict[int, list[int]] = {}
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                ppid = _ppid(int(entry))
-                if ppid is not None:
-                    children.setdefault(ppid, []).append(int(entry))
+        for proc in psutil.process_iter(["ppid"]):
+            ppid = proc.info["ppid"]
+            if ppid is not None:
+                children.setdefault(ppid, []).append(proc.pid)
         found, todo = set(), [self.pid, *self._seen]
         while todo:
             pid = todo.pop()
@@ -139,36 +140,27 @@ class SparkDriver:
             self.kill()
 
 
-def _ppid(pid: int) -> int | None:
+def _start_time(pid: int) -> float | None:
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
         return None
-    return int(stat.rsplit(")", 1)[1].split()[1])
-
-
-def _start_time(pid: int) -> int | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat.rsplit(")", 1)[1].split()[19])
 
 
 def _alive(pid: int) -> bool:
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
         return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def _is_driver_python(pid: int) -> bool:
     try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
+        cmdline = psutil.Process(pid).cmdline()
+    except psutil.Error:
         return False
-    return any(arg.endswith(b"driver.py") for arg in cmdline) and b"java" not in cmdline[0]
+    return bool(cmdline) and any(arg.endswith("driver.py") for arg in cmdline) \
+        and "java" not in cmdline[0]
 
 
 def _signal(pid: int, sig: int) -> None:

@@ -9,30 +9,28 @@ from __future__ import annotations
 
 import os
 import signal
-from pathlib import Path
+
+import psutil
 
 
 def running_children(parent: int) -> list[tuple[int, str]]:
     """(pid, command line) of every live, non-zombie process whose parent is `parent`."""
     out = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    try:
+        children = psutil.Process(parent).children()
+    except psutil.Error:
+        return out
+    for child in children:
         try:
-            stat = (entry / "stat").read_text()
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
-        except OSError:
+            if child.status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
+                continue
+            out.append((child.pid, " ".join(child.cmdline())))
+        except psutil.Error:
             continue
-        fields = stat.rsplit(")", 1)[1].split()
-        state, ppid = fields[0], int(fields[1])
-        if ppid == parent and state not in ("Z", "X"):
-            out.append((int(entry.name), cmdline))
     return out
 
 
 def pytest_sessionfinish(session, exitstatus):
-    if not Path("/proc").is_dir():
-        return
     strays = [(pid, cmd) for pid, cmd in running_children(os.getpid())
               if " -m node " in f" {cmd} " or "mapper_proc" in cmd]
     if not strays:

@@ -9,6 +9,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import psutil
 import pytest
 
 from chaos.cluster import LocalCluster, node_env
@@ -100,8 +101,8 @@ def test_cli_up_feed_query_status_down(tmp_path):
         down = floe_run(tmp_path, "down")
     assert down.returncode == 0, down.stderr
     for pid in pids:
-        assert not Path(f"/proc/{pid}").exists() or \
-            Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] == "Z"
+        assert not psutil.pid_exists(pid) or \
+            psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 
 
 def test_linger_sealing_racing_full_batches_keeps_counts_exact(cluster):

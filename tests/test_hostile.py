@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import grpc
 import msgpack
+import psutil
 import pytest
 
 from chaos.cluster import LocalCluster
@@ -253,9 +254,7 @@ def test_a_range_too_large_to_inspect_whole_is_refused_and_scan_still_reads_it(t
 
 
 def rss_mib(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as status:
-        line = next(x for x in status if x.startswith("VmRSS:"))
-    return int(line.split()[1]) / 1024
+    return psutil.Process(pid).memory_info().rss / (1 << 20)
 
 
 @pytest.mark.multiprocess

@@ -100,16 +100,35 @@ def check_user_key(key) -> None:
                          "for the pieces of shared keys")
 
 
+def absorb_piece(merged: dict, key, state, merge: Callable[[object, object], object]) -> bool:
+    """Merge a piece (or an outgoing key's state on its way) into merged[its key]; False,
+    and nothing done, for any other key."""
+    if is_fold_key(key):
+        if not isinstance(state, (list, tuple)) or len(state) != 2:
+            return True                       # merged into its key already (or no fold)
+        state = state[1]
+    elif not is_piece(key):
+        return False
+    key = base_of(key)
+    merged[key] = merge(merged[key], state) if key in merged else state
+    return True
+
+
 def merge_pieces(items: Iterable[tuple[object, object]],
                  merge: Callable[[object, object], object]) -> dict:
     """{key: state} with every piece merged into its key."""
     merged: dict = {}
     for key, state in items:
-        if is_fold_key(key):
-            if not isinstance(state, (list, tuple)) or len(state) != 2:
-                continue                      # merged into its key already (or no fold)
-            state = state[1]
-        if is_piece(key) or is_fold_key(key):
-            key = base_of(key)
-        merged[key] = merge(merged[key], state) if key in merged else state
+        if not absorb_piece(merged, key, state, merge):
+            merged[key] = merge(merged[key], state) if key in merged else state
     return merged
+
+
+def pieces_first(items: list) -> list:
+    """A node's scan entries with the pieces and outgoing keys first: a streaming
+    reader then knows every shared key once each node's first plain entry came."""
+    marked = [kv for kv in items if type(kv[0]) is bytes and kv[0].startswith(RESERVED)]
+    if not marked:
+        return items
+    return marked + [kv for kv in items
+                     if not (type(kv[0]) is bytes and kv[0].startswith(RESERVED))]

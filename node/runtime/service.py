@@ -11,6 +11,7 @@ from node.core.batch import Batch
 from node.core.errors import (Fenced, InvalidArgument, ReducerMismatch, StaleRing, Starting,
                               TooLarge, inert)
 from node.core.handoff import Handoff
+from node.core.pieces import pieces_first
 from node.core.ring import Ring
 from node.runtime.balancing import ShedOutcome
 from node.runtime.inbound import StreamState
@@ -160,7 +161,7 @@ class NodeService:
         if ring_stamp and ring_stamp != core.ring.stamp:
             raise StaleRing(f"scan for ring stamp {ring_stamp:#x}, node {core.node_id} is "
                             f"at {core.ring.stamp:#x}")
-        return await self._snapshot(core)
+        return pieces_first(await self._snapshot(core))
 
     def stats(self) -> dict:
         return self.runtime.stats()

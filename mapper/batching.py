@@ -1,0 +1,217 @@
+"""The mapper's emit side, shared by the sync and the asyncio client: route each
+tuple to its token's buffer, seal full (or lingering) buffers into batches in seal
+order, and hand them to the delivery. No I/O: the client decides on which thread and
+loop the sealed batches are drained into `Delivery.submit`."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import socket
+import threading
+import time
+import uuid
+from collections import deque
+from typing import Iterable
+
+import msgpack
+
+from mapper.outbox import PendingBatch
+from mapper.routing import Router
+from mapper.sharing import check_key, chooser_for
+from node.core.balancers import balancer
+from node.core.batch import KEY_TYPES, encode_payload, encode_seqs
+from node.core.errors import InvalidArgument, InvalidKey
+from node.core.pieces import check_user_key
+
+PLAIN_VALUES = frozenset((int, float, str, bytes, bool, type(None)))
+
+
+class Buffer:
+    __slots__ = ("keys", "values", "seqs", "since", "tokens")
+
+    def __init__(self, now: float, tokens: tuple) -> None:
+        self.keys: list = []
+        self.values: list = []
+        self.seqs: list[int] = []
+        self.since = now
+        # The ring's tokens read before any of its keys was routed: if the ring is
+        # cut meanwhile (a split), delivery re-checks every key of the batch.
+        self.tokens = tokens
+
+
+class Batcher:
+    """Open buffers per token and the sealed batches waiting for the loop. Per token,
+    seqs must reach a node in order (dedup keeps one watermark per range and source),
+    so tuples are only ever appended to `sealed` under the lock, and the loop drains it
+    front to back."""
+
+    def __init__(self, router: Router, chooser, source: str, batch_size: int,
+                 first_seq: int = 1) -> None:
+        self.router = router
+        self.chooser = chooser
+        self.source = source
+        self.batch_size = batch_size
+        self.next_seq = first_seq
+        self.buffers: dict[int, Buffer] = {}
+        self.sealed: deque[PendingBatch] = deque()
+        self.lock = threading.Lock()
+        self.tokens = router.ring.tokens       # the ring tokens the open buffers were routed with
+        self._batch_ids = itertools.count(1)
+
+    def rebind(self, source: str, first_seq: int, ring) -> None:
+        """A new sequence of tuples (nothing buffered): `source`, seqs from `first_seq`
+        on, a replayable choice of pieces (see `batcher_for`)."""
+        with self.lock:
+            self.source = source
+            self.next_seq = first_seq
+            self.chooser = chooser_for(balancer(ring.balancer), replayable=True)
+
+    @property
+    def pending(self) -> bool:
+        with self.lock:
+            return bool(self.buffers or self.sealed)
+
+    def emit(self, key, value) -> bool:
+        """Buffer one tuple; True when a batch was sealed (the caller hands it over)."""
+        if type(key) not in KEY_TYPES:
+            raise InvalidKey(f"key must be str, bytes or int, not {type(key).__name__}")
+        if type(value) not in PLAIN_VALUES:
+            check_value(value)
+        if type(key) is bytes:
+            check_user_key(key)
+        with self.lock:
+            tokens, route, sealed, place = self._routing_locked()
+            if place is None:
+                token = route(key)
+            else:
+                key, token = place(key, self.next_seq)
+            buf = self.buffers.get(token)
+            if buf is None:
+                buf = self.buffers[token] = Buffer(time.monotonic(), tokens)
+            buf.keys.append(key)
+            buf.values.append(value)
+            buf.seqs.append(self.next_seq)
+            self.next_seq += 1
+            if len(buf.keys) >= self.batch_size:
+                self._seal_locked(token)
+                sealed = True
+        return sealed
+
+    def emit_many(self, keys: Iterable, value) -> bool:
+        """emit(key, value) for every key, several times faster than a loop of emit()."""
+        if type(value) not in PLAIN_VALUES:
+            check_value(value)
+        size = self.batch_size
+        with self.lock:
+            tokens, route, full, place = self._routing_locked()
+            buffers = self.buffers
+            seq = self.next_seq
+            try:
+                for key in keys:
+                    if type(key) is not str:
+                        check_key(key)
+                    if place is None:
+                        token = route(key)
+                    else:
+                        key, token = place(key, seq)
+                    buf = buffers.get(token)
+                    if buf is None:
+                        buf = buffers[token] = Buffer(time.monotonic(), tokens)
+                    buf.keys.append(key)
+                    buf.values.append(value)
+                    buf.seqs.append(seq)
+                    seq += 1
+                    if len(buf.keys) >= size:
+                        self._seal_locked(token)
+                        full = True
+            finally:
+                self.next_seq = seq
+        return full
+
+    def _routing_locked(self):
+        """The ring's tokens and a router bound to them for one emit call. When a split
+        added tokens since the open buffers were started, seal them all first: every
+        tuple routed with the old ring then precedes, in seq order per token, every
+        tuple routed with the new one (delivery cuts those batches by key)."""
+        ring, route = self.router.fixed()
+        place = self.chooser.placer(ring, route) if self.chooser else None
+        sealed = False
+        if ring.tokens is not self.tokens and ring.tokens != self.tokens:
+            for token in list(self.buffers):
+                self._seal_locked(token)
+                sealed = True
+        self.tokens = ring.tokens
+        return ring.tokens, route, sealed, place
+
+    def seal_all(self) -> None:
+        with self.lock:
+            for token in list(self.buffers):
+                self._seal_locked(token)
+
+    def seal_older(self, linger: float) -> None:
+        """Seal buffers older than `linger` so a slow stream still gets delivered."""
+        now = time.monotonic()
+        with self.lock:
+            for token in [t for t, b in self.buffers.items() if now - b.since >= linger]:
+                self._seal_locked(token)
+
+    def _seal_locked(self, token: int) -> None:
+        buf = self.buffers.pop(token)
+        seqs = buf.seqs
+        self.sealed.append(PendingBatch(
+            next(self._batch_ids), token, self.source, seqs[0], seqs[-1], len(seqs),
+            encode_payload(buf.keys, buf.values), encode_seqs(seqs), buf.since,
+            tokens=buf.tokens))
+
+    def drain(self, submit) -> None:
+        """On the loop: submit sealed batches in seal order."""
+        sealed = self.sealed
+        while sealed:
+            submit(sealed.popleft())
+
+
+async def linger_loop(batcher: Batcher, delivery, linger: float) -> None:
+    """On the delivery's loop, for the client's life: seal lingering buffers, submit
+    them, and let the delivery look for a newer ring when acks stall."""
+    while True:
+        await asyncio.sleep(linger / 2)
+        batcher.seal_older(linger)
+        batcher.drain(delivery.submit)
+        delivery.check_progress()
+
+
+def check_value(value) -> None:
+    try:
+        msgpack.packb(value)
+    except Exception as exc:
+        raise InvalidArgument(f"value {value!r} is not msgpack-serialisable: {exc}") from None
+
+
+def check_settings(seeds, batch_size: int, max_pending_batches: int) -> list[str]:
+    """The seed addresses of a client's `seeds` (a comma-separated str or a list)."""
+    seeds = [s.strip() for s in (seeds.split(",") if isinstance(seeds, str) else seeds)
+             if s.strip()]
+    if not seeds:
+        raise ValueError("a ring client needs at least one seed address host:port")
+    if batch_size < 1 or max_pending_batches < 1:
+        raise ValueError("batch_size and max_pending_batches must be >= 1")
+    return seeds
+
+
+def default_source() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex}"
+
+
+def batcher_for(delivery, source: str, named: bool, batch_size: int,
+                first_seq: int) -> Batcher:
+    """A batcher routing with the delivery's ring (kept current by the delivery). Where
+    each tuple of a shared key goes follows the ring's balancer (fixed); a source the
+    caller names (`named`) may be replayed by another process (a retried Spark task),
+    which must send each seq to the piece it went to: its choice is the seq's."""
+    ring = delivery.ring
+    router = Router(ring)
+    delivery.on_ring_change = router.update
+    chooser = chooser_for(balancer(ring.balancer), replayable=named)
+    return Batcher(router, chooser, source, batch_size, first_seq)

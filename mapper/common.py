@@ -1,0 +1,57 @@
+"""What the sync and the asyncio ring clients share: their settings, the delivery,
+and the reads' local parts."""
+
+from __future__ import annotations
+
+from mapper.batching import check_settings, default_source
+from mapper.delivery import Delivery
+from node.core.balancers import balancer
+from node.core.reducers import load_reducer
+from node.core.ring import Ring
+from node.transport.tls import TlsFiles
+
+
+class ClientBase:
+    def __init__(self, seeds, source: str | None, batch_size: int, linger: float,
+                 window: int, max_pending_batches: int, timeout: float, rpc_timeout: float,
+                 expect_reducer: str | None, tls: TlsFiles | None) -> None:
+        seeds = check_settings(seeds, batch_size, max_pending_batches)
+        self.source = source or default_source()
+        self.batch_size = batch_size
+        self.linger = linger
+        self.max_pending_batches = max_pending_batches
+        self.timeout = timeout
+        self.rpc_timeout = rpc_timeout
+        self._closed = False
+        self._merging = None                # the reducer, once a read merges pieces
+        self._delivery = Delivery(seeds, window, rpc_timeout, expect_reducer,
+                                 tls.channel_credentials() if tls else None)
+
+    @property
+    def ring(self) -> Ring:
+        return self._delivery.ring
+
+    @property
+    def reducer(self) -> str:
+        return self._delivery.reducer
+
+    @property
+    def closed(self) -> bool:
+        """Closed, and holding no connection any more."""
+        return self._closed and not self._delivery.channels
+
+    @property
+    def shares_keys(self) -> bool:
+        """The ring's balancer spreads keys over pieces a read must merge."""
+        return balancer(self.ring.balancer).pieces > 1
+
+    def _reducer(self):
+        """The ring's reducer, loaded here to merge the pieces of shared keys."""
+        if self._merging is None:
+            self._merging = load_reducer(self.reducer)
+        return self._merging
+
+    def delivery_latencies(self) -> list[tuple[float, int]]:
+        """(seconds from a batch's first emit to its last ack, tuples in it) for the
+        most recent batches delivered."""
+        return list(self._delivery.latencies)

@@ -1,0 +1,177 @@
+"""AsyncRingClient against real node processes on loopback, and the streamed scan."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from types import SimpleNamespace
+
+import grpc
+import pytest
+
+from chaos.cluster import LocalCluster
+from chaos.corpus import kjv_lines
+from floering.v1 import floe_pb2
+from mapper import AsyncRingClient, FloeError, RingClient, split_words
+from mapper.scanning import RingScan
+from node.core.codec import pack_entries
+from node.core.pieces import merge_pieces, piece_key, pieces_first
+
+WORDS = [w for line in kjv_lines(4000) for w in split_words(line)]
+
+
+@pytest.mark.multiprocess
+async def test_async_counts_are_exact_through_a_kill_and_a_resend(tmp_path):
+    expect = Counter(WORDS)
+    half = len(WORDS) // 2
+    with LocalCluster.up(4, 1, workdir=tmp_path) as cluster:
+        async with AsyncRingClient(cluster.seeds, source="async", batch_size=300,
+                                   tls=cluster.tls()) as client:
+            await client.emit_many(WORDS[:half])
+            await client.flush()
+            victim = client.ring.owner("the")
+            feed = asyncio.create_task(client.emit_many(WORDS[half:]))
+            await asyncio.sleep(0)          # the tuples are sealed and on their way
+            await asyncio.to_thread(cluster.kill, victim)   # batches in flight resend
+            await feed
+            await client.flush()
+            assert victim not in dict(client.ring.addresses)
+            assert dict([kv async for kv in client.scan()]) == expect
+            assert dict([kv async for kv in client.scan(chunk=100)]) == expect
+            assert await client.get("god") == expect["god"]
+            assert await client.get("zzz-never-sent") is None
+            top = await client.top(5)
+            assert [c for _, c in top] == [c for _, c in expect.most_common(5)]
+            assert len(await client.stats()) == 3
+        assert client.closed
+        # a second incarnation resending the same (source, seq)s counts nothing twice
+        async with AsyncRingClient([n.address for n in cluster.nodes if n.alive()],
+                                   source="async", tls=cluster.tls()) as again:
+            await again.emit_many(WORDS[:10_000])
+            for word in WORDS[10_000:10_100]:
+                await again.emit(word)
+            await again.flush()
+            assert dict([kv async for kv in again.scan()]) == expect
+    assert not any(node.alive() for node in cluster.nodes)
+
+
+@pytest.mark.multiprocess
+async def test_async_client_on_a_sharing_ring_reads_keys_whole(tmp_path):
+    words = WORDS[:40_000]
+    expect = Counter(words)
+    with LocalCluster.up(4, 1, workdir=tmp_path, balancer="pkg") as cluster:
+        async with AsyncRingClient(cluster.seeds, tls=cluster.tls()) as client:
+            await client.emit_many(words)
+            await client.flush()
+            hot = expect.most_common(1)[0][0]
+            assert client.ring.balancer == "pkg"
+            assert dict([kv async for kv in client.scan(chunk=50)]) == expect
+            assert await client.get(hot) == expect[hot]
+            top = await client.top(5)
+            assert [c for _, c in top] == [c for _, c in expect.most_common(5)]
+            # a new sequence on the same connections: the lingering tuples get delivered
+            await client.rebind("second", first_seq=1)
+            await client.emit("rebound")
+            await asyncio.sleep(0.5)            # no flush: the linger task seals it
+            assert await client.get("rebound") == 1
+        with RingClient(cluster.seeds, tls=cluster.tls()) as sync:
+            sync.rebind("third")
+            sync.emit("rebound")
+            time.sleep(0.5)
+            assert sync.get("rebound") == 2
+            assert dict(sync.scan(chunk=50)) == expect + Counter(["rebound"] * 2)
+    assert not any(node.alive() for node in cluster.nodes)
+
+
+# ------------------------------------------------------------ the streamed scan
+
+
+class FakeScanCall:
+    """A node's Scan stream: its entries in chunks, counting the chunks read."""
+
+    def __init__(self, items: list, chunk: int, refuse: bool = False) -> None:
+        self.chunks = [items[i:i + chunk] for i in range(0, len(items), chunk)]
+        self.read_count = 0
+        self.refuse = refuse
+        self.fail_at: int | None = None     # the stream breaks before this chunk
+
+    async def read(self):
+        if self.refuse or self.read_count == self.fail_at:
+            raise grpc.aio.AioRpcError(grpc.StatusCode.FAILED_PRECONDITION,
+                                       grpc.aio.Metadata(), grpc.aio.Metadata(), "stale")
+        if self.read_count == len(self.chunks):
+            return grpc.aio.EOF
+        self.read_count += 1
+        return floe_pb2.ScanChunk(entries=pack_entries(self.chunks[self.read_count - 1]))
+
+    def cancel(self) -> None:
+        pass
+
+
+def fake_ring(nodes: dict[str, list], chunk: int):
+    calls = {f"10.0.0.{i}:1": FakeScanCall(items, chunk) for i, items in enumerate(nodes.values())}
+    ring = SimpleNamespace(stamp=7, addresses=[(n, a) for n, a in zip(nodes, calls)])
+    stub_for = lambda address: SimpleNamespace(Scan=lambda request: calls[address])  # noqa: E731
+    return ring, stub_for, list(calls.values())
+
+
+async def test_a_scan_hands_on_items_before_the_last_chunk_is_read():
+    nodes = {f"n{i}": [(f"k{i}-{j}", j) for j in range(1000)] for i in range(3)}
+    ring, stub_for, calls = fake_ring(nodes, chunk=10)
+    scan = RingScan(stub_for, ring)
+    await scan.start()
+    first = await scan.next_chunk()
+    assert first and len(first) == 10
+    # one chunk of each node read (the heads), of 100 each: nothing is loaded whole
+    assert [c.read_count for c in calls] == [1, 1, 1]
+    got = list(first)
+    held = []
+    while (items := await scan.next_chunk()) is not None:
+        got += items
+        held.append(sum(c.read_count for c in calls))
+    assert dict(got) == Counter({k: v for items in nodes.values() for k, v in items})
+    assert len(got) == 3000
+    assert held[0] < 10 and held[-1] == 300      # read as consumed, not before
+
+
+async def test_a_streamed_scan_merges_pieces_spread_over_nodes():
+    add = lambda a, b: a + b  # noqa: E731
+    nodes = {
+        "n0": [("a", 1), (piece_key("hot", 1), 10), ("b", 2)] + [(f"x{j}", 1) for j in range(50)],
+        "n1": [("hot", 5), ("c", 3), (piece_key("hot", 2), 7)] + [(f"y{j}", 1) for j in range(50)],
+        "n2": [("d", 4)] + [(f"z{j}", 1) for j in range(50)] + [(piece_key("warm", 1), 2)],
+        "n3": [("warm", 1)],
+    }
+    expect = merge_pieces([kv for items in nodes.values() for kv in items], add)
+    ordered = {n: pieces_first(items) for n, items in nodes.items()}
+    ring, stub_for, calls = fake_ring(ordered, chunk=4)
+    scan = RingScan(stub_for, ring, merge=add)
+    await scan.start()
+    got = []
+    while (items := await scan.next_chunk()) is not None:
+        got += items
+    assert len(got) == len(expect) and dict(got) == expect
+    assert dict(got)["hot"] == 22 and dict(got)["warm"] == 3
+    # shared keys come last; every other key was handed on as it came
+    assert {k for k, _ in got[-2:]} == {"hot", "warm"}
+
+
+async def test_a_node_refusing_the_ring_fails_the_start_before_anything_is_handed_on():
+    ring, stub_for, calls = fake_ring({"n0": [("a", 1)], "n1": [("b", 2)]}, chunk=1)
+    calls[1].refuse = True
+    scan = RingScan(stub_for, ring)
+    with pytest.raises(grpc.RpcError):
+        await scan.start()
+
+
+async def test_a_stream_lost_after_items_were_handed_on_raises_a_floe_error():
+    ring, stub_for, calls = fake_ring({"n0": [(f"a{i}", 1) for i in range(9)],
+                                       "n1": [(f"b{i}", 1) for i in range(9)]}, chunk=3)
+    calls[0].fail_at = 2
+    scan = RingScan(stub_for, ring)
+    await scan.start()
+    assert len(await scan.next_chunk()) == 3
+    assert len(await scan.next_chunk()) == 3
+    with pytest.raises(FloeError):
+        await scan.next_chunk()
