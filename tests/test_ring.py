@@ -175,3 +175,12 @@ def test_a_member_joining_in_one_view_survives_a_merge_with_a_removal():
         assert "a#1" in merged.nodes and "b" not in merged.nodes
         assert merged.share_of("a#1") == 0 and merged.version == 3
     assert joined.merge(shrunk) == shrunk.merge(joined)
+
+
+def test_two_views_that_remove_every_member_between_them_are_refused_not_merged():
+    from node.core.errors import InvalidArgument
+    ring = Ring.initial({"n0": "a:1", "n1": "a:2", "n2": "a:3"}, 1, 2)
+    alone, rest = ring.without(["n1", "n2"]), ring.without(["n0"])
+    for a, b in ((alone, rest), (rest, alone)):
+        with pytest.raises(InvalidArgument, match="remove every member"):
+            a.merge(b)

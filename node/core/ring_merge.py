@@ -82,6 +82,11 @@ def merge_rings(a: "Ring", b: "Ring") -> "Ring":
         # the order of merges (a later view of it merges the same way).
         restarted = restarted - {max(restarted)}
     gone = older.removed | newer.removed | restarted
+    if not (set(older.nodes) | set(newer.nodes)) - gone:
+        # Two sides of a partition that each removed the other: no member is left to
+        # own anything, so the views cannot be merged; the receiver keeps its own.
+        raise InvalidArgument(f"the two views remove every member between them "
+                              f"({inert(', '.join(sorted(gone)), 200)}): refused")
     entries = _token_entries(older, newer, gone)
     for ring in (older, newer):
         _extend_split_off(ring, entries)
