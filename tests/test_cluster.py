@@ -310,8 +310,10 @@ def test_feed_checks_every_input_first_and_a_rerun_after_ctrl_c_counts_nothing_t
         binary.write_bytes(b"some words\0\x01\x02")
         assert "looks binary" in floe_run(tmp_path, "feed", str(binary)).stderr
         assert _scan(tmp_path) == {}                       # nothing was sent
-        # interrupted half way, then run again: every word counted once
-        cmd = [sys.executable, "-m", "chaos.cli", "feed", str(big)]
+        # interrupted half way, then run again: every word counted once. Small batches
+        # keep the first run slow enough to be interrupted before it ends (the seqs are
+        # the words' own, so the rerun's batch size does not matter)
+        cmd = [sys.executable, "-m", "chaos.cli", "feed", "--batch-size", "20", str(big)]
         first = subprocess.Popen(cmd, cwd=tmp_path, env=node_env(), stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True)
         wait_for(lambda: sum(_scan(tmp_path).values()) > 50_000, 60, "the feed to start")
