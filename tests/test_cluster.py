@@ -314,8 +314,11 @@ def test_feed_checks_every_input_first_and_a_rerun_after_ctrl_c_counts_nothing_t
         # keep the first run slow enough to be interrupted before it ends (the seqs are
         # the words' own, so the rerun's batch size does not matter)
         cmd = [sys.executable, "-m", "chaos.cli", "feed", "--batch-size", "20", str(big)]
+        # SIGINT as a terminal sends it: a shell running us in the background has the
+        # child ignore it, and Python then installs no KeyboardInterrupt handler
         first = subprocess.Popen(cmd, cwd=tmp_path, env=node_env(), stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, text=True)
+                                 stderr=subprocess.PIPE, text=True,
+                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         wait_for(lambda: sum(_scan(tmp_path).values()) > 50_000, 60, "the feed to start")
         first.send_signal(signal.SIGINT)
         first.communicate(timeout=60)
