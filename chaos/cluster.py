@@ -138,11 +138,17 @@ class LocalCluster:
             ids = [f"n{i}" for i in range(nodes)]
             node_args = list(node_args or [])
         peers = ",".join(f"{i}={host}:{p}" for i, p in zip(ids, ports))
+        # every node of the ring, and every one added later, runs the same policy
+        extra = ["--balancer", balancer] + list(extra_args or []) + node_args
+        # a reducer the policy cannot read back is refused before anything starts
+        # (or is kept): the nodes would all exit on it
+        check_balancer_reducer([
+            "--node-id", ids[0], "--listen", f"{host}:{ports[0]}", "--peers", peers,
+            "--replication", str(replicas), "--tokens-per-node", str(tokens_per_node),
+            "--reducer", reducer, *extra])
         log_dir = workdir / "floe-cluster" / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
         procs = []
-        # every node of the ring, and every one added later, runs the same policy
-        extra = ["--balancer", balancer] + list(extra_args or []) + node_args
         if tls:
             tls_dir = generate_tls(workdir / "floe-cluster" / "tls", ids, (host, "localhost"))
             extra += ["--tls-dir", str(tls_dir)]
@@ -416,6 +422,33 @@ def spawn_node(node_id: str, address: str, cmd: list[str], log_path: Path) -> No
                                 stdin=subprocess.DEVNULL, start_new_session=True,
                                 env=node_env())
     return NodeProcess(node_id, address, proc.pid, str(log_path), list(cmd), proc)
+
+
+def check_balancer_reducer(node_argv: list[str]) -> None:
+    """The node's own check that the ring's balancer can read its reducer back (a
+    policy that shares keys needs the reducer's merge: node.app.check_config_reducer),
+    run here on the flags a node will be started with, so that `floe up` refuses in
+    one line (InvalidArgument) before any node starts. The reducer is imported as the
+    node would import it (this checkout, the working directory and PYTHONPATH first).
+    What this process cannot read or build (a bad flag, a reducer it cannot import)
+    is left to the nodes, which report it as before."""
+    import contextlib
+    import io
+    from node.app import check_config_reducer, configured_reducer
+    from node.config import load_config
+    env = node_env()
+    path = [os.getcwd(), *env["PYTHONPATH"].split(os.pathsep)]
+    saved = list(sys.path)
+    sys.path[:0] = [p for p in path if p and p not in sys.path]
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):   # argparse's usage, if any
+            config = load_config(node_argv, environ=env)
+            reducer = configured_reducer(config)
+    except (Exception, SystemExit):
+        return
+    finally:
+        sys.path[:] = saved
+    check_config_reducer(config, reducer)
 
 
 def node_env() -> dict:

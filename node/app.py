@@ -50,11 +50,25 @@ class RunningNode:
         self.runtime.events.close()
 
 
-async def start_node(config: NodeConfig) -> RunningNode:
+def configured_reducer(config: NodeConfig):
+    """The reducer `config` names, built with its arguments (UnknownReducer,
+    InvalidArgument or the constructor's own error if it cannot be)."""
     reducer = load_reducer(config.reducer, **parse_reducer_args(
         [f"{k}={v}" for k, v in config.reducer_args]))
     reducer.name = config.reducer
+    return reducer
+
+
+def check_config_reducer(config: NodeConfig, reducer) -> None:
+    """Refuse (InvalidArgument) a reducer the ring's balancer cannot read back: a
+    policy that shares keys needs its merge. `floe up` runs the same check before it
+    starts any node."""
     check_reducer(balancer(config.balancer), reducer)
+
+
+async def start_node(config: NodeConfig) -> RunningNode:
+    reducer = configured_reducer(config)
+    check_config_reducer(config, reducer)
     tls = node_tls(config)
     peers = PeerPool(config.rpc_timeout, config.max_message_bytes,
                      tls.channel_credentials() if tls else None)

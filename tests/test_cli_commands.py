@@ -80,6 +80,20 @@ def test_no_cluster_is_one_line(tmp_path):
     assert "no cluster recorded" in error
 
 
+@pytest.mark.parametrize("policy", ["pkg", "dkg", "dchoices", "wchoices", "smalops"])
+def test_up_refuses_a_sharing_balancer_with_a_reducer_without_merge_before_any_node(
+        tmp_path, policy):
+    done = floe_run(tmp_path, "up", "--nodes", "2", "--insecure", "--balancer", policy,
+                    "--reducer", "tests.test_reducers:Concat", timeout=60)
+    error = _one_line_error(done, "up")
+    assert f"the {policy} balancer" in error and "no merge" in error, error
+    assert "exited" not in error
+    # refused by `floe up` itself: no node was started, no cluster recorded or kept
+    assert not (tmp_path / "floe-cluster.json").exists()
+    assert not (tmp_path / "floe-cluster" / "logs").exists()
+    assert not (tmp_path / "floe-cluster" / "data").exists()
+
+
 def _free_base(count: int) -> int:
     """A port with `count` free ones after it (checked, not reserved)."""
     for _ in range(50):
