@@ -42,9 +42,9 @@ class AsyncRingClient(ClientBase):
                  linger: float = 0.05, window: int = 64, max_pending_batches: int = 512,
                  timeout: float = 60.0, rpc_timeout: float = 5.0,
                  expect_reducer: str | None = None, first_seq: int = 1,
-                 tls: TlsFiles | None = None) -> None:
+                 tls: TlsFiles | None = None, combine: bool = True) -> None:
         super().__init__(seeds, source, batch_size, linger, window, max_pending_batches,
-                         timeout, rpc_timeout, expect_reducer, tls)
+                         timeout, rpc_timeout, expect_reducer, tls, combine)
         self._named = source is not None
         self._first_seq = first_seq
         self._batcher = None
@@ -57,7 +57,8 @@ class AsyncRingClient(ClientBase):
         if self._batcher is None:
             await self._delivery.fetch_ring()
             self._batcher = batcher_for(self._delivery, self.source, self._named,
-                                        self.batch_size, self._first_seq)
+                                        self.batch_size, self._first_seq, self.combine)
+            self.source = self._batcher.source
             self._linger_task = asyncio.create_task(
                 linger_loop(self._batcher, self._delivery, self.linger))
         return self

@@ -26,6 +26,8 @@ from node.core.errors import InvalidArgument, InvalidKey
 from node.core.pieces import check_user_key
 
 PLAIN_VALUES = frozenset((int, float, str, bytes, bool, type(None)))
+# A combining buffer is sealed at batch_size keys or this many tuples per key of it.
+COMBINED_INPUTS_PER_KEY = 64
 
 
 class Buffer:
@@ -205,13 +207,21 @@ def default_source() -> str:
 
 
 def batcher_for(delivery, source: str, named: bool, batch_size: int,
-                first_seq: int) -> Batcher:
+                first_seq: int, combine: bool = True) -> Batcher:
     """A batcher routing with the delivery's ring (kept current by the delivery). Where
     each tuple of a shared key goes follows the ring's balancer (fixed); a source the
     caller names (`named`) may be replayed by another process (a retried Spark task),
-    which must send each seq to the piece it went to: its choice is the seq's."""
+    which must send each seq to the piece it went to: its choice is the seq's. With
+    `combine`, an unnamed source pre-aggregates when the ring's reducer has a merge
+    (`mapper/combining.py`)."""
+    from mapper.combining import CombiningBatcher, combiner_for   # it builds on Batcher
+
     ring = delivery.ring
     router = Router(ring)
     delivery.on_ring_change = router.update
     chooser = chooser_for(balancer(ring.balancer), replayable=named)
+    reducer = combiner_for(ring.reducer) if combine and not named else None
+    if reducer is not None:
+        return CombiningBatcher(router, chooser, source, batch_size, reducer,
+                                max_inputs=COMBINED_INPUTS_PER_KEY * batch_size)
     return Batcher(router, chooser, source, batch_size, first_seq)

@@ -55,9 +55,10 @@ class RingClient(ClientBase):
                  batch_size: int = 1000, linger: float = 0.05, window: int = 64,
                  max_pending_batches: int = 512, timeout: float = 60.0,
                  rpc_timeout: float = 5.0, expect_reducer: str | None = None,
-                 first_seq: int = 1, tls: TlsFiles | None = None) -> None:
+                 first_seq: int = 1, tls: TlsFiles | None = None,
+                 combine: bool = True) -> None:
         super().__init__(seeds, source, batch_size, linger, window, max_pending_batches,
-                         timeout, rpc_timeout, expect_reducer, tls)
+                         timeout, rpc_timeout, expect_reducer, tls, combine)
         self._loop, self._thread = _client_loop()
         try:
             self._call(self._delivery.fetch_ring())
@@ -67,7 +68,8 @@ class RingClient(ClientBase):
         # Emitted tuples are routed and buffered on the caller's thread, under the
         # batcher's lock; sealed batches are drained into the delivery on the loop.
         self._batcher = batcher_for(self._delivery, self.source, source is not None,
-                                    batch_size, first_seq)
+                                    batch_size, first_seq, combine)
+        self.source = self._batcher.source
         self._linger_task = self._call(self._start_linger())
 
     # ------------------------------------------------------------- plumbing

@@ -14,11 +14,12 @@ from node.transport.tls import TlsFiles
 class ClientBase:
     def __init__(self, seeds, source: str | None, batch_size: int, linger: float,
                  window: int, max_pending_batches: int, timeout: float, rpc_timeout: float,
-                 expect_reducer: str | None, tls: TlsFiles | None) -> None:
+                 expect_reducer: str | None, tls: TlsFiles | None, combine: bool) -> None:
         seeds = check_settings(seeds, batch_size, max_pending_batches)
         self.source = source or default_source()
         self.batch_size = batch_size
         self.linger = linger
+        self.combine = combine
         self.max_pending_batches = max_pending_batches
         self.timeout = timeout
         self.rpc_timeout = rpc_timeout

@@ -375,7 +375,7 @@ class Delivery:
         self.last_progress = time.monotonic()
         self.last_errors.pop(node, None)
         if self.outbox.acked(batch, node):
-            self.latencies.append((time.monotonic() - batch.born, batch.count))
+            self.latencies.append((time.monotonic() - batch.born, batch.inputs or batch.count))
             with self.changed:
                 self.changed.notify_all()
 

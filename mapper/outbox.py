@@ -34,6 +34,7 @@ class PendingBatch:
     waiting_for: set[str] = field(default_factory=set)  # destinations yet to ack
     tokens: tuple = ()        # the ring's tokens its keys were routed with
     order: tuple = ()         # resend order, when a split made it a part of another batch
+    inputs: int = 0           # tuples emitted into it, when combining made them fewer
 
     def sort_key(self) -> tuple:
         return self.order or (self.id,)

@@ -39,10 +39,18 @@ def is_piece(key) -> bool:
 
 
 FOLD_SOURCE = "fold:"       # the source of a fold's batch: its tuples carry states
+# A mapper that pre-aggregates (mapper/combining.py) sends under a source named so:
+# each of its tuples carries the state of several, merged in with the reducer's merge.
+COMBINED_SOURCE = "combined:"
 
 
 def is_fold_source(source: str) -> bool:
     return source.startswith(FOLD_SOURCE)
+
+
+def carries_states(source: str) -> bool:
+    """The source's tuples carry reducer states (merged) rather than values (reduced)."""
+    return source.startswith(FOLD_SOURCE) or source.startswith(COMBINED_SOURCE)
 
 
 def fold_key(key, index: int, nonce: int) -> bytes:

@@ -17,7 +17,7 @@ from node.core.batch import decode_payload, decode_seqs
 from node.core.dedup import first_new_index
 from node.core.epochs import effective_mark, floor_key, raise_floor, replay_order
 from node.core.errors import FloeError, Overloaded, TooLarge
-from node.core.pieces import FOLD_SOURCE
+from node.core.pieces import carries_states
 from node.core.reducers import Reducer
 from node.core.state_store import LayeredState, ReplicaState
 
@@ -115,7 +115,7 @@ class PrimaryRange:
             verify(keys)
         if start:
             keys, values = keys[start:], values[start:]
-        if source.startswith(FOLD_SOURCE):        # a piece's state merged back
+        if carries_states(source):        # a piece merged back, or a combining mapper's
             self.state.merge_in(keys, values)
         else:
             self.state.apply(keys, values)
@@ -261,7 +261,7 @@ class ReplicaSide:
             raise Overloaded(f"the backup store holds {self.backups.bytes} bytes, the limit "
                            f"is {max_bytes} (--max-backup-bytes)")
         values = decode_payload(entry.payload, entry.count)[1]
-        if source.startswith(FOLD_SOURCE):
+        if carries_states(source):
             self.reducer.check_states(values)
         else:
             self.reducer.check_values(values)

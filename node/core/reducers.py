@@ -11,6 +11,7 @@ Built-in states are tuples, not lists, because that is what msgpack gives back
 
 from __future__ import annotations
 
+import ast
 import importlib
 from math import isfinite
 from operator import gt, lt
@@ -78,6 +79,15 @@ class Reducer:
             new[key] = merge(held, state)
         active.update(new)
 
+    def combine(self, key, value, n: int):
+        """The state `n` tuples (key, value) make from the initial one: what a mapper
+        that pre-aggregates sends in their place, merged on the node with `merge`.
+        Only asked of reducers with a merge; override it where a product is cheaper."""
+        state = self.initial()
+        for _ in range(n):
+            state = self.reduce(key, value, state)
+        return state
+
     def sort_key(self, state):
         """The number that ranks keys in top-k queries."""
         return state
@@ -137,6 +147,13 @@ class Count(Reducer):
         for key, value in zip(keys, values):
             active[key] = (active[key] if key in active else lookup(key)) + value
 
+    # A count's state is a value: merging states is applying them (and as fast).
+    def merge_batch(self, keys, states, active: dict, lookup) -> None:
+        self.apply_batch(keys, states, active, lookup)
+
+    def combine(self, key, value, n: int):
+        return value * n
+
 
 class Sum(Count):
     _types = _NUMBER
@@ -161,6 +178,9 @@ class Min(Reducer):
 
     def merge(self, a, b):
         return self.reduce(None, b, a) if b is not None else a
+
+    def combine(self, key, value, n: int):
+        return value
 
     def apply_batch(self, keys, values, active: dict, lookup) -> None:
         _check_lengths(keys, values)
@@ -299,6 +319,20 @@ def reducer_identity(spec: str, kwargs: dict) -> str:
     cls = BUILTINS.get(spec)
     path = f"{cls.__module__}:{cls.__qualname__}" if cls is not None else spec
     return path + "(" + ", ".join(f"{k}={kwargs[k]!r}" for k in sorted(kwargs)) + ")"
+
+
+def reducer_from_identity(identity: str) -> Reducer:
+    """The reducer a ring records (`reducer_identity`), loaded here; UnknownReducer
+    when this process cannot import it or its arguments cannot be read back."""
+    path, sep, args = identity.partition("(")
+    try:
+        call = ast.parse(f"f({args}" if sep else "f()", mode="eval").body
+        if not isinstance(call, ast.Call) or call.args:
+            raise ValueError("positional arguments")
+        kwargs = {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords}
+    except (SyntaxError, ValueError, TypeError) as exc:
+        raise UnknownReducer(f"reducer {identity!r}: arguments not readable: {exc}") from None
+    return load_reducer(path, **kwargs)
 
 
 def parse_reducer_args(items) -> dict:

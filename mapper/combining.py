@@ -1,0 +1,136 @@
+"""Combining on the mapper (local-global aggregation, as Flink's mini-batch and
+Spark's partial aggregation do it): for a reducer with a merge, the tuples of one key
+routed to one token are folded into one partial state on the mapper, and the node
+merges that state in instead of reducing each tuple.
+
+Exactly-once is kept the way it is for plain batches. A sealed batch holds one tuple
+per key, each with a seq of its own drawn when the batch is sealed; resends and
+replays carry the same (source, seq)s, so the nodes' dedup drops them, and a split
+cuts a batch by key without cutting a key's state. The source is named
+`combined:...` so every node (and a replica replaying its backups) merges its tuples.
+
+Only for the client's own source: what a batch holds depends on when it was sealed,
+so another process replaying a named source (a retried Spark task) could not rebuild
+it. Memory stays bounded: a buffer is sealed at `batch_size` distinct keys or at
+`max_inputs` tuples folded into it, and `emit_many` counts its keys in chunks."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import Counter
+from typing import Iterable
+
+from mapper.batching import PLAIN_VALUES, Batcher, check_value
+from mapper.outbox import PendingBatch
+from mapper.sharing import check_key
+from node.core.batch import encode_payload
+from node.core.errors import FloeError
+from node.core.pieces import COMBINED_SOURCE
+from node.core.reducers import Reducer, reducer_from_identity
+
+CHUNK = 1 << 16       # keys emit_many counts at a time
+
+
+class StateBuffer:
+    __slots__ = ("states", "inputs", "since", "tokens")
+
+    def __init__(self, now: float, tokens: tuple) -> None:
+        self.states: dict = {}     # key -> the partial state of the tuples folded in
+        self.inputs = 0            # tuples folded in
+        self.since = now
+        self.tokens = tokens
+
+
+def combiner_for(identity: str) -> Reducer | None:
+    """The ring's reducer, loaded here to combine with, or None when it has no merge
+    or this process cannot load it (then tuples go uncombined)."""
+    if not identity:
+        return None
+    try:
+        reducer = reducer_from_identity(identity)
+    except FloeError:
+        return None
+    return reducer if reducer.merge is not None else None
+
+
+class CombiningBatcher(Batcher):
+    def __init__(self, router, chooser, source: str, batch_size: int, reducer: Reducer,
+                 max_inputs: int) -> None:
+        super().__init__(router, chooser, COMBINED_SOURCE + source, batch_size)
+        self.reducer = reducer
+        self.max_inputs = max_inputs
+        self.combining = True
+        self._tuples = itertools.count(1)   # numbers a sharing balancer chooses pieces by
+
+    def rebind(self, source: str, first_seq: int, ring) -> None:
+        # A named, replayable sequence: its batches must be rebuilt alike by whoever
+        # replays it, which sealing times do not allow. Send it uncombined.
+        with self.lock:
+            self.combining = False
+        super().rebind(source, first_seq, ring)
+
+    def emit(self, key, value) -> bool:
+        if not self.combining:
+            return super().emit(key, value)
+        return self.emit_many((key,), value)
+
+    def emit_many(self, keys: Iterable, value) -> bool:
+        if not self.combining:
+            return super().emit_many(keys, value)
+        if type(value) not in PLAIN_VALUES:
+            check_value(value)
+        self.reducer.check_value(value)     # refused here, before it is folded in
+        keys = iter(keys)
+        sealed = False
+        while chunk := list(itertools.islice(keys, CHUNK)):
+            sealed |= self._fold(chunk, value)
+        return sealed
+
+    def _fold(self, keys: list, value) -> bool:
+        combine, merge = self.reducer.combine, self.reducer.merge
+        with self.lock:
+            tokens, route, sealed, place = self._routing_locked()
+            if place is None:
+                counted = Counter(keys).items()     # one route and one fold per key
+            else:
+                # A sharing balancer weighs every tuple: place each, then count pieces.
+                tuples = self._tuples
+                counted = Counter(place(k, next(tuples)) for k in map(_checked, keys)).items()
+            buffers = self.buffers
+            for key, n in counted:
+                if place is None:
+                    if type(key) is not str:
+                        check_key(key)
+                    token = route(key)
+                else:
+                    key, token = key
+                buf = buffers.get(token)
+                if buf is None:
+                    buf = buffers[token] = StateBuffer(time.monotonic(), tokens)
+                states = buf.states
+                partial = combine(key, value, n)
+                states[key] = merge(states[key], partial) if key in states else partial
+                buf.inputs += n
+                if len(states) >= self.batch_size or buf.inputs >= self.max_inputs:
+                    self._seal_locked(token)
+                    sealed = True
+        return sealed
+
+    def _seal_locked(self, token: int) -> None:
+        buf = self.buffers[token]
+        if not isinstance(buf, StateBuffer):
+            return super()._seal_locked(token)
+        del self.buffers[token]
+        first, count = self.next_seq, len(buf.states)
+        self.next_seq += count
+        self.sealed.append(PendingBatch(
+            next(self._batch_ids), token, self.source, first, first + count - 1, count,
+            encode_payload(list(buf.states), list(buf.states.values())), b"", buf.since,
+            tokens=buf.tokens, inputs=buf.inputs))
+
+
+def _checked(key):
+    if type(key) is not str:
+        check_key(key)
+    return key
