@@ -1,17 +1,26 @@
 """Throughput and latency benchmark, measured side by side in one run.
 
-    python -m chaos.bench [--tuples 2000000] [--nodes 4] [--insecure]
+    python -m chaos.bench [--tuples 3000000] [--words zipf|corpus] [--nodes 4]
+                          [--seconds 8] [--insecure] [--durable] [--spark]
 
-Prints: the in-process ceiling (msgpack decode + reducer apply in one process), the
-feeder's own ceiling (route + batch + encode, no network), end-to-end throughput from
-one feeder process to N node processes with r=0 and r=1, and emit-to-acknowledged
-latency at half the measured r=1 throughput, every call mutual TLS as deployed; with
---insecure (or its old name --tls), r=1 again in the clear, side by side.
+Prints: the in-process ceilings (msgpack decode + reducer apply; the feeder's route +
+batch + encode, tuple by tuple and combined); end-to-end throughput in input tuples/s
+from one feeder process to N node processes, combined on the mapper (the default for
+a reducer with a merge) with r=0 and r=1, and every tuple sent (combine=False) with
+r=1; then latency under an open-loop feed at 1/4, 1/2 and 3/4 of the combined r=1
+throughput, each for --seconds: every 5 ms tick is due at a fixed time, a batch's
+latency counts from the due time of its earliest tuple to its last acknowledgement
+by r+1 (so a feeder behind schedule shows, no coordinated omission), p50/p99/p999
+weighted by tuples. Every ring runs mutual TLS as deployed; every count is checked
+against a Counter. --spark adds Spark Structured Streaming's own stateful count of
+the same words (chaos.spark_bench, warm JVM) and the ratio.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
+import random
 import tempfile
 import time
 from collections import Counter, defaultdict
@@ -21,18 +30,38 @@ import psutil
 from chaos.cluster import LocalCluster
 from chaos.corpus import kjv_lines
 from mapper import RingClient, split_words
+from mapper.combining import CombiningBatcher
 from mapper.routing import Router
 from node.core.batch import decode_payload, encode_payload
-from node.core.reducers import Count
+from node.core.reducers import Count, reducer_identity
 from node.core.ring import Ring
 from node.core.state_store import LayeredState
 
 CHUNK = 50_000
+TICK = 0.005               # seconds between two due times of the open-loop feed
+LOADS = (0.25, 0.5, 0.75)  # latency points, as shares of the measured throughput
 
 
 def corpus_words(n: int) -> list[str]:
     words = [w for line in kjv_lines() for w in split_words(line)]
     return (words * (n // len(words) + 1))[:n]
+
+
+def zipf_words(n: int, distinct: int = 50_000, s: float = 1.0, seed: int = 1) -> list[str]:
+    """`n` words drawn from `distinct` ones with Zipf(s) frequencies (seeded)."""
+    rng = random.Random(seed)
+    vocabulary = [_letters(rank) for rank in range(1, distinct + 1)]
+    weights = list(itertools.accumulate(1.0 / rank ** s for rank in range(1, distinct + 1)))
+    return rng.choices(vocabulary, cum_weights=weights, k=n)
+
+
+def _letters(n: int) -> str:
+    """A word of letters only for `n` (what Spark's and the mapper's word split keep)."""
+    word = ""
+    while n:
+        n, digit = divmod(n, 26)
+        word += "abcdefghijklmnopqrstuvwxyz"[digit]
+    return "w" + word
 
 
 def ceiling_apply(words: list[str], batch: int = 1000) -> float:
@@ -60,6 +89,19 @@ def ceiling_feeder(words: list[str], nodes: int, batch: int = 1000) -> float:
     return len(words) / (time.perf_counter() - started)
 
 
+def ceiling_combining(words: list[str], nodes: int, batch: int = 1000) -> float:
+    """The combining batcher alone (route, fold, seal, encode), no network."""
+    ring = Ring.initial({f"n{i}": f"127.0.0.1:{i + 1}" for i in range(nodes)}, 1, 8,
+                        reducer=reducer_identity("count", {}))
+    batcher = CombiningBatcher(Router(ring), None, "bench", batch, Count(), 64 * batch)
+    started = time.perf_counter()
+    for i in range(0, len(words), CHUNK):
+        batcher.emit_many(words[i:i + CHUNK], 1)
+        batcher.sealed.clear()
+    batcher.seal_all()
+    return len(words) / (time.perf_counter() - started)
+
+
 def _cluster(workdir: str, nodes: int, replicas: int, tls: bool,
              fsync: float | None) -> LocalCluster:
     """A cluster in memory, or durable (`fsync`: its --fsync-interval) when given."""
@@ -71,11 +113,12 @@ def _cluster(workdir: str, nodes: int, replicas: int, tls: bool,
 
 
 def end_to_end(words: list[str], nodes: int, replicas: int, tls: bool = True,
-               fsync: float | None = None) -> tuple[float, bool, float]:
-    """(tuples/s, exact, bytes the nodes wrote to disk per tuple)."""
+               fsync: float | None = None, combine: bool = True) -> tuple[float, bool, float]:
+    """(input tuples/s, exact, bytes the nodes wrote to disk per tuple)."""
     with tempfile.TemporaryDirectory(prefix="floe-bench-") as workdir:
         with _cluster(workdir, nodes, replicas, tls, fsync) as cluster:
-            with RingClient(cluster.seeds, tls=cluster.tls("client")) as client:
+            with RingClient(cluster.seeds, tls=cluster.tls("client"),
+                            combine=combine) as client:
                 written = _bytes_written(cluster)
                 started = time.perf_counter()
                 for i in range(0, len(words), CHUNK):
@@ -92,43 +135,73 @@ def _bytes_written(cluster: LocalCluster) -> int:
     return sum(psutil.Process(node.pid).io_counters().write_bytes for node in cluster.nodes)
 
 
-def latency(words: list[str], nodes: int, replicas: int, rate: float,
-            tls: bool = True, fsync: float | None = None) -> tuple[float, float]:
-    """Feed at `rate` tuples/s; tuple-weighted p50/p99 of first-emit -> last-ack."""
+def latency(words: list[str], nodes: int, replicas: int, rate: float, seconds: float = 8.0,
+            tls: bool = True, fsync: float | None = None,
+            combine: bool = True) -> tuple[float, float, float, bool]:
+    """Feed `rate` tuples/s open loop for `seconds`; (p50, p99, p999) seconds from each
+    tuple's due time to its batch's last ack, weighted by tuples, and exactness."""
+    per_tick = max(1, int(rate * TICK))
+    ticks = max(1, int(seconds / TICK))
+    fed: Counter = Counter()
     with tempfile.TemporaryDirectory(prefix="floe-bench-") as workdir:
         with _cluster(workdir, nodes, replicas, tls, fsync) as cluster:
-            with RingClient(cluster.seeds, linger=0.002, tls=cluster.tls("client")) as client:
-                tick = 0.005
-                per_tick = max(1, int(rate * tick))
-                started = time.perf_counter()
-                for n, i in enumerate(range(0, len(words), per_tick)):
-                    client.emit_many(words[i:i + per_tick])
-                    delay = started + (n + 1) * tick - time.perf_counter()
+            with RingClient(cluster.seeds, tls=cluster.tls("client"),
+                            combine=combine) as client:
+                started = time.monotonic()
+                at = 0
+                for n in range(ticks):
+                    due = started + n * TICK
+                    delay = due - time.monotonic()
                     if delay > 0:
                         time.sleep(delay)
+                    chunk = words[at:at + per_tick]
+                    if len(chunk) < per_tick:
+                        at = 0
+                        chunk = words[:per_tick]
+                    at += per_tick
+                    fed.update(chunk)
+                    client.emit_many(chunk, due=due)
                 client.flush()
                 samples = client.delivery_latencies()
-    samples.sort()
+                exact = dict(client.scan()) == fed
+    return (*percentiles(samples, (0.50, 0.99, 0.999)), exact)
+
+
+def percentiles(samples: list[tuple[float, int]], points) -> tuple[float, ...]:
+    """Tuple-weighted percentiles of (seconds, tuples) samples."""
+    samples = sorted(samples)
     total = sum(c for _, c in samples)
-    def pct(p):
+    out = []
+    for p in points:
         seen = 0
         for seconds, count in samples:
             seen += count
             if seen >= p * total:
-                return seconds
-        return samples[-1][0]
-    return pct(0.50), pct(0.99)
+                out.append(seconds)
+                break
+        else:
+            out.append(samples[-1][0])
+    return tuple(out)
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tuples", type=int, default=2_000_000)
-    parser.add_argument("--nodes", type=int, default=4)
+    parser.add_argument("--tuples", type=int, default=3_000_000,
+                        help="words fed in each throughput run (default: %(default)s)")
+    parser.add_argument("--words", choices=("zipf", "corpus"), default="zipf",
+                        help="zipf: Zipf(1.0) over 50,000 distinct words; corpus: the "
+                             "King James Bible's words, repeated (default: %(default)s)")
+    parser.add_argument("--nodes", type=int, default=4, help="(default: %(default)s)")
+    parser.add_argument("--seconds", type=float, default=8.0,
+                        help="open-loop feed per latency point (default: %(default)s)")
     parser.add_argument("--insecure", "--tls", dest="compare", action="store_true",
                         help="also run r=1 in the clear, side by side with mutual TLS")
     parser.add_argument("--durable", action="store_true",
                         help="also run r=1 durable (--data-dir) at a few --fsync-interval "
                              "settings, side by side with memory mode")
+    parser.add_argument("--spark", action="store_true",
+                        help="also run Spark Structured Streaming's own count of the same "
+                             "words (warm JVM) and print the ratio")
     parser.add_argument("--repeat", type=int, default=1,
                         help="with --insecure: this many TLS / plain pairs, taking turns, "
                              "and their median ratio (one pair cannot resolve a cost "
@@ -143,29 +216,45 @@ def main(argv=None) -> int:
             restart, exact = restart_time(keys)
             print(f"durable restart, {keys:,} keys on the node: serving again {restart:.2f} s "
                   f"after the restart began (exact={exact})")
-    words = corpus_words(args.tuples)
-    print(f"workload: {len(words):,} words of the King James Bible (word count), "
-          f"{args.nodes} nodes, batches of 1000, mutual TLS on every call")
+    words = zipf_words(args.tuples) if args.words == "zipf" else corpus_words(args.tuples)
+    print(f"workload: {len(words):,} words ({args.words}, {len(set(words)):,} distinct; "
+          f"word count), {args.nodes} nodes, batches of 1000, mutual TLS on every call",
+          flush=True)
     apply_rate = ceiling_apply(words)
-    print(f"ceiling, decode + apply in one process : {apply_rate / 1e6:6.2f} M tuples/s")
+    print(f"ceiling, decode + apply in one process    : {apply_rate / 1e6:6.2f} M tuples/s")
     feed_rate = ceiling_feeder(words, args.nodes)
-    print(f"ceiling, feeder route + batch + encode : {feed_rate / 1e6:6.2f} M tuples/s")
+    print(f"ceiling, feeder route + batch + encode    : {feed_rate / 1e6:6.2f} M tuples/s")
+    comb_rate = ceiling_combining(words, args.nodes)
+    print(f"ceiling, feeder combining                 : {comb_rate / 1e6:6.2f} M tuples/s",
+          flush=True)
     r0, exact0, _ = end_to_end(words, args.nodes, 0)
-    print(f"end to end, r=0                        : {r0 / 1e6:6.2f} M tuples/s "
-          f"({r0 / apply_rate:.0%} of ceiling, exact={exact0})")
+    print(f"end to end, combined, r=0                 : {r0 / 1e6:6.2f} M tuples/s "
+          f"(exact={exact0})", flush=True)
     r1, exact1, _ = end_to_end(words, args.nodes, 1)
-    print(f"end to end, r=1                        : {r1 / 1e6:6.2f} M tuples/s "
-          f"(r=1 / r=0 = {r1 / r0:.2f}, exact={exact1})")
-    half = r1 / 2
-    sample = words[: max(200_000, len(words) // 4)]
-    p50, p99 = latency(sample, args.nodes, 1, half)
-    print(f"latency at {half / 1e6:.2f} M tuples/s (half load), r=1  : "
-          f"p50 {p50 * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms (first emit -> acked by r+1)")
-    exact = exact0 and exact1
+    print(f"end to end, combined, r=1                 : {r1 / 1e6:6.2f} M tuples/s "
+          f"(r=0 / r=1 = {r0 / r1:.2f}, exact={exact1})", flush=True)
+    u1, exactu, _ = end_to_end(words, args.nodes, 1, combine=False)
+    print(f"end to end, every tuple sent, r=1         : {u1 / 1e6:6.2f} M tuples/s "
+          f"(combined / every tuple = {r1 / u1:.2f}, exact={exactu})", flush=True)
+    exact = exact0 and exact1 and exactu
+    p99_half = None
+    for share in LOADS:
+        p50, p99, p999, ok = latency(words, args.nodes, 1, r1 * share, args.seconds)
+        exact = exact and ok
+        p99_half = p99 if share == 0.5 else p99_half
+        print(f"latency at {share:.0%} load ({r1 * share / 1e6:.2f} M tuples/s, r=1, "
+              f"{args.seconds:g} s): p50 {p50 * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms, p999 "
+              f"{p999 * 1e3:.1f} ms (due -> acked by r+1, exact={ok})", flush=True)
+    if args.spark:
+        from chaos.spark_bench import spark_count_rate
+        rate, ok = spark_count_rate(words)
+        exact = exact and ok
+        print(f"Spark Structured Streaming's count, warm : {rate / 1e6:6.2f} M tuples/s "
+              f"(ring combined r=1 / Spark = {r1 / rate:.2f}, exact={ok})", flush=True)
     if args.compare:
-        exact = tls_side_by_side(words, sample, args.nodes, half, args.repeat) and exact
+        exact = tls_side_by_side(words, words, args.nodes, r1 / 2, args.repeat) and exact
     if args.durable:
-        exact = durable_side_by_side(words, sample, args.nodes, r1, p50, p99) and exact
+        exact = durable_side_by_side(words, words, args.nodes, r1, p99_half) and exact
     return 0 if exact else 1
 
 
@@ -178,7 +267,7 @@ def tls_side_by_side(words, sample, nodes: int, rate: float, repeat: int) -> boo
         rates, lat = {}, {}
         for tls in order:
             rates[tls], ok, _ = end_to_end(words, nodes, 1, tls=tls)
-            lat[tls] = latency(sample, nodes, 1, rate, tls=tls)
+            lat[tls] = latency(sample, nodes, 1, rate, tls=tls)[:2]
             exact = exact and ok
         ratios.append(rates[True] / rates[False])
         print(f"pair {i + 1}: r=1 TLS {rates[True] / 1e6:.2f} M/s, plain "
@@ -215,18 +304,18 @@ def restart_time(keys: int) -> tuple[float, bool]:
 
 
 def durable_side_by_side(words, sample, nodes: int, memory_rate: float,
-                         memory_p50: float, memory_p99: float) -> bool:
+                         memory_p99: float) -> bool:
     """r=1 durable at a few fsync intervals against the memory-mode figures above."""
     exact = True
     for fsync in (0.0, 0.002, 0.01):
         rate, ok, per_tuple = end_to_end(words, nodes, 1, fsync=fsync)
-        p50, p99 = latency(sample, nodes, 1, memory_rate / 2, fsync=fsync)
+        p50, p99, _, ok2 = latency(sample, nodes, 1, memory_rate / 2, fsync=fsync)
         print(f"durable, fsync every {fsync * 1e3:4.1f} ms, r=1       : {rate / 1e6:6.2f} M "
               f"tuples/s (durable / memory = {rate / memory_rate:.2f}, exact={ok}), "
               f"{per_tuple:.0f} bytes written per tuple; at half the memory load p50 "
               f"{p50 * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms ({(p99 - memory_p99) * 1e3:+.1f} "
               f"against memory)")
-        exact = exact and ok
+        exact = exact and ok and ok2
     return exact
 
 

@@ -167,6 +167,47 @@ def _batch_end(progress: dict) -> float:
     return started + progress["durationMs"]["triggerExecution"] / 1e3
 
 
+def bench_session():
+    """local[2], 2 shuffle partitions, RocksDB state store with changelog checkpoints:
+    Spark's stateful count tuned as its documentation advises."""
+    os.environ.setdefault("PYSPARK_SUBMIT_ARGS", f"--driver-java-options "
+                          f"-Dlog4j2.configurationFile=file:{LOG_CONFIG} pyspark-shell")
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    spark = (session_builder("floe-ring benchmark", 2)
+             .master("local[2]")
+             .config("spark.ui.enabled", "false")
+             .config("spark.sql.streaming.stateStore.providerClass",
+                     "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
+             .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled",
+                     "true")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def spark_count_rate(words: list[str], files: int = 8, rounds: int = 2) -> tuple[float, bool]:
+    """Spark's own streaming count of `words` (written 1,000 to a line in `files`
+    files, two files per micro-batch), on a JVM warmed by a first small run: the best
+    of `rounds` runs in words/s, and whether every run counted exactly."""
+    lines = [" ".join(words[i:i + 1000]) for i in range(0, len(words), 1000)]
+    expected = Counter(words)
+    spark = bench_session()
+    try:
+        with tempfile.TemporaryDirectory(prefix="floe-spark-count-") as tmp:
+            workdir = Path(tmp)
+            warm = workdir / "warm"
+            write_files(warm, lines[:200], 2)
+            throughput(SparkCount(spark), warm, workdir,
+                       Counter(w for line in lines[:200] for w in line.split()))
+            source = workdir / "input"
+            write_files(source, lines, files)
+            runs = [throughput(SparkCount(spark), source, workdir, expected)
+                    for _ in range(rounds)]
+    finally:
+        spark.stop()
+    return max(rate for rate, _ in runs), all(ok for _, ok in runs)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--copies", type=int, default=1, help="the corpus N times over")
@@ -179,17 +220,7 @@ def main(argv=None) -> int:
 
     lines = kjv_lines() * args.copies
     expected = Counter(w for line in lines for w in split_words(line))
-    os.environ.setdefault("PYSPARK_SUBMIT_ARGS", f"--driver-java-options "
-                          f"-Dlog4j2.configurationFile=file:{LOG_CONFIG} pyspark-shell")
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    spark = (session_builder("floe-ring benchmark", 2)
-             .master("local[2]")
-             .config("spark.ui.enabled", "false")
-             .config("spark.sql.streaming.stateStore.providerClass",
-                     "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
-             .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled",
-                     "true")
-             .getOrCreate())
+    spark = bench_session()
     spark.sparkContext.setLogLevel("ERROR")
     print(f"input: King James Bible x{args.copies}, {len(lines)} lines, "
           f"{sum(expected.values()):,} words in {args.files} files; local[2], 2 shuffle "

@@ -90,18 +90,20 @@ class AsyncRingClient(ClientBase):
 
     # --------------------------------------------------------------- emit
 
-    async def emit(self, key, value=1) -> None:
+    async def emit(self, key, value=1, *, due: float | None = None) -> None:
         """Queue one tuple; waits while too many batches are unacknowledged."""
         if self._batcher is None:
             await self.connect()
-        if self._batcher.emit(key, value):
+        batcher = self._batcher
+        if batcher.emit(key, value, due) or batcher.seal_if_idle(self._delivery):
             await self._hand_over()
 
-    async def emit_many(self, keys: Iterable, value=1) -> None:
+    async def emit_many(self, keys: Iterable, value=1, *, due: float | None = None) -> None:
         """emit(key, value) for every key, several times faster than a loop of emit()."""
         if self._batcher is None:
             await self.connect()
-        if self._batcher.emit_many(keys, value):
+        batcher = self._batcher
+        if batcher.emit_many(keys, value, due) or batcher.seal_if_idle(self._delivery):
             await self._hand_over()
 
     async def _hand_over(self) -> None:

@@ -75,8 +75,19 @@ class Batcher:
         with self.lock:
             return bool(self.buffers or self.sealed)
 
-    def emit(self, key, value) -> bool:
-        """Buffer one tuple; True when a batch was sealed (the caller hands it over)."""
+    def seal_if_idle(self, delivery) -> bool:
+        """Seal every open buffer when nothing is on its way (no sealed batch waiting,
+        none unacknowledged): a light stream then waits for no linger, and under load,
+        while batches are in flight, buffers keep filling (as Nagle's rule does)."""
+        if self.sealed or delivery.undelivered or not self.buffers:
+            return False
+        self.seal_all()
+        return True
+
+    def emit(self, key, value, due: float | None = None) -> bool:
+        """Buffer one tuple; True when a batch was sealed (the caller hands it over).
+        `due`: the monotonic time the tuple was due (default: now), from which its
+        batch's delivery latency counts."""
         if type(key) not in KEY_TYPES:
             raise InvalidKey(f"key must be str, bytes or int, not {type(key).__name__}")
         if type(value) not in PLAIN_VALUES:
@@ -91,7 +102,7 @@ class Batcher:
                 key, token = place(key, self.next_seq)
             buf = self.buffers.get(token)
             if buf is None:
-                buf = self.buffers[token] = Buffer(time.monotonic(), tokens)
+                buf = self.buffers[token] = Buffer(due or time.monotonic(), tokens)
             buf.keys.append(key)
             buf.values.append(value)
             buf.seqs.append(self.next_seq)
@@ -101,11 +112,12 @@ class Batcher:
                 sealed = True
         return sealed
 
-    def emit_many(self, keys: Iterable, value) -> bool:
+    def emit_many(self, keys: Iterable, value, due: float | None = None) -> bool:
         """emit(key, value) for every key, several times faster than a loop of emit()."""
         if type(value) not in PLAIN_VALUES:
             check_value(value)
         size = self.batch_size
+        born = due or time.monotonic()
         with self.lock:
             tokens, route, full, place = self._routing_locked()
             buffers = self.buffers
@@ -120,7 +132,7 @@ class Batcher:
                         key, token = place(key, seq)
                     buf = buffers.get(token)
                     if buf is None:
-                        buf = buffers[token] = Buffer(time.monotonic(), tokens)
+                        buf = buffers[token] = Buffer(born, tokens)
                     buf.keys.append(key)
                     buf.values.append(value)
                     buf.seqs.append(seq)

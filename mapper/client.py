@@ -109,14 +109,18 @@ class RingClient(ClientBase):
 
     # --------------------------------------------------------------- emit
 
-    def emit(self, key, value=1) -> None:
-        """Queue one tuple. Blocks while too many batches are unacknowledged."""
-        if self._batcher.emit(key, value):
+    def emit(self, key, value=1, *, due: float | None = None) -> None:
+        """Queue one tuple. Blocks while too many batches are unacknowledged. `due`:
+        the time.monotonic() at which the tuple was due (an open-loop source behind
+        schedule), from which delivery_latencies() count; default now."""
+        batcher = self._batcher
+        if batcher.emit(key, value, due) or batcher.seal_if_idle(self._delivery):
             self._hand_over()
 
-    def emit_many(self, keys: Iterable, value=1) -> None:
+    def emit_many(self, keys: Iterable, value=1, *, due: float | None = None) -> None:
         """emit(key, value) for every key, several times faster than a loop of emit()."""
-        if self._batcher.emit_many(keys, value):
+        batcher = self._batcher
+        if batcher.emit_many(keys, value, due) or batcher.seal_if_idle(self._delivery):
             self._hand_over()
 
     def _drain(self) -> None:

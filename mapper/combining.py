@@ -70,49 +70,63 @@ class CombiningBatcher(Batcher):
             self.combining = False
         super().rebind(source, first_seq, ring)
 
-    def emit(self, key, value) -> bool:
+    def emit(self, key, value, due: float | None = None) -> bool:
         if not self.combining:
-            return super().emit(key, value)
-        return self.emit_many((key,), value)
+            return super().emit(key, value, due)
+        return self.emit_many((key,), value, due)
 
-    def emit_many(self, keys: Iterable, value) -> bool:
+    def emit_many(self, keys: Iterable, value, due: float | None = None) -> bool:
         if not self.combining:
-            return super().emit_many(keys, value)
+            return super().emit_many(keys, value, due)
         if type(value) not in PLAIN_VALUES:
             check_value(value)
         self.reducer.check_value(value)     # refused here, before it is folded in
         keys = iter(keys)
         sealed = False
         while chunk := list(itertools.islice(keys, CHUNK)):
-            sealed |= self._fold(chunk, value)
+            sealed |= self._fold(chunk, value, due or time.monotonic())
         return sealed
 
-    def _fold(self, keys: list, value) -> bool:
-        combine, merge = self.reducer.combine, self.reducer.merge
+    def _fold(self, keys: list, value, born: float) -> bool:
+        if set(map(type, keys)) - {str}:
+            for key in keys:        # Counter would take True for 1, or fail on a list
+                check_key(key)
+        reducer = self.reducer
         with self.lock:
             tokens, route, sealed, place = self._routing_locked()
             if place is None:
                 counted = Counter(keys).items()     # one route and one fold per key
+                cached = route.cached
             else:
                 # A sharing balancer weighs every tuple: place each, then count pieces.
                 tuples = self._tuples
-                counted = Counter(place(k, next(tuples)) for k in map(_checked, keys)).items()
-            buffers = self.buffers
-            for key, n in counted:
-                if place is None:
-                    if type(key) is not str:
-                        check_key(key)
-                    token = route(key)
+                counted = ((key, token, n) for (key, token), n in
+                           Counter(place(k, next(tuples)) for k in keys).items())
+                cached = None
+            buffers, size, most = self.buffers, self.batch_size, self.max_inputs
+            additive = reducer.additive
+            combine, merge = reducer.combine, reducer.merge
+            # The hot loop: one pass per distinct key, no call but dict methods where
+            # the reducer is additive (a count or a sum).
+            for item in counted:
+                if cached is None:
+                    key, token, n = item
                 else:
-                    key, token = key
+                    key, n = item
+                    token = cached(key)
+                    if token is None:
+                        token = route(key)
                 buf = buffers.get(token)
                 if buf is None:
-                    buf = buffers[token] = StateBuffer(time.monotonic(), tokens)
+                    buf = buffers[token] = StateBuffer(born, tokens)
                 states = buf.states
-                partial = combine(key, value, n)
-                states[key] = merge(states[key], partial) if key in states else partial
+                if additive:
+                    states[key] = states.get(key, 0) + n * value
+                else:
+                    partial = combine(key, value, n)
+                    states[key] = merge(states[key], partial) if key in states else partial
                 buf.inputs += n
-                if len(states) >= self.batch_size or buf.inputs >= self.max_inputs:
+                if len(states) >= size or buf.inputs >= most:
                     self._seal_locked(token)
                     sealed = True
         return sealed
@@ -128,9 +142,3 @@ class CombiningBatcher(Batcher):
             next(self._batch_ids), token, self.source, first, first + count - 1, count,
             encode_payload(list(buf.states), list(buf.states.values())), b"", buf.since,
             tokens=buf.tokens, inputs=buf.inputs))
-
-
-def _checked(key):
-    if type(key) is not str:
-        check_key(key)
-    return key

@@ -27,6 +27,9 @@ _INF = float("inf")
 class Reducer:
     name: str = ""  # set by load_reducer to the spec it was loaded from
     merge = None    # optional: merge(a, b) -> state, associative and commutative
+    # True when a state is the initial 0 plus the sum of the values (merge is +):
+    # a combining mapper then folds tuples with plain arithmetic.
+    additive = False
 
     def initial(self):
         raise NotImplementedError
@@ -121,6 +124,7 @@ class Count(Reducer):
     and emit(word, n)."""
 
     _types = _INT
+    additive = True
 
     def initial(self):
         return 0
