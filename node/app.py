@@ -71,7 +71,8 @@ async def start_node(config: NodeConfig) -> RunningNode:
     check_config_reducer(config, reducer)
     tls = node_tls(config)
     peers = PeerPool(config.rpc_timeout, config.max_message_bytes,
-                     tls.channel_credentials() if tls else None)
+                     tls.channel_credentials() if tls else None,
+                     chunk_entries=config.checkpoint_chunk_entries)
     runtime = NodeRuntime(config, reducer, peers,
                           events=EventLog(config.events_file, config.node_id))
     metrics = NodeMetrics(runtime) if config.metrics_port else None

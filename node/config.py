@@ -35,6 +35,7 @@ class NodeConfig:
     max_inbound_bytes: int = 256 << 20           # bytes of batches queued to apply, at most
     max_batch_bytes: int = 4 << 20               # larger batches are refused RESOURCE_EXHAUSTED
     max_message_bytes: int = 64 << 20            # gRPC message limit (scan chunks, full checkpoints)
+    checkpoint_chunk_entries: int = 65_536       # a larger full checkpoint goes in chunks of this many
     max_source_bytes: int = 256                  # a longer source id is refused RESOURCE_EXHAUSTED
     max_top: int = 10_000                        # Top(k) above this is refused RESOURCE_EXHAUSTED
     max_scan_chunk: int = 50_000                 # keys per Scan chunk asked for, at most
@@ -118,6 +119,8 @@ class NodeConfig:
             raise ValueError("queue_batches and max_batch_bytes must be >= 1")
         if self.max_inbound_bytes < self.max_batch_bytes:
             raise ValueError("max_inbound_bytes must be at least max_batch_bytes")
+        if self.checkpoint_chunk_entries < 1:
+            raise ValueError("checkpoint_chunk_entries must be >= 1")
         if self.max_backup_bytes < self.max_batch_bytes:
             # a batch larger than the whole store could never be backed up
             raise ValueError("max_backup_bytes must be at least max_batch_bytes")
@@ -340,6 +343,10 @@ def _add_limits(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-splits-per-minute", type=int,
                    help="splits a node makes in any minute, asked for or to shed load; more "
                         "are refused RESOURCE_EXHAUSTED (default 60)")
+    p.add_argument("--checkpoint-chunk-entries", type=int,
+                   help="a full checkpoint (a new replica's or holder's copy of a range) with "
+                        "more keys goes in chunks of this many, each with a deadline for its "
+                        "own bytes, a failed one sent again alone (default 65536)")
     p.add_argument("--max-backup-bytes", type=int,
                    help="bytes of batches a replica holds until checkpoints cover them; "
                         "past it, batches are refused RESOURCE_EXHAUSTED; a takeover replays them "

@@ -48,6 +48,9 @@ class Replica:
     def __init__(self) -> None:
         self.received: list = []
 
+    def check_started(self) -> None:
+        """Taking a full checkpoint in chunks (a million keys goes so)."""
+
     async def receive_checkpoint(self, sender, ring_stamp, incarnation, token, seq,
                                  base_seq, full, states, watermarks):
         self.received.append((token, seq, full, states, watermarks))

@@ -126,7 +126,8 @@ def test_health_is_not_serving_until_the_node_joined_then_serving(ring):
 
 
 def test_metrics_count_what_was_fed(ring):
-    with RingClient(list(ring["addresses"].values())) as client:
+    # every tuple sent as it is: a combining client would send one per key and batch
+    with RingClient(list(ring["addresses"].values()), combine=False) as client:
         client.emit_many(WORDS)
         client.flush()
         assert client.get("w7") == 20

@@ -497,7 +497,11 @@ class NodeRuntime:
                     node_id=core.node_id, address=self.config.advertise,
                     queue_length=self.inbound.qsize(), queued_bytes=self.inbound.nbytes,
                     reducer=self.reducer.name, pid=os.getpid(),
-                    uptime=self.clock() - self.started_at)
+                    uptime=self.clock() - self.started_at,
+                    moved_bytes=getattr(self.peers, "moved_bytes", 0),
+                    checkpoint_bytes=getattr(self.peers, "checkpoint_bytes", 0),
+                    checkpoint_rounds=self.checkpoint_rounds,
+                    checkpoint_seconds=self.checkpoint_seconds)
 
 
 def _after(committed: asyncio.Future, done: asyncio.Future, acks) -> None:

@@ -43,6 +43,8 @@ class NodeService:
             raise Starting(f"{self.runtime.config.node_id} is starting: it has not yet "
                            f"confirmed its place in the ring")
 
+    check_started = _check_started   # for a transport taking a call in parts (chunks)
+
     # ------------------------------------------------------------ data path
 
     async def submit(self, batches: list[Batch], stream: StreamState):

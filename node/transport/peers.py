@@ -10,7 +10,12 @@ import grpc
 from floering.v1 import floe_pb2, floe_pb2_grpc
 from node.core.codec import (SLICE, entry_count, pack, pack_entries, pack_entries_sliced,
                              unpack_entries, unpack_entries_sliced)
+from node.transport.chunking import (CHUNK_ENTRIES, chunk_count, chunk_deadline,
+                                     chunks_of)
+from node.core.errors import Unavailable
 from node.transport.status import error_from_rpc
+
+CHUNK_RETRIES = 3     # sends of one chunk that may fail in a row before the shipment does
 
 # Below these, entries are (un)packed in one go, as fast as can be; above, in steps of
 # SLICE entries (a few ms each). msgpack holds the GIL for a whole call, so only steps,
@@ -57,12 +62,17 @@ def channel_options(max_message_bytes: int) -> list[tuple[str, int]]:
 
 
 class PeerPool:
-    def __init__(self, timeout: float, max_message_bytes: int, credentials=None) -> None:
+    def __init__(self, timeout: float, max_message_bytes: int, credentials=None,
+                 chunk_entries: int = CHUNK_ENTRIES) -> None:
         self.timeout = timeout
+        self.chunk_entries = chunk_entries      # full checkpoints above: in chunks
         self._options = channel_options(max_message_bytes)
         self._credentials = credentials         # grpc.ChannelCredentials, or None
         self._channels: dict[str, grpc.aio.Channel] = {}
         self.checkpoint_bytes = 0               # shipped and acknowledged (/metrics)
+        # State moved from one node to another, acknowledged: full copies of ranges (a
+        # handoff's or split's new holders, new replicas) and pieces merged back.
+        self.moved_bytes = 0
 
     def _channel(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
@@ -78,6 +88,10 @@ class PeerPool:
 
     async def ship_checkpoint(self, address: str, *, sender: str, ring_stamp: int,
                               checkpoint, base_seq: int, incarnation: int = 0) -> tuple[bool, int]:
+        entries = entry_count(checkpoint.states)
+        if checkpoint.full and entries > self.chunk_entries:
+            return await self._ship_in_chunks(address, sender, ring_stamp, incarnation,
+                                              checkpoint, entries)
         states = await pack_entries_async(checkpoint.states)
         request = floe_pb2.CheckpointFragment(
             sender=sender, ring_stamp=ring_stamp, incarnation=incarnation,
@@ -85,11 +99,59 @@ class PeerPool:
             checkpoint_seq=checkpoint.seq, base_seq=base_seq, full=checkpoint.full,
             states=states, watermarks=pack(checkpoint.watermarks))
         try:
-            reply = await self._control(address).ShipCheckpoint(request, timeout=self.timeout)
+            reply = await self._control(address).ShipCheckpoint(
+                request, timeout=chunk_deadline(self.timeout, len(states)))
         except grpc.RpcError as exc:
             raise error_from_rpc(exc) from None
-        self.checkpoint_bytes += len(request.states) + len(request.watermarks)
+        shipped = len(request.states) + len(request.watermarks)
+        self.checkpoint_bytes += shipped
+        if checkpoint.full and not reply.need_full:
+            self.moved_bytes += shipped
         return reply.need_full, reply.checkpoint_seq
+
+    async def _ship_in_chunks(self, address: str, sender: str, ring_stamp: int,
+                              incarnation: int, checkpoint, entries: int) -> tuple[bool, int]:
+        """A full checkpoint chunk by chunk (node.transport.chunking): each chunk with a
+        deadline for its own bytes; a chunk that fails is sent again (up to
+        CHUNK_RETRIES times in a row), going on from what the receiver says it holds."""
+        size = self.chunk_entries
+        total = chunk_count(entries, size)
+        watermarks = pack(checkpoint.watermarks)
+        chunk, failures, sends = 1, 0, 0
+        parts = chunks_of(checkpoint.states, size)
+        while True:
+            sends += 1
+            if sends > 2 * total + CHUNK_RETRIES:
+                raise Unavailable(f"{address} keeps losing the chunks of a full checkpoint "
+                                  f"of token {checkpoint.token}")
+            pairs = next(parts)
+            data = await pack_entries_async(pairs)
+            last = chunk == total
+            request = floe_pb2.CheckpointFragment(
+                sender=sender, ring_stamp=ring_stamp, incarnation=incarnation,
+                token=checkpoint.token, checkpoint_seq=checkpoint.seq, full=True,
+                states=data, watermarks=watermarks if last else b"", chunk=chunk,
+                chunks=total)
+            try:
+                reply = await self._control(address).ShipCheckpoint(
+                    request, timeout=chunk_deadline(self.timeout, len(data)))
+            except grpc.RpcError as exc:
+                error = error_from_rpc(exc)
+                failures += 1
+                if not error.retriable or failures > CHUNK_RETRIES:
+                    raise error from None
+                parts = chunks_of(checkpoint.states, size, chunk - 1)   # this one again
+                continue
+            failures = 0
+            self.checkpoint_bytes += len(data) + len(request.watermarks)
+            self.moved_bytes += len(data) + len(request.watermarks)
+            if last and reply.chunks_held == total:
+                return reply.need_full, reply.checkpoint_seq
+            if reply.chunks_held != chunk:      # the receiver lost some: go on from there
+                chunk = reply.chunks_held + 1
+                parts = chunks_of(checkpoint.states, size, chunk - 1)
+                continue
+            chunk += 1
 
     async def push(self, address: str, batch) -> None:
         """One batch, as a mapper pushes it (a shared key's piece merged back)."""
@@ -104,6 +166,7 @@ class PeerPool:
                 pass
         except grpc.RpcError as exc:
             raise error_from_rpc(exc) from None
+        self.moved_bytes += len(batch.payload)
 
     async def heartbeat(self, address: str, *, sender: str, ring_stamp: int,
                         incarnation: int = 0, timeout: float | None = None) -> tuple[int, int]:

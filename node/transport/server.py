@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import time
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -22,6 +23,7 @@ from node.core.ring import Ring
 from node.runtime.inbound import StreamState
 from node.runtime.node import NodeRuntime
 from node.runtime.service import NodeService
+from node.transport.chunking import Reassembly
 from node.transport.intercept import CallLimiter
 from node.transport.metrics import NodeMetrics
 from node.transport.peers import channel_options, pack_entries_async, unpack_entries_async
@@ -158,6 +160,7 @@ class DataPlane(floe_pb2_grpc.DataPlaneServicer):
 class ControlPlane(floe_pb2_grpc.ControlPlaneServicer):
     def __init__(self, service: NodeService) -> None:
         self.service = service
+        self.chunks = Reassembly()      # full checkpoints arriving in chunks
 
     def _view(self, ring: Ring, starting: bool = False) -> floe_pb2.RingView:
         return floe_pb2.RingView(version=ring.version, ring=ring.to_wire(),
@@ -193,17 +196,28 @@ class ControlPlane(floe_pb2_grpc.ControlPlaneServicer):
                                                                   request.timeout))
 
     async def ShipCheckpoint(self, request, context):
+        held = 0
         try:
             # A full checkpoint may hold millions of keys: decoded in steps, so that
             # heartbeats and probes are answered meanwhile.
             states = await unpack_entries_async(request.states)
+            if request.chunk or request.chunks:
+                if not request.full:
+                    raise InvalidArgument("only a full checkpoint is sent in chunks")
+                self.service.check_started()
+                held, states = self.chunks.add(
+                    request.sender, request.token, request.checkpoint_seq, request.chunk,
+                    request.chunks, states, time.monotonic())
+                if states is None:
+                    return floe_pb2.CheckpointAck(chunks_held=held)
             need_full, seq, stamp = await self.service.receive_checkpoint(
                 request.sender, request.ring_stamp, request.incarnation, request.token,
                 request.checkpoint_seq, request.base_seq, request.full, states,
                 unpack(request.watermarks) if request.watermarks else {})
         except FloeError as exc:
             await abort(context, exc)
-        return floe_pb2.CheckpointAck(need_full=need_full, checkpoint_seq=seq, ring_stamp=stamp)
+        return floe_pb2.CheckpointAck(need_full=need_full, checkpoint_seq=seq, ring_stamp=stamp,
+                                      chunks_held=held)
 
     def _reply(self, accepted: bool, detail: str) -> floe_pb2.HandoffReply:
         return floe_pb2.HandoffReply(accepted=accepted, detail=detail,

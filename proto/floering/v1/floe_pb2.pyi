@@ -97,7 +97,7 @@ class HeartbeatReply(_message.Message):
     def __init__(self, sender: _Optional[str] = ..., ring_stamp: _Optional[int] = ..., incarnation: _Optional[int] = ...) -> None: ...
 
 class CheckpointFragment(_message.Message):
-    __slots__ = ("sender", "ring_stamp", "token", "checkpoint_seq", "base_seq", "full", "states", "watermarks", "incarnation")
+    __slots__ = ("sender", "ring_stamp", "token", "checkpoint_seq", "base_seq", "full", "states", "watermarks", "incarnation", "chunk", "chunks")
     SENDER_FIELD_NUMBER: _ClassVar[int]
     RING_STAMP_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
@@ -107,6 +107,8 @@ class CheckpointFragment(_message.Message):
     STATES_FIELD_NUMBER: _ClassVar[int]
     WATERMARKS_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
     sender: str
     ring_stamp: int
     token: int
@@ -116,17 +118,21 @@ class CheckpointFragment(_message.Message):
     states: bytes
     watermarks: bytes
     incarnation: int
-    def __init__(self, sender: _Optional[str] = ..., ring_stamp: _Optional[int] = ..., token: _Optional[int] = ..., checkpoint_seq: _Optional[int] = ..., base_seq: _Optional[int] = ..., full: _Optional[bool] = ..., states: _Optional[bytes] = ..., watermarks: _Optional[bytes] = ..., incarnation: _Optional[int] = ...) -> None: ...
+    chunk: int
+    chunks: int
+    def __init__(self, sender: _Optional[str] = ..., ring_stamp: _Optional[int] = ..., token: _Optional[int] = ..., checkpoint_seq: _Optional[int] = ..., base_seq: _Optional[int] = ..., full: _Optional[bool] = ..., states: _Optional[bytes] = ..., watermarks: _Optional[bytes] = ..., incarnation: _Optional[int] = ..., chunk: _Optional[int] = ..., chunks: _Optional[int] = ...) -> None: ...
 
 class CheckpointAck(_message.Message):
-    __slots__ = ("need_full", "checkpoint_seq", "ring_stamp")
+    __slots__ = ("need_full", "checkpoint_seq", "ring_stamp", "chunks_held")
     NEED_FULL_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_SEQ_FIELD_NUMBER: _ClassVar[int]
     RING_STAMP_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_HELD_FIELD_NUMBER: _ClassVar[int]
     need_full: bool
     checkpoint_seq: int
     ring_stamp: int
-    def __init__(self, need_full: _Optional[bool] = ..., checkpoint_seq: _Optional[int] = ..., ring_stamp: _Optional[int] = ...) -> None: ...
+    chunks_held: int
+    def __init__(self, need_full: _Optional[bool] = ..., checkpoint_seq: _Optional[int] = ..., ring_stamp: _Optional[int] = ..., chunks_held: _Optional[int] = ...) -> None: ...
 
 class ProbeRequest(_message.Message):
     __slots__ = ("target", "timeout")
@@ -239,7 +245,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class NodeStats(_message.Message):
-    __slots__ = ("node_id", "address", "ring_version", "keys", "applied", "duplicates", "queue_length", "backup_tuples", "backup_bytes", "ring_share", "checkpoints_shipped", "lost_ranges", "reducer", "pid", "uptime", "refused", "backed_up", "checkpoints_received", "under_replicated", "takeovers", "fenced", "rejoined", "handed_off", "cpu", "apply_rate", "overloaded", "tokens", "load", "busy", "queued_bytes", "sources_expired", "backups_expired", "pieces_folded", "leaving", "suspects")
+    __slots__ = ("node_id", "address", "ring_version", "keys", "applied", "duplicates", "queue_length", "backup_tuples", "backup_bytes", "ring_share", "checkpoints_shipped", "lost_ranges", "reducer", "pid", "uptime", "refused", "backed_up", "checkpoints_received", "under_replicated", "takeovers", "fenced", "rejoined", "handed_off", "cpu", "apply_rate", "overloaded", "tokens", "load", "busy", "queued_bytes", "sources_expired", "backups_expired", "pieces_folded", "leaving", "suspects", "moved_bytes", "checkpoint_bytes", "checkpoint_rounds", "checkpoint_seconds")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     RING_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -275,6 +281,10 @@ class NodeStats(_message.Message):
     PIECES_FOLDED_FIELD_NUMBER: _ClassVar[int]
     LEAVING_FIELD_NUMBER: _ClassVar[int]
     SUSPECTS_FIELD_NUMBER: _ClassVar[int]
+    MOVED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     ring_version: int
@@ -310,7 +320,11 @@ class NodeStats(_message.Message):
     pieces_folded: int
     leaving: bool
     suspects: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., ring_version: _Optional[int] = ..., keys: _Optional[int] = ..., applied: _Optional[int] = ..., duplicates: _Optional[int] = ..., queue_length: _Optional[int] = ..., backup_tuples: _Optional[int] = ..., backup_bytes: _Optional[int] = ..., ring_share: _Optional[float] = ..., checkpoints_shipped: _Optional[int] = ..., lost_ranges: _Optional[int] = ..., reducer: _Optional[str] = ..., pid: _Optional[int] = ..., uptime: _Optional[float] = ..., refused: _Optional[int] = ..., backed_up: _Optional[int] = ..., checkpoints_received: _Optional[int] = ..., under_replicated: _Optional[int] = ..., takeovers: _Optional[int] = ..., fenced: _Optional[bool] = ..., rejoined: _Optional[int] = ..., handed_off: _Optional[int] = ..., cpu: _Optional[float] = ..., apply_rate: _Optional[float] = ..., overloaded: _Optional[bool] = ..., tokens: _Optional[int] = ..., load: _Optional[bytes] = ..., busy: _Optional[float] = ..., queued_bytes: _Optional[int] = ..., sources_expired: _Optional[int] = ..., backups_expired: _Optional[int] = ..., pieces_folded: _Optional[int] = ..., leaving: _Optional[bool] = ..., suspects: _Optional[_Iterable[str]] = ...) -> None: ...
+    moved_bytes: int
+    checkpoint_bytes: int
+    checkpoint_rounds: int
+    checkpoint_seconds: float
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., ring_version: _Optional[int] = ..., keys: _Optional[int] = ..., applied: _Optional[int] = ..., duplicates: _Optional[int] = ..., queue_length: _Optional[int] = ..., backup_tuples: _Optional[int] = ..., backup_bytes: _Optional[int] = ..., ring_share: _Optional[float] = ..., checkpoints_shipped: _Optional[int] = ..., lost_ranges: _Optional[int] = ..., reducer: _Optional[str] = ..., pid: _Optional[int] = ..., uptime: _Optional[float] = ..., refused: _Optional[int] = ..., backed_up: _Optional[int] = ..., checkpoints_received: _Optional[int] = ..., under_replicated: _Optional[int] = ..., takeovers: _Optional[int] = ..., fenced: _Optional[bool] = ..., rejoined: _Optional[int] = ..., handed_off: _Optional[int] = ..., cpu: _Optional[float] = ..., apply_rate: _Optional[float] = ..., overloaded: _Optional[bool] = ..., tokens: _Optional[int] = ..., load: _Optional[bytes] = ..., busy: _Optional[float] = ..., queued_bytes: _Optional[int] = ..., sources_expired: _Optional[int] = ..., backups_expired: _Optional[int] = ..., pieces_folded: _Optional[int] = ..., leaving: _Optional[bool] = ..., suspects: _Optional[_Iterable[str]] = ..., moved_bytes: _Optional[int] = ..., checkpoint_bytes: _Optional[int] = ..., checkpoint_rounds: _Optional[int] = ..., checkpoint_seconds: _Optional[float] = ...) -> None: ...
 
 class RangeRequest(_message.Message):
     __slots__ = ("token",)

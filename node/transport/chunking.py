@@ -1,0 +1,95 @@
+"""Full checkpoints in chunks: a range's whole state (a new replica's first copy, a
+handoff's new holder, a replica out of sync) goes as a run of messages of at most
+CHUNK_ENTRIES entries each, so that its cost is bounded per message: a deadline that
+grows with the chunk's bytes, not one fixed for a shipment of any size; only the chunk
+that failed is sent again, never what arrived; and neither side holds the whole range
+encoded at once. Pure: no gRPC, no clock of its own."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from itertools import islice
+from typing import Iterator
+
+from node.core.codec import _columns
+from node.core.errors import InvalidArgument, Overloaded
+
+CHUNK_ENTRIES = 65_536       # entries per chunk (a few MB for counts)
+MIN_RATE = 4 << 20           # bytes/s a chunk's deadline allows on top of the base one
+MAX_CHUNKS = 1 << 20         # a range of 68 G entries: anything beyond is not a checkpoint
+
+
+def chunk_count(entries: int, size: int = CHUNK_ENTRIES) -> int:
+    return max(1, -(-entries // size))
+
+
+def chunks_of(items, size: int = CHUNK_ENTRIES, skip: int = 0) -> Iterator[list]:
+    """The (key, state) pairs of a checkpoint's states (a dict or layered mapping), in
+    the order pack_entries encodes them, `size` at a time, after the first `skip`
+    chunks. `items` must not change while this is read."""
+    _, keys, states = _columns(items)
+    pairs = zip(keys, states)
+    if skip:
+        for _ in islice(pairs, skip * size):
+            pass
+    while chunk := list(islice(pairs, size)):
+        yield chunk
+
+
+def chunk_deadline(base: float, nbytes: int) -> float:
+    return base + nbytes / MIN_RATE
+
+
+@dataclass
+class Staged:
+    seq: int
+    chunks: int
+    held: int = 0
+    touched: float = 0.0
+    states: dict = field(default_factory=dict)
+
+
+class Reassembly:
+    """The receiving side: each (sender, token)'s full checkpoint, chunk by chunk, in
+    order. `add` answers how many chunks of it are held (the sender goes on from the
+    next: a resend of one held is acknowledged again, one past a gap is not taken) or,
+    with the last, the whole states. At most `max_open` ranges at a time (the least
+    recently touched goes), each dropped after `idle` seconds without a chunk."""
+
+    def __init__(self, max_open: int = 256, idle: float = 120.0) -> None:
+        self.max_open = max_open
+        self.idle = idle
+        self.open: dict[tuple[str, int], Staged] = {}
+
+    def add(self, sender: str, token: int, seq: int, chunk: int, chunks: int,
+            states: dict, now: float) -> tuple[int, dict | None]:
+        """(chunks held, the whole states once `chunk` completes them, else None)."""
+        if not 1 <= chunk <= chunks <= MAX_CHUNKS:
+            raise InvalidArgument(f"chunk {chunk} of {chunks}: needs 1 <= chunk <= chunks "
+                                  f"<= {MAX_CHUNKS}")
+        self._expire(now)
+        key = (sender, token)
+        staged = self.open.get(key)
+        if staged is None or staged.seq != seq or staged.chunks != chunks:
+            if chunk != 1:
+                self.open.pop(key, None)
+                return 0, None              # nothing of this one here: start over
+            if staged is None and len(self.open) >= self.max_open:
+                oldest = min(self.open, key=lambda k: self.open[k].touched)
+                if self.open[oldest].touched >= now:
+                    raise Overloaded(f"{len(self.open)} full checkpoints arriving at once")
+                del self.open[oldest]
+            staged = self.open[key] = Staged(seq, chunks)
+        staged.touched = now
+        if chunk != staged.held + 1:
+            return staged.held, None         # a resend (held) or past a gap (not taken)
+        staged.states.update(states)
+        staged.held = chunk
+        if chunk < chunks:
+            return chunk, None
+        del self.open[key]
+        return chunk, staged.states
+
+    def _expire(self, now: float) -> None:
+        for key in [k for k, s in self.open.items() if now - s.touched > self.idle]:
+            del self.open[key]

@@ -1,0 +1,149 @@
+"""Full checkpoints in chunks: the pure reassembly, and a real grpc.aio server taking
+one through failed and lost chunks."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from floering.v1 import floe_pb2_grpc
+from node.core.errors import InvalidArgument, Unavailable
+from node.core.ranges import Checkpoint, FullStates
+from node.transport.chunking import Reassembly, chunk_count, chunks_of
+from node.transport.peers import PeerPool, channel_options
+from node.transport.server import ControlPlane
+from tests.test_event_loop import Replica
+
+
+def test_chunks_cover_a_layered_range_in_encoding_order_and_resume_anywhere():
+    master = {f"k{i}": i for i in range(10)}
+    delta = {"k3": 30, "new": 1}
+    full = FullStates(master, delta)
+    pairs = [p for chunk in chunks_of(full, 4) for p in chunk]
+    assert dict(pairs) == {**master, **delta}
+    assert len(pairs) == 12 and chunk_count(12, 4) == 3
+    assert [p for chunk in chunks_of(full, 4, skip=2) for p in chunk] == pairs[8:]
+    assert list(chunks_of({}, 4)) == [] and chunk_count(0) == 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 40), st.integers(1, 7), st.data())
+def test_chunks_delivered_with_losses_resends_and_gaps_end_in_the_whole_states(n, size, data):
+    states = {f"k{i}": i for i in range(n)}
+    chunks = list(chunks_of(states, size))
+    total = len(chunks)
+    box = Reassembly()
+    chunk, done, sends = 1, None, 0
+    while done is None:
+        sends += 1
+        assert sends < 20 * total
+        fate = data.draw(st.sampled_from(["ok", "ok", "ok", "lost", "reply lost", "stray"]))
+        if fate == "lost":
+            continue                                     # never arrived: sent again
+        if fate == "stray":                              # an old or future chunk arrives
+            stray = data.draw(st.integers(1, total))
+            box.add("p", 7, 1, stray, total, dict(chunks[stray - 1]), now=1.0)
+            held = box.open.get(("p", 7)).held if ("p", 7) in box.open else 0
+            chunk = held + 1 if held < total else chunk
+            continue
+        held, done = box.add("p", 7, 1, chunk, total, dict(chunks[chunk - 1]), now=1.0)
+        if fate == "reply lost" and done is None:
+            continue                                     # the same chunk again
+        chunk = held + 1
+    assert done == states and not box.open
+
+
+def test_a_new_checkpoint_replaces_one_half_arrived_and_bounds_hold():
+    box = Reassembly(max_open=2, idle=10.0)
+    assert box.add("p", 1, 5, 1, 3, {"a": 1}, now=0.0) == (1, None)
+    assert box.add("p", 1, 6, 2, 3, {"b": 1}, now=0.0) == (0, None)   # not the one begun
+    assert box.add("p", 1, 6, 1, 2, {"a": 2}, now=0.0) == (1, None)
+    assert box.add("p", 1, 6, 2, 2, {"b": 2}, now=0.0) == (2, {"a": 2, "b": 2})
+    for bad in ((0, 3), (4, 3), (1, 0), (2, 1 << 30)):
+        with pytest.raises(InvalidArgument):
+            box.add("p", 1, 1, *bad, {}, now=0.0)
+    box.add("p", 1, 1, 1, 2, {}, now=0.0)
+    box.add("p", 2, 1, 1, 2, {}, now=1.0)
+    box.add("p", 3, 1, 1, 2, {}, now=2.0)            # the least recently touched goes
+    assert set(box.open) == {("p", 2), ("p", 3)}
+    box.add("q", 9, 1, 1, 2, {}, now=20.0)           # the idle ones expire
+    assert set(box.open) == {("q", 9)}
+
+
+class Flaky(ControlPlane):
+    """Fails chunk calls as a lossy link would: the first send of some chunks never
+    reaches the replica, and the replica forgets what it held once."""
+
+    def __init__(self, service, fail: set[int], forget_at: int | None = None) -> None:
+        super().__init__(service)
+        self.fail, self.forget_at, self.calls = set(fail), forget_at, []
+
+    async def ShipCheckpoint(self, request, context):
+        self.calls.append(request.chunk)
+        if request.chunk in self.fail:
+            self.fail.discard(request.chunk)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "lost on the way")
+        if request.chunk == self.forget_at:
+            self.forget_at = None
+            self.chunks.open.clear()
+        return await super().ShipCheckpoint(request, context)
+
+
+@pytest.fixture
+async def flaky_replica():
+    servers = []
+
+    async def start(**kw):
+        replica = Replica()
+        plane = Flaky(replica, **kw)
+        server = grpc.aio.server(options=channel_options(1 << 26))
+        floe_pb2_grpc.add_ControlPlaneServicer_to_server(plane, server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        servers.append(server)
+        return replica, plane, f"127.0.0.1:{port}"
+    yield start
+    for server in servers:
+        await server.stop(None)
+
+
+async def test_a_full_checkpoint_goes_in_chunks_and_only_a_failed_chunk_is_sent_again(
+        flaky_replica):
+    replica, plane, address = await flaky_replica(fail={2, 5}, forget_at=7)
+    states = {f"key-{i}": i for i in range(1000)}
+    peers = PeerPool(timeout=5.0, max_message_bytes=1 << 26, chunk_entries=100)
+    try:
+        need_full, seq = await peers.ship_checkpoint(
+            address, sender="p", ring_stamp=5, base_seq=0,
+            checkpoint=Checkpoint(7, 3, states, {"s": 9}, full=True))
+    finally:
+        await peers.close()
+    assert (need_full, seq) == (False, 3)
+    (token, got_seq, full, got, watermarks), = replica.received
+    assert (token, got_seq, full, watermarks) == (7, 3, True, {"s": 9})
+    assert got == states
+    # 2 and 5 sent twice (failed once); the replica forgot 1-6 on 7's arrival, so it
+    # said it held none and they were sent again from 1; nothing else twice
+    assert plane.calls == [1, 2, 2, 3, 4, 5, 5, 6, 7, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+    assert peers.moved_bytes > 0 and peers.checkpoint_bytes == peers.moved_bytes
+
+
+async def test_a_replica_that_keeps_failing_a_chunk_fails_the_shipment(flaky_replica):
+    replica, plane, address = await flaky_replica(fail=set())
+    plane.fail = _Always({3})
+    peers = PeerPool(timeout=5.0, max_message_bytes=1 << 26, chunk_entries=100)
+    try:
+        with pytest.raises(Unavailable):
+            await peers.ship_checkpoint(
+                address, sender="p", ring_stamp=5, base_seq=0,
+                checkpoint=Checkpoint(7, 3, {f"k{i}": i for i in range(500)}, {}, full=True))
+    finally:
+        await peers.close()
+    assert plane.calls == [1, 2, 3, 3, 3, 3] and not replica.received
+
+
+class _Always(set):
+    def discard(self, _):           # a chunk that fails every time it is sent
+        pass
