@@ -28,6 +28,7 @@ from node.core.pieces import check_user_key
 PLAIN_VALUES = frozenset((int, float, str, bytes, bool, type(None)))
 # A combining buffer is sealed at batch_size keys or this many tuples per key of it.
 COMBINED_INPUTS_PER_KEY = 64
+SEAL_TICK = 0.002     # seconds between two looks at which buffers may go
 
 
 class Buffer:
@@ -164,11 +165,15 @@ class Batcher:
             for token in list(self.buffers):
                 self._seal_locked(token)
 
-    def seal_older(self, linger: float) -> None:
-        """Seal buffers older than `linger` so a slow stream still gets delivered."""
+    def seal_older(self, linger: float, busy: set | frozenset = frozenset()) -> None:
+        """Seal the buffers whose token has no batch on its way (not in `busy`), and
+        those `linger` seconds old whatever: each token's next batch goes as soon as
+        its last one is acknowledged (Nagle's rule per token), so a light stream waits
+        for a round trip at most, and a heavy one fills its batches meanwhile."""
         now = time.monotonic()
         with self.lock:
-            for token in [t for t, b in self.buffers.items() if now - b.since >= linger]:
+            for token in [t for t, b in self.buffers.items()
+                          if t not in busy or now - b.since >= linger]:
                 self._seal_locked(token)
 
     def _seal_locked(self, token: int) -> None:
@@ -187,11 +192,14 @@ class Batcher:
 
 
 async def linger_loop(batcher: Batcher, delivery, linger: float) -> None:
-    """On the delivery's loop, for the client's life: seal lingering buffers, submit
-    them, and let the delivery look for a newer ring when acks stall."""
+    """On the delivery's loop, for the client's life: every few ms, seal the buffers
+    of tokens with nothing on its way and those older than `linger`, submit them, and
+    let the delivery look for a newer ring when acks stall."""
+    tick = min(linger / 2, SEAL_TICK)
     while True:
-        await asyncio.sleep(linger / 2)
-        batcher.seal_older(linger)
+        await asyncio.sleep(tick)
+        batcher.drain(delivery.submit)
+        batcher.seal_older(linger, {b.token for b in delivery.undelivered.values()})
         batcher.drain(delivery.submit)
         delivery.check_progress()
 
