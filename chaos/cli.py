@@ -334,6 +334,13 @@ def _global_options(parser: argparse.ArgumentParser, defaults: bool) -> None:
                         help="seconds per operation (default: 60)")
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """A usage error is one line, saying where the help is, and exit code 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
 class DefaultsHelp(argparse.HelpFormatter):
     """Every option's help ends with its default, unless it names one already or has
     none worth saying (unset, off)."""
@@ -377,11 +384,11 @@ def floe_version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="floe", description=__doc__.splitlines()[0],
-                                     formatter_class=DefaultsHelp)
+    parser = OneLineParser(prog="floe", description=__doc__.splitlines()[0],
+                           formatter_class=DefaultsHelp)
     parser.add_argument("--version", action="version", version=f"floe {floe_version()}")
     _global_options(parser, defaults=True)
-    common = argparse.ArgumentParser(add_help=False)
+    common = OneLineParser(add_help=False)
     _global_options(common, defaults=False)
     sub = parser.add_subparsers(dest="command", required=True)
     add_parser = sub.add_parser      # every command takes the global options too

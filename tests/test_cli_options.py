@@ -30,7 +30,14 @@ def test_an_option_not_given_after_the_command_keeps_the_one_given_before():
 def test_top_refuses_a_count_below_one_in_one_line(tmp_path, k):
     done = floe_run(tmp_path, "top", k)
     assert done.returncode == 2
-    assert "floe top: error: argument k:" in done.stderr and "Traceback" not in done.stderr
+    assert done.stderr.startswith("floe top: argument k:") and done.stderr.count("\n") == 1
+
+
+def test_a_usage_error_is_one_line_too(tmp_path):
+    for argv in (("status", "--no-such-flag"), ("no-such-command",), ("top", "ten")):
+        done = floe_run(tmp_path, *argv)
+        assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+        assert "--help" in done.stderr and "usage:" not in done.stderr
 
 
 def test_a_ring_that_does_not_answer_is_one_line_after_the_command(tmp_path):

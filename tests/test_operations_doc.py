@@ -19,6 +19,15 @@ def test_every_metric_is_documented():
 
 def test_every_status_field_is_documented():
     fields = [f.name for f in floe_pb2.NodeStats.DESCRIPTOR.fields if f.name != "load"]
-    fields += ["ring_version", "verdict", "nodes", "error", "alive"]
+    fields += ["ring_version", "replication", "reducer", "balancer", "verdict", "nodes",
+               "state", "error"]
     missing = [name for name in fields if f"| `{name}` |" not in DOC]
     assert not missing, missing
+
+
+def test_every_member_state_is_documented():
+    from chaos import ringview
+    states = [ringview.SERVING, ringview.JOINING, ringview.LEAVING, ringview.SUSPECT,
+              ringview.DEAD, ringview.FENCED, ringview.REMOVED]
+    row = next(line for line in DOC.splitlines() if line.startswith("| `state` |"))
+    assert all(f"`{state}`" in row for state in states), row
