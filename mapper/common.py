@@ -6,6 +6,7 @@ from __future__ import annotations
 from mapper.batching import check_settings, default_source
 from mapper.delivery import Delivery
 from node.core.balancers import balancer
+from node.core.pieces import COMBINED_SOURCE, FOLD_SOURCE, carries_states
 from node.core.reducers import load_reducer
 from node.core.ring import Ring
 from node.transport.tls import TlsFiles
@@ -16,6 +17,9 @@ class ClientBase:
                  window: int, max_pending_batches: int, timeout: float, rpc_timeout: float,
                  expect_reducer: str | None, tls: TlsFiles | None, combine: bool) -> None:
         seeds = check_settings(seeds, batch_size, max_pending_batches)
+        if source is not None and carries_states(source):
+            raise ValueError(f"source {source[:40]!r}: names beginning {COMBINED_SOURCE!r} "
+                             f"or {FOLD_SOURCE!r} are reserved for tuples that carry states")
         self.source = source or default_source()
         self.batch_size = batch_size
         self.linger = linger

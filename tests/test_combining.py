@@ -197,3 +197,10 @@ def test_combined_tuples_end_in_the_states_uncombined_ones_reach(spec, data):
         combined.emit_many(keys, value)
         plain.emit_many(keys, value)
     assert applied(sealed(combined), reducer) == applied(sealed(plain), reducer, False)
+
+
+def test_a_caller_may_not_name_its_source_as_one_that_carries_states():
+    from mapper import RingClient
+    for source in ("combined:mine", "fold:abc"):
+        with pytest.raises(ValueError, match="reserved"):
+            RingClient(["127.0.0.1:1"], source=source)
