@@ -18,7 +18,8 @@ KINDS = {"failure": scenarios.run_seed, "handoff": scenarios.run_handoff_seed,
          "shed": scenarios.run_shed_seed, "slow": scenarios.run_slow_seed,
          "forged": scenarios.run_forged_seed, "durable": scenarios.run_durable_seed,
          "cluster": scenarios.run_cluster_crash_seed, "balancer": scenarios.run_balancer_seed,
-         "storm": scenarios.run_storm_seed, "fold": scenarios.run_fold_seed}
+         "storm": scenarios.run_storm_seed, "fold": scenarios.run_fold_seed,
+         "combine": scenarios.run_combine_seed}
 
 
 def run_one(job: tuple[str, int]) -> tuple[str, int, str]:

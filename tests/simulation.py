@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 
 from mapper.outbox import Outbox, PendingBatch
 from node.core.batch import Batch, Limits, decode_payload, encode_payload, encode_seqs
+from node.core.pieces import COMBINED_SOURCE
 from node.core.detector import (ALIVE, REFUSED, TIMED_OUT, UNASKED, DetectorConfig,
                                 FailureDetector)
 from node.core.errors import (Fenced, FloeError, InvalidArgument, Overloaded, Refused,
@@ -99,8 +100,12 @@ class SimMapper:
     paused_until = 0.0
     slow_until = 0.0
 
-    def __init__(self, name: str, ring: Ring) -> None:
-        self.name = self.address = name
+    def __init__(self, name: str, ring: Ring, combining: bool = False) -> None:
+        # A combining mapper (mapper/combining.py) sends one tuple per key and batch,
+        # its count, under a source whose tuples the nodes merge as states.
+        self.combining = combining
+        self.address = name
+        self.name = COMBINED_SOURCE + name if combining else name
         self.ring = ring
         # The production piece chooser of the ring's balancer (None: keys not shared).
         self.chooser = chooser_for(balancer(ring.balancer))
@@ -140,7 +145,7 @@ class Simulation(DurableNodes):
 
     def __init__(self, seed: int, nodes: int = 5, replication: int = 1, tokens: int = 2,
                  loss: float = 0.0, mappers: int = 1, skew: float = 0.0,
-                 durable: bool = False, policy: str = "none") -> None:
+                 durable: bool = False, policy: str = "none", combining: bool = False) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
         self.now = 0.0
@@ -176,7 +181,7 @@ class Simulation(DurableNodes):
         self.stream_no = 0
         self.streams: dict[tuple[str, str], int] = defaultdict(int)
         self.last_on_link: dict[tuple[str, str], float] = defaultdict(float)
-        self.mappers = [SimMapper(f"m{i}", ring) for i in range(mappers)]
+        self.mappers = [SimMapper(f"m{i}", ring, combining) for i in range(mappers)]
         self.batch_ids = 0
         self.acked = Counter()
         self.sent = Counter()
@@ -698,8 +703,14 @@ class Simulation(DurableNodes):
             self.sent[key] += 1
         for token, (k, s) in by_token.items():
             self.batch_ids += 1
+            values = [1] * len(k)
+            if mapper.combining:        # one tuple per key, its count, seqs of their own
+                counted = Counter(k)
+                k, values = list(counted), list(counted.values())
+                s = list(range(mapper.next_seq, mapper.next_seq + len(k)))
+                mapper.next_seq += len(k)
             batch = PendingBatch(self.batch_ids, token, mapper.name, s[0], s[-1], len(s),
-                                 encode_payload(k, [1] * len(k)), encode_seqs(s),
+                                 encode_payload(k, values), encode_seqs(s),
                                  tokens=mapper.ring.tokens)
             self._send_batches(mapper, mapper.outbox.add(batch, mapper.ring))
 
@@ -788,8 +799,10 @@ class Simulation(DurableNodes):
         if batch is None or mapper.routed[batch_id][0] != stamp:
             return
         if mapper.outbox.acked(batch, node):
-            keys = [base_of(k) for k in decode_payload(batch.payload, batch.count)[0]]
-            self.acked.update(keys)
+            keys, values = decode_payload(batch.payload, batch.count)
+            keys = [base_of(k) for k in keys]
+            for key, value in zip(keys, values):
+                self.acked[key] += value
             for key in set(keys):
                 if self.acked[key] > self.sent[key]:
                     raise AssertionError(f"{key} acknowledged more often than sent")

@@ -16,7 +16,7 @@ SEEDS = int(os.environ.get("FLOE_SIM_SEEDS", "500"))
 
 
 def random_cluster(seed: int, salt: int, skew: float = 0.0, durable: bool = False,
-                   policy: str = "none"):
+                   policy: str = "none", combining: bool = False):
     """A seeded random Simulation (4-6 nodes, r 1 or 2, 1-3 tokens each, maybe lossy,
     one to three mappers), the generator that drew it, to draw the faults from, and
     the sorted node names."""
@@ -26,7 +26,7 @@ def random_cluster(seed: int, salt: int, skew: float = 0.0, durable: bool = Fals
     replication = pick.choice([1, 1, 2])
     sim = Simulation(seed, nodes=nodes, replication=replication, tokens=pick.randint(1, 3),
                      loss=pick.choice([0.0, 0.0, 0.002]), mappers=pick.choice([1, 1, 2, 3]),
-                     skew=skew, durable=durable, policy=policy)
+                     skew=skew, durable=durable, policy=policy, combining=combining)
     return pick, sim, sorted(sim.nodes)
 
 
@@ -116,6 +116,33 @@ def run_handoff_seed(seed: int) -> None:
 @pytest.mark.parametrize("seed", range(HANDOFF_SEEDS))
 def test_handoff_seed(seed):
     run_handoff_seed(seed)
+
+
+COMBINE_SEEDS = int(os.environ.get("FLOE_SIM_COMBINE_SEEDS", "40"))
+
+
+def combine_scenario(seed: int) -> Simulation:
+    """Mappers that combine (one tuple per key and batch, merged as a state) through
+    a kill, pause or partition, live handoffs and maybe a durable whole-ring setup."""
+    pick, sim, names = random_cluster(seed, 15485863, durable=seed % 4 == 3, combining=True)
+    faults = []
+    for _ in range(pick.randint(0, 2)):
+        faults.append((pick.uniform(0.1, 1.2), sim.handoff,
+                       (pick.choice(names), pick.choice(["heir", "any"]))))
+    kind = pick.choice(["kill", "kill", "pause", "partition"])
+    faults += one_fault(pick, sim, names, kind, pick.randrange(len(names)),
+                        pick.uniform(0.2, 1.3))
+    sim.run(until=6.0, emit_until=1.5, faults=faults)
+    return sim
+
+
+def run_combine_seed(seed: int) -> None:
+    check(combine_scenario(seed), seed)
+
+
+@pytest.mark.parametrize("seed", range(COMBINE_SEEDS))
+def test_combine_seed(seed):
+    run_combine_seed(seed)
 
 
 SPLIT_SEEDS = int(os.environ.get("FLOE_SIM_SPLIT_SEEDS", "200"))
