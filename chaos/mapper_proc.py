@@ -129,13 +129,17 @@ class MapperHandle:
 
     def __init__(self, seeds: list[str], load: Load, seed: int, mapper: int, journal: str,
                  log: str, first_chunk: int = 0, tls_dir: str | None = None,
-                 timeout: float = 30.0) -> None:
+                 timeout: float = 30.0, prefix: list[str] | None = None) -> None:
+        """`prefix`: what the command runs under, e.g. `ip netns exec NS` to run the
+        mapper on a host of its own (chaos.netns); its pid is then still the
+        mapper's, as `ip netns exec` execs the command."""
         import dataclasses
         import subprocess
         from chaos.cluster import node_env
         self.mapper, self.journal, self.log = mapper, journal, log
         self.first_chunk = first_chunk
-        cmd = [sys.executable, "-m", "chaos.mapper_proc", "--seeds", ",".join(seeds),
+        cmd = [*(prefix or []), sys.executable, "-m", "chaos.mapper_proc",
+               "--seeds", ",".join(seeds),
                "--load", json.dumps(dataclasses.asdict(load)), "--seed", str(seed),
                "--mapper", str(mapper), "--journal", journal,
                "--first-chunk", str(first_chunk), "--timeout", str(timeout)]
