@@ -28,13 +28,15 @@ from pathlib import Path
 from chaos import durable_faults
 from chaos import faults as fault_ops
 from chaos import handoff_faults
+from chaos import netns
 from chaos.hostile import hostile_clients, impostors
 from chaos.cluster import LocalCluster
 from chaos.load import chunk_ids, chunk_keys, hottest_key
 from chaos.mapper_proc import MapperHandle
 from chaos.oracle import Verdict, check, check_ids, unreadable
-from chaos.scenarios import PlannedFault, Scenario, load_scenario, plan, with_overrides
-from chaos.timeline import (STAGES, FailureTimeline, Injected, by_simultaneous,
+from chaos.scenarios import (NET_FAULTS, PlannedFault, Scenario, load_scenario, plan,
+                             with_overrides)
+from chaos.timeline import (STAGES, FailureTimeline, Injected, by_simultaneous, event_lines,
                             failure_timelines, parse_events, stage_summary)
 
 
@@ -170,6 +172,20 @@ def run_round(scenario: Scenario, seed: int, index: int, planned: list[PlannedFa
     """One round on a fresh cluster; a scenario with `disk_mb` keeps its data
     directories on a tmpfs of that size, mounted for the round only."""
     workdir.mkdir(parents=True, exist_ok=True)
+    if scenario.netns:
+        # every node and mapper on a host of its own; the harness reads through the
+        # observer link (chaos.netns)
+        hosts = netns.Hosts([f"n{i}" for i in range(scenario.nodes)]
+                            + [f"m{m}" for m in range(scenario.load.mappers)])
+        try:
+            hosts.up()
+        except netns.Unavailable as exc:
+            raise durable_faults.Skipped(str(exc)) from None
+        try:
+            return _run_round(scenario, seed, index, planned, workdir, progress, of, None,
+                              hosts)
+        finally:
+            hosts.remove()
     if not scenario.disk_mb:
         return _run_round(scenario, seed, index, planned, workdir, progress, of, None)
     with durable_faults.SmallDisk(workdir / "disk", scenario.disk_mb) as disk:
@@ -178,16 +194,25 @@ def run_round(scenario: Scenario, seed: int, index: int, planned: list[PlannedFa
 
 def _run_round(scenario: Scenario, seed: int, index: int, planned: list[PlannedFault],
                workdir: Path, progress: Progress, of: int,
-               disk: durable_faults.SmallDisk | None) -> RoundResult:
+               disk: durable_faults.SmallDisk | None,
+               hosts: netns.Hosts | None = None) -> RoundResult:
     label = scenario.rounds[index].label or scenario.name
     result = RoundResult(index, label, planned, workdir=str(workdir))
     tag = f"round {index + 1}/{of}"
     progress.update(f"{scenario.name} {tag}: starting {scenario.nodes} nodes")
     data_dir = (disk.path if disk else workdir) / "data" if scenario.durable else None
-    cluster = LocalCluster.up(scenario.nodes, scenario.replicas, workdir=workdir,
-                              tokens_per_node=scenario.tokens_per_node,
-                              reducer=scenario.reducer, extra_args=list(scenario.node_args),
-                              tls=scenario.tls, data_dir=data_dir)
+    if hosts is not None:
+        cluster = netns.start_nodes(hosts, [f"n{i}" for i in range(scenario.nodes)],
+                                    scenario.replicas, workdir,
+                                    tokens_per_node=scenario.tokens_per_node,
+                                    reducer=scenario.reducer,
+                                    extra_args=list(scenario.node_args), tls=scenario.tls)
+    else:
+        cluster = LocalCluster.up(scenario.nodes, scenario.replicas, workdir=workdir,
+                                  tokens_per_node=scenario.tokens_per_node,
+                                  reducer=scenario.reducer,
+                                  extra_args=list(scenario.node_args),
+                                  tls=scenario.tls, data_dir=data_dir)
     mappers: list[MapperHandle] = []
     retired: list[MapperHandle] = []
     sampler = None
@@ -197,7 +222,8 @@ def _run_round(scenario: Scenario, seed: int, index: int, planned: list[PlannedF
             return MapperHandle(cluster.seeds, scenario.load, seed, m,
                                 str(workdir / f"{name}.journal"), str(workdir / f"{name}.log"),
                                 first_chunk=first, tls_dir=cluster.tls_dir,
-                                timeout=scenario.client_timeout)
+                                timeout=scenario.client_timeout,
+                                prefix=hosts.exec_prefix(f"m{m}") if hosts else None)
 
         sampler = Sampler(cluster.seeds, tls=cluster.tls("client"))
         sampler.start()
@@ -205,9 +231,11 @@ def _run_round(scenario: Scenario, seed: int, index: int, planned: list[PlannedF
         result.load_started = _wait_load_started(mappers)
         t0 = result.load_started
         actions = sorted([(p.at, 0, p) for p in planned] +
-                         [(p.at + p.pause, 1, p) for p in planned if p.kind == "pause"],
+                         [(p.at + p.pause, 1, p) for p in planned if p.kind == "pause"] +
+                         [(p.at + p.hold, 1, p) for p in planned if p.kind in NET_FAULTS],
                          key=lambda a: (a[0], a[1]))
         paused: dict[int, Injected] = {}
+        broken: dict[int, Injected] = {}      # network faults not healed yet
         end = t0 + scenario.round_seconds
         generations = Counter()
         for at, step, p in actions:
@@ -220,6 +248,14 @@ def _run_round(scenario: Scenario, seed: int, index: int, planned: list[PlannedF
                                         tokens=dict(p.ranges))
             elif p.kind == "pause":
                 result.injected.append(fault_ops.resume_nodes(cluster, paused.pop(id(p))))
+            elif p.kind == "partition" and step == 0:
+                broken[id(p)] = netns.partition_fault(
+                    hosts, p, [n.node_id for n in cluster.nodes],
+                    [f"m{m}" for m in range(scenario.load.mappers)])
+            elif p.kind == "lossy-link" and step == 0:
+                broken[id(p)] = netns.lossy_fault(hosts, p)
+            elif p.kind in NET_FAULTS:
+                result.injected.append(netns.heal_fault(hosts, broken.pop(id(p))))
             elif p.kind == "kill-mid-handoff":
                 result.injected.append(handoff_faults.kill_mid_handoff(cluster, p))
             elif p.kind == "restart":
@@ -250,6 +286,8 @@ def _run_round(scenario: Scenario, seed: int, index: int, planned: list[PlannedF
                 mappers[m] = start_mapper(m, nxt, generations[m])
         for fault in paused.values():     # a pause still running at the end
             result.injected.append(fault_ops.resume_nodes(cluster, fault))
+        for fault in broken.values():
+            result.injected.append(netns.heal_fault(hosts, fault))
         _sleep_until(end, progress, f"{scenario.name} {tag}", t0, end, result)
         progress.update(f"{scenario.name} {tag}: stopping the load")
         for m in mappers:
@@ -258,7 +296,8 @@ def _run_round(scenario: Scenario, seed: int, index: int, planned: list[PlannedF
                 result.errors.append(f"mapper-{m.mapper} (pid {m.pid}) exited {code}: "
                                      + _tail(m.log))
         progress.update(f"{scenario.name} {tag}: settling")
-        _settle(sampler, cluster, deadline=time.monotonic() + 10)
+        _settle(sampler, cluster, deadline=time.monotonic() + (15 if hosts else 10),
+                converge=hosts is not None)
         sampler.stop()
         result.series = series(sampler.samples, t0)
         if sampler.samples:
@@ -283,6 +322,14 @@ def _run_round(scenario: Scenario, seed: int, index: int, planned: list[PlannedF
         events = [e for node, text in logs.items() for e in parse_events(node, text)]
         result.injected = [_judge_handoff(i, logs, events, result.errors)
                            if i.kind == "kill-mid-handoff" else i for i in result.injected]
+        if hosts is not None:
+            raw = [dict(e, _node=node) for node, text in logs.items()
+                   for e in event_lines(text)]
+            final = {s["node_id"]: s for s in result.final_stats}
+            journals = [m.journal for m in retired + mappers]
+            result.injected = [netns.judge(i, raw, final, journals, result.errors,
+                                           sampler.samples)
+                               if i.kind in NET_FAULTS else i for i in result.injected]
         result.timelines = failure_timelines(result.injected, events)
         # A node a hostile client only talked to must not be declared dead either, nor
         # one a durable fault hit: it came back as itself (but one killed as it restored).
@@ -402,17 +449,23 @@ def _sleep_until(t: float, progress: Progress, what: str, t0: float, end: float,
         time.sleep(min(0.1, t - now))
 
 
-def _settle(sampler: Sampler, cluster: LocalCluster, deadline: float) -> None:
+def _settle(sampler: Sampler, cluster: LocalCluster, deadline: float,
+            converge: bool = False) -> None:
     """Wait until every live node has drained its queue and has every range it owns on
     r+1 nodes again (or the deadline passes: the timeline will then show it). Live
     means every running process: one just restarted may answer the sampler only after
-    its channel's reconnect backoff, and the last sample must count it."""
+    its channel's reconnect backoff, and the last sample must count it. With
+    `converge` (a healed partition), also until every member holds the same ring
+    version and none is fenced (a fenced node has rejoined as a new member)."""
     while time.monotonic() < deadline:
         time.sleep(0.2)
         if not sampler.samples:
             continue
         nodes = sampler.samples[-1]["nodes"]
         running = sum(1 for node in cluster.nodes if node.alive())
+        if converge and (len({n["ring_version"] for n in nodes.values()}) > 1
+                         or any(n["fenced"] for n in nodes.values())):
+            continue
         if nodes and len(nodes) >= running and all(
                 n["queue_length"] == 0 and n["under_replicated"] == 0 for n in nodes.values()):
             return
@@ -488,7 +541,8 @@ def run_scenario(scenario: Scenario, seed: int = 1, out: str | Path | None = Non
     rounds = []
     started = time.time()
     try:
-        skipped = durable_faults.skip_reason(scenario)
+        skipped = durable_faults.skip_reason(scenario) or (
+            netns.skip_reason() if scenario.netns else None)
         if skipped:
             raise durable_faults.Skipped(skipped)
         for index, planned in enumerate(rounds_plan):
@@ -551,6 +605,20 @@ def summary_table(result: dict) -> str:
             elif inj["kind"] in durable_faults.KINDS:
                 rows.append((str(r["index"] + 1), inj["kind"], ",".join(inj["victims"]),
                              *durable_faults.summary_cells(inj)))
+            elif inj["kind"] in NET_FAULTS:
+                d = inj["detail"]
+                what = (f"mappers with {d['mappers_with']}" if inj["kind"] == "partition"
+                        else f"loss {100 * d['loss']:.0f}%")
+                declared = sum(len(v) for v in d.get("declared", {}).values())
+                wait = d.get("chunk_wait_ms", {})
+                rows.append((str(r["index"] + 1), inj["kind"], ",".join(inj["victims"]),
+                             f"{what}, healed at {_ms(1e3 * d.get('healed_s', 0))}",
+                             f"{declared} declarations, {d.get('suspicions', 0)} suspicions",
+                             f"chunk wait p50 {_ms(wait.get('p50'))} "
+                             f"max {_ms(wait.get('max'))}",
+                             "fenced +" + ",".join(_ms(v) for v in
+                                                  d.get("fenced_after_heal_ms", {}).values())
+                             if d.get("fenced_after_heal_ms") else ""))
             elif inj["kind"] == "kill-mid-handoff":
                 d = inj["detail"]
                 rows.append((str(r["index"] + 1), f"{d['handoff']} {d['side']}",

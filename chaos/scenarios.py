@@ -26,11 +26,24 @@ NODE_FAULTS = ("kill", "pause", "kill-mid-handoff", "restart", "rolling-restart"
                "impostor")
 # Faults of a durable cluster (chaos.durable_faults): every node is hit and comes back.
 DURABLE_FAULTS = ("kill-all", "power-loss", "kill-during-replay", "disk-full")
-FAULT_KINDS = NODE_FAULTS + DURABLE_FAULTS + ("kill-mapper",)
+# Network faults (chaos.netns): the round runs every node and mapper on a host of its
+# own (a network namespace, root only) and makes the fault at the switch between them.
+NET_FAULTS = ("partition", "lossy-link")
+FAULT_KINDS = NODE_FAULTS + DURABLE_FAULTS + NET_FAULTS + ("kill-mapper",)
+# What a partition cuts off, and where the mappers are: "one" cuts one node off from
+# every other node while the mappers still reach both sides; "from-replicas" cuts one
+# node off from its r replicas only (every other host reaches both); "minority" cuts
+# `count` nodes off from the rest (never more than r neighbours), the mappers on the
+# majority's side; "minority-mapper" the same with the mappers on the minority's
+# side; "adjacent-minority" cuts `count` <= r consecutive nodes off, the mappers with
+# the majority.
+PARTITION_TARGETS = ("one", "from-replicas", "minority", "minority-mapper",
+                     "adjacent-minority")
 HANDOFF_SIDES = ("giver", "receiver")
 HANDOFFS = ("move", "scale-out", "scale-in")
 TARGETS = ("one", "consecutive", "beyond-r", "every-other", "non-adjacent", "random", "hottest",
-           "hottest-piece", "mapper", "all") + HANDOFF_SIDES
+           "hottest-piece", "mapper", "all", "from-replicas", "minority", "minority-mapper",
+           "adjacent-minority") + HANDOFF_SIDES
 KEY_DISTRIBUTIONS = ("zipf", "corpus", "burst")
 
 
@@ -66,7 +79,13 @@ class Load:
 class Fault:
     """One fault of a round. `at` is seconds after the load starts (plus a seeded
     uniform jitter); `count` is how many nodes for non-adjacent and random, and how
-    many ranges a kill-mid-handoff `move` hands over.
+    many ranges a kill-mid-handoff `move` hands over, and how many nodes a minority
+    partition cuts off.
+
+    The network faults run on hosts of their own (chaos.netns): partition cuts the
+    target off for `hold` seconds, then heals (see PARTITION_TARGETS); lossy-link
+    drops a random `loss` share of the frames on one node's link, both ways, for
+    `hold` seconds.
 
     kill-mid-handoff starts a live handoff at `at` (`handoff`: a move of ranges to the
     giver's clockwise neighbour, a scale-out onto a new node, or a scale-in of a
@@ -96,7 +115,9 @@ class Fault:
     lag: float = 0.0              # kill-mid-handoff: kill up to this many seconds (seeded)
     #                               after the handoff is under way, if it still is;
     #                               kill-during-replay: after the directory is open
-    hold: float = 3.0             # disk-full: seconds the disk stays full
+    hold: float = 3.0             # disk-full: seconds the disk stays full; partition,
+    #                               lossy-link: seconds until the network heals
+    loss: float = 0.0             # lossy-link: share of frames dropped (0 < loss < 1)
 
     def __post_init__(self) -> None:
         if self.kind not in FAULT_KINDS:
@@ -113,6 +134,15 @@ class Fault:
         if (self.kind == "kill-mid-handoff") != (self.target in HANDOFF_SIDES):
             raise ValueError("kill-mid-handoff goes with target 'giver' or 'receiver', "
                              "and only it")
+        if self.kind == "partition" and self.target not in PARTITION_TARGETS:
+            raise ValueError(f"a partition's target is one of {', '.join(PARTITION_TARGETS)}")
+        if self.target in PARTITION_TARGETS[1:] and self.kind != "partition":
+            raise ValueError(f"targets {', '.join(PARTITION_TARGETS[1:])} go with a "
+                             f"partition only")
+        if self.kind == "lossy-link" and (self.target != "one" or not 0 < self.loss < 1):
+            raise ValueError("a lossy-link has target 'one' and 0 < loss < 1")
+        if self.loss and self.kind != "lossy-link":
+            raise ValueError("loss goes with a lossy-link fault only")
         if self.handoff not in HANDOFFS:
             raise ValueError(f"fault handoff must be one of {', '.join(HANDOFFS)}, "
                              f"got {self.handoff!r}")
@@ -175,6 +205,15 @@ class Scenario:
                              "disk_mb > 0")
         if self.client_timeout <= 0:
             raise ValueError("client_timeout must be > 0")
+        mixed = kinds - {"kill", "pause", *NET_FAULTS}
+        if kinds & set(NET_FAULTS) and (mixed or self.durable):
+            raise ValueError("network faults run on hosts of their own (network "
+                             "namespaces): they mix only with kill and pause, in memory")
+
+    @property
+    def netns(self) -> bool:
+        """Every node and mapper on a host of its own (chaos.netns; root only)."""
+        return any(f.kind in NET_FAULTS for r in self.rounds for f in r.faults)
 
     @property
     def reducer(self) -> str:
@@ -184,7 +223,7 @@ class Scenario:
     def round_seconds(self) -> float:
         """Load time of a round: the duration, stretched to outlast its last fault."""
         last = max((f.at + f.jitter + (f.pause if f.kind == "pause" else 0.0)
-                    + (f.hold if f.kind == "disk-full" else 0.0)
+                    + (f.hold if f.kind in ("disk-full", *NET_FAULTS) else 0.0)
                     for r in self.rounds for f in r.faults), default=0.0)
         return max(self.duration, last + self.settle)
 
@@ -233,7 +272,13 @@ class PlannedFault:
     watch: str = ""
     lag: float = 0.0
     again: str = ""               # kill-during-replay: the node killed while it restores
-    hold: float = 0.0             # disk-full: seconds the disk stays full
+    hold: float = 0.0             # disk-full: seconds the disk stays full; network
+    #                               faults: seconds until the network heals
+    loss: float = 0.0             # lossy-link: share of frames dropped
+    # partition: the side the mappers are on (both, majority, minority), and the
+    # nodes cut off from the victims (the other side)
+    mappers_with: str = ""
+    apart: tuple[str, ...] = ()
 
 
 def _initial_ring(nodes: int, replicas: int, tokens_per_node: int) -> Ring:
@@ -313,12 +358,23 @@ def plan(scenario: Scenario, seed: int) -> list[list[PlannedFault]]:
             elif fault.kind in DURABLE_FAULTS:
                 victims = tuple(live)
                 extra = _plan_durable(fault, live, rng)
+            elif fault.kind in NET_FAULTS:
+                victims = _net_victims(scenario, fault, live, rng)
+                extra = {"hold": fault.hold, "loss": fault.loss}
+                if fault.kind == "partition":
+                    extra["mappers_with"] = {"minority": "majority", "adjacent-minority":
+                                             "majority", "minority-mapper": "minority"
+                                             }.get(fault.target, "both")
+                    extra["apart"] = tuple(n for n in live if n not in victims) if \
+                        fault.target != "from-replicas" else \
+                        ring.replicas_of_token(ring.tokens_of(victims[0])[0])
             else:
                 victims = _victims(scenario, fault, live, rng, seed)
             ranges = ()
-            if fault.kind in NODE_FAULTS and fault.kind != "rolling-restart":
-                # a paused node is declared dead and fenced too; a restarted one is
-                # a new member with no range
+            if (fault.kind in NODE_FAULTS and fault.kind != "rolling-restart") or \
+                    (fault.kind == "partition" and fault.target != "from-replicas"):
+                # a paused node is declared dead and fenced too, and so is one cut
+                # off by a partition; a restarted one is a new member with no range
                 ranges = tuple((v, ring.tokens_of(v) if v in ring.nodes else ())
                                for v in victims)
                 live = [n for n in live if n not in victims]
@@ -328,6 +384,32 @@ def plan(scenario: Scenario, seed: int) -> list[list[PlannedFault]]:
                                        **extra))
         planned.append(sorted(faults, key=lambda f: f.at))
     return planned
+
+
+def _net_victims(scenario: Scenario, fault: Fault, live: list[str],
+                 rng: random.Random) -> tuple[str, ...]:
+    """The node a lossy link or a one-node partition hits; or the minority a
+    partition cuts off: fewer than half the live nodes, and never more than r
+    neighbours, so the majority's takeover of their ranges loses none."""
+    if len(live) < 3:
+        raise ValueError(f"{scenario.name}: a network fault needs 3 live nodes")
+    if fault.kind == "lossy-link" or fault.target in ("one", "from-replicas"):
+        return (rng.choice(live),)
+    if not fault.count < len(live) / 2:
+        raise ValueError(f"{scenario.name}: a minority of {fault.count} among "
+                         f"{len(live)} nodes is no minority")
+    if fault.target == "adjacent-minority":
+        if fault.count > scenario.replicas:
+            raise ValueError(f"{scenario.name}: {fault.count} neighbours cut off hold "
+                             f"every copy of some range with r={scenario.replicas}")
+        start = rng.randrange(len(live))
+        return tuple(live[(start + i) % len(live)] for i in range(fault.count))
+    for _ in range(10_000):
+        victims = rng.sample(live, fault.count)
+        if not loses_data(live, victims, scenario.replicas):
+            return tuple(sorted(victims, key=live.index))
+    raise ValueError(f"{scenario.name}: no minority of {fault.count} keeps every range "
+                     f"on the majority's side with r={scenario.replicas}")
 
 
 def _plan_durable(fault: Fault, live: list[str], rng: random.Random) -> dict:
@@ -474,6 +556,20 @@ def durable(name: str, description: str, fault: Fault, disk_mb: int = 0) -> Scen
                     client_timeout=90.0)
 
 
+def network(name: str, description: str, nodes: int, replicas: int, fault: Fault,
+            ci: bool = True, settle: float = 3.0, rate: float = 2000) -> Scenario:
+    """Every node and the mapper on a host of its own (chaos.netns: network
+    namespaces, root only), a Zipf load with tuple ids, one network fault held
+    `fault.hold` seconds, then `settle` more seconds of load once it healed (a node
+    declared dead meanwhile is fenced and rejoins empty; connections that timed out
+    during the partition come back on TCP's and gRPC's retry backoff, seconds). The
+    mapper's flush may wait 60 s, past any hold here: a mapper cut off with a
+    minority waits for the heal."""
+    return Scenario(name, description + "; every tuple checked by its id", nodes, replicas,
+                    (Round((fault,)),), Load("zipf", rate=rate, chunk=200, ids=True),
+                    duration=2.0, settle=settle, ci=ci, client_timeout=60.0)
+
+
 BUILTIN: dict[str, Scenario] = {s.name: s for s in [
     Scenario("kill-one", "SIGKILL one node under a Zipf load", 4, 1,
              (Round((_kill("one", at=1.0),)),), Load("zipf", rate=4000), ci=True),
@@ -587,6 +683,39 @@ BUILTIN: dict[str, Scenario] = {s.name: s for s in [
             "takes its share back; the next waits for every range to be on r+1 nodes "
             "again; acknowledgements go on throughout",
             Fault("rolling-restart", "all", at=0.8)),
+    network("partition-primary", "one node (a primary of some ranges, the replica of "
+            "others) cut off from every other node for 3.5 s while the mapper still "
+            "reaches it: the others declare it dead and take its ranges over, it declares "
+            "nobody, and once the network heals it is fenced and rejoins empty", 3, 1,
+            Fault("partition", "one", at=1.0, hold=3.5)),
+    network("partition-from-replica", "one node cut off from its replica only for 3 s "
+            "(the third node and the mapper reach both): its replica's probes through "
+            "the third node find it alive, so nobody is declared; its checkpoints wait, "
+            "the replica's backups grow, and drain once the link heals", 3, 1,
+            Fault("partition", "from-replicas", at=1.0, hold=3.0)),
+    network("minority-partition", "two non-adjacent nodes of five cut off from the other "
+            "three for 4 s, the mapper with the majority: the majority declares both "
+            "and takes their ranges over, the minority declares nobody; healed, both are "
+            "fenced and rejoin empty", 5, 1,
+            Fault("partition", "minority", at=1.0, count=2, hold=4.0)),
+    network("minority-partition-mapper", "two non-adjacent nodes of five and the mapper "
+            "cut off from the other three for 3 s: no chunk is acknowledged until the "
+            "partition heals, then the mapper resends to the majority's ring", 5, 1,
+            Fault("partition", "minority-mapper", at=1.0, count=2, hold=3.0), settle=6.0),
+    network("adjacent-minority-r2", "two neighbouring nodes of five (r=2) cut off from "
+            "the other three for 4 s, the mapper with the majority. KNOWN BUG: each of "
+            "the two confirms the other's suspicions, so the minority declares the "
+            "majority dead too, and once healed the two views refuse each other for "
+            "good (docs/chaos.md, Known bugs)", 5, 2,
+            Fault("partition", "adjacent-minority", at=1.0, count=2, hold=4.0)),
+    network("lossy-link", "10% of the frames on one node's link lost, both ways, for 4 s "
+            "under load", 4, 1, Fault("lossy-link", "one", at=1.0, hold=4.0, loss=0.1)),
+    network("partition-primary-long", "partition-primary held 20 s: how long after the "
+            "heal the cut-off node hears it was removed", 3, 1,
+            Fault("partition", "one", at=1.0, hold=20.0), ci=False, settle=10.0),
+    network("lossy-link-long", "10% of the frames on one node's link lost, both ways, for "
+            "60 s under load: how often it is suspected, and whether it is ever declared",
+            4, 1, Fault("lossy-link", "one", at=1.0, hold=60.0, loss=0.1), ci=False),
     simultaneous_kills("target-n8", "n=8, r=1: 1..4 non-adjacent SIGKILLs at once, 5 "
                        "rounds each (the recovery target)", 8, range(1, 5), 5, rate=10_000),
     simultaneous_kills("fig8b", "the paper's Fig. 8b: n=12, r=1, 1..6 non-adjacent "

@@ -88,10 +88,10 @@ class Injected:
     """A fault as the harness carried it out."""
 
     kind: str                     # kill | pause | kill-mapper | kill-mid-handoff | restart
-    #                               | rolling-restart | hostile
+    #                               | rolling-restart | hostile | partition | lossy-link
     victims: tuple[str, ...]
     at: float                     # wall clock when the signal was sent
-    resumed: float | None = None  # pause: when SIGCONT was sent
+    resumed: float | None = None  # pause: when SIGCONT was sent; network faults: healed
     detail: dict = field(default_factory=dict)
     # The ranges each victim owned when it was hit: a range can pass through a dead
     # node on its way to a live heir (two neighbours killed with r=2), so takeovers
@@ -132,10 +132,11 @@ def failure_timelines(faults: list[Injected], events: list[Event]) -> list[Failu
     node killed mid-handoff that owned no range yet, such as a joining node)."""
     out = []
     for fault in faults:
-        if fault.kind not in ("kill", "pause", "kill-mid-handoff", "restart"):
+        if fault.kind not in ("kill", "pause", "kill-mid-handoff", "restart", "partition"):
             continue
         for victim in fault.victims:
-            if fault.kind == "kill-mid-handoff" and not fault.tokens.get(victim):
+            # (a node cut off from its replicas only is not declared: no timeline)
+            if fault.kind in ("kill-mid-handoff", "partition") and not fault.tokens.get(victim):
                 continue
             out.append(_timeline(fault, victim, events))
     return out

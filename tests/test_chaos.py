@@ -493,8 +493,9 @@ def mid_handoff(scenario) -> bool:
 
 
 CI = [name for name, s in BUILTIN.items() if s.ci and len(s.rounds) == 1
-      and name != "lose-range" and not mid_handoff(s) and not s.durable]
+      and name != "lose-range" and not mid_handoff(s) and not s.durable and not s.netns]
 HANDOFF_CI = [name for name, s in BUILTIN.items() if s.ci and mid_handoff(s)]
+# The network faults (hosts of their own, root only) run in tests/test_netns.py.
 
 
 def check_round_timelines(result):
