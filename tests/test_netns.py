@@ -1,20 +1,20 @@
-"""Three nodes on three "hosts": each node in its own network namespace with its own
-address (10.77.0.1-3), joined by veth pairs to a bridge in a namespace of its own, and
-a mapper on a fourth (10.77.0.10). Words are counted exactly; then one node is cut off
-from every other (its link to the bridge goes down): the others declare it dead and
-take its ranges over, it is fenced once it hears so after the link comes back, and the
-counts stay exact throughout.
+"""Nodes on hosts of their own: every node in its own network namespace with its own
+address, joined by veth pairs to a bridge in a namespace of its own, a mapper on
+another host, and the test's own process on the switch as a read-only observer
+(chaos.netns). Faults are made at the switch, so the hosts see silence, as on a real
+network: a node's cable pulled, a partition between chosen hosts, a lossy link.
 
-Needs root and `ip` (iproute2); skipped otherwise. Every namespace and link is made
-here and removed in teardown, pass or fail; every process is stopped by its own pid."""
+Counts are exact throughout, checked against a Counter of everything fed (here) or
+tuple by tuple against the mappers' journals (the chaos scenarios below).
+
+Needs root, iproute2 and tc; skipped otherwise. Every namespace and link is made here
+(or by the harness) and removed pass or fail, and a test fails if any is left; every
+process is stopped by its own pid."""
 
 from __future__ import annotations
 
 import json
-import os
 import random
-import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -23,150 +23,169 @@ from pathlib import Path
 
 import pytest
 
+from chaos import netns
 from chaos.cluster import node_env
-from node.transport.tls import generate
+from chaos.harness import run_scenario
+from chaos.scenarios import BUILTIN
 
-SUBNET = "10.77.0"
-PORT = 7000
-NODES = {f"n{i}": f"{SUBNET}.{i + 1}" for i in range(3)}
-MAPPER_IP = f"{SUBNET}.10"
+NODES = ["n0", "n1", "n2"]
 VOCAB = [f"w{i}" for i in range(300)]
 
-# Runs in the mapper's namespace: `feed SEEDS FILE` sends the file's words and flushes
-# (every one is on r+1 nodes when it returns); `scan SEEDS` prints the counts and the
-# ring's members with their addresses as JSON.
-CLIENT = """
-import json, sys
+# Runs on the mapper's host: `feed SEEDS TLS_DIR FILE TIMEOUT` sends the file's words
+# and flushes: every one is on r+1 nodes when it prints "fed".
+FEED = """
+import sys
 from mapper import RingClient
 from node.transport.tls import TlsFiles
-command, seeds, tls_dir = sys.argv[1:4]
+seeds, tls_dir, path, timeout = sys.argv[1:5]
 tls = TlsFiles.in_dir(tls_dir, "client")
-with RingClient(seeds, tls=tls, timeout=90) as client:
-    if command == "feed":
-        client.emit_many(open(sys.argv[4]).read().split())
-        client.flush()
-        print("fed")
-    else:
-        ring = client.ring
-        print(json.dumps({"counts": dict(client.scan()),
-                          "members": {n: ring.address(n) for n in ring.nodes}}))
+with RingClient(seeds, tls=tls, timeout=float(timeout)) as client:
+    client.emit_many(open(path).read().split())
+    client.flush()
+    print("fed", flush=True)
 """
 
 
-def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check,
-                          timeout=30)
+# ------------------------------------------------------------------- pure parts
+
+def run_bpf(program: str, frame: bytes, rand: int = 0) -> int:
+    """Run a classic BPF program as `tc ... bytecode` takes it, on one frame, with
+    the kernel's random number `rand` (only what bpf_program emits)."""
+    ops = [tuple(int(x) for x in op.split()) for op in program.split(",")[1:]]
+    assert len(ops) == int(program.split(",")[0])
+    a, pc = 0, 0
+    while True:
+        code, jt, jf, k = ops[pc]
+        if code == 0x28:                               # ldh [k]
+            a = int.from_bytes(frame[k:k + 2], "big")
+        elif code == 0x20:                             # ld [k], or ld rand
+            a = rand if k == netns.SKF_AD_RANDOM else int.from_bytes(frame[k:k + 4], "big")
+        elif code == 0x05:                             # ja
+            pc += k
+        elif code in (0x15, 0x25):                     # jeq, jgt
+            pc += jt if (a == k if code == 0x15 else a > k) else jf
+        elif code == 0x06:                             # ret
+            return k
+        else:
+            raise AssertionError(f"unexpected opcode {code:#x}")
+        pc += 1
 
 
-class Hosts:
-    """The namespaces and links of one test, named after its pid so two runs never meet."""
+def frame(source: str, ethertype: int = 0x0800) -> bytes:
+    import ipaddress
+    ip = bytes(12) + ipaddress.IPv4Address(source).packed + bytes(4)
+    return bytes(12) + ethertype.to_bytes(2, "big") + ip
 
-    def __init__(self) -> None:
-        tag = f"fl{os.getpid() % 100000}"
-        self.bridge_ns = f"{tag}-br"
-        self.ns = {n: f"{tag}-{n}" for n in [*NODES, "m"]}
-        self.link = {n: f"{tag}{n}" for n in self.ns}      # host side; bridge side + "b"
-        self.made: list[str] = []
 
-    def up(self) -> None:
-        self._netns(self.bridge_ns)
-        ip("-n", self.bridge_ns, "link", "add", "br0", "type", "bridge")
-        ip("-n", self.bridge_ns, "link", "set", "br0", "up")
-        addresses = {**NODES, "m": MAPPER_IP}
-        for name, ns in self.ns.items():
-            self._netns(ns)
-            ip("-n", ns, "link", "set", "lo", "up")
-            link, port = self.link[name], self.link[name] + "b"
-            ip("link", "add", link, "netns", ns, "type", "veth",
-               "peer", "name", port, "netns", self.bridge_ns)
-            ip("-n", self.bridge_ns, "link", "set", port, "master", "br0")
-            ip("-n", self.bridge_ns, "link", "set", port, "up")
-            ip("-n", ns, "addr", "add", f"{addresses[name]}/24", "dev", link)
-            ip("-n", ns, "link", "set", link, "up")
+def test_the_switch_drops_the_blocked_sources_and_a_random_share():
+    drop, keep = netns.TC_ACT_SHOT, netns.TC_ACT_OK
+    both = netns.bpf_program(["10.77.1.1", "10.77.1.3"], 0.25)
+    assert run_bpf(both, frame("10.77.1.1")) == drop
+    assert run_bpf(both, frame("10.77.1.3"), rand=2 ** 32 - 1) == drop
+    assert run_bpf(both, frame("10.77.1.2"), rand=2 ** 31) == keep        # 0.5 > 0.25
+    assert run_bpf(both, frame("10.77.1.2"), rand=2 ** 29) == drop        # 0.125
+    assert run_bpf(both, frame("10.77.1.1", ethertype=0x0806)) == keep    # ARP passes
+    blocked = netns.bpf_program(["10.77.1.1"], 0.0)
+    assert run_bpf(blocked, frame("10.77.1.1")) == drop
+    assert run_bpf(blocked, frame("10.77.1.2")) == keep
+    lossy = netns.bpf_program([], 0.1)
+    kept = sum(run_bpf(lossy, frame("10.77.1.2"), rand=r) == keep
+               for r in range(0, 2 ** 32, 2 ** 22))
+    assert kept == 1024 - 103                                             # 10% dropped
 
-    def _netns(self, name: str) -> None:
-        ip("netns", "add", name)
-        self.made.append(name)
 
-    def cut(self, name: str, up: bool = False) -> None:
-        """Take `name`'s link to the bridge down (or up again): nothing reaches it."""
-        ip("-n", self.bridge_ns, "link", "set", self.link[name] + "b",
-           "up" if up else "down")
+def test_network_faults_are_planned_on_hosts_of_their_own():
+    from chaos.scenarios import Fault, Load, Round, Scenario, loses_data, plan, ring_order
+    for name in ("minority-partition", "minority-partition-mapper"):
+        scenario = BUILTIN[name]
+        for seed in range(20):
+            (fault,), = plan(scenario, seed)
+            assert len(fault.victims) == 2 and fault.hold > 0
+            assert not loses_data(ring_order(5), fault.victims, 1)        # never neighbours
+            assert set(fault.apart) == {f"n{i}" for i in range(5)} - set(fault.victims)
+    (fault,), = plan(BUILTIN["minority-partition-mapper"], 1)
+    assert fault.mappers_with == "minority"
+    (fault,), = plan(BUILTIN["partition-primary"], 1)
+    assert fault.mappers_with == "both" and dict(fault.ranges)[fault.victims[0]]
+    (fault,), = plan(BUILTIN["partition-from-replica"], 1)
+    order = ring_order(3)
+    (victim,) = fault.victims
+    assert fault.apart == (order[(order.index(victim) + 1) % 3],) and not fault.ranges
+    (fault,), = plan(BUILTIN["adjacent-minority-r2"], 1)
+    assert loses_data(ring_order(5), fault.victims, 1)                  # neighbours
+    (fault,), = plan(BUILTIN["lossy-link"], 1)
+    assert fault.loss == 0.1 and len(fault.victims) == 1 and not fault.ranges
+    kinds = {s.name: {f.kind for r in s.rounds for f in r.faults} for s in BUILTIN.values()}
+    assert all(s.netns and s.load.ids for s in BUILTIN.values()
+               if kinds[s.name] & {"partition", "lossy-link"})
+    with pytest.raises(ValueError, match="loss"):
+        Fault("lossy-link", "one", loss=1.5)
+    with pytest.raises(ValueError, match="partition"):
+        Fault("kill", "minority")
+    with pytest.raises(ValueError, match="no minority"):
+        plan(Scenario("t", "", 4, 1, (Round((Fault("partition", "minority", count=2),)),)), 1)
+    with pytest.raises(ValueError, match="every copy"):
+        plan(Scenario("t", "", 5, 1, (Round((Fault("partition", "adjacent-minority",
+                                                   count=2),)),)), 1)
+    with pytest.raises(ValueError, match="hosts of their own"):
+        Scenario("t", "", 4, 1, (Round((Fault("partition"), Fault("restart"))),), Load())
 
-    def remove(self) -> None:
-        # Deleting a namespace deletes the veth ends in it, and so their peers.
-        for name in reversed(self.made):
-            ip("netns", "del", name, check=False)
-        self.made.clear()
 
+def test_a_network_scenario_is_skipped_with_its_reason_unless_root(tmp_path, monkeypatch):
+    from chaos.harness import summary_table
+    monkeypatch.setattr(netns.os, "geteuid", lambda: 1000)
+    result = run_scenario(BUILTIN["lossy-link"], seed=1, out=tmp_path, plots=False)
+    assert "need root" in result["skipped"] and not result["rounds"] and not result["ok"]
+    assert summary_table(result).startswith("SKIP: lossy-link seed 1: network namespaces")
+
+
+@pytest.mark.xfail(strict=True, reason="known bug (docs/chaos.md): a node cut off for "
+                   "long suspects its primary without confirmation all along; after the "
+                   "heal its first round that counts as confirmed declares the primary at "
+                   "once, before the node hears it was removed itself (partition-primary-"
+                   "long removes a healthy node)")
+def test_a_confirmation_after_a_long_unconfirmed_suspicion_starts_the_suspicion_anew():
+    """The detector side of that bug, on an explicit clock: 20 s of unconfirmed
+    rounds (the third node did not answer: we may be the one cut off), then one round
+    the third node answers. That round is the first evidence against the suspect; it
+    should start the suspicion period (1 s), not end it."""
+    from node.core.detector import (DEAD, SUSPECT, TIMED_OUT, UNCONFIRMED,
+                                    DetectorConfig, FailureDetector)
+    d = FailureDetector(DetectorConfig(min_timeout=0.2, probe_timeout=0.15, suspicion=1.0))
+    d.watch({"n0"}, now=0.0)
+    now = 0.3
+    while now < 20.0:
+        (probe,) = d.due_probes(now)
+        now += probe.deadline
+        assert d.probe_result(probe, UNCONFIRMED, now) == SUSPECT
+    (probe,) = d.due_probes(now)
+    now += probe.deadline
+    assert d.probe_result(probe, TIMED_OUT, now) == SUSPECT       # today: DEAD
+    while True:
+        (probe,) = d.due_probes(now)
+        now += probe.deadline
+        if d.probe_result(probe, TIMED_OUT, now) == DEAD:
+            break
+    assert now >= 21.0
+
+
+# ----------------------------------------------------------------- three hosts
 
 @pytest.fixture
 def hosts():
-    if os.geteuid() != 0:
-        pytest.skip("network namespaces need root")
-    if shutil.which("ip") is None:
-        pytest.skip("the ip command (iproute2) is not installed")
-    made = Hosts()
+    reason = netns.skip_reason()
+    if reason:
+        pytest.skip(reason)
+    made = netns.Hosts([*NODES, "m0"])
     try:
         made.up()
-    except subprocess.CalledProcessError as exc:
+    except netns.Unavailable as exc:
+        pytest.skip(str(exc))
+    try:
+        yield made
+    finally:
         made.remove()
-        pytest.skip(f"cannot make network namespaces here: {exc.stderr.strip()[:200]}")
-    yield made
-    made.remove()
-
-
-def address(node: str) -> str:
-    return f"{NODES[node]}:{PORT}"
-
-
-def stop(processes: dict) -> None:
-    for process in processes.values():
-        if process.poll() is None:
-            os.kill(process.pid, signal.SIGTERM)
-    for process in processes.values():
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.kill(process.pid, signal.SIGKILL)
-            process.wait()
-
-
-def ready(log: Path) -> bool:
-    return log.exists() and "READY " in log.read_text()
-
-
-def client(hosts: Hosts, tmp_path: Path, *args: str) -> str:
-    done = subprocess.run(["ip", "netns", "exec", hosts.ns["m"], sys.executable,
-                           str(tmp_path / "client.py"), args[0], args[1],
-                           str(tmp_path / "tls"), *args[2:]],
-                          capture_output=True, text=True, env=node_env(), timeout=120)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout
-
-
-def scan(hosts: Hosts, tmp_path: Path, seeds: list[str]) -> dict:
-    return json.loads(client(hosts, tmp_path, "scan", ",".join(seeds)))
-
-
-def feed(hosts: Hosts, tmp_path: Path, seeds: list[str], words: list[str], name: str):
-    path = tmp_path / f"{name}.words"
-    path.write_text(" ".join(words))
-    return subprocess.Popen(["ip", "netns", "exec", hosts.ns["m"], sys.executable,
-                             str(tmp_path / "client.py"), "feed", ",".join(seeds),
-                             str(tmp_path / "tls"), str(path)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=node_env())
-
-
-def fed(process: subprocess.Popen) -> None:
-    out, err = process.communicate(timeout=120)
-    assert process.returncode == 0 and out.strip() == "fed", err[-3000:]
-
-
-def events(tmp_path: Path, node: str) -> list[dict]:
-    path = tmp_path / f"{node}.events.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+        assert not made.leftovers()
 
 
 def wait_for(what, timeout: float, explain) -> None:
@@ -176,69 +195,113 @@ def wait_for(what, timeout: float, explain) -> None:
         time.sleep(0.25)
 
 
-class Ring3:
-    """Three nodes started on the hosts, the words fed so far, and what they count."""
+def fed(process: subprocess.Popen) -> None:
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 0 and out.strip() == "fed", err[-3000:]
 
-    def __init__(self, hosts: Hosts, tmp_path: Path) -> None:
+
+class Ring3:
+    """Three nodes on the hosts, the words fed so far, and what they count."""
+
+    def __init__(self, hosts: netns.Hosts, tmp_path: Path) -> None:
         self.hosts, self.tmp_path = hosts, tmp_path
-        self.processes: dict[str, subprocess.Popen] = {}
+        self.cluster = None
+        self.feeds: list[subprocess.Popen] = []
         self.rng = random.Random(7)
         self.expected: Counter = Counter()
-        self.seeds = [address(n) for n in NODES]
+        self.seeds = [hosts.address(n) for n in NODES]
         self.survivors = self.seeds[1:]
 
     def start(self) -> None:
-        generate(self.tmp_path / "tls", list(NODES), hosts=list(NODES.values()))
-        (self.tmp_path / "client.py").write_text(CLIENT)
-        peers = ",".join(f"{n}={address(n)}" for n in NODES)
-        for node in NODES:
-            with open(self.tmp_path / f"{node}.log", "w") as out:
-                self.processes[node] = subprocess.Popen(
-                    ["ip", "netns", "exec", self.hosts.ns[node], sys.executable, "-m", "node",
-                     "--node-id", node, "--listen", address(node), "--peers", peers,
-                     "--replication", "1", "--tls-dir", str(self.tmp_path / "tls"),
-                     "--events-file", str(self.tmp_path / f"{node}.events.jsonl")],
-                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    env=node_env(), start_new_session=True)
-        for node in NODES:                      # a node prints READY once it serves
-            log = self.log(node)
-            wait_for(lambda: ready(log) or self.processes[node].poll() is not None, 60,
-                     lambda: log.read_text()[-3000:])
-            assert ready(log), log.read_text()[-3000:]
+        self.cluster = netns.start_nodes(self.hosts, NODES, 1, self.tmp_path)
+        (self.tmp_path / "feed.py").write_text(FEED)
 
-    def log(self, node: str) -> Path:
-        return self.tmp_path / f"{node}.log"
+    def stop(self) -> None:
+        for process in self.feeds:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        if self.cluster is not None:
+            self.cluster.down()
 
-    def words(self):
+    def log(self, node: str) -> str:
+        return Path(self.cluster.node(node).log).read_text()[-3000:]
+
+    def events(self, node: str) -> list[dict]:
+        path = Path(self.cluster.node(node).events)
+        return [json.loads(line) for line in path.read_text().splitlines()] \
+            if path.exists() else []
+
+    def feed(self, seeds: list[str], name: str, timeout: float = 90) -> subprocess.Popen:
+        """5000 words fed from the mapper's host; they count once "fed" is printed."""
         words = self.rng.choices(VOCAB, k=5000)
         self.expected.update(words)
-        return words
-
-    def feed(self, seeds: list[str], name: str) -> subprocess.Popen:
-        return feed(self.hosts, self.tmp_path, seeds, self.words(), name)
+        path = self.tmp_path / f"{name}.words"
+        path.write_text(" ".join(words))
+        process = subprocess.Popen(
+            [*self.hosts.exec_prefix("m0"), sys.executable, str(self.tmp_path / "feed.py"),
+             ",".join(seeds), str(self.cluster.tls_dir), str(path), str(timeout)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=node_env())
+        self.feeds.append(process)
+        return process
 
     def scan(self, seeds: list[str]) -> dict:
-        return scan(self.hosts, self.tmp_path, seeds)
+        """The counts and members, read through the observer from `seeds` (the client
+        then asks every member its ring, and keeps the newest)."""
+        from mapper import RingClient
+        with RingClient(seeds, tls=self.cluster.tls("client"), timeout=30) as client:
+            counts = dict(client.scan())
+            ring = client.ring
+            return {"counts": counts, "members": {n: ring.address(n) for n in ring.nodes}}
+
+    def stats_of(self, node: str):
+        """The node's own stats, asked of it alone (it may be out of everyone's ring)."""
+        from floering.v1 import floe_pb2, floe_pb2_grpc
+        with self.cluster.channel(self.hosts.address(node)) as channel:
+            return floe_pb2_grpc.QueryPlaneStub(channel).Stats(floe_pb2.StatsRequest(),
+                                                               timeout=5)
+
+    def counted_once(self) -> None:
+        fed(self.feed(self.seeds, "before"))
+        view = self.scan(self.seeds)
+        assert view["counts"] == self.expected
+        assert view["members"] == {n: self.hosts.address(n) for n in NODES}
+
+    def declared_dead(self, node: str, timeout: float = 30) -> None:
+        wait_for(lambda: node not in self.scan(self.survivors)["members"], timeout,
+                 lambda: self.log("n1"))
+
+    def rejoined(self, node: str) -> None:
+        wait_for(lambda: any(e["kind"] == "fenced" for e in self.events(node)), 30,
+                 lambda: self.log(node))
+
+        def back() -> bool:
+            members = self.scan(self.survivors)["members"]
+            return any(n.startswith(f"{node}#") and a == self.hosts.address(node)
+                       for n, a in members.items())
+        wait_for(back, 30, lambda: self.log(node))
+
+    def exact_everywhere(self) -> None:
+        for seed in self.seeds:                       # every host answers the same
+            view = self.scan([seed])
+            assert view["counts"] == self.expected, seed
+            assert {n for n in view["members"] if not n.startswith("n0")} == {"n1", "n2"}
 
     def partition(self) -> None:
         """Counted, then n0 (primary of some ranges, replica of others) cut off from
         every other host while words go on: the others declare it dead and count on."""
-        fed(self.feed(self.seeds, "before"))
-        view = self.scan(self.seeds)
-        assert view["counts"] == self.expected
-        assert view["members"] == {n: address(n) for n in NODES}
+        self.counted_once()
         self.hosts.cut("n0")
         during = self.feed(self.survivors, "during")
-        wait_for(lambda: "n0" not in self.scan(self.survivors)["members"], 30,
-                 lambda: self.log("n1").read_text()[-3000:])
+        self.declared_dead("n0")
         fed(during)
         view = self.scan(self.survivors)
         assert view["counts"] == self.expected
         assert set(view["members"]) == {"n1", "n2"}
-        kinds = {e["kind"] for e in events(self.tmp_path, "n1") + events(self.tmp_path, "n2")}
+        kinds = {e["kind"] for e in self.events("n1") + self.events("n2")}
         assert {"detected", "taken_over"} <= kinds
-        for node, process in self.processes.items():
-            assert process.poll() is None, self.log(node).read_text()[-3000:]
+        for node in self.cluster.nodes:
+            assert node.alive(), self.log(node.node_id)
 
 
 @pytest.fixture
@@ -247,7 +310,7 @@ def ring3(hosts, tmp_path):
     try:
         yield ring
     finally:
-        stop(ring.processes)
+        ring.stop()
 
 
 @pytest.mark.multiprocess
@@ -265,17 +328,139 @@ def test_a_healed_partition_fences_the_cut_off_node_and_loses_nothing(ring3):
     # n0 alone has meanwhile suspected its peers, long enough to have declared them
     # had it not known that it reached no third node either
     time.sleep(3)
-    assert not any(e["kind"] == "detected" for e in events(ring3.tmp_path, "n0"))
+    assert not any(e["kind"] == "detected" for e in ring3.events("n0"))
     ring3.hosts.cut("n0", up=True)
-    wait_for(lambda: any(e["kind"] == "fenced" for e in events(ring3.tmp_path, "n0")), 30,
-             lambda: ring3.log("n0").read_text()[-3000:])
-
-    def rejoined() -> bool:
-        members = ring3.scan(ring3.survivors)["members"]
-        return any(n.startswith("n0#") and a == address("n0") for n, a in members.items())
-    wait_for(rejoined, 30, lambda: ring3.log("n0").read_text()[-3000:])
+    ring3.rejoined("n0")
     fed(ring3.feed(ring3.seeds, "healed"))
-    for seed in ring3.seeds:                          # every host answers the same, exactly
-        view = ring3.scan([seed])
-        assert view["counts"] == ring3.expected, seed
-        assert {n for n in view["members"] if not n.startswith("n0")} == {"n1", "n2"}
+    ring3.exact_everywhere()
+
+
+@pytest.mark.multiprocess
+def test_a_primary_cut_off_with_the_mapper_acknowledges_nothing_alone(ring3):
+    """n0 and the mapper on one side, n1 and n2 on the other. The mapper reaches only
+    n0: n0 applies what it owns and acknowledges it, but a batch needs all r+1
+    destinations, and n0's replica (and the others) are out of reach. No flush
+    returns until the partition heals; meanwhile n1 and n2 declare n0 dead and take
+    its ranges over. Healed, n0 is fenced (what it applied is dropped), the mapper
+    resends to the new owners, and every host counts exactly."""
+    ring3.start()
+    ring3.counted_once()
+    applied_before = ring3.stats_of("n0").applied
+    ring3.hosts.partition(["n0", "m0"], ["n1", "n2"])
+    stuck = ring3.feed(ring3.seeds, "stuck")
+    ring3.declared_dead("n0")
+    time.sleep(1.5)
+    assert stuck.poll() is None, "a flush returned with acknowledgements from n0 alone"
+    n0 = ring3.stats_of("n0")                       # still serving in its own view
+    assert not n0.fenced and n0.applied > applied_before
+    assert not any(e["kind"] == "detected" for e in ring3.events("n0"))
+    ring3.hosts.heal()
+    fed(stuck)
+    ring3.rejoined("n0")
+    ring3.exact_everywhere()
+
+
+# ------------------------------------------------------- the chaos scenarios on hosts
+
+NET_CI = [name for name, s in BUILTIN.items() if s.netns and s.ci]
+# adjacent-minority-r2: a minority of two neighbours (r=2) confirms its own
+# suspicions and declares the majority dead; healed, the two views refuse each other
+# for good (docs/chaos.md, "Known bugs").
+KNOWN_BUGS = {"adjacent-minority-r2"}
+
+
+def run_on_hosts(name: str, tmp_path: Path, seed: int = 1) -> dict:
+    reason = netns.skip_reason()
+    if reason:
+        pytest.skip(reason)
+    try:
+        result = run_scenario(BUILTIN[name], seed=seed, out=tmp_path, plots=False)
+    finally:
+        assert not netns.leftovers()
+    if result.get("skipped"):
+        pytest.skip(result["skipped"])
+    return result
+
+
+def check_timelines(rnd: dict) -> None:
+    for tl in rnd["timelines"]:
+        stages = [tl[s] for s in ("injected", "detected", "taken_over", "applying")]
+        assert None not in stages and tl["re_replicated"] is not None, tl
+        assert stages == sorted(stages), json.dumps(tl)
+        assert tl["re_replicated"] >= tl["taken_over"]
+
+
+@pytest.mark.chaos
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("name", [n for n in NET_CI if n not in KNOWN_BUGS])
+def test_a_network_fault_loses_nothing_and_the_ring_converges(name, tmp_path):
+    result = run_on_hosts(name, tmp_path)
+    assert result["ok"], json.dumps([(r["errors"], r["oracle"]) for r in result["rounds"]])
+    (rnd,) = result["rounds"]
+    o = rnd["oracle"]
+    assert o["by_id"] and o["acknowledged"] >= 1000
+    assert o["lost_keys"] == 0 and o["duplicated_keys"] == 0
+    (inj,) = rnd["injected"]
+    d = inj["detail"]
+    victims = set(inj["victims"])
+    members = {s["node_id"]: s for s in rnd["final_stats"]}
+    assert len(set(d["final_ring_versions"])) == 1           # one ring, everywhere
+    assert all(s["lost_ranges"] == 0 and s["under_replicated"] == 0 and not s["fenced"]
+               for s in members.values())
+    declared = {v for v, rows in d["declared"].items() if rows}
+    others = {f"n{i}" for i in range(BUILTIN[name].nodes)} - victims
+    if name == "lossy-link" or name == "partition-from-replica":
+        # nobody declared: a lost frame is retransmitted, and the replica's probe
+        # through the third node finds the primary alive
+        assert not declared and set(members) == others | victims
+        assert not rnd["timelines"] or all(t["detected"] is None for t in rnd["timelines"])
+        assert d["acked_during"] > 0                          # the feed went on
+        return
+    # the cut-off nodes were declared by the majority, fenced once healed, and came
+    # back empty; nobody else was declared
+    assert declared == victims
+    assert all(row["by"] not in victims for v in victims for row in d["declared"][v])
+    assert set(d["fenced_after_heal_ms"]) == victims
+    assert all(ms >= 0 for ms in d["fenced_after_heal_ms"].values())
+    assert set(members) == others | {f"{v}#1" for v in victims}
+    assert all(members[f"{v}#1"]["ring_share"] == 0 and members[f"{v}#1"]["keys"] == 0
+               for v in victims)
+    check_timelines(rnd)
+    assert {t["victim"] for t in rnd["timelines"]} == victims
+    assert all(t["fenced"] >= inj["resumed"] for t in rnd["timelines"])
+    if name == "minority-partition-mapper":
+        # the mapper reached only the minority: nothing acknowledged until the heal
+        assert d["acked_during"] == 0
+        assert d["first_ack_after_fault_ms"] > 1000 * d["healed_s"]
+    else:
+        assert d["acked_during"] > 0
+
+
+@pytest.mark.chaos
+@pytest.mark.multiprocess
+@pytest.mark.xfail(strict=True, reason="known bug (docs/chaos.md): a minority of two "
+                   "neighbours with r=2 confirms its own suspicions, declares the "
+                   "majority dead, and after the heal the two views refuse each other: "
+                   "the minority is never fenced and a reader adopting its view gets "
+                   "RangeLost")
+def test_a_minority_of_neighbours_does_not_declare_the_majority(tmp_path):
+    result = run_on_hosts("adjacent-minority-r2", tmp_path)
+    (rnd,) = result["rounds"]
+    assert result["ok"], json.dumps(rnd["errors"])
+
+
+LONG_BUG = pytest.mark.xfail(strict=True, reason="known bug (docs/chaos.md): after a "
+                             "20 s partition heals, the cut-off node declares its healthy "
+                             "primary dead before it hears it was removed itself, and the "
+                             "majority adopts that removal")
+
+
+@pytest.mark.slow
+@pytest.mark.chaos
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("name", [
+    pytest.param(n, marks=LONG_BUG) if n == "partition-primary-long" else n
+    for n, s in BUILTIN.items() if s.netns and not s.ci])
+def test_long_network_faults_lose_nothing(name, tmp_path):
+    result = run_on_hosts(name, tmp_path)
+    assert result["ok"], json.dumps([(r["errors"], r["oracle"]) for r in result["rounds"]])
