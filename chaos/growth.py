@@ -230,8 +230,9 @@ def measure(keys: int, nodes: int, update_rate: float) -> dict:
               "heir_peak_over_steady": round(peak, 2), "exact": exact,
               "sampled_keys": len(sample)}
     if timeline is not None:
-        result.update({f"{s}_s": None if timeline.ms(s) is None else round(timeline.ms(s) / 1e3, 3)
-                       for s in ("detected", "taken_over", "applying", "re_replicated")})
+        for stage in ("detected", "taken_over", "applying", "re_replicated"):
+            ms = timeline.ms(stage)
+            result[f"{stage}_s"] = None if ms is None else round(ms / 1e3, 3)
     return result
 
 
