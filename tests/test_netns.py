@@ -449,18 +449,22 @@ def test_a_minority_of_neighbours_does_not_declare_the_majority(tmp_path):
     assert result["ok"], json.dumps(rnd["errors"])
 
 
-LONG_BUG = pytest.mark.xfail(strict=True, reason="known bug (docs/chaos.md): after a "
-                             "20 s partition heals, the cut-off node declares its healthy "
-                             "primary dead before it hears it was removed itself, and the "
-                             "majority adopts that removal")
-
-
 @pytest.mark.slow
 @pytest.mark.chaos
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("name", [
-    pytest.param(n, marks=LONG_BUG) if n == "partition-primary-long" else n
-    for n, s in BUILTIN.items() if s.netns and not s.ci])
+@pytest.mark.parametrize("name", [n for n, s in BUILTIN.items() if s.netns and not s.ci])
 def test_long_network_faults_lose_nothing(name, tmp_path):
     result = run_on_hosts(name, tmp_path)
-    assert result["ok"], json.dumps([(r["errors"], r["oracle"]) for r in result["rounds"]])
+    (rnd,) = result["rounds"]
+    assert rnd["oracle"]["summary"].startswith("exact:"), rnd["oracle"]
+    assert all(s["lost_ranges"] == 0 for s in rnd["final_stats"])
+    assert len(set(rnd["injected"][0]["detail"]["final_ring_versions"])) == 1
+    (victim,) = rnd["injected"][0]["victims"]
+    # The known bug (docs/chaos.md; its detector side is the strict expected failure
+    # above) shows in 4 of 5 runs of partition-primary-long: right after the heal the
+    # cut-off node declares its healthy primary dead, and the others adopt it.
+    bug = [e for e in rnd["errors"] if e.startswith((f"partition: {victim}, cut off",
+                                                     f"false positive: {victim} declared"))]
+    if name == "partition-primary-long" and bug and len(bug) == len(rnd["errors"]):
+        pytest.xfail("known bug: " + "; ".join(bug))
+    assert result["ok"], json.dumps(rnd["errors"])
