@@ -296,7 +296,7 @@ def _run_round(scenario: Scenario, seed: int, index: int, planned: list[PlannedF
                 result.errors.append(f"mapper-{m.mapper} (pid {m.pid}) exited {code}: "
                                      + _tail(m.log))
         progress.update(f"{scenario.name} {tag}: settling")
-        _settle(sampler, cluster, deadline=time.monotonic() + (15 if hosts else 10),
+        _settle(sampler, cluster, deadline=time.monotonic() + 10,
                 converge=hosts is not None)
         sampler.stop()
         result.series = series(sampler.samples, t0)
