@@ -84,6 +84,57 @@ async def test_async_client_on_a_sharing_ring_reads_keys_whole(tmp_path):
     assert not any(node.alive() for node in cluster.nodes)
 
 
+# The sync client's cluster tests (tests/test_cluster.py), on the asyncio client.
+
+@pytest.mark.multiprocess
+async def test_async_bad_input_linger_race_and_combining_over_tls(tmp_path):
+    from node.core.errors import InvalidArgument, InvalidKey
+    words = WORDS[:60_000]
+    with LocalCluster.up(4, 1, workdir=tmp_path) as cluster:
+        assert cluster.tls() is not None                # every call mutual TLS
+        # a tiny linger seals buffers while emit() seals full ones: seqs stay in order
+        async with AsyncRingClient(cluster.seeds, batch_size=40, linger=0.001,
+                                   tls=cluster.tls(), combine=False) as client:
+            for start in range(0, len(words), 500):
+                for word in words[start:start + 500]:
+                    await client.emit(word)
+                await asyncio.sleep(0.001)
+            await client.flush()
+            assert dict([kv async for kv in client.scan()]) == Counter(words)
+        async with AsyncRingClient(cluster.seeds, tls=cluster.tls()) as client:
+            for key in (1.5, None, True, ("a",), "\ud800"):
+                with pytest.raises(InvalidKey):
+                    await client.emit(key)
+            with pytest.raises(InvalidArgument):
+                await client.emit("k", object())
+            with pytest.raises(InvalidArgument):
+                await client.emit("k", "not a count")      # refused before it is folded
+            assert client.source.startswith("combined:")
+            await client.emit_many(words)
+            await client.emit("zz-fine")
+            await client.flush()
+            assert await client.get("zz-fine") == 1
+            assert await client.get("the") == 2 * Counter(words)["the"]
+
+
+@pytest.mark.multiprocess
+async def test_async_flush_to_a_dead_node_fails_cleanly_instead_of_hanging(tmp_path):
+    from node.core.errors import Unavailable
+    with LocalCluster.up(2, 0, workdir=tmp_path) as cluster:
+        client = AsyncRingClient(cluster.seeds, timeout=3.0, rpc_timeout=0.5,
+                                 tls=cluster.tls())
+        await client.emit_many(WORDS[:1000])
+        await client.flush()
+        await asyncio.to_thread(cluster.kill, "n1")
+        await client.emit_many(WORDS[:1000])
+        started = time.monotonic()
+        with pytest.raises(Unavailable):
+            await client.flush()
+        assert time.monotonic() - started < 10
+        with pytest.raises(Unavailable):   # close() will not pretend the tuples arrived
+            await client.close()
+
+
 # ------------------------------------------------------------ the streamed scan
 
 
