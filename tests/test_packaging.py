@@ -98,3 +98,15 @@ def test_the_public_api_is_exported_from_mapper():
         assert getattr(mapper, name) is getattr(errors, name)
     assert {"RingClient", "Reducer", "FloeError", "Unavailable"} <= set(mapper.__all__)
     assert all(hasattr(mapper, name) for name in mapper.__all__)
+
+
+def test_process_tables_come_from_psutil_not_hand_read_proc():
+    """/proc is read through psutil everywhere; the one write left is the storage
+    benchmark dropping the page cache, which psutil cannot do."""
+    root = Path(__file__).resolve().parent.parent
+    hits = [f"{path.relative_to(root)}:{n}"
+            for folder in ("node", "mapper", "chaos", "spark_driver")
+            for path in (root / folder).rglob("*.py")
+            for n, line in enumerate(path.read_text().splitlines(), 1)
+            if "/proc" in line and "drop_caches" not in line]
+    assert not hits, hits
