@@ -123,12 +123,15 @@ class Batcher:
             tokens, route, full, place = self._routing_locked()
             buffers = self.buffers
             seq = self.next_seq
+            cached = route.cached          # a dict lookup, not a call, for a known key
             try:
                 for key in keys:
                     if type(key) is not str:
                         check_key(key)
                     if place is None:
-                        token = route(key)
+                        token = cached(key)
+                        if token is None:
+                            token = route(key)
                     else:
                         key, token = place(key, seq)
                     buf = buffers.get(token)
