@@ -1,14 +1,18 @@
 """Spark's own stateful word count against the same query feeding the ring, side by side.
 
-    python -m chaos.spark_bench [--copies 1] [--files 8] [--latency-files 6]
+    python -m chaos.spark_bench [--copies 1] [--files 8] [--latency-files 6] [--rounds 3]
+                                [--row-path]
 
 One SparkSession (local[2], 2 shuffle partitions, RocksDB state store with changelog
 checkpointing) runs, on the same text files:
   spark    readStream.text -> explode(regexp_extract_all(lower(value))) ->
            groupBy(word).count(), complete mode into the memory sink
-  ring     readStream.text -> foreachBatch -> foreachPartition mappers (the driver's
-           RingSink) into a fresh 4-node ring (r=1): tuples as they come, and combined
-           per partition first (--combine)
+  ring     readStream.text -> foreachBatch (the driver's RingSink): the same word split
+           in Spark SQL, the words to the tasks as Arrow batches (mapInArrow), into a
+           fresh 4-node ring (r=1): combined per partition first (the driver's default),
+           and every tuple sent (--no-combine)
+  --row-path adds the same two with the split in Python over the rows (foreachPartition,
+           the path of a custom map step).
 Throughput: available-now over the whole input (2 files per batch), words / wall time.
 Latency: files dropped one at a time into a watched directory; per file, the time from
 its arrival to the end of the micro-batch that made its counts visible.
@@ -30,9 +34,8 @@ from chaos.cluster import LocalCluster
 from chaos.corpus import kjv_lines
 from mapper import RingClient, split_words
 from spark_driver.launch import LOG_CONFIG
+from spark_driver.maps import DEFAULT_TEXT_MAP, WORD_PATTERN
 from spark_driver.sink import RingSink, session_builder
-
-WORD_PATTERN = r"[a-z]+(?:'[a-z]+)*"      # mapper.words, in Spark SQL
 
 
 def write_files(directory: Path, lines: list[str], files: int, start: int = 0) -> list[Path]:
@@ -77,20 +80,22 @@ class SparkCount:
 
 
 class RingCount:
-    def __init__(self, spark, workdir: Path, combine: bool) -> None:
+    def __init__(self, spark, workdir: Path, combine: bool, sql: bool = True) -> None:
         self.spark = spark
         self.combine = combine
-        self.name = self.label(combine)
+        self.sql = sql
+        self.name = self.label(combine, sql)
         self.cluster = LocalCluster.up(4, 1, workdir=workdir)
 
     @staticmethod
-    def label(combine: bool) -> str:
-        return "ring, combined per partition" if combine else "ring, every tuple"
+    def label(combine: bool, sql: bool = True) -> str:
+        name = ("ring, combined (default)" if combine else "ring, every tuple (--no-combine)")
+        return name if sql else name.split(" (")[0] + ", rows in Python"
 
     def start(self, source: Path, checkpoint: Path, available_now: bool, files_per_batch: int):
         tls_dir = self.cluster.tls_dir
-        sink = RingSink(seeds=tuple(self.cluster.seeds), map_spec="mapper.words:split_words",
-                        reducer="count", combine=self.combine,
+        sink = RingSink(seeds=tuple(self.cluster.seeds), map_spec=DEFAULT_TEXT_MAP,
+                        reducer="count", combine=self.combine, sql_split=self.sql,
                         tls_dir=None if tls_dir is None else str(tls_dir))
         writer = (self.spark.readStream.option("maxFilesPerTrigger", files_per_batch)
                   .text(str(source)).writeStream.foreachBatch(sink)
@@ -216,6 +221,8 @@ def main(argv=None) -> int:
     parser.add_argument("--latency-lines", type=int, default=2000)
     parser.add_argument("--interval", type=float, default=3.0)
     parser.add_argument("--rounds", type=int, default=3, help="throughput runs per path")
+    parser.add_argument("--row-path", action="store_true",
+                        help="also the ring paths splitting words in Python over the rows")
     args = parser.parse_args(argv)
 
     lines = kjv_lines() * args.copies
@@ -234,9 +241,11 @@ def main(argv=None) -> int:
         write_files(warm, warm_lines, 2)
         warm_expected = Counter(w for line in warm_lines for w in split_words(line))
         makers = {SparkCount.name: lambda: SparkCount(spark)}
-        for combine in (False, True):
-            makers[RingCount.label(combine)] = (
-                lambda c=combine: RingCount(spark, workdir / f"ring-{time.monotonic_ns()}", c))
+        for sql in ((True, False) if args.row_path else (True,)):
+            for combine in (False, True):
+                makers[RingCount.label(combine, sql)] = (
+                    lambda c=combine, q=sql: RingCount(
+                        spark, workdir / f"ring-{time.monotonic_ns()}", c, q))
         rates = {name: [] for name in makers}
         exact = {name: True for name in makers}
         for name, make in makers.items():      # JIT, Python workers, first-query costs
@@ -272,7 +281,7 @@ def main(argv=None) -> int:
     for name in makers:
         r, lat = rates[name], latencies[name]
         q = queries.get(name)
-        print(f"{name:32}: {statistics.median(r):>9,.0f} words/s ({min(r):,.0f}-{max(r):,.0f}), "
+        print(f"{name:36}: {statistics.median(r):>9,.0f} words/s ({min(r):,.0f}-{max(r):,.0f}), "
               f"latency p50 {statistics.median(lat) * 1e3:,.0f} ms, max {max(lat) * 1e3:,.0f} ms, "
               f"exact={exact[name]}"
               + (f"; live get p50 {q[0]:.1f} ms, top(20) p50 {q[1]:.1f} ms" if q else ""))

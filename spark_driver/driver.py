@@ -2,13 +2,17 @@
 
     spark-submit --master 'local[2]' spark_driver/driver.py --ring HOST:PORT[,HOST:PORT...] \\
         --source dir:PATH | rate:ROWS_PER_SECOND | socket:HOST:PORT \\
-        [--map package.module:function] [--checkpoint DIR] [--available-now]
+        [--map package.module:function] [--checkpoint DIR] [--available-now] [--no-combine]
 
-Each micro-batch goes through foreachBatch -> foreachPartition: every partition is a
+Each micro-batch goes through foreachBatch to one task per partition: the default word
+split runs in Spark SQL and the tasks get the words as Arrow batches (mapInArrow);
+another map step runs in Python over the rows (foreachPartition). Every partition is a
 RingClient numbering its tuples from (query id, batch id, partition id, position), so a
 retried task or a batch replayed after a restart from --checkpoint is deduplicated by
 the ring: exactly-once end to end for a replayable source (dir, rate) and a
-deterministic map step. Without --available-now the query runs until SIGTERM/SIGINT.
+deterministic map step. With the count and sum reducers each task sums its tuples per
+key first (--no-combine: send every tuple). Without --available-now the query runs
+until SIGTERM/SIGINT.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import threading  # noqa: E402
 import time  # noqa: E402
 
 from spark_driver.maps import DEFAULT_RATE_MAP, DEFAULT_TEXT_MAP, load_map  # noqa: E402
+from spark_driver.partition import COMBINE_KEYS  # noqa: E402
 from spark_driver.sink import RingSink, session_builder  # noqa: E402
 
 
@@ -59,9 +64,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="seconds between micro-batches (default: as fast as possible)")
     p.add_argument("--max-files-per-trigger", type=int, help="dir source: files per batch")
     p.add_argument("--partitions", type=int, default=2, help="rate source partitions")
-    p.add_argument("--combine", action="store_true",
-                   help="sum values per key within a partition before sending (count/sum "
-                        "reducers only)")
+    p.add_argument("--combine", action=argparse.BooleanOptionalAction, default=None,
+                   help="sum values per key within a partition before sending; the default "
+                        "for the count and sum reducers (--no-combine: send every tuple)")
+    p.add_argument("--combine-keys", type=int, default=COMBINE_KEYS, metavar="N",
+                   help=f"a combining task sends its totals whenever it holds N distinct keys "
+                        f"(bounded memory; default {COMBINE_KEYS:,})")
     p.add_argument("--batch-size", type=int, default=2000, help="tuples per ring batch")
     p.add_argument("--progress", type=float, default=5.0,
                    help="seconds between progress lines (0: none)")
@@ -79,6 +87,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         raise UsageError(f"--available-now needs a bounded source (dir:PATH); {kind} never ends")
     if args.combine and args.reducer not in ("count", "sum"):
         raise UsageError("--combine only applies to the count and sum reducers")
+    if args.combine is None:
+        args.combine = args.reducer in ("count", "sum")
+    if args.combine_keys < 1:
+        raise UsageError("--combine-keys must be at least 1")
     args.map_spec = args.map_spec or (DEFAULT_RATE_MAP if kind == "rate" else DEFAULT_TEXT_MAP)
     load_map(args.map_spec)     # fail here, not in every task
     args.seeds = [s.strip() for s in args.ring.split(",") if s.strip()]
@@ -136,8 +148,15 @@ def run(args) -> int:
         print(f"no --checkpoint: using {checkpoint}; a restarted driver would start over",
               file=sys.stderr, flush=True)
     sink = RingSink(seeds=tuple(args.seeds), map_spec=args.map_spec, reducer=args.reducer,
-                    combine=args.combine, batch_size=args.batch_size, tls_dir=args.tls_dir,
+                    combine=args.combine, combine_keys=args.combine_keys,
+                    batch_size=args.batch_size, tls_dir=args.tls_dir,
                     fail_once=args.inject_task_failure, hang_once=args.inject_hang)
+    plan = sink.choose(spark)
+    print(f"map: {args.map_spec}, "
+          + ("split by Spark SQL, words to the tasks as Arrow batches"
+             if plan == "sql+arrow" else "in Python over the rows")
+          + (f"; combined per partition (totals sent every {args.combine_keys:,} keys)"
+             if args.combine else "; every tuple sent"), flush=True)
     writer = (read_stream(spark, args).writeStream.foreachBatch(sink)
               .option("checkpointLocation", checkpoint).queryName("floe_ring"))
     if args.available_now:

@@ -17,6 +17,16 @@ MapStep = Callable[[object], Iterable]
 DEFAULT_TEXT_MAP = "mapper.words:split_words"
 DEFAULT_RATE_MAP = "spark_driver.maps:rate_bucket"
 
+# mapper.words in Spark SQL: explode(regexp_extract_all(lower(line), WORD_PATTERN, 0)).
+# Both lower-case first and match ASCII letters only, so the only non-ASCII input that
+# can become part of a word is what lower-cases into ASCII (U+0130 -> "i" + U+0307,
+# the Kelvin sign -> "k"), and Java and Python lower-case those alike; both regex
+# engines are backtracking and leftmost-first. tests/test_spark_driver.py checks the
+# two agree on apostrophes, unicode letters, digits and such.
+WORD_PATTERN = r"[a-z]+(?:'[a-z]+)*"
+# The map steps Spark SQL does instead of Python (the Arrow path).
+SQL_WORD_MAPS = frozenset({DEFAULT_TEXT_MAP, "spark_driver.maps:words"})
+
 
 def rate_bucket(value) -> list[int]:
     """The rate source's numbers folded into 100 keys (0..99)."""
@@ -25,6 +35,36 @@ def rate_bucket(value) -> list[int]:
 
 def words(line) -> list[str]:
     return split_words(line) if line else []
+
+
+def sql_words(column):
+    """The Spark SQL column of a line column's words, in order (one row per word)."""
+    from pyspark.sql import functions as F
+    return F.explode(sql_word_arrays(column))
+
+
+def sql_word_arrays(column):
+    """The Spark SQL column of each line's words as an array: split_words in the JVM."""
+    from pyspark.sql import functions as F
+    return F.regexp_extract_all(F.lower(column), F.lit(WORD_PATTERN), F.lit(0))
+
+
+def split_in_sql(spec: str) -> bool:
+    """Whether the map step is the default word split, which Spark SQL does in the JVM
+    (and the tasks get Arrow batches of words) when pyarrow and pandas are installed."""
+    return spec in SQL_WORD_MAPS and arrow_available()
+
+
+def arrow_available() -> bool:
+    """DataFrame.mapInArrow needs pyarrow and pandas (the `spark` extra installs them)."""
+    try:
+        from pyspark.sql.pandas.utils import (require_minimum_pandas_version,
+                                              require_minimum_pyarrow_version)
+        require_minimum_pyarrow_version()
+        require_minimum_pandas_version()
+    except Exception:
+        return False
+    return True
 
 
 def load_map(spec: str) -> MapStep:

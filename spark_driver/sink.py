@@ -16,14 +16,32 @@ ROOT = Path(__file__).resolve().parent.parent
 class RingSink:
     """`writeStream.foreachBatch(RingSink(...))`, then `bind(query.id)` once started.
 
-    Runs on the driver for each micro-batch; ships one task per partition. Only the
-    input column travels to the mappers, as read: no shuffle, so a replayed batch has
-    the same partitions with the same rows in the same order."""
+    Runs on the driver for each micro-batch; ships one task per partition. Nothing
+    between the source and the tasks shuffles, so a replayed batch has the same
+    partitions with the same rows in the same order.
 
-    def __init__(self, **fields) -> None:
+    Two plans, chosen once (`choose`):
+    - "sql+arrow" (the default word split, pyarrow and pandas installed): Spark SQL
+      splits the lines into words in the JVM (`explode(regexp_extract_all(lower(line),
+      WORD_PATTERN))`), `mapInArrow` hands each task its words as Arrow batches, and a
+      `collect()` of one row per partition (its id and the tuples it sent) runs the job;
+    - "rows" (any other map step): `foreachPartition` over the input column, the map
+      step run in Python per row."""
+
+    def __init__(self, *, sql_split: bool | None = None, **fields) -> None:
         self.fields = fields
+        self.sql_split = sql_split
         self._bound = threading.Event()
         self.query_id: str | None = None
+        self.sent: dict[int, int] = {}     # the last batch: partition id -> tuples sent
+
+    def choose(self, spark) -> str:
+        """Decide the plan (once) and name it: "sql+arrow" or "rows"."""
+        if self.sql_split is None:
+            from spark_driver.maps import split_in_sql
+            self.sql_split = (split_in_sql(self.fields["map_spec"])
+                              and _jvm_lowercases_like_python(spark))
+        return "sql+arrow" if self.sql_split else "rows"
 
     def bind(self, query_id: str) -> None:
         self.query_id = query_id
@@ -33,7 +51,29 @@ class RingSink:
         if not self._bound.wait(60):
             raise RuntimeError("RingSink used before bind(query.id)")
         config = PartitionConfig(query_id=self.query_id, **self.fields)
-        df.select(df.columns[0]).foreachPartition(_task(config, batch_id))
+        if self.choose(df.sparkSession) == "sql+arrow":
+            from spark_driver.maps import sql_words
+            words = df.select(sql_words(df[df.columns[0]]).alias("word"))
+            rows = words.mapInArrow(_arrow_task(config, batch_id), SENT_SCHEMA).collect()
+            self.sent = {row["partition"]: row["tuples"] for row in rows}
+        else:
+            df.select(df.columns[0]).foreachPartition(_task(config, batch_id))
+
+
+SENT_SCHEMA = "partition int, tuples long"
+
+
+def _arrow_task(config: PartitionConfig, batch_id: int):
+    def task(batches):
+        import pyarrow as pa
+        from pyspark import TaskContext
+        from spark_driver.partition import write_words
+        partition_id = TaskContext.get().partitionId()
+        sent = write_words(config, batch_id, partition_id, (b.column(0) for b in batches))
+        yield pa.RecordBatch.from_arrays(
+            [pa.array([partition_id], pa.int32()), pa.array([sent], pa.int64())],
+            names=["partition", "tuples"])
+    return task
 
 
 def _task(config: PartitionConfig, batch_id: int):
@@ -41,6 +81,18 @@ def _task(config: PartitionConfig, batch_id: int):
         from pyspark import TaskContext
         write_partition(config, batch_id, TaskContext.get().partitionId(), rows)
     return task
+
+
+def _jvm_lowercases_like_python(spark) -> bool:
+    """Java's toLowerCase follows the JVM's default locale: in Turkish, Azeri and
+    Lithuanian it lower-cases I (and some accented letters) unlike Python's str.lower.
+    Under those the word split stays in Python. Executors are assumed to share the
+    driver's locale."""
+    try:
+        language = spark.sparkContext._jvm.java.util.Locale.getDefault().getLanguage()
+    except Exception:
+        language = ""
+    return language not in ("tr", "az", "lt")
 
 
 def session_builder(app: str, shuffle_partitions: int = 2):

@@ -1,6 +1,8 @@
 """The spark-submit driver with real Spark (local[2]) and real ring processes: the ring's
 counts equal an independent count of the input after a task failure, a driver killed
-mid-batch and restarted from its checkpoint, and a node SIGKILLed mid-stream."""
+mid-batch and restarted from its checkpoint, and a node SIGKILLed mid-stream; with the
+default word split in Spark SQL (Arrow batches to the tasks), combined per partition
+by default and with every tuple sent."""
 
 import time
 from collections import Counter
@@ -13,6 +15,8 @@ from chaos.corpus import kjv_lines
 from mapper import RingClient, split_words
 from spark_driver import driver
 from spark_driver.launch import SparkDriver
+
+CHECK_SPLIT = Path(driver.__file__).with_name("check_split.py")
 
 pytestmark = [pytest.mark.spark, pytest.mark.multiprocess]
 
@@ -111,14 +115,47 @@ def applied(cluster):
         return sum(s.get("applied", 0) for s in client.stats())
 
 
-def test_available_now_counts_exactly(tmp_path, ring):
+# Apostrophes, unicode letters and case, digits, ligatures, combining marks, the two
+# characters that lower-case into ASCII (U+0130, the Kelvin sign), emoji, odd spaces.
+TRICKY = [
+    "Don't STOP: it's rock'n'roll, o''clock, 'quoted', trailing' 'leading x'y'z'",
+    "curly \u2019quotes\u2019 don\u2019t, \u2018single\u2019 and `back`ticks",
+    "caf\u00e9 na\u00efve Stra\u00dfe STRASSE \u1e9e \u00c0\u00c9\u00ce \u01c5 e\u0301te",
+    "\u0130stanbul \u0130I \u212aelvin \u212b \u03a3\u038a\u03a3\u03a5\u03a6\u039f\u03a3 \u0399",
+    "abc123def 4x4 x\u00b2 \u0661\u0662 mp3 3rd 1st",
+    "\ufb01ne \ufb00 \uff26\uff55\uff4c\uff4c \uff21",
+    "emoji\U0001f600word \U0001d400bold tab\tsep nbsp\u00a0sep zero\u200bwidth",
+    "", "   ", "''''", "a'b'c'd'e'f MixedCase ALLCAPS",
+]
+
+
+def test_the_sql_word_split_equals_split_words_on_a_tricky_corpus(tmp_path):
+    """The driver splits words in Spark SQL instead of mapper.words.split_words: the
+    two must give the same words in the same order, line by line."""
+    corpus = tmp_path / "tricky.txt"
+    corpus.write_text("\n".join(TRICKY + LINES[:200]) + "\n", encoding="utf-8")
+    check = SparkDriver([str(corpus)], script=CHECK_SPLIT, log=tmp_path / "check.log")
+    assert finish(check, timeout=300) == 0, check.output()
+    assert f"agree: {len(TRICKY) + 200} lines" in check.output()
+
+
+@pytest.mark.parametrize("combine", ["default", "--no-combine"])
+def test_available_now_counts_exactly(tmp_path, ring, combine):
     expected = write_corpus(tmp_path / "in")
-    spark = run_driver(tmp_path, ring, "--available-now")
+    spark = run_driver(tmp_path, ring, "--available-now",
+                       *([combine] if combine != "default" else []))
     assert finish(spark) == 0, spark.output()
     got, stats = ring_state(ring)
     assert got == expected, diff(got, expected)
     out = spark.output()
     assert "spark: batch 2," in out and "tuples applied" in out   # 6 files, 2 per batch
+    assert "split by Spark SQL, words to the tasks as Arrow batches" in out
+    assert ("every tuple sent" if combine == "--no-combine" else "combined per partition") in out
+    applied_tuples = sum(s["applied"] for s in stats)
+    if combine == "--no-combine":
+        assert applied_tuples >= sum(expected.values())
+    else:       # one tuple per word per partition and batch: far fewer than the words
+        assert applied_tuples < sum(expected.values()) // 2
 
 
 def test_a_task_failing_half_way_is_retried_and_counted_once(tmp_path, ring):
@@ -140,8 +177,9 @@ def test_on_a_ring_sharing_keys_a_retried_task_is_counted_once_and_read_merged(t
     expected = write_corpus(tmp_path / "in")
     marker = tmp_path / "failed-once"
     with healthy_ring(tmp_path, balancer="pkg") as ring:
+        # every tuple sent, so the hottest word has many seqs to spread by
         spark = run_driver(tmp_path, ring, "--available-now", "--inject-task-failure",
-                           str(marker), master="local[2,2]")
+                           str(marker), "--no-combine", master="local[2,2]")
         assert finish(spark) == 0, spark.output()
         assert marker.exists(), "the fault was never injected"
         got, stats = ring_state(ring)
@@ -154,7 +192,10 @@ def test_on_a_ring_sharing_keys_a_retried_task_is_counted_once_and_read_merged(t
 def test_driver_killed_mid_batch_resumes_from_its_checkpoint(tmp_path, ring):
     expected = write_corpus(tmp_path / "in")
     marker = tmp_path / "hung"
-    first = run_driver(tmp_path, ring, "--inject-hang", str(marker), name="first")
+    # Combining (the default), a task hangs where it sends its totals: every 1,000 keys
+    # here, so mid-partition. The rerun must use the same setting (docs/spark.md).
+    first = run_driver(tmp_path, ring, "--inject-hang", str(marker), "--combine-keys", "1000",
+                       name="first")
     try:
         wait_for(marker.exists, 300, "a task to reach the middle of its partition", first)
         tree = first.descendants()
@@ -164,7 +205,8 @@ def test_driver_killed_mid_batch_resumes_from_its_checkpoint(tmp_path, ring):
         first.kill()                     # SIGKILL: spark-submit, JVM, Python workers
     assert not first.descendants()
     assert 0 < partial < sum(expected.values())
-    second = run_driver(tmp_path, ring, "--available-now", name="second")
+    second = run_driver(tmp_path, ring, "--available-now", "--combine-keys", "1000",
+                        name="second")
     assert finish(second) == 0, second.output()
     got, stats = ring_state(ring)
     assert got == expected, diff(got, expected)
@@ -199,7 +241,9 @@ def test_a_durable_ring_killed_whole_mid_stream_comes_back_and_the_rerun_is_exac
 def test_a_node_killed_mid_stream_loses_and_doubles_nothing(tmp_path, ring):
     expected = write_corpus(tmp_path / "in", files=12)
     total = sum(expected.values())
-    spark = run_driver(tmp_path, ring, "--available-now", "--max-files-per-trigger", "1")
+    # every tuple sent: the ring's applied count follows the words
+    spark = run_driver(tmp_path, ring, "--available-now", "--max-files-per-trigger", "1",
+                       "--no-combine")
     try:
         wait_for(lambda: applied(ring) > total // 4, 300, "a quarter of the corpus applied",
                  spark)
@@ -253,6 +297,18 @@ def test_bad_arguments_are_refused_before_spark_starts(capsys):
     assert "bounded source" in capsys.readouterr().err
     assert driver.main(["--ring", "x:1", "--source", "dir:/tmp", "--map", "nope:fn"]) == 2
     assert "cannot import" in capsys.readouterr().err
+    assert driver.main(["--ring", "x:1", "--source", "dir:/tmp", "--reducer", "topk",
+                        "--combine"]) == 2
+    assert "count and sum" in capsys.readouterr().err
+    assert driver.main(["--ring", "x:1", "--source", "dir:/tmp", "--combine-keys", "0"]) == 2
+    assert "--combine-keys" in capsys.readouterr().err
+
+
+def test_combining_is_the_default_for_count_and_sum_only():
+    def combine(*flags):
+        return driver.parse_args(["--ring", "x:1", "--source", "dir:/tmp", *flags]).combine
+    assert combine() and combine("--reducer", "sum")
+    assert not combine("--no-combine") and not combine("--reducer", "topk")
 
 
 def test_socket_source_then_sigterm_stops_gracefully(tmp_path, ring):
@@ -304,7 +360,9 @@ def test_rate_source_counts_a_prefix_of_its_numbers_exactly(tmp_path, ring):
                          "--checkpoint", str(tmp_path / "checkpoint"), "--progress", "1",
                          "--trigger", "1"], log=tmp_path / "rate.log")
     try:
-        wait_for(lambda: applied(ring) >= 5000, 300, "5000 rows counted", spark)
+        # combined per partition by default: count what the ring holds, not tuples
+        wait_for(lambda: sum(ring_state(ring)[0].values()) >= 5000, 300, "5000 rows counted",
+                 spark)
         assert spark.terminate() == 0, spark.output()
     finally:
         if spark.proc.poll() is None:

@@ -124,3 +124,104 @@ def test_a_worker_keeps_one_idle_connection_whatever_rings_it_saw(ring):
     assert next(iter(connections._idle.values())) is not first
     assert first._closed                                        # the replaced one is closed
     connections.close_all()
+
+
+# The Arrow path: the words as Spark SQL split them, in Arrow arrays.
+
+def word_arrays(lines, cut=1000):
+    """The lines' words in Arrow arrays of `cut` words (as mapInArrow's batches)."""
+    pa = pytest.importorskip("pyarrow")
+    flat = [w for line in lines for w in split_words(line)]
+    return [pa.array(flat[i:i + cut], pa.string()) for i in range(0, len(flat), cut)]
+
+
+def test_the_sql_pattern_is_split_words_pattern():
+    from mapper.words import _WORD
+    from spark_driver.maps import SQL_WORD_MAPS, WORD_PATTERN
+    assert WORD_PATTERN == _WORD.pattern
+    assert "mapper.words:split_words" in SQL_WORD_MAPS
+
+
+@pytest.mark.parametrize("combine", [False, True])
+def test_arrow_words_retried_after_a_failure_half_way_count_once(ring, tmp_path, combine):
+    from spark_driver.partition import write_words
+    before, dups0 = state(ring)
+    query = f"qa-{combine}"
+    faulty = config(ring, query, combine=combine, fail_once=str(tmp_path / "marker"))
+    parts = [LINES[:600], LINES[600:]]
+    with pytest.raises(InjectedFailure):
+        write_words(faulty, 0, 0, word_arrays(parts[0]))      # half of it reaches the ring
+    got_half, _ = state(ring)
+    assert Counter(got_half) != Counter(before)
+    sent = write_words(faulty, 0, 0, word_arrays(parts[0], cut=777))   # the retry
+    assert sent > 0
+    write_words(faulty, 0, 1, word_arrays(parts[1]))
+    got, dups1 = state(ring)
+    assert Counter(got) - Counter(before) == words(LINES)
+    assert dups1 > dups0                                      # the retry's prefix was dropped
+
+
+def test_arrow_combining_flushes_every_n_keys_where_the_words_fall_not_the_batches(ring):
+    """Bounded memory: totals go out every `combine_keys` distinct keys; the flush points
+    depend only on the words, so a replay cut into other Arrow batches sends the same
+    tuples under the same seqs and the ring drops every one."""
+    from spark_driver.partition import write_words
+    before, _ = state(ring)
+    expected = words(LINES)
+    cfg = config(ring, "qb", combine=True, combine_keys=300)
+    sent = write_words(cfg, 0, 0, word_arrays(LINES, cut=1000))
+    assert len(expected) < sent < sum(expected.values())     # several flushes, fewer tuples
+    got, dups = state(ring)
+    assert Counter(got) - Counter(before) == expected
+    assert write_words(cfg, 0, 0, word_arrays(LINES, cut=4093)) == sent   # a replay
+    got2, dups2 = state(ring)
+    assert got2 == got and dups2 - dups == sent
+    one_flush = write_words(config(ring, "qc", combine=True), 0, 0, word_arrays(LINES))
+    assert one_flush == len(expected)                           # under the bound: one per key
+    assert write_words(cfg, 0, 1, []) == 0
+
+
+def test_arrow_every_tuple_counts_exactly(ring):
+    from spark_driver.partition import write_words
+    before, _ = state(ring)
+    cfg = config(ring, "qd")
+    assert write_words(cfg, 0, 0, word_arrays(LINES)) == sum(words(LINES).values())
+    got, _ = state(ring)
+    assert Counter(got) - Counter(before) == words(LINES)
+
+
+def test_row_path_combining_flushes_every_n_keys(ring):
+    before, _ = state(ring)
+    cfg = config(ring, "qe", combine=True, combine_keys=250)
+    sent = write_partition(cfg, 0, 0, rows(LINES))
+    assert len(words(LINES)) < sent < sum(words(LINES).values())
+    assert write_partition(cfg, 0, 0, rows(LINES)) == sent       # a replay, the same flushes
+    got, _ = state(ring)
+    assert Counter(got) - Counter(before) == words(LINES)
+
+
+@pytest.mark.parametrize("arrow", [True, False], ids=["arrow", "rows"])
+def test_combining_the_fault_falls_on_a_flush_so_a_rerun_without_it_is_exact(
+        ring, tmp_path, arrow):
+    """A driver killed while a combining task hung is rerun without the fault: the
+    rerun must send the same totals under the same seqs, so the fault may only stop a
+    task where it sends its totals anyway (here mid-partition: 300 keys a flush)."""
+    from spark_driver.partition import write_words
+
+    def write(cfg):
+        if arrow:
+            return write_words(cfg, 0, 0, word_arrays(LINES[:600]))
+        return write_partition(cfg, 0, 0, rows(LINES[:600]))
+
+    before, dups0 = state(ring)
+    query = f"qf-{arrow}"
+    with pytest.raises(InjectedFailure):
+        write(config(ring, query, combine=True, combine_keys=300,
+                     fail_once=str(tmp_path / f"marker-{arrow}")))
+    partial, _ = state(ring)
+    assert 0 < sum((Counter(partial) - Counter(before)).values()) < sum(
+        words(LINES[:600]).values())                              # stopped mid-partition
+    write(config(ring, query, combine=True, combine_keys=300))    # the rerun, no fault
+    got, dups1 = state(ring)
+    assert Counter(got) - Counter(before) == words(LINES[:600])
+    assert dups1 > dups0
