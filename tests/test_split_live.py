@@ -32,6 +32,7 @@ def test_floe_split_hands_the_tail_to_the_neighbour_under_a_streaming_mapper(tmp
         token = ring.tokens_of("n0")[0]
         heir = ring.heir(token)
         at = middle(ring, token)
+        moved = status(tmp_path)["n0"]["moved_bytes"]
         out = floe(tmp_path, "split", hex(at), "--to", heir)
         assert "handed the tail" in out
         time.sleep(0.3)
@@ -45,6 +46,8 @@ def test_floe_split_hands_the_tail_to_the_neighbour_under_a_streaming_mapper(tmp
         assert len(ring.tokens) == 8
         nodes = status(tmp_path)
         assert nodes["n0"]["tokens"] == 3 and nodes["n0"]["handed_off"] >= 1
+        # the parts' full copies to their new holders count as state moved
+        assert nodes["n0"]["moved_bytes"] > moved
         assert sum(n["ring_share"] for n in nodes.values()) == pytest.approx(1.0)
         assert all(n["lost_ranges"] == 0 for n in nodes.values())
 

@@ -33,6 +33,9 @@ COUNTERS = (
     ("floe_checkpoints_received", "checkpoints_received", "Checkpoints received as a replica"),
     ("floe_checkpoint_bytes", "checkpoint_bytes",
      "Bytes of checkpoint states and watermarks shipped and acknowledged by replicas"),
+    ("floe_moved_bytes", "moved_bytes",
+     "Bytes of state moved to other nodes: full range copies (handoffs, splits, new "
+     "replicas) and pieces merged back, acknowledged"),
     ("floe_takeovers", "takeovers", "Ranges taken over from nodes declared dead"),
     ("floe_deaths_declared", "declared", "Nodes this node declared dead"),
     ("floe_handoffs", "handed_off", "Ranges handed to other nodes (moves, splits, leaving)"),
