@@ -6,7 +6,13 @@ are checked exactly against a Counter over what was fed, and the load each node 
 counter. Reported per pair: the skew S of the Ray consistent-hashing paper, max/mean
 load, the load's standard deviation in % (partial/dynamic key grouping's measure),
 DIST_COST (nodes holding a piece of a key, mean over the workload's keys),
-ranges handed over, throughput, and the p50/p99 of a batch's first emit -> acked.
+ranges handed over, bytes of state moved between nodes (the nodes' `moved_bytes`:
+full range copies for handoffs, splits and new replicas, pieces merged back),
+throughput, and the p50/p99 of a batch's first emit -> acked.
+
+The mapper sends tuple by tuple (`combine=False`): the policies are compared on the
+load of the tuples themselves, as the papers do; `--combine` measures them behind the
+mapper's pre-aggregation instead (a node's load is then combined states).
 
 Workloads:
 - the Ray paper's WL1-WL5, rebuilt from their definitions on our ring: 100 items
@@ -73,6 +79,7 @@ class Outcome:
     p99_ms: float
     loads: list
     failure: str = ""           # why the counts could not be read back, if they could not
+    moved_bytes: int = 0        # state bytes shipped between nodes: full copies, folds
 
 
 def nodes_for(workload: str) -> int:
@@ -152,8 +159,13 @@ def raw_holders(cluster: LocalCluster) -> dict:
     return holders
 
 
+def _moved(rows: list[dict], before: dict[str, int]) -> int:
+    return sum(r.get("moved_bytes", 0) - before.get(r["node_id"], 0) for r in rows
+               if "error" not in r)
+
+
 def run_one(policy: str, name: str, tuples: int, seed: int = 1,
-            seconds: float = 0.0) -> Outcome:
+            seconds: float = 0.0, combine: bool = False) -> Outcome:
     """Feed the workload once, or over and over for `seconds` (a sustained load, so
     that a policy reacting to overload has time to)."""
     keys = workload(name, tuples, seed)
@@ -164,8 +176,10 @@ def run_one(policy: str, name: str, tuples: int, seed: int = 1,
             LocalCluster.up(nodes, 1, workdir=tmp, balancer=policy,
                             tokens_per_node=TOKENS_PER_NODE) as cluster:
         tls = cluster.tls("client")
-        with RingClient(cluster.seeds, tls=tls) as client:
-            before = {s["node_id"]: s["applied"] for s in client.stats()}
+        with RingClient(cluster.seeds, tls=tls, combine=combine) as client:
+            first = client.stats()
+            before = {s["node_id"]: s["applied"] for s in first}
+            moved_before = {s["node_id"]: s["moved_bytes"] for s in first}
             start = time.perf_counter()
             counts: Counter = Counter()
             sent = 0
@@ -194,11 +208,11 @@ def run_one(policy: str, name: str, tuples: int, seed: int = 1,
                    round(1 + imbalance(loads), 3), round(load_std_percent(loads), 2),
                    round(dist, 3), sum(r["handed_off"] for r in rows), round(elapsed, 2),
                    round(sent / elapsed), _ms(latencies, 0.5), _ms(latencies, 0.99),
-                   loads, failure)
+                   loads, failure, _moved(rows, moved_before))
 
 
 def run_overload(policy: str, name: str, rate: float, work: int, seconds: float,
-                 seed: int = 1) -> dict:
+                 seed: int = 1, combine: bool = False) -> dict:
     """Latency under one overload for every policy: the reducer costs `work` loop turns
     per tuple (chaos.costly), and the workload is fed open-loop at `rate` tuples/s in
     20 ms ticks, each tick flushed; a tick's latency counts from when it was due, not
@@ -210,7 +224,8 @@ def run_overload(policy: str, name: str, rate: float, work: int, seconds: float,
                             reducer="chaos.costly:CostlyCount",
                             extra_args=["--reducer-arg", f"work={work}"]) as cluster:
         with RingClient(cluster.seeds, tls=cluster.tls("client"), linger=0.005,
-                        batch_size=200) as client:
+                        batch_size=200, combine=combine) as client:
+            moved_before = {s["node_id"]: s["moved_bytes"] for s in client.stats()}
             latencies, sent, tick = [], 0, 0.02
             start = time.perf_counter()
             for i in itertools.count():
@@ -225,11 +240,13 @@ def run_overload(policy: str, name: str, rate: float, work: int, seconds: float,
                 sent = upto
             elapsed = time.perf_counter() - start
             exact = dict(client.scan()) == dict(Counter(keys[:sent]))
+            moved = _moved(client.stats(), moved_before)
     latencies.sort()
     return {"policy": policy, "workload": name, "rate": rate, "work": work, "sent": sent,
             "offered_seconds": seconds, "elapsed": round(elapsed, 2), "exact": exact,
             "p50_ms": _ms(latencies, 0.5), "p99_ms": _ms(latencies, 0.99),
-            "max_ms": round(1000 * latencies[-1], 1) if latencies else 0.0}
+            "max_ms": round(1000 * latencies[-1], 1) if latencies else 0.0,
+            "moved_bytes": moved}
 
 
 def _ms(sorted_seconds: list[float], q: float) -> float:
@@ -239,13 +256,83 @@ def _ms(sorted_seconds: list[float], q: float) -> float:
                                            int(q * len(sorted_seconds)))], 1)
 
 
+NAMES = {"wl1-h": "WL1-h", "wl1-d": "WL1-d", "wl2": "WL2", "wl3": "WL3", "wl4-h": "WL4-h",
+         "wl4-d": "WL4-d", "wl5-h": "WL5-h", "wl5-d": "WL5-d", "zipf-0.8": "Zipf 0.8",
+         "zipf-1.1": "Zipf 1.1", "zipf-1.5": "Zipf 1.5", "one-key": "one key"}
+
+
+def _bytes(n: int) -> str:
+    for unit, size in (("MB", 1e6), ("KB", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def markdown(outcomes: list[Outcome]) -> str:
+    """The outcomes as docs/balance.md shows them: S per workload and policy, then
+    every measure of every pair."""
+    names = list(dict.fromkeys(o.workload for o in outcomes))
+    policies = list(dict.fromkeys(o.policy for o in outcomes))
+    by = {(o.workload, o.policy): o for o in outcomes}
+    lines = ["| workload | nodes | " + " | ".join(f"S {p}" for p in policies) + " |",
+             "| --- | --- |" + " --- |" * len(policies)]
+    for n in names:
+        cells = []
+        for p in policies:
+            o = by.get((n, p))
+            cells.append("-" if o is None else "**not exact**" if not o.exact
+                         else f"{o.skew:.3f}")
+        nodes = next(o.nodes for o in outcomes if o.workload == n)
+        lines.append(f"| {NAMES.get(n, n)} | {nodes} | " + " | ".join(cells) + " |")
+    lines += ["", "| workload | policy | S | max/mean | DIST_COST | tuples/s | ranges moved "
+              "| bytes moved | exact |", "| --- | --- | --- | --- | --- | --- | --- | --- "
+              "| --- |"]
+    for n in names:
+        for p in policies:
+            o = by.get((n, p))
+            if o is None:
+                continue
+            lines.append(f"| {NAMES.get(n, n)} | {p} | {o.skew:.3f} | {o.max_over_mean:.2f} "
+                         f"| {o.dist_cost:.2f} | {o.throughput / 1e6:.2f} M | {o.handed_off} "
+                         f"| {_bytes(o.moved_bytes)} | "
+                         + ("yes" if o.exact else f"**no**: {o.failure[:80]}") + " |")
+    return "\n".join(lines)
+
+
+def overload_markdown(rows: list[dict]) -> str:
+    """p99 per workload and policy, and each over `none`'s."""
+    names = list(dict.fromkeys(r["workload"] for r in rows))
+    policies = list(dict.fromkeys(r["policy"] for r in rows))
+    by = {(r["workload"], r["policy"]): r for r in rows}
+    lines = ["| workload | " + " | ".join(policies) + " |",
+             "| --- |" + " --- |" * len(policies)]
+    for n in names:
+        base = by.get((n, "none"))
+        cells = []
+        for p in policies:
+            r = by.get((n, p))
+            if r is None:
+                cells.append("-")
+                continue
+            cell = f"{r['p99_ms']:.0f} ms"
+            if base is not None and p != "none" and base["p99_ms"]:
+                cell += f" ({100 * (r['p99_ms'] / base['p99_ms'] - 1):+.0f}%)"
+            if not r["exact"]:
+                cell += " **not exact**"
+            cells.append(cell)
+        lines.append(f"| {NAMES.get(n, n)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def print_table(outcomes: list[Outcome]) -> None:
     print(f"{'workload':10} {'policy':8} {'S':>6} {'max/mean':>8} {'std%':>6} "
-          f"{'dist':>5} {'moved':>5} {'tuples/s':>9} {'p50 ms':>7} {'p99 ms':>7} exact")
+          f"{'dist':>5} {'moved':>5} {'moved KB':>9} {'tuples/s':>9} {'p50 ms':>7} "
+          f"{'p99 ms':>7} exact")
     for o in outcomes:
         print(f"{o.workload:10} {o.policy:8} {o.skew:6.3f} {o.max_over_mean:8.3f} "
               f"{o.load_std_percent:6.2f} {o.dist_cost:5.2f} {o.handed_off:5d} "
-              f"{o.throughput:9.0f} {o.p50_ms:7.1f} {o.p99_ms:7.1f} {o.exact}")
+              f"{o.moved_bytes / 1000:9.1f} {o.throughput:9.0f} {o.p50_ms:7.1f} "
+              f"{o.p99_ms:7.1f} {o.exact}")
     for o in outcomes:
         if o.failure:
             print(f"  {o.workload} {o.policy}: {o.failure}")
@@ -258,7 +345,8 @@ def print_table(outcomes: list[Outcome]) -> None:
 
 PLOTTED = {"skew": "skew S (0 even, 1 all on one node)", "max_over_mean": "max / mean load",
            "dist_cost": "DIST_COST (nodes holding a piece of a key)",
-           "throughput": "input tuples/s", "p99_ms": "p99 emit -> acked (ms)"}
+           "throughput": "input tuples/s", "p99_ms": "p99 emit -> acked (ms)",
+           "moved_bytes": "state bytes moved between nodes"}
 
 
 def plot(outcomes: list[Outcome], directory: str) -> list[str]:
@@ -272,7 +360,7 @@ def plot(outcomes: list[Outcome], directory: str) -> list[str]:
     by = {(o.workload, o.policy): o for o in outcomes}
     written = []
     for metric, label in PLOTTED.items():
-        fig, ax = plt.subplots(figsize=(12, 4))
+        fig, ax = plt.subplots(figsize=(14, 4.5))
         width = 0.8 / len(policies)
         for j, policy in enumerate(policies):
             ax.bar([i + j * width for i in range(len(names))],
@@ -280,7 +368,7 @@ def plot(outcomes: list[Outcome], directory: str) -> list[str]:
                     for n in names], width, label=policy)
         ax.set_xticks([i + 0.4 - width / 2 for i in range(len(names))], names, rotation=30)
         ax.set_ylabel(label)
-        ax.legend()
+        ax.legend(ncol=min(len(policies), 5), fontsize="small")
         fig.tight_layout()
         path = Path(directory) / f"skew-{metric.replace('_', '-')}.png"
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -307,11 +395,24 @@ def main(argv=None) -> int:
                         "of RATE tuples/s, with a reducer costing --work per tuple")
     p.add_argument("--work", type=int, default=400,
                    help="--overload: loop turns per tuple in the reducer (default 400)")
+    p.add_argument("--combine", action="store_true",
+                   help="let the mapper pre-aggregate (its default); without it, it "
+                        "sends tuple by tuple, and a node's load is the tuples themselves")
     p.add_argument("--json", help="also write every outcome to this file")
     p.add_argument("--plot", metavar="DIR", help="write a PNG per metric to DIR")
     p.add_argument("--from-json", metavar="FILE",
                    help="print (and plot) the outcomes of an earlier run instead of running")
+    p.add_argument("--markdown", action="store_true",
+                   help="with --from-json: print the tables as docs/balance.md shows them")
     args = p.parse_args(argv)
+    if args.markdown:
+        if not args.from_json:
+            p.error("--markdown needs --from-json")
+        with open(args.from_json) as fh:
+            rows = json.load(fh)
+        print(overload_markdown(rows) if rows and "rate" in rows[0]
+              else markdown([Outcome(**o) for o in rows]))
+        return 0
     policies = [x for x in args.policies.split(",") if x]
     names = [x for x in args.workloads.split(",") if x]
     for x in policies:
@@ -321,16 +422,20 @@ def main(argv=None) -> int:
         if x not in WORKLOADS:
             p.error(f"unknown workload {x!r}: one of {', '.join(WORKLOADS)}")
     if args.overload:
-        rows = [run_overload(policy, name, args.overload, args.work, args.seconds, args.seed)
-                for name in names for policy in policies]
-        for r in rows:
-            print(f"{r['workload']:10} {r['policy']:6} rate {r['rate']:.0f}/s: sent "
-                  f"{r['sent']} in {r['elapsed']:.1f} s (offered {r['offered_seconds']:.0f} s), "
-                  f"p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms, max {r['max_ms']} ms, "
-                  f"exact {r['exact']}")
-        if args.json:
-            with open(args.json, "w") as fh:
-                json.dump(rows, fh, indent=1)
+        rows = []
+        for name in names:
+            for policy in policies:
+                rows.append(run_overload(policy, name, args.overload, args.work,
+                                         args.seconds, args.seed, args.combine))
+                r = rows[-1]
+                print(f"{r['workload']:10} {r['policy']:8} rate {r['rate']:.0f}/s: sent "
+                      f"{r['sent']} in {r['elapsed']:.1f} s (offered "
+                      f"{r['offered_seconds']:.0f} s), p50 {r['p50_ms']} ms, p99 "
+                      f"{r['p99_ms']} ms, max {r['max_ms']} ms, moved "
+                      f"{r['moved_bytes'] / 1000:.1f} KB, exact {r['exact']}", flush=True)
+                if args.json:             # after every pair: a long run stopped keeps them
+                    with open(args.json, "w") as fh:
+                        json.dump(rows, fh, indent=1)
         return 0 if all(r["exact"] for r in rows) else 1
     outcomes = []
     if args.from_json:
@@ -339,10 +444,14 @@ def main(argv=None) -> int:
         names = []
     for name in names:
         for policy in policies:
-            outcomes.append(run_one(policy, name, args.tuples, args.seed, args.seconds))
+            outcomes.append(run_one(policy, name, args.tuples, args.seed, args.seconds,
+                                    args.combine))
             o = outcomes[-1]
             print(f"# {name} {policy}: S {o.skew:.3f}, max/mean {o.max_over_mean:.3f}, "
-                  f"exact {o.exact}", flush=True)
+                  f"moved {o.moved_bytes / 1000:.1f} KB, exact {o.exact}", flush=True)
+            if args.json:                 # after every pair: a long run stopped keeps them
+                with open(args.json, "w") as fh:
+                    json.dump([asdict(o) for o in outcomes], fh, indent=1)
     print()
     print_table(outcomes)
     if args.plot:

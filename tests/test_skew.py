@@ -52,6 +52,14 @@ def test_the_overload_run_is_exact_and_counts_latency_from_when_a_tick_was_due()
     assert 0 < row["p50_ms"] <= row["p99_ms"] <= row["max_ms"]
 
 
+@pytest.mark.multiprocess
+def test_the_read_cost_run_reads_a_key_spread_over_every_node_exactly():
+    from chaos.read_cost import READS, run_policy
+    row = run_policy("wchoices", 4, 30_000, gets=3, scans=1)
+    assert row["exact"] and row["hot_nodes"] >= 3 and row["pieces_asked"] == 16
+    assert all(0 < row[f"{read} p50 ms"] <= row[f"{read} p99 ms"] for read in READS)
+
+
 def test_the_ray_table_replay_matches_the_papers_halving_and_doubling_lowers_skew():
     from chaos.ray_table import START_TOKENS, replay, table
     rows = {(r["workload"], r["method"]): r for r in table()}
