@@ -703,17 +703,15 @@ BUILTIN: dict[str, Scenario] = {s.name: s for s in [
             "partition heals, then the mapper resends to the majority's ring", 5, 1,
             Fault("partition", "minority-mapper", at=1.0, count=2, hold=3.0), settle=6.0),
     network("adjacent-minority-r2", "two neighbouring nodes of five (r=2) cut off from "
-            "the other three for 4 s, the mapper with the majority. KNOWN BUG: each of "
-            "the two confirms the other's suspicions, so the minority declares the "
-            "majority dead too, and once healed the two views refuse each other for "
-            "good (docs/chaos.md, Known bugs)", 5, 2,
+            "the other three for 4 s, the mapper with the majority: each can reach the "
+            "other, but two of five are no quorum, so the minority declares nobody; "
+            "healed, it is fenced and rejoins", 5, 2,
             Fault("partition", "adjacent-minority", at=1.0, count=2, hold=4.0)),
     network("lossy-link", "10% of the frames on one node's link lost, both ways, for 4 s "
             "under load", 4, 1, Fault("lossy-link", "one", at=1.0, hold=4.0, loss=0.1)),
     network("partition-primary-long", "partition-primary held 20 s: how long after the "
-            "heal the cut-off node hears it was removed. KNOWN BUG: right after the heal, "
-            "before it hears so, it declares its healthy primary dead and the others "
-            "adopt that (docs/chaos.md, Known bugs)", 3, 1,
+            "heal the cut-off node hears it was removed; it declares nobody before it "
+            "has exchanged ring views after the heal", 3, 1,
             Fault("partition", "one", at=1.0, hold=20.0), ci=False, settle=10.0),
     network("lossy-link-long", "10% of the frames on one node's link lost, both ways, for "
             "60 s under load: how often it is suspected, and whether it is ever declared",

@@ -11,6 +11,7 @@ import argparse
 import multiprocessing
 import time
 
+from tests import test_partitions as partitions
 from tests import test_simulation as scenarios
 
 KINDS = {"failure": scenarios.run_seed, "handoff": scenarios.run_handoff_seed,
@@ -19,7 +20,7 @@ KINDS = {"failure": scenarios.run_seed, "handoff": scenarios.run_handoff_seed,
          "forged": scenarios.run_forged_seed, "durable": scenarios.run_durable_seed,
          "cluster": scenarios.run_cluster_crash_seed, "balancer": scenarios.run_balancer_seed,
          "storm": scenarios.run_storm_seed, "fold": scenarios.run_fold_seed,
-         "combine": scenarios.run_combine_seed}
+         "combine": scenarios.run_combine_seed, "partition": partitions.run_partition_seed}
 
 
 def run_one(job: tuple[str, int]) -> tuple[str, int, str]:

@@ -430,34 +430,42 @@ class Simulation(DurableNodes):
                        + self._starved(asking)), target.machine.incarnation
 
     def _probe(self, proc: SimProcess, e: StartProbe) -> None:
-        """One probe round, direct and through a third node, as the runtime runs it."""
+        """One probe round, direct and through every member named, as the runtime runs
+        it: the round ends once every answer is in or timed out."""
         sent, deadline = self.now, e.probe.deadline
         kind, when, incarnation = self._answer(proc.address, e.address, sent)
         if when is None or when > sent + deadline:
             direct, direct_at, incarnation = TIMED_OUT, sent + deadline, 0
         else:
             direct, direct_at = kind, when
-        indirect, indirect_at = TIMED_OUT, sent
-        if e.via_address is not None:
-            indirect_at = sent + 2 * deadline          # the outer call's deadline
-            kind, reached, _ = self._answer(proc.address, e.via_address, sent)
-            if kind != REFUSED and (reached is None or reached > indirect_at):
-                indirect = UNASKED                     # the third node did not answer us
-            if kind == ALIVE and reached <= indirect_at:
-                via = self.listening[e.via_address]
-                where = via.machine.address_of(e.probe.node)
-                seen, seen_at, theirs = (self._answer(e.via_address, where, reached)
-                                         if where else (TIMED_OUT, None, 0))
-                if (seen == ALIVE and seen_at <= reached + deadline
-                        and via.machine.is_process_of(e.probe.node, theirs)):
-                    indirect, indirect_at = ALIVE, min(indirect_at, seen_at)
-                else:
-                    indirect_at = min(indirect_at, reached + deadline)
-            elif kind == REFUSED:
-                indirect_at = reached
+        answers, ends = [], [direct_at]
+        for via_address in e.via_addresses:
+            seen, at = self._ask_via(proc, via_address, e.probe.node, sent, deadline)
+            answers.append(seen)
+            ends.append(at)
         failure = ": connection refused" if direct == REFUSED else ""
-        self.on(proc, max(direct_at, indirect_at), self.handle, proc,
-                ProbeFinished(e.probe, direct, indirect, e.epoch, incarnation, failure))
+        self.on(proc, max(ends), self.handle, proc,
+                ProbeFinished(e.probe, direct, tuple(answers), e.epoch, incarnation, failure))
+
+    def _ask_via(self, proc: SimProcess, via_address: str, suspect: str, sent: float,
+                 deadline: float) -> tuple[str, float]:
+        """What the member at `via_address` answers when asked at `sent` whether it
+        reaches `suspect`, and when the answer is in: ALIVE, TIMED_OUT (it cannot),
+        or UNASKED (it did not answer us in time, or refused the call)."""
+        limit = sent + 2 * deadline                    # the outer call's deadline
+        kind, reached, _ = self._answer(proc.address, via_address, sent)
+        if kind == REFUSED:
+            return UNASKED, reached
+        if reached is None or reached > limit:
+            return UNASKED, limit
+        via = self.listening[via_address]
+        where = via.machine.address_of(suspect)
+        seen, seen_at, theirs = (self._answer(via_address, where, reached)
+                                 if where else (TIMED_OUT, None, 0))
+        if (seen == ALIVE and seen_at <= reached + deadline
+                and via.machine.is_process_of(suspect, theirs)):
+            return ALIVE, min(limit, seen_at)
+        return TIMED_OUT, min(limit, reached + deadline)
 
     # ------------------------------------------------------------ timers
 

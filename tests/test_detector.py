@@ -123,26 +123,72 @@ def test_unknown_outcome_is_an_error():
         d.probe_result(probe, "maybe", 0.4)
 
 
-def test_outcomes_combine_an_answer_on_either_path_and_only_a_direct_refusal_is_conclusive():
-    assert combine(TIMED_OUT, ALIVE) == ALIVE
-    assert combine(REFUSED, ALIVE) == ALIVE            # a broken link, not a dead node
-    assert combine(ALIVE, TIMED_OUT) == ALIVE
-    assert combine(REFUSED, TIMED_OUT) == REFUSED
-    assert combine(TIMED_OUT, TIMED_OUT) == TIMED_OUT
-    assert combine(TIMED_OUT, UNASKED) == UNCONFIRMED    # we may be the one cut off
-    assert combine(REFUSED, UNASKED) == REFUSED
+def test_outcomes_combine_an_answer_on_any_path_and_only_a_direct_refusal_is_conclusive():
+    assert combine(TIMED_OUT, (ALIVE,), 3) == ALIVE
+    assert combine(REFUSED, (TIMED_OUT, ALIVE), 4) == ALIVE     # a broken link, not a dead node
+    assert combine(ALIVE, (TIMED_OUT,), 3) == ALIVE
+    assert combine(REFUSED, (TIMED_OUT,), 3) == REFUSED
+    assert combine(REFUSED, (UNASKED,), 3) == REFUSED
+    assert combine(REFUSED, (), 2) == REFUSED                   # a killed peer of a 2-node ring
 
 
-def test_a_node_cut_off_from_the_third_node_too_never_declares_until_one_confirms():
+def test_a_timeout_is_confirmed_only_by_a_quorum_of_the_ring():
+    # we and the members that answered "not me either" must be more than half the ring
+    assert combine(TIMED_OUT, (TIMED_OUT,), 3) == TIMED_OUT     # 2 of 3
+    assert combine(TIMED_OUT, (UNASKED,), 3) == UNCONFIRMED     # we may be the one cut off
+    assert combine(TIMED_OUT, (TIMED_OUT, TIMED_OUT), 4) == TIMED_OUT
+    assert combine(TIMED_OUT, (TIMED_OUT, UNASKED), 4) == UNCONFIRMED   # 2 of 4: no majority
+    # two neighbours cut off from three (5 nodes): the one that answers is on our side
+    assert combine(TIMED_OUT, (TIMED_OUT, UNASKED, UNASKED), 5) == UNCONFIRMED
+    assert combine(TIMED_OUT, (UNASKED, TIMED_OUT, TIMED_OUT), 5) == TIMED_OUT
+    assert combine(TIMED_OUT, (), 2) == UNCONFIRMED             # 2 nodes: one cannot tell
+    assert combine(TIMED_OUT, (UNASKED,) * 5, 7) == UNCONFIRMED  # alone: declares nobody
+
+
+def test_every_other_member_is_asked_clockwise_from_the_suspect():
+    from node.core.detector import indirect_vias
+    from node.core.ring import Ring
+    ring = Ring.initial({f"n{i}": f"a:{i}" for i in range(5)}, 1, 1)
+    assert indirect_vias(ring, "n1", "n0") == ("n2", "n3", "n4")
+    assert indirect_vias(ring, "n0", "n4") == ("n1", "n2", "n3")
+    idle = ring.add_node("n9", "a:9", (), 1)
+    assert indirect_vias(idle, "n1", "n0") == ("n2", "n3", "n4", "n9")
+    assert indirect_vias(idle, "n1", "n9") == ("n0", "n2", "n3", "n4")
+
+
+def test_a_node_cut_off_from_the_third_nodes_too_never_declares_until_a_quorum_confirms():
     d, probe = suspected(0.3)
     now = 0.3
-    for _ in range(20):                               # 20 rounds, long past the period
+    for _ in range(25):                               # 25 rounds, long past the period
         now += probe.deadline
         assert d.probe_result(probe, UNCONFIRMED, now) == SUSPECT
         (probe,) = d.due_probes(now)
+        assert probe.deadline == pytest.approx(0.15)  # probed often: we notice the heal
     assert now - 0.3 > 3.0 and "a" in d.suspected
-    now += probe.deadline                             # a third node answers: not it either
-    assert d.probe_result(probe, TIMED_OUT, now) == DEAD
+    start = probe.started
+    verdicts = []
+    while not verdicts or verdicts[-1] == SUSPECT:    # a quorum answers: not it either
+        now += probe.deadline
+        verdicts.append(d.probe_result(probe, TIMED_OUT, now))
+        if verdicts[-1] == SUSPECT:
+            (probe,) = d.due_probes(now)
+    assert verdicts[-1] == DEAD and now - start >= 1.0  # a full period of evidence
+
+
+def test_a_round_without_a_quorum_starts_the_suspicion_period_again():
+    d, probe = suspected(0.3)
+    assert d.probe_result(probe, TIMED_OUT, 0.45) == SUSPECT
+    (probe,) = d.due_probes(0.45)
+    assert d.probe_result(probe, UNCONFIRMED, 0.75) == SUSPECT   # cut off from the others
+    (probe,) = d.due_probes(0.8)
+    assert d.probe_result(probe, TIMED_OUT, 0.95) == SUSPECT
+    now = 0.95
+    while True:
+        (probe,) = d.due_probes(now)
+        now += probe.deadline
+        if d.probe_result(probe, TIMED_OUT, now) == DEAD:
+            break
+    assert now >= 1.8                                 # 1 s from the round begun at 0.8
 
 
 def test_own_loop_lag_stretches_timeouts_deadlines_and_the_suspicion():

@@ -83,7 +83,7 @@ def test_the_checker_sees_a_forbidden_import(tmp_path):
 # The protocol's decisions: only the node machine (node.core.machine) and durable
 # mode's DiskPlan (node.core.persistence) call them. The runtime and the simulation
 # are executors of their effects.
-DECISIONS = {"node.core.detector": {"combine", "indirect_via"},
+DECISIONS = {"node.core.detector": {"combine", "indirect_vias"},
              "node.core.handoff": {"retired_extras", "leave_moves", "split_ring",
                                    "commit_ring"},
              "node.core.membership": {"refill_moves", "rejoin_name", "restarted"},

@@ -1,10 +1,12 @@
 """The node machine alone: events in, effects out, with an explicit clock."""
 
+import logging
 from dataclasses import replace
 
 import pytest
 
-from node.core.detector import ALIVE, REFUSED, TIMED_OUT, DetectorConfig, FailureDetector
+from node.core.detector import (ALIVE, REFUSED, TIMED_OUT, UNASKED, DetectorConfig,
+                                FailureDetector, Isolation)
 from node.core.errors import InvalidArgument
 from node.core.handoff import HandoffState
 from node.core.load import LoadMonitor
@@ -12,7 +14,7 @@ from node.core.machine import NodeMachine
 from node.core.machine_io import (CheckpointDue, CheckpointRoundDone, Exit, Gossip,
                                   HandoffAbandoned, HandoffEnded, HandoffRequested, HeardFrom,
                                   LeaveRing, LoadSampled, MonitorDue, ProbeFinished, Record,
-                                  RingSeen, SendHeartbeat, ShipCheckpoints, StartProbe,
+                                  Note, RingSeen, SendHeartbeat, ShipCheckpoints, StartProbe,
                                   StartShed, HeartbeatDue)
 from node.core.node_core import NodeCore
 from node.core.reducers import load_reducer
@@ -57,7 +59,8 @@ def test_heartbeats_go_to_the_replicas_of_our_ranges_with_our_stamp():
 def test_a_refused_probe_declares_the_node_dead_and_tells_everyone():
     m = machine()
     start = probe_of(m, 5.0)
-    effects = m.handle(ProbeFinished(start.probe, REFUSED, TIMED_OUT, start.epoch), 5.1)
+    effects = m.handle(ProbeFinished(start.probe, REFUSED, (TIMED_OUT, TIMED_OUT),
+                                     start.epoch), 5.1)
     assert "detected" in kinds(effects) and Gossip() in effects
     assert start.probe.node not in m.core.ring.nodes
 
@@ -66,7 +69,7 @@ def test_a_probe_answered_by_another_process_counts_as_refused():
     m = machine()
     start = probe_of(m, 5.0)
     node = start.probe.node
-    effects = m.handle(ProbeFinished(start.probe, ALIVE, TIMED_OUT, start.epoch,
+    effects = m.handle(ProbeFinished(start.probe, ALIVE, (TIMED_OUT, TIMED_OUT), start.epoch,
                                      incarnation=INCARNATIONS[node] + 1), 5.1)
     assert "detected" in kinds(effects) and node not in m.core.ring.nodes
 
@@ -76,7 +79,8 @@ def test_a_probe_begun_as_an_earlier_member_is_discarded():
     start = probe_of(m, 5.0)
     m.handle(RingSeen(m.core.ring.without(["n0"])), 5.05)    # fenced: rejoins as n0#1
     assert m.node_id == "n0#1" and m.epoch == start.epoch + 1
-    effects = m.handle(ProbeFinished(start.probe, REFUSED, TIMED_OUT, start.epoch), 5.1)
+    effects = m.handle(ProbeFinished(start.probe, REFUSED, (TIMED_OUT, TIMED_OUT),
+                                     start.epoch), 5.1)
     assert effects == [] and start.probe.node in m.core.ring.nodes
 
 
@@ -91,6 +95,55 @@ def test_a_restarted_peer_is_declared_dead_at_once():
     m = machine()
     effects = m.handle(HeardFrom("n1", m.core.ring.stamp, INCARNATIONS["n1"] + 7), 1.0)
     assert kinds(effects)[0] == "detected" and "n1" not in m.core.ring.nodes
+
+
+def rounds(m: NodeMachine, start: float, end: float, indirect) -> tuple[list, float]:
+    """Probe rounds every 0.2 s from `start` until `end` (or a declaration), each timing
+    out directly and ending with `indirect` from the members asked."""
+    effects, now = [], start
+    while now < end and "detected" not in kinds(effects):
+        s = probe_of(m, now)
+        effects += m.handle(ProbeFinished(s.probe, TIMED_OUT, indirect, s.epoch), now + 0.15)
+        now += 0.2
+    return effects, now
+
+
+def test_a_probe_asks_every_other_member():
+    m = machine()
+    start = probe_of(m, 5.0)
+    others = tuple(n for n in sorted(MEMBERS) if n not in ("n0", start.probe.node))
+    assert sorted(start.vias) == list(others)
+    assert start.via_addresses == tuple(MEMBERS[v] for v in start.vias)
+
+
+def test_a_timeout_is_declared_only_with_a_quorum_behind_it():
+    m = machine()
+    effects, _ = rounds(m, 5.0, 10.0, (TIMED_OUT, UNASKED))     # 2 of 4: no majority
+    assert "detected" not in kinds(effects)
+    assert effects.count(Note(Isolation.NOTE, logging.WARNING)) == 1
+    m = machine()
+    effects, now = rounds(m, 5.0, 10.0, (TIMED_OUT, TIMED_OUT))  # 3 of 4
+    assert "detected" in kinds(effects) and 6.0 <= now <= 6.6
+
+
+def test_after_being_cut_off_a_quorum_round_exchanges_views_before_anything_counts():
+    m = machine()
+    effects, _ = rounds(m, 5.0, 25.0, (UNASKED, UNASKED))        # 20 s cut off from all
+    assert "detected" not in kinds(effects)
+    effects, now = rounds(m, 25.0, 28.0, (TIMED_OUT, TIMED_OUT))  # a quorum; no view yet
+    assert "detected" not in kinds(effects) and Gossip() in effects
+    m.handle(RingSeen(m.core.ring), now)                         # a peer's view: as ours
+    effects, end = rounds(m, now, now + 3.0, (TIMED_OUT, TIMED_OUT))
+    assert "detected" in kinds(effects) and end - now >= 1.0    # a full period after it
+
+
+def test_after_being_cut_off_the_view_that_removed_us_comes_before_any_declaration():
+    m = machine()
+    rounds(m, 5.0, 25.0, (UNASKED, UNASKED))
+    effects, now = rounds(m, 25.0, 25.2, (TIMED_OUT, TIMED_OUT))
+    assert Gossip() in effects
+    effects = m.handle(RingSeen(m.core.ring.without(["n0"])), now)
+    assert "fenced" in kinds(effects) and m.node_id == "n0#1" and not m.isolation.state
 
 
 def test_a_different_stamp_asks_for_an_exchange_with_that_peer():
@@ -146,7 +199,8 @@ def test_overload_is_recorded_and_sheds_only_when_balancing(balance):
 def test_records_name_the_stimulus_that_caused_them():
     m = machine()
     start = probe_of(m, 5.0)
-    effects = m.handle(ProbeFinished(start.probe, REFUSED, TIMED_OUT, start.epoch), 5.1)
+    effects = m.handle(ProbeFinished(start.probe, REFUSED, (TIMED_OUT, TIMED_OUT),
+                                     start.epoch), 5.1)
     records = [e for e in effects if isinstance(e, Record)]
     assert len(records) >= 2                    # detected, then what it changed here
     assert {r.stimulus for r in records} == {f"n0:{m.stimuli}:ProbeFinished"}

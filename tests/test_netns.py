@@ -139,16 +139,13 @@ def test_a_network_scenario_is_skipped_with_its_reason_unless_root(tmp_path, mon
     assert summary_table(result).startswith("SKIP: lossy-link seed 1: network namespaces")
 
 
-@pytest.mark.xfail(strict=True, reason="known bug (docs/chaos.md): a node cut off for "
-                   "long suspects its primary without confirmation all along; after the "
-                   "heal its first round that counts as confirmed declares the primary at "
-                   "once, before the node hears it was removed itself (partition-primary-"
-                   "long removes a healthy node)")
 def test_a_confirmation_after_a_long_unconfirmed_suspicion_starts_the_suspicion_anew():
-    """The detector side of that bug, on an explicit clock: 20 s of unconfirmed
-    rounds (the third node did not answer: we may be the one cut off), then one round
-    the third node answers. That round is the first evidence against the suspect; it
-    should start the suspicion period (1 s), not end it."""
+    """The detector side of partition-primary-long (docs/chaos.md), on an explicit
+    clock: 20 s of unconfirmed rounds (no quorum answered: we may be the one cut off),
+    then one round a quorum answers. That round is the first evidence against the
+    suspect; it starts the suspicion period (1 s) rather than ending it (it used to
+    declare at once). The node machine besides counts no round until a peer's ring
+    view reached it after the heal (tests/test_machine.py, tests/test_partitions.py)."""
     from node.core.detector import (DEAD, SUSPECT, TIMED_OUT, UNCONFIRMED,
                                     DetectorConfig, FailureDetector)
     d = FailureDetector(DetectorConfig(min_timeout=0.2, probe_timeout=0.15, suspicion=1.0))
@@ -160,7 +157,7 @@ def test_a_confirmation_after_a_long_unconfirmed_suspicion_starts_the_suspicion_
         assert d.probe_result(probe, UNCONFIRMED, now) == SUSPECT
     (probe,) = d.due_probes(now)
     now += probe.deadline
-    assert d.probe_result(probe, TIMED_OUT, now) == SUSPECT       # today: DEAD
+    assert d.probe_result(probe, TIMED_OUT, now) == SUSPECT       # it was DEAD
     while True:
         (probe,) = d.due_probes(now)
         now += probe.deadline
@@ -363,10 +360,8 @@ def test_a_primary_cut_off_with_the_mapper_acknowledges_nothing_alone(ring3):
 # ------------------------------------------------------- the chaos scenarios on hosts
 
 NET_CI = [name for name, s in BUILTIN.items() if s.netns and s.ci]
-# adjacent-minority-r2: a minority of two neighbours (r=2) confirms its own
-# suspicions and declares the majority dead; healed, the two views refuse each other
-# for good (docs/chaos.md, "Known bugs").
-KNOWN_BUGS = {"adjacent-minority-r2"}
+# adjacent-minority-r2 has a test of its own below.
+OWN_TEST = {"adjacent-minority-r2"}
 
 
 def run_on_hosts(name: str, tmp_path: Path, seed: int = 1) -> dict:
@@ -392,9 +387,15 @@ def check_timelines(rnd: dict) -> None:
 
 @pytest.mark.chaos
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("name", [n for n in NET_CI if n not in KNOWN_BUGS])
+@pytest.mark.parametrize("name", [n for n in NET_CI if n not in OWN_TEST])
 def test_a_network_fault_loses_nothing_and_the_ring_converges(name, tmp_path):
-    result = run_on_hosts(name, tmp_path)
+    check_network_fault(name, run_on_hosts(name, tmp_path))
+
+
+def check_network_fault(name: str, result: dict) -> None:
+    """Exact, one ring everywhere, and only the cut-off side declared (by the others),
+    fenced after the heal and back empty; or, where no node was cut off from a
+    quorum, nobody declared."""
     assert result["ok"], json.dumps([(r["errors"], r["oracle"]) for r in result["rounds"]])
     (rnd,) = result["rounds"]
     o = rnd["oracle"]
@@ -438,15 +439,13 @@ def test_a_network_fault_loses_nothing_and_the_ring_converges(name, tmp_path):
 
 @pytest.mark.chaos
 @pytest.mark.multiprocess
-@pytest.mark.xfail(strict=True, reason="known bug (docs/chaos.md): a minority of two "
-                   "neighbours with r=2 confirms its own suspicions, declares the "
-                   "majority dead, and after the heal the two views refuse each other: "
-                   "the minority is never fenced and a reader adopting its view gets "
-                   "RangeLost")
 def test_a_minority_of_neighbours_does_not_declare_the_majority(tmp_path):
-    result = run_on_hosts("adjacent-minority-r2", tmp_path)
-    (rnd,) = result["rounds"]
-    assert result["ok"], json.dumps(rnd["errors"])
+    """Two neighbours of five (r=2) cut off together: each reaches the other, which
+    cannot reach the suspect either, but two of five are no quorum, so they declare
+    nobody (they used to declare 2 or 3 of the majority, and after the heal the two
+    sides' views refused each other for good: docs/chaos.md). The majority declares
+    both; healed, both are fenced and rejoin empty; one ring, exact."""
+    check_network_fault("adjacent-minority-r2", run_on_hosts("adjacent-minority-r2", tmp_path))
 
 
 @pytest.mark.slow
@@ -459,12 +458,7 @@ def test_long_network_faults_lose_nothing(name, tmp_path):
     assert rnd["oracle"]["summary"].startswith("exact:"), rnd["oracle"]
     assert all(s["lost_ranges"] == 0 for s in rnd["final_stats"])
     assert len(set(rnd["injected"][0]["detail"]["final_ring_versions"])) == 1
-    (victim,) = rnd["injected"][0]["victims"]
-    # The known bug (docs/chaos.md; its detector side is the strict expected failure
-    # above) shows in 4 of 5 runs of partition-primary-long: right after the heal the
-    # cut-off node declares its healthy primary dead, and the others adopt it.
-    bug = [e for e in rnd["errors"] if e.startswith((f"partition: {victim}, cut off",
-                                                     f"false positive: {victim} declared"))]
-    if name == "partition-primary-long" and bug and len(bug) == len(rnd["errors"]):
-        pytest.xfail("known bug: " + "; ".join(bug))
+    # partition-primary-long: the cut-off node used to declare its healthy primary
+    # right after the heal, before it heard it had been removed (4 runs of 5), and the
+    # others adopted that; it now declares nobody before a peer's view reached it.
     assert result["ok"], json.dumps(rnd["errors"])

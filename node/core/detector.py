@@ -5,19 +5,26 @@ A replica expects heartbeats (or checkpoint shipments) from each primary it back
 Silence longer than the node's usual gaps plus a safety margin makes it a suspect
 (an accrual detector in the spirit of phi-accrual: the timeout follows the observed
 mean and spread of the gaps, within [min_timeout, max_timeout]). A suspect is probed
-directly and through a third node. What a failed probe proves depends on how it failed:
+directly and through every other member (SWIM's indirect probes, asked of all). What
+a round proves depends on how it ended:
 
 - refused (nothing listens any more: a killed process) is conclusive, the node is
   declared dead at once, so a crash is still detected in a few hundred milliseconds;
-- timed out (a paused, starved or cut-off process) is not: the node stays suspected
-  and is probed again with a doubled deadline, and declared dead only when the
-  suspicion has lasted `suspicion` seconds without any sign of life. Any message
-  from it meanwhile (heartbeat, checkpoint, probe answer) clears the suspicion.
-- unconfirmed (the suspect timed out and so did the third node we asked): we may be
-  the one cut off, so the node stays suspected however long it lasts, and is declared
-  only once a round reaches a third node that cannot reach it either. A node cut off
-  from every peer therefore declares nobody, and learns it was removed when the link
-  comes back, instead of removing its live peers from its own view.
+- confirmed (no answer from the suspect, and members that answered us that they cannot
+  reach it either, together with us more than half of the ring's members): the node
+  may be paused, starved or cut off. It stays suspected, is probed again with a
+  doubled deadline, and is declared dead only when confirmed rounds have gone on for
+  `suspicion` seconds without any sign of life. Any message from it meanwhile
+  (heartbeat, checkpoint, probe answer) clears the suspicion.
+- unconfirmed (no quorum stands behind the suspicion: too few members answered us):
+  we may be the ones cut off, alone or with a few others. The node stays suspected
+  however long that lasts, and the suspicion period starts again from the next
+  confirmed round: evidence gathered while cut off proves nothing about the suspect.
+  A node cut off from every peer, or a minority cut off together, therefore declares
+  nobody, and learns it was removed when the link comes back, instead of removing
+  live peers from its own view. Once a round has a quorum again, the node first
+  exchanges ring views with the others, and no round counts until a peer's view has
+  reached it (`Isolation`, driven by the node machine).
 
 Local health (from SWIM's Lifeguard): a node whose own event loop wakes up late is a
 poor judge of others' silence, since their messages may be waiting unread. The monitor
@@ -34,10 +41,11 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 from statistics import fmean, pstdev
+from typing import Sequence
 
 ALIVE, REFUSED, TIMED_OUT = "alive", "refused", "timed out"      # what a probe found
-UNCONFIRMED = "unconfirmed"     # timed out, and the third node did not answer us either
-UNASKED = "unasked"             # an indirect probe whose third node we could not reach
+UNCONFIRMED = "unconfirmed"     # timed out, and too few members stand behind it: no quorum
+UNASKED = "unasked"             # an indirect probe the member asked did not answer
 DEAD, SUSPECT, STALE = "dead", "suspect", "stale"                 # verdicts besides ALIVE
 
 
@@ -64,28 +72,37 @@ class Probe:
     suspected_since: float
 
 
-def combine(direct: str, indirect: str) -> str:
-    """One outcome from the direct probe and a third node's: an answer on either path
-    means alive; only our own refused connection is conclusive evidence of death (the
-    third node reports a bare yes/no, so its "no" never makes a timeout conclusive)."""
-    if ALIVE in (direct, indirect):
+def combine(direct: str, indirect: Sequence[str], members: int) -> str:
+    """One outcome from the direct probe and the third nodes' answers (one per member
+    asked: ALIVE, it reached the suspect; TIMED_OUT, it answered that it cannot;
+    UNASKED, it did not answer us, or refused the call). An answer on any path means
+    alive; only our own refused connection is conclusive evidence of death (a third
+    node reports a bare yes/no, so its "no" never makes a timeout conclusive). A
+    timeout is confirmed only by a quorum: we and the members that answered "no"
+    must be more than half of the ring's `members` (the suspect included). Fewer, and
+    we may be on the small side of a partition: UNCONFIRMED."""
+    if direct == ALIVE or ALIVE in indirect:
         return ALIVE
     if direct == REFUSED:
         return REFUSED
-    return UNCONFIRMED if indirect == UNASKED else TIMED_OUT
+    behind = 1 + sum(1 for outcome in indirect if outcome == TIMED_OUT)
+    return TIMED_OUT if 2 * behind > members else UNCONFIRMED
 
 
-def indirect_via(ring, prober: str, suspect: str) -> str | None:
-    """The third node asked to probe `suspect`: the first other node met walking
-    clockwise from the suspect's first token (a member without tokens: ring order)."""
+def indirect_vias(ring, prober: str, suspect: str) -> tuple[str, ...]:
+    """The members asked to probe `suspect`: every other one, in the order met walking
+    clockwise from the suspect's first token, then those without tokens (ring order)."""
+    order: list[str] = []
     tokens = ring.tokens_of(suspect)
     if tokens:
         start = ring.token_index(tokens[0])
         n = len(ring.tokens)
         order = [ring.owners[(start + step) % n] for step in range(1, n + 1)]
-    else:
-        order = list(ring.nodes)
-    return next((x for x in order if x not in (prober, suspect)), None)
+    vias: list[str] = []
+    for node in [*order, *ring.nodes]:
+        if node not in (prober, suspect) and node not in vias:
+            vias.append(node)
+    return tuple(vias)
 
 
 @dataclass
@@ -93,6 +110,9 @@ class _Watch:
     last: float
     gaps: deque = field(default_factory=lambda: deque(maxlen=50))
     suspected_since: float | None = None
+    # Start of the confirmed rounds of this suspicion (None: the last round had no
+    # quorum behind it): the suspicion period counts from here.
+    evidence_since: float | None = None
     probe: Probe | None = None          # the round in flight, if any
     next_deadline: float = 0.0          # of the next round, once a round timed out
     rounds: int = 0                     # rounds of the current suspicion so far
@@ -137,7 +157,7 @@ class FailureDetector:
         if now > w.last:
             w.gaps.append(now - w.last)
         w.last = now
-        w.suspected_since = None
+        w.suspected_since = w.evidence_since = None
         w.probe = None                  # a round still in flight no longer counts
 
     # ----------------------------------------------------------- local health
@@ -182,7 +202,7 @@ class FailureDetector:
             if w.suspected_since is None:
                 if now - w.last <= self.timeout(node, now):
                     continue
-                w.suspected_since, w.rounds = now, 0
+                w.suspected_since, w.evidence_since, w.rounds = now, None, 0
                 w.next_deadline = self.config.probe_timeout * self.stretch(now)
             w.probe = Probe(node, w.next_deadline, now, w.rounds, w.suspected_since)
             w.rounds += 1
@@ -202,13 +222,23 @@ class FailureDetector:
         if outcome == ALIVE:
             self.heard(probe.node, now)
             return ALIVE
-        if outcome == REFUSED or (outcome == TIMED_OUT and
-                                  now - w.suspected_since >= self.suspicion_period(now)):
+        first = self.config.probe_timeout * self.stretch(now)
+        if outcome == REFUSED:
+            del self._watches[probe.node]
+            return DEAD
+        if outcome == UNCONFIRMED:
+            # No quorum behind this round: whatever we saw so far may be our own
+            # isolation. The period starts again with the next confirmed round.
+            w.evidence_since = None
+            w.next_deadline = first
+            return SUSPECT
+        if w.evidence_since is None:
+            w.evidence_since = probe.started
+        if now - w.evidence_since >= self.suspicion_period(now):
             del self._watches[probe.node]
             return DEAD
         # Double the deadline, but end the next round near the end of the suspicion.
-        remaining = w.suspected_since + self.suspicion_period(now) - now
-        first = self.config.probe_timeout * self.stretch(now)
+        remaining = w.evidence_since + self.suspicion_period(now) - now
         w.next_deadline = max(first, min(2 * probe.deadline, remaining))
         return SUSPECT
 
@@ -221,3 +251,55 @@ class FailureDetector:
 
     def suspicion_period(self, now: float) -> float:
         return self.config.suspicion * self.stretch(now)
+
+
+class Isolation:
+    """Whether we may have been cut off, and since when we may trust our suspicions.
+
+    A probe round with no quorum behind it means we may be the ones cut off (alone, or
+    with a few others), and the rest of the ring may have removed us meanwhile. Once a
+    round reaches a quorum again, we exchange ring views with everyone before any
+    suspicion counts: the view we get back fences us if we were removed, instead of
+    our declaring a live peer on suspicions formed while cut off (and the others
+    adopting that view). Until a peer's view has reached us, rounds count as
+    unconfirmed, so the suspicion period starts only after the exchange."""
+
+    NOTE = ("a probe round found no quorum of the ring behind a suspicion: we may be cut "
+            "off; declaring nobody until a quorum answers and a peer's view reaches us")
+
+    def __init__(self) -> None:
+        self.state = ""            # "", CUT_OFF, or RECONNECTED (waiting for a view)
+
+    def judge(self, outcome: str) -> tuple[str, str]:
+        """What a round's outcome counts as, and what to do now: CUT_OFF (we just
+        became unsure of ourselves: say so), EXCHANGE (exchange ring views with
+        everyone) or nothing."""
+        if outcome == UNCONFIRMED:
+            newly, self.state = not self.state, CUT_OFF
+            return outcome, CUT_OFF if newly else ""
+        if outcome == TIMED_OUT and self.state:
+            self.state = RECONNECTED
+            return UNCONFIRMED, EXCHANGE
+        return outcome, ""
+
+    def view_seen(self) -> bool:
+        """A peer's ring view reached us (and was merged). True if that ends the wait."""
+        if self.state != RECONNECTED:
+            return False
+        self.state = ""
+        return True
+
+
+CUT_OFF, RECONNECTED, EXCHANGE = "cut off", "reconnected", "exchange"
+
+
+def declaration(outcome: str, failure: str, indirect, members: int, probe: Probe,
+                now: float) -> str:
+    """Why a round declares its suspect dead, for the log and the `detected` event."""
+    if outcome == REFUSED:
+        return f"it refused our probe{failure}" + (
+            f" and none of the {len(indirect)} other members reached it" if indirect else "")
+    behind = sum(1 for x in indirect if x == TIMED_OUT)
+    return (f"neither we nor {behind} of the {members - 2} other members could reach it "
+            f"in {1000 * (now - probe.suspected_since):.0f} ms of suspicion "
+            f"({probe.round + 1} probe rounds)")

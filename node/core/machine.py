@@ -16,7 +16,8 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
-from node.core.detector import ALIVE, DEAD, REFUSED, SUSPECT, FailureDetector, combine, indirect_via
+from node.core.detector import (ALIVE, DEAD, EXCHANGE, REFUSED, SUSPECT, FailureDetector,
+                                Isolation, combine, declaration, indirect_vias)
 from node.core.errors import InvalidArgument, inert
 from node.core.handoff import (Handoff, HandoffState, SplitBudget, leave_moves,
                                retired_extras, split_ring, unpinned)
@@ -67,6 +68,7 @@ class NodeMachine:
         # dead owner. Recorded once applied, so recovery can be timed to that moment.
         self.resuming: dict[int, str] = {}
         self.failing: dict[tuple[int, str], int] = {}   # (token, replica) -> failed rounds
+        self.isolation = Isolation()     # were we cut off? then views first, suspicions after
         self._handlers = {
             RingSeen: self._ring_seen, HeardFrom: self._heard_from,
             SignOfLife: self._sign_of_life, HeartbeatFailed: self._heartbeat_failed,
@@ -120,6 +122,8 @@ class NodeMachine:
 
     def _ring_seen(self, event: RingSeen, now: float, out: list) -> None:
         self._adopt(event.ring, now, out)
+        if self.isolation.view_seen():     # had we been removed, we would be fenced now
+            out.append(Note("a peer's ring view reached us: our suspicions count again"))
 
     def _adopt(self, ring: Ring, now: float, out: list) -> RingChange | None:
         """Merge a ring view; act on what it changes here."""
@@ -165,6 +169,7 @@ class NodeMachine:
                                                           self.incarnation))
         self.detector.watch((), now)
         self.resuming.clear()
+        self.isolation = Isolation()
         self.rejoined += 1
         self.epoch += 1
         if self.handoff is not None:
@@ -231,17 +236,17 @@ class NodeMachine:
             if probe.node not in ring.nodes:
                 self.detector.abandon(probe)
                 continue
-            via = indirect_via(ring, self.core.node_id, probe.node)
-            out.append(StartProbe(probe, ring.address(probe.node), via,
-                                  ring.address(via) if via else None, ring.stamp, self.epoch))
+            vias = indirect_vias(ring, self.core.node_id, probe.node)
+            out.append(StartProbe(probe, ring.address(probe.node), vias,
+                                  tuple(map(ring.address, vias)), ring.stamp, self.epoch))
 
     def _probe_abandoned(self, event: ProbeAbandoned, now: float, out: list) -> None:
         self.detector.abandon(event.probe)   # the suspicion stays; a later tick probes again
 
     def _probe_finished(self, event: ProbeFinished, now: float, out: list) -> None:
         """The detector decides what a round means: alive, dead, or still suspected
-        (probed again). A broken link between two live nodes must not remove either,
-        so only our own refused connection is conclusive."""
+        (probed again). Only our own refused connection is conclusive; a timeout counts
+        with a quorum of the ring behind it, once we know we were not cut off."""
         probe = event.probe
         if event.epoch != self.epoch or self.core.fenced:
             self.detector.abandon(probe)
@@ -250,7 +255,10 @@ class NodeMachine:
         direct, failure = event.direct, event.failure
         if direct == ALIVE and restarted(self.core.ring, node, event.incarnation):
             direct, failure = REFUSED, ": another process answers at its address"
-        outcome = combine(direct, event.indirect)
+        members = len(self.core.ring.nodes)
+        outcome, step = self.isolation.judge(combine(direct, event.indirect, members))
+        if step:    # a quorum again: views first, suspicions after (or: no quorum)
+            out.append(Gossip() if step == EXCHANGE else Note(Isolation.NOTE, logging.WARNING))
         verdict = self.detector.probe_result(probe, outcome, now)
         if verdict == SUSPECT and probe.round == 0:
             ms = round(1000 * probe.deadline)
@@ -258,14 +266,7 @@ class NodeMachine:
                                "probing again", about=[node], deadline_ms=ms))
         if verdict != DEAD or node not in self.core.ring.nodes:
             return  # alive, still suspected, or someone else declared it meanwhile
-        via = indirect_via(self.core.ring, self.core.node_id, node)
-        if outcome == REFUSED:
-            why = f"it refused our probe{failure}" + (f" and {via} could not reach it"
-                                                      if via else "")
-        else:
-            why = (f"neither we nor {via} got an answer for "
-                   f"{1000 * (now - probe.suspected_since):.0f} ms of suspicion "
-                   f"({probe.round + 1} probe rounds)")
+        why = declaration(outcome, failure, event.indirect, members, probe, now)
         out.append(self._record("detected", f"declaring {node} dead at {{t}}: {why}",
                            logging.WARNING, about=[node], why=why))
         if self._adopt(self.core.ring.without([node]), now, out) is not None:

@@ -62,13 +62,15 @@ class MonitorDue:
 @dataclass(frozen=True)
 class ProbeFinished:
     """One probe round ended. `direct` is how the suspect's address answered (ALIVE,
-    REFUSED or TIMED_OUT) and with which incarnation; `indirect` what the third node
-    said. `epoch` is the machine's when the round began: a round begun before this
-    process rejoined under a new name is discarded."""
+    REFUSED or TIMED_OUT) and with which incarnation; `indirect` what each member
+    asked said, in the order of StartProbe.vias (ALIVE, TIMED_OUT: it cannot reach
+    the suspect either, UNASKED: no answer from it). `epoch` is the machine's when the
+    round began: a round begun before this process rejoined under a new name is
+    discarded."""
 
     probe: Probe
     direct: str
-    indirect: str
+    indirect: tuple[str, ...]
     epoch: int
     incarnation: int = 0
     failure: str = ""
@@ -210,13 +212,14 @@ class SendHeartbeat:
 
 @dataclass(frozen=True)
 class StartProbe:
-    """Probe `probe.node` at `address` directly and through `via` (None: no third
-    node); report a ProbeFinished carrying `epoch`."""
+    """Probe `probe.node` at `address` directly and through each of `vias` (at
+    `via_addresses`) at once; report a ProbeFinished carrying `epoch` once every
+    answer is in or timed out."""
 
     probe: Probe
     address: str
-    via: str | None
-    via_address: str | None
+    vias: tuple[str, ...]
+    via_addresses: tuple[str, ...]
     ring_stamp: int
     epoch: int
 

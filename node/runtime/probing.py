@@ -1,5 +1,5 @@
-"""Probing a suspect as a node runs it (SWIM): directly and through a third node at
-once; the machine (node.core.detector) decides what the answers mean."""
+"""Probing a suspect as a node runs it (SWIM): directly and through every other member
+at once; the machine (node.core.detector) decides what the answers mean."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from node.core.machine_io import ProbeAbandoned, ProbeFinished, StartProbe
 
 
 async def probe_round(runtime, e: StartProbe) -> None:
-    """One probe round of a suspect: directly and through a third node. The
-    machine decides what the answers mean."""
+    """One probe round of a suspect: directly and through every member the machine
+    named, at once. The machine decides what the answers mean."""
     probe = e.probe
     me = runtime.machine.node_id
 
@@ -29,25 +29,22 @@ async def probe_round(runtime, e: StartProbe) -> None:
             return ALIVE, 0, ""              # it answered, if only with an error
         return ALIVE, incarnation, ""
 
-    async def indirect():
-        if e.via_address is None:
-            return TIMED_OUT
+    async def indirect(via_address: str):
         try:
-            alive = await runtime.peers.probe(e.via_address, probe.node, probe.deadline)
-        except (Refused, Fenced):
-            return TIMED_OUT     # the third node is gone, but the network reached it
-        except Unavailable:
-            return UNASKED       # no answer from it either: we may be the one cut off
+            alive = await runtime.peers.probe(via_address, probe.node, probe.deadline)
         except FloeError:
-            return TIMED_OUT
+            # No answer, or a refusal (gone, fenced, starting, a connection reset):
+            # this member confirms nothing, and we may be the one cut off.
+            return UNASKED
         return ALIVE if alive else TIMED_OUT
 
     try:
-        (answer, incarnation, failure), seen = await asyncio.gather(direct(), indirect())
+        (answer, incarnation, failure), *seen = await asyncio.gather(
+            direct(), *(indirect(a) for a in e.via_addresses))
     except BaseException:
         runtime._handle(ProbeAbandoned(probe))    # cancelled: a later tick probes again
         raise
-    runtime._handle(ProbeFinished(probe, answer, seen, e.epoch, incarnation, failure))
+    runtime._handle(ProbeFinished(probe, answer, tuple(seen), e.epoch, incarnation, failure))
 
 async def probe_for(runtime, target: str, timeout: float) -> bool:
     """Serve an indirect probe: can we reach `target`?"""
