@@ -35,7 +35,7 @@ class NodeConfig:
     max_inbound_bytes: int = 256 << 20           # bytes of batches queued to apply, at most
     max_batch_bytes: int = 4 << 20               # larger batches are refused RESOURCE_EXHAUSTED
     max_message_bytes: int = 64 << 20            # gRPC message limit (scan chunks, full checkpoints)
-    checkpoint_chunk_entries: int = 65_536       # a larger full checkpoint goes in chunks of this many
+    checkpoint_chunk_entries: int = 16_384       # a larger full checkpoint goes in chunks of this many
     max_source_bytes: int = 256                  # a longer source id is refused RESOURCE_EXHAUSTED
     max_top: int = 10_000                        # Top(k) above this is refused RESOURCE_EXHAUSTED
     max_scan_chunk: int = 50_000                 # keys per Scan chunk asked for, at most
@@ -119,8 +119,6 @@ class NodeConfig:
             raise ValueError("queue_batches and max_batch_bytes must be >= 1")
         if self.max_inbound_bytes < self.max_batch_bytes:
             raise ValueError("max_inbound_bytes must be at least max_batch_bytes")
-        if self.checkpoint_chunk_entries < 1:
-            raise ValueError("checkpoint_chunk_entries must be >= 1")
         if self.max_backup_bytes < self.max_batch_bytes:
             # a batch larger than the whole store could never be backed up
             raise ValueError("max_backup_bytes must be at least max_batch_bytes")
@@ -129,12 +127,10 @@ class NodeConfig:
         self._check_observability()
         if not 0 <= self.fsync_interval <= 1:
             raise ValueError("fsync_interval must be 0 to 1 second")
-        if self.max_splits_per_minute < 1:
-            raise ValueError("max_splits_per_minute must be >= 1")
-        if self.max_sources_per_node < 1:
-            raise ValueError("max_sources_per_node must be >= 1")
-        if self.max_sources_per_range < 1:
-            raise ValueError("max_sources_per_range must be >= 1")
+        for name in ("max_splits_per_minute", "max_sources_per_node", "max_sources_per_range",
+                     "checkpoint_chunk_entries"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
         if not self.max_stream_ahead >= 60:
             raise ValueError("max_stream_ahead must be at least 60 seconds (clocks drift)")
         if not self.piece_idle >= 0.5:
@@ -346,7 +342,7 @@ def _add_limits(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint-chunk-entries", type=int,
                    help="a full checkpoint (a new replica's or holder's copy of a range) with "
                         "more keys goes in chunks of this many, each with a deadline for its "
-                        "own bytes, a failed one sent again alone (default 65536)")
+                        "own bytes, a failed one sent again alone (default 16384)")
     p.add_argument("--max-backup-bytes", type=int,
                    help="bytes of batches a replica holds until checkpoints cover them; "
                         "past it, batches are refused RESOURCE_EXHAUSTED; a takeover replays them "

@@ -49,7 +49,7 @@ def unpack(data: bytes):
 SLICE = 8192         # entries per step of the sliced encoders below
 
 
-def _columns(items) -> tuple[int, Iterable, Iterable]:
+def entry_columns(items) -> tuple[int, Iterable, Iterable]:
     """(count, keys, states) of a dict, of a mapping made of `layers` (dicts, each one
     laid over the ones before it), or of a sequence of (key, state) pairs."""
     layers = items.layers if hasattr(items, "layers") else \
@@ -63,14 +63,14 @@ def _columns(items) -> tuple[int, Iterable, Iterable]:
 def entry_count(items) -> int:
     """How many entries pack_entries(items) encodes (a key of several layers counts
     once per layer)."""
-    return _columns(items)[0]
+    return entry_columns(items)[0]
 
 
 def pack_entries(items) -> bytes:
     """[(key, state), ...], a dict or a layered mapping -> msgpack [keys, states]."""
     if isinstance(items, dict):
         return pack((list(items), list(items.values())))
-    _, keys, states = _columns(items)
+    _, keys, states = entry_columns(items)
     return pack((list(keys), list(states)))
 
 
@@ -94,7 +94,7 @@ def pack_entries_sliced(items, size: int = SLICE) -> Iterator[bytes]:
     """pack_entries(items) in pieces, each the work of at most `size` entries; joined,
     they are exactly pack_entries(items). Between two pieces the caller may do other
     work, as long as `items` does not change meanwhile."""
-    n, keys, states = _columns(items)
+    n, keys, states = entry_columns(items)
     yield _array_header(2)
     yield from _array_in_slices(n, keys, size)
     yield from _array_in_slices(n, states, size)

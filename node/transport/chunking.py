@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import Iterator
 
-from node.core.codec import _columns
+from node.core.codec import entry_columns
 from node.core.errors import InvalidArgument, Overloaded
 
-CHUNK_ENTRIES = 65_536       # entries per chunk (a few MB for counts)
+CHUNK_ENTRIES = 16_384       # entries per chunk: each takes a few ms of the event loop
 MIN_RATE = 4 << 20           # bytes/s a chunk's deadline allows on top of the base one
 MAX_CHUNKS = 1 << 20         # a range of 68 G entries: anything beyond is not a checkpoint
 
@@ -27,7 +27,7 @@ def chunks_of(items, size: int = CHUNK_ENTRIES, skip: int = 0) -> Iterator[list]
     """The (key, state) pairs of a checkpoint's states (a dict or layered mapping), in
     the order pack_entries encodes them, `size` at a time, after the first `skip`
     chunks. `items` must not change while this is read."""
-    _, keys, states = _columns(items)
+    _, keys, states = entry_columns(items)
     pairs = zip(keys, states)
     if skip:
         for _ in islice(pairs, skip * size):
