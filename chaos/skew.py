@@ -204,11 +204,26 @@ def run_one(policy: str, name: str, tuples: int, seed: int = 1,
         loads = [r["applied"] - before.get(r["node_id"], 0) for r in rows]
         holders = {} if failure else raw_holders(cluster)
     dist = distribution_cost({k: holders.get(k, ()) for k in counts})
-    return Outcome(policy, name, nodes, sent, got == dict(counts), round(skew(loads), 3),
+    exact = got == dict(counts)
+    if not exact and not failure:
+        failure = _difference(got, counts, rows)
+    return Outcome(policy, name, nodes, sent, exact, round(skew(loads), 3),
                    round(1 + imbalance(loads), 3), round(load_std_percent(loads), 2),
                    round(dist, 3), sum(r["handed_off"] for r in rows), round(elapsed, 2),
                    round(sent / elapsed), _ms(latencies, 0.5), _ms(latencies, 0.99),
                    loads, failure, _moved(rows, moved_before))
+
+
+def _difference(got: dict, counts: Counter, rows: list[dict]) -> str:
+    """How a read-back differs from what was fed, and what the nodes went through."""
+    over = sum(max(0, got.get(k, 0) - n) for k, n in counts.items()) + sum(
+        v for k, v in got.items() if k not in counts)
+    under = sum(max(0, n - got.get(k, 0)) for k, n in counts.items())
+    keys = sum(got.get(k) != n for k, n in counts.items()) + sum(k not in counts for k in got)
+    seen = {name: sum(r.get(name, 0) for r in rows if "error" not in r)
+            for name in ("takeovers", "rejoined", "lost_ranges", "duplicates")}
+    return (f"{keys} keys differ: {over} tuples too many, {under} missing; "
+            + ", ".join(f"{name} {n}" for name, n in seen.items()))
 
 
 def run_overload(policy: str, name: str, rate: float, work: int, seconds: float,
@@ -239,14 +254,16 @@ def run_overload(policy: str, name: str, rate: float, work: int, seconds: float,
                 latencies.append(time.perf_counter() - due)
                 sent = upto
             elapsed = time.perf_counter() - start
-            exact = dict(client.scan()) == dict(Counter(keys[:sent]))
-            moved = _moved(client.stats(), moved_before)
+            got, fed = dict(client.scan()), Counter(keys[:sent])
+            exact = got == dict(fed)
+            rows = client.stats()
+            moved = _moved(rows, moved_before)
     latencies.sort()
     return {"policy": policy, "workload": name, "rate": rate, "work": work, "sent": sent,
             "offered_seconds": seconds, "elapsed": round(elapsed, 2), "exact": exact,
             "p50_ms": _ms(latencies, 0.5), "p99_ms": _ms(latencies, 0.99),
             "max_ms": round(1000 * latencies[-1], 1) if latencies else 0.0,
-            "moved_bytes": moved}
+            "moved_bytes": moved, "failure": "" if exact else _difference(got, fed, rows)}
 
 
 def _ms(sorted_seconds: list[float], q: float) -> float:
