@@ -22,8 +22,10 @@ class RingSink:
 
     Two plans, chosen once (`choose`):
     - "sql+arrow" (the default word split, pyarrow and pandas installed): Spark SQL
-      splits the lines into words in the JVM (`explode(regexp_extract_all(lower(line),
-      WORD_PATTERN))`), `mapInArrow` hands each task its words as Arrow batches, and a
+      splits each line into its array of words in the JVM (`regexp_extract_all(
+      lower(line), WORD_PATTERN)`), `mapInArrow` hands each task its lines' word lists
+      as Arrow batches (not exploded: one Arrow row per line costs the JVM far less
+      than one per word), the task flattens them into its words in order, and a
       `collect()` of one row per partition (its id and the tuples it sent) runs the job;
     - "rows" (any other map step): `foreachPartition` over the input column, the map
       step run in Python per row."""
@@ -52,8 +54,8 @@ class RingSink:
             raise RuntimeError("RingSink used before bind(query.id)")
         config = PartitionConfig(query_id=self.query_id, **self.fields)
         if self.choose(df.sparkSession) == "sql+arrow":
-            from spark_driver.maps import sql_words
-            words = df.select(sql_words(df[df.columns[0]]).alias("word"))
+            from spark_driver.maps import sql_word_arrays
+            words = df.select(sql_word_arrays(df[df.columns[0]]).alias("words"))
             rows = words.mapInArrow(_arrow_task(config, batch_id), SENT_SCHEMA).collect()
             self.sent = {row["partition"]: row["tuples"] for row in rows}
         else:
@@ -69,7 +71,10 @@ def _arrow_task(config: PartitionConfig, batch_id: int):
         from pyspark import TaskContext
         from spark_driver.partition import write_words
         partition_id = TaskContext.get().partitionId()
-        sent = write_words(config, batch_id, partition_id, (b.column(0) for b in batches))
+        # one list of words per line; flatten() gives the words in order (offsets
+        # respected, a null line gives none)
+        sent = write_words(config, batch_id, partition_id,
+                           (b.column(0).flatten() for b in batches))
         yield pa.RecordBatch.from_arrays(
             [pa.array([partition_id], pa.int32()), pa.array([sent], pa.int64())],
             names=["partition", "tuples"])
