@@ -71,11 +71,15 @@ def fill(disk: str | Path) -> Path:
     # Unbuffered: a buffered file would try again to write what did not fit when it
     # is closed, and raise ENOSPC there.
     with open(filler, "wb", buffering=0) as f:
-        try:
-            while True:
-                f.write(b"\0" * (1 << 16))
-        except OSError:
-            pass
+        # Big writes first, then smaller ones down to a byte: a small batch must not
+        # find room in what a 64 KiB write left over.
+        size = 1 << 16
+        while size:
+            try:
+                while True:
+                    f.write(b"\0" * size)
+            except OSError:
+                size //= 2
     return filler
 
 
