@@ -129,9 +129,7 @@ def _run(args, cluster, spark, inbox: Path, lines: list[str], total: int):
             killed = (victim.node_id, time.time())
             cluster.kill(victim.node_id)
             print(f"SIGKILL {victim.node_id} (pid {victim.pid}) with {counted} of {total} "
-                  f"words counted; the ring: lines below count what the running processes "
-                  f"applied, so {victim.node_id}'s share leaves their sum (the ring's own "
-                  f"count is checked at the end)")
+                  f"words counted")
         time.sleep(args.interval)
     got = _wait(lambda: (lambda s: s if sum(s.values()) >= total else None)(_scan(cluster)),
                 args.timeout, spark)

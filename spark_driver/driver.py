@@ -6,7 +6,7 @@
 
 Each micro-batch goes through foreachBatch to one task per partition: the default word
 split runs in Spark SQL and the tasks get the words as Arrow batches (mapInArrow);
-another map step runs in Python over the rows (foreachPartition). Every partition is a
+another map step runs in Python over the rows (mapPartitions). Every partition is a
 RingClient numbering its tuples from (query id, batch id, partition id, position), so a
 retried task or a batch replayed after a restart from --checkpoint is deduplicated by
 the ring: exactly-once end to end for a replayable source (dir, rate) and a
@@ -170,7 +170,7 @@ def run(args) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    reporter = ProgressReporter(query, ring, args.progress)
+    reporter = ProgressReporter(query, ring, sink, args.progress)
     try:
         while query.isActive and not stop.is_set():
             query.awaitTermination(0.5)
@@ -201,14 +201,16 @@ def stop_between_batches(query, grace: float = 30.0) -> None:
 
 
 class ProgressReporter:
-    """Spark's progress (rows/s, batch duration) next to the ring's (tuples applied)."""
+    """Spark's progress (rows/s, batch duration) next to the ring's: what the ring has
+    acknowledged (on r+1 nodes) of this driver's finished batches, which only grows,
+    whatever node dies, and how many nodes answer."""
 
-    def __init__(self, query, ring, interval: float) -> None:
+    def __init__(self, query, ring, sink, interval: float) -> None:
         self.query = query
         self.ring = ring
+        self.sink = sink
         self.interval = interval
         self.last = time.monotonic()
-        self.last_batch = -1
 
     def maybe_report(self) -> None:
         if self.interval and time.monotonic() - self.last >= self.interval:
@@ -222,19 +224,16 @@ class ProgressReporter:
             duration = progress.get("durationMs", {}).get("triggerExecution", 0)
             spark = (f"spark: batch {progress['batchId']}, {progress['numInputRows']} rows in "
                      f"{duration} ms, {progress.get('processedRowsPerSecond', 0.0):,.0f} rows/s")
+        sink = self.sink
+        held = (f"{sink.inputs:,} tuples from {sink.batches} batches held by the ring"
+                + (f" (sent as {sink.acknowledged:,} combined)"
+                   if sink.acknowledged != sink.inputs else ""))
         try:
             stats = self.ring.stats()
-            live = [s for s in stats if "error" not in s]
-            applied = sum(s["applied"] for s in live)
-            dups = sum(s["duplicates"] for s in live)
-            # Per-process counters: a killed node's leave the sum, and an heir does not
-            # count again what it rebuilt, so this is no total of what the ring holds.
-            ring = (f"ring: {len(live)}/{len(stats)} nodes up, {applied:,} tuples applied "
-                    f"and {dups:,} duplicates dropped by these {len(live)} processes since "
-                    f"they started")
+            up = f"{sum('error' not in s for s in stats)}/{len(stats)} nodes up"
         except Exception as exc:   # progress must never stop the query
-            ring = f"ring: stats unavailable ({exc})"
-        print(f"{spark} | {ring}", flush=True)
+            up = f"nodes unknown ({exc})"
+        print(f"{spark} | ring: {held}, {up}", flush=True)
 
 
 def main(argv=None) -> int:

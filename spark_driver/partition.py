@@ -59,20 +59,27 @@ class InjectedFailure(RuntimeError):
 def write_partition(config: PartitionConfig, batch_id: int, partition_id: int, rows) -> int:
     """Map the rows in Python and push the tuples to the ring; return the number of
     tuples sent."""
+    return feed_rows(config, batch_id, partition_id, rows)[0]
+
+
+def feed_rows(config: PartitionConfig, batch_id: int, partition_id: int,
+              rows) -> tuple[int, int]:
+    """write_partition, returning (tuples sent, tuples the map step made): the two
+    differ when combining."""
     from spark_driver.maps import load_map
 
     map_step = load_map(config.map_spec)
     rows = iter(rows)
     first = next(rows, None)
     if first is None:
-        return 0                          # an empty partition needs no connection
+        return 0, 0                       # an empty partition needs no connection
     rows = itertools.chain((first,), rows)
     half = 0
     if config.fail_once or config.hang_once:
         rows = list(rows)
         half = len(rows) // 2
 
-    def feed(client) -> int:
+    def feed(client) -> _Counting:
         emitter = _Emitter(client, config.combine, config.combine_keys)
         fault = _Fault(config, client, emitter, half)
         for row in rows:
@@ -83,7 +90,7 @@ def write_partition(config: PartitionConfig, batch_id: int, partition_id: int, r
             if value is not None:
                 emitter.add(map_step(value))
         emitter.drain()
-        return emitter.emitted
+        return emitter
 
     return _task(config, batch_id, partition_id, feed)
 
@@ -91,17 +98,24 @@ def write_partition(config: PartitionConfig, batch_id: int, partition_id: int, r
 def write_words(config: PartitionConfig, batch_id: int, partition_id: int, arrays) -> int:
     """Push a partition's words, Arrow string arrays in the partition's order (the word
     split done by Spark SQL), to the ring; return the number of tuples sent."""
+    return feed_words(config, batch_id, partition_id, arrays)[0]
+
+
+def feed_words(config: PartitionConfig, batch_id: int, partition_id: int,
+               arrays) -> tuple[int, int]:
+    """write_words, returning (tuples sent, words read): the two differ when
+    combining."""
     arrays = (a for a in arrays if len(a))
     first = next(arrays, None)
     if first is None:
-        return 0
+        return 0, 0
     arrays = itertools.chain((first,), arrays)
     half = 0
     if config.fail_once or config.hang_once:
         arrays = list(arrays)
         half = sum(len(a) for a in arrays) // 2
 
-    def feed(client) -> int:
+    def feed(client) -> _Counting:
         emitter = _WordEmitter(client, config.combine, config.combine_keys)
         fault = _Fault(config, client, emitter, half)
         for words in arrays:
@@ -113,12 +127,13 @@ def write_words(config: PartitionConfig, batch_id: int, partition_id: int, array
                 fault.at(emitter.position)
             emitter.add(words)
         emitter.drain()
-        return emitter.emitted
+        return emitter
 
     return _task(config, batch_id, partition_id, feed)
 
 
-def _task(config: PartitionConfig, batch_id: int, partition_id: int, feed) -> int:
+def _task(config: PartitionConfig, batch_id: int, partition_id: int,
+          feed) -> tuple[int, int]:
     """Take the worker's client for this partition's source, feed it, flush."""
     from spark_driver import connections   # imported in the worker, not the driver's pickle
     client = connections.acquire(config.seeds, source=epoch_source(config.query_id, partition_id),
@@ -126,14 +141,14 @@ def _task(config: PartitionConfig, batch_id: int, partition_id: int, feed) -> in
                                  expect_reducer=config.reducer, batch_size=config.batch_size,
                                  tls_dir=config.tls_dir)
     try:
-        emitted = feed(client)
+        emitter = feed(client)
         client.flush()
     except BaseException:
         connections.discard(client)
         raise
     connections.release(client, config.seeds, config.reducer, config.batch_size,
                         config.tls_dir)
-    return emitted
+    return emitter.emitted, emitter.inputs
 
 
 class _Fault:
@@ -175,7 +190,8 @@ def _inject(config: PartitionConfig, client, emitter) -> None:
 
 
 class _Counting:
-    emitted = 0
+    emitted = 0                           # tuples sent
+    inputs = 0                            # tuples the map step made (before combining)
     position = 0                          # input taken so far (rows or words)
     after_flush = None                    # called with the position after totals go out
 
@@ -201,6 +217,7 @@ class _Emitter(_Counting):
 
     def add(self, items) -> None:
         for item in items:
+            self.inputs += 1
             if type(item) is tuple:
                 key, value = item
                 if self.combine:
@@ -256,6 +273,7 @@ class _WordEmitter(_Counting):
         self.totals: dict = {}
 
     def add(self, words) -> None:
+        self.inputs += len(words)
         if not self.combine:
             self.position += len(words)
             keys = words.to_pylist()

@@ -8,7 +8,7 @@ import sys
 import threading
 from pathlib import Path
 
-from spark_driver.partition import PartitionConfig, write_partition
+from spark_driver.partition import PartitionConfig, feed_rows
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -27,7 +27,7 @@ class RingSink:
       as Arrow batches (not exploded: one Arrow row per line costs the JVM far less
       than one per word), the task flattens them into its words in order, and a
       `collect()` of one row per partition (its id and the tuples it sent) runs the job;
-    - "rows" (any other map step): `foreachPartition` over the input column, the map
+    - "rows" (any other map step): `mapPartitions` over the input column, the map
       step run in Python per row."""
 
     def __init__(self, *, sql_split: bool | None = None, **fields) -> None:
@@ -36,6 +36,10 @@ class RingSink:
         self._bound = threading.Event()
         self.query_id: str | None = None
         self.sent: dict[int, int] = {}     # the last batch: partition id -> tuples sent
+        # Since this driver started, over batches whose every task returned (so the ring
+        # holds all of it on r+1 nodes): tuples sent, and what the map step made of the
+        # input before combining (the words, for a word count).
+        self.acknowledged = self.inputs = self.batches = 0
 
     def choose(self, spark) -> str:
         """Decide the plan (once) and name it: "sql+arrow" or "rows"."""
@@ -57,34 +61,40 @@ class RingSink:
             from spark_driver.maps import sql_word_arrays
             words = df.select(sql_word_arrays(df[df.columns[0]]).alias("words"))
             rows = words.mapInArrow(_arrow_task(config, batch_id), SENT_SCHEMA).collect()
-            self.sent = {row["partition"]: row["tuples"] for row in rows}
+            rows = [(r["partition"], r["tuples"], r["inputs"]) for r in rows]
         else:
-            df.select(df.columns[0]).foreachPartition(_task(config, batch_id))
+            rows = df.select(df.columns[0]).rdd.mapPartitions(_task(config, batch_id)).collect()
+        self.sent = {partition: tuples for partition, tuples, _ in rows}
+        self.acknowledged += sum(tuples for _, tuples, _ in rows)
+        self.inputs += sum(inputs for _, _, inputs in rows)
+        self.batches += 1
 
 
-SENT_SCHEMA = "partition int, tuples long"
+SENT_SCHEMA = "partition int, tuples long, inputs long"
 
 
 def _arrow_task(config: PartitionConfig, batch_id: int):
     def task(batches):
         import pyarrow as pa
         from pyspark import TaskContext
-        from spark_driver.partition import write_words
+        from spark_driver.partition import feed_words
         partition_id = TaskContext.get().partitionId()
         # one list of words per line; flatten() gives the words in order (offsets
         # respected, a null line gives none)
-        sent = write_words(config, batch_id, partition_id,
-                           (b.column(0).flatten() for b in batches))
+        sent, inputs = feed_words(config, batch_id, partition_id,
+                                  (b.column(0).flatten() for b in batches))
         yield pa.RecordBatch.from_arrays(
-            [pa.array([partition_id], pa.int32()), pa.array([sent], pa.int64())],
-            names=["partition", "tuples"])
+            [pa.array([partition_id], pa.int32()), pa.array([sent], pa.int64()),
+             pa.array([inputs], pa.int64())],
+            names=["partition", "tuples", "inputs"])
     return task
 
 
 def _task(config: PartitionConfig, batch_id: int):
-    def task(rows) -> None:
+    def task(rows):
         from pyspark import TaskContext
-        write_partition(config, batch_id, TaskContext.get().partitionId(), rows)
+        partition_id = TaskContext.get().partitionId()
+        yield (partition_id, *feed_rows(config, batch_id, partition_id, rows))
     return task
 
 

@@ -148,7 +148,11 @@ def test_available_now_counts_exactly(tmp_path, ring, combine):
     got, stats = ring_state(ring)
     assert got == expected, diff(got, expected)
     out = spark.output()
-    assert "spark: batch 2," in out and "tuples applied" in out   # 6 files, 2 per batch
+    assert "spark: batch 2," in out                                # 6 files, 2 per batch
+    # the last progress line: every word of the finished batches, held by the ring
+    last = [line for line in out.splitlines() if "| ring: " in line][-1]
+    assert f"ring: {sum(expected.values()):,} tuples from 3 batches held by the ring" in last
+    assert ("sent as" in last) == (combine == "default"), last
     assert "split by Spark SQL, words to the tasks as Arrow batches" in out
     assert ("every tuple sent" if combine == "--no-combine" else "combined per partition") in out
     applied_tuples = sum(s["applied"] for s in stats)
