@@ -7,6 +7,8 @@ count reducer (millions of tuples/s per node) never lets a single feeder do.
 
 from __future__ import annotations
 
+import time
+
 from node.core.reducers import Count
 
 
@@ -20,3 +22,18 @@ class CostlyCount(Count):
         for _ in spin:        # the per-tuple cost
             pass
         super().apply_batch(keys, values, active, lookup)
+
+
+def tuples_per_core_second(work: int, seconds: float = 2.0) -> float:
+    """What one core of this machine applies per second with this reducer at `work`
+    (the best of a few rounds, timed here): an overload is set against it, since the
+    same `work` costs more or less time from one machine, or one hour, to another."""
+    reducer, state = CostlyCount(work), {}
+    keys, values = ["k"] * 500, [1] * 500
+    best = 0.0
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        t = time.perf_counter()
+        reducer.apply_batch(keys, values, state, lambda key: 0)
+        best = max(best, len(keys) / (time.perf_counter() - t))
+    return best
