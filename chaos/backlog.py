@@ -1,6 +1,6 @@
 """How far replicas run ahead of their primary's checkpoints, and what bounding it costs.
 
-    python -m chaos.backlog --limits 1073741824,8388608,4194304
+    python -m floering.chaos.backlog --limits 1073741824,8388608,4194304
 
 For each `--max-backup-bytes` setting, side by side in one run: a fresh 4-node ring
 (r=1), one mapper feeding a single key as fast as it can for `--seconds`, every node's
@@ -15,8 +15,8 @@ import tempfile
 import threading
 import time
 
-from chaos.cluster import LocalCluster
-from mapper.client import RingClient
+from floering.chaos.cluster import LocalCluster
+from floering.mapper.client import RingClient
 
 
 def peak_backups(cluster: LocalCluster, stop: threading.Event, peak: dict) -> None:

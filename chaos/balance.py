@@ -6,8 +6,8 @@ neighbour by itself, and is relieved. Printed: the reaction time (overload -> mo
 relieved), per-node throughput and the max/mean load ratio before and after, how the
 measured split compares with halving the share, and an exact check of every count.
 
-    python -m chaos.balance --seconds 20 --plot docs/elasticity-rate.png
-    python -m chaos.balance --rate 16000 --work 4000 --runs 4 --compare-reach
+    python -m floering.chaos.balance --seconds 20 --plot docs/elasticity-rate.png
+    python -m floering.chaos.balance --rate 16000 --work 4000 --runs 4 --compare-reach
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ from pathlib import Path
 
 import msgpack
 
-from chaos.cluster import LocalCluster
-from chaos.corpus import kjv_lines
-from chaos.timeline import node_events
-from mapper import RingClient, split_words
-from node.core.load import choose_shed, halving_shed
-from node.core.ring import Ring
+from floering.chaos.cluster import LocalCluster
+from floering.chaos.corpus import kjv_lines
+from floering.chaos.timeline import node_events
+from floering.mapper import RingClient, split_words
+from floering.node.core.load import choose_shed, halving_shed
+from floering.node.core.ring import Ring
 
 
 
@@ -99,7 +99,7 @@ def run(workdir: str | Path, seconds: float = 20.0, rate: float = 30_000, nodes:
              "--high-queue", "16",
              "--low-queue", "4", "--high-cpu", "0.85", "--low-cpu", "0.7",
              "--balance-cooldown", str(cooldown)]   # the default failure detector
-    with LocalCluster.up(nodes, 1, workdir=workdir, reducer="chaos.costly:CostlyCount",
+    with LocalCluster.up(nodes, 1, workdir=workdir, reducer="floering.chaos.costly:CostlyCount",
                          tokens_per_node=8, extra_args=extra) as cluster:
         probe = RingClient(cluster.seeds, timeout=30, tls=cluster.tls("client"))
         ring = probe.ring

@@ -1,6 +1,6 @@
 """Throughput and latency benchmark, measured side by side in one run.
 
-    python -m chaos.bench [--tuples 3000000] [--words zipf|corpus] [--nodes 4]
+    python -m floering.chaos.bench [--tuples 3000000] [--words zipf|corpus] [--nodes 4]
                           [--seconds 8] [--insecure] [--durable] [--spark]
 
 Prints: the in-process ceilings (msgpack decode + reducer apply; the feeder's route +
@@ -27,15 +27,15 @@ from collections import Counter, defaultdict
 
 import psutil
 
-from chaos.cluster import LocalCluster
-from chaos.corpus import kjv_lines
-from mapper import RingClient, split_words
-from mapper.combining import CombiningBatcher
-from mapper.routing import Router
-from node.core.batch import decode_payload, encode_payload
-from node.core.reducers import Count, reducer_identity
-from node.core.ring import Ring
-from node.core.state_store import LayeredState
+from floering.chaos.cluster import LocalCluster
+from floering.chaos.corpus import kjv_lines
+from floering.mapper import RingClient, split_words
+from floering.mapper.combining import CombiningBatcher
+from floering.mapper.routing import Router
+from floering.node.core.batch import decode_payload, encode_payload
+from floering.node.core.reducers import Count, reducer_identity
+from floering.node.core.ring import Ring
+from floering.node.core.state_store import LayeredState
 
 CHUNK = 50_000
 TICK = 0.005               # seconds between two due times of the open-loop feed
@@ -246,7 +246,7 @@ def main(argv=None) -> int:
               f"{args.seconds:g} s): p50 {p50 * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms, p999 "
               f"{p999 * 1e3:.1f} ms (due -> acked by r+1, exact={ok})", flush=True)
     if args.spark:
-        from chaos.spark_bench import spark_count_rate
+        from floering.chaos.spark_bench import spark_count_rate
         rate, ok = spark_count_rate(words)
         exact = exact and ok
         print(f"Spark Structured Streaming's count, warm : {rate / 1e6:6.2f} M tuples/s "
@@ -284,7 +284,7 @@ def restart_time(keys: int) -> tuple[float, bool]:
     """Seconds from starting a SIGKILLed durable node again to its serving, with
     `keys` distinct keys in its state; and whether every count came back."""
     import signal
-    from chaos.cluster import spawn_node
+    from floering.chaos.cluster import spawn_node
     with tempfile.TemporaryDirectory(prefix="floe-bench-") as workdir:
         with _cluster(workdir, 1, 0, True, 0.002) as cluster:
             with RingClient(cluster.seeds, tls=cluster.tls("client")) as client:

@@ -10,7 +10,7 @@ import sys
 
 
 def cmd_list(args) -> int:
-    from chaos.scenarios import BUILTIN
+    from floering.chaos.scenarios import BUILTIN
     width = max(len(name) for name in BUILTIN)
     for name, s in BUILTIN.items():
         size = "ci  " if s.ci else "long"
@@ -20,8 +20,8 @@ def cmd_list(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from chaos.harness import run_scenario, summary_table
-    from chaos.scenarios import load_scenario, with_overrides
+    from floering.chaos.harness import run_scenario, summary_table
+    from floering.chaos.scenarios import load_scenario, with_overrides
     scenario = with_overrides(load_scenario(args.scenario),
                               tls=False if args.insecure else None)
     result = run_scenario(scenario, args.seed, args.out, plots=not args.no_plots)
@@ -49,5 +49,5 @@ def add_chaos_command(sub) -> None:
 
 
 if __name__ == "__main__":
-    from chaos.cli import main
+    from floering.chaos.cli import main
     sys.exit(main(["chaos", *sys.argv[1:]]))

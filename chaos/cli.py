@@ -17,7 +17,7 @@
     floe down [--kill] [--wipe]         stop exactly the processes `up` started
                                         (--wipe: then delete the cluster's data)
     floe chaos list | run SCENARIO      chaos scenarios (chaos/chaos_cli.py)
-    floe node --node-id n0 ...          one node in this process (python -m node)
+    floe node --node-id n0 ...          one node in this process (python -m floering.node)
 """
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ import sys
 import time
 from pathlib import Path
 
-from chaos.cluster import (DEFAULT_STATE_FILE, LayoutMismatch, LocalCluster, describe_layout,
+from floering.chaos.cluster import (DEFAULT_STATE_FILE, LayoutMismatch, LocalCluster, describe_layout,
                            kept_layout, wipe)
-from mapper.admin import hex_position, parse_position, position_format
-from node.core.balancers import BALANCERS, described
-from node.core.errors import FloeError
+from floering.mapper.admin import hex_position, parse_position, position_format
+from floering.node.core.balancers import BALANCERS, described
+from floering.node.core.errors import FloeError
 
 
 def _seeds(args) -> list[str]:
@@ -45,7 +45,7 @@ def _seeds(args) -> list[str]:
 def _tls(args, name: str):
     """`name`'s credentials (client or operator): from --tls-dir, else from the
     recorded cluster when it runs TLS; None for a plain ring."""
-    from node.transport.tls import TlsFiles
+    from floering.node.transport.tls import TlsFiles
     if args.tls_dir:
         return TlsFiles.in_dir(args.tls_dir, name)
     if args.ring or not Path(args.cluster_file).exists():
@@ -54,7 +54,7 @@ def _tls(args, name: str):
 
 
 def _client(args, **kwargs):
-    from mapper import RingClient
+    from floering.mapper import RingClient
     return RingClient(_seeds(args), timeout=args.timeout, tls=_tls(args, "client"), **kwargs)
 
 
@@ -139,7 +139,7 @@ def _recorded(args) -> dict[str, dict]:
 
 
 def cmd_status(args) -> int:
-    from chaos.ringview import describe_ring, member_rows, table, unlisted_processes, verdict
+    from floering.chaos.ringview import describe_ring, member_rows, table, unlisted_processes, verdict
     recorded = _recorded(args)
     with _client(args) as client:
         ring = client.refresh_ring()
@@ -173,7 +173,7 @@ def cmd_status(args) -> int:
 
 
 def cmd_ring(args) -> int:
-    from chaos.ringview import describe_ring, range_rows, table
+    from floering.chaos.ringview import describe_ring, range_rows, table
     with _client(args) as client:
         ring = client.refresh_ring()
     rows = range_rows(ring, hex_position if args.hex else str)
@@ -193,7 +193,7 @@ def cmd_ring(args) -> int:
 
 
 def cmd_locate(args) -> int:
-    from chaos.ringview import locate
+    from floering.chaos.ringview import locate
     key: object = int(args.key) if args.int_key else args.key
     with _client(args) as client:
         ring = client.refresh_ring()
@@ -210,7 +210,7 @@ def cmd_locate(args) -> int:
 
 
 def cmd_feed(args) -> int:
-    from chaos.feed import Progress, check_inputs, feed
+    from floering.chaos.feed import Progress, check_inputs, feed
     inputs = check_inputs(args.files, force=args.force, again=args.again)   # before sending
     started = time.perf_counter()
     with _client(args, batch_size=args.batch_size, source=inputs[0].source) as client:
@@ -248,7 +248,7 @@ def cmd_top(args) -> int:
 
 
 def cmd_move(args) -> int:
-    from mapper.admin import move
+    from floering.mapper.admin import move
     with _client(args) as client:
         ring = client.refresh_ring()
     print(move(ring, args.node, parse_position(args.to), timeout=args.timeout,
@@ -257,7 +257,7 @@ def cmd_move(args) -> int:
 
 
 def cmd_split(args) -> int:
-    from mapper.admin import split
+    from floering.mapper.admin import split
     with _client(args) as client:
         ring = client.refresh_ring()
     print(split(ring, parse_position(args.position), args.to, timeout=args.timeout,
@@ -274,10 +274,10 @@ def _range_loads(rows) -> dict[str, dict[int, float]]:
 
 
 def cmd_scale(args) -> int:
-    from mapper.admin import carry_out, plan_scale_out
+    from floering.mapper.admin import carry_out, plan_scale_out
     cluster = LocalCluster.load(args.cluster_file)
     if args.auto:
-        from chaos.elastic import autoscale_loop
+        from floering.chaos.elastic import autoscale_loop
         autoscale_loop(cluster, seconds=args.auto, min_nodes=args.min_nodes,
                        max_nodes=args.max_nodes)
         print(f"{len(cluster.nodes)} nodes")
@@ -306,7 +306,7 @@ def cmd_scale(args) -> int:
 
 
 def cmd_restart(args) -> int:
-    from chaos.restart import rolling_restart
+    from floering.chaos.restart import rolling_restart
     cluster = LocalCluster.load(args.cluster_file)
     if bool(args.nodes) == args.rolling:
         raise ValueError("name the nodes to restart, or give --rolling for all of them")
@@ -398,7 +398,7 @@ def build_parser() -> argparse.ArgumentParser:
     _cluster_commands(sub)
     _query_commands(sub)
     _admin_commands(sub)
-    from chaos.chaos_cli import add_chaos_command
+    from floering.chaos.chaos_cli import add_chaos_command
     add_chaos_command(sub)
     # listed for --help only: main() hands `floe node ...` to the node's own parser
     add_parser("node", help="run one node in this process, with the flags of `python -m "
@@ -422,7 +422,7 @@ def _up_command(sub) -> None:
                     "`floe down --wipe` deletes the kept cluster first. --memory: no data "
                     "directory, state in memory only (docs/durability.md). Everything "
                     "after `--` is given to every node as it is, e.g. `-- --reducer-arg "
-                    "k=5 --balance` (python -m node --help lists the flags); nodes "
+                    "k=5 --balance` (python -m floering.node --help lists the flags); nodes "
                     "`floe scale --add` starts get it too.")
     up.add_argument("--nodes", type=int, help="how many nodes (default: 4 for a new cluster)")
     up.add_argument("--replicas", type=int, help="r, copies besides the primary (default: "
@@ -576,7 +576,7 @@ def one_line(exc: BaseException) -> str:
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["node"]:        # every flag is the node's own, --help included
-        from node.__main__ import main as node_main
+        from floering.node.__main__ import main as node_main
         return node_main(argv[1:])
     node_flags: list[str] = []
     if "--" in argv:

@@ -22,8 +22,8 @@ import grpc
 import psutil
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from node.core.errors import FloeError
-from node.transport.tls import TlsFiles, generate as generate_tls, issue as issue_tls
+from floering.node.core.errors import FloeError
+from floering.node.transport.tls import TlsFiles, generate as generate_tls, issue as issue_tls
 
 DEFAULT_STATE_FILE = "floe-cluster.json"
 
@@ -161,7 +161,7 @@ class LocalCluster:
                     base_port=base_port, balancer=balancer, node_args=node_args))
         for node_id, port in zip(ids, ports):
             log_path = log_dir / f"{node_id}.log"
-            cmd = [sys.executable, "-m", "node", "--node-id", node_id,
+            cmd = [sys.executable, "-m", "floering.node", "--node-id", node_id,
                    "--listen", f"{host}:{port}", "--peers", peers,
                    "--replication", str(replicas), "--tokens-per-node", str(tokens_per_node),
                    "--reducer", reducer, "--events-file", str(log_path.with_suffix(".events.jsonl")),
@@ -239,7 +239,7 @@ class LocalCluster:
                 issue_tls(tls.ca.parent, node_id, "node", (host, "localhost"))
             log_path = log_dir / f"{node_id}.log"
             address = f"{host}:{port}"
-            cmd = [sys.executable, "-m", "node", "--node-id", node_id, "--listen", address,
+            cmd = [sys.executable, "-m", "floering.node", "--node-id", node_id, "--listen", address,
                    "--peers", f"{node_id}={address}", "--join", seeds,
                    "--replication", str(self.replicas), "--tokens-per-node", str(tokens_per_node),
                    "--reducer", self.reducer,
@@ -259,7 +259,7 @@ class LocalCluster:
         from the layout and its data directory (which holds nothing the ring needs any
         more) is deleted, so `up` does not start it again; `forget=False` keeps both,
         for a restart."""
-        from mapper.admin import request_handoff
+        from floering.mapper.admin import request_handoff
         node = self.node(node_id)
         if not node.alive():
             raise RuntimeError(f"{node_id} is not running (pid {node.pid} is gone): it cannot "
@@ -293,7 +293,7 @@ class LocalCluster:
         Otherwise `sig` (SIGKILL; SIGTERM stops it as a service manager does, leaving
         the ring only with --leave-on-sigterm): unless it left, its ranges are taken
         over as after a crash. Either way the
-        new process holds no state and joins as a new member (`node.core.membership`);
+        new process holds no state and joins as a new member (`floering.node.core.membership`);
         give it ranges with mapper.admin.carry_out."""
         node = self.node(node_id)
         if not node.cmd:
@@ -330,7 +330,7 @@ class LocalCluster:
 
     def takeover_times(self) -> list[float]:
         """Wall-clock times at which any node took ranges over (its events)."""
-        from chaos.timeline import read_events
+        from floering.chaos.timeline import read_events
         return [e.t for node in self.nodes for e in read_events(node.node_id, node.events)
                 if e.kind == "taken_over"]
 
@@ -434,10 +434,10 @@ def check_balancer_reducer(node_argv: list[str]) -> None:
     is left to the nodes, which report it as before."""
     import contextlib
     import io
-    from node.app import check_config_reducer, configured_reducer
-    from node.config import load_config
+    from floering.node.app import check_config_reducer, configured_reducer
+    from floering.node.config import load_config
     env = node_env()
-    path = [os.getcwd(), *env["PYTHONPATH"].split(os.pathsep)]
+    path = [os.getcwd(), *env.get("PYTHONPATH", "").split(os.pathsep)]
     saved = list(sys.path)
     sys.path[:0] = [p for p in path if p and p not in sys.path]
     try:
@@ -453,11 +453,12 @@ def check_balancer_reducer(node_argv: list[str]) -> None:
 
 def node_env() -> dict:
     env = dict(os.environ)
-    # The node must import this checkout's packages even when not installed.
-    root = str(Path(__file__).resolve().parent.parent)
-    proto = str(Path(root) / "proto")
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (root, proto, env.get("PYTHONPATH", "")) if p)
+    # The node must import this checkout's packages even when not installed: floering
+    # (in proto/) finds the others beside it.
+    proto = Path(__file__).resolve().parent.parent / "proto"
+    if (proto / "floering").is_dir():
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(proto), env.get("PYTHONPATH", "")) if p)
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
 

@@ -2,14 +2,14 @@
 (parsing, scoring): with it one mapper can load a node past one core, which the plain
 count reducer (millions of tuples/s per node) never lets a single feeder do.
 
-    --reducer chaos.costly:CostlyCount --reducer-arg work=400
+    --reducer floering.chaos.costly:CostlyCount --reducer-arg work=400
 """
 
 from __future__ import annotations
 
 import time
 
-from node.core.reducers import Count
+from floering.node.core.reducers import Count
 
 
 class CostlyCount(Count):

@@ -1,7 +1,7 @@
 """The main job: a local ring, the spark-submit driver watching a directory, the bundled
 corpus dropped into it file by file, a ring node SIGKILLed mid-stream, exact results.
 
-    python -m chaos.demo [--nodes 4] [--replicas 1] [--files 8] [--interval 2]
+    python -m floering.chaos.demo [--nodes 4] [--replicas 1] [--files 8] [--interval 2]
                          [--lines N] [--no-kill] [--combine] [--master local[2]]
 """
 
@@ -18,10 +18,10 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from chaos.cluster import LocalCluster
-from chaos.corpus import kjv_lines
-from mapper import RingClient, split_words
-from spark_driver.launch import SparkDriver
+from floering.chaos.cluster import LocalCluster
+from floering.chaos.corpus import kjv_lines
+from floering.mapper import RingClient, split_words
+from floering.spark_driver.launch import SparkDriver
 
 
 def main(argv=None) -> int:

@@ -25,11 +25,11 @@ import zlib
 from dataclasses import replace
 from pathlib import Path
 
-from chaos import faults as fault_ops
-from chaos.cluster import LocalCluster, NodeProcess, serving, spawn_node
-from chaos.handoff_faults import read_from
-from chaos.timeline import Injected, node_events
-from node.storage.segment_log import HEADER, SUFFIX
+from floering.chaos import faults as fault_ops
+from floering.chaos.cluster import LocalCluster, NodeProcess, serving, spawn_node
+from floering.chaos.handoff_faults import read_from
+from floering.chaos.timeline import Injected, node_events
+from floering.node.storage.segment_log import HEADER, SUFFIX
 
 KINDS = ("kill-all", "power-loss", "kill-during-replay", "disk-full")
 RESTARTS = ("kill-all", "power-loss", "kill-during-replay")
@@ -315,7 +315,7 @@ def disk_full(cluster: LocalCluster, disk: Path, hold: float, key: str,
 
 def _read(cluster: LocalCluster, key: str, since: float) -> dict:
     """One read through a fresh client: served, or why not."""
-    from mapper import RingClient
+    from floering.mapper import RingClient
     started = time.time()
     try:
         with RingClient(cluster.seeds, timeout=5, rpc_timeout=2,

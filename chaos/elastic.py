@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgpack
 
-from mapper.admin import carry_out, plan_scale_out
+from floering.mapper.admin import carry_out, plan_scale_out
 
 
 def autoscale_loop(cluster, *, seconds: float, min_nodes: int, max_nodes: int,
@@ -14,8 +14,8 @@ def autoscale_loop(cluster, *, seconds: float, min_nodes: int, max_nodes: int,
     nodes by the autoscale rule, one change at a time and at most one per cool-down.
     Returns [(time, what)] (also appended to `changes` as they happen)."""
     import time
-    from mapper import RingClient
-    from node.core.load import autoscale
+    from floering.mapper import RingClient
+    from floering.node.core.load import autoscale
     changes = [] if changes is None else changes
     started = time.monotonic()
     last = float("-inf")

@@ -11,9 +11,9 @@ import signal
 import time
 from dataclasses import replace
 
-from chaos.cluster import LocalCluster
-from chaos.mapper_proc import MapperHandle
-from chaos.timeline import Injected
+from floering.chaos.cluster import LocalCluster
+from floering.chaos.mapper_proc import MapperHandle
+from floering.chaos.timeline import Injected
 
 
 def signal_nodes(cluster: LocalCluster, node_ids, sig: int) -> float:
@@ -52,7 +52,7 @@ def restart_nodes(cluster: LocalCluster, node_ids) -> Injected:
 
 def rolling_restart(cluster: LocalCluster, node_ids) -> Injected:
     """Every node in turn leaves, restarts empty and takes its share back."""
-    from chaos.restart import rolling_restart as roll
+    from floering.chaos.restart import rolling_restart as roll
     at = time.time()
     lines: list[str] = []
     roll(cluster, list(node_ids), graceful=True, report=lines.append)

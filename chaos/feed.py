@@ -24,7 +24,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from mapper import words_of_lines
+from floering.mapper import words_of_lines
 
 SNIFF_BYTES = 8192
 CHUNK_WORDS = 65536

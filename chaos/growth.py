@@ -1,6 +1,6 @@
 """How the ring's costs grow with its state and its size, measured on real processes.
 
-    python -m chaos.growth [--keys 100000,1000000,5000000,10000000,20000000]
+    python -m floering.chaos.growth [--keys 100000,1000000,5000000,10000000,20000000]
                            [--nodes 4] [--update-rate 100000] [--scale]
                            [--json FILE] [--plot DIR]
 
@@ -35,10 +35,10 @@ from pathlib import Path
 
 import psutil
 
-from chaos.bench import zipf_words
-from chaos.cluster import LocalCluster
-from chaos.timeline import Injected, failure_timelines, read_events
-from mapper import RingClient
+from floering.chaos.bench import zipf_words
+from floering.chaos.cluster import LocalCluster
+from floering.chaos.timeline import Injected, failure_timelines, read_events
+from floering.mapper import RingClient
 
 CHUNK = 50_000
 SAMPLE_PER_RANGE = 8
@@ -237,7 +237,7 @@ def measure(keys: int, nodes: int, update_rate: float) -> dict:
 
 
 def _feeder(seeds, tls_dir, words, start, results) -> None:
-    from mapper import TlsFiles
+    from floering.mapper import TlsFiles
     tls = TlsFiles.in_dir(tls_dir, "client") if tls_dir else None
     with RingClient(seeds, tls=tls, timeout=600) as client:
         start.wait()

@@ -22,10 +22,10 @@ import threading
 import time
 from pathlib import Path
 
-from chaos.cluster import LocalCluster
-from chaos.faults import signal_nodes
-from chaos.scenarios import PlannedFault
-from chaos.timeline import Event, Injected, event_lines
+from floering.chaos.cluster import LocalCluster
+from floering.chaos.faults import signal_nodes
+from floering.chaos.scenarios import PlannedFault
+from floering.chaos.timeline import Event, Injected, event_lines
 
 
 def givers_of(p: PlannedFault) -> dict[str, tuple[str, list[int]]]:
@@ -94,7 +94,7 @@ class _Call(threading.Thread):
 def kill_mid_handoff(cluster: LocalCluster, p: PlannedFault, timeout: float = 30.0) -> Injected:
     """Start the planned handoff, SIGKILL the victim once the watched giver's handoff
     is in flight, wait for the operator calls to return; the detail records it all."""
-    from mapper.admin import request_handoff
+    from floering.mapper.admin import request_handoff
     givers = givers_of(p)
     offsets = {g: _size(cluster.node(g).events) for g in givers}
     detail: dict = {"handoff": p.handoff, "side": "giver" if p.victims[0] == p.watch
@@ -170,7 +170,7 @@ def _finished_before(text: str, receiver: str, at: float) -> bool:
 def _wait_member(cluster: LocalCluster, givers, newcomer: str, timeout: float = 30.0) -> None:
     """Until every giver's ring has the new node (a handoff to a node the giver does not
     know yet is refused)."""
-    from mapper import RingClient
+    from floering.mapper import RingClient
     deadline = time.monotonic() + timeout
     for giver in givers:
         with RingClient([cluster.node(giver).address], timeout=30,

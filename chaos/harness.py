@@ -1,6 +1,6 @@
 """Run a chaos scenario against a real local cluster and judge it.
 
-    python -m chaos.harness SCENARIO [--seed N] [--out DIR] [--insecure]   (also: floe chaos run)
+    python -m floering.chaos.harness SCENARIO [--seed N] [--out DIR] [--insecure]   (also: floe chaos run)
 
 Each round: start the cluster with the same launcher `floe up` uses (mutual TLS on
 every call unless the scenario says `tls = false`), start the mapper processes (real
@@ -25,18 +25,18 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from chaos import durable_faults
-from chaos import faults as fault_ops
-from chaos import handoff_faults
-from chaos import netns
-from chaos.hostile import hostile_clients, impostors
-from chaos.cluster import LocalCluster
-from chaos.load import chunk_ids, chunk_keys, hottest_key
-from chaos.mapper_proc import MapperHandle
-from chaos.oracle import Verdict, check, check_ids, unreadable
-from chaos.scenarios import (NET_FAULTS, PlannedFault, Scenario, load_scenario, plan,
+from floering.chaos import durable_faults
+from floering.chaos import faults as fault_ops
+from floering.chaos import handoff_faults
+from floering.chaos import netns
+from floering.chaos.hostile import hostile_clients, impostors
+from floering.chaos.cluster import LocalCluster
+from floering.chaos.load import chunk_ids, chunk_keys, hottest_key
+from floering.chaos.mapper_proc import MapperHandle
+from floering.chaos.oracle import Verdict, check, check_ids, unreadable
+from floering.chaos.scenarios import (NET_FAULTS, PlannedFault, Scenario, load_scenario, plan,
                              with_overrides)
-from chaos.timeline import (STAGES, FailureTimeline, Injected, by_simultaneous, event_lines,
+from floering.chaos.timeline import (STAGES, FailureTimeline, Injected, by_simultaneous, event_lines,
                             failure_timelines, parse_events, stage_summary)
 
 
@@ -78,7 +78,7 @@ class Sampler(threading.Thread):
         self.error: str | None = None
 
     def run(self) -> None:
-        from mapper import RingClient
+        from floering.mapper import RingClient
         try:
             client = RingClient(self.seeds, rpc_timeout=0.3, timeout=10, tls=self.tls)
         except Exception as exc:
@@ -500,7 +500,7 @@ def _journals(scenario: Scenario, seed: int, handles: list[MapperHandle]):
 
 
 def _verify(cluster: LocalCluster, acked, unacked, ids: bool) -> Verdict:
-    from mapper import RingClient
+    from floering.mapper import RingClient
     seeds = [n.address for n in cluster.nodes if n.alive()]
     try:
         client = RingClient(seeds, timeout=60, tls=cluster.tls("client"))
@@ -567,7 +567,7 @@ def run_scenario(scenario: Scenario, seed: int = 1, out: str | Path | None = Non
     (out / "result.json").write_text(json.dumps(result, indent=1, default=str))
     result["out"] = str(out)
     if plots:
-        from chaos.plots import plot_result
+        from floering.chaos.plots import plot_result
         result["plots"] = plot_result(result, out)
     return result
 

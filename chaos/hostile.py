@@ -17,13 +17,13 @@ from pathlib import Path
 
 import grpc
 
-from chaos.cluster import LocalCluster
-from chaos.timeline import Injected
+from floering.chaos.cluster import LocalCluster
+from floering.chaos.timeline import Injected
 from floering.v1 import floe_pb2, floe_pb2_grpc
-from node.core.batch import encode_payload
-from node.core.codec import pack, pack_entries
-from node.core.ring import Ring
-from node.core.ring_merge import MAX_VERSION_STEP
+from floering.node.core.batch import encode_payload
+from floering.node.core.codec import pack, pack_entries
+from floering.node.core.ring import Ring
+from floering.node.core.ring_merge import MAX_VERSION_STEP
 
 
 def forged_views(ring: Ring) -> dict[str, Ring]:
@@ -108,8 +108,8 @@ def hostile_clients(cluster: LocalCluster, node_ids) -> Injected:
 def impersonate(cluster: LocalCluster, address: str, scratch: Path) -> dict[str, str]:
     """On a TLS ring: callers without the right credentials, each once against the
     node at `address`. Returns how each was refused (raises if one was not)."""
-    from chaos.cluster import channel
-    from node.transport.tls import TlsFiles, generate
+    from floering.chaos.cluster import channel
+    from floering.node.transport.tls import TlsFiles, generate
     outcome = {}
     unavailable, denied = grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.PERMISSION_DENIED
     get_ring = floe_pb2.GetRingRequest()

@@ -16,13 +16,13 @@ import itertools
 import random
 from functools import lru_cache
 
-from chaos.corpus import kjv_lines
-from chaos.scenarios import Load
+from floering.chaos.corpus import kjv_lines
+from floering.chaos.scenarios import Load
 
 
 @lru_cache(maxsize=1)
 def corpus_words() -> tuple[str, ...]:
-    from mapper import split_words
+    from floering.mapper import split_words
     return tuple(w for line in kjv_lines() for w in split_words(line))
 
 

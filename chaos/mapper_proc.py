@@ -1,6 +1,6 @@
 """A mapper as its own process, so the harness can SIGKILL it mid-chunk.
 
-    python -m chaos.mapper_proc --seeds HOST:PORT,... --load JSON --seed N --mapper M \
+    python -m floering.chaos.mapper_proc --seeds HOST:PORT,... --load JSON --seed N --mapper M \
         --journal FILE [--first-chunk I] [--timeout S] [--tls-dir DIR]
 
 Sends chunk after chunk of `chaos.load.chunk_keys(load, seed, mapper, i)` at the load's
@@ -26,8 +26,8 @@ import signal
 import sys
 import time
 
-from chaos.load import chunk_ids, chunk_keys
-from chaos.scenarios import Load
+from floering.chaos.load import chunk_ids, chunk_keys
+from floering.chaos.scenarios import Load
 
 
 class Journal:
@@ -83,8 +83,8 @@ def main(argv=None) -> int:
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
 
-    from mapper import RingClient
-    from node.transport.tls import TlsFiles
+    from floering.mapper import RingClient
+    from floering.node.transport.tls import TlsFiles
     journal = Journal(args.journal)
     tls = TlsFiles.in_dir(args.tls_dir, "client") if args.tls_dir else None
     client = RingClient(args.seeds, linger=0.005, batch_size=1000, timeout=args.timeout,
@@ -135,10 +135,10 @@ class MapperHandle:
         mapper's, as `ip netns exec` execs the command."""
         import dataclasses
         import subprocess
-        from chaos.cluster import node_env
+        from floering.chaos.cluster import node_env
         self.mapper, self.journal, self.log = mapper, journal, log
         self.first_chunk = first_chunk
-        cmd = [*(prefix or []), sys.executable, "-m", "chaos.mapper_proc",
+        cmd = [*(prefix or []), sys.executable, "-m", "floering.chaos.mapper_proc",
                "--seeds", ",".join(seeds),
                "--load", json.dumps(dataclasses.asdict(load)), "--seed", str(seed),
                "--mapper", str(mapper), "--journal", journal,

@@ -330,8 +330,8 @@ def start_nodes(hosts: Hosts, node_ids: list[str], replicas: int, workdir: str |
     port 7000 of the host's address, mutual TLS on every call (certificates naming
     every host's address). The harness's process reaches them through the observer;
     `LocalCluster.down()` stops them by pid as usual."""
-    from chaos.cluster import DEFAULT_STATE_FILE, LocalCluster, spawn_node
-    from node.transport.tls import generate as generate_tls
+    from floering.chaos.cluster import DEFAULT_STATE_FILE, LocalCluster, spawn_node
+    from floering.node.transport.tls import generate as generate_tls
     workdir = Path(workdir).resolve()
     log_dir = workdir / "floe-cluster" / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -344,7 +344,7 @@ def start_nodes(hosts: Hosts, node_ids: list[str], replicas: int, workdir: str |
     procs = []
     for node_id in node_ids:
         log_path = log_dir / f"{node_id}.log"
-        cmd = [*hosts.exec_prefix(node_id), sys.executable, "-m", "node",
+        cmd = [*hosts.exec_prefix(node_id), sys.executable, "-m", "floering.node",
                "--node-id", node_id, "--listen", hosts.address(node_id), "--peers", peers,
                "--replication", str(replicas), "--tokens-per-node", str(tokens_per_node),
                "--reducer", reducer,
@@ -366,7 +366,7 @@ def partition_fault(hosts: Hosts, planned, nodes: list[str], mappers: list[str])
     """Cut the planned minority (the victims) off from the other nodes; the mappers'
     hosts go with the side the plan says (`both`: in no group, they reach everyone).
     Returns the `Injected` fault (chaos.timeline) with its sides."""
-    from chaos.timeline import Injected
+    from floering.chaos.timeline import Injected
     minority = set(planned.victims)
     majority = set(planned.apart or set(nodes) - minority)
     if planned.mappers_with == "majority":
@@ -384,7 +384,7 @@ def partition_fault(hosts: Hosts, planned, nodes: list[str], mappers: list[str])
 
 
 def lossy_fault(hosts: Hosts, planned):
-    from chaos.timeline import Injected
+    from floering.chaos.timeline import Injected
     (victim,) = planned.victims
     at = time.time()
     hosts.lossy(victim, planned.loss)

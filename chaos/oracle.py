@@ -27,8 +27,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from node.core.errors import InvalidArgument
-from node.core.reducers import Reducer
+from floering.node.core.errors import InvalidArgument
+from floering.node.core.reducers import Reducer
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """The Ray consistent-hashing paper's Experiment 1 replayed on the ring alone, with the
-planners the nodes run (`node.core.redistribution`): its Table 1, side by side.
+planners the nodes run (`floering.node.core.redistribution`): its Table 1, side by side.
 
 Each workload's 100 items lie on a fresh 4-node ring laid out as the paper starts
 each method: halving from 8 tokens per node (a power of two), doubling from one, the
@@ -7,20 +7,20 @@ workload's letters placed for that layout (so that static hashing has the paper'
 skew). As in the paper, the balancer triggers on the most loaded reducer when
 Q_max > Q_s (1 + tau) (Q_s the second largest load, tau = 0.2), and each reducer
 redistributes at most `rounds` times (Experiment 1, Table 1: once); S is then taken of where the items land. No timing is involved: this is the placement the
-policies reach, which the live benchmark (`chaos.skew`) reaches only once a node is
+policies reach, which the live benchmark (`floering.chaos.skew`) reaches only once a node is
 overloaded.
 
-    python -m chaos.ray_table
+    python -m floering.chaos.ray_table
 """
 
 from __future__ import annotations
 
 from collections import Counter
 
-from chaos.skew import PAPER_S, RAY, TOKENS_PER_NODE, ray_items
-from chaos.skew_measures import skew
-from node.core.shedding import cut_positions, plan_shed, with_split_tail
-from node.core.ring import Ring
+from floering.chaos.skew import PAPER_S, RAY, TOKENS_PER_NODE, ray_items
+from floering.chaos.skew_measures import skew
+from floering.node.core.shedding import cut_positions, plan_shed, with_split_tail
+from floering.node.core.ring import Ring
 
 TAU = 0.2
 START_TOKENS = {"halving": TOKENS_PER_NODE, "doubling": 1}

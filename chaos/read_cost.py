@@ -19,8 +19,8 @@ while the reads are timed: the cost measured is that of keys spread as the feed
 left them. Every read is checked against a Counter of the stream. Printed: the
 median and p99 of each read per policy, and each median over `none`'s.
 
-    python -m chaos.read_cost
-    python -m chaos.read_cost --policies none,dkg --gets 100 --json out.json
+    python -m floering.chaos.read_cost
+    python -m floering.chaos.read_cost --policies none,dkg --gets 100 --json out.json
 """
 
 from __future__ import annotations
@@ -32,10 +32,10 @@ import tempfile
 import time
 from collections import Counter
 
-from chaos.cluster import LocalCluster
-from chaos.skew import TOKENS_PER_NODE, raw_holders, workload
-from mapper import RingClient
-from node.core.balancers import BALANCERS
+from floering.chaos.cluster import LocalCluster
+from floering.chaos.skew import TOKENS_PER_NODE, raw_holders, workload
+from floering.mapper import RingClient
+from floering.node.core.balancers import BALANCERS
 
 READS = ("get hot", "get cold", "top 10", "scan")
 
@@ -107,7 +107,7 @@ def print_rows(rows: list[dict]) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m chaos.read_cost",
+    p = argparse.ArgumentParser(prog="python -m floering.chaos.read_cost",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--policies", default="none,pkg,dkg,wchoices",
                    help="comma-separated balancers, none first for the ratios "

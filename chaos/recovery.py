@@ -1,6 +1,6 @@
 """Measure recovery latency on a real local cluster under a steady feed.
 
-    python -m chaos.recovery [--nodes 4] [--replicas 1] [--trials 10] [--kill 1] [--seed 1]
+    python -m floering.chaos.recovery [--nodes 4] [--replicas 1] [--trials 10] [--kill 1] [--seed 1]
 
 A shortcut to the chaos harness (chaos.harness): each trial is a round on a fresh
 cluster under a Zipf load, with `--kill` non-adjacent nodes SIGKILLed at once. It
@@ -16,11 +16,11 @@ import argparse
 import tempfile
 import time
 
-from chaos.cluster import LocalCluster
-from chaos.corpus import kjv_lines
-from chaos.harness import Progress, run_scenario
-from chaos.scenarios import Fault, Load, Round, Scenario
-from mapper import RingClient, split_words
+from floering.chaos.cluster import LocalCluster
+from floering.chaos.corpus import kjv_lines
+from floering.chaos.harness import Progress, run_scenario
+from floering.chaos.scenarios import Fault, Load, Round, Scenario
+from floering.mapper import RingClient, split_words
 
 
 def recovery_scenario(nodes: int, replicas: int, kill: int, trials: int,

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import time
 
-from chaos.cluster import LocalCluster
-from mapper.admin import carry_out, plan_scale_out
+from floering.chaos.cluster import LocalCluster
+from floering.mapper.admin import carry_out, plan_scale_out
 
 
 def member_at(address: str, seeds: list[str], timeout: float, tls=None) -> str:
     """The ring name the process at `address` serves under, once every node's ring
     view lists it (a restarted process takes a new name: `n0#1`)."""
-    from mapper import RingClient
+    from floering.mapper import RingClient
     deadline = time.monotonic() + timeout
     with RingClient(seeds, timeout=timeout, rpc_timeout=1.0, tls=tls) as client:
         while True:
@@ -38,7 +38,7 @@ def member_at(address: str, seeds: list[str], timeout: float, tls=None) -> str:
 
 def wait_replicated(seeds: list[str], timeout: float, tls=None) -> None:
     """Until every live node answers and has every range it owns on r+1 nodes."""
-    from mapper import RingClient
+    from floering.mapper import RingClient
     deadline = time.monotonic() + timeout
     with RingClient(seeds, timeout=timeout, rpc_timeout=1.0, tls=tls) as client:
         while True:
@@ -63,7 +63,7 @@ def restart_node(cluster: LocalCluster, node_id: str, *, graceful: bool = True,
     # When the leave left owners without replicas (n <= r+1), they refill the new
     # member by themselves: plan the rest only from the ring that refill made.
     wait_replicated(seeds, timeout, client_tls)
-    from mapper import RingClient
+    from floering.mapper import RingClient
     with RingClient(seeds, timeout=timeout, tls=client_tls) as client:
         ring = client.refresh_ring()
     how = "left the ring and restarted" if graceful else "was killed and restarted"

@@ -16,8 +16,8 @@ processes `floe up` recorded:
 
 from __future__ import annotations
 
-from node.core.hashing import HASH_SPACE, position
-from node.core.ring import Ring
+from floering.node.core.hashing import HASH_SPACE, position
+from floering.node.core.ring import Ring
 
 SERVING, JOINING, LEAVING, SUSPECT, DEAD, FENCED, REMOVED = (
     "serving", "joining", "leaving", "suspect", "dead", "fenced", "removed")

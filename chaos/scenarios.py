@@ -20,7 +20,7 @@ import tomllib
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
-from node.core.ring import Ring
+from floering.node.core.ring import Ring
 
 NODE_FAULTS = ("kill", "pause", "kill-mid-handoff", "restart", "rolling-restart", "hostile",
                "impostor")
@@ -60,7 +60,7 @@ class Load:
     vocabulary: int = 10_000      # distinct keys of the zipf distribution
     burst_words: int = 3          # burst: this many words repeated over and over
     # Each tuple carries a unique id and the nodes keep the ids per key (reducer
-    # chaos.oracle:TupleIds), so the oracle checks every tuple, not just counts.
+    # floering.chaos.oracle:TupleIds), so the oracle checks every tuple, not just counts.
     ids: bool = False
 
     def __post_init__(self) -> None:
@@ -217,7 +217,7 @@ class Scenario:
 
     @property
     def reducer(self) -> str:
-        return "chaos.oracle:TupleIds" if self.load.ids else "count"
+        return "floering.chaos.oracle:TupleIds" if self.load.ids else "count"
 
     @property
     def round_seconds(self) -> float:
@@ -299,8 +299,8 @@ def owner_of(key: str, nodes: int, tokens_per_node: int = 8) -> str:
 def hottest_piece_holder(scenario: "Scenario", seed: int) -> str:
     """The node holding the first piece of the hottest key placed away from the key's
     own node (the first a sharing balancer spreads it to)."""
-    from chaos.load import hottest_key
-    from node.core.pieces import piece_key
+    from floering.chaos.load import hottest_key
+    from floering.node.core.pieces import piece_key
     ring = _initial_ring(scenario.nodes, 0, scenario.tokens_per_node)
     key = hottest_key(scenario.load, seed)
     return next(ring.owner(piece_key(key, i)) for i in range(1, 64)
@@ -434,7 +434,7 @@ def plan_handoff(scenario: Scenario, fault: Fault, live: list[str], ring: Ring,
     donors, the receiver is the new node.
     scale-in: the giver leaves, handing every range to its first replica (the
     receiver), exactly as Node.leave does."""
-    from mapper.admin import plan_scale_out
+    from floering.mapper.admin import plan_scale_out
     if scenario.replicas < 1:
         raise ValueError(f"{scenario.name}: a kill during a handoff needs r >= 1, or the "
                          f"victim's ranges have no other copy")
@@ -481,7 +481,7 @@ def _victims(scenario: Scenario, fault: Fault, live: list[str], rng: random.Rand
     if target == "one":
         return (rng.choice(live),)
     if target == "hottest":
-        from chaos.load import hottest_key
+        from floering.chaos.load import hottest_key
         owner = owner_of(hottest_key(scenario.load, seed), scenario.nodes, scenario.tokens_per_node)
         if owner not in live:
             raise ValueError(f"{scenario.name}: the hottest key's owner {owner} is already down")

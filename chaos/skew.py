@@ -24,8 +24,8 @@ Workloads:
 - the bundled corpus (King James Bible);
 - a shifting Zipf 1.1 whose hot keys change half-way.
 
-    python -m chaos.skew                       # every policy, every workload
-    python -m chaos.skew --policies none,pkg --workloads zipf-1.1 --tuples 300000
+    python -m floering.chaos.skew                       # every policy, every workload
+    python -m floering.chaos.skew --policies none,pkg --workloads zipf-1.1 --tuples 300000
 """
 
 from __future__ import annotations
@@ -40,15 +40,15 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass
 
-from chaos.cluster import LocalCluster
-from chaos.skew_measures import distribution_cost, imbalance, load_std_percent, skew
+from floering.chaos.cluster import LocalCluster
+from floering.chaos.skew_measures import distribution_cost, imbalance, load_std_percent, skew
 from floering.v1 import floe_pb2, floe_pb2_grpc
-from mapper import RingClient
-from node.core.balancers import BALANCERS
-from node.core.codec import unpack_entries
-from node.core.errors import FloeError
-from node.core.pieces import base_of
-from node.core.ring import Ring
+from floering.mapper import RingClient
+from floering.node.core.balancers import BALANCERS
+from floering.node.core.codec import unpack_entries
+from floering.node.core.errors import FloeError
+from floering.node.core.pieces import base_of
+from floering.node.core.ring import Ring
 
 # WL name -> (nodes, items on the most loaded node out of 100): S = (W - 25) / 75
 RAY = {"wl1-h": 25, "wl1-d": 100, "wl2": 25, "wl3": None, "wl4-h": 85, "wl4-d": 62,
@@ -139,7 +139,7 @@ def workload(name: str, tuples: int, seed: int = 1) -> list:
     if name == "one-key":
         return ["hot"] * tuples
     if name == "corpus":
-        from chaos.load import corpus_words
+        from floering.chaos.load import corpus_words
         words = corpus_words()
         return list(itertools.islice(itertools.cycle(words), tuples))
     raise ValueError(f"unknown workload {name!r}: one of {', '.join(WORKLOADS)}")
@@ -237,7 +237,7 @@ def run_overload(policy: str, name: str, rate: float, work: int, seconds: float,
     keys = workload(name, max(int(rate * seconds), 1), seed)
     with tempfile.TemporaryDirectory(prefix="floe-skew-") as tmp, \
             LocalCluster.up(nodes_for(name), 1, workdir=tmp, balancer=policy,
-                            reducer="chaos.costly:CostlyCount",
+                            reducer="floering.chaos.costly:CostlyCount",
                             extra_args=["--reducer-arg", f"work={work}"]) as cluster:
         with RingClient(cluster.seeds, tls=cluster.tls("client"), linger=0.005,
                         batch_size=200, combine=combine) as client:
@@ -402,7 +402,7 @@ def plot(outcomes: list[Outcome], directory: str) -> list[str]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m chaos.skew", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m floering.chaos.skew", description=__doc__.split("\n\n")[0])
     p.add_argument("--policies", default=",".join(sorted(BALANCERS)),
                    help="comma-separated balancers (default: every one)")
     p.add_argument("--workloads", default=",".join(WORKLOADS),
@@ -450,7 +450,7 @@ def main(argv=None) -> int:
     if args.overload and args.overload_cores:
         p.error("--overload and --overload-cores: one or the other")
     if args.overload_cores:
-        from chaos.costly import tuples_per_core_second
+        from floering.chaos.costly import tuples_per_core_second
         per_core = tuples_per_core_second(args.work)
         args.overload = round(args.overload_cores * per_core, -2)
         print(f"one core applies {per_core:,.0f} tuples/s at work={args.work}: "

@@ -1,6 +1,6 @@
 """Spark's own stateful word count against the same query feeding the ring, side by side.
 
-    python -m chaos.spark_bench [--copies 1] [--files 8] [--latency-files 6] [--rounds 3]
+    python -m floering.chaos.spark_bench [--copies 1] [--files 8] [--latency-files 6] [--rounds 3]
                                 [--row-path]
 
 One SparkSession (local[2], 2 shuffle partitions, RocksDB state store with changelog
@@ -30,12 +30,12 @@ from collections import Counter
 from datetime import datetime
 from pathlib import Path
 
-from chaos.cluster import LocalCluster
-from chaos.corpus import kjv_lines
-from mapper import RingClient, split_words
-from spark_driver.launch import LOG_CONFIG
-from spark_driver.maps import DEFAULT_TEXT_MAP, WORD_PATTERN
-from spark_driver.sink import RingSink, session_builder
+from floering.chaos.cluster import LocalCluster
+from floering.chaos.corpus import kjv_lines
+from floering.mapper import RingClient, split_words
+from floering.spark_driver.launch import LOG_CONFIG
+from floering.spark_driver.maps import DEFAULT_TEXT_MAP, WORD_PATTERN
+from floering.spark_driver.sink import RingSink, session_builder
 
 
 def write_files(directory: Path, lines: list[str], files: int, start: int = 0) -> list[Path]:

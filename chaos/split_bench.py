@@ -9,7 +9,7 @@ whole ranges only (`choose_shed`), and whole ranges plus a split at the measured
 (`plan_split`). Printed: the max/mean load over n0 and its neighbour n1 (the pair a
 move can even) and over all three nodes, for each.
 
-    python -m chaos.split_bench
+    python -m floering.chaos.split_bench
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ import argparse
 import random
 from collections import Counter, defaultdict
 
-from node.core.hashing import position
-from node.core.load import choose_shed
-from node.core.ring import Ring
-from node.core.split_point import PositionLoad, plan_split
+from floering.node.core.hashing import position
+from floering.node.core.load import choose_shed
+from floering.node.core.ring import Ring
+from floering.node.core.split_point import PositionLoad, plan_split
 
 CASES = {
     "2 hot keys, 45% + 45%": (0.45, 0.45),

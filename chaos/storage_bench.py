@@ -1,6 +1,6 @@
 """Which embedded store keeps a node's per-key state on disk best? Measured side by side.
 
-    python -m chaos.storage_bench [--keys 5000000] [--delta 50000] [--dir /var/tmp]
+    python -m floering.chaos.storage_bench [--keys 5000000] [--delta 50000] [--dir /var/tmp]
 
 For each engine (SQLite in WAL mode, LMDB, RocksDB through rocksdict), on the same keys
 and states as a word-count node holds (msgpack-encoded, as checkpoints carry them):

@@ -1,14 +1,14 @@
 """floe-ring's public Python API: the ring client, the errors it raises, the base
 class of reducers, and the helpers mappers use."""
 
-from mapper.aclient import AsyncRingClient
-from mapper.client import RingClient
-from mapper.words import split_words, words_of_lines
-from node.core.epochs import MAX_POSITION, epoch_seq, epoch_source
-from node.core.errors import (FloeError, InvalidArgument, InvalidKey, RangeLost, ReducerMismatch,
+from floering.mapper.aclient import AsyncRingClient
+from floering.mapper.client import RingClient
+from floering.mapper.words import split_words, words_of_lines
+from floering.node.core.epochs import MAX_POSITION, epoch_seq, epoch_source
+from floering.node.core.errors import (FloeError, InvalidArgument, InvalidKey, RangeLost, ReducerMismatch,
                               StaleRing, Unavailable)
-from node.core.reducers import Reducer
-from node.transport.tls import TlsFiles
+from floering.node.core.reducers import Reducer
+from floering.node.transport.tls import TlsFiles
 
 # What a user needs, in one place: the clients (sync and asyncio), the errors it raises, its credentials
 # on a TLS ring, the reducer base class (it lives in the node's core, which runs it),

@@ -20,13 +20,13 @@ import functools
 import time
 from typing import AsyncIterator, Iterable
 
-from mapper.batching import batcher_for, linger_loop
-from mapper.common import ClientBase
-from mapper.queries import get_state, node_stats, query, top_entries, top_of
-from mapper.scanning import open_scan
-from node.core.errors import Unavailable
-from node.core.ring import Ring
-from node.transport.tls import TlsFiles
+from floering.mapper.batching import batcher_for, linger_loop
+from floering.mapper.common import ClientBase
+from floering.mapper.queries import get_state, node_stats, query, top_entries, top_of
+from floering.mapper.scanning import open_scan
+from floering.node.core.errors import Unavailable
+from floering.node.core.ring import Ring
+from floering.node.transport.tls import TlsFiles
 
 POLL = 0.005        # seconds between two looks at the delivery while waiting on it
 

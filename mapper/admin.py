@@ -10,11 +10,11 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 
 from floering.v1 import floe_pb2, floe_pb2_grpc
-from node.core.errors import InvalidArgument
-from node.core.hashing import HASH_SPACE
-from node.core.ring import Ring
-from node.transport.status import error_from_rpc
-from node.transport.tls import TlsFiles
+from floering.node.core.errors import InvalidArgument
+from floering.node.core.hashing import HASH_SPACE
+from floering.node.core.ring import Ring
+from floering.node.transport.status import error_from_rpc
+from floering.node.transport.tls import TlsFiles
 
 
 def request_handoff(address: str, tokens, target: str = "", *, leave: bool = False,

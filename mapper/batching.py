@@ -17,13 +17,13 @@ from typing import Iterable
 
 import msgpack
 
-from mapper.outbox import PendingBatch
-from mapper.routing import Router
-from mapper.sharing import check_key, chooser_for
-from node.core.balancers import balancer
-from node.core.batch import KEY_TYPES, encode_payload, encode_seqs
-from node.core.errors import InvalidArgument, InvalidKey
-from node.core.pieces import check_user_key
+from floering.mapper.outbox import PendingBatch
+from floering.mapper.routing import Router
+from floering.mapper.sharing import check_key, chooser_for
+from floering.node.core.balancers import balancer
+from floering.node.core.batch import KEY_TYPES, encode_payload, encode_seqs
+from floering.node.core.errors import InvalidArgument, InvalidKey
+from floering.node.core.pieces import check_user_key
 
 PLAIN_VALUES = frozenset((int, float, str, bytes, bool, type(None)))
 # A combining buffer is sealed at batch_size keys or this many tuples per key of it.
@@ -237,7 +237,7 @@ def batcher_for(delivery, source: str, named: bool, batch_size: int,
     which must send each seq to the piece it went to: its choice is the seq's. With
     `combine`, an unnamed source pre-aggregates when the ring's reducer has a merge
     (`mapper/combining.py`)."""
-    from mapper.combining import CombiningBatcher, combiner_for   # it builds on Batcher
+    from floering.mapper.combining import CombiningBatcher, combiner_for   # it builds on Batcher
 
     ring = delivery.ring
     router = Router(ring)

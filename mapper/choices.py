@@ -11,16 +11,16 @@ share per candidate is below the mean node's (1 / n) with one candidate to spare
 other key has two candidates, pieces 0 and 1, as in `pkg`. Each tuple goes to the
 candidate whose node this mapper has sent fewest tuples to. A key that cools down
 goes back to two candidates; its other pieces, left idle, are merged back into the key
-by their owners (`node.core.folding`)."""
+by their owners (`floering.node.core.folding`)."""
 
 from __future__ import annotations
 
 import math
 from collections import Counter
 
-from node.core.pieces import piece_key
-from node.core.ring import Ring
-from node.core.sketch import SpaceSaving
+from floering.node.core.pieces import piece_key
+from floering.node.core.ring import Ring
+from floering.node.core.sketch import SpaceSaving
 
 
 class ChoicesChooser:

@@ -16,13 +16,13 @@ import threading
 import time
 from typing import Iterable, Iterator
 
-from mapper.batching import batcher_for, linger_loop
-from mapper.common import ClientBase
-from mapper.queries import get_state, node_stats, query, top_entries, top_of
-from mapper.scanning import open_scan
-from node.core.errors import Unavailable
-from node.core.ring import Ring
-from node.transport.tls import TlsFiles
+from floering.mapper.batching import batcher_for, linger_loop
+from floering.mapper.common import ClientBase
+from floering.mapper.queries import get_state, node_stats, query, top_entries, top_of
+from floering.mapper.scanning import open_scan
+from floering.node.core.errors import Unavailable
+from floering.node.core.ring import Ring
+from floering.node.transport.tls import TlsFiles
 
 _shared: tuple[int, asyncio.AbstractEventLoop, threading.Thread] | None = None
 _shared_lock = threading.Lock()
@@ -195,7 +195,7 @@ class RingClient(ClientBase):
     # --------------------------------------------------------------- queries
 
     def _query(self, coro):
-        """Run a read (`mapper.queries`) on the loop; it retries on a stale ring."""
+        """Run a read (`floering.mapper.queries`) on the loop; it retries on a stale ring."""
         return self._call(coro, self.timeout + self.rpc_timeout)
 
     def get(self, key):
@@ -213,7 +213,7 @@ class RingClient(ClientBase):
     def scan(self, chunk: int = 0) -> Iterator[tuple[object, object]]:
         """Every (key, state) in the ring, streamed: chunk by chunk as the nodes send
         them (`chunk` keys each; 0: the nodes' default), the pieces of shared keys
-        merged (see `mapper.scanning`). Every node is read at the same ring (stamp); if
+        merged (see `floering.mapper.scanning`). Every node is read at the same ring (stamp); if
         the ring changes before the first item (a range moving), the scan starts over,
         so a moving range is never missed or read twice; a node lost later raises."""
         merge = self._reducer().merge if self.shares_keys else None

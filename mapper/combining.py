@@ -21,13 +21,13 @@ import time
 from collections import Counter
 from typing import Iterable
 
-from mapper.batching import PLAIN_VALUES, Batcher, check_value
-from mapper.outbox import PendingBatch
-from mapper.sharing import check_key
-from node.core.batch import encode_payload
-from node.core.errors import FloeError
-from node.core.pieces import COMBINED_SOURCE
-from node.core.reducers import Reducer, reducer_from_identity
+from floering.mapper.batching import PLAIN_VALUES, Batcher, check_value
+from floering.mapper.outbox import PendingBatch
+from floering.mapper.sharing import check_key
+from floering.node.core.batch import encode_payload
+from floering.node.core.errors import FloeError
+from floering.node.core.pieces import COMBINED_SOURCE
+from floering.node.core.reducers import Reducer, reducer_from_identity
 
 CHUNK = 1 << 16       # keys emit_many counts at a time
 

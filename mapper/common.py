@@ -3,13 +3,13 @@ and the reads' local parts."""
 
 from __future__ import annotations
 
-from mapper.batching import check_settings, default_source
-from mapper.delivery import Delivery
-from node.core.balancers import balancer
-from node.core.pieces import COMBINED_SOURCE, FOLD_SOURCE, carries_states
-from node.core.reducers import load_reducer
-from node.core.ring import Ring
-from node.transport.tls import TlsFiles
+from floering.mapper.batching import check_settings, default_source
+from floering.mapper.delivery import Delivery
+from floering.node.core.balancers import balancer
+from floering.node.core.pieces import COMBINED_SOURCE, FOLD_SOURCE, carries_states
+from floering.node.core.reducers import load_reducer
+from floering.node.core.ring import Ring
+from floering.node.transport.tls import TlsFiles
 
 
 class ClientBase:

@@ -18,10 +18,10 @@ from collections import deque
 import grpc
 
 from floering.v1 import floe_pb2, floe_pb2_grpc
-from mapper.outbox import Outbox, PendingBatch
-from node.core.errors import FloeError, Unavailable
-from node.core.ring import Ring
-from node.transport.status import error_from_rpc
+from floering.mapper.outbox import Outbox, PendingBatch
+from floering.node.core.errors import FloeError, Unavailable
+from floering.node.core.ring import Ring
+from floering.node.transport.status import error_from_rpc
 
 log = logging.getLogger("floe.mapper")
 

@@ -14,10 +14,10 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-from node.core.batch import (decode_payload, decode_seqs, encode_payload, encode_seqs,
+from floering.node.core.batch import (decode_payload, decode_seqs, encode_payload, encode_seqs,
                              group_by_part)
-from node.core.errors import FloeError
-from node.core.ring import Ring
+from floering.node.core.errors import FloeError
+from floering.node.core.ring import Ring
 
 
 @dataclass(eq=False)

@@ -13,13 +13,13 @@ import time
 import grpc
 
 from floering.v1 import floe_pb2
-from node.core.balancers import balancer
-from node.core.batch import KEY_TYPES
-from node.core.codec import pack, unpack
-from node.core.errors import InvalidKey
-from node.core.pieces import check_user_key, piece_key
-from node.core.ring import Ring
-from node.transport.status import error_from_rpc
+from floering.node.core.balancers import balancer
+from floering.node.core.batch import KEY_TYPES
+from floering.node.core.codec import pack, unpack
+from floering.node.core.errors import InvalidKey
+from floering.node.core.pieces import check_user_key, piece_key
+from floering.node.core.ring import Ring
+from floering.node.transport.status import error_from_rpc
 
 
 async def query(delivery, timeout: float, make_call):

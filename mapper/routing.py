@@ -7,7 +7,7 @@ token, and then the cache starts afresh."""
 
 from __future__ import annotations
 
-from node.core.ring import Ring
+from floering.node.core.ring import Ring
 
 
 class Router:

@@ -24,11 +24,11 @@ import asyncio
 import grpc
 
 from floering.v1 import floe_pb2
-from node.core.codec import unpack_entries
-from node.core.errors import Unavailable
-from node.core.pieces import absorb_piece, is_fold_key, is_piece
-from node.core.ring import Ring
-from node.transport.status import error_from_rpc
+from floering.node.core.codec import unpack_entries
+from floering.node.core.errors import Unavailable
+from floering.node.core.pieces import absorb_piece, is_fold_key, is_piece
+from floering.node.core.ring import Ring
+from floering.node.transport.status import error_from_rpc
 
 READ_TIMEOUT = 30.0     # seconds one chunk may take to come
 

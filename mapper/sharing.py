@@ -1,4 +1,4 @@
-"""Mapper side of the balancers that share keys (`node.core.balancers`): which piece
+"""Mapper side of the balancers that share keys (`floering.node.core.balancers`): which piece
 of its key a tuple goes to. Reads merge the pieces back (`RingClient`, with
 `node.core.pieces.merge_pieces`).
 
@@ -13,13 +13,13 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-from mapper.choices import ChoicesChooser
-from mapper.smalops import SmalopsChooser
-from node.core.batch import KEY_TYPES
-from node.core.errors import InvalidKey
-from node.core.pieces import check_user_key, piece_key
-from node.core.ring import Ring
-from node.core.sketch import SpaceSaving
+from floering.mapper.choices import ChoicesChooser
+from floering.mapper.smalops import SmalopsChooser
+from floering.node.core.batch import KEY_TYPES
+from floering.node.core.errors import InvalidKey
+from floering.node.core.pieces import check_user_key, piece_key
+from floering.node.core.ring import Ring
+from floering.node.core.sketch import SpaceSaving
 
 
 class PieceChooser:

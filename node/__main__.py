@@ -1,15 +1,15 @@
-"""python -m node --node-id n0 --listen 127.0.0.1:7000 --peers n0=127.0.0.1:7000,..."""
+"""python -m floering.node --node-id n0 --listen 127.0.0.1:7000 --peers n0=127.0.0.1:7000,..."""
 
 from __future__ import annotations
 
 import asyncio
 import sys
 
-from node.app import serve
-from node.config import load_config
-from node.core.errors import InvalidArgument, UnknownReducer
-from node.logs import configure_logging
-from node.transport.server import node_tls
+from floering.node.app import serve
+from floering.node.config import load_config
+from floering.node.core.errors import InvalidArgument, UnknownReducer
+from floering.node.logs import configure_logging
+from floering.node.transport.server import node_tls
 
 
 def main(argv=None) -> int:

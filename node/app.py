@@ -7,14 +7,14 @@ import dataclasses
 import logging
 import signal
 
-from node.config import NodeConfig
-from node.core.balancers import balancer, check_reducer
-from node.core.reducers import load_reducer, parse_reducer_args
-from node.runtime.events import EventLog
-from node.runtime.node import NodeRuntime
-from node.transport.peers import PeerPool
-from node.transport.metrics import NodeMetrics
-from node.transport.server import listen_host, node_tls, set_health, start_server
+from floering.node.config import NodeConfig
+from floering.node.core.balancers import balancer, check_reducer
+from floering.node.core.reducers import load_reducer, parse_reducer_args
+from floering.node.runtime.events import EventLog
+from floering.node.runtime.node import NodeRuntime
+from floering.node.transport.peers import PeerPool
+from floering.node.transport.metrics import NodeMetrics
+from floering.node.transport.server import listen_host, node_tls, set_health, start_server
 
 log = logging.getLogger("floe.node")
 

@@ -14,9 +14,9 @@ import tomllib
 from dataclasses import dataclass, fields
 from typing import Mapping, Sequence
 
-from node.core.balancers import BALANCERS, described
-from node.core.batch import Limits
-from node.core.reducers import parse_reducer_args, reducer_identity
+from floering.node.core.balancers import BALANCERS, described
+from floering.node.core.batch import Limits
+from floering.node.core.reducers import parse_reducer_args, reducer_identity
 
 LOG_FORMATS = ("text", "json")
 
@@ -232,7 +232,7 @@ def _coerce(name: str, value):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m node", description="Run one floe-ring reducer node.")
+    p = argparse.ArgumentParser(prog="python -m floering.node", description="Run one floe-ring reducer node.")
     p.add_argument("--config", help="TOML file with any of the settings below")
     p.add_argument("--node-id")
     p.add_argument("--listen", help="host:port to serve on (bind); 0.0.0.0 or [::] (every "

@@ -16,13 +16,12 @@ from pathlib import Path
 
 _ROOT = Path(__file__).resolve().parent.parent
 if (_ROOT / "proto" / "floering").is_dir():
-    for _p in (str(_ROOT / "proto"), str(_ROOT)):
-        if _p not in sys.path:
-            sys.path.insert(0, _p)
+    if str(_ROOT / "proto") not in sys.path:      # floering; it finds the rest
+        sys.path.insert(0, str(_ROOT / "proto"))
 
-from mapper.words import split_words  # noqa: E402
-from spark_driver.maps import sql_word_arrays  # noqa: E402
-from spark_driver.sink import session_builder  # noqa: E402
+from floering.mapper.words import split_words  # noqa: E402
+from floering.spark_driver.maps import sql_word_arrays  # noqa: E402
+from floering.spark_driver.sink import session_builder  # noqa: E402
 
 
 def main(argv=None) -> int:

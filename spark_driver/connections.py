@@ -22,7 +22,7 @@ _idle: dict[tuple, object] = {}          # key -> the flushed RingClient nobody 
 def acquire(seeds: tuple[str, ...], *, source: str, first_seq: int,
             expect_reducer: str | None, batch_size: int, tls_dir: str | None = None):
     """A RingClient for one task: the worker's idle one rebound, or a new one."""
-    from mapper import RingClient, TlsFiles
+    from floering.mapper import RingClient, TlsFiles
     key = (tuple(seeds), expect_reducer, batch_size, tls_dir)
     with _lock:
         _forget_if_forked()

@@ -24,9 +24,8 @@ from pathlib import Path
 # (an installed floe-ring needs nothing here).
 _ROOT = Path(__file__).resolve().parent.parent
 if (_ROOT / "proto" / "floering").is_dir():
-    for _p in (str(_ROOT / "proto"), str(_ROOT)):
-        if _p not in sys.path:
-            sys.path.insert(0, _p)
+    if str(_ROOT / "proto") not in sys.path:      # floering; it finds the rest
+        sys.path.insert(0, str(_ROOT / "proto"))
 
 import argparse  # noqa: E402
 import signal  # noqa: E402
@@ -34,9 +33,9 @@ import tempfile  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
 
-from spark_driver.maps import DEFAULT_RATE_MAP, DEFAULT_TEXT_MAP, load_map  # noqa: E402
-from spark_driver.partition import COMBINE_KEYS  # noqa: E402
-from spark_driver.sink import RingSink, session_builder  # noqa: E402
+from floering.spark_driver.maps import DEFAULT_RATE_MAP, DEFAULT_TEXT_MAP, load_map  # noqa: E402
+from floering.spark_driver.partition import COMBINE_KEYS  # noqa: E402
+from floering.spark_driver.sink import RingSink, session_builder  # noqa: E402
 
 
 class UsageError(Exception):
@@ -101,7 +100,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def check_ring(seeds: list[str], reducer: str, tls_dir: str | None = None):
     """Refuse to start against a ring that is down or runs another reducer."""
-    from mapper import FloeError, RingClient, TlsFiles
+    from floering.mapper import FloeError, RingClient, TlsFiles
     try:
         tls = TlsFiles.in_dir(tls_dir, "client") if tls_dir else None
     except FileNotFoundError as exc:

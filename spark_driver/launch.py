@@ -45,8 +45,9 @@ def environment() -> dict:
     env = dict(os.environ)
     env.setdefault("PYSPARK_PYTHON", sys.executable)
     env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(ROOT), str(ROOT / "proto"), env.get("PYTHONPATH", "")) if p)
+    if (ROOT / "proto" / "floering").is_dir():   # a checkout: floering finds the rest
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(ROOT / "proto"), env.get("PYTHONPATH", "")) if p)
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")   # local mode: loopback, no warning
     return env

@@ -10,12 +10,12 @@ from __future__ import annotations
 import importlib
 from typing import Callable, Iterable
 
-from mapper.words import split_words
+from floering.mapper.words import split_words
 
 MapStep = Callable[[object], Iterable]
 
-DEFAULT_TEXT_MAP = "mapper.words:split_words"
-DEFAULT_RATE_MAP = "spark_driver.maps:rate_bucket"
+DEFAULT_TEXT_MAP = "floering.mapper.words:split_words"
+DEFAULT_RATE_MAP = "floering.spark_driver.maps:rate_bucket"
 
 # mapper.words in Spark SQL: explode(regexp_extract_all(lower(line), WORD_PATTERN, 0)).
 # Both lower-case first and match ASCII letters only, so the only non-ASCII input that
@@ -25,7 +25,7 @@ DEFAULT_RATE_MAP = "spark_driver.maps:rate_bucket"
 # two agree on apostrophes, unicode letters, digits and such.
 WORD_PATTERN = r"[a-z]+(?:'[a-z]+)*"
 # The map steps Spark SQL does instead of Python (the Arrow path).
-SQL_WORD_MAPS = frozenset({DEFAULT_TEXT_MAP, "spark_driver.maps:words"})
+SQL_WORD_MAPS = frozenset({DEFAULT_TEXT_MAP, "floering.spark_driver.maps:words"})
 
 
 def rate_bucket(value) -> list[int]:

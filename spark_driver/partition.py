@@ -28,7 +28,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 
-from mapper import MAX_POSITION, epoch_seq, epoch_source
+from floering.mapper import MAX_POSITION, epoch_seq, epoch_source
 
 COMBINE_KEYS = 100_000      # distinct keys a combining task holds before it sends them
 COMBINE_CHUNK = 65_536      # the Arrow path folds words in chunks of this many, at most
@@ -66,7 +66,7 @@ def feed_rows(config: PartitionConfig, batch_id: int, partition_id: int,
               rows) -> tuple[int, int]:
     """write_partition, returning (tuples sent, tuples the map step made): the two
     differ when combining."""
-    from spark_driver.maps import load_map
+    from floering.spark_driver.maps import load_map
 
     map_step = load_map(config.map_spec)
     rows = iter(rows)
@@ -135,7 +135,7 @@ def feed_words(config: PartitionConfig, batch_id: int, partition_id: int,
 def _task(config: PartitionConfig, batch_id: int, partition_id: int,
           feed) -> tuple[int, int]:
     """Take the worker's client for this partition's source, feed it, flush."""
-    from spark_driver import connections   # imported in the worker, not the driver's pickle
+    from floering.spark_driver import connections   # imported in the worker, not the driver's pickle
     client = connections.acquire(config.seeds, source=epoch_source(config.query_id, partition_id),
                                  first_seq=epoch_seq(batch_id, 0),
                                  expect_reducer=config.reducer, batch_size=config.batch_size,

@@ -8,7 +8,7 @@ import sys
 import threading
 from pathlib import Path
 
-from spark_driver.partition import PartitionConfig, feed_rows
+from floering.spark_driver.partition import PartitionConfig, feed_rows
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -44,7 +44,7 @@ class RingSink:
     def choose(self, spark) -> str:
         """Decide the plan (once) and name it: "sql+arrow" or "rows"."""
         if self.sql_split is None:
-            from spark_driver.maps import split_in_sql
+            from floering.spark_driver.maps import split_in_sql
             self.sql_split = (split_in_sql(self.fields["map_spec"])
                               and _jvm_lowercases_like_python(spark))
         return "sql+arrow" if self.sql_split else "rows"
@@ -58,7 +58,7 @@ class RingSink:
             raise RuntimeError("RingSink used before bind(query.id)")
         config = PartitionConfig(query_id=self.query_id, **self.fields)
         if self.choose(df.sparkSession) == "sql+arrow":
-            from spark_driver.maps import sql_word_arrays
+            from floering.spark_driver.maps import sql_word_arrays
             words = df.select(sql_word_arrays(df[df.columns[0]]).alias("words"))
             rows = words.mapInArrow(_arrow_task(config, batch_id), SENT_SCHEMA).collect()
             rows = [(r["partition"], r["tuples"], r["inputs"]) for r in rows]
@@ -77,7 +77,7 @@ def _arrow_task(config: PartitionConfig, batch_id: int):
     def task(batches):
         import pyarrow as pa
         from pyspark import TaskContext
-        from spark_driver.partition import feed_words
+        from floering.spark_driver.partition import feed_words
         partition_id = TaskContext.get().partitionId()
         # one list of words per line; flatten() gives the words in order (offsets
         # respected, a null line gives none)

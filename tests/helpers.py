@@ -16,12 +16,12 @@ import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from node.core.batch import Batch, encode_payload, encode_seqs
-from node.core.handoff import Handoff, HandoffState
-from node.core.hashing import HASH_SPACE
-from node.core.node_core import NodeCore
-from node.core.reducers import load_reducer
-from node.core.ring import Ring
+from floering.node.core.batch import Batch, encode_payload, encode_seqs
+from floering.node.core.handoff import Handoff, HandoffState
+from floering.node.core.hashing import HASH_SPACE
+from floering.node.core.node_core import NodeCore
+from floering.node.core.reducers import load_reducer
+from floering.node.core.ring import Ring
 
 
 class CoreCluster:
@@ -84,8 +84,8 @@ def fail(cluster: CoreCluster, *dead: str) -> None:
 
 @functools.cache
 def corpus_words() -> list[str]:
-    from chaos.corpus import kjv_lines
-    from mapper import split_words
+    from floering.chaos.corpus import kjv_lines
+    from floering.mapper import split_words
     return [w for line in kjv_lines(8000) for w in split_words(line)]
 
 
@@ -95,7 +95,7 @@ class Feeder(threading.Thread):
 
     def __init__(self, seeds, rounds=10_000, tls=None):
         super().__init__(daemon=True)
-        from mapper import RingClient
+        from floering.mapper import RingClient
         self.client = RingClient(seeds, linger=0.01, timeout=30, tls=tls)
         self.acked = Counter()
         self.stop = threading.Event()
@@ -141,7 +141,7 @@ def diff(got, expect):
 
 def events_of(cluster, node_id: str) -> list[dict]:
     """The structured events of a cluster's node (node.runtime.events), oldest first."""
-    from chaos.timeline import node_events
+    from floering.chaos.timeline import node_events
     return node_events(cluster.node(node_id).events)
 
 
@@ -212,7 +212,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def floe_run(cwd, *args, timeout=120) -> subprocess.CompletedProcess:
     """Run the `floe` command in `cwd` (where `floe up` keeps its cluster file)."""
-    return subprocess.run([sys.executable, "-m", "chaos.cli", *args], cwd=cwd,
+    return subprocess.run([sys.executable, "-m", "floering.chaos.cli", *args], cwd=cwd,
                           capture_output=True, text=True, timeout=timeout,
                           env=dict(os.environ, PYTHONPATH=f"{ROOT}:{ROOT / 'proto'}"))
 

@@ -1,5 +1,5 @@
 """A simulated data directory and the executor of a node's DiskPlan on it, for the
-deterministic simulation (tests/simulation.py). The plan (`node.core.persistence`)
+deterministic simulation (tests/simulation.py). The plan (`floering.node.core.persistence`)
 decides everything, exactly as for the asyncio runtime (node/runtime/durability.py);
 this module only carries its effects out on a disk that a crash can catch between
 a write and its fsync.
@@ -19,16 +19,16 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import replace
 
-from node.core.batch import Batch
-from node.core.errors import Overloaded
-from node.core.persistence import DiskPlan
-from node.core.persistence_io import (AcceptBatches, AckWanted, AppendRecord, BatchKept,
+from floering.node.core.batch import Batch
+from floering.node.core.errors import Overloaded
+from floering.node.core.persistence import DiskPlan
+from floering.node.core.persistence_io import (AcceptBatches, AckWanted, AppendRecord, BatchKept,
                                       CheckpointMerged, CompactLog, CopiesWritten, CopyWrite,
                                       DiskFailed, DiskRepaired, FailAcks, LogSynced,
                                       RefuseBatches, ReleaseAcks, SaveIdentity, SyncLog,
                                       SyncWanted, WriteCopies)
-from node.storage.node_store import Loaded
-from node.core.restore import DiskCopy
+from floering.node.storage.node_store import Loaded
+from floering.node.core.restore import DiskCopy
 
 FSYNC_INTERVAL = 0.002        # the group commit's wait for more records (--fsync-interval)
 REPAIR_SECONDS = 1.0          # a failing disk is tried again this often

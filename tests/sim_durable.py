@@ -11,15 +11,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from node.core.batch import Limits
-from node.core.machine_io import RingSeen
-from node.core.membership import base_name, decide_start, founding_ring, ready_to_decide
-from node.core.persistence import DiskPlan
-from node.core.persistence_io import Began
-from node.core.reducers import load_reducer
-from node.core.restore import restored_core
-from node.core.ring import Ring
-from node.storage.node_store import Loaded
+from floering.node.core.batch import Limits
+from floering.node.core.machine_io import RingSeen
+from floering.node.core.membership import base_name, decide_start, founding_ring, ready_to_decide
+from floering.node.core.persistence import DiskPlan
+from floering.node.core.persistence_io import Began
+from floering.node.core.reducers import load_reducer
+from floering.node.core.restore import restored_core
+from floering.node.core.ring import Ring
+from floering.node.storage.node_store import Loaded
 from tests.sim_disk import SimDisk, SimDurability
 
 if TYPE_CHECKING:

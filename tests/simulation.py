@@ -22,31 +22,31 @@ import random
 from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, replace
 
-from mapper.outbox import Outbox, PendingBatch
-from node.core.batch import Batch, Limits, decode_payload, encode_payload, encode_seqs
-from node.core.pieces import COMBINED_SOURCE
-from node.core.detector import (ALIVE, REFUSED, TIMED_OUT, UNASKED, DetectorConfig,
+from floering.mapper.outbox import Outbox, PendingBatch
+from floering.node.core.batch import Batch, Limits, decode_payload, encode_payload, encode_seqs
+from floering.node.core.pieces import COMBINED_SOURCE
+from floering.node.core.detector import (ALIVE, REFUSED, TIMED_OUT, UNASKED, DetectorConfig,
                                 FailureDetector)
-from node.core.errors import (Fenced, FloeError, InvalidArgument, Overloaded, Refused,
+from floering.node.core.errors import (Fenced, FloeError, InvalidArgument, Overloaded, Refused,
                               StaleRing, Unavailable)
-from node.core.load import LoadConfig, LoadMonitor
-from node.core.machine import NodeMachine
-from node.core.machine_io import (
+from floering.node.core.load import LoadConfig, LoadMonitor
+from floering.node.core.machine import NodeMachine
+from floering.node.core.machine_io import (
     BatchApplied, CheckpointAcked, CheckpointDue, CheckpointFailed, CheckpointRoundDone, Exit,
     Farewell, FoldAnswered, Gossip, HandoffEnded, HandoffRequested, HeardFrom, HeartbeatDue,
     HeartbeatFailed, LeaveRing, LoadSampled, MapperAhead, MonitorDue, Note, ProbeFinished,
     Record, RefillDue, RingSeen, SendFolds, SendHeartbeat, ShipCheckpoints, SignOfLife, Split,
     SplitRequested, StartHandoff, StartProbe, StartShed)
-from node.core.membership import base_name, decide_start, ready_to_decide
-from node.core.node_core import NodeCore
-from node.core.reducers import load_reducer
-from node.core.ring import Ring
-from chaos.hostile import forged_views
-from node.core.shedding import PeerLoad, cut_positions, shed_reach
-from mapper.sharing import chooser_for
-from node.core.balancers import balancer
-from node.core.pieces import base_of, merge_pieces
-from node.transport.tls import sender_matches
+from floering.node.core.membership import base_name, decide_start, ready_to_decide
+from floering.node.core.node_core import NodeCore
+from floering.node.core.reducers import load_reducer
+from floering.node.core.ring import Ring
+from floering.chaos.hostile import forged_views
+from floering.node.core.shedding import PeerLoad, cut_positions, shed_reach
+from floering.mapper.sharing import chooser_for
+from floering.node.core.balancers import balancer
+from floering.node.core.pieces import base_of, merge_pieces
+from floering.node.transport.tls import sender_matches
 from tests.sim_disk import SimDisk, SimDurability
 from tests.sim_durable import DurableNodes, Starter
 

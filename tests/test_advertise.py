@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from chaos.cluster import _free_ports, node_env, serving
-from mapper import RingClient
-from node.transport.tls import TlsFiles, generate
+from floering.chaos.cluster import _free_ports, node_env, serving
+from floering.mapper import RingClient
+from floering.node.transport.tls import TlsFiles, generate
 
 WORDS = ("the quick brown fox jumps over the lazy dog and the dog sleeps " * 20).split()
 HOSTS = ("127.0.0.1", "127.0.0.2", "127.0.0.3", "localhost")
@@ -22,7 +22,7 @@ HOSTS = ("127.0.0.1", "127.0.0.2", "127.0.0.3", "localhost")
 
 def start(tmp_path: Path, node_id: str, args: list[str]) -> subprocess.Popen:
     with open(tmp_path / f"{node_id}.log", "w") as log:
-        return subprocess.Popen([sys.executable, "-m", "node", "--node-id", node_id,
+        return subprocess.Popen([sys.executable, "-m", "floering.node", "--node-id", node_id,
                                  "--replication", "1", "--tls-dir", str(tmp_path / "tls"),
                                  "--startup-grace", "2", *args],
                                 stdout=log, stderr=subprocess.STDOUT, env=node_env(),

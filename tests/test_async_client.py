@@ -10,13 +10,13 @@ from types import SimpleNamespace
 import grpc
 import pytest
 
-from chaos.cluster import LocalCluster
-from chaos.corpus import kjv_lines
+from floering.chaos.cluster import LocalCluster
+from floering.chaos.corpus import kjv_lines
 from floering.v1 import floe_pb2
-from mapper import AsyncRingClient, FloeError, RingClient, split_words
-from mapper.scanning import RingScan
-from node.core.codec import pack_entries
-from node.core.pieces import merge_pieces, piece_key, pieces_first
+from floering.mapper import AsyncRingClient, FloeError, RingClient, split_words
+from floering.mapper.scanning import RingScan
+from floering.node.core.codec import pack_entries
+from floering.node.core.pieces import merge_pieces, piece_key, pieces_first
 
 WORDS = [w for line in kjv_lines(4000) for w in split_words(line)]
 
@@ -88,7 +88,7 @@ async def test_async_client_on_a_sharing_ring_reads_keys_whole(tmp_path):
 
 @pytest.mark.multiprocess
 async def test_async_bad_input_linger_race_and_combining_over_tls(tmp_path):
-    from node.core.errors import InvalidArgument, InvalidKey
+    from floering.node.core.errors import InvalidArgument, InvalidKey
     words = WORDS[:60_000]
     with LocalCluster.up(4, 1, workdir=tmp_path) as cluster:
         assert cluster.tls() is not None                # every call mutual TLS
@@ -119,7 +119,7 @@ async def test_async_bad_input_linger_race_and_combining_over_tls(tmp_path):
 
 @pytest.mark.multiprocess
 async def test_async_flush_to_a_dead_node_fails_cleanly_instead_of_hanging(tmp_path):
-    from node.core.errors import Unavailable
+    from floering.node.core.errors import Unavailable
     with LocalCluster.up(2, 0, workdir=tmp_path) as cluster:
         client = AsyncRingClient(cluster.seeds, timeout=3.0, rpc_timeout=0.5,
                                  tls=cluster.tls())

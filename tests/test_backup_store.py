@@ -1,6 +1,6 @@
 from hypothesis import given, strategies as st
 
-from node.core.backup_store import BackupEntry, BackupStore
+from floering.node.core.backup_store import BackupEntry, BackupStore
 
 
 def entry(first, last, payload=b"p"):

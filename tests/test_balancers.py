@@ -14,18 +14,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from chaos.cluster import LocalCluster, node_env
+from floering.chaos.cluster import LocalCluster, node_env
 from floering.v1 import floe_pb2, floe_pb2_grpc
-from mapper import RingClient
-from mapper.sharing import DynamicChooser, PieceChooser
-from node.config import load_config
-from node.core.balancers import balancer, check_reducer
-from node.core.codec import pack, unpack
-from node.core.errors import InvalidArgument, InvalidKey
-from node.core.pieces import (FOLD_MARK, PIECE_MARK, RESERVED, base_of, check_user_key, is_piece,
+from floering.mapper import RingClient
+from floering.mapper.sharing import DynamicChooser, PieceChooser
+from floering.node.config import load_config
+from floering.node.core.balancers import balancer, check_reducer
+from floering.node.core.codec import pack, unpack
+from floering.node.core.errors import InvalidArgument, InvalidKey
+from floering.node.core.pieces import (FOLD_MARK, PIECE_MARK, RESERVED, base_of, check_user_key, is_piece,
                               merge_pieces, piece_key)
-from node.core.reducers import load_reducer
-from node.core.ring import Ring
+from floering.node.core.reducers import load_reducer
+from floering.node.core.ring import Ring
 from tests.helpers import corpus_words
 
 MEMBERS = {f"n{i}": f"127.0.0.1:{7000 + i}" for i in range(4)}
@@ -108,7 +108,7 @@ def test_a_sharing_policy_needs_a_reducer_with_merge():
 
 def test_a_node_refuses_to_start_pkg_with_a_reducer_without_merge():
     done = subprocess.run(
-        [sys.executable, "-m", "node", "--node-id", "n0", "--listen", "127.0.0.1:1",
+        [sys.executable, "-m", "floering.node", "--node-id", "n0", "--listen", "127.0.0.1:1",
          "--peers", "n0=127.0.0.1:1", "--insecure", "--balancer", "pkg",
          "--reducer", "tests.test_reducers:Concat"],
         capture_output=True, text=True, env=node_env(), timeout=60)
@@ -277,7 +277,7 @@ def test_floe_up_keeps_the_balancer_and_refuses_another_on_the_kept_cluster(tmp_
 
 
 def test_dkg_evens_zipf_1_1_on_8_nodes_to_within_5_percent_of_the_mean():
-    from chaos.skew import workload
+    from floering.chaos.skew import workload
     ring = Ring.initial({f"n{i}": f"h:{i}" for i in range(8)}, 1, 8, "dkg")
     keys = workload("zipf-1.1", 200_000)
     ratios = {}
@@ -290,7 +290,7 @@ def test_dkg_evens_zipf_1_1_on_8_nodes_to_within_5_percent_of_the_mean():
 
 
 def test_a_replayable_source_sends_a_seq_to_the_same_piece_whatever_the_ring():
-    from mapper.sharing import chooser_for
+    from floering.mapper.sharing import chooser_for
     ring = Ring.initial(MEMBERS, 1, 8, "pkg")
     moved = ring.split_token(ring.tokens[3], ring.tokens[3] - 2 ** 40).without(["n2"])
     for policy in ("pkg", "dkg"):

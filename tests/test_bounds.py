@@ -10,20 +10,20 @@ from collections import Counter
 import grpc
 import pytest
 
-from chaos.cluster import LocalCluster
+from floering.chaos.cluster import LocalCluster
 from floering.v1 import floe_pb2, floe_pb2_grpc
-from mapper import RingClient
-from node.core.batch import Batch, Limits, encode_payload
-from node.core.detector import DetectorConfig, FailureDetector
-from node.core.load import LoadMonitor
-from node.core.machine import NodeMachine
-from node.core.errors import InvalidArgument, InvalidKey, Overloaded, TooLarge
-from node.core.machine_io import CheckpointDue, Note, ShipCheckpoints, SplitRequested
-from node.core.node_core import NodeCore
-from node.core.reducers import load_reducer
-from node.core.ring import Ring
-from node.runtime.inbound import Inbound, InboundQueue, StreamState
-from node.runtime.peers import Network
+from floering.mapper import RingClient
+from floering.node.core.batch import Batch, Limits, encode_payload
+from floering.node.core.detector import DetectorConfig, FailureDetector
+from floering.node.core.load import LoadMonitor
+from floering.node.core.machine import NodeMachine
+from floering.node.core.errors import InvalidArgument, InvalidKey, Overloaded, TooLarge
+from floering.node.core.machine_io import CheckpointDue, Note, ShipCheckpoints, SplitRequested
+from floering.node.core.node_core import NodeCore
+from floering.node.core.reducers import load_reducer
+from floering.node.core.ring import Ring
+from floering.node.runtime.inbound import Inbound, InboundQueue, StreamState
+from floering.node.runtime.peers import Network
 from tests.helpers import wait_until
 from tests.test_hostile import rss_mib
 

@@ -14,14 +14,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chaos.harness import run_scenario, series, summary_table
-from chaos.load import burst_vocabulary, chunk_keys, zipf_probability
-from chaos.oracle import check
-from chaos.scenarios import (BUILTIN, Fault, Load, Round, Scenario, loses_data, plan,
+from floering.chaos.harness import run_scenario, series, summary_table
+from floering.chaos.load import burst_vocabulary, chunk_keys, zipf_probability
+from floering.chaos.oracle import check
+from floering.chaos.scenarios import (BUILTIN, Fault, Load, Round, Scenario, loses_data, plan,
                              ring_order)
-from chaos.timeline import (Injected, by_simultaneous, failure_timelines, parse_events,
+from floering.chaos.timeline import (Injected, by_simultaneous, failure_timelines, parse_events,
                             percentile)
-from node.core.ring import Ring
+from floering.node.core.ring import Ring
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -113,7 +113,7 @@ def test_scenarios_round_trip_through_json_and_reject_unknown_fields(tmp_path):
     path = tmp_path / "mine.json"
     path.write_text(json.dumps({"name": "mine", "description": "", "nodes": 3, "replicas": 1,
                                 "rounds": [{"faults": [{"kind": "kill", "at": 0.5}]}]}))
-    from chaos.scenarios import load_scenario
+    from floering.chaos.scenarios import load_scenario
     assert load_scenario(str(path)).rounds[0].faults[0].at == 0.5
     with pytest.raises(ValueError, match="unknown fault fields: when"):
         Scenario.from_dict({"name": "x", "description": "", "nodes": 3, "replicas": 1,
@@ -157,7 +157,7 @@ def test_a_move_goes_to_the_givers_clockwise_neighbour_and_kills_one_side(seed):
 
 
 def test_a_scale_out_plans_the_new_node_and_donors_like_floe_scale():
-    from mapper.admin import plan_scale_out
+    from floering.mapper.admin import plan_scale_out
     ring = node_ring(4, 1)
     (p,), = plan(handoff_fault("scale-out", "receiver"), 3)
     assert p.newcomer == "n4" and p.victims == ("n4",) and p.ranges == (("n4", ()),)
@@ -226,8 +226,8 @@ def test_durable_faults_hit_every_node_and_need_a_durable_scenario():
 
 
 def test_a_power_loss_tears_the_newest_record_of_every_nodes_log(tmp_path):
-    from chaos.durable_faults import tear_every_log
-    from node.storage.segment_log import SegmentLog
+    from floering.chaos.durable_faults import tear_every_log
+    from floering.node.storage.segment_log import SegmentLog
     for node in ("n0", "n1"):
         log = SegmentLog(tmp_path / node / "log")
         for i in range(5):
@@ -244,8 +244,8 @@ def test_a_power_loss_tears_the_newest_record_of_every_nodes_log(tmp_path):
 
 
 def test_a_node_takes_writes_again_only_on_a_line_of_its_own(tmp_path):
-    from chaos.cluster import NodeProcess
-    from chaos.durable_faults import REFUSING, WRITES_AGAIN, LogTail
+    from floering.chaos.cluster import NodeProcess
+    from floering.chaos.durable_faults import REFUSING, WRITES_AGAIN, LogTail
     path = tmp_path / "n0.log"
     path.write_text("before\n")
     tail = LogTail(NodeProcess("n0", "127.0.0.1:1", 0, str(path)))
@@ -277,7 +277,7 @@ HANDOFF_LOG = (ev("handoff_prepared", 100.05, "n0", to=["n4"], tokens=[1, 2], ri
 
 
 def test_handoff_state_follows_the_givers_log():
-    from chaos.handoff_faults import handoff_state
+    from floering.chaos.handoff_faults import handoff_state
     assert handoff_state("", "n4") == "requested"
     assert handoff_state(HANDOFF_LOG.splitlines()[0], "n4") == "in flight"
     assert handoff_state(HANDOFF_LOG.splitlines()[0], "n1") == "requested"
@@ -289,7 +289,7 @@ def test_handoff_state_follows_the_givers_log():
 
 
 def test_handoff_outcome_from_the_logs():
-    from chaos.handoff_faults import handoff_errors, handoff_outcome
+    from floering.chaos.handoff_faults import handoff_errors, handoff_outcome
     moves = {"n0": {"to": "n4", "tokens": [1, 2]}, "n2": {"to": "n4", "tokens": [5]}}
     detail = {"moves": moves, "offsets": {"n0": 0, "n2": 0}, "watch": "n0",
               "operator": {"n2": {"accepted": False, "detail": "cannot hand token 5 to 'n4'"}}}
@@ -369,7 +369,7 @@ def test_oracle_exact_lost_duplicated_and_unacknowledged():
 
 
 def test_oracle_per_tuple_ids():
-    from chaos.oracle import check_ids
+    from floering.chaos.oracle import check_ids
     acked = {"a": {1, 2, 3}, "b": {4}}
     assert check_ids({"a": (3, 1, 2), "b": (4,)}, acked, {}).ok
     v = check_ids({"a": (1, 2, 2), "b": (4,)}, acked, {})     # 3 lost, 2 twice: same count
@@ -384,10 +384,10 @@ def test_oracle_per_tuple_ids():
 
 
 def test_tuple_ids_reducer_through_the_node_state_store():
-    from node.core.reducers import load_reducer
-    from node.core.state_store import LayeredState
-    from chaos.load import chunk_ids, tuple_id
-    reducer = load_reducer("chaos.oracle:TupleIds")
+    from floering.node.core.reducers import load_reducer
+    from floering.node.core.state_store import LayeredState
+    from floering.chaos.load import chunk_ids, tuple_id
+    reducer = load_reducer("floering.chaos.oracle:TupleIds")
     state = LayeredState(reducer)
     state.apply(["x", "y", "x"], [tuple_id(1, 2, 0), tuple_id(1, 2, 1), tuple_id(1, 2, 2)])
     assert dict(state.items()) == {"x": (tuple_id(1, 2, 0), tuple_id(1, 2, 2)),
@@ -474,7 +474,7 @@ def test_throughput_series_ignores_a_vanished_node():
 
 def test_progress_line_rewrites_itself_on_a_terminal_only():
     import io
-    from chaos.harness import Progress, bar
+    from floering.chaos.harness import Progress, bar
     out = io.StringIO()
     p = Progress(out, enabled=True)
     p.update("round 1/2 " + bar(0.5, 10))
@@ -545,11 +545,11 @@ def test_ci_scenario_loses_nothing_and_times_every_failure(name, tmp_path):
 @pytest.mark.multiprocess
 def test_floe_chaos_cli_runs_a_scenario_writes_json_and_plots(tmp_path):
     env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'proto'}")
-    listing = subprocess.run([sys.executable, "-m", "chaos.cli", "chaos", "list"], env=env,
+    listing = subprocess.run([sys.executable, "-m", "floering.chaos.cli", "chaos", "list"], env=env,
                              capture_output=True, text=True, timeout=60)
     assert listing.returncode == 0 and "fig8b" in listing.stdout and "kill-one" in listing.stdout
     assert "whole-cluster-kill" in listing.stdout and "disk-full" in listing.stdout
-    run = subprocess.run([sys.executable, "-m", "chaos.cli", "chaos", "run", "kill-one",
+    run = subprocess.run([sys.executable, "-m", "floering.chaos.cli", "chaos", "run", "kill-one",
                           "--seed", "2", "--out", str(tmp_path)], env=env,
                          capture_output=True, text=True, timeout=180)
     assert run.returncode == 0, run.stdout + run.stderr

@@ -9,11 +9,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from floering.v1 import floe_pb2_grpc
-from node.core.errors import InvalidArgument, Unavailable
-from node.core.ranges import Checkpoint, FullStates
-from node.transport.chunking import Reassembly, chunk_count, chunks_of
-from node.transport.peers import PeerPool, channel_options
-from node.transport.server import ControlPlane
+from floering.node.core.errors import InvalidArgument, Unavailable
+from floering.node.core.ranges import Checkpoint, FullStates
+from floering.node.transport.chunking import Reassembly, chunk_count, chunks_of
+from floering.node.transport.peers import PeerPool, channel_options
+from floering.node.transport.server import ControlPlane
 from tests.test_event_loop import Replica
 
 

@@ -12,8 +12,8 @@ import tomllib
 
 import pytest
 
-from chaos.cli import build_parser
-from node.core.hashing import position
+from floering.chaos.cli import build_parser
+from floering.node.core.hashing import position
 from tests.helpers import ROOT, floe, floe_run, wait_for
 
 
@@ -121,7 +121,7 @@ def test_up_passes_node_flags_and_scale_add_takes_the_next_ports(tmp_path):
         floe(tmp_path, "up", "--nodes", "2", "--memory", "--insecure", "--base-port",
              str(base), "--reducer", "topk", "--", "--reducer-arg", "k=2")
         shown = json.loads(floe(tmp_path, "status", "--json"))
-        assert shown["reducer"] == "node.core.reducers:TopK(k=2)"
+        assert shown["reducer"] == "floering.node.core.reducers:TopK(k=2)"
         # a node started without k=2 would be refused: the new one got the flags too
         assert "added n2" in floe(tmp_path, "scale", "--add", "1")
         recorded = json.loads((tmp_path / "floe-cluster.json").read_text())["nodes"]

@@ -12,11 +12,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from chaos.cluster import LocalCluster, node_env
-from chaos.corpus import kjv_lines
+from floering.chaos.cluster import LocalCluster, node_env
+from floering.chaos.corpus import kjv_lines
 from floering.v1 import floe_pb2, floe_pb2_grpc
-from mapper import RingClient, split_words
-from node.core.codec import unpack_entries
+from floering.mapper import RingClient, split_words
+from floering.node.core.codec import unpack_entries
 from tests.helpers import floe, floe_run, wait_for
 
 pytestmark = pytest.mark.multiprocess
@@ -94,7 +94,7 @@ def test_cli_up_feed_query_status_down(tmp_path):
         assert sum(int(n["keys"]) for n in status["nodes"]) == len(expect)
         table = floe_run(tmp_path, "status").stdout
         assert table.splitlines()[0].startswith("ring v")
-        assert "reducer node.core.reducers:Count()" in table.splitlines()[0]
+        assert "reducer floering.node.core.reducers:Count()" in table.splitlines()[0]
         assert table.splitlines()[1].split()[:4] == ["node", "state", "address", "pid"]
         assert [line.split()[1] for line in table.splitlines()[2:5]] == ["serving"] * 3
     finally:
@@ -139,7 +139,7 @@ def test_sigterm_drains_and_ships_a_final_checkpoint(tmp_path):
 
 def test_flush_to_a_dead_node_fails_cleanly_instead_of_hanging(tmp_path):
     # With r=0 nobody holds a copy to take over from: the client must give up, not hang.
-    from node.core.errors import Unavailable
+    from floering.node.core.errors import Unavailable
     with LocalCluster.up(2, 0, workdir=tmp_path) as cluster:
         client = RingClient(cluster.seeds, timeout=3.0, rpc_timeout=0.5, tls=cluster.tls())
         client.emit_many(WORDS[:1000])
@@ -156,7 +156,7 @@ def test_flush_to_a_dead_node_fails_cleanly_instead_of_hanging(tmp_path):
 
 
 def test_bad_keys_and_values_are_refused_at_emit(cluster):
-    from node.core.errors import InvalidArgument, InvalidKey
+    from floering.node.core.errors import InvalidArgument, InvalidKey
     with RingClient(cluster.seeds, tls=cluster.tls()) as client:
         for key in (1.5, None, True, ("a",), "\ud800"):
             with pytest.raises(InvalidKey):
@@ -171,7 +171,7 @@ def test_bad_keys_and_values_are_refused_at_emit(cluster):
 def test_base_port_refuses_a_listening_port_but_not_one_a_stopped_cluster_left_in_time_wait():
     import socket
 
-    from chaos.cluster import _free_ports
+    from floering.chaos.cluster import _free_ports
     listener = socket.socket()
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)    # as gRPC servers do
     listener.bind(("127.0.0.1", 0))
@@ -313,7 +313,7 @@ def test_feed_checks_every_input_first_and_a_rerun_after_ctrl_c_counts_nothing_t
         # interrupted half way, then run again: every word counted once. Small batches
         # keep the first run slow enough to be interrupted before it ends (the seqs are
         # the words' own, so the rerun's batch size does not matter)
-        cmd = [sys.executable, "-m", "chaos.cli", "feed", "--batch-size", "20", str(big)]
+        cmd = [sys.executable, "-m", "floering.chaos.cli", "feed", "--batch-size", "20", str(big)]
         # SIGINT as a terminal sends it: a shell running us in the background has the
         # child ignore it, and Python then installs no KeyboardInterrupt handler
         first = subprocess.Popen(cmd, cwd=tmp_path, env=node_env(), stdout=subprocess.PIPE,

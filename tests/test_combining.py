@@ -9,18 +9,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mapper.batching import Batcher, batcher_for
-from mapper.combining import CombiningBatcher, combiner_for
-from mapper.routing import Router
-from mapper.sharing import chooser_for
-from node.core.balancers import balancer
-from node.core.batch import decode_payload, decode_seqs
-from node.core.errors import InvalidArgument, UnknownReducer
-from node.core.pieces import COMBINED_SOURCE, merge_pieces
-from node.core.ranges import PrimaryRange
-from node.core.reducers import (BUILTINS, Reducer, load_reducer, reducer_from_identity,
+from floering.mapper.batching import Batcher, batcher_for
+from floering.mapper.combining import CombiningBatcher, combiner_for
+from floering.mapper.routing import Router
+from floering.mapper.sharing import chooser_for
+from floering.node.core.balancers import balancer
+from floering.node.core.batch import decode_payload, decode_seqs
+from floering.node.core.errors import InvalidArgument, UnknownReducer
+from floering.node.core.pieces import COMBINED_SOURCE, merge_pieces
+from floering.node.core.ranges import PrimaryRange
+from floering.node.core.reducers import (BUILTINS, Reducer, load_reducer, reducer_from_identity,
                                 reducer_identity)
-from node.core.ring import Ring
+from floering.node.core.ring import Ring
 
 MEMBERS = {"a": "h:1", "b": "h:2", "c": "h:3"}
 ARGS = {"count": {}, "sum": {}, "min": {}, "max": {}, "topk": {"k": 3},
@@ -200,7 +200,7 @@ def test_combined_tuples_end_in_the_states_uncombined_ones_reach(spec, data):
 
 
 def test_a_caller_may_not_name_its_source_as_one_that_carries_states():
-    from mapper import RingClient
+    from floering.mapper import RingClient
     for source in ("combined:mine", "fold:abc"):
         with pytest.raises(ValueError, match="reserved"):
             RingClient(["127.0.0.1:1"], source=source)
@@ -212,9 +212,9 @@ def test_a_combining_client_is_exact_through_a_kill_on_real_nodes(tmp_path):
     key exact, and the nodes applied far fewer tuples than were emitted."""
     import random
 
-    from chaos.cluster import LocalCluster
-    from chaos.corpus import kjv_lines
-    from mapper import RingClient, split_words
+    from floering.chaos.cluster import LocalCluster
+    from floering.chaos.corpus import kjv_lines
+    from floering.mapper import RingClient, split_words
 
     words = [w for line in kjv_lines(6000) for w in split_words(line)]
     for spec, args in (("count", []), ("topk", ["--reducer-arg", "k=3"])):

@@ -3,7 +3,7 @@ import sys
 
 import pytest
 
-from node.config import NodeConfig, load_config, parse_peers
+from floering.node.config import NodeConfig, load_config, parse_peers
 
 PEERS = "n0=127.0.0.1:7000,n1=127.0.0.1:7001"
 
@@ -72,7 +72,7 @@ def test_parse_peers_rejects_garbage():
 ])
 def test_node_process_exits_2_with_a_message(extra, message):
     argv = ["--node-id", "n0", "--listen", "127.0.0.1:0", "--peers", "n0=127.0.0.1:0", *extra]
-    result = subprocess.run([sys.executable, "-m", "node", *argv], capture_output=True,
+    result = subprocess.run([sys.executable, "-m", "floering.node", *argv], capture_output=True,
                             text=True, timeout=30)
     assert result.returncode == 2
     assert message in result.stderr

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from chaos.cluster import _free_ports, node_env, serving
-from mapper import RingClient
-from node.config import load_config
-from node.transport.tls import TlsFiles, generate
+from floering.chaos.cluster import _free_ports, node_env, serving
+from floering.mapper import RingClient
+from floering.node.config import load_config
+from floering.node.transport.tls import TlsFiles, generate
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy" / "systemd"
 UNIT = DEPLOY / "floe-node@.service"
@@ -193,8 +193,8 @@ def option_strings(parser) -> set[str]:
 
 
 def test_every_flag_the_deployment_guide_names_exists():
-    from chaos.cli import build_parser as floe_parser
-    from node.config import build_parser as node_parser
+    from floering.chaos.cli import build_parser as floe_parser
+    from floering.node.config import build_parser as node_parser
     text = (DEPLOY.parent.parent / "docs" / "deploy.md").read_text()
     named = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", text))
     known = option_strings(node_parser()) | option_strings(floe_parser()) | OTHER_FLAGS

@@ -8,19 +8,19 @@ from collections import Counter
 
 import pytest
 
-from chaos.cluster import LocalCluster, spawn_node
-from chaos.durable_faults import SmallDisk, Skipped, fill, kill_all, start_again, tear_every_log
-from mapper import RingClient
-from node.core.batch import Batch, Limits, encode_payload
-from node.core.node_core import NodeCore
-from node.core.persistence import DiskPlan
-from node.core.persistence_io import Began, WriteCopies
-from node.core.reducers import load_reducer
-from node.core.restore import DiskCopy, restored_core
-from node.core.ring import Ring
-from node.storage import node_store
-from node.storage.node_store import CopyWrite, NodeStore
-from node.storage.segment_log import SUFFIX
+from floering.chaos.cluster import LocalCluster, spawn_node
+from floering.chaos.durable_faults import SmallDisk, Skipped, fill, kill_all, start_again, tear_every_log
+from floering.mapper import RingClient
+from floering.node.core.batch import Batch, Limits, encode_payload
+from floering.node.core.node_core import NodeCore
+from floering.node.core.persistence import DiskPlan
+from floering.node.core.persistence_io import Began, WriteCopies
+from floering.node.core.reducers import load_reducer
+from floering.node.core.restore import DiskCopy, restored_core
+from floering.node.core.ring import Ring
+from floering.node.storage import node_store
+from floering.node.storage.node_store import CopyWrite, NodeStore
+from floering.node.storage.segment_log import SUFFIX
 from tests.helpers import Feeder, events_of, wait_for
 from tests.simulation import Simulation
 from tests.test_simulation import check
@@ -372,8 +372,8 @@ def test_a_full_disk_refuses_writes_keeps_serving_reads_and_recovers(tmp_path, s
 @pytest.mark.multiprocess
 def test_floe_down_kill_then_up_on_the_same_data_dir_gives_back_exact_state(tmp_path):
     import json
-    from chaos.corpus import kjv_lines
-    from mapper import split_words
+    from floering.chaos.corpus import kjv_lines
+    from floering.mapper import split_words
     from tests.helpers import floe, floe_run
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(kjv_lines(1500)))
@@ -401,7 +401,7 @@ def test_floe_down_kill_then_up_on_the_same_data_dir_gives_back_exact_state(tmp_
 def test_a_rolling_restart_on_data_dirs_under_load_is_exact(tmp_path):
     """Each node leaves (its ranges go to their replicas: nothing is unavailable),
     restarts on its data directory as a new member and takes its share back."""
-    from chaos.restart import rolling_restart
+    from floering.chaos.restart import rolling_restart
     with durable_cluster(tmp_path) as cluster:
         feeder = Feeder(cluster.seeds, tls=cluster.tls())
         feeder.start()

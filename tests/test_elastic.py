@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from chaos.cluster import LocalCluster
-from mapper.admin import request_handoff
-from chaos.timeline import node_events
+from floering.chaos.cluster import LocalCluster
+from floering.mapper.admin import request_handoff
+from floering.chaos.timeline import node_events
 from tests.helpers import Feeder, diff, finish_exact, floe, status
 
 pytestmark = pytest.mark.multiprocess
@@ -96,7 +96,7 @@ def test_a_kill_in_the_middle_of_a_move_loses_nothing(tmp_path, victim):
 
 @pytest.mark.parametrize("policy", ["floe", "halving", "doubling"])
 def test_a_skewed_stream_rebalances_by_itself_and_stays_exact(tmp_path, policy):
-    from chaos.balance import run
+    from floering.chaos.balance import run
     result = run(tmp_path, seconds=8, rate=24000, work=4000,   # hot words: ~1.5x one core
                  policy=policy)
     assert result["exact"], "counts differ from the independent count"
@@ -106,11 +106,11 @@ def test_a_skewed_stream_rebalances_by_itself_and_stays_exact(tmp_path, policy):
 
 
 def test_autoscale_adds_a_node_under_load_and_removes_it_when_idle(tmp_path):
-    from chaos.balance import OpenLoopFeeder
-    from chaos.elastic import autoscale_loop
+    from floering.chaos.balance import OpenLoopFeeder
+    from floering.chaos.elastic import autoscale_loop
     extra = ["--reducer-arg", "work=4000", "--high-queue", "16", "--low-queue", "4",
              "--high-cpu", "0.85", "--low-cpu", "0.7"]
-    with LocalCluster.up(3, 1, workdir=tmp_path, reducer="chaos.costly:CostlyCount",
+    with LocalCluster.up(3, 1, workdir=tmp_path, reducer="floering.chaos.costly:CostlyCount",
                          tokens_per_node=4, extra_args=extra) as cluster:
         words = [f"w{i}" for i in range(5000)]          # uniform: every node gets its share
         feeder = OpenLoopFeeder(cluster.seeds, 60_000, words, tls=cluster.tls())

@@ -11,13 +11,13 @@ import msgpack
 import pytest
 
 from floering.v1 import floe_pb2_grpc
-from node.core.batch import encode_payload
-from node.core.codec import pack, pack_entries, unpack_entries
-from node.core.errors import InvalidArgument
-from node.core.ranges import PrimaryRange
-from node.core.reducers import load_reducer
-from node.transport.peers import PeerPool, channel_options
-from node.transport.server import ControlPlane
+from floering.node.core.batch import encode_payload
+from floering.node.core.codec import pack, pack_entries, unpack_entries
+from floering.node.core.errors import InvalidArgument
+from floering.node.core.ranges import PrimaryRange
+from floering.node.core.reducers import load_reducer
+from floering.node.transport.peers import PeerPool, channel_options
+from floering.node.transport.server import ControlPlane
 
 KEYS = 1_000_000
 TICK = 0.005
@@ -111,12 +111,12 @@ async def test_a_full_checkpoint_of_a_million_keys_leaves_the_loop_free(replica_
 # transport's and the core's entry points)
 
 def sliced_pack(items, size):
-    from node.core.codec import pack_entries_sliced
+    from floering.node.core.codec import pack_entries_sliced
     return b"".join(pack_entries_sliced(items, size))
 
 
 def sliced_unpack(data, size):
-    from node.core.codec import unpack_entries_sliced
+    from floering.node.core.codec import unpack_entries_sliced
     out: dict = {}
     steps = sum(1 for _ in unpack_entries_sliced(out, data, size))
     return out, steps
@@ -135,7 +135,7 @@ def test_entries_in_slices_are_the_same_bytes_and_the_same_dict(n, size):
 
 
 def test_a_full_checkpoints_states_travel_with_the_delta_over_master():
-    from node.core.ranges import FullStates
+    from floering.node.core.ranges import FullStates
     master = {"a": 1, "b": 2, "c": 3}
     full = FullStates(master, {"b": 20, "d": 4})
     expected = {"a": 1, "b": 20, "c": 3, "d": 4}
@@ -166,7 +166,7 @@ def test_sliced_decoding_refuses_what_is_not_entries(data):
 
 
 async def test_the_async_codec_gives_what_the_plain_one_gives():
-    from node.transport.peers import pack_entries_async, unpack_entries_async
+    from floering.node.transport.peers import pack_entries_async, unpack_entries_async
     for n in (0, 3, 100_000):
         states = {i: [i] * 2 for i in range(n)}
         data = await pack_entries_async(states)
@@ -203,7 +203,7 @@ def test_full_states_read_master_in_place_and_stay_as_cut():
 
 
 def test_full_states_no_one_holds_are_never_copied(monkeypatch):
-    from node.core.ranges import FullStates
+    from floering.node.core.ranges import FullStates
     frozen = []
     monkeypatch.setattr(FullStates, "freeze", lambda self: frozen.append(self))
     rng = PrimaryRange(1, load_reducer("count"))

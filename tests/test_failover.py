@@ -9,7 +9,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 
-from chaos.cluster import LocalCluster
+from floering.chaos.cluster import LocalCluster
 from tests.helpers import Feeder, events_of
 
 pytestmark = pytest.mark.multiprocess
@@ -36,7 +36,7 @@ def floe_status(tmp_path) -> dict:
     import subprocess
     import sys
     root = Path(__file__).resolve().parent.parent
-    result = subprocess.run([sys.executable, "-m", "chaos.cli", "status", "--json"], cwd=tmp_path,
+    result = subprocess.run([sys.executable, "-m", "floering.chaos.cli", "status", "--json"], cwd=tmp_path,
                             capture_output=True, text=True, timeout=60,
                             env=dict(os.environ, PYTHONPATH=f"{root}:{root / 'proto'}"))
     assert result.returncode == 0, result.stderr

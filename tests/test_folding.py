@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from node.core.batch import Batch, Limits, encode_payload
-from node.core.errors import InvalidArgument
-from node.core.folding import pending
-from node.core.node_core import NodeCore
-from node.core.pieces import fold_key, is_fold_key, merge_pieces, piece_key
-from node.core.reducers import load_reducer
-from node.core.ring import Ring
+from floering.node.core.batch import Batch, Limits, encode_payload
+from floering.node.core.errors import InvalidArgument
+from floering.node.core.folding import pending
+from floering.node.core.node_core import NodeCore
+from floering.node.core.pieces import fold_key, is_fold_key, merge_pieces, piece_key
+from floering.node.core.reducers import load_reducer
+from floering.node.core.ring import Ring
 
 MEMBERS = {"a": "h:1", "b": "h:2", "c": "h:3"}
 RING = Ring.initial(MEMBERS, 1, 4, "dkg")

@@ -9,10 +9,10 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from floering.v1 import floe_pb2, floe_pb2_grpc
-from mapper import RingClient
-from node.app import start_node
-from node.config import NodeConfig
-from node.core.batch import encode_payload
+from floering.mapper import RingClient
+from floering.node.app import start_node
+from floering.node.config import NodeConfig
+from floering.node.core.batch import encode_payload
 
 WORDS = "to be or not to be that is the question whether tis nobler".split() * 30
 
@@ -117,8 +117,8 @@ async def test_a_write_on_a_stream_the_node_ended_is_its_status_not_a_crash(node
     must raise the stream's status as the project's error, which the sender retries
     or reports. gRPC itself raises InvalidStateError there, which once killed the
     sender's task and stranded its batches until the ring changed."""
-    from mapper.delivery import write
-    from node.core.errors import FloeError, InvalidArgument
+    from floering.mapper.delivery import write
+    from floering.node.core.errors import FloeError, InvalidArgument
     token = node.runtime.core.ring.tokens[0]
     bad = batch(node.runtime.core.ring.stamp, token, b"\xc1", 1)
     async with grpc.aio.insecure_channel(node.address) as channel:
@@ -135,7 +135,7 @@ async def test_a_write_on_a_stream_the_node_ended_is_its_status_not_a_crash(node
 async def test_a_sender_outlives_an_unexpected_error_and_delivers(node, monkeypatch):
     """Whatever a stream raises, the sender task resends on a new stream: here the
     first write of the first stream fails with an error nobody planned for."""
-    import mapper.delivery as delivery
+    import floering.mapper.delivery as delivery
     real, failures = delivery.write, []
 
     async def write_failing_once(call, request, name):

@@ -3,10 +3,10 @@ while tuples keep arriving, and counts stay exact whoever dies along the way."""
 
 import pytest
 
-from node.core.errors import InvalidArgument
-from node.core.handoff import Handoff, retired_extras
-from node.core.node_core import NodeCore
-from node.core.reducers import load_reducer
+from floering.node.core.errors import InvalidArgument
+from floering.node.core.handoff import Handoff, retired_extras
+from floering.node.core.node_core import NodeCore
+from floering.node.core.reducers import load_reducer
 from tests.helpers import CoreCluster, Feed, fail, run, spread
 
 
@@ -232,8 +232,8 @@ def test_a_replica_pushed_in_and_out_again_before_it_was_filled_is_no_heir():
     # n3 keeps its complete copy as a holding extra. Then n0 hands that token on to a
     # newcomer, pushing n0 out of n2's walk before n2 ever filled it. When n2 dies its
     # range must go to n3, which holds it, not to n0, which holds nothing.
-    from node.core.handoff import commit_ring
-    from node.core.ring import Ring
+    from floering.node.core.handoff import commit_ring
+    from floering.node.core.ring import Ring
     ring = Ring.initial({f"n{i}": f"a:{i}" for i in range(4)}, 1, 1)
     a, b, c, d = ring.tokens
     first = commit_ring(ring, {d: "n0"})

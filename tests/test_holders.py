@@ -2,11 +2,11 @@
 kill-while-doubling loss, docs/chaos.md): whoever a single death hands a range to holds
 a complete copy of it."""
 
-from node.core.handoff import Handoff, commit_ring, complete_copies, retired_extras
-from node.core.hashing import HASH_SPACE
-from node.core.node_core import NodeCore
-from node.core.reducers import load_reducer
-from node.core.ring import Ring
+from floering.node.core.handoff import Handoff, commit_ring, complete_copies, retired_extras
+from floering.node.core.hashing import HASH_SPACE
+from floering.node.core.node_core import NodeCore
+from floering.node.core.reducers import load_reducer
+from floering.node.core.ring import Ring
 
 TOKENS = tuple((i + 1) * HASH_SPACE // 8 - 1 for i in range(8))
 T0, T1 = TOKENS[0], TOKENS[1]

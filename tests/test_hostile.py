@@ -10,17 +10,17 @@ import msgpack
 import psutil
 import pytest
 
-from chaos.cluster import LocalCluster
-from chaos.hostile import forged_views
+from floering.chaos.cluster import LocalCluster
+from floering.chaos.hostile import forged_views
 from floering.v1 import floe_pb2, floe_pb2_grpc
-from mapper import RingClient
-from node.core.batch import Batch, encode_payload
-from node.core.codec import pack, pack_entries, unpack, unpack_entries
-from node.core.errors import InvalidArgument, StaleRing
-from node.core.node_core import NodeCore
-from node.core.reducers import load_reducer
-from node.core.ring import MAX_VERSION, Ring
-from node.core.ring_merge import MAX_VERSION_STEP
+from floering.mapper import RingClient
+from floering.node.core.batch import Batch, encode_payload
+from floering.node.core.codec import pack, pack_entries, unpack, unpack_entries
+from floering.node.core.errors import InvalidArgument, StaleRing
+from floering.node.core.node_core import NodeCore
+from floering.node.core.reducers import load_reducer
+from floering.node.core.ring import MAX_VERSION, Ring
+from floering.node.core.ring_merge import MAX_VERSION_STEP
 
 MEMBERS = {f"n{i}": f"127.0.0.1:{7100 + i}" for i in range(3)}
 
@@ -120,8 +120,8 @@ def test_a_stream_numbered_far_past_the_nodes_clock_is_refused_and_retires_nothi
 
 
 def test_the_sources_a_node_tracks_are_bounded_and_idle_ones_make_room():
-    from node.core.batch import Limits
-    from node.core.errors import TooLarge
+    from floering.node.core.batch import Limits
+    from floering.node.core.errors import TooLarge
     key = next(k for k in (f"k{i}" for i in range(100)) if ring().owner(k) == "n0")
     token = ring().token_for_key(key)
     core = NodeCore("n0", ring(), load_reducer("count"),
@@ -335,7 +335,7 @@ def test_hostile_text_in_statuses_is_escaped_and_cut():
 
     # A source id with control characters, of any length the node was told to take:
     # echoed in the status of a batch from one of its replaced streams.
-    from node.core.batch import Limits
+    from floering.node.core.batch import Limits
     source = "mapper\n2024-01-01 INFO forged line\r\x1b[2J\x00" + "s" * 100_000
     core = NodeCore("n0", ring(), load_reducer("count"), Limits(max_source_bytes=200_000))
     key = next(k for k in (f"k{i}" for i in range(100)) if ring().owner(k) == "n0")
@@ -354,7 +354,7 @@ def test_hostile_text_in_statuses_is_escaped_and_cut():
 
     import asyncio
     from types import SimpleNamespace
-    from node.runtime.service import NodeService
+    from floering.node.runtime.service import NodeService
     reasons = []
 
     async def shed_load(reason, depth=0):
@@ -451,8 +451,8 @@ def test_every_key_of_a_batch_is_checked_against_its_token_not_only_the_first():
 
 
 def test_a_full_backup_store_refuses_batches_until_checkpoints_make_room():
-    from node.core.batch import Limits
-    from node.core.errors import Overloaded
+    from floering.node.core.batch import Limits
+    from floering.node.core.errors import Overloaded
     r = Ring.initial({"p": "a:1", "b": "a:2"}, 1, 1)
     token = r.tokens_of("p")[0]
     key = next(k for k in (f"k{i}" for i in range(1000)) if r.token_for_key(k) == token)
@@ -481,8 +481,8 @@ def test_a_full_backup_store_refuses_batches_until_checkpoints_make_room():
 
 
 def test_a_source_ids_limit_counts_bytes_not_characters():
-    from node.core.batch import Limits
-    from node.core.errors import TooLarge
+    from floering.node.core.batch import Limits
+    from floering.node.core.errors import TooLarge
     key = next(k for k in (f"k{i}" for i in range(100)) if ring().owner(k) == "n0")
     token = ring().token_for_key(key)
     core = NodeCore("n0", ring(), load_reducer("count"), Limits(max_source_bytes=16))

@@ -11,15 +11,15 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from chaos.cluster import LocalCluster
+from floering.chaos.cluster import LocalCluster
 from floering.v1 import floe_pb2, floe_pb2_grpc
-from mapper import RingClient
-from node.core.batch import encode_payload
-from node.core.codec import pack, pack_entries, unpack_entries
-from node.core.pieces import PIECE_MARK, fold_key
-from node.core.ring import Ring
-from node.transport import tls
-from node.transport.tls import TlsFiles
+from floering.mapper import RingClient
+from floering.node.core.batch import encode_payload
+from floering.node.core.codec import pack, pack_entries, unpack_entries
+from floering.node.core.pieces import PIECE_MARK, fold_key
+from floering.node.core.ring import Ring
+from floering.node.transport import tls
+from floering.node.transport.tls import TlsFiles
 from tests.test_tls import status_of
 from tests.test_hostile import rss_mib
 

@@ -11,15 +11,15 @@ ROOT = Path(__file__).resolve().parent.parent
 # No clock, randomness, threads, processes or network in the protocol core: it is
 # driven with an explicit `now` by the runtime and by the simulation alike.
 CORE_FORBIDDEN = ("asyncio", "grpc", "grpc_health", "floering", "socket", "subprocess",
-                  "threading", "time", "random", "node.runtime", "node.transport", "node.app",
+                  "threading", "time", "random", "floering.node.runtime", "floering.node.transport", "floering.node.app",
                   "mapper", "chaos", "spark_driver")
 # What the mapper may use of the node: the shared wire vocabulary.
 # The wire's vocabulary, plus the ring's balancer, the pieces of shared keys, the
 # sketch that finds hot keys, and the reducers (whose merge a read of a shared key needs).
-MAPPER_ALLOWED_NODE = ("node.core.ring", "node.core.hashing", "node.core.batch", "node.core.codec",
-                       "node.core.errors", "node.core.epochs", "node.transport.status",
-                       "node.transport.tls", "node.core.balancers", "node.core.pieces",
-                       "node.core.reducers", "node.core.sketch")
+MAPPER_ALLOWED_NODE = ("floering.node.core.ring", "floering.node.core.hashing", "floering.node.core.batch", "floering.node.core.codec",
+                       "floering.node.core.errors", "floering.node.core.epochs", "floering.node.transport.status",
+                       "floering.node.transport.tls", "floering.node.core.balancers", "floering.node.core.pieces",
+                       "floering.node.core.reducers", "floering.node.core.sketch")
 
 
 def imports(path: Path) -> list[str]:
@@ -77,20 +77,20 @@ def test_no_private_names_imported_across_modules():
 def test_the_checker_sees_a_forbidden_import(tmp_path):
     sample = tmp_path / "x.py"
     sample.write_text("def f():\n    import grpc\n    from node.runtime.node import X\n")
-    assert [m for m in imports(sample) if within(m, CORE_FORBIDDEN)] == ["grpc", "node.runtime.node"]
+    assert [m for m in imports(sample) if within(m, CORE_FORBIDDEN)] == ["grpc", "floering.node.runtime.node"]
 
 
 # The protocol's decisions: only the node machine (node.core.machine) and durable
 # mode's DiskPlan (node.core.persistence) call them. The runtime and the simulation
 # are executors of their effects.
-DECISIONS = {"node.core.detector": {"combine", "indirect_vias"},
-             "node.core.handoff": {"retired_extras", "leave_moves", "split_ring",
+DECISIONS = {"floering.node.core.detector": {"combine", "indirect_vias"},
+             "floering.node.core.handoff": {"retired_extras", "leave_moves", "split_ring",
                                    "commit_ring"},
-             "node.core.membership": {"refill_moves", "rejoin_name", "restarted"},
-             "node.core.load": {"choose_shed", "clockwise_nodes"},
-             "node.core.split_point": {"plan_split"},
-             "node.core.shedding": {"plan_shed", "with_split_tail"},
-             "node.core.persistence": {"held_ranges", "disk_image", "overlapping"}}
+             "floering.node.core.membership": {"refill_moves", "rejoin_name", "restarted"},
+             "floering.node.core.load": {"choose_shed", "clockwise_nodes"},
+             "floering.node.core.split_point": {"plan_split"},
+             "floering.node.core.shedding": {"plan_shed", "with_split_tail"},
+             "floering.node.core.persistence": {"held_ranges", "disk_image", "overlapping"}}
 
 
 def decisions_imported(path: Path) -> list[str]:
@@ -110,7 +110,7 @@ def test_only_the_machine_makes_protocol_decisions(path):
 
 def test_the_simulation_drives_the_production_machine_and_outbox():
     imported = imports(ROOT / "tests" / "simulation.py")
-    assert "node.core.machine" in imported and "mapper.outbox" in imported
+    assert "floering.node.core.machine" in imported and "floering.mapper.outbox" in imported
 
 
 MAX_MODULE_LINES, MAX_FUNCTION_LINES = 520, 60

@@ -1,7 +1,7 @@
 """The load monitor's verdicts and the split choice, on explicit samples."""
 
-from node.core.load import LoadConfig, LoadMonitor, choose_shed, halving_shed
-from node.core.ring import Ring
+from floering.node.core.load import LoadConfig, LoadMonitor, choose_shed, halving_shed
+from floering.node.core.ring import Ring
 
 
 def feed(monitor, start, seconds, queue, cpu_fraction, rate=1000.0, step=0.1):
@@ -64,7 +64,7 @@ def test_measured_split_moves_the_hot_ranges_and_beats_halving():
 
 
 def test_autoscale_adds_when_all_overloaded_and_removes_idle_neighbours():
-    from node.core.load import autoscale
+    from floering.node.core.load import autoscale
     ring = Ring.initial({"a": "h:1", "b": "h:2", "c": "h:3"}, 1, 2)
 
     def stats(over, busy, rate=100.0):
@@ -83,7 +83,7 @@ def test_autoscale_adds_when_all_overloaded_and_removes_idle_neighbours():
 
 
 def test_scale_out_plan_takes_the_busiest_ranges_from_the_fullest_nodes():
-    from mapper.admin import plan_scale_out
+    from floering.mapper.admin import plan_scale_out
     ring = Ring.initial({"a": "h:1", "b": "h:2", "c": "h:3"}, 1, 4).add_node("d", "h:4", ())
     hot = ring.tokens_of("b")[2]
     plan = plan_scale_out(ring, ["d"], {"b": {hot: 5000.0}})

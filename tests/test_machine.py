@@ -5,20 +5,20 @@ from dataclasses import replace
 
 import pytest
 
-from node.core.detector import (ALIVE, REFUSED, TIMED_OUT, UNASKED, DetectorConfig,
+from floering.node.core.detector import (ALIVE, REFUSED, TIMED_OUT, UNASKED, DetectorConfig,
                                 FailureDetector, Isolation)
-from node.core.errors import InvalidArgument
-from node.core.handoff import HandoffState
-from node.core.load import LoadMonitor
-from node.core.machine import NodeMachine
-from node.core.machine_io import (CheckpointDue, CheckpointRoundDone, Exit, Gossip,
+from floering.node.core.errors import InvalidArgument
+from floering.node.core.handoff import HandoffState
+from floering.node.core.load import LoadMonitor
+from floering.node.core.machine import NodeMachine
+from floering.node.core.machine_io import (CheckpointDue, CheckpointRoundDone, Exit, Gossip,
                                   HandoffAbandoned, HandoffEnded, HandoffRequested, HeardFrom,
                                   LeaveRing, LoadSampled, MonitorDue, ProbeFinished, Record,
                                   Note, RingSeen, SendHeartbeat, ShipCheckpoints, StartProbe,
                                   StartShed, HeartbeatDue)
-from node.core.node_core import NodeCore
-from node.core.reducers import load_reducer
-from node.core.ring import Ring
+from floering.node.core.node_core import NodeCore
+from floering.node.core.reducers import load_reducer
+from floering.node.core.ring import Ring
 
 MEMBERS = {f"n{i}": f"a:{i}" for i in range(4)}
 INCARNATIONS = {n: 100 + i for i, n in enumerate(MEMBERS)}
@@ -209,8 +209,8 @@ def test_records_name_the_stimulus_that_caused_them():
 
 
 def test_a_replica_that_keeps_failing_checkpoints_is_reported_once_then_its_return():
-    from node.core.machine import FAILING_ROUNDS
-    from node.core.machine_io import CheckpointAcked, CheckpointFailed
+    from floering.node.core.machine import FAILING_ROUNDS
+    from floering.node.core.machine_io import CheckpointAcked, CheckpointFailed
     m = machine()
     token = m.core.ring.tokens_of("n0")[0]
     replica = m.core.ring.replicas_of_token(token)[0]

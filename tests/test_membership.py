@@ -4,13 +4,13 @@ makes from its peers' rings."""
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from node.core.batch import Batch
-from node.core.errors import RangeLost, Starting
-from node.core.membership import (decide_start, idle_members, ready_to_decide, refill_moves,
+from floering.node.core.batch import Batch
+from floering.node.core.errors import RangeLost, Starting
+from floering.node.core.membership import (decide_start, idle_members, ready_to_decide, refill_moves,
                                   rejoin_name, restarted)
-from node.core.node_core import NodeCore
-from node.core.reducers import load_reducer
-from node.core.ring import Ring
+from floering.node.core.node_core import NodeCore
+from floering.node.core.reducers import load_reducer
+from floering.node.core.ring import Ring
 
 MEMBERS = {f"n{i}": f"127.0.0.1:{7000 + i}" for i in range(3)}
 
@@ -195,7 +195,7 @@ def test_a_message_from_another_process_is_a_restart():
 
 
 def test_a_ring_from_the_wire_with_bad_incarnations_is_refused():
-    from node.core.errors import InvalidArgument
+    from floering.node.core.errors import InvalidArgument
     import msgpack
     wire = msgpack.unpackb(running({"n0": 1, "n1": 2, "n2": 3}).to_wire())
     for bad in ([["n0", 0]], [["n0", -5]], [["n9", 4]], [["n0", 1], ["n0", 2]], [["n0", "x"]]):

@@ -23,10 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from chaos import netns
-from chaos.cluster import node_env
-from chaos.harness import run_scenario
-from chaos.scenarios import BUILTIN
+from floering.chaos import netns
+from floering.chaos.cluster import node_env
+from floering.chaos.harness import run_scenario
+from floering.chaos.scenarios import BUILTIN
 
 NODES = ["n0", "n1", "n2"]
 VOCAB = [f"w{i}" for i in range(300)]
@@ -35,8 +35,8 @@ VOCAB = [f"w{i}" for i in range(300)]
 # and flushes: every one is on r+1 nodes when it prints "fed".
 FEED = """
 import sys
-from mapper import RingClient
-from node.transport.tls import TlsFiles
+from floering.mapper import RingClient
+from floering.node.transport.tls import TlsFiles
 seeds, tls_dir, path, timeout = sys.argv[1:5]
 tls = TlsFiles.in_dir(tls_dir, "client")
 with RingClient(seeds, tls=tls, timeout=float(timeout)) as client:
@@ -95,7 +95,7 @@ def test_the_switch_drops_the_blocked_sources_and_a_random_share():
 
 
 def test_network_faults_are_planned_on_hosts_of_their_own():
-    from chaos.scenarios import Fault, Load, Round, Scenario, loses_data, plan, ring_order
+    from floering.chaos.scenarios import Fault, Load, Round, Scenario, loses_data, plan, ring_order
     for name in ("minority-partition", "minority-partition-mapper"):
         scenario = BUILTIN[name]
         for seed in range(20):
@@ -132,7 +132,7 @@ def test_network_faults_are_planned_on_hosts_of_their_own():
 
 
 def test_a_network_scenario_is_skipped_with_its_reason_unless_root(tmp_path, monkeypatch):
-    from chaos.harness import summary_table
+    from floering.chaos.harness import summary_table
     monkeypatch.setattr(netns.os, "geteuid", lambda: 1000)
     result = run_scenario(BUILTIN["lossy-link"], seed=1, out=tmp_path, plots=False)
     assert "need root" in result["skipped"] and not result["rounds"] and not result["ok"]
@@ -146,7 +146,7 @@ def test_a_confirmation_after_a_long_unconfirmed_suspicion_starts_the_suspicion_
     suspect; it starts the suspicion period (1 s) rather than ending it (it used to
     declare at once). The node machine besides counts no round until a peer's ring
     view reached it after the heal (tests/test_machine.py, tests/test_partitions.py)."""
-    from node.core.detector import (DEAD, SUSPECT, TIMED_OUT, UNCONFIRMED,
+    from floering.node.core.detector import (DEAD, SUSPECT, TIMED_OUT, UNCONFIRMED,
                                     DetectorConfig, FailureDetector)
     d = FailureDetector(DetectorConfig(min_timeout=0.2, probe_timeout=0.15, suspicion=1.0))
     d.watch({"n0"}, now=0.0)
@@ -245,7 +245,7 @@ class Ring3:
     def scan(self, seeds: list[str]) -> dict:
         """The counts and members, read through the observer from `seeds` (the client
         then asks every member its ring, and keeps the newest)."""
-        from mapper import RingClient
+        from floering.mapper import RingClient
         with RingClient(seeds, tls=self.cluster.tls("client"), timeout=30) as client:
             counts = dict(client.scan())
             ring = client.ring

@@ -21,9 +21,9 @@ from google.protobuf import descriptor_pb2
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
-from chaos.cluster import node_env
-from mapper import RingClient
-from node.transport.tls import may_call
+from floering.chaos.cluster import node_env
+from floering.mapper import RingClient
+from floering.node.transport.tls import may_call
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.multiprocess
@@ -94,7 +94,7 @@ def ring(tmp_path_factory):
     def start(i: int) -> None:
         node = f"n{i}"
         logs[node] = tmp / f"{node}.log"
-        cmd = [sys.executable, "-m", "node", "--node-id", node, "--listen", addresses[node],
+        cmd = [sys.executable, "-m", "floering.node", "--node-id", node, "--listen", addresses[node],
                "--peers", peers, "--replication", "1", "--insecure", "--startup-grace", "60",
                "--metrics-port", str(metrics_ports[i]), "--log-format", "json"]
         with open(logs[node], "wb") as log:

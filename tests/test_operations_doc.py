@@ -4,7 +4,7 @@
 from pathlib import Path
 
 from floering.v1 import floe_pb2
-from node.transport.metrics import COUNTERS, GAUGES
+from floering.node.transport.metrics import COUNTERS, GAUGES
 
 DOC = (Path(__file__).resolve().parent.parent / "docs" / "operations.md").read_text()
 
@@ -26,7 +26,7 @@ def test_every_status_field_is_documented():
 
 
 def test_every_member_state_is_documented():
-    from chaos import ringview
+    from floering.chaos import ringview
     states = [ringview.SERVING, ringview.JOINING, ringview.LEAVING, ringview.SUSPECT,
               ringview.DEAD, ringview.FENCED, ringview.REMOVED]
     row = next(line for line in DOC.splitlines() if line.startswith("| `state` |"))

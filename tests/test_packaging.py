@@ -12,9 +12,9 @@ from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-TOP_LEVEL = {"floering": ROOT / "proto" / "floering", "node": ROOT / "node",
-             "mapper": ROOT / "mapper", "chaos": ROOT / "chaos",
-             "spark_driver": ROOT / "spark_driver"}
+PACKAGES = {"floering": ROOT / "proto" / "floering", "floering.node": ROOT / "node",
+            "floering.mapper": ROOT / "mapper", "floering.chaos": ROOT / "chaos",
+            "floering.spark_driver": ROOT / "spark_driver"}
 
 
 def requirements(extra: str | None = None) -> list[Requirement]:
@@ -56,12 +56,13 @@ def test_the_core_runs_without_pyspark_or_matplotlib():
     code = """
 import runpy, sys
 sys.modules["pyspark"] = sys.modules["matplotlib"] = None
-import node, node.app, node.__main__, mapper, mapper.admin, chaos.cli, chaos.cluster
-import chaos.harness, spark_driver.launch
-print("status exit", chaos.cli.main(["--cluster-file", sys.argv[1], "status"]))
+import floering.node, floering.node.app, floering.node.__main__, floering.mapper
+import floering.mapper.admin, floering.chaos.cli, floering.chaos.cluster
+import floering.chaos.harness, floering.spark_driver.launch
+print("status exit", floering.chaos.cli.main(["--cluster-file", sys.argv[1], "status"]))
 sys.argv = ["node", "--help"]
 try:
-    runpy.run_module("node", run_name="__main__")
+    runpy.run_module("floering.node", run_name="__main__")
 except SystemExit as exc:
     print("node exit", exc.code)
 """
@@ -82,16 +83,16 @@ def test_license_is_the_spdx_expression_with_its_file():
 
 def test_every_package_is_marked_typed_and_ships_the_marker():
     data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    for name, folder in TOP_LEVEL.items():
+    for name, folder in PACKAGES.items():
         assert (folder / "py.typed").is_file(), name
         assert "py.typed" in data["package-data"][name], name
 
 
 def test_the_public_api_is_exported_from_mapper():
-    import mapper
-    from mapper.client import RingClient
-    from node.core import errors
-    from node.core.reducers import Reducer
+    import floering.mapper as mapper
+    from floering.mapper.client import RingClient
+    from floering.node.core import errors
+    from floering.node.core.reducers import Reducer
     assert mapper.RingClient is RingClient and mapper.Reducer is Reducer
     for name in ("FloeError", "Unavailable", "RangeLost", "InvalidArgument", "InvalidKey",
                  "StaleRing", "ReducerMismatch"):
@@ -110,3 +111,39 @@ def test_process_tables_come_from_psutil_not_hand_read_proc():
             for n, line in enumerate(path.read_text().splitlines(), 1)
             if "/proc" in line and "drop_caches" not in line]
     assert not hits, hits
+
+
+def test_the_wheel_installs_one_namespace_that_runs_on_its_own(tmp_path):
+    """Every module ships under floering/ (nothing like a top-level `node` or `chaos`
+    to clash with another distribution), and the wheel's own files import and run
+    without this checkout: a node's --help, the floe entry point's target."""
+    import zipfile
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
+                            "--no-build-isolation", "-w", str(tmp_path), str(ROOT)],
+                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert built.returncode == 0, built.stderr
+    wheel = next(tmp_path.glob("floe_ring-*.whl"))
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+        z.extractall(tmp_path / "site")
+    tops = {n.split("/")[0] for n in names}
+    assert {t for t in tops if not t.endswith(".dist-info")} == {"floering"}, tops
+    for shipped in ("floering/node/py.typed", "floering/chaos/data/kjv.txt.gz",
+                    "floering/spark_driver/log4j2.properties", "floering/v1/floe_pb2.py"):
+        assert shipped in names, shipped
+    entry = next(n for n in names if n.endswith("entry_points.txt"))
+    assert "floe = floering.chaos.cli:main" in (tmp_path / "site" / entry).read_text()
+    code = f"""
+import importlib.util, runpy, sys
+sys.path.insert(0, {str(tmp_path / 'site')!r})
+import floering.chaos.cli, floering.mapper
+assert floering.mapper.__file__.startswith({str(tmp_path / 'site')!r}), floering.mapper.__file__
+assert all(importlib.util.find_spec(n) is None for n in ("node", "mapper", "chaos", "spark_driver"))
+sys.argv = ["floering.node", "--help"]
+runpy.run_module("floering.node", run_name="__main__")
+"""
+    env = {k: v for k, v in __import__("os").environ.items() if k != "PYTHONPATH"}
+    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, cwd=tmp_path, env=env)
+    assert ran.returncode == 0, ran.stderr
+    assert "--node-id" in ran.stdout

@@ -18,7 +18,7 @@ import os
 
 import pytest
 
-from node.core.membership import base_name
+from floering.node.core.membership import base_name
 from tests.simulation import Simulation
 from tests.test_simulation import check, random_cluster
 

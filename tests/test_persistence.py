@@ -1,18 +1,18 @@
 """Durable mode's plan alone (node.core.persistence): events in, effects out, no disk."""
 
-from node.core.batch import Batch, encode_payload
-from node.core.node_core import NodeCore
-from node.core.persistence import DiskPlan
-from node.core.persistence_io import (AcceptBatches, AckWanted, AppendRecord, Began,
+from floering.node.core.batch import Batch, encode_payload
+from floering.node.core.node_core import NodeCore
+from floering.node.core.persistence import DiskPlan
+from floering.node.core.persistence_io import (AcceptBatches, AckWanted, AppendRecord, Began,
                                       BatchKept, CheckpointMerged, CompactLog, CopiesWritten,
                                       DiskFailed, DiskRepaired, FailAcks, LogSynced,
                                       RefuseBatches, ReleaseAcks, SaveIdentity,
                                       SyncLog, SyncWanted, WriteCopies)
-from node.core.batch import Limits
-from node.core.reducers import load_reducer
-from node.core.restore import DiskCopy, restored_core
-from node.core.ring import Ring
-from node.storage.node_store import NodeStore
+from floering.node.core.batch import Limits
+from floering.node.core.reducers import load_reducer
+from floering.node.core.restore import DiskCopy, restored_core
+from floering.node.core.ring import Ring
+from floering.node.storage.node_store import NodeStore
 
 RING = Ring.initial({"p": "a:1", "b": "a:2", "c": "a:3"}, 1, 2)
 

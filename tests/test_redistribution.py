@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from collections import Counter
 
-from node.core.hashing import position
-from node.core.redistribution import doubling_cuts, halving_moves
-from node.core.ring import Ring
-from node.core.shedding import PeerLoad, cut_positions, plan_shed, with_split_tail
+from floering.node.core.hashing import position
+from floering.node.core.redistribution import doubling_cuts, halving_moves
+from floering.node.core.ring import Ring
+from floering.node.core.shedding import PeerLoad, cut_positions, plan_shed, with_split_tail
 
 KEYS = [f"k{i}" for i in range(20_000)]
 

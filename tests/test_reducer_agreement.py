@@ -6,20 +6,20 @@ from __future__ import annotations
 
 import pytest
 
-from chaos.cluster import LocalCluster
-from mapper import RingClient
-from node.config import load_config
-from node.core.errors import InvalidArgument
-from node.core.reducers import reducer_identity
-from node.core.ring import Ring
-from node.core.ring_merge import check_compatible
+from floering.chaos.cluster import LocalCluster
+from floering.mapper import RingClient
+from floering.node.config import load_config
+from floering.node.core.errors import InvalidArgument
+from floering.node.core.reducers import reducer_identity
+from floering.node.core.ring import Ring
+from floering.node.core.ring_merge import check_compatible
 
 MEMBERS = {f"n{i}": f"127.0.0.1:{7000 + i}" for i in range(3)}
 COUNT = reducer_identity("count", {})
 
 
 def test_an_alias_and_its_class_are_one_reducer_and_arguments_count():
-    assert COUNT == reducer_identity("node.core.reducers:Count", {})
+    assert COUNT == reducer_identity("floering.node.core.reducers:Count", {})
     assert reducer_identity("topk", {"k": 5}) != reducer_identity("topk", {"k": 10})
     assert reducer_identity("x.y:Z", {"b": 1, "a": "s"}) == "x.y:Z(a='s', b=1)"
     config = load_config(["--node-id", "n0", "--listen", "127.0.0.1:1", "--peers",

@@ -3,8 +3,8 @@ from functools import reduce as fold
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from node.core.errors import InvalidArgument, UnknownReducer
-from node.core.reducers import (BUILTINS, Count, Max, Min, Reducer, SlidingWindowCount, Sum,
+from floering.node.core.errors import InvalidArgument, UnknownReducer
+from floering.node.core.reducers import (BUILTINS, Count, Max, Min, Reducer, SlidingWindowCount, Sum,
                                 TopK, load_reducer, parse_reducer_args)
 
 
@@ -230,7 +230,7 @@ def test_import_path_of_a_user_reducer():
     assert type(user).__name__ == "Concat" and isinstance(user, Reducer)
     assert user.name == "tests.test_reducers:Concat"
     assert run(user, [1, 2]) == "12" and user.merge is None
-    assert load_reducer("node.core.reducers:TopK", k=2).k == 2
+    assert load_reducer("floering.node.core.reducers:TopK", k=2).k == 2
 
 
 @pytest.mark.parametrize("spec, words", [
@@ -242,7 +242,7 @@ def test_import_path_of_a_user_reducer():
     ("tests.test_reducers:NotAReducer", "not a reducer class"),
     ("tests.test_reducers:NoReduce", "not a reducer class"),
     ("tests.test_reducers:not_a_class", "not a reducer class"),
-    ("node.core.reducers:Reducer", "not a reducer class"),
+    ("floering.node.core.reducers:Reducer", "not a reducer class"),
 ])
 def test_unknown_reducers_say_why(spec, words):
     with pytest.raises(UnknownReducer, match=words) as info:

@@ -7,10 +7,10 @@ from collections import Counter
 
 import pytest
 
-from chaos.cluster import LocalCluster
-from chaos.restart import member_at, restart_node, rolling_restart, wait_replicated
-from mapper import RingClient
-from node.core.errors import RangeLost
+from floering.chaos.cluster import LocalCluster
+from floering.chaos.restart import member_at, restart_node, rolling_restart, wait_replicated
+from floering.mapper import RingClient
+from floering.node.core.errors import RangeLost
 from tests.helpers import Feeder, diff
 
 pytestmark = pytest.mark.multiprocess
@@ -126,7 +126,7 @@ def test_restart_by_sigterm_with_leave_on_sigterm_hands_everything_over(tmp_path
             name = member_at(fresh.address, seeds, 30, cluster.tls())
             with RingClient(seeds, timeout=30, tls=cluster.tls()) as client:
                 ring = client.refresh_ring()
-            from mapper.admin import carry_out, plan_scale_out
+            from floering.mapper.admin import carry_out, plan_scale_out
             carry_out(ring, plan_scale_out(ring, [name]), timeout=30,
                       tls=cluster.tls("operator"))
             wait_replicated(seeds, 30, cluster.tls())
@@ -153,7 +153,7 @@ def test_restart_node_by_kill_gives_the_new_member_its_share(tmp_path):
 def test_a_restart_that_hears_no_running_peer_waits_instead_of_founding(tmp_path):
     """With every peer unreachable a new process cannot tell a restart from a fresh
     start: it serves nothing until a peer answers, then joins as a new member."""
-    from chaos.cluster import serving, spawn_node
+    from floering.chaos.cluster import serving, spawn_node
     with LocalCluster.up(3, 1, workdir=tmp_path) as cluster:
         with RingClient(cluster.seeds, timeout=30, tls=cluster.tls()) as client:
             client.emit_many(WORDS16)

@@ -8,11 +8,11 @@ from collections import Counter
 import grpc
 import pytest
 
-from chaos.cluster import LocalCluster, channel
-from chaos.restart import rolling_restart
+from floering.chaos.cluster import LocalCluster, channel
+from floering.chaos.restart import rolling_restart
 from floering.v1 import floe_pb2, floe_pb2_grpc
-from mapper import RingClient
-from node.transport.tls import (TlsFiles, reissue, rotate_ca, served_certificate,
+from floering.mapper import RingClient
+from floering.node.transport.tls import (TlsFiles, reissue, rotate_ca, served_certificate,
                                 trusted_cas)
 from tests.helpers import Feeder, corpus_words, diff
 
@@ -83,7 +83,7 @@ def check_ring_intact(cluster, expected: Counter) -> None:
 
 def test_reissue_keeps_role_name_and_hosts_and_the_ca_steps_go_in_order(tmp_path):
     from cryptography import x509
-    from node.transport.tls import (drop_old_cas, generate, holders, issue_from_next_ca,
+    from floering.node.transport.tls import (drop_old_cas, generate, holders, issue_from_next_ca,
                                     trust_next_ca)
 
     def cert(name):

@@ -7,16 +7,16 @@ import json
 import re
 from collections import Counter
 
-from node.config import NodeConfig
-from node.core.batch import Batch, encode_payload, encode_seqs
-from node.core.errors import FloeError
-from node.core.handoff import HandoffState
-from node.core.reducers import load_reducer
-from node.runtime.inbound import StreamState
-from node.runtime.node import NodeRuntime
-from node.runtime.peers import Network
-from node.runtime.service import NodeService
-from node.runtime.events import EventLog
+from floering.node.config import NodeConfig
+from floering.node.core.batch import Batch, encode_payload, encode_seqs
+from floering.node.core.errors import FloeError
+from floering.node.core.handoff import HandoffState
+from floering.node.core.reducers import load_reducer
+from floering.node.runtime.inbound import StreamState
+from floering.node.runtime.node import NodeRuntime
+from floering.node.runtime.peers import Network
+from floering.node.runtime.service import NodeService
+from floering.node.runtime.events import EventLog
 from tests.helpers import wait_until
 
 FAST = dict(heartbeat_interval=0.02, checkpoint_interval=0.05, suspect_min=0.1,

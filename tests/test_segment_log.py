@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from node.storage.segment_log import HEADER, CorruptLog, SegmentLog
+from floering.node.storage.segment_log import HEADER, CorruptLog, SegmentLog
 
 records = st.lists(st.binary(min_size=1, max_size=300), min_size=1, max_size=40)
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from node.core.folding import pending
-from node.core.membership import base_name
-from node.core.pieces import is_fold_key, is_piece
+from floering.node.core.folding import pending
+from floering.node.core.membership import base_name
+from floering.node.core.pieces import is_fold_key, is_piece
 from tests.sim_storm import StormSimulation
 from tests.simulation import Simulation
 

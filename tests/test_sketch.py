@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from node.core.sketch import SpaceSaving
+from floering.node.core.sketch import SpaceSaving
 
 streams = st.lists(st.tuples(st.integers(0, 40), st.integers(1, 5)), max_size=400)
 

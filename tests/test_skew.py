@@ -7,9 +7,9 @@ from collections import Counter
 
 import pytest
 
-from chaos.skew import PAPER_S, RAY, TOKENS_PER_NODE, ray_items, run_one, workload
-from chaos.skew_measures import skew
-from node.core.ring import Ring
+from floering.chaos.skew import PAPER_S, RAY, TOKENS_PER_NODE, ray_items, run_one, workload
+from floering.chaos.skew_measures import skew
+from floering.node.core.ring import Ring
 
 
 def static_skew(keys, nodes: int) -> float:
@@ -46,7 +46,7 @@ def test_a_short_run_is_exact_and_dkg_evens_a_skewed_workload(policy):
 
 @pytest.mark.multiprocess
 def test_the_overload_run_is_exact_and_counts_latency_from_when_a_tick_was_due():
-    from chaos.skew import run_overload
+    from floering.chaos.skew import run_overload
     row = run_overload("pkg", "wl4-h", rate=5000, work=10, seconds=1.0)
     assert row["exact"] and row["sent"] == 5000
     assert 0 < row["p50_ms"] <= row["p99_ms"] <= row["max_ms"]
@@ -54,14 +54,14 @@ def test_the_overload_run_is_exact_and_counts_latency_from_when_a_tick_was_due()
 
 @pytest.mark.multiprocess
 def test_the_read_cost_run_reads_a_key_spread_over_every_node_exactly():
-    from chaos.read_cost import READS, run_policy
+    from floering.chaos.read_cost import READS, run_policy
     row = run_policy("wchoices", 4, 30_000, gets=3, scans=1)
     assert row["exact"] and row["hot_nodes"] >= 3 and row["pieces_asked"] == 16
     assert all(0 < row[f"{read} p50 ms"] <= row[f"{read} p99 ms"] for read in READS)
 
 
 def test_the_ray_table_replay_matches_the_papers_halving_and_doubling_lowers_skew():
-    from chaos.ray_table import START_TOKENS, replay, table
+    from floering.chaos.ray_table import START_TOKENS, replay, table
     rows = {(r["workload"], r["method"]): r for r in table()}
     for (name, method), r in rows.items():
         # the letters sit on the layout the paper starts that method from

@@ -2,7 +2,7 @@
 
 import pytest
 
-from chaos.skew_measures import distribution_cost, imbalance, load_std_percent, skew
+from floering.chaos.skew_measures import distribution_cost, imbalance, load_std_percent, skew
 
 
 @pytest.mark.parametrize("loads, expected", [

@@ -6,11 +6,11 @@ from __future__ import annotations
 import random
 from collections import Counter
 
-from mapper.sharing import chooser_for
-from mapper.smalops import SmalopsChooser
-from node.core.balancers import balancer
-from node.core.pieces import base_of
-from node.core.ring import Ring
+from floering.mapper.sharing import chooser_for
+from floering.mapper.smalops import SmalopsChooser
+from floering.node.core.balancers import balancer
+from floering.node.core.pieces import base_of
+from floering.node.core.ring import Ring
 
 MEMBERS = {f"n{i}": f"127.0.0.1:{7000 + i}" for i in range(4)}
 RING = Ring.initial(MEMBERS, 1, 8, "smalops")

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from chaos.cluster import LocalCluster
-from chaos.corpus import kjv_lines
-from mapper import RingClient, split_words
-from spark_driver import driver
-from spark_driver.launch import SparkDriver
+from floering.chaos.cluster import LocalCluster
+from floering.chaos.corpus import kjv_lines
+from floering.mapper import RingClient, split_words
+from floering.spark_driver import driver
+from floering.spark_driver.launch import SparkDriver
 
 CHECK_SPLIT = Path(driver.__file__).with_name("check_split.py")
 
@@ -177,7 +177,7 @@ def test_a_task_failing_half_way_is_retried_and_counted_once(tmp_path, ring):
 
 
 def test_on_a_ring_sharing_keys_a_retried_task_is_counted_once_and_read_merged(tmp_path):
-    from chaos.skew import raw_holders
+    from floering.chaos.skew import raw_holders
     expected = write_corpus(tmp_path / "in")
     marker = tmp_path / "failed-once"
     with healthy_ring(tmp_path, balancer="pkg") as ring:
@@ -268,7 +268,7 @@ def test_main_job_kills_a_node_and_stays_exact(tmp_path):
     import signal
     import subprocess
     import sys
-    demo = subprocess.Popen([sys.executable, "-m", "chaos.demo", "--lines", "6000", "--files",
+    demo = subprocess.Popen([sys.executable, "-m", "floering.chaos.demo", "--lines", "6000", "--files",
                              "4", "--interval", "1"], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:

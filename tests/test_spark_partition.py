@@ -5,10 +5,10 @@ from collections import Counter
 
 import pytest
 
-from chaos.cluster import LocalCluster
-from chaos.corpus import kjv_lines
-from mapper import RingClient, split_words
-from spark_driver.partition import InjectedFailure, PartitionConfig, write_partition
+from floering.chaos.cluster import LocalCluster
+from floering.chaos.corpus import kjv_lines
+from floering.mapper import RingClient, split_words
+from floering.spark_driver.partition import InjectedFailure, PartitionConfig, write_partition
 
 pytestmark = pytest.mark.multiprocess
 
@@ -35,7 +35,7 @@ def words(lines):
 
 
 def config(cluster, query, **kw):
-    return PartitionConfig(tuple(cluster.seeds), query, "mapper.words:split_words", "count",
+    return PartitionConfig(tuple(cluster.seeds), query, "floering.mapper.words:split_words", "count",
                            tls_dir=str(cluster.tls_dir), **kw)
 
 
@@ -68,7 +68,7 @@ def test_combined_partition_and_empty_partition(ring):
 
 
 def test_a_worker_reuses_its_connection_across_tasks_and_stays_exact(ring, tmp_path):
-    from spark_driver import connections
+    from floering.spark_driver import connections
     connections.close_all()
     before, _ = state(ring)
     cfg = config(ring, "q3")
@@ -91,7 +91,7 @@ def test_a_worker_reuses_its_connection_across_tasks_and_stays_exact(ring, tmp_p
 
 
 def test_a_forked_worker_does_not_use_its_parents_connection(ring, monkeypatch):
-    from spark_driver import connections
+    from floering.spark_driver import connections
     connections.close_all()
     cfg = config(ring, "q4")
     write_partition(cfg, 0, 0, rows(LINES[:50]))
@@ -102,8 +102,8 @@ def test_a_forked_worker_does_not_use_its_parents_connection(ring, monkeypatch):
 
 
 def test_a_dead_ring_is_not_reused_and_is_reported(tmp_path):
-    from node.core.errors import Unavailable
-    from spark_driver import connections
+    from floering.node.core.errors import Unavailable
+    from floering.spark_driver import connections
     connections.close_all()
     with LocalCluster.up(2, 1, workdir=tmp_path) as cluster:
         cfg = config(cluster, "q5")
@@ -115,7 +115,7 @@ def test_a_dead_ring_is_not_reused_and_is_reported(tmp_path):
 
 
 def test_a_worker_keeps_one_idle_connection_whatever_rings_it_saw(ring):
-    from spark_driver import connections
+    from floering.spark_driver import connections
     connections.close_all()
     write_partition(config(ring, "q6"), 0, 0, rows(LINES[:50]))
     first = next(iter(connections._idle.values()))
@@ -136,15 +136,15 @@ def word_arrays(lines, cut=1000):
 
 
 def test_the_sql_pattern_is_split_words_pattern():
-    from mapper.words import _WORD
-    from spark_driver.maps import SQL_WORD_MAPS, WORD_PATTERN
+    from floering.mapper.words import _WORD
+    from floering.spark_driver.maps import SQL_WORD_MAPS, WORD_PATTERN
     assert WORD_PATTERN == _WORD.pattern
-    assert "mapper.words:split_words" in SQL_WORD_MAPS
+    assert "floering.mapper.words:split_words" in SQL_WORD_MAPS
 
 
 @pytest.mark.parametrize("combine", [False, True])
 def test_arrow_words_retried_after_a_failure_half_way_count_once(ring, tmp_path, combine):
-    from spark_driver.partition import write_words
+    from floering.spark_driver.partition import write_words
     before, dups0 = state(ring)
     query = f"qa-{combine}"
     faulty = config(ring, query, combine=combine, fail_once=str(tmp_path / "marker"))
@@ -165,7 +165,7 @@ def test_arrow_combining_flushes_every_n_keys_where_the_words_fall_not_the_batch
     """Bounded memory: totals go out every `combine_keys` distinct keys; the flush points
     depend only on the words, so a replay cut into other Arrow batches sends the same
     tuples under the same seqs and the ring drops every one."""
-    from spark_driver.partition import write_words
+    from floering.spark_driver.partition import write_words
     before, _ = state(ring)
     expected = words(LINES)
     cfg = config(ring, "qb", combine=True, combine_keys=300)
@@ -182,7 +182,7 @@ def test_arrow_combining_flushes_every_n_keys_where_the_words_fall_not_the_batch
 
 
 def test_arrow_every_tuple_counts_exactly(ring):
-    from spark_driver.partition import write_words
+    from floering.spark_driver.partition import write_words
     before, _ = state(ring)
     cfg = config(ring, "qd")
     assert write_words(cfg, 0, 0, word_arrays(LINES)) == sum(words(LINES).values())
@@ -206,7 +206,7 @@ def test_combining_the_fault_falls_on_a_flush_so_a_rerun_without_it_is_exact(
     """A driver killed while a combining task hung is rerun without the fault: the
     rerun must send the same totals under the same seqs, so the fault may only stop a
     task where it sends its totals anyway (here mid-partition: 300 keys a flush)."""
-    from spark_driver.partition import write_words
+    from floering.spark_driver.partition import write_words
 
     def write(cfg):
         if arrow:

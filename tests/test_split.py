@@ -7,12 +7,12 @@ from collections import Counter
 import pytest
 from hypothesis import assume, given, settings, strategies as st
 
-from node.core.backup_store import BackupEntry, BackupStore, split_entry
-from node.core.batch import decode_payload, decode_seqs, encode_payload, encode_seqs
-from node.core.handoff import Handoff
-from node.core.hashing import HASH_SPACE, position
-from node.core.node_core import cut_ranges
-from node.core.ring import Ring
+from floering.node.core.backup_store import BackupEntry, BackupStore, split_entry
+from floering.node.core.batch import decode_payload, decode_seqs, encode_payload, encode_seqs
+from floering.node.core.handoff import Handoff
+from floering.node.core.hashing import HASH_SPACE, position
+from floering.node.core.node_core import cut_ranges
+from floering.node.core.ring import Ring
 from tests.helpers import CoreCluster, Feed, fail, middle, run, spread
 
 WORDS = [f"w{i % 97}" for i in range(3000)]
@@ -246,8 +246,8 @@ def test_split_then_hand_the_tail_to_the_neighbour_under_load():
 
 
 def test_mapper_cuts_a_batch_sealed_before_a_split_into_one_batch_per_token():
-    from mapper.outbox import Outbox, PendingBatch
-    from mapper.routing import Router
+    from floering.mapper.outbox import Outbox, PendingBatch
+    from floering.mapper.routing import Router
     ring = Ring.initial({"a": "h:1", "b": "h:2"}, 1, 2)
     keys = [f"k{i}" for i in range(200)]
     token = ring.token_for_key(keys[0])
@@ -293,7 +293,7 @@ def test_mapper_cuts_a_batch_sealed_before_a_split_into_one_batch_per_token():
 
 
 def test_split_point_puts_the_wanted_load_in_the_tail_and_never_cuts_a_key():
-    from node.core.split_point import choose_split_point
+    from floering.node.core.split_point import choose_split_point
     rng = (1000, 2000)
     samples = {1100: 10.0, 1300: 50.0, 1500: 30.0, 1900: 10.0}
     at, fraction = choose_split_point(rng, samples, want=0.4)
@@ -312,7 +312,7 @@ def test_split_point_puts_the_wanted_load_in_the_tail_and_never_cuts_a_key():
 
 
 def test_positions_are_sampled_bounded_and_follow_a_split():
-    from node.core.split_point import PositionLoad
+    from floering.node.core.split_point import PositionLoad
     load = PositionLoad(per_range=8)
     hot = ["hot"] * 900
     for i in range(50):
@@ -332,8 +332,8 @@ def test_positions_are_sampled_bounded_and_follow_a_split():
 def test_plan_split_cuts_a_range_holding_two_hot_keys_between_them():
     """One range holds two hot keys: no whole-range move evens the pair, a cut between
     the keys does."""
-    from node.core.load import choose_shed
-    from node.core.split_point import plan_split
+    from floering.node.core.load import choose_shed
+    from floering.node.core.split_point import plan_split
     ring = Ring.initial({"a": "h:1", "b": "h:2", "c": "h:3"}, 1, 2)
     token = ring.tokens_of("a")[0]
     lo, _ = ring.range_of_token(token)
@@ -363,7 +363,7 @@ def test_mapper_merges_parts_again_when_the_split_died_with_its_node():
     """The mapper learnt a split that its node took to the grave: the survivors' ring
     has no such token, so the parts meet again in one range and must be merged, or
     the later part's seqs would be taken for duplicates."""
-    from mapper.outbox import Outbox, PendingBatch
+    from floering.mapper.outbox import Outbox, PendingBatch
     ring = Ring.initial({"a": "h:1", "b": "h:2"}, 1, 2)
     token = ring.tokens[1]
     keys = [k for k in (f"k{i}" for i in range(300)) if ring.token_for_key(k) == token]
@@ -389,7 +389,7 @@ def test_mapper_merges_parts_again_when_the_split_died_with_its_node():
 
 
 def test_sampling_sees_both_keys_of_an_alternating_stream():
-    from node.core.split_point import PositionLoad
+    from floering.node.core.split_point import PositionLoad
     load = PositionLoad()
     for n in (96, 100, 64, 37):
         for _ in range(50):

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from chaos.cluster import LocalCluster
-from mapper.admin import request_handoff
-from node.core.ring import Ring
+from floering.chaos.cluster import LocalCluster
+from floering.mapper.admin import request_handoff
+from floering.node.core.ring import Ring
 from tests.helpers import Feeder, finish_exact, floe, middle, status
 
 pytestmark = pytest.mark.multiprocess
@@ -99,7 +99,7 @@ def test_the_owner_killed_right_after_a_split_loses_nothing(tmp_path, when):
 def test_load_shedding_splits_a_range_holding_two_hot_keys(tmp_path):
     """Both hot keys in one range of n0: no whole-range move evens n0 and n1, so the
     overloaded node cuts the range between them and hands the tail over by itself."""
-    from chaos.balance import run
+    from floering.chaos.balance import run
     result = run(tmp_path, seconds=8, rate=24000, work=4000, hot=2, one_range=True)
     assert result["exact"], "counts differ from the independent count"
     assert "t_over" in result, "no node became overloaded: the workload is too light here"

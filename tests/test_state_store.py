@@ -3,9 +3,9 @@ from collections import Counter
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from node.core.errors import InvalidArgument
-from node.core.reducers import Count, Min, TopK
-from node.core.state_store import MISSING, LayeredState, ReplicaState
+from floering.node.core.errors import InvalidArgument
+from floering.node.core.reducers import Count, Min, TopK
+from floering.node.core.state_store import MISSING, LayeredState, ReplicaState
 
 
 def layered(master=None, inactive=None, active=None, reducer=None):

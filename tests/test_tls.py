@@ -6,12 +6,12 @@ from collections import Counter
 import grpc
 import pytest
 
-from chaos.cluster import LocalCluster
+from floering.chaos.cluster import LocalCluster
 from floering.v1 import floe_pb2, floe_pb2_grpc
-from mapper import RingClient
-from node.config import NodeConfig
-from node.core.errors import Unavailable
-from node.transport.server import node_tls
+from floering.mapper import RingClient
+from floering.node.config import NodeConfig
+from floering.node.core.errors import Unavailable
+from floering.node.transport.server import node_tls
 
 pytestmark = pytest.mark.multiprocess
 
@@ -80,7 +80,7 @@ def test_each_role_may_call_only_its_own_methods(cluster):
         assert status_of(lambda: as_node.Heartbeat(floe_pb2.HeartbeatRequest(
             sender="n1", ring_stamp=1), timeout=5)) == grpc.StatusCode.OK
         # and an operator may split (a range of the node it talks to)
-        from node.core.ring import Ring
+        from floering.node.core.ring import Ring
         r = Ring.from_wire(ring.ring)
         token = r.tokens_of(cluster.nodes[0].node_id)[0]
         lo, _ = r.range_of_token(token)
@@ -89,7 +89,7 @@ def test_each_role_may_call_only_its_own_methods(cluster):
 
 
 def test_a_nodes_message_names_exactly_its_certificates_node(cluster):
-    from node.core.ring import Ring
+    from floering.node.core.ring import Ring
     denied = grpc.StatusCode.PERMISSION_DENIED
     with channel(cluster, "n1") as n:
         as_node = floe_pb2_grpc.ControlPlaneStub(n)
@@ -160,7 +160,7 @@ def test_a_node_serves_in_the_clear_on_loopback(listen):
 
 
 def test_credentials_allow_any_address(tmp_path):
-    from node.transport.tls import generate
+    from floering.node.transport.tls import generate
     generate(tmp_path, ["n0"])
     tls = node_tls(NodeConfig(node_id="n0", listen="10.1.2.3:7000",
                               peers=(("n0", "10.1.2.3:7000"),), tls_dir=str(tmp_path)))

@@ -12,10 +12,10 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Iterator
 
-from node.core.batch import (decode_payload, decode_seqs, encode_payload, encode_seqs,
+from floering.node.core.batch import (decode_payload, decode_seqs, encode_payload, encode_seqs,
                              group_by_part)
-from node.core.epochs import effective_mark
-from node.core.errors import FloeError
+from floering.node.core.epochs import effective_mark
+from floering.node.core.errors import FloeError
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,13 +6,13 @@ replication factor, so all agree. What each policy decides:
 
 - `none`: static consistent hashing, the baseline; nothing moves by itself.
 - `floe`: the Floe paper's: an overloaded node hands its hottest ranges (cut at the
-  measured split point) to its clockwise neighbours (`node.core.shedding`).
+  measured split point) to its clockwise neighbours (`floering.node.core.shedding`).
 - `halving`, `doubling`: the Ray consistent-hashing paper's: an overloaded node gives
   up half of its tokens to the next owners clockwise, or cuts its ranges where the
   other nodes' doubled tokens fall and hands them the heads
-  (`node.core.redistribution`).
+  (`floering.node.core.redistribution`).
 - `pkg`: partial key grouping: every key has two candidate pieces
-  (`node.core.pieces`), and a mapper sends each tuple to the candidate whose node it
+  (`floering.node.core.pieces`), and a mapper sends each tuple to the candidate whose node it
   has itself sent fewer tuples to (local load estimation). Reads merge the two.
 - `dkg`: dynamic key grouping: a mapper finds its hot keys with a Space-Saving sketch
   and gives each a pool of pieces that grows while its candidates are loaded above
@@ -20,7 +20,7 @@ replication factor, so all agree. What each policy decides:
   merge every piece a key may have (up to `pieces`).
 - `dchoices`, `wchoices`: partial key grouping whose keys too hot for two candidates
   (a Space-Saving sketch on the mapper) get d candidates, d from the key's share, or
-  a candidate on every node (`mapper.choices`).
+  a candidate on every node (`floering.mapper.choices`).
 - `smalops`: SMALOPS: a mapper finds its heavy streams (keys) per window and moves
   each whole to a less loaded node (best fit), through the key's piece that lands
   there; what it left behind is merged on reads.
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from node.core.errors import InvalidArgument
+from floering.node.core.errors import InvalidArgument
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import msgpack
 
-from node.core.errors import InvalidArgument, InvalidKey, TooLarge
-from node.core.pieces import check_pushed_keys
+from floering.node.core.errors import InvalidArgument, InvalidKey, TooLarge
+from floering.node.core.pieces import check_pushed_keys
 
 KEY_TYPES = frozenset((str, bytes, int))
 

@@ -14,7 +14,7 @@ from typing import Iterable, Iterator
 
 import msgpack
 
-from node.core.errors import InvalidArgument
+from floering.node.core.errors import InvalidArgument
 
 BIG_INT = 1          # msgpack extension code: a Python int as decimal ASCII
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from node.core.errors import InvalidArgument, inert
+from floering.node.core.errors import InvalidArgument, inert
 
 EPOCH_BITS = 32
 MAX_POSITION = (1 << EPOCH_BITS) - 2   # position + 1 must stay below 1 << EPOCH_BITS

@@ -1,7 +1,7 @@
 """Merging the pieces a shared key no longer uses back into the key, exactly once.
 
 In a ring whose balancer grows and shrinks a hot key's pool of pieces (`dkg`,
-`smalops`: `node.core.balancers`), a piece left out of a pool keeps its state, and
+`smalops`: `floering.node.core.balancers`), a piece left out of a pool keeps its state, and
 reads merge it. The owner of a piece's range folds it back once its state has not
 changed for `idle` seconds:
 
@@ -33,8 +33,8 @@ from dataclasses import dataclass
 
 import mmh3
 
-from node.core.state_store import MISSING
-from node.core.pieces import FOLD_SOURCE, fold_key, is_fold_key, is_piece, parse_piece
+from floering.node.core.state_store import MISSING
+from floering.node.core.pieces import FOLD_SOURCE, fold_key, is_fold_key, is_piece, parse_piece
 
 FOLDING_BALANCERS = frozenset({"dkg", "dchoices", "wchoices", "smalops"})  # pools shrink
 NONCE_TRIES = 16_384      # outgoing keys tried, once per piece and range (~25 ms at

@@ -26,8 +26,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from node.core.errors import InvalidArgument, Overloaded, TooLarge, inert
-from node.core.ring import Ring
+from floering.node.core.errors import InvalidArgument, Overloaded, TooLarge, inert
+from floering.node.core.ring import Ring
 
 
 class HandoffState(StrEnum):

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from node.core.ring import Ring
+from floering.node.core.ring import Ring
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The node machine: every protocol decision a reducer node makes, as one pure object.
 
-`NodeMachine.handle(event, now)` takes a frozen event (`node.core.machine_io`) and
+`NodeMachine.handle(event, now)` takes a frozen event (`floering.node.core.machine_io`) and
 returns the effects to carry out. It owns the node's protocol state (NodeCore: ring
 and ranges; the failure detector; the load monitor; the handoff it runs) and reads no
 clock, does no I/O and draws no randomness, so the asyncio runtime and the
@@ -16,23 +16,23 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
-from node.core.detector import (ALIVE, DEAD, EXCHANGE, REFUSED, SUSPECT, FailureDetector,
+from floering.node.core.detector import (ALIVE, DEAD, EXCHANGE, REFUSED, SUSPECT, FailureDetector,
                                 Isolation, combine, declaration, indirect_vias)
-from node.core.errors import InvalidArgument, inert
-from node.core.handoff import (Handoff, HandoffState, SplitBudget, leave_moves,
+from floering.node.core.errors import InvalidArgument, inert
+from floering.node.core.handoff import (Handoff, HandoffState, SplitBudget, leave_moves,
                                retired_extras, split_ring, unpinned)
-from node.core.folding import FOLDING_BALANCERS, routed
-from node.core.load import LoadMonitor
-from node.core.machine_io import (
+from floering.node.core.folding import FOLDING_BALANCERS, routed
+from floering.node.core.load import LoadMonitor
+from floering.node.core.machine_io import (
     BatchApplied, CheckpointAcked, CheckpointDue, CheckpointFailed, CheckpointRoundDone, Exit,
     Farewell, FoldAnswered, Gossip, HandoffAbandoned, HandoffEnded, HandoffRequested,
     HeardFrom, HeartbeatDue, HeartbeatFailed, LeaveRing, LoadSampled, MapperAhead, MonitorDue,
     Note, ProbeAbandoned, ProbeFinished, Record, RefillDue, RingSeen, SendFolds, SendHeartbeat,
     ShipCheckpoints, SignOfLife, Split, SplitRequested, StartHandoff, StartProbe, StartShed)
-from node.core.membership import refill_moves, rejoin_name, restarted
-from node.core.node_core import NodeCore, RingChange
-from node.core.ring import Ring
-from node.core.shedding import PeerLoad, ShedPlan, plan_shed, with_split_tail
+from floering.node.core.membership import refill_moves, rejoin_name, restarted
+from floering.node.core.node_core import NodeCore, RingChange
+from floering.node.core.ring import Ring
+from floering.node.core.shedding import PeerLoad, ShedPlan, plan_shed, with_split_tail
 
 # Checkpoint rounds a replica may fail in a row (5 s at the default interval: longer
 # than any detection) before it is reported: its copy of the range is going stale and

@@ -1,4 +1,4 @@
-"""What the node machine (`node.core.machine`) takes in and gives out: frozen values.
+"""What the node machine (`floering.node.core.machine`) takes in and gives out: frozen values.
 
 Events say what happened to a node (a message arrived, a timer fired, a call it made
 finished); effects say what the node does about it (send, probe, hand off, record).
@@ -11,9 +11,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from node.core.detector import Probe
-from node.core.node_core import Shipment
-from node.core.ring import Ring
+from floering.node.core.detector import Probe
+from floering.node.core.node_core import Shipment
+from floering.node.core.ring import Ring
 
 # ------------------------------------------------------------------- events
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Iterable
 
-from node.core.ring import Ring
+from floering.node.core.ring import Ring
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 It decides what a batch does (apply as primary, back up as replica, refuse), cuts
 checkpoints and merges the ones it receives, and answers queries. The asyncio shell
-(`node.runtime`) feeds it events and carries out what it returns.
+(`floering.node.runtime`) feeds it events and carries out what it returns.
 """
 
 from __future__ import annotations
@@ -11,17 +11,17 @@ import heapq
 from dataclasses import dataclass
 from typing import Iterator
 
-from node.core.backup_store import BackupEntry
-from node.core.batch import Batch, Limits, check_header
-from node.core.epochs import check_source
-from node.core.folding import FOLDING_BALANCERS, FoldBook
-from node.core.errors import (Fenced, InvalidArgument, RangeLost, StaleRing, Starting,
+from floering.node.core.backup_store import BackupEntry
+from floering.node.core.batch import Batch, Limits, check_header
+from floering.node.core.epochs import check_source
+from floering.node.core.folding import FOLDING_BALANCERS, FoldBook
+from floering.node.core.errors import (Fenced, InvalidArgument, RangeLost, StaleRing, Starting,
                               TooLarge, inert)
-from node.core.ranges import Checkpoint, PrimaryRange, ReplicaSide
-from node.core.reducers import Reducer
-from node.core.ring import Ring
-from node.core.split_point import PositionLoad
-from node.core.streams import StreamGuard
+from floering.node.core.ranges import Checkpoint, PrimaryRange, ReplicaSide
+from floering.node.core.reducers import Reducer
+from floering.node.core.ring import Ring
+from floering.node.core.split_point import PositionLoad
+from floering.node.core.streams import StreamGuard
 
 
 @dataclass(frozen=True)

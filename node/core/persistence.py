@@ -1,6 +1,6 @@
 """Durable mode's decisions (`--data-dir`): what a node writes to its data directory,
 and when, with no I/O. `DiskPlan.handle(event)` takes what happened and returns the
-effects to carry out (both in `node.core.persistence_io`). `node.runtime.durability`
+effects to carry out (both in `floering.node.core.persistence_io`). `floering.node.runtime.durability`
 carries them out with files, fsync and RocksDB; the simulation on a simulated disk
 that it can crash between a write and its fsync.
 
@@ -34,15 +34,15 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from node.core.batch import Batch
-from node.core.epochs import effective_mark
-from node.core.persistence_io import (AcceptBatches, AckWanted, AppendRecord, Began,
+from floering.node.core.batch import Batch
+from floering.node.core.epochs import effective_mark
+from floering.node.core.persistence_io import (AcceptBatches, AckWanted, AppendRecord, Began,
                                       BatchKept, CheckpointMerged, CompactLog, CopiesWritten,
                                       CopyWrite, CoreSettled, DiskFailed, DiskRepaired,
                                       FailAcks, LogSynced, RefuseBatches, ReleaseAcks,
                                       RoundCut, SaveIdentity, SyncLog, SyncWanted,
                                       WriteCopies)
-from node.core.ring import Ring
+from floering.node.core.ring import Ring
 
 
 # --------------------------------------------------------------------- plan

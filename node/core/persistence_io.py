@@ -1,4 +1,4 @@
-"""What durable mode's DiskPlan (`node.core.persistence`) takes in and gives out:
+"""What durable mode's DiskPlan (`floering.node.core.persistence`) takes in and gives out:
 frozen values. Events say what happened (a batch kept, a log synced, a checkpoint
 cut or merged, the core after a machine event, a write done, the disk failing or
 taking writes again); effects say what to do about it. The asyncio runtime
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from node.core.batch import Batch
-from node.core.ranges import Checkpoint
-from node.core.ring import Ring
+from floering.node.core.batch import Batch
+from floering.node.core.ranges import Checkpoint
+from floering.node.core.ring import Ring
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class Began:
     """Serving starts as `core`'s member; the directory held `disk_member` (None:
     nothing): copies of the ranges of `disk_tokens`, under `disk_ring`, and the
     corrupt ones of `corrupt`. Another member's directory is wiped for this one;
-    the same member's core was restored from it (`node.core.restore`)."""
+    the same member's core was restored from it (`floering.node.core.restore`)."""
 
     core: object = field(hash=False)
     disk_member: str | None

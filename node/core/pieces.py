@@ -1,13 +1,13 @@
 """Pieces of a shared key: how one key's state is spread over several ranges.
 
-A balancer that shares a hot key (`node.core.balancers`) sends its tuples to pieces:
+A balancer that shares a hot key (`floering.node.core.balancers`) sends its tuples to pieces:
 piece 0 is the key itself, piece i > 0 a bytes key made of a reserved mark and the
 msgpack of (key, i), which hashes to its own place on the ring. Each piece is an
 ordinary key to the ring: its own range, replicas, checkpoints, takeover and dedup.
 A read merges the pieces of a key with the reducer's `merge`, so it sees one value
 whatever the split. A user's bytes key must not begin with a mark (refused at emit).
 
-A piece no longer used is merged back into its key (`node.core.folding`): its state
+A piece no longer used is merged back into its key (`floering.node.core.folding`): its state
 leaves it for an outgoing key, FOLD_MARK and the msgpack of (key, index, nonce), kept in
 the piece's own range until piece 0 has taken it. An outgoing key's state is
 [n, state] while fold n is on its way and [n] once it arrived; reads merge the first as
@@ -20,7 +20,7 @@ from typing import Callable, Iterable
 
 import msgpack
 
-from node.core.errors import InvalidKey
+from floering.node.core.errors import InvalidKey
 
 PIECE_MARK = b"\x00floe:piece\x00"
 FOLD_MARK = b"\x00floe:fold\x00"

@@ -12,14 +12,14 @@ import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from node.core.backup_store import BackupEntry, BackupStore
-from node.core.batch import decode_payload, decode_seqs
-from node.core.dedup import first_new_index
-from node.core.epochs import effective_mark, floor_key, raise_floor, replay_order
-from node.core.errors import FloeError, Overloaded, TooLarge
-from node.core.pieces import carries_states
-from node.core.reducers import Reducer
-from node.core.state_store import LayeredState, ReplicaState
+from floering.node.core.backup_store import BackupEntry, BackupStore
+from floering.node.core.batch import decode_payload, decode_seqs
+from floering.node.core.dedup import first_new_index
+from floering.node.core.epochs import effective_mark, floor_key, raise_floor, replay_order
+from floering.node.core.errors import FloeError, Overloaded, TooLarge
+from floering.node.core.pieces import carries_states
+from floering.node.core.reducers import Reducer
+from floering.node.core.state_store import LayeredState, ReplicaState
 
 
 @dataclass

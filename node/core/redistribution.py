@@ -1,6 +1,6 @@
 """The Ray consistent-hashing paper's two keyspace redistributions (its §4.2), decided
 by the overloaded node itself: there is no central balancer, so the node that finds
-itself overloaded (`node.core.load`) redistributes its own share.
+itself overloaded (`floering.node.core.load`) redistributes its own share.
 
 - `halving`: the node gives up every other one of its tokens. In the paper a token
   given up is removed, so its keys go to the next token clockwise; here the token
@@ -16,13 +16,13 @@ itself overloaded (`node.core.load`) redistributes its own share.
   paper names doubling's downside; their owners did not ask, so they are not made.
 
 Both are exact for the same reason as every move: a handoff moves a range with its
-state, its watermarks and its replicas' copies (`node.core.handoff`).
+state, its watermarks and its replicas' copies (`floering.node.core.handoff`).
 """
 
 from __future__ import annotations
 
-from node.core.hashing import position
-from node.core.ring import Ring
+from floering.node.core.hashing import position
+from floering.node.core.ring import Ring
 
 # Doubling stops cutting once the ring holds this many times the tokens it started with.
 DOUBLING_GROWTH = 8

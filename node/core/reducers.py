@@ -16,7 +16,7 @@ import importlib
 from math import isfinite
 from operator import gt, lt
 
-from node.core.errors import InvalidArgument, UnknownReducer, inert
+from floering.node.core.errors import InvalidArgument, UnknownReducer, inert
 
 # Exact types: bool is an int subclass, but True is not a count.
 _INT = frozenset((int,))

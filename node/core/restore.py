@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from node.core.backup_store import BackupEntry, split_entry
-from node.core.batch import Batch, Limits
-from node.core.epochs import effective_mark
-from node.core.node_core import NodeCore
-from node.core.ranges import ReplicaSide
-from node.core.reducers import Reducer
-from node.core.ring import Ring
+from floering.node.core.backup_store import BackupEntry, split_entry
+from floering.node.core.batch import Batch, Limits
+from floering.node.core.epochs import effective_mark
+from floering.node.core.node_core import NodeCore
+from floering.node.core.ranges import ReplicaSide
+from floering.node.core.reducers import Reducer
+from floering.node.core.ring import Ring
 
 
 @dataclass

@@ -15,11 +15,11 @@ from typing import Iterable, Mapping
 import mmh3
 import msgpack
 
-from node.core.balancers import BALANCERS
-from node.core.balancers import DEFAULT as DEFAULT_BALANCER
-from node.core.errors import InvalidArgument, inert
-from node.core.hashing import HASH_SPACE, position
-from node.core.ring_merge import merge_rings
+from floering.node.core.balancers import BALANCERS
+from floering.node.core.balancers import DEFAULT as DEFAULT_BALANCER
+from floering.node.core.errors import InvalidArgument, inert
+from floering.node.core.hashing import HASH_SPACE, position
+from floering.node.core.ring_merge import merge_rings
 
 # The stamp packs the version above a 24-bit digest into one uint64 on the wire.
 MAX_VERSION = 1 << 40

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from node.core.errors import InvalidArgument, inert
+from floering.node.core.errors import InvalidArgument, inert
 
 if TYPE_CHECKING:
-    from node.core.ring import Ring
+    from floering.node.core.ring import Ring
 
 # token -> (generation, owner, extras, retiring holders)
 Entries = dict[int, tuple]

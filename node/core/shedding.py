@@ -8,17 +8,17 @@ neighbour that would receive is busy, it is asked to shed first: the request cas
 clockwise, at most once round the ring.
 
 A ring running the Ray paper's `halving` or `doubling` plans its round by that
-policy instead (`node.core.redistribution`); the caller carries it out the same way.
+policy instead (`floering.node.core.redistribution`); the caller carries it out the same way.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from node.core.load import choose_shed, clockwise_nodes
-from node.core.redistribution import DOUBLING_GROWTH, doubling_cuts, halving_moves
-from node.core.ring import Ring
-from node.core.split_point import plan_split
+from floering.node.core.load import choose_shed, clockwise_nodes
+from floering.node.core.redistribution import DOUBLING_GROWTH, doubling_cuts, halving_moves
+from floering.node.core.ring import Ring
+from floering.node.core.split_point import plan_split
 
 # Load shedding splits ranges only while the ring has fewer than this many times the
 # tokens its members started with (an operator's `floe split` is not limited).

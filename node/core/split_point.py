@@ -14,8 +14,8 @@ token back to p".
 
 from __future__ import annotations
 
-from node.core.hashing import HASH_SPACE, position
-from node.core.ring import Ring
+from floering.node.core.hashing import HASH_SPACE, position
+from floering.node.core.ring import Ring
 
 SAMPLES_PER_BATCH = 4
 

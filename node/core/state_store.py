@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from node.core.reducers import Reducer
+from floering.node.core.reducers import Reducer
 
 MISSING = object()  # "no such key", for callers whose states may be None
 

@@ -11,7 +11,7 @@ without end. A number is recorded only once its batch is accepted.
 
 from __future__ import annotations
 
-from node.core.errors import InvalidArgument, StaleRing, TooLarge, inert
+from floering.node.core.errors import InvalidArgument, StaleRing, TooLarge, inert
 
 SWEEP_EVERY = 10.0     # seconds between two sweeps of idle sources, at most
 

@@ -8,9 +8,9 @@ import logging
 import time
 from dataclasses import dataclass
 
-from node.core.errors import FloeError
-from node.core.handoff import HandoffState
-from node.core.shedding import PeerLoad, cut_positions, shed_reach
+from floering.node.core.errors import FloeError
+from floering.node.core.handoff import HandoffState
+from floering.node.core.shedding import PeerLoad, cut_positions, shed_reach
 
 log = logging.getLogger("floe.node")
 

@@ -1,5 +1,5 @@
 """Durable mode (`--data-dir`): the executor of the node's DiskPlan
-(`node.core.persistence`, where every decision lives) on its NodeStore. The log is
+(`floering.node.core.persistence`, where every decision lives) on its NodeStore. The log is
 appended to on the event loop; its fsync (a group commit every `--fsync-interval`)
 and the copies' RocksDB writes run on worker threads, the writes one after another
 in the order the plan asked for them. A failing disk is tried again every second.
@@ -12,17 +12,17 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
-from node.core.errors import Overloaded
-from node.core.node_core import NodeCore
-from node.core.persistence import DiskPlan
-from node.core.persistence_io import (AcceptBatches, AckWanted, AppendRecord, Began,
+from floering.node.core.errors import Overloaded
+from floering.node.core.node_core import NodeCore
+from floering.node.core.persistence import DiskPlan
+from floering.node.core.persistence_io import (AcceptBatches, AckWanted, AppendRecord, Began,
                                       BatchKept, CheckpointMerged, CompactLog, CopiesWritten,
                                       DiskFailed, DiskRepaired, FailAcks, LogSynced,
                                       RefuseBatches, ReleaseAcks, SaveIdentity, SyncLog,
                                       SyncWanted, WriteCopies)
-from node.core.restore import restored_core
-from node.core.ring import Ring
-from node.storage.node_store import Loaded, NodeStore, open_store
+from floering.node.core.restore import restored_core
+from floering.node.core.ring import Ring
+from floering.node.storage.node_store import Loaded, NodeStore, open_store
 
 log = logging.getLogger("floe.node")
 

@@ -1,4 +1,4 @@
-"""Sending the folds the machine decided (`node.core.folding`): each a one-tuple batch
+"""Sending the folds the machine decided (`floering.node.core.folding`): each a one-tuple batch
 pushed, like a mapper's, to every node of its key's range."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from node.core.batch import Batch, encode_payload
-from node.core.errors import FloeError, Unavailable
-from node.core.machine_io import FoldAnswered, SendFolds
+from floering.node.core.batch import Batch, encode_payload
+from floering.node.core.errors import FloeError, Unavailable
+from floering.node.core.machine_io import FoldAnswered, SendFolds
 
 log = logging.getLogger("floe.node")
 

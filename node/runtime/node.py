@@ -1,4 +1,4 @@
-"""The asyncio executor around the node machine (`node.core.machine`): loops and
+"""The asyncio executor around the node machine (`floering.node.core.machine`): loops and
 timers become events, the machine's effects become network calls, log lines and
 structured events. A bounded inbound queue with one applier task carries the data
 path. Every protocol decision is the machine's; network calls go through a `peers`
@@ -14,29 +14,29 @@ import time
 
 import msgpack
 
-from node.config import NodeConfig
-from node.core.detector import DetectorConfig, FailureDetector
-from node.core.errors import Fenced, FloeError, InvalidArgument, StaleRing, inert
-from node.core.handoff import Handoff, HandoffState
-from node.core.load import LoadConfig, LoadMonitor
-from node.core.machine import NodeMachine
-from node.core.machine_io import (
+from floering.node.config import NodeConfig
+from floering.node.core.detector import DetectorConfig, FailureDetector
+from floering.node.core.errors import Fenced, FloeError, InvalidArgument, StaleRing, inert
+from floering.node.core.handoff import Handoff, HandoffState
+from floering.node.core.load import LoadConfig, LoadMonitor
+from floering.node.core.machine import NodeMachine
+from floering.node.core.machine_io import (
     BatchApplied, CheckpointAcked, CheckpointDue, CheckpointFailed, CheckpointRoundDone, Exit,
     Farewell, Gossip, HandoffAbandoned, HandoffEnded, HandoffRequested, HeardFrom,
     HeartbeatDue, HeartbeatFailed, LeaveRing, LoadSampled, MapperAhead, MonitorDue, Note,
     Record, RefillDue, RingSeen, SendFolds, SendHeartbeat, ShipCheckpoints, SignOfLife, Split,
     SplitRequested, StartHandoff, StartProbe, StartShed)
-from node.core.membership import founding_ring
-from node.core.node_core import NodeCore
-from node.core.reducers import Reducer
-from node.core.ring import Ring
-from node.runtime.balancing import ShedOutcome, shed_load
-from node.runtime.durability import Durability, open_data_dir, restore
-from node.runtime.events import EventLog
-from node.runtime.folds import send_folds
-from node.runtime.probing import probe_for, probe_round
-from node.runtime.inbound import Inbound, InboundQueue, StreamState
-from node.runtime.startup import decide_membership, record_start
+from floering.node.core.membership import founding_ring
+from floering.node.core.node_core import NodeCore
+from floering.node.core.reducers import Reducer
+from floering.node.core.ring import Ring
+from floering.node.runtime.balancing import ShedOutcome, shed_load
+from floering.node.runtime.durability import Durability, open_data_dir, restore
+from floering.node.runtime.events import EventLog
+from floering.node.runtime.folds import send_folds
+from floering.node.runtime.probing import probe_for, probe_round
+from floering.node.runtime.inbound import Inbound, InboundQueue, StreamState
+from floering.node.runtime.startup import decide_membership, record_start
 
 log = logging.getLogger("floe.node")
 

@@ -12,10 +12,10 @@ import asyncio
 from dataclasses import dataclass
 from typing import Protocol
 
-from node.core.codec import pack_entries, unpack_entries
-from node.core.errors import Refused, Unavailable
-from node.core.ring import Ring
-from node.runtime.inbound import StreamState
+from floering.node.core.codec import pack_entries, unpack_entries
+from floering.node.core.errors import Refused, Unavailable
+from floering.node.core.ring import Ring
+from floering.node.runtime.inbound import StreamState
 
 
 class Peers(Protocol):

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import asyncio
 
-from node.core.detector import ALIVE, REFUSED, TIMED_OUT, UNASKED
-from node.core.errors import Fenced, FloeError, Refused, Unavailable
-from node.core.machine_io import ProbeAbandoned, ProbeFinished, StartProbe
+from floering.node.core.detector import ALIVE, REFUSED, TIMED_OUT, UNASKED
+from floering.node.core.errors import Fenced, FloeError, Refused, Unavailable
+from floering.node.core.machine_io import ProbeAbandoned, ProbeFinished, StartProbe
 
 
 async def probe_round(runtime, e: StartProbe) -> None:

@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import asyncio
 
-from node.core.batch import Batch
-from node.core.errors import (Fenced, InvalidArgument, ReducerMismatch, StaleRing, Starting,
+from floering.node.core.batch import Batch
+from floering.node.core.errors import (Fenced, InvalidArgument, ReducerMismatch, StaleRing, Starting,
                               TooLarge, inert)
-from node.core.handoff import Handoff
-from node.core.pieces import pieces_first
-from node.core.ring import Ring
-from node.runtime.balancing import ShedOutcome
-from node.runtime.inbound import StreamState
-from node.runtime.node import NodeRuntime
+from floering.node.core.handoff import Handoff
+from floering.node.core.pieces import pieces_first
+from floering.node.core.ring import Ring
+from floering.node.runtime.balancing import ShedOutcome
+from floering.node.runtime.inbound import StreamState
+from floering.node.runtime.node import NodeRuntime
 
 
 class NodeService:

@@ -1,6 +1,6 @@
 """Before a process serves: ask the peers what they know and decide who it is.
 
-The rules are pure (`node.core.membership`); this module only asks and waits.
+The rules are pure (`floering.node.core.membership`); this module only asks and waits.
 """
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import asyncio
 import logging
 import time
 
-from node.core.errors import FloeError, InvalidArgument, Unavailable, inert
-from node.core.membership import StartDecision, decide_start, ready_to_decide
-from node.core.ring import Ring
+from floering.node.core.errors import FloeError, InvalidArgument, Unavailable, inert
+from floering.node.core.membership import StartDecision, decide_start, ready_to_decide
+from floering.node.core.ring import Ring
 
 log = logging.getLogger("floe.node")
 

@@ -31,11 +31,11 @@ from typing import Iterable
 
 import msgpack
 
-from node.core.batch import Batch
-from node.core.codec import pack, unpack
-from node.core.persistence_io import CopyWrite
-from node.core.restore import DiskCopy, batch_from_record, batch_record
-from node.storage.segment_log import CorruptLog, SegmentLog
+from floering.node.core.batch import Batch
+from floering.node.core.codec import pack, unpack
+from floering.node.core.persistence_io import CopyWrite
+from floering.node.core.restore import DiskCopy, batch_from_record, batch_record
+from floering.node.storage.segment_log import CorruptLog, SegmentLog
 
 TOKEN = struct.Struct(">Q")
 IDENTITY, RING = b"I", b"G"

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import Iterator
 
-from node.core.codec import entry_columns
-from node.core.errors import InvalidArgument, Overloaded
+from floering.node.core.codec import entry_columns
+from floering.node.core.errors import InvalidArgument, Overloaded
 
 CHUNK_ENTRIES = 16_384       # entries per chunk: each takes a few ms of the event loop
 MIN_RATE = 4 << 20           # bytes/s a chunk's deadline allows on top of the base one

@@ -8,8 +8,8 @@ import inspect
 
 import grpc
 
-from node.core.errors import TooLarge
-from node.transport.status import abort
+from floering.node.core.errors import TooLarge
+from floering.node.transport.status import abort
 
 
 def around(handler, enter):

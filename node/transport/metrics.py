@@ -19,7 +19,7 @@ from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, Info
                                     SummaryMetricFamily)
 from prometheus_client.registry import Collector
 
-from node.transport.intercept import around
+from floering.node.transport.intercept import around
 
 # (name without _total, key of the node's stats, help): totals since the process
 # started (since it rejoined, after being fenced: Prometheus sees a counter reset).

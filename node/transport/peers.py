@@ -8,12 +8,12 @@ import asyncio
 import grpc
 
 from floering.v1 import floe_pb2, floe_pb2_grpc
-from node.core.codec import (SLICE, entry_count, pack, pack_entries, pack_entries_sliced,
+from floering.node.core.codec import (SLICE, entry_count, pack, pack_entries, pack_entries_sliced,
                              unpack_entries, unpack_entries_sliced)
-from node.transport.chunking import (CHUNK_ENTRIES, chunk_count, chunk_deadline,
+from floering.node.transport.chunking import (CHUNK_ENTRIES, chunk_count, chunk_deadline,
                                      chunks_of)
-from node.core.errors import Unavailable
-from node.transport.status import error_from_rpc
+from floering.node.core.errors import Unavailable
+from floering.node.transport.status import error_from_rpc
 
 CHUNK_RETRIES = 3     # sends of one chunk that may fail in a row before the shipment does
 

@@ -14,21 +14,21 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
 from floering.v1 import floe_pb2, floe_pb2_grpc
-from node.core.batch import Batch
-from node.core.codec import pack, pack_entries, unpack
-from node.core.errors import FloeError, InvalidArgument, inert
-from node.core.handoff import HandoffState
-from node.core.pieces import FOLD_SOURCE, is_fold_source
-from node.core.ring import Ring
-from node.runtime.inbound import StreamState
-from node.runtime.node import NodeRuntime
-from node.runtime.service import NodeService
-from node.transport.chunking import Reassembly
-from node.transport.intercept import CallLimiter
-from node.transport.metrics import NodeMetrics
-from node.transport.peers import channel_options, pack_entries_async, unpack_entries_async
-from node.transport.status import abort
-from node.transport.tls import Authorizer, TlsFiles, peer_identity
+from floering.node.core.batch import Batch
+from floering.node.core.codec import pack, pack_entries, unpack
+from floering.node.core.errors import FloeError, InvalidArgument, inert
+from floering.node.core.handoff import HandoffState
+from floering.node.core.pieces import FOLD_SOURCE, is_fold_source
+from floering.node.core.ring import Ring
+from floering.node.runtime.inbound import StreamState
+from floering.node.runtime.node import NodeRuntime
+from floering.node.runtime.service import NodeService
+from floering.node.transport.chunking import Reassembly
+from floering.node.transport.intercept import CallLimiter
+from floering.node.transport.metrics import NodeMetrics
+from floering.node.transport.peers import channel_options, pack_entries_async, unpack_entries_async
+from floering.node.transport.status import abort
+from floering.node.transport.tls import Authorizer, TlsFiles, peer_identity
 
 
 def listen_host(listen: str) -> str:

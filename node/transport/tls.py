@@ -37,8 +37,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from node.core.errors import inert
-from node.transport.intercept import around
+from floering.node.core.errors import inert
+from floering.node.transport.intercept import around
 
 ROLES = ("node", "client", "operator")
 VALID_DAYS = 365
