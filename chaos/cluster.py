@@ -638,7 +638,7 @@ def _is_our_node(pid: int, node_id: str) -> bool:
         cmdline = proc.cmdline()
     except psutil.Error:
         return False
-    return "node" in cmdline and "--node-id" in cmdline and node_id in cmdline
+    return "floering.node" in cmdline and "--node-id" in cmdline and node_id in cmdline
 
 
 def _signal(pid: int, sig: int) -> None:

@@ -15,7 +15,11 @@ fi
 stamp=.venv/.installed-$(cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
 if [ ! -f "$stamp" ]; then
   .venv/bin/python -m pip install --quiet --upgrade pip
-  .venv/bin/python -m pip install --quiet -c constraints.txt -e '.[spark,plots,dev]'
+  # An editable install of packages mapped from their folders (floering.node from node/)
+  # goes through an import finder, and setuptools warns about folders named like the
+  # package in the working directory; there is none (floering is in proto/): quiet it.
+  PYTHONWARNINGS="ignore:Editable installation" \
+    .venv/bin/python -m pip install --quiet -c constraints.txt -e '.[spark,plots,dev]'
   rm -f .venv/.installed-*
   touch "$stamp"
 fi

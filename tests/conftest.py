@@ -32,7 +32,7 @@ def running_children(parent: int) -> list[tuple[int, str]]:
 
 def pytest_sessionfinish(session, exitstatus):
     strays = [(pid, cmd) for pid, cmd in running_children(os.getpid())
-              if " -m node " in f" {cmd} " or "mapper_proc" in cmd]
+              if " -m floering.node " in f" {cmd} " or "mapper_proc" in cmd]
     if not strays:
         return
     for pid, _ in strays:

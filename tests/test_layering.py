@@ -10,16 +10,17 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # No clock, randomness, threads, processes or network in the protocol core: it is
 # driven with an explicit `now` by the runtime and by the simulation alike.
-CORE_FORBIDDEN = ("asyncio", "grpc", "grpc_health", "floering", "socket", "subprocess",
-                  "threading", "time", "random", "floering.node.runtime", "floering.node.transport", "floering.node.app",
-                  "mapper", "chaos", "spark_driver")
+CORE_FORBIDDEN = ("asyncio", "grpc", "grpc_health", "floering.v1", "socket", "subprocess",
+                  "threading", "time", "random", "floering.node.runtime",
+                  "floering.node.transport", "floering.node.app", "floering.mapper",
+                  "floering.chaos", "floering.spark_driver")
 # What the mapper may use of the node: the shared wire vocabulary.
 # The wire's vocabulary, plus the ring's balancer, the pieces of shared keys, the
 # sketch that finds hot keys, and the reducers (whose merge a read of a shared key needs).
-MAPPER_ALLOWED_NODE = ("floering.node.core.ring", "floering.node.core.hashing", "floering.node.core.batch", "floering.node.core.codec",
-                       "floering.node.core.errors", "floering.node.core.epochs", "floering.node.transport.status",
-                       "floering.node.transport.tls", "floering.node.core.balancers", "floering.node.core.pieces",
-                       "floering.node.core.reducers", "floering.node.core.sketch")
+MAPPER_ALLOWED_NODE = tuple(f"floering.node.{m}" for m in (
+    "core.ring", "core.hashing", "core.batch", "core.codec", "core.errors", "core.epochs",
+    "transport.status", "transport.tls", "core.balancers", "core.pieces", "core.reducers",
+    "core.sketch"))
 
 
 def imports(path: Path) -> list[str]:
@@ -50,14 +51,16 @@ def test_the_core_imports_no_io(path):
 
 @pytest.mark.parametrize("path", files("mapper"), ids=lambda p: p.name)
 def test_the_mapper_uses_only_the_nodes_wire_vocabulary(path):
-    bad = [m for m in imports(path) if within(m, ("node",)) and not within(m, MAPPER_ALLOWED_NODE)]
-    bad += [m for m in imports(path) if within(m, ("chaos", "spark_driver"))]
+    bad = [m for m in imports(path)
+           if within(m, ("floering.node",)) and not within(m, MAPPER_ALLOWED_NODE)]
+    bad += [m for m in imports(path) if within(m, ("floering.chaos", "floering.spark_driver"))]
     assert not bad, f"{path.name} imports {bad}"
 
 
 @pytest.mark.parametrize("path", files("spark_driver"), ids=lambda p: p.name)
 def test_the_spark_driver_imports_only_the_mapper(path):
-    bad = [m for m in imports(path) if within(m, ("node", "chaos", "floering"))]
+    bad = [m for m in imports(path)
+           if within(m, ("floering.node", "floering.chaos", "floering.v1"))]
     assert not bad, f"{path.name} imports {bad}"
 
 
@@ -68,7 +71,7 @@ def test_no_private_names_imported_across_modules():
             tree = ast.parse(path.read_text(), str(path))
             for node in ast.walk(tree):
                 if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 \
-                        and within(node.module, ("node", "mapper", "chaos", "spark_driver")):
+                        and within(node.module, ("floering",)):
                     bad += [f"{path.relative_to(ROOT)}: {node.module}.{a.name}"
                             for a in node.names if a.name.startswith("_")]
     assert not bad, bad
@@ -76,7 +79,7 @@ def test_no_private_names_imported_across_modules():
 
 def test_the_checker_sees_a_forbidden_import(tmp_path):
     sample = tmp_path / "x.py"
-    sample.write_text("def f():\n    import grpc\n    from node.runtime.node import X\n")
+    sample.write_text("def f():\n    import grpc\n    from floering.node.runtime.node import X\n")
     assert [m for m in imports(sample) if within(m, CORE_FORBIDDEN)] == ["grpc", "floering.node.runtime.node"]
 
 
@@ -129,5 +132,5 @@ def test_modules_and_functions_stay_small(path):
 
 def test_the_decision_checker_sees_a_decision(tmp_path):
     sample = tmp_path / "x.py"
-    sample.write_text("from node.core.detector import combine, Probe\n")
-    assert decisions_imported(sample) == ["node.core.detector.combine"]
+    sample.write_text("from floering.node.core.detector import combine, Probe\n")
+    assert decisions_imported(sample) == ["floering.node.core.detector.combine"]

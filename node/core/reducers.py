@@ -308,7 +308,7 @@ def load_reducer(spec: str, **kwargs) -> Reducer:
         if not (isinstance(cls, type) and issubclass(cls, Reducer)
                 and cls.initial is not Reducer.initial and cls.reduce is not Reducer.reduce):
             raise UnknownReducer(f"reducer {spec!r} is not a reducer class (it must subclass "
-                                 f"node.core.reducers.Reducer and define initial and reduce)")
+                                 f"floering.mapper.Reducer and define initial and reduce)")
     try:
         reducer = cls(**kwargs)
     except (TypeError, ValueError, InvalidArgument) as exc:
