@@ -23,7 +23,7 @@ from typing import AsyncIterator, Iterable
 from floering.mapper.batching import batcher_for, linger_loop
 from floering.mapper.common import ClientBase
 from floering.mapper.queries import get_state, node_stats, query, top_entries, top_of
-from floering.mapper.scanning import open_scan
+from floering.mapper.scanning import FOLD_RETRIES, FoldDuringScan, open_scan
 from floering.node.core.errors import Unavailable
 from floering.node.core.ring import Ring
 from floering.node.transport.tls import TlsFiles
@@ -163,10 +163,15 @@ class AsyncRingClient(ClientBase):
         """The k keys with the highest rank (the count, for word count), best first."""
         await self.connect()
         if self.shares_keys:
-            best, reducer = [], self._reducer()
-            async for items in self._chunks(0):
-                best = top_of(best + items, k, reducer)
-            return best
+            for attempt in range(FOLD_RETRIES):
+                best, reducer = [], self._reducer()
+                try:
+                    async for items in self._chunks(0):
+                        best = top_of(best + items, k, reducer)
+                    return best
+                except FoldDuringScan:
+                    if attempt == FOLD_RETRIES - 1:
+                        raise
         return await top_entries(self._delivery, self.timeout, self.rpc_timeout, k)
 
     async def scan(self, chunk: int = 0) -> AsyncIterator[tuple[object, object]]:

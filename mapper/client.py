@@ -19,7 +19,7 @@ from typing import Iterable, Iterator
 from floering.mapper.batching import batcher_for, linger_loop
 from floering.mapper.common import ClientBase
 from floering.mapper.queries import get_state, node_stats, query, top_entries, top_of
-from floering.mapper.scanning import open_scan
+from floering.mapper.scanning import FOLD_RETRIES, FoldDuringScan, open_scan
 from floering.node.core.errors import Unavailable
 from floering.node.core.ring import Ring
 from floering.node.transport.tls import TlsFiles
@@ -206,16 +206,24 @@ class RingClient(ClientBase):
     def top(self, k: int = 10) -> list[tuple[object, object]]:
         """The k keys with the highest rank (the count, for word count), best first."""
         if self.shares_keys:
-            # a key's pieces rank apart on their nodes: rank the merged whole
-            return top_of(self.scan(), k, self._reducer())
+            # a key's pieces rank apart on their nodes: rank the merged whole, read
+            # again if a fold ran meanwhile (a scan raises rather than count it wrong)
+            for attempt in range(FOLD_RETRIES):
+                try:
+                    return top_of(self.scan(), k, self._reducer())
+                except FoldDuringScan:
+                    if attempt == FOLD_RETRIES - 1:
+                        raise
         return self._query(top_entries(self._delivery, self.timeout, self.rpc_timeout, k))
 
     def scan(self, chunk: int = 0) -> Iterator[tuple[object, object]]:
         """Every (key, state) in the ring, streamed: chunk by chunk as the nodes send
         them (`chunk` keys each; 0: the nodes' default), the pieces of shared keys
-        merged (see `floering.mapper.scanning`). Every node is read at the same ring (stamp); if
-        the ring changes before the first item (a range moving), the scan starts over,
-        so a moving range is never missed or read twice; a node lost later raises."""
+        merged (see `floering.mapper.scanning`). Every node is read at the same ring
+        (stamp); if the ring changes before the first item (a range moving), the scan
+        starts over, so a moving range is never missed or read twice; a node lost later
+        raises, and so does a fold of a shared key that ran while the scan read it
+        (`FoldDuringScan`, an `Unavailable`), before the shared keys are handed on."""
         merge = self._reducer().merge if self.shares_keys else None
         scan = self._query(open_scan(self._delivery, functools.partial(
             query, self._delivery, self.timeout), merge, chunk))

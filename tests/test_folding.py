@@ -118,3 +118,27 @@ def test_a_new_primary_finds_a_pending_fold_and_sends_it_again_under_the_same_se
     ack_round(heir)
     assert heir.folds.review(heir, 0.1) == (send,)
     assert pending(heir.primaries[TOKEN].state.get(out))
+
+
+def test_every_fold_step_moves_the_epoch_and_the_receiver_shows_the_seq_it_merged():
+    """What a scan compares (mapper.scanning): a node's fold epoch moves with each step
+    taken there, and the fold marks name the last seq merged per fold source."""
+    c = core()
+    push(c, PIECE, 7)
+    c.folds.review(c, 0.0)
+    c.folds.review(c, 0.5)
+    assert c.fold_epoch == 0
+    c.folds.review(c, 1.5)                      # the piece emptied into its outgoing key
+    assert c.fold_epoch == 1
+    ack_round(c)
+    [send] = c.folds.review(c, 2.0)
+    dest = core(RING.owner("the"))
+    before = dest.fold_epoch if dest is not c else c.fold_epoch
+    push(dest, send.key, send.state, source=send.source, seq=send.seq)
+    assert dest.fold_epoch == before + 1        # merged into its key
+    assert dest.fold_marks()[send.source] == 1
+    push(dest, send.key, send.state, source=send.source, seq=send.seq)
+    assert dest.fold_epoch == before + 1        # a resend is dropped: no step
+    c.folds.answered(c, send.out_key, 1, ok=True)
+    assert c.fold_epoch == (3 if dest is c else 2)   # done
+    assert c.stats()["fold_epoch"] == c.fold_epoch

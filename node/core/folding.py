@@ -31,10 +31,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import mmh3
-
 from floering.node.core.state_store import MISSING
-from floering.node.core.pieces import FOLD_SOURCE, fold_key, is_fold_key, is_piece, parse_piece
+from floering.node.core.pieces import (fold_key, fold_source, is_fold_key, is_piece,
+                                       on_its_way, parse_piece)
 
 FOLDING_BALANCERS = frozenset({"dkg", "dchoices", "wchoices", "smalops"})  # pools shrink
 NONCE_TRIES = 16_384      # outgoing keys tried, once per piece and range (~25 ms at
@@ -66,13 +65,7 @@ def routed(ring, folds) -> tuple[tuple[int, ...], tuple[tuple[str, ...], ...]]:
                          for t in tokens)
 
 
-def fold_source(out_key: bytes) -> str:
-    return FOLD_SOURCE + mmh3.hash_bytes(out_key).hex()
-
-
-def pending(held) -> bool:
-    """Whether an outgoing key's state is a fold on its way: [n, state]."""
-    return isinstance(held, (list, tuple)) and len(held) == 2 and type(held[0]) is int
+pending = on_its_way        # [n, state]: a fold on its way (pieces.on_its_way)
 
 
 def outgoing_key(ring, token: int, key, index: int) -> bytes | None:
@@ -105,6 +98,7 @@ class FoldBook:
         self.ranges: dict[int, RangeFolds] = {}
         self.in_flight: set[bytes] = set()   # outgoing keys sent, not yet answered
         self.folded = 0                        # folds made, for stats
+        self.done = 0                          # folds every destination took
 
     def saw(self, token: int, keys) -> None:
         """Keys new to a primary range (or all of a batch's): note its pieces."""
@@ -210,3 +204,4 @@ class FoldBook:
             held = rng.state.get(out)
             if pending(held) and held[0] == seq:
                 rng.state.active[out] = [seq]
+                self.done += 1

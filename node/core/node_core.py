@@ -15,6 +15,7 @@ from floering.node.core.backup_store import BackupEntry
 from floering.node.core.batch import Batch, Limits, check_header
 from floering.node.core.epochs import check_source
 from floering.node.core.folding import FOLDING_BALANCERS, FoldBook
+from floering.node.core.pieces import is_fold_source
 from floering.node.core.errors import (Fenced, InvalidArgument, RangeLost, StaleRing, Starting,
                               TooLarge, inert)
 from floering.node.core.ranges import Checkpoint, PrimaryRange, ReplicaSide
@@ -71,6 +72,7 @@ class NodeCore:
         self.applied_by_token: dict[int, int] = {}   # tuples applied per owned token, cumulative
         self.positions = PositionLoad()              # where inside each range the load sits
         self.folds = FoldBook(limits.piece_idle)     # pieces merged back into their keys
+        self.fold_merges = 0                         # folds merged into keys we own
         self.counters = dict(applied=0, duplicates=0, refused=0, backed_up=0,
                              checkpoints_shipped=0, checkpoints_received=0, takeovers=0,
                              handed_off=0, sources_expired=0)
@@ -257,6 +259,8 @@ class NodeCore:
             applied, dups = self.primaries[token].apply(
                 source, first_seq, last_seq, count, payload, seqs, verify=check, now=now,
                 max_sources=self.limits.max_sources_per_range)
+            if applied and is_fold_source(source):
+                self.fold_merges += 1
             self.counters["applied"] += applied
             self.counters["duplicates"] += dups
             self.applied_by_token[token] = self.applied_by_token.get(token, 0) + applied
@@ -426,6 +430,23 @@ class NodeCore:
             return "replica", self.replicas.rebuild(token, self._keys_of(token))[0]
         return "", {}
 
+    @property
+    def fold_epoch(self) -> int:
+        """Steps of folds taken here: a piece's state moved to its outgoing key, a fold
+        merged into a key, a fold marked done. A scan that saw it change while it read
+        may have read a fold half-way: on two nodes, at two moments (mapper.scanning)."""
+        return self.folds.folded + self.folds.done + self.fold_merges
+
+    def fold_marks(self) -> dict[str, int]:
+        """The last fold seq merged per fold source, over the ranges we own: a scan
+        skips a fold it sees on its way whose seq a node shows merged already."""
+        marks: dict[str, int] = {}
+        for rng in self.primaries.values():
+            for source, seq in rng.watermarks.items():
+                if is_fold_source(source):
+                    marks[source] = max(seq, marks.get(source, 0))
+        return marks
+
     def stats(self) -> dict:
         return dict(
             self.counters,
@@ -438,6 +459,7 @@ class NodeCore:
             lost_ranges=len(self.lost_tokens),
             under_replicated=len(self.under_replicated()),
             pieces_folded=self.folds.folded,
+            fold_epoch=self.fold_epoch,
         )
 
     def check_invariants(self) -> None:

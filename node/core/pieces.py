@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterable
 
+import mmh3
 import msgpack
 
 from floering.node.core.errors import InvalidKey
@@ -56,6 +57,16 @@ def carries_states(source: str) -> bool:
 def fold_key(key, index: int, nonce: int) -> bytes:
     """An outgoing key of piece `index` of `key`: where its state waits to be merged."""
     return FOLD_MARK + msgpack.packb((key, index, nonce))
+
+
+def fold_source(out_key: bytes) -> str:
+    """The source a fold of outgoing key `out_key` is sent under (its seq: the fold's n)."""
+    return FOLD_SOURCE + mmh3.hash_bytes(out_key).hex()
+
+
+def on_its_way(held) -> bool:
+    """Whether an outgoing key's state is a fold on its way: [n, state] (done: [n])."""
+    return isinstance(held, (list, tuple)) and len(held) == 2 and type(held[0]) is int
 
 
 def is_fold_key(key) -> bool:

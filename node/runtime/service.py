@@ -158,12 +158,15 @@ class NodeService:
                            f"(--max-scan-chunk)")
         return asked or min(default, limit)
 
-    async def scan(self, ring_stamp: int = 0) -> list:
+    async def scan(self, ring_stamp: int = 0) -> tuple[list, int, dict]:
         core = self.runtime.core
         if ring_stamp and ring_stamp != core.ring.stamp:
             raise StaleRing(f"scan for ring stamp {ring_stamp:#x}, node {core.node_id} is "
                             f"at {core.ring.stamp:#x}")
-        return pieces_first(await self._snapshot(core))
+        # Taken before the first range is copied: a fold step after it changes the
+        # epoch a reader compares at the end (mapper.scanning).
+        epoch, marks = core.fold_epoch, core.fold_marks()
+        return pieces_first(await self._snapshot(core)), epoch, marks
 
     def stats(self) -> dict:
         return self.runtime.stats()

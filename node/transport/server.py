@@ -9,6 +9,7 @@ import logging
 import time
 
 import grpc
+import msgpack
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
@@ -276,12 +277,15 @@ class QueryPlane(floe_pb2_grpc.QueryPlaneServicer):
     async def Scan(self, request, context):
         try:
             chunk = self.service.scan_chunk(request.chunk, SCAN_CHUNK)
-            items = await self.service.scan(request.ring_stamp)
+            items, epoch, marks = await self.service.scan(request.ring_stamp)
         except FloeError as exc:
             await abort(context, exc)
-        for start in range(0, len(items), chunk):
-            yield floe_pb2.ScanChunk(entries=pack_entries(items[start:start + chunk]))
+        first = floe_pb2.ScanChunk(entries=pack_entries(items[:chunk]), fold_epoch=epoch,
+                                   fold_marks=msgpack.packb(marks) if marks else b"")
+        yield first                     # even with no keys: it carries the fold epoch
+        for start in range(chunk, len(items), chunk):
             await asyncio.sleep(0)      # the event loop runs between two chunks
+            yield floe_pb2.ScanChunk(entries=pack_entries(items[start:start + chunk]))
 
     async def Stats(self, request, context):
         return floe_pb2.NodeStats(**self.service.stats())
