@@ -130,7 +130,7 @@ def run(workdir: str | Path, seconds: float = 20.0, rate: float = 30_000, nodes:
         feeder.join(120)
         if feeder.error:
             raise feeder.error
-        got = dict(probe.scan())
+        got = probe.scan_all()
         probe.close()
         exact = got == dict(feeder.acked)
         mismatch = {k: (got.get(k), feeder.acked.get(k)) for k in set(got) | set(feeder.acked)

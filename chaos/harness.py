@@ -505,7 +505,7 @@ def _verify(cluster: LocalCluster, acked, unacked, ids: bool) -> Verdict:
     try:
         client = RingClient(seeds, timeout=60, tls=cluster.tls("client"))
         try:
-            counted = dict(client.scan())
+            counted = client.scan_all()
         finally:
             client.close()
     except Exception as exc:

@@ -198,7 +198,7 @@ def run_one(policy: str, name: str, tuples: int, seed: int = 1,
             latencies = sorted(s for s, _ in client.delivery_latencies())
             rows = client.stats()
             try:
-                got = None if failure else dict(client.scan())
+                got = None if failure else client.scan_all()
             except FloeError as exc:      # e.g. a range reported lost: shown, not hidden
                 got, failure = None, f"{type(exc).__name__}: {exc}"
         loads = [r["applied"] - before.get(r["node_id"], 0) for r in rows]
@@ -255,7 +255,7 @@ def run_overload(policy: str, name: str, rate: float, work: int, seconds: float,
             client.flush()
             elapsed = time.monotonic() - start
             latencies = _weighted(client.delivery_latencies())
-            got, fed = dict(client.scan()), Counter(keys[:sent])
+            got, fed = client.scan_all(), Counter(keys[:sent])
             exact = got == dict(fed)
             rows = client.stats()
             moved = _moved(rows, moved_before)

@@ -180,6 +180,16 @@ class AsyncRingClient(ClientBase):
             for item in items:
                 yield item
 
+    async def scan_all(self) -> dict:
+        """The whole ring as one dict: RingClient.scan_all."""
+        for attempt in range(FOLD_RETRIES):
+            try:
+                return {key: state async for key, state in self.scan()}
+            except FoldDuringScan:
+                if attempt == FOLD_RETRIES - 1:
+                    raise
+        raise AssertionError("unreachable")
+
     async def _chunks(self, chunk: int) -> AsyncIterator[list]:
         await self.connect()
         merge = self._reducer().merge if self.shares_keys else None

@@ -233,6 +233,17 @@ class RingClient(ClientBase):
         finally:
             self._loop.call_soon_threadsafe(scan.cancel)
 
+    def scan_all(self) -> dict:
+        """The whole ring as one dict (held in memory, unlike scan()), read again if a
+        fold of a shared key ran while it read (FoldDuringScan)."""
+        for attempt in range(FOLD_RETRIES):
+            try:
+                return dict(self.scan())
+            except FoldDuringScan:
+                if attempt == FOLD_RETRIES - 1:
+                    raise
+        raise AssertionError("unreachable")
+
     def stats(self, also: dict[str, str] | None = None) -> list[dict]:
         """NodeStats of every member, then of `also` ({node: address}, e.g. processes
         no longer members); an unreachable node gives {'node_id', 'address', 'error'}."""

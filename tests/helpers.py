@@ -126,7 +126,7 @@ class Feeder(threading.Thread):
         """Stop, then check the ring holds exactly what flush() acknowledged; returns
         the (still open) client for further reads."""
         client = self.finish()
-        got = dict(client.scan())
+        got = client.scan_all()
         assert got == self.acked, diff(got, self.acked)
         return client
 

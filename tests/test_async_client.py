@@ -163,8 +163,13 @@ class FakeScanCall:
 def fake_ring(nodes: dict[str, list], chunk: int):
     calls = {f"10.0.0.{i}:1": FakeScanCall(items, chunk) for i, items in enumerate(nodes.values())}
     ring = SimpleNamespace(stamp=7, addresses=[(n, a) for n, a in zip(nodes, calls)])
-    stub_for = lambda address: SimpleNamespace(Scan=lambda request: calls[address])  # noqa: E731
+    stub_for = lambda address: SimpleNamespace(Scan=lambda request: calls[address],  # noqa: E731
+                                               Stats=no_fold_ran)
     return ring, stub_for, list(calls.values())
+
+
+async def no_fold_ran(request, timeout=None):
+    return floe_pb2.NodeStats(fold_epoch=0)
 
 
 async def test_a_scan_hands_on_items_before_the_last_chunk_is_read():

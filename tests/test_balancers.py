@@ -221,7 +221,7 @@ def test_a_sharing_ring_reads_every_key_whole_and_exact_through_a_kill(tmp_path,
             assert not feeder.is_alive()
         with RingClient([n.address for n in cluster.nodes if n.alive()], tls=tls,
                         timeout=30) as client:
-            assert dict(client.scan()) == dict(expect)
+            assert client.scan_all() == dict(expect)
             for word in [hot, "and", "Jesus", "zzz-never-sent"]:
                 assert client.get(word) == (expect[word] or None), word
             assert [c for _, c in client.top(5)] == [c for _, c in expect.most_common(5)]
@@ -255,7 +255,7 @@ def test_a_shrunk_pools_pieces_are_merged_back_exactly_into_their_keys(tmp_path,
                 assert raw_get(cluster, ring, word) == expect[word], word
                 assert client.get(word) == expect[word], word
             assert sum(s["pieces_folded"] for s in client.stats()) >= len(shared)
-            assert dict(client.scan()) == dict(expect)
+            assert client.scan_all() == dict(expect)
 
 
 @pytest.mark.multiprocess

@@ -23,8 +23,13 @@ node that takes the range over finds [n, state] and sends it again under the sam
 (source, seq), which the receiver drops if it merged it already. A new primary (a
 takeover, a handoff, a split, a restart) finds its outgoing keys and pieces by a scan
 of its range, `scan_step` keys per checkpoint round. Reads merge a pending outgoing
-key as a piece (`merge_pieces`); `get` asks the pieces only, so while a fold is on
-its way (a checkpoint round or two) it misses that part of the key.
+key as a piece (`merge_pieces`). A scan reads the two ends of a fold on two nodes at
+two moments: each node's first chunk carries its fold epoch (`NodeCore.fold_epoch`,
+every step above moves it) and the fold seqs it merged (`fold_marks`), so the reader
+skips a fold on its way that a node shows merged, and raises rather than hand on a
+sum when a step ran during the scan (`mapper.scanning`). `get` asks the pieces only,
+so while a fold is on its way (a checkpoint round or two) it misses that part of the
+key.
 """
 
 from __future__ import annotations
