@@ -232,7 +232,8 @@ def _coerce(name: str, value):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m floering.node", description="Run one floe-ring reducer node.")
+    # `floe node` is the documented way to start one (python -m floering.node takes the same)
+    p = argparse.ArgumentParser(prog="floe node", description="Run one floe-ring reducer node.")
     p.add_argument("--config", help="TOML file with any of the settings below")
     p.add_argument("--node-id")
     p.add_argument("--listen", help="host:port to serve on (bind); 0.0.0.0 or [::] (every "
