@@ -181,7 +181,7 @@ def run(args) -> int:
         if error is not None:
             print(f"query failed: {error}", file=sys.stderr, flush=True)
             return 1
-        reporter.report()
+        reporter.report(final=True)
         return 0
     finally:
         ring.close()
@@ -210,12 +210,13 @@ class ProgressReporter:
         self.sink = sink
         self.interval = interval
         self.last = time.monotonic()
+        self.printed = ""                  # the last line: one that says nothing new is not
 
     def maybe_report(self) -> None:
         if self.interval and time.monotonic() - self.last >= self.interval:
             self.report()
 
-    def report(self) -> None:
+    def report(self, final: bool = False) -> None:
         self.last = time.monotonic()
         progress = self.query.lastProgress
         spark = "spark: waiting for the first batch"
@@ -232,7 +233,10 @@ class ProgressReporter:
             up = f"{sum('error' not in s for s in stats)}/{len(stats)} nodes up"
         except Exception as exc:   # progress must never stop the query
             up = f"nodes unknown ({exc})"
-        print(f"{spark} | ring: {held}, {up}", flush=True)
+        line = f"{spark} | ring: {held}, {up}"
+        if line != self.printed or final:
+            print(line, flush=True)
+            self.printed = line
 
 
 def main(argv=None) -> int:
