@@ -502,15 +502,17 @@ def judge(injected, events: list[dict], members: dict[str, dict], journals: list
                    if injected.at <= e <= until)
     before = sorted(a - e for j in journals for e, a in chunk_latencies(j)
                     if e < injected.at)
-    after = [a for j in journals for e, a in chunk_latencies(j) if a > injected.at]
+    # a chunk emitted just before the fault was in place may have its last
+    # acknowledgements in flight: only chunks emitted once it was in place count
+    in_place = injected.at + d.get("in_place_ms", 0.0) / 1e3
+    after = [a for j in journals for e, a in chunk_latencies(j) if e >= in_place]
     d["chunks_during"] = len(waits)
     d["chunk_wait_ms"] = _spread(waits)
     d["chunk_wait_before_ms"] = _spread(before)
+    # the first acknowledgement of a chunk emitted once the fault was in place
     d["first_ack_after_fault_ms"] = round((min(after) - injected.at) * 1e3, 1) if after \
         else None
     # chunks emitted once the fault was in place and acknowledged before it healed
-    # (a chunk emitted just before may have its last acknowledgements in flight)
-    in_place = injected.at + d.get("in_place_ms", 0.0) / 1e3
     d["acked_during"] = sum(1 for j in journals for e, a in chunk_latencies(j)
                             if in_place <= e and a <= until)
     acks = sorted(a for j in journals for e, a in chunk_latencies(j)
