@@ -535,6 +535,66 @@ def test_storm_seed(seed):
     run_storm_seed(seed)
 
 
+STARVED_SEEDS = int(os.environ.get("FLOE_SIM_STARVED_SEEDS", "40"))
+
+
+class StarvedChainSimulation(Simulation):
+    """After `armed_at`, the node that prepares a handoff (the overloaded one, doubling)
+    is paused or starved long enough to be declared dead, falsely; the node that then
+    takes its ranges over is paused 0-100 ms after the takeover, before a checkpoint
+    round of its own has filled their new replicas."""
+    armed_at = 0.5
+    first = "pause"
+    first_fired = second_fired = False
+
+    def _record(self, e) -> None:
+        super()._record(e)
+        uniform = self.rng.uniform
+        if self.first_fired and not self.second_fired and e.kind == "taken_over" \
+                and self.declared:
+            self.second_fired = True
+            self.at(self.now + uniform(0, 0.1), self.pause, e.node, uniform(1.3, 3.0))
+        elif not self.first_fired and self.now >= self.armed_at \
+                and e.kind == "handoff_prepared":
+            self.first_fired = True
+            if self.first == "slow":
+                self.at(self.now, self.slow, e.node, uniform(1.3, 3.0), uniform(0.5, 2.0))
+            else:
+                self.at(self.now + uniform(0, 0.05), self.pause, e.node, uniform(1.3, 3.0))
+
+
+def starved_chain_scenario(seed: int) -> Simulation:
+    """A doubling ring (r = 1, 3 or 4 nodes, 2 to 8 tokens each) whose overloaded node
+    is starved in the middle of a handoff and declared dead, and whose heir is paused
+    right after taking its ranges over. Nobody is killed: the heir holds the only
+    complete copy of those ranges until it fills their replicas, so declaring it on
+    timeouts would lose them (RangeLost in chaos.balance with the doubling policy on a
+    loaded machine); the declaration must wait for it to come back."""
+    import random
+    pick = random.Random(seed * 7777 + 8)
+    sim = StarvedChainSimulation(seed, nodes=pick.choice([3, 3, 4]), replication=1,
+                                 tokens=pick.choice([2, 4, 8]), mappers=pick.choice([1, 2]),
+                                 skew=pick.uniform(0.5, 0.8), policy="doubling")
+    ring = sim.founding
+    start = pick.uniform(0.2, 0.5)
+    faults = [(start, sim.overload, (ring.owner("w0"), pick.uniform(2.0, 4.0)))]
+    sim.first = pick.choice(["pause", "slow"])
+    sim.armed_at = pick.uniform(0.2, 2.0)
+    sim.run(until=13.0, emit_until=3.0, faults=faults)
+    return sim
+
+
+def run_starved_chain_seed(seed: int) -> None:
+    sim = starved_chain_scenario(seed)
+    check(sim, seed)
+    assert not [line for line in sim.log if " lost " in line], sim.log
+
+
+@pytest.mark.parametrize("seed", range(STARVED_SEEDS))
+def test_starved_chain_seed(seed):
+    run_starved_chain_seed(seed)
+
+
 DURABLE_SEEDS = int(os.environ.get("FLOE_SIM_DURABLE_SEEDS", "90"))
 
 

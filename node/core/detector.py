@@ -16,6 +16,11 @@ a round proves depends on how it ended:
   doubled deadline, and is declared dead only when confirmed rounds have gone on for
   `suspicion` seconds without any sign of life. Any message from it meanwhile
   (heartbeat, checkpoint, probe answer) clears the suspicion.
+  When declaring the node would lose ranges (we would take over a range of it of
+  which we hold no complete copy yet: it took the range over, or was handed it, and
+  has not filled its replicas), confirmed rounds must go on for `lossy_suspicion`
+  instead: a starved node is only slow, and removing it would drop the one complete
+  copy with its state. Only a refused probe (or a restart) declares it sooner.
 - unconfirmed (no quorum stands behind the suspicion: too few members answered us):
   we may be the ones cut off, alone or with a few others. The node stays suspected
   however long that lasts, and the suspicion period starts again from the next
@@ -38,6 +43,7 @@ deterministic simulation (tests/simulation.py) both drive this one class.
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from dataclasses import dataclass, field
 from statistics import fmean, pstdev
@@ -47,6 +53,7 @@ ALIVE, REFUSED, TIMED_OUT = "alive", "refused", "timed out"      # what a probe 
 UNCONFIRMED = "unconfirmed"     # timed out, and too few members stand behind it: no quorum
 UNASKED = "unasked"             # an indirect probe the member asked did not answer
 DEAD, SUSPECT, STALE = "dead", "suspect", "stale"                 # verdicts besides ALIVE
+HELD = "held"       # still suspected: declared by now, were it not for the ranges it would lose
 
 
 @dataclass(frozen=True)
@@ -57,6 +64,9 @@ class DetectorConfig:
     window: int = 50             # gaps remembered per node
     probe_timeout: float = 0.15  # deadline of the first probe of a suspicion
     suspicion: float = 1.0       # probes that only time out: declared dead after this long
+    # ... or after this long when declaring the node would lose ranges (their only
+    # complete copy is its own): a starved node must not take them with it
+    lossy_suspicion: float = 30.0
     lag_window: float = 5.0      # own loop lag is remembered this long (seconds)
     lag_floor: float = 0.05      # lag up to this is ordinary scheduling noise, ignored
     max_stretch: float = 8.0     # own lag stretches deadlines at most this many times
@@ -116,6 +126,7 @@ class _Watch:
     probe: Probe | None = None          # the round in flight, if any
     next_deadline: float = 0.0          # of the next round, once a round timed out
     rounds: int = 0                     # rounds of the current suspicion so far
+    held: bool = False                  # this suspicion was held back once (lossy)
 
 
 class FailureDetector:
@@ -159,6 +170,7 @@ class FailureDetector:
         w.last = now
         w.suspected_since = w.evidence_since = None
         w.probe = None                  # a round still in flight no longer counts
+        w.held = False
 
     # ----------------------------------------------------------- local health
 
@@ -202,17 +214,20 @@ class FailureDetector:
             if w.suspected_since is None:
                 if now - w.last <= self.timeout(node, now):
                     continue
-                w.suspected_since, w.evidence_since, w.rounds = now, None, 0
+                w.suspected_since, w.evidence_since, w.rounds, w.held = now, None, 0, False
                 w.next_deadline = self.config.probe_timeout * self.stretch(now)
             w.probe = Probe(node, w.next_deadline, now, w.rounds, w.suspected_since)
             w.rounds += 1
             due.append(w.probe)
         return due
 
-    def probe_result(self, probe: Probe, outcome: str, now: float) -> str:
+    def probe_result(self, probe: Probe, outcome: str, now: float, lossy: bool = False) -> str:
         """Record how a round ended. Returns ALIVE, DEAD (the caller removes the node;
-        it is no longer watched), SUSPECT (probed again by a later `due_probes`) or
-        STALE (the round no longer counts: the node spoke or stopped being watched)."""
+        it is no longer watched), SUSPECT (probed again by a later `due_probes`), HELD
+        (as SUSPECT; said once per suspicion, when only `lossy` kept it from DEAD) or
+        STALE (the round no longer counts: the node spoke or stopped being watched).
+        `lossy`: declaring the node now would lose ranges (the caller holds no complete
+        copy of some range it would take over), so timeouts need `lossy_suspicion`."""
         if outcome not in (ALIVE, REFUSED, TIMED_OUT, UNCONFIRMED):
             raise ValueError(f"unknown probe outcome {outcome!r}")
         w = self._watches.get(probe.node)
@@ -234,12 +249,18 @@ class FailureDetector:
             return SUSPECT
         if w.evidence_since is None:
             w.evidence_since = probe.started
-        if now - w.evidence_since >= self.suspicion_period(now):
+        usual = self.suspicion_period(now)
+        period = self.suspicion_period(now, lossy)
+        if now - w.evidence_since >= period:
             del self._watches[probe.node]
             return DEAD
-        # Double the deadline, but end the next round near the end of the suspicion.
-        remaining = w.evidence_since + self.suspicion_period(now) - now
-        w.next_deadline = max(first, min(2 * probe.deadline, remaining))
+        # Double the deadline, but end the next round near the end of the suspicion
+        # (and, while a lossy declaration waits, keep each round within the usual one).
+        remaining = w.evidence_since + period - now
+        w.next_deadline = max(first, min(2 * probe.deadline, remaining, usual))
+        if now - w.evidence_since >= usual and not w.held:
+            w.held = True
+            return HELD
         return SUSPECT
 
     def abandon(self, probe: Probe) -> None:
@@ -249,8 +270,9 @@ class FailureDetector:
         if w is not None and w.probe is probe:
             w.probe = None
 
-    def suspicion_period(self, now: float) -> float:
-        return self.config.suspicion * self.stretch(now)
+    def suspicion_period(self, now: float, lossy: bool = False) -> float:
+        c = self.config
+        return (max(c.suspicion, c.lossy_suspicion) if lossy else c.suspicion) * self.stretch(now)
 
 
 class Isolation:
@@ -291,6 +313,24 @@ class Isolation:
 
 
 CUT_OFF, RECONNECTED, EXCHANGE = "cut off", "reconnected", "exchange"
+
+
+def suspicion_note(probe: Probe, verdict: str, losing, detector: "FailureDetector",
+                   now: float) -> tuple | None:
+    """What a round that declared nobody tells the log, as (kind, text, level, fields):
+    a suspicion begins, or (once) a declaration is held back (`losing`: the ranges it
+    would lose) until the lossy suspicion has passed; else None."""
+    node, wait = probe.node, detector.suspicion_period(now, lossy=True)
+    if verdict == SUSPECT and probe.round == 0:
+        ms = round(1000 * probe.deadline)
+        return ("suspected", f"suspecting {node}: no answer within {ms} ms, probing again",
+                logging.INFO, dict(about=[node], deadline_ms=ms))
+    if verdict == HELD:
+        return ("declaration_held", f"not declaring {node} dead yet: we hold no complete copy "
+                f"of {len(losing)} of its ranges, which would be lost with it; it may be only "
+                f"starved, so timeouts alone declare it after {wait:.0f} s",
+                logging.WARNING, dict(about=[node], tokens=list(losing)))
+    return None
 
 
 def declaration(outcome: str, failure: str, indirect, members: int, probe: Probe,

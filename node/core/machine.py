@@ -16,8 +16,8 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
-from floering.node.core.detector import (ALIVE, DEAD, EXCHANGE, REFUSED, SUSPECT, FailureDetector,
-                                Isolation, combine, declaration, indirect_vias)
+from floering.node.core.detector import (ALIVE, DEAD, EXCHANGE, REFUSED, TIMED_OUT, FailureDetector,
+                                Isolation, combine, declaration, indirect_vias, suspicion_note)
 from floering.node.core.errors import InvalidArgument, inert
 from floering.node.core.handoff import (Handoff, HandoffState, SplitBudget, leave_moves,
                                retired_extras, split_ring, unpinned)
@@ -29,7 +29,7 @@ from floering.node.core.machine_io import (
     HeardFrom, HeartbeatDue, HeartbeatFailed, LeaveRing, LoadSampled, MapperAhead, MonitorDue,
     Note, ProbeAbandoned, ProbeFinished, Record, RefillDue, RingSeen, SendFolds, SendHeartbeat,
     ShipCheckpoints, SignOfLife, Split, SplitRequested, StartHandoff, StartProbe, StartShed)
-from floering.node.core.membership import refill_moves, rejoin_name, restarted
+from floering.node.core.membership import refill_moves, rejoin_name, removal_losses, restarted
 from floering.node.core.node_core import NodeCore, RingChange
 from floering.node.core.ring import Ring
 from floering.node.core.shedding import PeerLoad, ShedPlan, plan_shed, with_split_tail
@@ -246,7 +246,8 @@ class NodeMachine:
     def _probe_finished(self, event: ProbeFinished, now: float, out: list) -> None:
         """The detector decides what a round means: alive, dead, or still suspected
         (probed again). Only our own refused connection is conclusive; a timeout counts
-        with a quorum of the ring behind it, once we know we were not cut off."""
+        with a quorum of the ring behind it, once we know we were not cut off, and only
+        after the lossy suspicion if declaring would lose ranges (it may be starved)."""
         probe = event.probe
         if event.epoch != self.epoch or self.core.fenced:
             self.detector.abandon(probe)
@@ -259,11 +260,10 @@ class NodeMachine:
         outcome, step = self.isolation.judge(combine(direct, event.indirect, members))
         if step:    # a quorum again: views first, suspicions after (or: no quorum)
             out.append(Gossip() if step == EXCHANGE else Note(Isolation.NOTE, logging.WARNING))
-        verdict = self.detector.probe_result(probe, outcome, now)
-        if verdict == SUSPECT and probe.round == 0:
-            ms = round(1000 * probe.deadline)
-            out.append(self._record("suspected", f"suspecting {node}: no answer within {ms} ms, "
-                               "probing again", about=[node], deadline_ms=ms))
+        losing = removal_losses(self.core, node) if outcome == TIMED_OUT else []
+        verdict = self.detector.probe_result(probe, outcome, now, lossy=bool(losing))
+        if note := suspicion_note(probe, verdict, losing, self.detector, now):
+            out.append(self._record(note[0], note[1], note[2], **note[3]))
         if verdict != DEAD or node not in self.core.ring.nodes:
             return  # alive, still suspected, or someone else declared it meanwhile
         why = declaration(outcome, failure, event.indirect, members, probe, now)

@@ -121,6 +121,23 @@ def refill_moves(ring: Ring, me: str) -> dict[int, str]:
     return {mine[int(i * step)]: idle[0] for i in range(give)}
 
 
+def removal_losses(core, node: str) -> list[int]:
+    """The ranges of `node` that removing it would lose, as far as `core` (a NodeCore)
+    can tell: those the removal itself marks lost (every copy on removed nodes), and
+    those it would hand `core`'s node while it holds no complete copy of them (it
+    would take them over empty: its copy is filled by their owner's checkpoints after
+    a takeover or a handoff). Sorted; empty when the removal loses nothing we know of."""
+    ring, me = core.ring, core.node_id
+    if node not in ring.nodes or node == me:
+        return []
+    try:
+        new = ring.without([node])
+    except ValueError:
+        return []
+    return sorted(t for t in ring.tokens_of(node) if t not in ring.lost and (
+        t in new.lost or (new.owner_of_token(t) == me and not core.replicas.is_complete(t))))
+
+
 def restarted(ring: Ring, node: str, incarnation: int) -> bool:
     """A message from `node` sent by another process than the one the ring knows for
     it: the member restarted and its state is gone (0 says nothing either way)."""
