@@ -498,14 +498,19 @@ HANDOFF_CI = [name for name, s in BUILTIN.items() if s.ci and mid_handoff(s)]
 # The network faults (hosts of their own, root only) run in tests/test_netns.py.
 
 
-def check_round_timelines(result):
+def check_round_timelines(result, applying_seen: bool = True):
+    """Every stage of every failure, in order. `applying_seen=False`: the heir may not
+    apply new tuples to a taken-over range before the round ends (a joiner's ranges can
+    be slices of a donor's that the feed's keys seldom hit); if it does, in order."""
     for rnd in result["rounds"]:
         for tl in rnd["timelines"]:
-            stages = [tl[s] for s in ("injected", "detected", "taken_over", "applying")]
+            stages = [tl[s] for s in ("injected", "detected", "taken_over")]
+            if applying_seen or tl["applying"] is not None:
+                stages.append(tl["applying"])
+                assert tl["ranges_applying"] >= 1, tl
             assert None not in stages and tl["re_replicated"] is not None, tl
             assert stages == sorted(stages), json.dumps(tl)
             assert tl["re_replicated"] >= tl["taken_over"]
-            assert tl["ranges_applying"] >= 1
 
 
 @pytest.mark.chaos
@@ -631,7 +636,7 @@ def test_a_kill_inside_a_live_handoff_loses_nothing(name, tmp_path):
         # the receiver died: its giver aborted (or had just committed, and then the
         # receiver's heirs took the moved ranges over with the rest of its ranges)
         assert outcome["summary"] in ("aborted", "committed"), outcome
-        check_round_timelines(result)
+        check_round_timelines(result, applying_seen=d["handoff"] != "scale-out")
         if d["handoff"] == "scale-out":
             # the new node owned only what a donor had committed to it before it died
             committed = [g for g, row in outcome["givers"].items()
