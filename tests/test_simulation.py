@@ -524,10 +524,14 @@ def storm_scenario(seed: int) -> Simulation:
     return sim
 
 
-def run_storm_seed(seed: int) -> None:
-    sim = storm_scenario(seed)
+def check_nothing_lost(sim, seed: int) -> None:
+    """check(), and no range was ever lost on the way."""
     check(sim, seed)
     assert not [line for line in sim.log if " lost " in line], sim.log
+
+
+def run_storm_seed(seed: int) -> None:
+    check_nothing_lost(storm_scenario(seed), seed)
 
 
 @pytest.mark.parametrize("seed", range(STORM_SEEDS))
@@ -585,9 +589,7 @@ def starved_chain_scenario(seed: int) -> Simulation:
 
 
 def run_starved_chain_seed(seed: int) -> None:
-    sim = starved_chain_scenario(seed)
-    check(sim, seed)
-    assert not [line for line in sim.log if " lost " in line], sim.log
+    check_nothing_lost(starved_chain_scenario(seed), seed)
 
 
 @pytest.mark.parametrize("seed", range(STARVED_SEEDS))
