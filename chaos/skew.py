@@ -322,11 +322,26 @@ def markdown(outcomes: list[Outcome]) -> str:
     return "\n".join(lines)
 
 
+def overload_medians(rows: list[dict]) -> dict[tuple[str, str], dict]:
+    """Per (workload, policy): the median p99 over its rounds, the lowest and highest,
+    and whether every round was exact."""
+    runs: dict[tuple[str, str], list[dict]] = {}
+    for r in rows:
+        runs.setdefault((r["workload"], r["policy"]), []).append(r)
+    out = {}
+    for pair, rs in runs.items():
+        p99s = sorted(r["p99_ms"] for r in rs)
+        out[pair] = {"p99_ms": statistics.median(p99s), "low": p99s[0], "high": p99s[-1],
+                     "rounds": len(rs), "exact": all(r["exact"] for r in rs)}
+    return out
+
+
 def overload_markdown(rows: list[dict]) -> str:
-    """p99 per workload and policy, and each over `none`'s."""
+    """p99 per workload and policy (the median over rounds, with its range when there
+    are several), and each over `none`'s."""
     names = list(dict.fromkeys(r["workload"] for r in rows))
     policies = list(dict.fromkeys(r["policy"] for r in rows))
-    by = {(r["workload"], r["policy"]): r for r in rows}
+    by = overload_medians(rows)
     lines = ["| workload | " + " | ".join(policies) + " |",
              "| --- |" + " --- |" * len(policies)]
     for n in names:
@@ -338,6 +353,8 @@ def overload_markdown(rows: list[dict]) -> str:
                 cells.append("-")
                 continue
             cell = f"{r['p99_ms']:.0f} ms"
+            if r["rounds"] > 1:
+                cell += f" [{r['low']:.0f}-{r['high']:.0f}]"
             if base is not None and p != "none" and base["p99_ms"]:
                 cell += f" ({100 * (r['p99_ms'] / base['p99_ms'] - 1):+.0f}%)"
             if not r["exact"]:
@@ -421,6 +438,9 @@ def main(argv=None) -> int:
                         "this machine with that reducer (measured first)")
     p.add_argument("--work", type=int, default=400,
                    help="--overload: loop turns per tuple in the reducer (default 400)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="--overload: run every pair this many times, round by round; the "
+                        "table shows each pair's median p99 (default 1)")
     p.add_argument("--combine", action="store_true",
                    help="let the mapper pre-aggregate (its default); without it, it "
                         "sends tuple by tuple, and a node's load is the tuples themselves")
@@ -447,6 +467,8 @@ def main(argv=None) -> int:
     for x in names:
         if x not in WORKLOADS:
             p.error(f"unknown workload {x!r}: one of {', '.join(WORKLOADS)}")
+    if args.rounds < 1:
+        p.error("--rounds must be at least 1")
     if args.overload and args.overload_cores:
         p.error("--overload and --overload-cores: one or the other")
     if args.overload_cores:
@@ -457,12 +479,17 @@ def main(argv=None) -> int:
               f"{args.overload_cores} cores is {args.overload:,.0f} tuples/s", flush=True)
     if args.overload:
         rows = []
-        for name in names:
-            for policy in policies:
+        for round_ in range(1, args.rounds + 1):
+            # Round by round, each starting the policies one further along: a machine
+            # whose speed drifts weighs on every policy alike.
+            turn = policies[round_ - 1:] + policies[:round_ - 1]
+            for name, policy in ((n, p) for n in names for p in turn):
                 rows.append(run_overload(policy, name, args.overload, args.work,
                                          args.seconds, args.seed, args.combine))
                 r = rows[-1]
-                print(f"{r['workload']:10} {r['policy']:8} rate {r['rate']:.0f}/s: sent "
+                r["round"] = round_
+                print(f"round {round_} {r['workload']:10} {r['policy']:8} rate "
+                      f"{r['rate']:.0f}/s: sent "
                       f"{r['sent']} in {r['elapsed']:.1f} s (offered "
                       f"{r['offered_seconds']:.0f} s), p50 {r['p50_ms']} ms, p99 "
                       f"{r['p99_ms']} ms, max {r['max_ms']} ms, moved "
@@ -470,6 +497,7 @@ def main(argv=None) -> int:
                 if args.json:             # after every pair: a long run stopped keeps them
                     with open(args.json, "w") as fh:
                         json.dump(rows, fh, indent=1)
+        print(overload_markdown(rows))
         return 0 if all(r["exact"] for r in rows) else 1
     outcomes = []
     if args.from_json:

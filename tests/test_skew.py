@@ -74,3 +74,20 @@ def test_the_ray_table_replay_matches_the_papers_halving_and_doubling_lowers_ske
     for name in ("wl1-d", "wl4-d", "wl5-d"):
         assert rows[(name, "doubling")]["after"] < rows[(name, "doubling")]["before"] - 0.15
     assert replay("wl2", "halving") == (0.0, 0.0, 0)        # no skew: no trigger
+
+
+def test_the_overload_table_shows_each_pairs_median_p99_over_its_rounds():
+    from floering.chaos.skew import overload_markdown, overload_medians
+
+    def row(policy, round_, p99, exact=True):
+        return {"workload": "wl4-h", "policy": policy, "round": round_, "p99_ms": p99,
+                "exact": exact}
+    rows = [row("none", 1, 900.0), row("pkg", 1, 30.0), row("none", 2, 1500.0),
+            row("pkg", 2, 500.0, exact=False), row("none", 3, 1000.0), row("pkg", 3, 50.0)]
+    medians = overload_medians(rows)
+    assert medians[("wl4-h", "none")] == {"p99_ms": 1000.0, "low": 900.0, "high": 1500.0,
+                                          "rounds": 3, "exact": True}
+    assert medians[("wl4-h", "pkg")]["p99_ms"] == 50.0
+    assert not medians[("wl4-h", "pkg")]["exact"]
+    table = overload_markdown(rows)
+    assert "| WL4-h | 1000 ms [900-1500] | 50 ms [30-500] (-95%) **not exact** |" in table
