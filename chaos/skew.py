@@ -34,6 +34,7 @@ import argparse
 import itertools
 import json
 import random
+import signal
 import statistics
 import tempfile
 import time
@@ -227,9 +228,10 @@ def _difference(got: dict, counts: Counter, rows: list[dict]) -> str:
 
 
 def run_overload(policy: str, name: str, rate: float, work: int, seconds: float,
-                 seed: int = 1, combine: bool = False) -> dict:
+                 seed: int = 1, combine: bool = False, wait_us: int = 0) -> dict:
     """Latency under one overload for every policy: the reducer costs `work` loop turns
-    per tuple (chaos.costly), and the workload is fed open-loop at `rate` tuples/s in
+    and `wait_us` microseconds of blocked wall time per tuple (chaos.costly), and the
+    workload is fed open-loop at `rate` tuples/s in
     20 ms ticks. A tuple's latency counts from its tick's due time, not from when it
     could be sent, to its batch's acknowledgement by r+1 nodes, so a ring that falls
     behind shows it (no coordinated omission). Ticks are not flushed one by one: the
@@ -238,7 +240,8 @@ def run_overload(policy: str, name: str, rate: float, work: int, seconds: float,
     with tempfile.TemporaryDirectory(prefix="floe-skew-") as tmp, \
             LocalCluster.up(nodes_for(name), 1, workdir=tmp, balancer=policy,
                             reducer="floering.chaos.costly:CostlyCount",
-                            extra_args=["--reducer-arg", f"work={work}"]) as cluster:
+                            extra_args=["--reducer-arg", f"work={work}",
+                                        "--reducer-arg", f"wait_us={wait_us}"]) as cluster:
         with RingClient(cluster.seeds, tls=cluster.tls("client"), linger=0.005,
                         batch_size=200, combine=combine) as client:
             moved_before = {s["node_id"]: s["moved_bytes"] for s in client.stats()}
@@ -260,7 +263,8 @@ def run_overload(policy: str, name: str, rate: float, work: int, seconds: float,
             rows = client.stats()
             moved = _moved(rows, moved_before)
     latencies.sort()
-    return {"policy": policy, "workload": name, "rate": rate, "work": work, "sent": sent,
+    return {"policy": policy, "workload": name, "rate": rate, "work": work,
+            "wait_us": wait_us, "sent": sent,
             "offered_seconds": seconds, "elapsed": round(elapsed, 2), "exact": exact,
             "p50_ms": _ms(latencies, 0.5), "p99_ms": _ms(latencies, 0.99),
             "max_ms": round(1000 * latencies[-1], 1) if latencies else 0.0,
@@ -418,6 +422,10 @@ def plot(outcomes: list[Outcome], directory: str) -> list[str]:
     return written
 
 
+def _interrupt(*_):
+    raise KeyboardInterrupt
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m floering.chaos.skew", description=__doc__.split("\n\n")[0])
     p.add_argument("--policies", default=",".join(sorted(BALANCERS)),
@@ -438,6 +446,10 @@ def main(argv=None) -> int:
                         "this machine with that reducer (measured first)")
     p.add_argument("--work", type=int, default=400,
                    help="--overload: loop turns per tuple in the reducer (default 400)")
+    p.add_argument("--wait-us", type=int, default=0,
+                   help="--overload: microseconds of wall time per tuple in the reducer, "
+                        "blocking the node without using a core, so a node applies "
+                        "1e6/WAIT_US tuples/s whatever else runs (default 0)")
     p.add_argument("--rounds", type=int, default=1,
                    help="--overload: run every pair this many times, round by round; the "
                         "table shows each pair's median p99 (default 1)")
@@ -451,6 +463,8 @@ def main(argv=None) -> int:
     p.add_argument("--markdown", action="store_true",
                    help="with --from-json: print the tables as docs/balance.md shows them")
     args = p.parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C, so the ring in use is stopped on the way out.
+    signal.signal(signal.SIGTERM, _interrupt)
     if args.markdown:
         if not args.from_json:
             p.error("--markdown needs --from-json")
@@ -471,6 +485,10 @@ def main(argv=None) -> int:
         p.error("--rounds must be at least 1")
     if args.overload and args.overload_cores:
         p.error("--overload and --overload-cores: one or the other")
+    if args.wait_us < 0:
+        p.error("--wait-us must be at least 0")
+    if args.overload_cores and args.wait_us:
+        p.error("--overload-cores measures CPU work: give --overload with --wait-us")
     if args.overload_cores:
         from floering.chaos.costly import tuples_per_core_second
         per_core = tuples_per_core_second(args.work)
@@ -485,7 +503,8 @@ def main(argv=None) -> int:
             turn = policies[round_ - 1:] + policies[:round_ - 1]
             for name, policy in ((n, p) for n in names for p in turn):
                 rows.append(run_overload(policy, name, args.overload, args.work,
-                                         args.seconds, args.seed, args.combine))
+                                         args.seconds, args.seed, args.combine,
+                                         args.wait_us))
                 r = rows[-1]
                 r["round"] = round_
                 print(f"round {round_} {r['workload']:10} {r['policy']:8} rate "

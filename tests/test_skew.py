@@ -91,3 +91,16 @@ def test_the_overload_table_shows_each_pairs_median_p99_over_its_rounds():
     assert not medians[("wl4-h", "pkg")]["exact"]
     table = overload_markdown(rows)
     assert "| WL4-h | 1000 ms [900-1500] | 50 ms [30-500] (-95%) **not exact** |" in table
+
+
+def test_the_costly_reducer_waits_its_wall_time_per_tuple_and_counts_exactly():
+    import time
+
+    from floering.chaos.costly import CostlyCount
+    reducer, state = CostlyCount(work=0, wait_us=2000), {}
+    started = time.perf_counter()
+    reducer.apply_batch(["a", "b", "a"] * 5, [1] * 15, state, lambda key: 0)
+    assert time.perf_counter() - started >= 15 * 2000 / 1e6
+    assert state == {"a": 10, "b": 5}
+    with pytest.raises(ValueError):
+        CostlyCount(wait_us=-1)
