@@ -426,6 +426,39 @@ def _interrupt(*_):
     raise KeyboardInterrupt
 
 
+def overload_plot(rows: list[dict], directory: str) -> str:
+    """The overload run's median p99 per pair (log scale: a backlog is seconds, a pair
+    that keeps up tens of ms), a bar per policy grouped by workload, with the range of
+    its rounds as error bars."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from pathlib import Path
+    names = list(dict.fromkeys(r["workload"] for r in rows))
+    policies = list(dict.fromkeys(r["policy"] for r in rows))
+    by = overload_medians(rows)
+    fig, ax = plt.subplots(figsize=(12, 4.5))
+    width = 0.8 / len(policies)
+    for j, policy in enumerate(policies):
+        cells = [by.get((n, policy)) for n in names]
+        mid = [c["p99_ms"] if c else 0 for c in cells]
+        ax.bar([i + j * width for i in range(len(names))], mid, width, label=policy,
+               yerr=[[m - (c["low"] if c else 0) for m, c in zip(mid, cells)],
+                     [(c["high"] if c else 0) - m for m, c in zip(mid, cells)]],
+               capsize=2)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(names))],
+                  [NAMES.get(n, n) for n in names])
+    ax.set_yscale("log")
+    ax.set_ylabel("p99 due -> acked by r+1 (ms)")
+    ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize="small")
+    fig.tight_layout()
+    path = Path(directory) / "overload-p99.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return str(path)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m floering.chaos.skew", description=__doc__.split("\n\n")[0])
     p.add_argument("--policies", default=",".join(sorted(BALANCERS)),
@@ -470,8 +503,11 @@ def main(argv=None) -> int:
             p.error("--markdown needs --from-json")
         with open(args.from_json) as fh:
             rows = json.load(fh)
-        print(overload_markdown(rows) if rows and "rate" in rows[0]
+        overload = bool(rows) and "rate" in rows[0]
+        print(overload_markdown(rows) if overload
               else markdown([Outcome(**o) for o in rows]))
+        if overload and args.plot:
+            print("plot:", overload_plot(rows, args.plot))
         return 0
     policies = [x for x in args.policies.split(",") if x]
     names = [x for x in args.workloads.split(",") if x]
@@ -517,6 +553,8 @@ def main(argv=None) -> int:
                     with open(args.json, "w") as fh:
                         json.dump(rows, fh, indent=1)
         print(overload_markdown(rows))
+        if args.plot:
+            print("plot:", overload_plot(rows, args.plot))
         return 0 if all(r["exact"] for r in rows) else 1
     outcomes = []
     if args.from_json:
