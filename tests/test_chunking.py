@@ -4,6 +4,7 @@ one through failed and lost chunks."""
 from __future__ import annotations
 
 import grpc
+import msgpack
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -21,10 +22,12 @@ def test_chunks_cover_a_layered_range_in_encoding_order_and_resume_anywhere():
     master = {f"k{i}": i for i in range(10)}
     delta = {"k3": 30, "new": 1}
     full = FullStates(master, delta)
-    pairs = [p for chunk in chunks_of(full, 4) for p in chunk]
+    pairs = [p for keys, states in chunks_of(full, 4) for p in zip(keys, states)]
     assert dict(pairs) == {**master, **delta}
     assert len(pairs) == 12 and chunk_count(12, 4) == 3
-    assert [p for chunk in chunks_of(full, 4, skip=2) for p in chunk] == pairs[8:]
+    assert [p for keys, states in chunks_of(full, 4, skip=2)
+            for p in zip(keys, states)] == pairs[8:]
+    assert [len(keys) for keys, _ in chunks_of(full, 5)] == [5, 5, 2]
     assert list(chunks_of({}, 4)) == [] and chunk_count(0) == 1
 
 
@@ -44,11 +47,11 @@ def test_chunks_delivered_with_losses_resends_and_gaps_end_in_the_whole_states(n
             continue                                     # never arrived: sent again
         if fate == "stray":                              # an old or future chunk arrives
             stray = data.draw(st.integers(1, total))
-            box.add("p", 7, 1, stray, total, dict(chunks[stray - 1]), now=1.0)
+            box.add("p", 7, 1, stray, total, zip(*chunks[stray - 1]), now=1.0)
             held = box.open.get(("p", 7)).held if ("p", 7) in box.open else 0
             chunk = held + 1 if held < total else chunk
             continue
-        held, done = box.add("p", 7, 1, chunk, total, dict(chunks[chunk - 1]), now=1.0)
+        held, done = box.add("p", 7, 1, chunk, total, zip(*chunks[chunk - 1]), now=1.0)
         if fate == "reply lost" and done is None:
             continue                                     # the same chunk again
         chunk = held + 1
@@ -147,3 +150,27 @@ async def test_a_replica_that_keeps_failing_a_chunk_fails_the_shipment(flaky_rep
 class _Always(set):
     def discard(self, _):           # a chunk that fails every time it is sent
         pass
+
+
+@pytest.mark.parametrize("data", [
+    b"\xc1",                                             # never valid msgpack
+    msgpack.packb([["a", "b"], [1]]),                    # unequal lengths
+    msgpack.packb({"a": 1}),                             # a map, not [keys, states]
+    msgpack.packb([1, 2]),                               # not two arrays
+    msgpack.packb([["a"], [1], [2]]),                    # three arrays
+])
+async def test_a_malformed_chunk_is_refused_before_anything_is_staged(data):
+    from floering.node.transport.peers import unpack_chunk
+    box = Reassembly()
+    with pytest.raises(InvalidArgument):
+        box.add("p", 1, 1, 1, 2, await unpack_chunk(data), now=0.0)
+    assert not box.open
+
+
+async def test_a_chunk_decodes_in_one_go_or_in_steps_to_the_same_entries():
+    from floering.node.transport.peers import CHUNK_BYTES_AT_ONCE, unpack_chunk
+    small = {f"k{i}": i for i in range(1000)}
+    large = {f"k{i}": "x" * 100 for i in range(CHUNK_BYTES_AT_ONCE // 100 + 1)}
+    for states in (small, large):
+        data = msgpack.packb([list(states), list(states.values())])
+        assert dict(await unpack_chunk(data)) == states

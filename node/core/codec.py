@@ -100,13 +100,21 @@ def pack_entries_sliced(items, size: int = SLICE) -> Iterator[bytes]:
     yield from _array_in_slices(n, states, size)
 
 
-def unpack_entries(data: bytes) -> dict:
+def unpack_columns(data: bytes) -> tuple[tuple, tuple]:
+    """msgpack [keys, states] -> (keys, states), checked to be two arrays of equal
+    length."""
     if not data:
-        return {}
+        return (), ()
     decoded = unpack(data)
-    if type(decoded) is not tuple or len(decoded) != 2 or len(decoded[0]) != len(decoded[1]):
+    if type(decoded) is not tuple or len(decoded) != 2 or \
+            type(decoded[0]) is not tuple or type(decoded[1]) is not tuple or \
+            len(decoded[0]) != len(decoded[1]):
         raise InvalidArgument("entries must be msgpack [keys, states] of equal length")
-    return dict(zip(*decoded))
+    return decoded
+
+
+def unpack_entries(data: bytes) -> dict:
+    return dict(zip(*unpack_columns(data)))
 
 
 def _take(unpacker: msgpack.Unpacker, n: int) -> list:

@@ -23,17 +23,19 @@ def chunk_count(entries: int, size: int = CHUNK_ENTRIES) -> int:
     return max(1, -(-entries // size))
 
 
-def chunks_of(items, size: int = CHUNK_ENTRIES, skip: int = 0) -> Iterator[list]:
-    """The (key, state) pairs of a checkpoint's states (a dict or layered mapping), in
-    the order pack_entries encodes them, `size` at a time, after the first `skip`
-    chunks. `items` must not change while this is read."""
+def chunks_of(items, size: int = CHUNK_ENTRIES,
+              skip: int = 0) -> Iterator[tuple[list, list]]:
+    """The keys and states of a checkpoint's states (a dict or layered mapping), in the
+    order pack_entries encodes them, `size` at a time as two lists (the columns a chunk
+    is encoded as), after the first `skip` chunks. `items` must not change while this
+    is read."""
     _, keys, states = entry_columns(items)
-    pairs = zip(keys, states)
     if skip:
-        for _ in islice(pairs, skip * size):
-            pass
-    while chunk := list(islice(pairs, size)):
-        yield chunk
+        for column in (keys, states):
+            for _ in islice(column, skip * size):
+                pass
+    while chunk_keys := list(islice(keys, size)):
+        yield chunk_keys, list(islice(states, len(chunk_keys)))
 
 
 def chunk_deadline(base: float, nbytes: int) -> float:
@@ -62,8 +64,10 @@ class Reassembly:
         self.open: dict[tuple[str, int], Staged] = {}
 
     def add(self, sender: str, token: int, seq: int, chunk: int, chunks: int,
-            states: dict, now: float) -> tuple[int, dict | None]:
-        """(chunks held, the whole states once `chunk` completes them, else None)."""
+            states, now: float) -> tuple[int, dict | None]:
+        """(chunks held, the whole states once `chunk` completes them, else None).
+        `states`: the chunk's entries, a dict or (key, state) pairs, the later of a
+        key's entries winning; only read if the chunk is the one expected next."""
         if not 1 <= chunk <= chunks <= MAX_CHUNKS:
             raise InvalidArgument(f"chunk {chunk} of {chunks}: needs 1 <= chunk <= chunks "
                                   f"<= {MAX_CHUNKS}")

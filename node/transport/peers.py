@@ -9,7 +9,7 @@ import grpc
 
 from floering.v1 import floe_pb2, floe_pb2_grpc
 from floering.node.core.codec import (SLICE, entry_count, pack, pack_entries, pack_entries_sliced,
-                             unpack_entries, unpack_entries_sliced)
+                             unpack_columns, unpack_entries, unpack_entries_sliced)
 from floering.node.transport.chunking import (CHUNK_ENTRIES, chunk_count, chunk_deadline,
                                      chunks_of)
 from floering.node.core.errors import Unavailable
@@ -22,6 +22,9 @@ CHUNK_RETRIES = 3     # sends of one chunk that may fail in a row before the shi
 # not a thread, keep the event loop, which answers heartbeats and probes, free.
 SLICED_ENTRIES = SLICE
 SLICED_BYTES = 16 * SLICE
+# A chunk of CHUNK_ENTRIES entries of usual sizes is a few hundred kB, which msgpack
+# decodes in a few ms: at once, it costs a third of decoding it in steps.
+CHUNK_BYTES_AT_ONCE = 1 << 20
 
 
 async def pack_entries_async(items) -> bytes:
@@ -34,6 +37,14 @@ async def pack_entries_async(items) -> bytes:
         pieces.append(piece)
         await asyncio.sleep(0)
     return b"".join(pieces)
+
+
+async def unpack_chunk(data: bytes):
+    """A full checkpoint chunk's entries as (key, state) pairs: decoded in one go when
+    it is no larger than an honest chunk, else in steps as any large payload is."""
+    if len(data) <= CHUNK_BYTES_AT_ONCE:
+        return zip(*unpack_columns(data))
+    return await unpack_entries_async(data)
 
 
 async def unpack_entries_async(data: bytes) -> dict:
@@ -124,8 +135,7 @@ class PeerPool:
             if sends > 2 * total + CHUNK_RETRIES:
                 raise Unavailable(f"{address} keeps losing the chunks of a full checkpoint "
                                   f"of token {checkpoint.token}")
-            pairs = next(parts)
-            data = await pack_entries_async(pairs)
+            data = pack(next(parts))      # [keys, states]: one chunk's work in one go
             last = chunk == total
             request = floe_pb2.CheckpointFragment(
                 sender=sender, ring_stamp=ring_stamp, incarnation=incarnation,

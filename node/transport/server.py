@@ -27,7 +27,8 @@ from floering.node.runtime.service import NodeService
 from floering.node.transport.chunking import Reassembly
 from floering.node.transport.intercept import CallLimiter
 from floering.node.transport.metrics import NodeMetrics
-from floering.node.transport.peers import channel_options, pack_entries_async, unpack_entries_async
+from floering.node.transport.peers import (channel_options, pack_entries_async, unpack_chunk,
+                                           unpack_entries_async)
 from floering.node.transport.status import abort
 from floering.node.transport.tls import Authorizer, TlsFiles, peer_identity
 
@@ -201,16 +202,17 @@ class ControlPlane(floe_pb2_grpc.ControlPlaneServicer):
         try:
             # A full checkpoint may hold millions of keys: decoded in steps, so that
             # heartbeats and probes are answered meanwhile.
-            states = await unpack_entries_async(request.states)
             if request.chunk or request.chunks:
                 if not request.full:
                     raise InvalidArgument("only a full checkpoint is sent in chunks")
                 self.service.check_started()
                 held, states = self.chunks.add(
                     request.sender, request.token, request.checkpoint_seq, request.chunk,
-                    request.chunks, states, time.monotonic())
+                    request.chunks, await unpack_chunk(request.states), time.monotonic())
                 if states is None:
                     return floe_pb2.CheckpointAck(chunks_held=held)
+            else:
+                states = await unpack_entries_async(request.states)
             need_full, seq, stamp = await self.service.receive_checkpoint(
                 request.sender, request.ring_stamp, request.incarnation, request.token,
                 request.checkpoint_seq, request.base_seq, request.full, states,
