@@ -416,6 +416,16 @@ class LocalCluster:
 
 # ------------------------------------------------------------------ helpers
 
+def unwind_on_sigterm() -> None:
+    """Make SIGTERM unwind like Ctrl-C, so a benchmark or job stopped by its PID stops
+    the rings it started on the way out (their context managers run)."""
+    signal.signal(signal.SIGTERM, _interrupt)
+
+
+def _interrupt(*_):
+    raise KeyboardInterrupt
+
+
 def spawn_node(node_id: str, address: str, cmd: list[str], log_path: Path) -> NodeProcess:
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import signal
 import sys
 import tempfile
 import threading
@@ -18,7 +17,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from floering.chaos.cluster import LocalCluster
+from floering.chaos.cluster import LocalCluster, unwind_on_sigterm
 from floering.chaos.corpus import kjv_lines
 from floering.mapper import RingClient, split_words
 from floering.spark_driver.launch import SparkDriver
@@ -40,8 +39,7 @@ def main(argv=None) -> int:
     parser.add_argument("--timeout", type=float, default=300.0,
                         help="give up waiting for the ring after this many seconds")
     args = parser.parse_args(argv)
-    # SIGTERM unwinds like Ctrl-C, so the ring and the driver are stopped on the way out.
-    signal.signal(signal.SIGTERM, _interrupt)
+    unwind_on_sigterm()     # the ring (and driver) in use are stopped on the way out
     if not (shutil.which("java") or os.environ.get("JAVA_HOME")):
         print("the main job runs Spark, which needs Java 17 (install a JDK, e.g. "
               "`apt-get install openjdk-17-jre-headless`, or set JAVA_HOME)", file=sys.stderr)
@@ -104,10 +102,6 @@ def main(argv=None) -> int:
     print(f"exact: the ring's {len(got)} counts match an independent count of the corpus "
           f"({total} words)")
     return 0
-
-
-def _interrupt(*_):
-    raise KeyboardInterrupt
 
 
 def _run(args, cluster, spark, inbox: Path, lines: list[str], total: int):

@@ -37,7 +37,7 @@ from pathlib import Path
 import psutil
 
 from floering.chaos.bench import zipf_words
-from floering.chaos.cluster import LocalCluster
+from floering.chaos.cluster import LocalCluster, unwind_on_sigterm
 from floering.chaos.timeline import Injected, failure_timelines, read_events
 from floering.mapper import RingClient
 
@@ -278,10 +278,6 @@ def throughput(nodes: int, feeders: int, words: list[str]) -> tuple[float, bool]
     return rate, exact
 
 
-def _interrupt(*_):
-    raise KeyboardInterrupt
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keys", default="100000,1000000,5000000,10000000,20000000",
@@ -297,8 +293,7 @@ def main(argv=None) -> int:
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--plot", help="write growth PNGs into this directory")
     args = parser.parse_args(argv)
-    # SIGTERM unwinds like Ctrl-C, so the ring in use is stopped on the way out.
-    signal.signal(signal.SIGTERM, _interrupt)
+    unwind_on_sigterm()     # the ring in use is stopped on the way out
     results: dict = {"state": [], "scale": []}
     exact = True
     for keys in map(int, args.keys.split(",")):

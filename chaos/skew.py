@@ -34,14 +34,13 @@ import argparse
 import itertools
 import json
 import random
-import signal
 import statistics
 import tempfile
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass
 
-from floering.chaos.cluster import LocalCluster
+from floering.chaos.cluster import LocalCluster, unwind_on_sigterm
 from floering.chaos.skew_measures import distribution_cost, imbalance, load_std_percent, skew
 from floering.v1 import floe_pb2, floe_pb2_grpc
 from floering.mapper import RingClient
@@ -422,10 +421,6 @@ def plot(outcomes: list[Outcome], directory: str) -> list[str]:
     return written
 
 
-def _interrupt(*_):
-    raise KeyboardInterrupt
-
-
 def overload_plot(rows: list[dict], directory: str) -> str:
     """The overload run's median p99 per pair (log scale: a backlog is seconds, a pair
     that keeps up tens of ms), a bar per policy grouped by workload, with the range of
@@ -496,8 +491,7 @@ def main(argv=None) -> int:
     p.add_argument("--markdown", action="store_true",
                    help="with --from-json: print the tables as docs/balance.md shows them")
     args = p.parse_args(argv)
-    # SIGTERM unwinds like Ctrl-C, so the ring in use is stopped on the way out.
-    signal.signal(signal.SIGTERM, _interrupt)
+    unwind_on_sigterm()     # the ring in use is stopped on the way out
     if args.markdown:
         if not args.from_json:
             p.error("--markdown needs --from-json")
