@@ -20,7 +20,8 @@ KINDS = {"failure": scenarios.run_seed, "handoff": scenarios.run_handoff_seed,
          "forged": scenarios.run_forged_seed, "durable": scenarios.run_durable_seed,
          "cluster": scenarios.run_cluster_crash_seed, "balancer": scenarios.run_balancer_seed,
          "storm": scenarios.run_storm_seed, "fold": scenarios.run_fold_seed,
-         "combine": scenarios.run_combine_seed, "partition": partitions.run_partition_seed}
+         "combine": scenarios.run_combine_seed, "starved": scenarios.run_starved_chain_seed,
+         "partition": partitions.run_partition_seed}
 
 
 def run_one(job: tuple[str, int]) -> tuple[str, int, str]:
