@@ -108,7 +108,10 @@ def test_a_skewed_stream_rebalances_by_itself_and_stays_exact(tmp_path, policy):
 def test_autoscale_adds_a_node_under_load_and_removes_it_when_idle(tmp_path):
     from floering.chaos.balance import OpenLoopFeeder
     from floering.chaos.elastic import autoscale_loop
-    extra = ["--reducer-arg", "work=4000", "--high-queue", "16", "--low-queue", "4",
+    # The per-tuple cost is wall time (80 us: at most 12,500 tuples/s a node), not CPU
+    # work, so 60,000 tuples/s overload the ring however fast the cores run today.
+    extra = ["--reducer-arg", "work=0", "--reducer-arg", "wait_us=80",
+             "--high-queue", "16", "--low-queue", "4",
              "--high-cpu", "0.85", "--low-cpu", "0.7"]
     with LocalCluster.up(3, 1, workdir=tmp_path, reducer="floering.chaos.costly:CostlyCount",
                          tokens_per_node=4, extra_args=extra) as cluster:

@@ -46,7 +46,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from dataclasses import dataclass, field
-from statistics import fmean, pstdev
+import math
 from typing import Sequence
 
 ALIVE, REFUSED, TIMED_OUT = "alive", "refused", "timed out"      # what a probe found
@@ -201,7 +201,8 @@ class FailureDetector:
         if len(gaps) < 3:
             base = c.min_timeout
         else:
-            base = min(c.max_timeout, max(c.min_timeout, fmean(gaps) + c.spread * pstdev(gaps)))
+            mean, deviation = _mean_and_deviation(gaps)
+            base = min(c.max_timeout, max(c.min_timeout, mean + c.spread * deviation))
         return base + (self.lag(now) if now is not None else 0.0)
 
     def due_probes(self, now: float) -> list[Probe]:
@@ -343,3 +344,11 @@ def declaration(outcome: str, failure: str, indirect, members: int, probe: Probe
     return (f"neither we nor {behind} of the {members - 2} other members could reach it "
             f"in {1000 * (now - probe.suspected_since):.0f} ms of suspicion "
             f"({probe.round + 1} probe rounds)")
+
+
+def _mean_and_deviation(gaps) -> tuple[float, float]:
+    """Mean and population standard deviation in floats: statistics.pstdev is exact
+    (fractions) and costs a node several percent of its CPU, asked every tick."""
+    n = len(gaps)
+    mean = math.fsum(gaps) / n
+    return mean, math.sqrt(math.fsum((g - mean) ** 2 for g in gaps) / n)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import ipaddress
 import re
 import socket
@@ -295,7 +296,14 @@ def peer_identity(context) -> tuple[str, str] | None:
     pem = context.auth_context().get("x509_pem_cert")
     if not pem:
         return None
-    cert = x509.load_pem_x509_certificate(pem[0])
+    return _identity_of(pem[0])
+
+
+@functools.lru_cache(maxsize=256)
+def _identity_of(pem: bytes) -> tuple[str, str] | None:
+    # Parsing a certificate costs more than a small call itself; a node sees the same
+    # few certificates on every call (TLS has verified them), so each is parsed once.
+    cert = x509.load_pem_x509_certificate(pem)
     role = cert.subject.get_attributes_for_oid(NameOID.ORGANIZATIONAL_UNIT_NAME)
     name = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
     if not role or not name:
