@@ -7,8 +7,9 @@ Prints: the in-process ceilings (msgpack decode + reducer apply; the feeder's ro
 batch + encode, tuple by tuple and combined); end-to-end throughput in input tuples/s
 from one feeder process to N node processes, combined on the mapper (the default for
 a reducer with a merge) with r=0 and r=1, and every tuple sent (combine=False) with
-r=1; then latency under an open-loop feed at 1/4, 1/2 and 3/4 of the combined r=1
-throughput, each for --seconds: every 5 ms tick is due at a fixed time, a batch's
+r=1; then the highest rate an open-loop feed keeps up with (`sustained_rate`), and
+latency at 1/4, 1/2 and 3/4 of that rate, each for --seconds: every 5 ms tick is due
+at a fixed time, a batch's
 latency counts from the due time of its earliest tuple to its last acknowledgement
 by r+1 (so a feeder behind schedule shows, no coordinated omission), p50/p99/p999
 weighted by tuples. Every ring runs mutual TLS as deployed; every count is checked
@@ -39,7 +40,9 @@ from floering.node.core.state_store import LayeredState
 
 CHUNK = 50_000
 TICK = 0.005               # seconds between two due times of the open-loop feed
-LOADS = (0.25, 0.5, 0.75)  # latency points, as shares of the measured throughput
+LOADS = (0.25, 0.5, 0.75)  # latency points, as shares of the rate the feed sustains
+KEPT_UP = 0.25             # seconds: the backlog a feed that keeps up leaves at its end
+MAX_STEPS = 8              # open-loop runs to find that rate
 
 
 def corpus_words(n: int) -> list[str]:
@@ -140,6 +143,14 @@ def latency(words: list[str], nodes: int, replicas: int, rate: float, seconds: f
             combine: bool = True) -> tuple[float, float, float, bool]:
     """Feed `rate` tuples/s open loop for `seconds`; (p50, p99, p999) seconds from each
     tuple's due time to its batch's last ack, weighted by tuples, and exactness."""
+    return open_loop(words, nodes, replicas, rate, seconds, tls, fsync, combine)[:4]
+
+
+def open_loop(words: list[str], nodes: int, replicas: int, rate: float, seconds: float,
+              tls: bool = True, fsync: float | None = None,
+              combine: bool = True) -> tuple[float, float, float, bool, float]:
+    """latency(), and how long after the last due time the last tuple was acknowledged
+    (a ring that keeps up with `rate` has its backlog gone within a round trip)."""
     per_tick = max(1, int(rate * TICK))
     ticks = max(1, int(seconds / TICK))
     fed: Counter = Counter()
@@ -162,9 +173,40 @@ def latency(words: list[str], nodes: int, replicas: int, rate: float, seconds: f
                     fed.update(chunk)
                     client.emit_many(chunk, due=due)
                 client.flush()
+                behind = time.monotonic() - (started + (ticks - 1) * TICK)
                 samples = client.delivery_latencies()
                 exact = dict(client.scan()) == fed
-    return (*percentiles(samples, (0.50, 0.99, 0.999)), exact)
+    return (*percentiles(samples, (0.50, 0.99, 0.999)), exact, behind)
+
+
+def sustained_rate(words: list[str], nodes: int, replicas: int, start: float,
+                   seconds: float = 4.0, log=print) -> tuple[float, bool]:
+    """The highest rate the open-loop feed keeps up with (its last tuple acknowledged
+    within KEPT_UP seconds of its last due time: a ring that falls behind ends the run
+    with a backlog that grows with the run), found by stepping up from `start` by half
+    again until it does not, then halving the gap twice; and exactness throughout.
+    The latency points are shares of this rate, of the same feed, not of a
+    closed-loop throughput whose batches combine far more."""
+    low, high, rate, exact = 0.0, None, start, True
+    for _ in range(MAX_STEPS):
+        *_, ok, behind = open_loop(words, nodes, replicas, rate, seconds)
+        exact = exact and ok
+        kept = behind <= KEPT_UP
+        log(f"  open-loop feed at {rate / 1e6:.3f} M tuples/s: last ack {behind:.3f} s "
+            f"after the last due time ({'kept up' if kept else 'fell behind'}, exact={ok})")
+        if kept:
+            low = rate
+        else:
+            high = rate
+        if high is None:
+            rate *= 1.5
+        elif low == 0.0:
+            rate /= 2
+        elif high / low < 1.15:
+            break
+        else:
+            rate = (low + high) / 2
+    return low, exact
 
 
 def percentiles(samples: list[tuple[float, int]], points) -> tuple[float, ...]:
@@ -237,12 +279,19 @@ def main(argv=None) -> int:
     print(f"end to end, every tuple sent, r=1         : {u1 / 1e6:6.2f} M tuples/s "
           f"(combined / every tuple = {r1 / u1:.2f}, exact={exactu})", flush=True)
     exact = exact0 and exact1 and exactu
+    print("open-loop feed, r=1, 5 ms ticks, combined: the highest rate it keeps up with",
+          flush=True)
+    sustained, ok = sustained_rate(words, args.nodes, 1, start=u1 / 4,
+                                   log=lambda line: print(line, flush=True))
+    exact = exact and ok
+    print(f"sustained open-loop rate, r=1               : {sustained / 1e6:6.3f} M tuples/s "
+          f"({sustained / r1:.0%} of the closed-loop combined r=1)", flush=True)
     p99_half = None
     for share in LOADS:
-        p50, p99, p999, ok = latency(words, args.nodes, 1, r1 * share, args.seconds)
+        p50, p99, p999, ok = latency(words, args.nodes, 1, sustained * share, args.seconds)
         exact = exact and ok
         p99_half = p99 if share == 0.5 else p99_half
-        print(f"latency at {share:.0%} load ({r1 * share / 1e6:.2f} M tuples/s, r=1, "
+        print(f"latency at {share:.0%} load ({sustained * share / 1e6:.3f} M tuples/s, r=1, "
               f"{args.seconds:g} s): p50 {p50 * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms, p999 "
               f"{p999 * 1e3:.1f} ms (due -> acked by r+1, exact={ok})", flush=True)
     if args.spark:

@@ -3,6 +3,8 @@ one through failed and lost chunks."""
 
 from __future__ import annotations
 
+import asyncio
+
 import grpc
 import msgpack
 import pytest
@@ -31,13 +33,14 @@ def test_chunks_cover_a_layered_range_in_encoding_order_and_resume_anywhere():
     assert list(chunks_of({}, 4)) == [] and chunk_count(0) == 1
 
 
-@settings(max_examples=200, deadline=None)
-@given(st.integers(1, 40), st.integers(1, 7), st.data())
-def test_chunks_delivered_with_losses_resends_and_gaps_end_in_the_whole_states(n, size, data):
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 40), st.integers(1, 7), st.integers(1, 4), st.data())
+def test_chunks_delivered_with_losses_resends_and_gaps_end_in_the_whole_states(
+        n, size, window, data):
     states = {f"k{i}": i for i in range(n)}
     chunks = list(chunks_of(states, size))
     total = len(chunks)
-    box = Reassembly()
+    box = Reassembly(window=window)
     chunk, done, sends = 1, None, 0
     while done is None:
         sends += 1
@@ -47,23 +50,35 @@ def test_chunks_delivered_with_losses_resends_and_gaps_end_in_the_whole_states(n
             continue                                     # never arrived: sent again
         if fate == "stray":                              # an old or future chunk arrives
             stray = data.draw(st.integers(1, total))
-            box.add("p", 7, 1, stray, total, zip(*chunks[stray - 1]), now=1.0)
-            held = box.open.get(("p", 7)).held if ("p", 7) in box.open else 0
-            chunk = held + 1 if held < total else chunk
+            held, done = box.add("p", 7, 1, stray, total, zip(*chunks[stray - 1]), now=1.0)
+            chunk = held + 1
             continue
         held, done = box.add("p", 7, 1, chunk, total, zip(*chunks[chunk - 1]), now=1.0)
         if fate == "reply lost" and done is None:
             continue                                     # the same chunk again
         chunk = held + 1
-    assert done == states and not box.open
+    assert done.states == states and not box.open
+
+
+def test_chunks_that_overtake_a_missing_one_are_kept_within_the_window():
+    box = Reassembly(window=3)
+    assert box.add("p", 1, 5, 3, 4, {"c": 3}, now=0.0) == (0, None)      # ahead: kept
+    assert box.add("p", 1, 5, 4, 4, [("d", 4)], now=0.0, tail=b"w") == (0, None)  # too far
+    assert box.add("p", 1, 5, 1, 4, {"a": 1, "c": 0}, now=0.0) == (1, None)
+    assert box.add("p", 1, 5, 4, 4, [("d", 4)], now=0.0, tail=b"w") == (1, None)  # now ahead
+    held, done = box.add("p", 1, 5, 2, 4, {"b": 2}, now=0.0)             # fills the gap
+    assert held == 4 and done.tail == b"w" and not box.open
+    # a later chunk's entry for a key wins, whatever order the chunks arrived in
+    assert done.states == {"a": 1, "b": 2, "c": 3, "d": 4}
 
 
 def test_a_new_checkpoint_replaces_one_half_arrived_and_bounds_hold():
-    box = Reassembly(max_open=2, idle=10.0)
+    box = Reassembly(max_open=2, idle=10.0, window=2)
     assert box.add("p", 1, 5, 1, 3, {"a": 1}, now=0.0) == (1, None)
-    assert box.add("p", 1, 6, 2, 3, {"b": 1}, now=0.0) == (0, None)   # not the one begun
+    assert box.add("p", 1, 6, 3, 3, {"b": 1}, now=0.0) == (0, None)   # not the one begun
+    assert ("p", 1) not in box.open
     assert box.add("p", 1, 6, 1, 2, {"a": 2}, now=0.0) == (1, None)
-    assert box.add("p", 1, 6, 2, 2, {"b": 2}, now=0.0) == (2, {"a": 2, "b": 2})
+    assert box.add("p", 1, 6, 2, 2, {"b": 2}, now=0.0) == (2, ({"a": 2, "b": 2}, None))
     for bad in ((0, 3), (4, 3), (1, 0), (2, 1 << 30)):
         with pytest.raises(InvalidArgument):
             box.add("p", 1, 1, *bad, {}, now=0.0)
@@ -79,12 +94,23 @@ class Flaky(ControlPlane):
     """Fails chunk calls as a lossy link would: the first send of some chunks never
     reaches the replica, and the replica forgets what it held once."""
 
-    def __init__(self, service, fail: set[int], forget_at: int | None = None) -> None:
+    def __init__(self, service, fail: set[int], forget_at: int | None = None,
+                 delay: float = 0.0) -> None:
         super().__init__(service)
         self.fail, self.forget_at, self.calls = set(fail), forget_at, []
+        self.delay, self.at_once, self.most_at_once = delay, 0, 0
 
     async def ShipCheckpoint(self, request, context):
         self.calls.append(request.chunk)
+        self.at_once += 1
+        self.most_at_once = max(self.most_at_once, self.at_once)
+        try:
+            await asyncio.sleep(self.delay)
+            return await self._ship(request, context)
+        finally:
+            self.at_once -= 1
+
+    async def _ship(self, request, context):
         if request.chunk in self.fail:
             self.fail.discard(request.chunk)
             await context.abort(grpc.StatusCode.UNAVAILABLE, "lost on the way")
@@ -116,7 +142,8 @@ async def test_a_full_checkpoint_goes_in_chunks_and_only_a_failed_chunk_is_sent_
         flaky_replica):
     replica, plane, address = await flaky_replica(fail={2, 5}, forget_at=7)
     states = {f"key-{i}": i for i in range(1000)}
-    peers = PeerPool(timeout=5.0, max_message_bytes=1 << 26, chunk_entries=100)
+    peers = PeerPool(timeout=5.0, max_message_bytes=1 << 26, chunk_entries=100,
+                     chunk_window=1)
     try:
         need_full, seq = await peers.ship_checkpoint(
             address, sender="p", ring_stamp=5, base_seq=0,
@@ -133,10 +160,38 @@ async def test_a_full_checkpoint_goes_in_chunks_and_only_a_failed_chunk_is_sent_
     assert peers.moved_bytes > 0 and peers.checkpoint_bytes == peers.moved_bytes
 
 
+@pytest.mark.parametrize("fail,forget_at", [(set(), None), ({2, 5, 9}, None),
+                                            ({1, 10}, 7), ({3}, 4)])
+async def test_a_window_of_chunks_goes_at_once_and_arrives_whole_through_losses(
+        flaky_replica, fail, forget_at):
+    replica, plane, address = await flaky_replica(fail=fail, forget_at=forget_at,
+                                                  delay=0.02)
+    states = {f"key-{i}": i for i in range(1000)}
+    peers = PeerPool(timeout=5.0, max_message_bytes=1 << 26, chunk_entries=100,
+                     chunk_window=4)
+    try:
+        need_full, seq = await peers.ship_checkpoint(
+            address, sender="p", ring_stamp=5, base_seq=0,
+            checkpoint=Checkpoint(7, 3, states, {"s": 9}, full=True))
+    finally:
+        await peers.close()
+    assert (need_full, seq) == (False, 3)
+    (token, got_seq, full, got, watermarks), = replica.received
+    assert (token, got_seq, full, watermarks) == (7, 3, True, {"s": 9})
+    assert got == states
+    assert plane.most_at_once == 4               # never more than the window
+    assert sorted(set(plane.calls)) == list(range(1, 11))
+    if not fail and forget_at is None:
+        assert sorted(plane.calls) == list(range(1, 11))  # nothing sent twice
+    # a failed chunk costs at most a window of resends, a replica that forgot, a run
+    assert len(plane.calls) <= 10 + 4 * len(fail) + (10 if forget_at else 0)
+
+
 async def test_a_replica_that_keeps_failing_a_chunk_fails_the_shipment(flaky_replica):
     replica, plane, address = await flaky_replica(fail=set())
     plane.fail = _Always({3})
-    peers = PeerPool(timeout=5.0, max_message_bytes=1 << 26, chunk_entries=100)
+    peers = PeerPool(timeout=5.0, max_message_bytes=1 << 26, chunk_entries=100,
+                     chunk_window=1)
     try:
         with pytest.raises(Unavailable):
             await peers.ship_checkpoint(

@@ -3,13 +3,16 @@ handoff's new holder, a replica out of sync) goes as a run of messages of at mos
 CHUNK_ENTRIES entries each, so that its cost is bounded per message: a deadline that
 grows with the chunk's bytes, not one fixed for a shipment of any size; only the chunk
 that failed is sent again, never what arrived; and neither side holds the whole range
-encoded at once. Pure: no gRPC, no clock of its own."""
+encoded at once. Up to WINDOW chunks of a range are on their way at once, so the
+sender encodes the next while the receiver decodes the last (one at a time, each side
+waited for the other); the receiver keeps those that overtake a missing one. Pure: no
+gRPC, no clock of its own."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 from floering.node.core.codec import entry_columns
 from floering.node.core.errors import InvalidArgument, Overloaded
@@ -17,6 +20,7 @@ from floering.node.core.errors import InvalidArgument, Overloaded
 CHUNK_ENTRIES = 16_384       # entries per chunk: each takes a few ms of the event loop
 MIN_RATE = 4 << 20           # bytes/s a chunk's deadline allows on top of the base one
 MAX_CHUNKS = 1 << 20         # a range of 68 G entries: anything beyond is not a checkpoint
+WINDOW = 4                   # chunks of one range on their way at once
 
 
 def chunk_count(entries: int, size: int = CHUNK_ENTRIES) -> int:
@@ -42,6 +46,11 @@ def chunk_deadline(base: float, nbytes: int) -> float:
     return base + nbytes / MIN_RATE
 
 
+class Completed(NamedTuple):
+    states: dict
+    tail: object
+
+
 @dataclass
 class Staged:
     seq: int
@@ -49,25 +58,32 @@ class Staged:
     held: int = 0
     touched: float = 0.0
     states: dict = field(default_factory=dict)
+    ahead: dict = field(default_factory=dict)    # chunk -> its entries, past a gap
+    tail: object = None                          # what came with the last chunk
 
 
 class Reassembly:
-    """The receiving side: each (sender, token)'s full checkpoint, chunk by chunk, in
-    order. `add` answers how many chunks of it are held (the sender goes on from the
-    next: a resend of one held is acknowledged again, one past a gap is not taken) or,
-    with the last, the whole states. At most `max_open` ranges at a time (the least
-    recently touched goes), each dropped after `idle` seconds without a chunk."""
+    """The receiving side: each (sender, token)'s full checkpoint, chunk by chunk.
+    `add` answers how many chunks of it are held in a row from the first (the sender
+    goes on from the next) and, once they are all there, the whole states. A chunk
+    that overtook a missing one is kept, if it is at most `window` past the last held
+    in a row; one further is not taken; a resend of one held is acknowledged again. At
+    most `max_open` ranges at a time (the least recently touched goes), each dropped
+    after `idle` seconds without a chunk."""
 
-    def __init__(self, max_open: int = 256, idle: float = 120.0) -> None:
+    def __init__(self, max_open: int = 256, idle: float = 120.0,
+                 window: int = WINDOW) -> None:
         self.max_open = max_open
         self.idle = idle
+        self.window = window
         self.open: dict[tuple[str, int], Staged] = {}
 
     def add(self, sender: str, token: int, seq: int, chunk: int, chunks: int,
-            states, now: float) -> tuple[int, dict | None]:
-        """(chunks held, the whole states once `chunk` completes them, else None).
+            states, now: float, tail=None) -> tuple[int, Completed | None]:
+        """(chunks held in a row, the whole range once `chunk` completes it, else None).
         `states`: the chunk's entries, a dict or (key, state) pairs, the later of a
-        key's entries winning; only read if the chunk is the one expected next."""
+        key's entries winning; read now if it is the next chunk, kept as a dict if it
+        is ahead. `tail`: what the last chunk carries besides (its watermarks)."""
         if not 1 <= chunk <= chunks <= MAX_CHUNKS:
             raise InvalidArgument(f"chunk {chunk} of {chunks}: needs 1 <= chunk <= chunks "
                                   f"<= {MAX_CHUNKS}")
@@ -75,7 +91,7 @@ class Reassembly:
         key = (sender, token)
         staged = self.open.get(key)
         if staged is None or staged.seq != seq or staged.chunks != chunks:
-            if chunk != 1:
+            if chunk > self.window:
                 self.open.pop(key, None)
                 return 0, None              # nothing of this one here: start over
             if staged is None and len(self.open) >= self.max_open:
@@ -85,14 +101,22 @@ class Reassembly:
                 del self.open[oldest]
             staged = self.open[key] = Staged(seq, chunks)
         staged.touched = now
-        if chunk != staged.held + 1:
-            return staged.held, None         # a resend (held) or past a gap (not taken)
+        if chunk <= staged.held or chunk > staged.held + self.window:
+            return staged.held, None         # a resend (held) or too far ahead (not taken)
+        if chunk == chunks:
+            staged.tail = tail
+        if chunk > staged.held + 1:
+            staged.ahead[chunk] = dict(states)
+            return staged.held, None
         staged.states.update(states)
         staged.held = chunk
-        if chunk < chunks:
-            return chunk, None
+        while (later := staged.ahead.pop(staged.held + 1, None)) is not None:
+            staged.states.update(later)
+            staged.held += 1
+        if staged.held < chunks:
+            return staged.held, None
         del self.open[key]
-        return chunk, staged.states
+        return staged.held, Completed(staged.states, staged.tail)
 
     def _expire(self, now: float) -> None:
         for key in [k for k, s in self.open.items() if now - s.touched > self.idle]:

@@ -10,8 +10,8 @@ import grpc
 from floering.v1 import floe_pb2, floe_pb2_grpc
 from floering.node.core.codec import (SLICE, entry_count, pack, pack_entries, pack_entries_sliced,
                              unpack_columns, unpack_entries, unpack_entries_sliced)
-from floering.node.transport.chunking import (CHUNK_ENTRIES, chunk_count, chunk_deadline,
-                                     chunks_of)
+from floering.node.transport.chunking import (CHUNK_ENTRIES, WINDOW, chunk_count,
+                                              chunk_deadline, chunks_of)
 from floering.node.core.errors import Unavailable
 from floering.node.transport.status import error_from_rpc
 
@@ -74,9 +74,10 @@ def channel_options(max_message_bytes: int) -> list[tuple[str, int]]:
 
 class PeerPool:
     def __init__(self, timeout: float, max_message_bytes: int, credentials=None,
-                 chunk_entries: int = CHUNK_ENTRIES) -> None:
+                 chunk_entries: int = CHUNK_ENTRIES, chunk_window: int = WINDOW) -> None:
         self.timeout = timeout
         self.chunk_entries = chunk_entries      # full checkpoints above: in chunks
+        self.chunk_window = chunk_window        # chunks of one range on their way at once
         self._options = channel_options(max_message_bytes)
         self._credentials = credentials         # grpc.ChannelCredentials, or None
         self._channels: dict[str, grpc.aio.Channel] = {}
@@ -122,46 +123,70 @@ class PeerPool:
 
     async def _ship_in_chunks(self, address: str, sender: str, ring_stamp: int,
                               incarnation: int, checkpoint, entries: int) -> tuple[bool, int]:
-        """A full checkpoint chunk by chunk (node.transport.chunking): each chunk with a
-        deadline for its own bytes; a chunk that fails is sent again (up to
-        CHUNK_RETRIES times in a row), going on from what the receiver says it holds."""
-        size = self.chunk_entries
+        """A full checkpoint chunk by chunk (node.transport.chunking), up to
+        `chunk_window` chunks on their way at once: each with a deadline for its own
+        bytes; a chunk that fails is sent again (up to CHUNK_RETRIES failures in a row),
+        and when the receiver says it did not keep one, the run goes on from what it
+        holds."""
+        size, window = self.chunk_entries, self.chunk_window
         total = chunk_count(entries, size)
         watermarks = pack(checkpoint.watermarks)
-        chunk, failures, sends = 1, 0, 0
+        control = self._control(address)
+        flying: dict[asyncio.Future, tuple[int, int]] = {}    # call -> (chunk, bytes)
+        chunk, held, failures, sends = 1, 0, 0, 0
         parts = chunks_of(checkpoint.states, size)
-        while True:
-            sends += 1
-            if sends > 2 * total + CHUNK_RETRIES:
-                raise Unavailable(f"{address} keeps losing the chunks of a full checkpoint "
-                                  f"of token {checkpoint.token}")
-            data = pack(next(parts))      # [keys, states]: one chunk's work in one go
-            last = chunk == total
-            request = floe_pb2.CheckpointFragment(
-                sender=sender, ring_stamp=ring_stamp, incarnation=incarnation,
-                token=checkpoint.token, checkpoint_seq=checkpoint.seq, full=True,
-                states=data, watermarks=watermarks if last else b"", chunk=chunk,
-                chunks=total)
-            try:
-                reply = await self._control(address).ShipCheckpoint(
-                    request, timeout=chunk_deadline(self.timeout, len(data)))
-            except grpc.RpcError as exc:
-                error = error_from_rpc(exc)
-                failures += 1
-                if not error.retriable or failures > CHUNK_RETRIES:
-                    raise error from None
-                parts = chunks_of(checkpoint.states, size, chunk - 1)   # this one again
-                continue
-            failures = 0
-            self.checkpoint_bytes += len(data) + len(request.watermarks)
-            self.moved_bytes += len(data) + len(request.watermarks)
-            if last and reply.chunks_held == total:
-                return reply.need_full, reply.checkpoint_seq
-            if reply.chunks_held != chunk:      # the receiver lost some: go on from there
-                chunk = reply.chunks_held + 1
-                parts = chunks_of(checkpoint.states, size, chunk - 1)
-                continue
-            chunk += 1
+        try:
+            while True:
+                while len(flying) < window and chunk <= min(total, held + window):
+                    sends += 1
+                    if sends > 2 * total + (CHUNK_RETRIES + 1) * window:
+                        raise Unavailable(f"{address} keeps losing the chunks of a full "
+                                          f"checkpoint of token {checkpoint.token}")
+                    data = pack(next(parts))      # [keys, states]: one chunk in one go
+                    last = chunk == total
+                    request = floe_pb2.CheckpointFragment(
+                        sender=sender, ring_stamp=ring_stamp, incarnation=incarnation,
+                        token=checkpoint.token, checkpoint_seq=checkpoint.seq, full=True,
+                        states=data, watermarks=watermarks if last else b"", chunk=chunk,
+                        chunks=total)
+                    call = asyncio.ensure_future(control.ShipCheckpoint(
+                        request, timeout=chunk_deadline(self.timeout, len(data))))
+                    flying[call] = (chunk, len(data) + len(request.watermarks))
+                    chunk += 1
+                    await asyncio.sleep(0)        # the call starts while the next is packed
+                if not flying:                    # all answered, yet not all held
+                    chunk, parts = held + 1, chunks_of(checkpoint.states, size, held)
+                    continue
+                done, _ = await asyncio.wait(flying, return_when=asyncio.FIRST_COMPLETED)
+                resume = None
+                for call in done:
+                    sent, nbytes = flying.pop(call)
+                    try:
+                        reply = call.result()
+                    except grpc.RpcError as exc:
+                        error = error_from_rpc(exc)
+                        failures += 1
+                        if not error.retriable or failures > CHUNK_RETRIES:
+                            raise error from None
+                        resume = min(resume or sent, sent)        # this one again
+                        continue
+                    failures = 0
+                    self.checkpoint_bytes += nbytes
+                    self.moved_bytes += nbytes
+                    if reply.chunks_held == total:
+                        return reply.need_full, reply.checkpoint_seq
+                    if sent > reply.chunks_held + window:
+                        # Not kept (the receiver lost what it had): from what it holds.
+                        held = reply.chunks_held
+                        resume = min(resume or held + 1, held + 1)
+                    else:                         # replies overtake each other too
+                        held = max(held, reply.chunks_held)
+                if resume is not None and resume < chunk:
+                    chunk, parts = resume, chunks_of(checkpoint.states, size, resume - 1)
+        finally:
+            for call in flying:
+                call.cancel()
+                call.add_done_callback(_retrieved)
 
     async def push(self, address: str, batch) -> None:
         """One batch, as a mapper pushes it (a shared key's piece merged back)."""
@@ -249,3 +274,9 @@ class PeerPool:
         for channel in self._channels.values():
             await channel.close()
         self._channels.clear()
+
+
+def _retrieved(call: asyncio.Future) -> None:
+    """A call cancelled once its shipment was over: its error is not news."""
+    if not call.cancelled():
+        call.exception()

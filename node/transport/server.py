@@ -206,17 +206,21 @@ class ControlPlane(floe_pb2_grpc.ControlPlaneServicer):
                 if not request.full:
                     raise InvalidArgument("only a full checkpoint is sent in chunks")
                 self.service.check_started()
-                held, states = self.chunks.add(
+                held, whole = self.chunks.add(
                     request.sender, request.token, request.checkpoint_seq, request.chunk,
-                    request.chunks, await unpack_chunk(request.states), time.monotonic())
-                if states is None:
+                    request.chunks, await unpack_chunk(request.states), time.monotonic(),
+                    tail=request.watermarks if request.chunk == request.chunks else None)
+                if whole is None:
                     return floe_pb2.CheckpointAck(chunks_held=held)
+                # The chunk that completed the range need not be its last one.
+                states, watermarks = whole.states, whole.tail
             else:
                 states = await unpack_entries_async(request.states)
+                watermarks = request.watermarks
             need_full, seq, stamp = await self.service.receive_checkpoint(
                 request.sender, request.ring_stamp, request.incarnation, request.token,
                 request.checkpoint_seq, request.base_seq, request.full, states,
-                unpack(request.watermarks) if request.watermarks else {})
+                unpack(watermarks) if watermarks else {})
         except FloeError as exc:
             await abort(context, exc)
         return floe_pb2.CheckpointAck(need_full=need_full, checkpoint_seq=seq, ring_stamp=stamp,
