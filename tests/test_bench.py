@@ -1,0 +1,31 @@
+"""The throughput benchmark's search for the rate an open-loop feed keeps up with."""
+
+from __future__ import annotations
+
+import pytest
+
+from floering.chaos import bench
+
+
+@pytest.mark.parametrize("capacity,start", [(1_000_000, 100_000), (1_000_000, 4_000_000),
+                                            (250_000, 240_000), (50_000, 3_000_000)])
+def test_the_sustained_rate_is_found_within_its_step_below_the_capacity(
+        monkeypatch, capacity, start):
+    tried = []
+
+    def ring(words, nodes, replicas, rate, seconds, *rest):
+        tried.append(rate)        # a ring that keeps up to `capacity`, then falls behind
+        behind = 0.05 if rate <= capacity else 0.05 + seconds * (1 - capacity / rate)
+        return 0.01, 0.02, 0.03, True, behind
+
+    monkeypatch.setattr(bench, "open_loop", ring)
+    rate, exact = bench.sustained_rate([], 4, 1, start, log=lambda line: None)
+    assert exact and len(tried) <= bench.MAX_STEPS
+    assert capacity / 1.5 <= rate <= capacity
+    assert any(r > capacity for r in tried)          # it did find where the ring fell behind
+
+
+def test_a_feed_that_never_keeps_up_gives_no_rate(monkeypatch):
+    monkeypatch.setattr(bench, "open_loop",
+                        lambda *a: (1.0, 2.0, 3.0, False, 5.0))
+    assert bench.sustained_rate([], 4, 1, 1000.0, log=lambda line: None) == (0.0, False)
