@@ -29,3 +29,14 @@ def test_a_feed_that_never_keeps_up_gives_no_rate(monkeypatch):
     monkeypatch.setattr(bench, "open_loop",
                         lambda *a: (1.0, 2.0, 3.0, False, 5.0))
     assert bench.sustained_rate([], 4, 1, 1000.0, log=lambda line: None) == (0.0, False)
+
+
+def test_the_rpc_cost_benchmark_measures_both_sides_and_stops_its_server():
+    import multiprocessing
+
+    from floering.chaos import rpc_cost
+    rows = rpc_cost.measure(200, [0.0, 0.002])
+    assert [gap for gap, _, _ in rows] == [0.0, 0.002]
+    for _, client, served in rows:
+        assert 0 < client < 0.05 and 0 < served < 0.05     # seconds per round trip
+    assert not multiprocessing.active_children()
