@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from floering.v1 import floe_pb2_grpc
 from floering.node.core.errors import InvalidArgument, Unavailable
 from floering.node.core.ranges import Checkpoint, FullStates
-from floering.node.transport.chunking import Reassembly, chunk_count, chunks_of
+from floering.node.transport.chunking import Reassembly, SendWindow, chunk_count, chunks_of
 from floering.node.transport.peers import PeerPool, channel_options
 from floering.node.transport.server import ControlPlane
 from tests.test_event_loop import Replica
@@ -58,6 +58,47 @@ def test_chunks_delivered_with_losses_resends_and_gaps_end_in_the_whole_states(
             continue                                     # the same chunk again
         chunk = held + 1
     assert done.states == states and not box.open
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 12), st.integers(1, 5), st.data())
+def test_a_window_of_chunks_over_a_link_that_loses_reorders_and_forgets_ends_whole(
+        total, window, data):
+    """The sender's bookkeeping against the real receiver, every call's fate drawn:
+    answered in any order, failed on the way, or landing on a receiver that forgot
+    what it had."""
+    states = {f"k{i}": i for i in range(total * 3)}
+    chunks = list(chunks_of(states, 3))
+    # Five failures at most (never more in a row than the retries allow) and one
+    # receiver that forgets: within the shipment's bound on sends, past which it
+    # raises Unavailable (and fails this test). Each forgetting costs a run again.
+    box, run = Reassembly(window=window), SendWindow(total, window, retries=5)
+    flying, done, failures_left, forgets_left = [], None, 5, 1
+    while done is None:
+        while (chunk := run.to_send()) is not None:
+            assert chunk <= run.held + window and run.flying <= window
+            flying.append(chunk)
+        sent = flying.pop(data.draw(st.integers(0, len(flying) - 1)))
+        fate = data.draw(st.sampled_from(["ok", "ok", "ok", "failed", "forgot"]))
+        if fate == "failed" and failures_left:
+            failures_left -= 1
+            assert not run.failed(sent, retriable=True)
+            continue
+        if fate == "forgot" and forgets_left:
+            forgets_left -= 1
+            box.open.clear()
+        held, whole = box.add("p", 7, 1, sent, total, zip(*chunks[sent - 1]), now=1.0)
+        if run.answered(sent, held):
+            done = whole
+    assert done.states == states and not box.open
+
+
+def test_a_chunk_failing_past_its_retries_or_for_good_ends_the_shipment():
+    run = SendWindow(3, 2, retries=1)
+    assert [run.to_send(), run.to_send(), run.to_send()] == [1, 2, None]
+    assert not run.failed(1, retriable=True) and run.to_send() == 1
+    assert run.failed(2, retriable=True)          # the second failure in a row
+    assert SendWindow(3, 2, retries=5).failed(1, retriable=False)
 
 
 def test_chunks_that_overtake_a_missing_one_are_kept_within_the_window():

@@ -107,9 +107,10 @@ class NodeCore:
                 continue
             rng = PrimaryRange(token, self.reducer)
             if self.replicas.is_complete(token) and token not in new.lost:
-                state, watermarks = self.replicas.rebuild(token, self._keys_of(token))
-                rng.state.replace(state)
-                rng.watermarks = watermarks
+                # The copy becomes the range's master as it is (it is dropped below):
+                # no second dict of a range of millions of keys, built while it serves.
+                _, rng.watermarks = self.replicas.rebuild(token, self._keys_of(token),
+                                                          into=rng.state)
                 taken.append(token)
             else:
                 lost.append(token)

@@ -15,7 +15,7 @@ from itertools import islice
 from typing import Iterator, NamedTuple
 
 from floering.node.core.codec import entry_columns
-from floering.node.core.errors import InvalidArgument, Overloaded
+from floering.node.core.errors import InvalidArgument, Overloaded, Unavailable
 
 CHUNK_ENTRIES = 16_384       # entries per chunk: each takes a few ms of the event loop
 MIN_RATE = 4 << 20           # bytes/s a chunk's deadline allows on top of the base one
@@ -121,3 +121,64 @@ class Reassembly:
     def _expire(self, now: float) -> None:
         for key in [k for k, s in self.open.items() if now - s.touched > self.idle]:
             del self.open[key]
+
+
+class SendWindow:
+    """The sending side's bookkeeping of one full checkpoint in chunks: which chunk to
+    send next, with at most `window` on their way and none further than `window` past
+    what the receiver holds in a row; what a reply or a failure changes. The caller
+    does the sending (node.transport.peers)."""
+
+    def __init__(self, total: int, window: int, retries: int, what: str = "") -> None:
+        self.total, self.window, self.retries = total, window, retries
+        self.what = what       # the shipment, as an error names it
+        self.next = 1          # the chunk to send next
+        self.held = 0          # what the receiver last said it holds in a row
+        self.flying = 0        # calls on their way
+        self.failures = 0      # failed calls in a row
+        self.sends = 0
+        self.lowest = total    # the least any reply since the last rewind said it held
+
+    def to_send(self) -> int | None:
+        """The next chunk to send now, or None until a call comes back."""
+        if self.flying >= self.window:
+            return None
+        if self.next > min(self.total, self.held + self.window):
+            if self.flying:
+                return None
+            # All answered, yet not all held: a reply that said less than the others
+            # may be the later one (a receiver that forgot), so go on from the least.
+            self.held = min(self.held, self.lowest)
+            self.next, self.lowest = self.held + 1, self.total
+        self.sends += 1
+        if self.sends > 2 * self.total + (self.retries + 1) * self.window:
+            raise Unavailable(f"{self.what or 'the receiver'} keeps losing the chunks of "
+                              f"a full checkpoint")
+        self.flying += 1
+        self.next += 1
+        return self.next - 1
+
+    def answered(self, sent: int, held: int) -> bool:
+        """The receiver took `sent` and holds `held` chunks in a row: True once it
+        holds them all."""
+        self.flying -= 1
+        self.failures = 0
+        if held >= self.total:
+            return True
+        self.lowest = min(self.lowest, held)
+        if sent > held + self.window:
+            # Not kept (the receiver lost what it had): go on from what it holds.
+            self.held = held
+            self.next = min(self.next, held + 1)
+        else:                             # replies overtake each other too
+            self.held = max(self.held, held)
+        return False
+
+    def failed(self, sent: int, retriable: bool) -> bool:
+        """The call carrying `sent` failed: True to give the shipment up."""
+        self.flying -= 1
+        self.failures += 1
+        if not retriable or self.failures > self.retries:
+            return True
+        self.next = min(self.next, sent)  # this one again
+        return False

@@ -10,9 +10,8 @@ import grpc
 from floering.v1 import floe_pb2, floe_pb2_grpc
 from floering.node.core.codec import (SLICE, entry_count, pack, pack_entries, pack_entries_sliced,
                              unpack_columns, unpack_entries, unpack_entries_sliced)
-from floering.node.transport.chunking import (CHUNK_ENTRIES, WINDOW, chunk_count,
-                                              chunk_deadline, chunks_of)
-from floering.node.core.errors import Unavailable
+from floering.node.transport.chunking import (CHUNK_ENTRIES, WINDOW, SendWindow,
+                                              chunk_count, chunk_deadline, chunks_of)
 from floering.node.transport.status import error_from_rpc
 
 CHUNK_RETRIES = 3     # sends of one chunk that may fail in a row before the shipment does
@@ -128,61 +127,44 @@ class PeerPool:
         bytes; a chunk that fails is sent again (up to CHUNK_RETRIES failures in a row),
         and when the receiver says it did not keep one, the run goes on from what it
         holds."""
-        size, window = self.chunk_entries, self.chunk_window
+        size = self.chunk_entries
         total = chunk_count(entries, size)
+        run = SendWindow(total, self.chunk_window, CHUNK_RETRIES,
+                         what=f"{address} (token {checkpoint.token})")
         watermarks = pack(checkpoint.watermarks)
         control = self._control(address)
         flying: dict[asyncio.Future, tuple[int, int]] = {}    # call -> (chunk, bytes)
-        chunk, held, failures, sends = 1, 0, 0, 0
-        parts = chunks_of(checkpoint.states, size)
+        parts, position = chunks_of(checkpoint.states, size), 1
         try:
             while True:
-                while len(flying) < window and chunk <= min(total, held + window):
-                    sends += 1
-                    if sends > 2 * total + (CHUNK_RETRIES + 1) * window:
-                        raise Unavailable(f"{address} keeps losing the chunks of a full "
-                                          f"checkpoint of token {checkpoint.token}")
+                while (chunk := run.to_send()) is not None:
+                    if chunk != position:         # sent again: from that chunk on
+                        parts = chunks_of(checkpoint.states, size, chunk - 1)
+                    position = chunk + 1
                     data = pack(next(parts))      # [keys, states]: one chunk in one go
-                    last = chunk == total
                     request = floe_pb2.CheckpointFragment(
                         sender=sender, ring_stamp=ring_stamp, incarnation=incarnation,
                         token=checkpoint.token, checkpoint_seq=checkpoint.seq, full=True,
-                        states=data, watermarks=watermarks if last else b"", chunk=chunk,
-                        chunks=total)
+                        states=data, watermarks=watermarks if chunk == total else b"",
+                        chunk=chunk, chunks=total)
                     call = asyncio.ensure_future(control.ShipCheckpoint(
                         request, timeout=chunk_deadline(self.timeout, len(data))))
                     flying[call] = (chunk, len(data) + len(request.watermarks))
-                    chunk += 1
                     await asyncio.sleep(0)        # the call starts while the next is packed
-                if not flying:                    # all answered, yet not all held
-                    chunk, parts = held + 1, chunks_of(checkpoint.states, size, held)
-                    continue
                 done, _ = await asyncio.wait(flying, return_when=asyncio.FIRST_COMPLETED)
-                resume = None
                 for call in done:
                     sent, nbytes = flying.pop(call)
                     try:
                         reply = call.result()
                     except grpc.RpcError as exc:
                         error = error_from_rpc(exc)
-                        failures += 1
-                        if not error.retriable or failures > CHUNK_RETRIES:
+                        if run.failed(sent, error.retriable):
                             raise error from None
-                        resume = min(resume or sent, sent)        # this one again
                         continue
-                    failures = 0
                     self.checkpoint_bytes += nbytes
                     self.moved_bytes += nbytes
-                    if reply.chunks_held == total:
+                    if run.answered(sent, reply.chunks_held):
                         return reply.need_full, reply.checkpoint_seq
-                    if sent > reply.chunks_held + window:
-                        # Not kept (the receiver lost what it had): from what it holds.
-                        held = reply.chunks_held
-                        resume = min(resume or held + 1, held + 1)
-                    else:                         # replies overtake each other too
-                        held = max(held, reply.chunks_held)
-                if resume is not None and resume < chunk:
-                    chunk, parts = resume, chunks_of(checkpoint.states, size, resume - 1)
         finally:
             for call in flying:
                 call.cancel()
