@@ -16,12 +16,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing
+import queue
 import time
 
 import grpc
 import psutil
 
 MESSAGE = b"x" * 100
+CALL_DEADLINE = 30.0     # seconds, on top of the run's own length
 
 
 def _serve(ports) -> None:
@@ -45,7 +47,9 @@ def _serve(ports) -> None:
 async def _round_trips(address: str, count: int, gap: float) -> float:
     """Client CPU seconds per round trip over `count` spaced by `gap` seconds."""
     async with grpc.aio.insecure_channel(address) as channel:
-        call = channel.stream_stream("/floering.bench.Echo/Stream")()
+        # A deadline for the whole run: a server that stopped answering fails it.
+        call = channel.stream_stream("/floering.bench.Echo/Stream")(
+            timeout=CALL_DEADLINE + count * (gap + 0.01))
         await call.write(MESSAGE)           # connected and warm before the clock starts
         await call.read()
         started = time.process_time()
@@ -61,11 +65,16 @@ async def _round_trips(address: str, count: int, gap: float) -> float:
 
 def measure(round_trips: int, gaps: list[float]) -> list[tuple[float, float, float]]:
     """(gap, client CPU s, server CPU s) per round trip, for each gap."""
-    ports = multiprocessing.Queue()
-    server = multiprocessing.Process(target=_serve, args=(ports,), daemon=True)
+    # A fresh interpreter: a forked child of a process already running gRPC hangs.
+    spawn = multiprocessing.get_context("spawn")
+    ports = spawn.Queue()
+    server = spawn.Process(target=_serve, args=(ports,), daemon=True)
     server.start()
     try:
-        address = f"127.0.0.1:{ports.get(timeout=30)}"
+        try:
+            address = f"127.0.0.1:{ports.get(timeout=CALL_DEADLINE)}"
+        except queue.Empty:
+            raise RuntimeError(f"the echo server did not start in {CALL_DEADLINE:g} s") from None
         process = psutil.Process(server.pid)
         rows = []
         for gap in gaps:
