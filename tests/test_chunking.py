@@ -179,12 +179,12 @@ async def flaky_replica():
         await server.stop(None)
 
 
-async def test_a_full_checkpoint_goes_in_chunks_and_only_a_failed_chunk_is_sent_again(
-        flaky_replica):
-    replica, plane, address = await flaky_replica(fail={2, 5}, forget_at=7)
+async def ship_and_check(address: str, replica, window: int) -> PeerPool:
+    """Ship a 1000-key range's full checkpoint in chunks of 100; check that the replica
+    took it whole, once, with its watermarks. The pool (closed) keeps its counters."""
     states = {f"key-{i}": i for i in range(1000)}
     peers = PeerPool(timeout=5.0, max_message_bytes=1 << 26, chunk_entries=100,
-                     chunk_window=1)
+                     chunk_window=window)
     try:
         need_full, seq = await peers.ship_checkpoint(
             address, sender="p", ring_stamp=5, base_seq=0,
@@ -195,6 +195,13 @@ async def test_a_full_checkpoint_goes_in_chunks_and_only_a_failed_chunk_is_sent_
     (token, got_seq, full, got, watermarks), = replica.received
     assert (token, got_seq, full, watermarks) == (7, 3, True, {"s": 9})
     assert got == states
+    return peers
+
+
+async def test_a_full_checkpoint_goes_in_chunks_and_only_a_failed_chunk_is_sent_again(
+        flaky_replica):
+    replica, plane, address = await flaky_replica(fail={2, 5}, forget_at=7)
+    peers = await ship_and_check(address, replica, window=1)
     # 2 and 5 sent twice (failed once); the replica forgot 1-6 on 7's arrival, so it
     # said it held none and they were sent again from 1; nothing else twice
     assert plane.calls == [1, 2, 2, 3, 4, 5, 5, 6, 7, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
@@ -207,19 +214,7 @@ async def test_a_window_of_chunks_goes_at_once_and_arrives_whole_through_losses(
         flaky_replica, fail, forget_at):
     replica, plane, address = await flaky_replica(fail=fail, forget_at=forget_at,
                                                   delay=0.02)
-    states = {f"key-{i}": i for i in range(1000)}
-    peers = PeerPool(timeout=5.0, max_message_bytes=1 << 26, chunk_entries=100,
-                     chunk_window=4)
-    try:
-        need_full, seq = await peers.ship_checkpoint(
-            address, sender="p", ring_stamp=5, base_seq=0,
-            checkpoint=Checkpoint(7, 3, states, {"s": 9}, full=True))
-    finally:
-        await peers.close()
-    assert (need_full, seq) == (False, 3)
-    (token, got_seq, full, got, watermarks), = replica.received
-    assert (token, got_seq, full, watermarks) == (7, 3, True, {"s": 9})
-    assert got == states
+    await ship_and_check(address, replica, window=4)
     assert plane.most_at_once == 4               # never more than the window
     assert sorted(set(plane.calls)) == list(range(1, 11))
     if not fail and forget_at is None:
