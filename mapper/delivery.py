@@ -175,6 +175,7 @@ class Delivery:
         self.changed = threading.Condition()   # the user thread waits on it in flush()
         self._refreshing: asyncio.Task | None = None
         self._watching: asyncio.Task | None = None
+        self._fetching: asyncio.Task | None = None
         self.on_ring_change = None             # set by the client (router update)
         # (seconds from first emit to the last destination's ack, tuples) per batch
         self.latencies: deque[tuple[float, int]] = deque(maxlen=100_000)
@@ -274,6 +275,16 @@ class Delivery:
         self.reducer = best.reducer
         return self.ring
 
+    async def fetch_ring_shared(self) -> Ring:
+        """fetch_ring(), one at a time: a caller that asks while a fetch is on its way
+        waits for that one. Reads that fail together when their node dies would
+        otherwise each ask every node, a burst on the heirs while they take over."""
+        if self._fetching is None or self._fetching.done():
+            self._fetching = asyncio.ensure_future(self.fetch_ring())
+            # its outcome is seen even when every caller gave up waiting
+            self._fetching.add_done_callback(lambda t: t.cancelled() or t.exception())
+        return await asyncio.shield(self._fetching)
+
     def adopt(self, ring: Ring) -> None:
         old = self.ring
         self.ring = ring
@@ -330,7 +341,7 @@ class Delivery:
 
     async def _refresh(self) -> None:
         try:
-            await self.fetch_ring()
+            await self.fetch_ring_shared()
         except FloeError as exc:
             if not exc.retriable:
                 self._fail(exc, None)
