@@ -4,6 +4,8 @@ one through failed and lost chunks."""
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 
 import grpc
 import msgpack
@@ -265,3 +267,66 @@ async def test_a_chunk_decodes_in_one_go_or_in_steps_to_the_same_entries():
     for states in (small, large):
         data = msgpack.packb([list(states), list(states.values())])
         assert dict(await unpack_chunk(data)) == states
+
+
+async def test_chunks_of_several_shipments_are_taken_in_one_per_turn_of_the_loop(flaky_replica):
+    # The gRPC server accepts one new call per turn of the event loop: a turn that
+    # decodes several chunks keeps a read or a heartbeat waiting behind all of them.
+    # Four ranges shipped at once, each with a window of four, still take one per turn.
+    replica, plane, address = await flaky_replica(fail=set(), delay=0.01)
+    turn, turns_of_adds = 0, []
+    add = plane.chunks.add
+
+    def counted_add(*args, **kw):
+        turns_of_adds.append(turn)
+        return add(*args, **kw)
+    plane.chunks.add = counted_add
+
+    async def turns():
+        nonlocal turn
+        while True:
+            turn += 1
+            await asyncio.sleep(0)
+    counter = asyncio.create_task(turns())
+    peers = PeerPool(timeout=5.0, max_message_bytes=1 << 26, chunk_entries=100,
+                     chunk_window=4)
+    ranges = {token: {f"r{token}-{i}": i for i in range(1000)} for token in range(4)}
+    try:
+        replies = await asyncio.gather(*(
+            peers.ship_checkpoint(address, sender="p", ring_stamp=5, base_seq=0,
+                                  checkpoint=Checkpoint(token, 3, states, {}, full=True))
+            for token, states in ranges.items()))
+    finally:
+        counter.cancel()
+        await peers.close()
+    assert replies == [(False, 3)] * 4
+    assert {token: got for token, _, _, got, _ in replica.received} == ranges
+    assert len(turns_of_adds) == 40
+    assert plane.most_at_once > 4            # the chunks did arrive together
+    assert len(set(turns_of_adds)) == 40, sorted(turns_of_adds)
+
+
+async def test_a_failed_shipment_lets_go_of_the_range_states_at_once(flaky_replica):
+    # A full checkpoint's states still alive when the range's master next changes are
+    # copied whole then, on the event loop. Nothing but the shipment may hold them, and
+    # not a failed one either: without the cyclic collector, they are gone.
+    replica, plane, address = await flaky_replica(fail=set())
+    plane.fail = _Always({3})
+    states = FullStates({f"k{i}": i for i in range(500)}, {})
+    held = weakref.ref(states)
+    peers = PeerPool(timeout=5.0, max_message_bytes=1 << 26, chunk_entries=100,
+                     chunk_window=2)
+    gc.disable()
+    try:
+        try:
+            await peers.ship_checkpoint(address, sender="p", ring_stamp=5, base_seq=0,
+                                        checkpoint=Checkpoint(7, 3, states, {}, full=True))
+        except Unavailable:
+            pass
+        else:
+            raise AssertionError("the shipment should have failed")
+        del states
+        assert held() is None
+    finally:
+        gc.enable()
+        await peers.close()

@@ -159,7 +159,14 @@ class PeerPool:
                     except grpc.RpcError as exc:
                         error = error_from_rpc(exc)
                         if run.failed(sent, error.retriable):
-                            raise error from None
+                            try:
+                                raise error from None
+                            finally:
+                                # else error -> its traceback -> this frame -> error:
+                                # a cycle that keeps the range's states (a FullStates
+                                # whose range copies it whole, holding the loop, when
+                                # master next changes) until the cyclic collector runs
+                                del error
                         continue
                     self.checkpoint_bytes += nbytes
                     self.moved_bytes += nbytes

@@ -163,6 +163,10 @@ class ControlPlane(floe_pb2_grpc.ControlPlaneServicer):
     def __init__(self, service: NodeService) -> None:
         self.service = service
         self.chunks = Reassembly()      # full checkpoints arriving in chunks
+        # One chunk taken in at a time: the gRPC server accepts one new call per turn
+        # of the event loop, so a turn that decodes several chunks (several senders,
+        # each with a window of them) keeps every read and heartbeat waiting longer.
+        self.one_chunk = asyncio.Lock()
 
     def _view(self, ring: Ring, starting: bool = False) -> floe_pb2.RingView:
         return floe_pb2.RingView(version=ring.version, ring=ring.to_wire(),
@@ -206,10 +210,12 @@ class ControlPlane(floe_pb2_grpc.ControlPlaneServicer):
                 if not request.full:
                     raise InvalidArgument("only a full checkpoint is sent in chunks")
                 self.service.check_started()
-                held, whole = self.chunks.add(
-                    request.sender, request.token, request.checkpoint_seq, request.chunk,
-                    request.chunks, await unpack_chunk(request.states), time.monotonic(),
-                    tail=request.watermarks if request.chunk == request.chunks else None)
+                async with self.one_chunk:
+                    held, whole = self.chunks.add(
+                        request.sender, request.token, request.checkpoint_seq, request.chunk,
+                        request.chunks, await unpack_chunk(request.states), time.monotonic(),
+                        tail=request.watermarks if request.chunk == request.chunks else None)
+                    await asyncio.sleep(0)  # held to the next turn: the next chunk waits
                 if whole is None:
                     return floe_pb2.CheckpointAck(chunks_held=held)
                 # The chunk that completed the range need not be its last one.
