@@ -47,8 +47,35 @@ def chunk_deadline(base: float, nbytes: int) -> float:
 
 
 class Completed(NamedTuple):
-    states: dict
+    parts: list     # each chunk's entries in order, as given to `add`: see `merged`
     tail: object
+
+
+def merged(parts: list, step: int | None = None) -> Iterator[dict]:
+    """The whole states of a completed range from its parts, the later of a key's
+    entries winning: steps into one dict, `step` entries each (all at once without),
+    yielding the dict after each. The parts are read once and let go as they are read.
+    Inserting into a dict of the whole range is most of a replica's cost of taking in
+    a full checkpoint; in steps, the caller lets its event loop run in between."""
+    out: dict = {}
+    parts.reverse()
+    while parts:
+        part = parts.pop()
+        items = iter(part.items() if isinstance(part, dict) else part)
+        if step is None:
+            out.update(items)
+            continue
+        while piece := list(islice(items, step)):
+            out.update(piece)
+            yield out
+    yield out
+
+
+def whole_states(parts: list) -> dict:
+    """merged(parts) in one go."""
+    for out in merged(parts):
+        pass
+    return out
 
 
 @dataclass
@@ -57,7 +84,7 @@ class Staged:
     chunks: int
     held: int = 0
     touched: float = 0.0
-    states: dict = field(default_factory=dict)
+    parts: list = field(default_factory=list)    # the chunks held in a row, as given
     ahead: dict = field(default_factory=dict)    # chunk -> its entries, past a gap
     tail: object = None                          # what came with the last chunk
 
@@ -81,9 +108,11 @@ class Reassembly:
     def add(self, sender: str, token: int, seq: int, chunk: int, chunks: int,
             states, now: float, tail=None) -> tuple[int, Completed | None]:
         """(chunks held in a row, the whole range once `chunk` completes it, else None).
-        `states`: the chunk's entries, a dict or (key, state) pairs, the later of a
-        key's entries winning; read now if it is the next chunk, kept as a dict if it
-        is ahead. `tail`: what the last chunk carries besides (its watermarks)."""
+        `states`: the chunk's entries, a dict or (key, state) pairs (an iterator will
+        do: it is read once, by `merged`, and must not change till then), the later of
+        a key's entries winning. `tail`: what the last chunk carries besides (its
+        watermarks). Nothing is decoded or inserted here: the states come whole as the
+        parts they arrived in."""
         if not 1 <= chunk <= chunks <= MAX_CHUNKS:
             raise InvalidArgument(f"chunk {chunk} of {chunks}: needs 1 <= chunk <= chunks "
                                   f"<= {MAX_CHUNKS}")
@@ -106,17 +135,17 @@ class Reassembly:
         if chunk == chunks:
             staged.tail = tail
         if chunk > staged.held + 1:
-            staged.ahead[chunk] = dict(states)
+            staged.ahead[chunk] = states
             return staged.held, None
-        staged.states.update(states)
+        staged.parts.append(states)
         staged.held = chunk
         while (later := staged.ahead.pop(staged.held + 1, None)) is not None:
-            staged.states.update(later)
+            staged.parts.append(later)
             staged.held += 1
         if staged.held < chunks:
             return staged.held, None
         del self.open[key]
-        return staged.held, Completed(staged.states, staged.tail)
+        return staged.held, Completed(staged.parts, staged.tail)
 
     def _expire(self, now: float) -> None:
         for key in [k for k, s in self.open.items() if now - s.touched > self.idle]:
@@ -151,7 +180,9 @@ class SendWindow:
             self.held = min(self.held, self.lowest)
             self.next, self.lowest = self.held + 1, self.total
         self.sends += 1
-        if self.sends > 2 * self.total + (self.retries + 1) * self.window:
+        # Room for every chunk twice (a receiver that forgot all it held, once) and a
+        # window sent again for each failure the retries allow, twice over.
+        if self.sends > 2 * self.total + 2 * (self.retries + 1) * self.window:
             raise Unavailable(f"{self.what or 'the receiver'} keeps losing the chunks of "
                               f"a full checkpoint")
         self.flying += 1

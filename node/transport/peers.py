@@ -159,14 +159,7 @@ class PeerPool:
                     except grpc.RpcError as exc:
                         error = error_from_rpc(exc)
                         if run.failed(sent, error.retriable):
-                            try:
-                                raise error from None
-                            finally:
-                                # else error -> its traceback -> this frame -> error:
-                                # a cycle that keeps the range's states (a FullStates
-                                # whose range copies it whole, holding the loop, when
-                                # master next changes) until the cyclic collector runs
-                                del error
+                            raise error from None
                         continue
                     self.checkpoint_bytes += nbytes
                     self.moved_bytes += nbytes
@@ -176,6 +169,11 @@ class PeerPool:
             for call in flying:
                 call.cancel()
                 call.add_done_callback(_retrieved)
+            # An error raised here has a traceback through this frame, which holds it
+            # (error) or a failed call holding it (call, done): a cycle, which would
+            # keep the range's states alive till the cyclic collector ran. States still
+            # alive when the range's master next changes are copied whole then.
+            error = call = done = None
 
     async def push(self, address: str, batch) -> None:
         """One batch, as a mapper pushes it (a shared key's piece merged back)."""

@@ -24,7 +24,7 @@ from floering.node.core.ring import Ring
 from floering.node.runtime.inbound import StreamState
 from floering.node.runtime.node import NodeRuntime
 from floering.node.runtime.service import NodeService
-from floering.node.transport.chunking import Reassembly
+from floering.node.transport.chunking import Reassembly, merged
 from floering.node.transport.intercept import CallLimiter
 from floering.node.transport.metrics import NodeMetrics
 from floering.node.transport.peers import (channel_options, pack_entries_async, unpack_chunk,
@@ -90,6 +90,7 @@ def node_tls(config) -> TlsFiles | None:
 log = logging.getLogger("floe.transport")
 
 SCAN_CHUNK = 5000
+MERGE_STEP = 4096     # entries put into a range's dict per turn (a few ms)
 # What health checks answer for: the server as a whole ("") and each Floe service.
 FLOE_SERVICES = tuple(s.full_name for s in floe_pb2.DESCRIPTOR.services_by_name.values())
 HEALTH_NAMES = ("", *FLOE_SERVICES)
@@ -163,10 +164,7 @@ class ControlPlane(floe_pb2_grpc.ControlPlaneServicer):
     def __init__(self, service: NodeService) -> None:
         self.service = service
         self.chunks = Reassembly()      # full checkpoints arriving in chunks
-        # One chunk taken in at a time: the gRPC server accepts one new call per turn
-        # of the event loop, so a turn that decodes several chunks (several senders,
-        # each with a window of them) keeps every read and heartbeat waiting longer.
-        self.one_chunk = asyncio.Lock()
+        self.one_chunk = asyncio.Lock()  # see _take_chunk
 
     def _view(self, ring: Ring, starting: bool = False) -> floe_pb2.RingView:
         return floe_pb2.RingView(version=ring.version, ring=ring.to_wire(),
@@ -207,19 +205,10 @@ class ControlPlane(floe_pb2_grpc.ControlPlaneServicer):
             # A full checkpoint may hold millions of keys: decoded in steps, so that
             # heartbeats and probes are answered meanwhile.
             if request.chunk or request.chunks:
-                if not request.full:
-                    raise InvalidArgument("only a full checkpoint is sent in chunks")
-                self.service.check_started()
-                async with self.one_chunk:
-                    held, whole = self.chunks.add(
-                        request.sender, request.token, request.checkpoint_seq, request.chunk,
-                        request.chunks, await unpack_chunk(request.states), time.monotonic(),
-                        tail=request.watermarks if request.chunk == request.chunks else None)
-                    await asyncio.sleep(0)  # held to the next turn: the next chunk waits
+                held, whole = await self._take_chunk(request)
                 if whole is None:
                     return floe_pb2.CheckpointAck(chunks_held=held)
-                # The chunk that completed the range need not be its last one.
-                states, watermarks = whole.states, whole.tail
+                states, watermarks = whole
             else:
                 states = await unpack_entries_async(request.states)
                 watermarks = request.watermarks
@@ -231,6 +220,28 @@ class ControlPlane(floe_pb2_grpc.ControlPlaneServicer):
             await abort(context, exc)
         return floe_pb2.CheckpointAck(need_full=need_full, checkpoint_seq=seq, ring_stamp=stamp,
                                       chunks_held=held)
+
+    async def _take_chunk(self, request) -> tuple[int, tuple[dict, bytes] | None]:
+        """(chunks held in a row, (the whole states, watermarks) once this chunk
+        completed the range). One chunk, or one step of putting a range's states
+        together, per turn of the event loop: the gRPC server accepts one new call
+        per turn, so a turn that takes in several keeps reads and heartbeats waiting
+        behind all of them."""
+        if not request.full:
+            raise InvalidArgument("only a full checkpoint is sent in chunks")
+        self.service.check_started()
+        async with self.one_chunk:
+            held, whole = self.chunks.add(
+                request.sender, request.token, request.checkpoint_seq, request.chunk,
+                request.chunks, await unpack_chunk(request.states), time.monotonic(),
+                tail=request.watermarks if request.chunk == request.chunks else None)
+            await asyncio.sleep(0)          # held to the next turn: the next chunk waits
+            if whole is None:
+                return held, None
+            # The chunk that completed the range need not be its last one.
+            for states in merged(whole.parts, MERGE_STEP):
+                await asyncio.sleep(0)
+        return held, (states, whole.tail)
 
     def _reply(self, accepted: bool, detail: str) -> floe_pb2.HandoffReply:
         return floe_pb2.HandoffReply(accepted=accepted, detail=detail,
