@@ -286,18 +286,27 @@ async def test_a_chunk_decodes_in_one_go_or_in_steps_to_the_same_entries():
         assert dict(await unpack_chunk(data)) == states
 
 
-async def test_chunks_of_several_shipments_are_taken_in_one_per_turn_of_the_loop(flaky_replica):
+async def test_chunks_of_several_shipments_go_and_are_taken_in_one_per_turn_of_the_loop(
+        flaky_replica, monkeypatch):
     # The gRPC server accepts one new call per turn of the event loop: a turn that
-    # decodes several chunks keeps a read or a heartbeat waiting behind all of them.
-    # Four ranges shipped at once, each with a window of four, still take one per turn.
+    # packs or takes in several chunks keeps a read or a heartbeat waiting behind all
+    # of them. Four ranges shipped at once, each with a window of four, still go (are
+    # packed) one per turn and are taken in one per turn, four at most on their way.
+    from floering.node.transport import peers as peers_module
     replica, plane, address = await flaky_replica(fail=set(), delay=0.01)
-    turn, turns_of_adds = 0, []
-    add = plane.chunks.add
+    turn, turns_of_adds, turns_of_packs = 0, [], []
+    add, pack = plane.chunks.add, peers_module.pack
 
     def counted_add(*args, **kw):
         turns_of_adds.append(turn)
         return add(*args, **kw)
     plane.chunks.add = counted_add
+
+    def counted_pack(value):
+        if isinstance(value, tuple):               # a chunk's [keys, states]
+            turns_of_packs.append(turn)
+        return pack(value)
+    monkeypatch.setattr(peers_module, "pack", counted_pack)
 
     async def turns():
         nonlocal turn
@@ -319,8 +328,11 @@ async def test_chunks_of_several_shipments_are_taken_in_one_per_turn_of_the_loop
     assert replies == [(False, 3)] * 4
     assert {token: got for token, _, _, got, _ in replica.received} == ranges
     assert len(turns_of_adds) == 40
-    assert plane.most_at_once > 4            # the chunks did arrive together
+    # four ranges, each with a window of four, yet never more than a window of chunks
+    # on their way to the one peer: it accepts them one per turn, a read behind them
+    assert plane.most_at_once == 4
     assert len(set(turns_of_adds)) == 40, sorted(turns_of_adds)
+    assert len(turns_of_packs) == 40 and len(set(turns_of_packs)) == 40, sorted(turns_of_packs)
 
 
 async def test_a_failed_shipment_lets_go_of_the_range_states_at_once(flaky_replica):

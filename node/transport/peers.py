@@ -80,6 +80,13 @@ class PeerPool:
         self._options = channel_options(max_message_bytes)
         self._credentials = credentials         # grpc.ChannelCredentials, or None
         self._channels: dict[str, grpc.aio.Channel] = {}
+        # One chunk packed per turn of the event loop, whatever the shipments on their
+        # way: each turn of the loop lets the gRPC server accept one new call (a read,
+        # a heartbeat), so turns stay short while ranges are re-replicated.
+        self._one_chunk = asyncio.Lock()
+        # At most chunk_window chunks on their way to one peer, whatever the ranges:
+        # the peer accepts them one per turn too, and a read waits behind all of them.
+        self._to_peer: dict[str, asyncio.Semaphore] = {}
         self.checkpoint_bytes = 0               # shipped and acknowledged (/metrics)
         # State moved from one node to another, acknowledged: full copies of ranges (a
         # handoff's or split's new holders, new replicas) and pieces merged back.
@@ -133,24 +140,25 @@ class PeerPool:
                          what=f"{address} (token {checkpoint.token})")
         watermarks = pack(checkpoint.watermarks)
         control = self._control(address)
+        slots = self._to_peer.setdefault(address, asyncio.Semaphore(self.chunk_window))
         flying: dict[asyncio.Future, tuple[int, int]] = {}    # call -> (chunk, bytes)
         parts, position = chunks_of(checkpoint.states, size), 1
+
+        def request_for(chunk: int) -> floe_pb2.CheckpointFragment:
+            nonlocal parts, position
+            if chunk != position:             # sent again: from that chunk on
+                parts = chunks_of(checkpoint.states, size, chunk - 1)
+            position = chunk + 1
+            return floe_pb2.CheckpointFragment(
+                sender=sender, ring_stamp=ring_stamp, incarnation=incarnation,
+                token=checkpoint.token, checkpoint_seq=checkpoint.seq, full=True,
+                states=pack(next(parts)), chunk=chunk, chunks=total,   # in one go
+                watermarks=watermarks if chunk == total else b"")
         try:
             while True:
                 while (chunk := run.to_send()) is not None:
-                    if chunk != position:         # sent again: from that chunk on
-                        parts = chunks_of(checkpoint.states, size, chunk - 1)
-                    position = chunk + 1
-                    data = pack(next(parts))      # [keys, states]: one chunk in one go
-                    request = floe_pb2.CheckpointFragment(
-                        sender=sender, ring_stamp=ring_stamp, incarnation=incarnation,
-                        token=checkpoint.token, checkpoint_seq=checkpoint.seq, full=True,
-                        states=data, watermarks=watermarks if chunk == total else b"",
-                        chunk=chunk, chunks=total)
-                    call = asyncio.ensure_future(control.ShipCheckpoint(
-                        request, timeout=chunk_deadline(self.timeout, len(data))))
-                    flying[call] = (chunk, len(data) + len(request.watermarks))
-                    await asyncio.sleep(0)        # the call starts while the next is packed
+                    call, nbytes = await self._start_chunk(control, slots, request_for, chunk)
+                    flying[call] = (chunk, nbytes)
                 done, _ = await asyncio.wait(flying, return_when=asyncio.FIRST_COMPLETED)
                 for call in done:
                     sent, nbytes = flying.pop(call)
@@ -174,6 +182,29 @@ class PeerPool:
             # keep the range's states alive till the cyclic collector ran. States still
             # alive when the range's master next changes are copied whole then.
             error = call = done = None
+
+    async def _start_chunk(self, control, slots: asyncio.Semaphore, request_for,
+                           chunk: int) -> tuple[asyncio.Future, int]:
+        """Start a chunk's call once one of its peer's `slots` is free, one chunk per
+        turn of the event loop node-wide (request_for packs it: the costly part). The
+        slot is free again when the call ends. (The call, its bytes.)"""
+        await slots.acquire()
+        call = None
+        try:
+            async with self._one_chunk:
+                request = request_for(chunk)
+                call = asyncio.ensure_future(control.ShipCheckpoint(
+                    request, timeout=chunk_deadline(self.timeout, len(request.states))))
+                call.add_done_callback(lambda _: slots.release())
+                await asyncio.sleep(0)        # it starts while the next is packed
+        except BaseException:
+            if call is None:
+                slots.release()
+            else:
+                call.cancel()
+                call.add_done_callback(_retrieved)
+            raise
+        return call, len(request.states) + len(request.watermarks)
 
     async def push(self, address: str, batch) -> None:
         """One batch, as a mapper pushes it (a shared key's piece merged back)."""
