@@ -17,7 +17,7 @@ from floering.v1 import floe_pb2_grpc
 from floering.node.core.errors import InvalidArgument, Unavailable
 from floering.node.core.ranges import Checkpoint, FullStates
 from floering.node.transport.chunking import (Reassembly, SendWindow, chunk_count, chunks_of,
-                                              merged, whole_states)
+                                              Columns, fill, whole_states)
 from floering.node.transport.peers import PeerPool, channel_options
 from floering.node.transport.server import ControlPlane
 from tests.test_event_loop import Replica
@@ -60,7 +60,7 @@ def test_chunks_delivered_with_losses_resends_and_gaps_end_in_the_whole_states(
         if fate == "reply lost" and done is None:
             continue                                     # the same chunk again
         chunk = held + 1
-    assert whole_states(done.parts) == states and not box.open
+    assert whole_states(done) == states and not box.open
 
 
 @settings(max_examples=300, deadline=None)
@@ -93,7 +93,7 @@ def test_a_window_of_chunks_over_a_link_that_loses_reorders_and_forgets_ends_who
         held, whole = box.add("p", 7, 1, sent, total, zip(*chunks[sent - 1]), now=1.0)
         if run.answered(sent, held):
             done = whole
-    assert whole_states(done.parts) == states and not box.open
+    assert whole_states(done) == states and not box.open
 
 
 def test_a_chunk_failing_past_its_retries_or_for_good_ends_the_shipment():
@@ -113,22 +113,40 @@ def test_chunks_that_overtake_a_missing_one_are_kept_within_the_window():
     held, done = box.add("p", 1, 5, 2, 4, {"b": 2}, now=0.0)             # fills the gap
     assert held == 4 and done.tail == b"w" and not box.open
     # a later chunk's entry for a key wins, whatever order the chunks arrived in
-    assert whole_states(done.parts) == {"a": 1, "b": 2, "c": 3, "d": 4}
+    assert whole_states(done) == {"a": 1, "b": 2, "c": 3, "d": 4}
 
 
-@pytest.mark.parametrize("step", [1, 3, 4096])
-def test_a_completed_range_is_put_together_in_steps_the_later_entry_winning(step):
-    parts = [{"a": 1, "b": 1}, [("b", 2), ("c", 2)], zip(["c", "d"], [3, 3]), {}]
-    steps = [len(out) for out in merged(parts, step)]
-    assert steps[-1] == 4 and len(steps) >= 6 // step
-    assert max(b - a for a, b in zip([0] + steps, steps)) <= step
-    assert parts == []                                 # each part let go once read
-    out = None
-    for out in merged([{"a": 1, "b": 1}, [("b", 2), ("c", 2)], zip(["c", "d"], [3, 3])],
-                      step):
-        pass
-    assert out == {"a": 1, "b": 2, "c": 3, "d": 3}
-    assert whole_states([[("x", 1)], {"x": 2}]) == {"x": 2}
+@pytest.mark.parametrize("step", [1, 2, 3, 4096])
+def test_a_range_goes_into_its_dict_in_steps_the_later_entry_winning(step):
+    parts = [Columns(("a", "b"), (1, 1)), {"b": 2, "c": 2}, [("c", 3)],
+             zip(["c", "d"], [4, 4]), Columns(("d", "e", "f"), (5, 5, 5)), Columns((), ())]
+    states: dict = {}
+    steps = sum(1 for _ in fill(states, parts, step))
+    assert states == {"a": 1, "b": 2, "c": 4, "d": 5, "e": 5, "f": 5} and parts == []
+    # columns a step at a time (a zero-length one takes a step too), others whole
+    assert steps == -(-2 // step) + 3 + -(-3 // step) + 1
+    # a caller that stops between two steps loses nothing: a later fill goes on
+    parts = [Columns(("a", "b", "c"), (1, 1, 1)), {"c": 2, "d": 2}]
+    states = {}
+    steps = fill(states, parts, 2)
+    next(steps)
+    steps.close()
+    assert states == {"a": 1, "b": 1} and len(parts) == 2
+    assert list(fill(states, parts, None)) == [] and parts == []
+    assert states == {"a": 1, "b": 1, "c": 2, "d": 2}
+
+
+def test_a_range_grows_as_its_chunks_arrive_and_completes_with_the_rest():
+    box = Reassembly(window=2)
+    assert box.add("p", 1, 5, 1, 3, Columns(("a", "b"), (1, 1)), now=0.0) == (1, None)
+    assert list(box.filling("p", 1, 1)) == [None, None]
+    assert box.open[("p", 1)].states == {"a": 1, "b": 1}
+    assert box.add("p", 1, 5, 3, 3, {"c": 3}, now=0.0, tail=b"w") == (1, None)  # ahead
+    assert list(box.filling("p", 1, 1)) == []                  # nothing in a row yet
+    held, done = box.add("p", 1, 5, 2, 3, {"b": 2, "c": 2}, now=0.0)
+    assert held == 3 and done.states == {"a": 1, "b": 1} and len(done.parts) == 2
+    assert whole_states(done) == {"a": 1, "b": 2, "c": 3} and done.tail == b"w"
+    assert list(box.filling("p", 1, 1)) == []                  # nothing open any more
 
 
 def test_a_new_checkpoint_replaces_one_half_arrived_and_bounds_hold():
@@ -138,7 +156,7 @@ def test_a_new_checkpoint_replaces_one_half_arrived_and_bounds_hold():
     assert ("p", 1) not in box.open
     assert box.add("p", 1, 6, 1, 2, {"a": 2}, now=0.0) == (1, None)
     held, done = box.add("p", 1, 6, 2, 2, {"b": 2}, now=0.0)
-    assert held == 2 and whole_states(done.parts) == {"a": 2, "b": 2} and done.tail is None
+    assert held == 2 and whole_states(done) == {"a": 2, "b": 2} and done.tail is None
     for bad in ((0, 3), (4, 3), (1, 0), (2, 1 << 30)):
         with pytest.raises(InvalidArgument):
             box.add("p", 1, 1, *bad, {}, now=0.0)

@@ -10,9 +10,10 @@ gRPC, no clock of its own."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Iterator, NamedTuple
+from typing import NamedTuple
 
 from floering.node.core.codec import entry_columns
 from floering.node.core.errors import InvalidArgument, Overloaded, Unavailable
@@ -47,35 +48,55 @@ def chunk_deadline(base: float, nbytes: int) -> float:
 
 
 class Completed(NamedTuple):
-    parts: list     # each chunk's entries in order, as given to `add`: see `merged`
+    states: dict    # what is in already; `parts` still go in, in order: see `fill`
+    parts: list
     tail: object
 
 
-def merged(parts: list, step: int | None = None) -> Iterator[dict]:
-    """The whole states of a completed range from its parts, the later of a key's
-    entries winning: steps into one dict, `step` entries each (all at once without),
-    yielding the dict after each. The parts are read once and let go as they are read.
-    Inserting into a dict of the whole range is most of a replica's cost of taking in
-    a full checkpoint; in steps, the caller lets its event loop run in between."""
-    out: dict = {}
-    parts.reverse()
+class Columns:
+    """A chunk's entries as decoded: keys and states, two sequences of equal length,
+    and how many of them are in the range's dict (`fill`). Iterates as (key, state)."""
+
+    __slots__ = ("column_keys", "column_states", "at")
+
+    def __init__(self, keys, states) -> None:
+        self.column_keys, self.column_states, self.at = keys, states, 0
+
+    def __iter__(self):
+        return zip(self.column_keys, self.column_states)
+
+
+def fill(states: dict, parts: list, step: int | None = None) -> Iterator[None]:
+    """Put `parts` (chunks' entries, in order, as given to Reassembly.add) into
+    `states`, the later of a key's entries winning, each part let go once it is in:
+    Columns `step` entries at a time (all at once without), yielding after each step;
+    another part (a dict, or (key, state) pairs) whole. Inserting into a dict of a
+    whole range is most of a replica's cost of taking in a full checkpoint: in steps,
+    the caller lets its event loop run in between. A caller that stops between two
+    steps leaves the rest of `parts` as it was: a later fill goes on."""
     while parts:
-        part = parts.pop()
-        items = iter(part.items() if isinstance(part, dict) else part)
-        if step is None:
-            out.update(items)
-            continue
-        while piece := list(islice(items, step)):
-            out.update(piece)
-            yield out
-    yield out
+        part = parts[0]
+        if isinstance(part, Columns):
+            keys, values, at = part.column_keys, part.column_states, part.at
+            end = len(keys) if step is None else min(len(keys), at + step)
+            # zip hands dict.update one pair at a time: no tuple per entry is kept
+            states.update(zip(keys[at:end], values[at:end]))
+            part.at = end
+            done = end == len(keys)
+        else:
+            states.update(part)
+            done = True
+        if done:
+            parts.pop(0)
+        if step is not None:
+            yield
 
 
-def whole_states(parts: list) -> dict:
-    """merged(parts) in one go."""
-    for out in merged(parts):
+def whole_states(done: Completed) -> dict:
+    """A completed range's states, what was still to go in put in at once."""
+    for _ in fill(done.states, done.parts):
         pass
-    return out
+    return done.states
 
 
 @dataclass
@@ -84,7 +105,8 @@ class Staged:
     chunks: int
     held: int = 0
     touched: float = 0.0
-    parts: list = field(default_factory=list)    # the chunks held in a row, as given
+    states: dict = field(default_factory=dict)   # the chunks held in a row, put in
+    pending: list = field(default_factory=list)  # held in a row, still to go in
     ahead: dict = field(default_factory=dict)    # chunk -> its entries, past a gap
     tail: object = None                          # what came with the last chunk
 
@@ -108,11 +130,10 @@ class Reassembly:
     def add(self, sender: str, token: int, seq: int, chunk: int, chunks: int,
             states, now: float, tail=None) -> tuple[int, Completed | None]:
         """(chunks held in a row, the whole range once `chunk` completes it, else None).
-        `states`: the chunk's entries, a dict or (key, state) pairs (an iterator will
-        do: it is read once, by `merged`, and must not change till then), the later of
-        a key's entries winning. `tail`: what the last chunk carries besides (its
-        watermarks). Nothing is decoded or inserted here: the states come whole as the
-        parts they arrived in."""
+        `states`: the chunk's entries, Columns, a dict or (key, state) pairs (an
+        iterator will do: it is read once, by `fill`, and must not change till then),
+        the later of a key's entries winning. `tail`: what the last chunk carries besides (its
+        watermarks). Nothing is inserted here: see `filling` and `Completed`."""
         if not 1 <= chunk <= chunks <= MAX_CHUNKS:
             raise InvalidArgument(f"chunk {chunk} of {chunks}: needs 1 <= chunk <= chunks "
                                   f"<= {MAX_CHUNKS}")
@@ -137,15 +158,22 @@ class Reassembly:
         if chunk > staged.held + 1:
             staged.ahead[chunk] = states
             return staged.held, None
-        staged.parts.append(states)
+        staged.pending.append(states)
         staged.held = chunk
         while (later := staged.ahead.pop(staged.held + 1, None)) is not None:
-            staged.parts.append(later)
+            staged.pending.append(later)
             staged.held += 1
         if staged.held < chunks:
             return staged.held, None
         del self.open[key]
-        return staged.held, Completed(staged.parts, staged.tail)
+        return staged.held, Completed(staged.states, staged.pending, staged.tail)
+
+    def filling(self, sender: str, token: int, step: int) -> Iterator[None]:
+        """fill() what arrived of (sender, token)'s range into its states, in steps:
+        as each chunk arrives, so the range's dict grows as it comes."""
+        staged = self.open.get((sender, token))
+        if staged is not None:
+            yield from fill(staged.states, staged.pending, step)
 
     def _expire(self, now: float) -> None:
         for key in [k for k, s in self.open.items() if now - s.touched > self.idle]:

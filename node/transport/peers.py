@@ -10,7 +10,7 @@ import grpc
 from floering.v1 import floe_pb2, floe_pb2_grpc
 from floering.node.core.codec import (SLICE, entry_count, pack, pack_entries, pack_entries_sliced,
                              unpack_columns, unpack_entries, unpack_entries_sliced)
-from floering.node.transport.chunking import (CHUNK_ENTRIES, WINDOW, SendWindow,
+from floering.node.transport.chunking import (CHUNK_ENTRIES, WINDOW, Columns, SendWindow,
                                               chunk_count, chunk_deadline, chunks_of)
 from floering.node.transport.status import error_from_rpc
 
@@ -39,10 +39,10 @@ async def pack_entries_async(items) -> bytes:
 
 
 async def unpack_chunk(data: bytes):
-    """A full checkpoint chunk's entries as (key, state) pairs: decoded in one go when
-    it is no larger than an honest chunk, else in steps as any large payload is."""
+    """A full checkpoint chunk's entries: decoded in one go into Columns when it is no
+    larger than an honest chunk, else in steps into a dict as any large payload is."""
     if len(data) <= CHUNK_BYTES_AT_ONCE:
-        return zip(*unpack_columns(data))
+        return Columns(*unpack_columns(data))
     return await unpack_entries_async(data)
 
 
