@@ -24,7 +24,7 @@ from floering.node.core.ring import Ring
 from floering.node.runtime.inbound import StreamState
 from floering.node.runtime.node import NodeRuntime
 from floering.node.runtime.service import NodeService
-from floering.node.transport.chunking import Reassembly, fill
+from floering.node.transport.chunking import CHUNK_ENTRIES, Reassembly, fill
 from floering.node.transport.intercept import CallLimiter
 from floering.node.transport.metrics import NodeMetrics
 from floering.node.transport.peers import (channel_options, pack_entries_async, unpack_chunk,
@@ -90,7 +90,7 @@ def node_tls(config) -> TlsFiles | None:
 log = logging.getLogger("floe.transport")
 
 SCAN_CHUNK = 5000
-FILL_STEP = 4096      # entries put into a range's dict per turn (a few ms)
+FILL_STEP = CHUNK_ENTRIES   # entries put into a range's dict per turn (some 10 ms)
 # What health checks answer for: the server as a whole ("") and each Floe service.
 FLOE_SERVICES = tuple(s.full_name for s in floe_pb2.DESCRIPTOR.services_by_name.values())
 HEALTH_NAMES = ("", *FLOE_SERVICES)
@@ -223,10 +223,10 @@ class ControlPlane(floe_pb2_grpc.ControlPlaneServicer):
 
     async def _take_chunk(self, request) -> tuple[int, tuple[dict, bytes] | None]:
         """(chunks held in a row, (the whole states, watermarks) once this chunk
-        completed the range). One chunk taken in, or one step of putting entries into
-        a range's dict, per turn of the event loop: the gRPC server accepts one new
-        call per turn, so a turn that takes in several keeps reads and heartbeats
-        waiting behind all of them."""
+        completed the range). One chunk taken in (decoded and put into its range's
+        dict) per turn of the event loop: the gRPC server accepts one new call per
+        turn, so a turn that takes in several keeps reads and heartbeats waiting
+        behind all of them."""
         if not request.full:
             raise InvalidArgument("only a full checkpoint is sent in chunks")
         self.service.check_started()
@@ -235,8 +235,8 @@ class ControlPlane(floe_pb2_grpc.ControlPlaneServicer):
                 request.sender, request.token, request.checkpoint_seq, request.chunk,
                 request.chunks, await unpack_chunk(request.states), time.monotonic(),
                 tail=request.watermarks if request.chunk == request.chunks else None)
-            await asyncio.sleep(0)            # held to the next turn: the next chunk waits
-            # The chunk that completed the range need not be its last one.
+            # The chunk that completed the range need not be its last one. Held to the
+            # next turn after each step: the next chunk waits.
             steps = self.chunks.filling(request.sender, request.token, FILL_STEP) \
                 if whole is None else fill(whole.states, whole.parts, FILL_STEP)
             for _ in steps:
