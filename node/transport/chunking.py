@@ -132,8 +132,9 @@ class Reassembly:
         """(chunks held in a row, the whole range once `chunk` completes it, else None).
         `states`: the chunk's entries, Columns, a dict or (key, state) pairs (an
         iterator will do: it is read once, by `fill`, and must not change till then),
-        the later of a key's entries winning. `tail`: what the last chunk carries besides (its
-        watermarks). Nothing is inserted here: see `filling` and `Completed`."""
+        the later of a key's entries winning. `tail`: what the last chunk carries
+        besides (its watermarks). Nothing is inserted here: see `filling` and
+        `Completed`."""
         if not 1 <= chunk <= chunks <= MAX_CHUNKS:
             raise InvalidArgument(f"chunk {chunk} of {chunks}: needs 1 <= chunk <= chunks "
                                   f"<= {MAX_CHUNKS}")
