@@ -302,7 +302,7 @@ def _run_round(scenario: Scenario, seed: int, index: int, planned: list[PlannedF
         result.series = series(sampler.samples, t0)
         if sampler.samples:
             result.final_stats = [dict(node_id=k, **v) for k, v in
-                                  sorted(sampler.samples[-1]["nodes"].items())]
+                                  sorted(_last_whole(sampler.samples, cluster).items())]
         progress.update(f"{scenario.name} {tag}: checking every tuple")
         acked, unacked, summaries = _journals(scenario, seed, retired + mappers)
         result.mappers = summaries
@@ -447,6 +447,17 @@ def _sleep_until(t: float, progress: Progress, what: str, t0: float, end: float,
         progress.update(f"{what} {bar((now - t0) / (end - t0))} {now - t0:4.1f}/"
                         f"{end - t0:.1f}s  faults injected {done}/{len(result.planned)}")
         time.sleep(min(0.1, t - now))
+
+
+def _last_whole(samples: list[dict], cluster: LocalCluster) -> dict:
+    """The nodes of the last sample that heard from every running process: one poll
+    whose Stats call to a busy node outlived the sampler's short deadline must not
+    drop that node from the final stats. The last sample if none did."""
+    running = sum(1 for node in cluster.nodes if node.alive())
+    for sample in reversed(samples[-50:]):
+        if len(sample["nodes"]) >= running:
+            return sample["nodes"]
+    return samples[-1]["nodes"]
 
 
 def _settle(sampler: Sampler, cluster: LocalCluster, deadline: float,
