@@ -278,7 +278,9 @@ class Delivery:
     async def fetch_ring_shared(self) -> Ring:
         """fetch_ring(), one at a time: a caller that asks while a fetch is on its way
         waits for that one. Reads that fail together when their node dies would
-        otherwise each ask every node, a burst on the heirs while they take over."""
+        otherwise each ask every node, a burst on the heirs while they take over. The
+        view may predate the caller's failure: only a caller that tries again until a
+        deadline (a read) can use it; the feed's refreshes fetch their own."""
         if self._fetching is None or self._fetching.done():
             self._fetching = asyncio.ensure_future(self.fetch_ring())
             # its outcome is seen even when every caller gave up waiting
@@ -341,7 +343,7 @@ class Delivery:
 
     async def _refresh(self) -> None:
         try:
-            await self.fetch_ring_shared()
+            await self.fetch_ring()
         except FloeError as exc:
             if not exc.retriable:
                 self._fail(exc, None)
