@@ -175,7 +175,6 @@ class Delivery:
         self.changed = threading.Condition()   # the user thread waits on it in flush()
         self._refreshing: asyncio.Task | None = None
         self._watching: asyncio.Task | None = None
-        self._fetching: asyncio.Task | None = None
         self.on_ring_change = None             # set by the client (router update)
         # (seconds from first emit to the last destination's ack, tuples) per batch
         self.latencies: deque[tuple[float, int]] = deque(maxlen=100_000)
@@ -274,18 +273,6 @@ class Delivery:
             self._wire = best.ring
         self.reducer = best.reducer
         return self.ring
-
-    async def fetch_ring_shared(self) -> Ring:
-        """fetch_ring(), one at a time: a caller that asks while a fetch is on its way
-        waits for that one. Reads that fail together when their node dies would
-        otherwise each ask every node, a burst on the heirs while they take over. The
-        view may predate the caller's failure: only a caller that tries again until a
-        deadline (a read) can use it; the feed's refreshes fetch their own."""
-        if self._fetching is None or self._fetching.done():
-            self._fetching = asyncio.ensure_future(self.fetch_ring())
-            # its outcome is seen even when every caller gave up waiting
-            self._fetching.add_done_callback(lambda t: t.cancelled() or t.exception())
-        return await asyncio.shield(self._fetching)
 
     def adopt(self, ring: Ring) -> None:
         old = self.ring

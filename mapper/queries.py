@@ -33,7 +33,7 @@ async def query(delivery, timeout: float, make_call):
         if not err.refresh_ring or time.monotonic() > deadline:
             raise err
         await asyncio.sleep(0.05)
-        await delivery.fetch_ring_shared()
+        await delivery.fetch_ring()
 
 
 def check_query_key(key) -> None:
