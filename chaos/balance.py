@@ -91,10 +91,13 @@ class OpenLoopFeeder(threading.Thread):
 def run(workdir: str | Path, seconds: float = 20.0, rate: float = 30_000, nodes: int = 3,
         work: int = 1000, hot: int = 4, hot_share: float = 0.9, sample: float = 0.2,
         cooldown: float = 3.0, reach: int = 2, one_range: bool = False,
-        policy: str = "floe") -> dict:
+        policy: str = "floe", wait_us: int = 0) -> dict:
     """`one_range`: every hot word in the same range of n0 (only a split can share it).
-    `policy`: the balancer that moves ranges (floe, halving or doubling)."""
-    extra = ["--reducer-arg", f"work={work}", "--balancer", policy,
+    `policy`: the balancer that moves ranges (floe, halving or doubling).
+    `work` spins a core per tuple; `wait_us` blocks the node that long per tuple instead,
+    which overloads it however busy the machine's other cores are (chaos.costly)."""
+    extra = ["--reducer-arg", f"work={work}", "--reducer-arg", f"wait_us={wait_us}",
+             "--balancer", policy,
              "--balance-reach", str(reach),
              "--high-queue", "16",
              "--low-queue", "4", "--high-cpu", "0.85", "--low-cpu", "0.7",
@@ -169,8 +172,11 @@ def analyse(samples, events, exact, acked, seconds) -> dict:
     out.update(node=node, t_over=t_over, t_moved=moved, t_relieved=relieved)
 
     def window(lo, hi):
-        rows = [s for t, _, s in samples if lo <= t <= hi]
-        names = sorted({n for s in rows for n in s})
+        inside = [(r, s) for t, r, s in samples if lo <= t <= hi]
+        rows = [s for _, s in inside]
+        # the members at the window's end: a node fenced and back under a new name is
+        # one node, not two
+        names = sorted(inside[-1][0].nodes) if inside else []
         return {n: sum(s.get(n, {}).get("apply_rate", 0.0) for s in rows) / max(1, len(rows))
                 for n in names}
     # before: until the first move (the load is still the unbalanced one)
@@ -301,6 +307,8 @@ def main(argv=None) -> int:
     p.add_argument("--seconds", type=float, default=20.0)
     p.add_argument("--rate", type=float, default=30_000, help="tuples/s fed")
     p.add_argument("--work", type=int, default=1000, help="CPU spins per tuple in the reducer")
+    p.add_argument("--wait-us", type=int, default=0,
+                   help="microseconds per tuple the reducer blocks its node (no CPU)")
     p.add_argument("--nodes", type=int, default=3)
     p.add_argument("--hot", type=int, default=4,
                    help="hot words, each in its own range (all in one with --one-range)")
@@ -324,7 +332,8 @@ def main(argv=None) -> int:
             with tempfile.TemporaryDirectory() as tmp:
                 result = run(tmp, args.seconds, args.rate, nodes=args.nodes, work=args.work,
                              hot=args.hot, cooldown=args.cooldown, reach=reach,
-                             one_range=args.one_range, policy=args.policy)
+                             one_range=args.one_range, policy=args.policy,
+                             wait_us=args.wait_us)
             print(f"--- run {i + 1}, reach {reach}")
             print(report(result), flush=True)
             rows[reach].append(summary_row(result))
