@@ -350,13 +350,18 @@ def may_be_declared(injected: Injected) -> tuple[str, ...]:
 
 
 def judge(injected: Injected, cluster: LocalCluster, acked_at: list[float],
-          members: set[str]) -> tuple[Injected, list[str]]:
+          members: set[str], flushes=()) -> tuple[Injected, list[str]]:
     """Add what the logs and journals say to the fault's detail; the errors that
-    fail the round."""
+    fail the round. `flushes`: (began, returned) per acknowledged chunk."""
     d = dict(injected.detail)
     errors: list[str] = []
     after = [t for t in acked_at if t > injected.at]
     d["first_ack_after_ms"] = _ms(min(after, default=None), injected.at)
+    # A chunk flushed just before the kill may see its acknowledgements, sent before
+    # the signal, after it: only a flush begun after the fault says when the ring
+    # took writes again.
+    d["first_flush_after_acked_ms"] = _ms(
+        min((t for began, t in flushes if began > injected.at), default=None), injected.at)
     if injected.kind in RESTARTS:
         errors += _came_back(injected, d, cluster, members)
         if not after:

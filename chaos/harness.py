@@ -310,8 +310,9 @@ def _run_round(scenario: Scenario, seed: int, index: int, planned: list[PlannedF
         acked_at = sorted(t for s in summaries for t in s["acked_at"])
         for i, injected in enumerate(result.injected):
             if injected.kind in durable_faults.KINDS:
-                result.injected[i], errors = durable_faults.judge(injected, cluster,
-                                                                  acked_at, members)
+                result.injected[i], errors = durable_faults.judge(
+                    injected, cluster, acked_at, members,
+                    flushes=[f for s in summaries for f in s["flushes"]])
                 result.errors += errors
             elif injected.kind == "rolling-restart" and scenario.durable:
                 result.injected[i], errors = _judge_durable_rolling(injected, cluster,
@@ -506,7 +507,10 @@ def _journals(scenario: Scenario, seed: int, handles: list[MapperHandle]):
                           "chunks_acknowledged": len(acknowledged),
                           "chunks_unacknowledged": pending,
                           "failed": state["failed"], "exit": h.popen.returncode,
-                          "acked_at": sorted(state["acked"].values())})
+                          "acked_at": sorted(state["acked"].values()),
+                          # (when its flush began, when it returned) per acknowledged chunk
+                          "flushes": sorted((state["flushing_at"].get(i, t), t)
+                                            for i, t in state["acked"].items())})
     return acked, unacked, summaries
 
 

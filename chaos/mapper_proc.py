@@ -41,7 +41,8 @@ class Journal:
 def read_journal(path: str) -> dict:
     """{'source', 'emitted': [i...], 'acked': {i: t}, 'failed': {i: error},
     'first': t of the first emit, 'started': t}."""
-    out = {"source": None, "started": None, "emitted": [], "flushing": [], "acked": {},
+    out = {"source": None, "started": None, "emitted": [], "flushing": [], "flushing_at": {},
+           "acked": {},
            "failed": {}, "first": None, "last_emitted_at": None}
     try:
         text = open(path, encoding="utf-8").read()
@@ -58,6 +59,7 @@ def read_journal(path: str) -> dict:
                 out["first"] = float(parts[2])
         elif parts[0] == "S" and len(parts) >= 3:
             out["flushing"].append(int(parts[1]))
+            out["flushing_at"][int(parts[1])] = float(parts[2])
         elif parts[0] == "A" and len(parts) >= 3:
             out["acked"][int(parts[1])] = float(parts[2])
         elif parts[0] == "F" and len(parts) >= 3:
