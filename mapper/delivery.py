@@ -175,6 +175,8 @@ class Delivery:
         self.changed = threading.Condition()   # the user thread waits on it in flush()
         self._refreshing: asyncio.Task | None = None
         self._watching: asyncio.Task | None = None
+        self._fetching: asyncio.Future | None = None  # the reads' shared refresh
+        self._fetching_began = 0.0
         self.on_ring_change = None             # set by the client (router update)
         # (seconds from first emit to the last destination's ack, tuples) per batch
         self.latencies: deque[tuple[float, int]] = deque(maxlen=100_000)
@@ -277,6 +279,20 @@ class Delivery:
             self._wire = best.ring
         self.reducer = best.reducer
         return self.ring
+
+    async def fetch_ring_after(self, refused_at: float) -> Ring:
+        """fetch_ring() for a read refused at `refused_at` (time.monotonic()): it waits
+        for a fetch on its way that began after that, or begins one. Reads refused
+        together when their node dies would otherwise each ask every node, a burst on
+        the heirs while they take over; a fetch begun before the refusal may hold the
+        very ring that was refused."""
+        if (self._fetching is None or self._fetching.done()
+                or self._fetching_began < refused_at):
+            self._fetching_began = time.monotonic()
+            self._fetching = asyncio.ensure_future(self.fetch_ring())
+            # its outcome is seen even when every caller gave up waiting
+            self._fetching.add_done_callback(lambda t: t.cancelled() or t.exception())
+        return await asyncio.shield(self._fetching)
 
     def adopt(self, ring: Ring) -> None:
         old = self.ring

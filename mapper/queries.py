@@ -30,10 +30,11 @@ async def query(delivery, timeout: float, make_call):
             return await make_call(delivery.ring)
         except grpc.RpcError as exc:
             err = error_from_rpc(exc)
-        if not err.refresh_ring or time.monotonic() > deadline:
+        refused_at = time.monotonic()
+        if not err.refresh_ring or refused_at > deadline:
             raise err
         await asyncio.sleep(0.05)
-        await delivery.fetch_ring()
+        await delivery.fetch_ring_after(refused_at)
 
 
 def check_query_key(key) -> None:
