@@ -349,6 +349,8 @@ async def test_chunks_of_several_shipments_go_and_are_taken_in_one_per_turn_of_t
     # four ranges, each with a window of four, yet never more than a window of chunks
     # on their way to the one peer: it accepts them one per turn, a read behind them
     assert plane.most_at_once == 4
+    # the limit lasts as long as shipments to the peer do: nothing kept per peer after
+    assert len(peers._to_peer) == 0
     assert len(set(turns_of_adds)) == 40, sorted(turns_of_adds)
     assert len(turns_of_packs) == 40 and len(set(turns_of_packs)) == 40, sorted(turns_of_packs)
 

@@ -4,6 +4,7 @@ checkpoint states in steps, between which the event loop runs."""
 from __future__ import annotations
 
 import asyncio
+import weakref
 
 import grpc
 
@@ -86,7 +87,10 @@ class PeerPool:
         self._one_chunk = asyncio.Lock()
         # At most chunk_window chunks on their way to one peer, whatever the ranges:
         # the peer accepts them one per turn too, and a read waits behind all of them.
-        self._to_peer: dict[str, asyncio.Semaphore] = {}
+        # Held weakly: a peer's entry lasts while a shipment to it does, so peers that
+        # left the ring leave nothing behind.
+        self._to_peer: weakref.WeakValueDictionary[str, asyncio.Semaphore] = \
+            weakref.WeakValueDictionary()
         self.checkpoint_bytes = 0               # shipped and acknowledged (/metrics)
         # State moved from one node to another, acknowledged: full copies of ranges (a
         # handoff's or split's new holders, new replicas) and pieces merged back.
