@@ -23,16 +23,20 @@ from floering.node.transport.status import error_from_rpc
 
 
 async def query(delivery, timeout: float, make_call):
-    """await make_call(ring); on a stale ring fetch the newest one and retry."""
+    """await make_call(ring); on a stale ring fetch the newest one and retry (at once
+    when the client adopted a newer ring while the call was out)."""
     deadline = time.monotonic() + timeout
     while True:
+        ring = delivery.ring
         try:
-            return await make_call(delivery.ring)
+            return await make_call(ring)
         except grpc.RpcError as exc:
             err = error_from_rpc(exc)
         refused_at = time.monotonic()
         if not err.refresh_ring or refused_at > deadline:
             raise err
+        if delivery.ring is not ring:
+            continue        # a newer ring came while the call was out: try it at once
         await asyncio.sleep(0.05)
         await delivery.fetch_ring_after(refused_at)
 

@@ -40,6 +40,7 @@ class FakeNode(floe_pb2_grpc.ControlPlaneServicer, floe_pb2_grpc.QueryPlaneServi
                                  reducer="count", sender=self.node_id)
 
     async def Get(self, request, context):
+        await asyncio.sleep(self.cluster["get_delay"])
         key, ring = unpack(request.key), self.cluster["ring"]
         if ring.owner(key) != self.node_id:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "StaleRing: not mine")
@@ -49,7 +50,8 @@ class FakeNode(floe_pb2_grpc.ControlPlaneServicer, floe_pb2_grpc.QueryPlaneServi
 @pytest.fixture
 async def cluster():
     servers, addresses = [], {}
-    shared = {"delays": [], "delay": 0.0, "ring_calls": 0, "fail_ring": False}
+    shared = {"delays": [], "delay": 0.0, "ring_calls": 0, "fail_ring": False,
+              "get_delay": 0.0}
     for node_id in ("n0", "n1"):
         server = grpc.aio.server()
         addresses[node_id] = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
@@ -158,3 +160,20 @@ async def test_a_shared_fetch_that_fails_fails_each_read_and_the_next_one_asks_a
         first_n0_key = next(k for k, g in zip(keys, got) if isinstance(g, FloeError))
         assert await client.get(first_n0_key) == len(first_n0_key)
         assert client.ring.version == cluster["ring"].version
+
+
+async def test_a_read_refused_after_the_client_moved_on_tries_the_new_ring_at_once(cluster):
+    async with client_of(cluster, timeout=5) as client:
+        key = next(f"key-{i}" for i in range(1000)
+                   if cluster["ring"].owner(f"key-{i}") == "n0")
+        cluster["get_delay"] = 0.2             # n0 answers late: the read is out...
+        read = asyncio.ensure_future(client.get(key))
+        await asyncio.sleep(0.05)
+        take_over(cluster)
+        cluster["ring_calls"] = 0
+        await client._delivery.fetch_ring()    # ...when the client learns the new ring
+        cluster["get_delay"] = 0.0
+        assert await read == len(key)
+        # refused at the old ring, the read went to n1 at the new one without
+        # fetching it again
+        assert cluster["ring_calls"] == 2, cluster["ring_calls"]
