@@ -183,7 +183,6 @@ class Delivery:
         self.last_progress = time.monotonic()
         self._streams = 0
         self._wire = b""                             # our ring as a node sent it
-        self._adoptions = 0                          # rings adopted so far
         self.last_errors: dict[str, str] = {}        # node -> why its stream last failed
 
     @property
@@ -238,7 +237,7 @@ class Delivery:
         # A paused node neither answers nor refuses: once one node has sent its view,
         # wait for the others at most RING_PATIENCE more (each call has its deadline),
         # and not at all once a view newer than ours has come.
-        adoptions = self._adoptions
+        began_at = self.ring
         tasks = [asyncio.ensure_future(ask(a)) for a in addresses]
         pending, first_view = set(tasks), None
         while pending:
@@ -273,7 +272,7 @@ class Delivery:
         # Only a fetch begun at our ring can say so: one begun before a fetch beside
         # it adopted a newer ring holds views older than ours, and would roll us back.
         orphaned = self.ring is not None and ring.stamp != self.ring.stamp and all(
-            v.ring != self._wire for v in views) and adoptions == self._adoptions
+            v.ring != self._wire for v in views) and self.ring is began_at
         if self.ring is None or ring.version > self.ring.version or orphaned:
             self.adopt(ring)
             self._wire = best.ring
@@ -297,7 +296,6 @@ class Delivery:
     def adopt(self, ring: Ring) -> None:
         old = self.ring
         self.ring = ring
-        self._adoptions += 1
         if self.on_ring_change:
             self.on_ring_change(ring)
         if old is None:
