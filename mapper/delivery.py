@@ -21,6 +21,7 @@ from floering.v1 import floe_pb2, floe_pb2_grpc
 from floering.mapper.outbox import Outbox, PendingBatch
 from floering.node.core.errors import FloeError, Unavailable
 from floering.node.core.ring import Ring
+from floering.node.transport.channels import ChannelPool
 from floering.node.transport.status import error_from_rpc
 
 log = logging.getLogger("floe.mapper")
@@ -28,6 +29,7 @@ log = logging.getLogger("floe.mapper")
 STREAM_IDLE = 5.0           # seconds an idle Push stream stays open
 MESSAGE_BYTES = 2 << 20     # batches are packed into one message up to about this size
 RING_PATIENCE = 0.2         # seconds a ring refresh waits for slow nodes once one answered
+RETIRE_EVERY = 10.0         # seconds between looks for channels to nodes the ring has left
 
 
 class NodeSender:
@@ -168,7 +170,9 @@ class Delivery:
         self.expect_reducer = expect_reducer
         self.ring: Ring | None = None
         self.reducer = ""
-        self.channels: dict[str, grpc.aio.Channel] = {}
+        self.channels = ChannelPool(self._new_channel)
+        self._retired_at = time.monotonic()
+        self._retiring: asyncio.Task | None = None
         self.senders: dict[str, NodeSender] = {}
         self.outbox = Outbox()
         self.fatal: FloeError | None = None
@@ -199,22 +203,30 @@ class Delivery:
 
     # ------------------------------------------------------------- channels
 
+    def _new_channel(self, address: str) -> grpc.aio.Channel:
+        # gRPC's default reconnect backoff grows to 2 minutes: a mapper that rode
+        # out a whole-cluster restart would wait that long after the nodes are
+        # back. Retry within a second instead (min is the handshake's deadline).
+        options = [("grpc.max_receive_message_length", 64 << 20),
+                   ("grpc.max_send_message_length", 64 << 20),
+                   ("grpc.initial_reconnect_backoff_ms", 100),
+                   ("grpc.min_reconnect_backoff_ms", 1000),
+                   ("grpc.max_reconnect_backoff_ms", 1000)]
+        if self.credentials is not None:
+            return grpc.aio.secure_channel(address, self.credentials, options=options)
+        return grpc.aio.insecure_channel(address, options=options)
+
     def channel(self, address: str) -> grpc.aio.Channel:
-        channel = self.channels.get(address)
-        if channel is None:
-            # gRPC's default reconnect backoff grows to 2 minutes: a mapper that rode
-            # out a whole-cluster restart would wait that long after the nodes are
-            # back. Retry within a second instead (min is the handshake's deadline).
-            options = [("grpc.max_receive_message_length", 64 << 20),
-                       ("grpc.max_send_message_length", 64 << 20),
-                       ("grpc.initial_reconnect_backoff_ms", 100),
-                       ("grpc.min_reconnect_backoff_ms", 1000),
-                       ("grpc.max_reconnect_backoff_ms", 1000)]
-            channel = self.channels[address] = (
-                grpc.aio.secure_channel(address, self.credentials, options=options)
-                if self.credentials is not None
-                else grpc.aio.insecure_channel(address, options=options))
-        return channel
+        return self.channels.get(address)
+
+    async def retire_channels(self) -> None:
+        """Close the channels to nodes the ring has left that no call took lately;
+        the seeds' stay (a ring fetch falls back on them)."""
+        if self.ring is not None:
+            named = {address for _, address in self.ring.addresses}
+            await self.channels.retire(named.union(self.seeds))
+            for node in self.last_errors.keys() - set(self.ring.nodes):
+                del self.last_errors[node]
 
     def data_stub(self, address: str) -> floe_pb2_grpc.DataPlaneStub:
         return floe_pb2_grpc.DataPlaneStub(self.channel(address))
@@ -324,6 +336,11 @@ class Delivery:
         if any(s.stalled(now, stall) for s in self.senders.values()) and (
                 self._watching is None or self._watching.done()):
             self._watching = asyncio.create_task(self._watch_ring(interval=0.05))
+        if now - self._retired_at > RETIRE_EVERY and (
+                self._retiring is None or self._retiring.done()):
+            self._retired_at = now
+            self._retiring = asyncio.create_task(self.retire_channels())
+            self._retiring.add_done_callback(lambda t: t.cancelled() or t.exception())
 
     def stream_failed(self, sender: NodeSender, exc: FloeError) -> None:
         log.debug("stream to %s failed: %s", sender.node, exc)
@@ -414,9 +431,9 @@ class Delivery:
         for task in (self._refreshing, self._watching):
             if task:
                 task.cancel()
-        for channel in self.channels.values():
-            await channel.close()
-        self.channels.clear()
+        if self._retiring is not None:      # closing channels: let it finish
+            await asyncio.gather(self._retiring, return_exceptions=True)
+        await self.channels.close()
 
 
 async def write(call, request, node: str) -> None:

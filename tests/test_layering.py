@@ -19,7 +19,7 @@ CORE_FORBIDDEN = ("asyncio", "grpc", "grpc_health", "floering.v1", "socket", "su
 # sketch that finds hot keys, and the reducers (whose merge a read of a shared key needs).
 MAPPER_ALLOWED_NODE = tuple(f"floering.node.{m}" for m in (
     "core.ring", "core.hashing", "core.batch", "core.codec", "core.errors", "core.epochs",
-    "transport.status", "transport.tls", "core.balancers", "core.pieces", "core.reducers",
+    "transport.status", "transport.tls", "transport.channels", "core.balancers", "core.pieces", "core.reducers",
     "core.sketch"))
 
 

@@ -65,3 +65,20 @@ class InboundQueue:
 
     def empty(self) -> bool:
         return self._queue.empty()
+
+
+def resolve_after(committed: asyncio.Future, done: asyncio.Future, acks) -> None:
+    """Resolve `done` with `acks` once `committed` did, or with its error."""
+    def resolve(c: asyncio.Future) -> None:
+        if not done.done():
+            if c.exception() is not None:
+                done.set_exception(c.exception())
+            else:
+                done.set_result(acks)
+    committed.add_done_callback(resolve)
+
+
+def mark_seen(future: asyncio.Future) -> None:
+    """A future's error counts as retrieved (asyncio logs an unretrieved one)."""
+    if not future.cancelled():
+        future.exception()

@@ -35,10 +35,13 @@ from floering.node.runtime.durability import Durability, open_data_dir, restore
 from floering.node.runtime.events import EventLog
 from floering.node.runtime.folds import send_folds
 from floering.node.runtime.probing import probe_for, probe_round
-from floering.node.runtime.inbound import Inbound, InboundQueue, StreamState
+from floering.node.runtime.inbound import (Inbound, InboundQueue, StreamState, mark_seen,
+                                          resolve_after)
 from floering.node.runtime.startup import decide_membership, record_start
 
 log = logging.getLogger("floe.node")
+
+RETIRE_EVERY = 10.0   # seconds between looks for channels to peers the ring has left
 
 
 class NodeRuntime:
@@ -218,7 +221,9 @@ class NodeRuntime:
                                                        self._heartbeat_due), name="heartbeat"),
                        asyncio.create_task(self._every(self.config.heartbeat_interval / 2,
                                                        self._monitor_due), name="monitor"),
-                       asyncio.create_task(self._every(0.1, self._load_due), name="load")]
+                       asyncio.create_task(self._every(0.1, self._load_due), name="load"),
+                       asyncio.create_task(self._every(RETIRE_EVERY, self._retire_due),
+                                           name="retire-channels")]
         if self.durable is not None:
             self._tasks.append(asyncio.create_task(self.durable.run(), name="group-commit"))
         log.info("node %s up on %s, %s", self.core.node_id, self.config.advertise,
@@ -259,6 +264,10 @@ class NodeRuntime:
     def _monitor_due(self, scheduled: float) -> None:
         self._handle(MonitorDue(scheduled))
 
+    def _retire_due(self, scheduled: float) -> None:
+        named = {address for _, address in self.core.ring.addresses}
+        self._spawn(self.peers.retire_channels(named))
+
     def _load_due(self, scheduled: float) -> None:
         self._handle(LoadSampled(self.queued_batches, self.busy_seconds, time.process_time()))
 
@@ -270,7 +279,7 @@ class NodeRuntime:
         done = asyncio.get_running_loop().create_future()
         # After a refusal the stream ends and nobody awaits the futures behind it: mark
         # their errors seen, or asyncio logs each one as never retrieved.
-        done.add_done_callback(_seen)
+        done.add_done_callback(mark_seen)
         await self.inbound.put(Inbound(batches, stream, done))
         self.queued_batches += len(batches)
         return done
@@ -330,7 +339,7 @@ class NodeRuntime:
                 item.done.set_exception(InvalidArgument(f"reducer failed: {inert(exc, 200)}"))
         else:
             if self.durable is not None:                  # acknowledged once on disk
-                _after(self.durable.committed(), item.done, acks)
+                resolve_after(self.durable.committed(), item.done, acks)
             elif not item.done.done():   # the stream may have gone while we yielded
                 item.done.set_result(acks)
 
@@ -503,18 +512,3 @@ class NodeRuntime:
                     checkpoint_rounds=self.checkpoint_rounds,
                     checkpoint_seconds=self.checkpoint_seconds)
 
-
-def _after(committed: asyncio.Future, done: asyncio.Future, acks) -> None:
-    """Resolve `done` with `acks` once `committed` did, or with its error."""
-    def resolve(c: asyncio.Future) -> None:
-        if not done.done():
-            if c.exception() is not None:
-                done.set_exception(c.exception())
-            else:
-                done.set_result(acks)
-    committed.add_done_callback(resolve)
-
-
-def _seen(future: asyncio.Future) -> None:
-    if not future.cancelled():
-        future.exception()

@@ -11,6 +11,7 @@ import grpc
 from floering.v1 import floe_pb2, floe_pb2_grpc
 from floering.node.core.codec import (SLICE, entry_count, pack, pack_entries, pack_entries_sliced,
                              unpack_columns, unpack_entries, unpack_entries_sliced)
+from floering.node.transport.channels import ChannelPool
 from floering.node.transport.chunking import (CHUNK_ENTRIES, WINDOW, Columns, SendWindow,
                                               chunk_count, chunk_deadline, chunks_of)
 from floering.node.transport.status import error_from_rpc
@@ -80,7 +81,7 @@ class PeerPool:
         self.chunk_window = chunk_window        # chunks of one range on their way at once
         self._options = channel_options(max_message_bytes)
         self._credentials = credentials         # grpc.ChannelCredentials, or None
-        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._channels = ChannelPool(self._new_channel)
         # One chunk packed per turn of the event loop, whatever the shipments on their
         # way: each turn of the loop lets the gRPC server accept one new call (a read,
         # a heartbeat), so turns stay short while ranges are re-replicated.
@@ -96,14 +97,17 @@ class PeerPool:
         # handoff's or split's new holders, new replicas) and pieces merged back.
         self.moved_bytes = 0
 
+    def _new_channel(self, address: str) -> grpc.aio.Channel:
+        if self._credentials is not None:
+            return grpc.aio.secure_channel(address, self._credentials, options=self._options)
+        return grpc.aio.insecure_channel(address, options=self._options)
+
     def _channel(self, address: str) -> grpc.aio.Channel:
-        channel = self._channels.get(address)
-        if channel is None:
-            channel = self._channels[address] = (
-                grpc.aio.secure_channel(address, self._credentials, options=self._options)
-                if self._credentials is not None
-                else grpc.aio.insecure_channel(address, options=self._options))
-        return channel
+        return self._channels.get(address)
+
+    async def retire_channels(self, named) -> list[str]:
+        """Close channels to addresses the ring (`named`) left and nobody calls."""
+        return await self._channels.retire(named)
 
     def _control(self, address: str) -> floe_pb2_grpc.ControlPlaneStub:
         return floe_pb2_grpc.ControlPlaneStub(self._channel(address))
@@ -293,9 +297,7 @@ class PeerPool:
         return reply.ring
 
     async def close(self) -> None:
-        for channel in self._channels.values():
-            await channel.close()
-        self._channels.clear()
+        await self._channels.close()
 
 
 def _retrieved(call: asyncio.Future) -> None:

@@ -1,0 +1,131 @@
+"""Channels to peers are bounded by the ring: one to an address the ring has left
+and no call took for a while is closed, on nodes and mappers alike."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+import grpc
+
+from floering.chaos.cluster import LocalCluster
+from floering.mapper import RingClient
+from floering.mapper import delivery as delivery_module
+from floering.node.core.ranges import Checkpoint
+from floering.node.runtime import node as node_module
+from floering.node.transport import channels as channels_module
+from floering.node.transport.channels import ChannelPool
+from floering.node.transport.peers import PeerPool
+from tests.helpers import wait_for
+from tests.test_event_loop import replica_server  # noqa: F401 (a fixture)
+from tests.test_runtime import MemoryCluster, WORDS
+
+
+class FakeChannel:
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.closed = False
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+async def test_a_channel_goes_once_the_ring_left_its_address_and_no_call_took_it():
+    now = [0.0]
+    pool = ChannelPool(FakeChannel, idle=60.0, clock=lambda: now[0])
+    a, b, c = pool.get("a:1"), pool.get("b:1"), pool.get("c:1")
+    assert pool.get("a:1") is a and len(pool) == 3
+    now[0] = 30.0
+    pool.get("c:1")                        # c is called again, out of the ring
+    assert await pool.retire({"a:1"}) == []            # nobody idle for 60 s yet
+    now[0] = 61.0
+    assert await pool.retire({"a:1"}) == ["b:1"]       # b: left and idle; c: called at 30
+    assert b.closed and not a.closed and not c.closed and "b:1" not in pool
+    now[0] = 95.0
+    assert await pool.retire({"a:1"}) == ["c:1"] and c.closed
+    assert await pool.retire(set()) == ["a:1"]         # the ring left a too
+    again = pool.get("b:1")                # calling a departed address opens anew
+    assert again is not b and not again.closed
+    await pool.close()
+    assert again.closed and not pool
+
+
+async def test_a_retired_grpc_channel_is_closed_and_the_next_call_opens_a_new_one(
+        replica_server):                                    # noqa: F811
+    replica, address = replica_server
+    peers = PeerPool(timeout=5.0, max_message_bytes=1 << 26)
+    peers._channels = ChannelPool(peers._new_channel, idle=0.0)
+
+    async def ship(seq: int) -> None:
+        assert await peers.ship_checkpoint(
+            address, sender="p", ring_stamp=5, base_seq=0,
+            checkpoint=Checkpoint(7, seq, {"k": seq}, {"s": seq}, full=True)) == (False, seq)
+    try:
+        await ship(1)
+        first = peers._channel(address)
+        assert await peers.retire_channels({address}) == []      # the ring names it
+        assert await peers.retire_channels({"elsewhere:1"}) == [address]
+        assert first.get_state() == grpc.ChannelConnectivity.SHUTDOWN
+        assert address not in peers._channels
+        await ship(2)
+        assert peers._channel(address) is not first
+    finally:
+        await peers.close()
+    assert [r[1] for r in replica.received] == [1, 2]
+
+
+async def test_a_runtime_retires_its_channels_against_the_ring_without_the_crashed_node(
+        tmp_path, monkeypatch):
+    monkeypatch.setattr(node_module, "RETIRE_EVERY", 0.05)
+    cluster = MemoryCluster(tmp_path, nodes=3)
+    named: list[set] = []
+    survivor = cluster.runtimes["n0"]
+    real = survivor.peers.retire_channels
+
+    async def recording(addresses):
+        named.append(set(addresses))
+        return await real(addresses)
+    survivor.peers.retire_channels = recording
+    await cluster.start()
+    try:
+        await cluster.push(WORDS[:50])
+        await asyncio.sleep(0.2)
+        assert named and named[-1] == set(cluster.members.values())
+        cluster.crash("n2")
+        for _ in range(200):
+            if "n2" not in survivor.core.ring.nodes and named[-1] == {"mem:0", "mem:1"}:
+                break
+            await asyncio.sleep(0.05)
+        assert named[-1] == {"mem:0", "mem:1"}
+        await cluster.push(WORDS[50:100])
+        assert cluster.counts() == Counter(WORDS[:100])
+    finally:
+        await cluster.stop()
+
+
+def test_a_mapper_closes_its_channel_to_a_killed_node_and_counts_stay_exact(
+        tmp_path, monkeypatch):
+    monkeypatch.setattr(delivery_module, "RETIRE_EVERY", 0.1)
+    monkeypatch.setattr(channels_module, "IDLE", 0.3)
+    words = [f"w{i % 97}" for i in range(3000)]
+    sent: Counter = Counter()
+    with LocalCluster.up(3, 1, workdir=str(tmp_path)) as cluster:
+        victim = cluster.node("n2")
+        seeds = [a for a in cluster.seeds if a != victim.address]   # a seed's stays
+        with RingClient(seeds, tls=cluster.tls()) as client:
+            client.emit_many(words)
+            client.flush()
+            sent.update(words)
+            channels = client._delivery.channels
+            assert victim.address in channels
+            cluster.kill("n2")
+
+            def gone() -> bool:
+                client.emit_many(words[:300])      # the client keeps feeding meanwhile
+                client.flush()
+                sent.update(words[:300])
+                return victim.address not in channels
+            wait_for(gone, timeout=30, what="the channel to the killed node to close")
+            assert "n2" not in client.ring.nodes
+            assert all(seed in channels for seed in seeds)
+            assert dict(client.scan()) == sent
