@@ -264,6 +264,13 @@ def main(argv=None) -> int:
     # the collector, every full collection walks it, a 70-80 ms pause of the feeder
     # that doubled p99 at light load. A feeder reading a stream holds no such list.
     gc.freeze()
+    spark = None
+    if args.spark:
+        # First, while this process runs no gRPC thread: PySpark starts its JVM with a
+        # Python preexec_fn, which is not safe to fork with threads running, and once
+        # (of three runs) the JVM died before giving its port.
+        from floering.chaos.spark_bench import spark_count_rate
+        spark = spark_count_rate(words)
     print(f"workload: {len(words):,} words ({args.words}, {len(set(words)):,} distinct; "
           f"word count), {args.nodes} nodes, batches of 1000, mutual TLS on every call",
           flush=True)
@@ -299,9 +306,8 @@ def main(argv=None) -> int:
         print(f"latency at {share:.0%} load ({sustained * share / 1e6:.3f} M tuples/s, r=1, "
               f"{args.seconds:g} s): p50 {p50 * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms, p999 "
               f"{p999 * 1e3:.1f} ms (due -> acked by r+1, exact={ok})", flush=True)
-    if args.spark:
-        from floering.chaos.spark_bench import spark_count_rate
-        rate, ok = spark_count_rate(words)
+    if spark is not None:
+        rate, ok = spark
         exact = exact and ok
         print(f"Spark Structured Streaming's count, warm : {rate / 1e6:6.2f} M tuples/s "
               f"(ring combined r=1 / Spark = {r1 / rate:.2f}, exact={ok})", flush=True)
