@@ -62,6 +62,7 @@ class NodeConfig:
     suspect_max: float = 1.0                     # silence always suspected after this
     probe_timeout: float = 0.15                  # first probe deadline of a suspicion (then doubled)
     suspicion: float = 1.0                       # a suspect whose probes only time out is declared after this
+    repair_delay: float = 1.0                    # seconds after a member left before new replicas get full copies
     balance: bool = False                        # given: balancer = "floe"; then: whether ranges move
     balancer: str = "none"                       # the ring's load-balancing policy, chosen at founding
     high_queue: float = 8.0                      # overloaded: queue above this AND cpu above high_cpu
@@ -115,6 +116,8 @@ class NodeConfig:
                 raise ValueError(f"{name} must be > 0")
         if self.startup_grace < 0:
             raise ValueError("startup_grace must be >= 0")
+        if not 0 <= self.repair_delay <= 60:
+            raise ValueError("repair_delay must be 0 to 60 seconds")
         if self.queue_batches < 1 or self.max_batch_bytes < 1:
             raise ValueError("queue_batches and max_batch_bytes must be >= 1")
         if self.max_inbound_bytes < self.max_batch_bytes:
@@ -264,6 +267,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--suspicion", type=float,
                    help="seconds a node whose probes time out (paused or slow, not refusing "
                         "connections) stays suspected before it is declared dead")
+    p.add_argument("--repair-delay", type=float,
+                   help="seconds after a member leaves the ring (or is declared dead) before "
+                        "this node sends new replicas their full copies: the takeover and "
+                        "the reads it redirects get the cores first (0: at once)")
     _add_balancing(p)
     p.add_argument("--join", help="seed addresses host:port,... of a running ring to join "
                                   "(as a member with no ranges; --peers names only this node)")

@@ -127,6 +127,9 @@ class ShedOutcome:
 # Pieces of shared keys are merged back after this long unchanged (10 s in production):
 # within a run, and more than a few checkpoint rounds.
 PIECE_IDLE = 0.5
+# As deployed (--repair-delay): new replicas' full copies wait this long after a member
+# leaves, so every run crosses the window in which ranges have fewer copies.
+REPAIR_DELAY = 1.0
 
 
 def make_machine(node_id: str, ring: Ring, incarnation: int, address: str,
@@ -137,7 +140,7 @@ def make_machine(node_id: str, ring: Ring, incarnation: int, address: str,
     # same): the default ring's `none` runs shedding too, to exercise it everywhere.
     return NodeMachine(make_core(node_id, ring), incarnation, FailureDetector(DetectorConfig()),
                        LoadMonitor(load), make_core, listen=address,
-                       balance=balancer(ring.balancer).pieces == 1)
+                       balance=balancer(ring.balancer).pieces == 1, repair_delay=REPAIR_DELAY)
 
 
 class Simulation(DurableNodes):

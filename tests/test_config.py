@@ -25,6 +25,8 @@ def test_suspicion_period_is_a_setting():
     assert load_config(argv, environ={}).suspicion == 1.0
     assert load_config(argv, environ={"FLOE_SUSPICION": "2.5"}).suspicion == 2.5
     assert load_config([*argv, "--suspicion", "0.5"], environ={}).suspicion == 0.5
+    assert load_config(argv, environ={}).repair_delay == 1.0
+    assert load_config([*argv, "--repair-delay", "0"], environ={}).repair_delay == 0.0
 
 
 def test_config_is_frozen():
@@ -43,6 +45,8 @@ def test_config_is_frozen():
       "--balance-reach", "0"], "balance_reach"),
     (["--node-id", "n0", "--listen", "127.0.0.1:7000", "--peers", PEERS,
       "--suspicion", "0"], "suspicion must be > 0"),
+    (["--node-id", "n0", "--listen", "127.0.0.1:7000", "--peers", PEERS,
+      "--repair-delay", "-1"], "repair_delay must be 0 to 60"),
     # a batch larger than the whole backup store could never be acknowledged
     (["--node-id", "n0", "--listen", "127.0.0.1:7000", "--peers", PEERS,
       "--max-backup-bytes", str(1 << 20)], "max_backup_bytes must be at least max_batch_bytes"),

@@ -28,12 +28,12 @@ def ring() -> Ring:
     return replace(Ring.initial(MEMBERS, 1, 2), incarnations=tuple(sorted(INCARNATIONS.items())))
 
 
-def machine(name: str = "n0", balance: bool = False) -> NodeMachine:
+def machine(name: str = "n0", balance: bool = False, repair_delay: float = 0.0) -> NodeMachine:
     def make_core(node_id, r):
         return NodeCore(node_id, r, load_reducer("count"))
     m = NodeMachine(make_core(name, ring()), INCARNATIONS[name],
                     FailureDetector(DetectorConfig()), LoadMonitor(), make_core,
-                    listen=MEMBERS[name], balance=balance)
+                    listen=MEMBERS[name], balance=balance, repair_delay=repair_delay)
     m.watch_peers(0.0, 0.0)
     return m
 
@@ -221,3 +221,42 @@ def test_a_replica_that_keeps_failing_checkpoints_is_reported_once_then_its_retu
     assert token in m.core.under_replicated()
     back = m.handle(CheckpointAcked(token, replica, 1, False, 0), 99.0)
     assert kinds(back) == ["checkpoints_resumed"]
+
+
+def _round(m: NodeMachine, now: float) -> list:
+    """One checkpoint round, every shipment acknowledged: [(token, replica, full)]."""
+    ships = [e for e in m.handle(CheckpointDue(), now) if isinstance(e, ShipCheckpoints)]
+    sent = []
+    for ship in ships:
+        for s in ship.shipments:
+            m.core.checkpoint_acked(s.checkpoint.token, s.replica, s.checkpoint.seq, False)
+            m.core.checkpoint_done(s.checkpoint.token)
+            sent.append((s.checkpoint.token, s.replica, s.checkpoint.full))
+        m.handle(CheckpointRoundDone(ship.tokens, ship.behind_before, ship.epoch), now)
+    return sent
+
+
+def _apply_one(m: NodeMachine, token: int, seq: int) -> None:
+    from floering.node.core.batch import Batch, encode_payload, encode_seqs
+    key = next(k for k in (f"k{i}" for i in range(10_000))
+               if m.core.ring.token_for_key(k) == token)
+    m.core.receive_batch(Batch(m.core.ring.stamp, token, "src", seq, seq, 1,
+                               encode_payload([key], [1]), encode_seqs([seq])))
+
+
+@pytest.mark.parametrize("delay", [0.0, 1.0])
+def test_after_a_member_dies_full_copies_wait_for_the_repair_delay_and_deltas_do_not(delay):
+    m = machine(repair_delay=delay)
+    ours = m.core.ring.tokens_of("n0")
+    assert {t for t, _, full in _round(m, 1.0) if full} == set(ours)   # first copies
+    start = probe_of(m, 5.0)
+    m.handle(ProbeFinished(start.probe, REFUSED, (TIMED_OUT, TIMED_OUT), start.epoch), 5.1)
+    taken = set(m.core.ring.tokens_of("n0")) - set(ours)
+    assert taken, "n0 took over the dead node's ranges"
+    _apply_one(m, ours[0], 1)             # a range whose replica is current changes
+    sent = _round(m, 5.5)
+    assert (ours[0], m.core.ring.replicas_of_token(ours[0])[0], False) in sent
+    full = {t for t, _, is_full in sent if is_full}
+    assert full == (set() if delay else taken)
+    later = {t for t, _, is_full in _round(m, 6.2) if is_full}
+    assert later == (taken if delay else set())

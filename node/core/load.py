@@ -88,6 +88,15 @@ class LoadMonitor:
     def rate(self) -> float:
         return sum(self.token_rates().values())
 
+    def transition(self) -> tuple[str, str, dict]:
+        """(kind, text, fields) of the record of becoming overloaded or relieved."""
+        kind = "overloaded" if self.overloaded else "relieved"
+        return kind, (f"load: {kind} at {{t}} (queue {self.queue():.1f} batches, busy "
+                      f"{100 * self.busy():.0f}%, cpu {100 * self.cpu():.0f}%, "
+                      f"{self.rate():.0f} tuples/s)"), dict(
+            queue=round(self.queue(), 2), busy=round(self.busy(), 3),
+            cpu=round(self.cpu(), 3), rate=round(self.rate(), 1))
+
     def may_move(self, now: float) -> bool:
         return now - self.last_move >= self.config.cooldown
 

@@ -48,7 +48,7 @@ class NodeMachine:
     def __init__(self, core: NodeCore, incarnation: int, detector: FailureDetector,
                  load: LoadMonitor, make_core: Callable[[str, Ring], NodeCore],
                  listen: str = "", balance: bool = False, max_tokens: int = 4096,
-                 max_splits_per_minute: int = 60) -> None:
+                 max_splits_per_minute: int = 60, repair_delay: float = 0.0) -> None:
         self.core = core
         self.incarnation = incarnation
         self.detector = detector
@@ -58,6 +58,9 @@ class NodeMachine:
         self.balance = balance
         self.max_tokens = max_tokens     # splits stop there: a ring's size is bounded
         self.splits = SplitBudget(max_tokens, max_splits_per_minute)
+        # After a member leaves, new replicas' full copies wait: the takeover goes first.
+        self.repair_delay = repair_delay
+        self.repair_after = 0.0
         self.epoch = 0
         self.stimuli = 0                 # events handled so far: names each one
         self._stimulus = ""
@@ -113,8 +116,7 @@ class NodeMachine:
         """Is the process that answered for `node` the member the ring knows?"""
         return not restarted(self.core.ring, node, incarnation)
 
-    def _record(self, kind: str, text: str = "", level: int = logging.INFO,
-                **fields) -> Record:
+    def _record(self, kind: str, text: str = "", level: int = logging.INFO, **fields) -> Record:
         return Record(kind, self.core.node_id, tuple(sorted(fields.items())), level, text,
                       self._stimulus)
 
@@ -134,6 +136,8 @@ class NodeMachine:
         new = change.ring
         out.append(Note(f"ring v{before.version} -> v{new.version} ({new.describe()})"))
         me = self.core.node_id
+        if set(before.nodes) - set(new.nodes):
+            self.repair_after = now + self.repair_delay
         if change.fenced:
             if self.leaving:
                 out.append(self._record("left", f"{me} left the ring at v{new.version}",
@@ -282,7 +286,7 @@ class NodeMachine:
                             f"for --source-expiry: {inert(', '.join(expired))}"))
         self._send_folds(now, out)
         behind = bool(core.under_replicated())
-        shipments = tuple(core.plan_checkpoints(now))
+        shipments = tuple(core.plan_checkpoints(now, full_copies=now >= self.repair_after))
         ring = core.ring
         out.append(ShipCheckpoints(
             shipments, tuple(ring.address(s.replica) for s in shipments), ring.stamp,
@@ -494,12 +498,8 @@ class NodeMachine:
                     {t: n for t, n in core.applied_by_token.items() if t in core.primaries},
                     event.cpu_seconds)
         if load.overloaded != was:
-            kind = "overloaded" if load.overloaded else "relieved"
-            out.append(self._record(kind, f"load: {kind} at {{t}} (queue {load.queue():.1f} "
-                               f"batches, busy {100 * load.busy():.0f}%, cpu "
-                               f"{100 * load.cpu():.0f}%, {load.rate():.0f} tuples/s)",
-                               queue=round(load.queue(), 2), busy=round(load.busy(), 3),
-                               cpu=round(load.cpu(), 3), rate=round(load.rate(), 1)))
+            kind, text, fields = load.transition()
+            out.append(self._record(kind, text, **fields))
         if (self.balance and load.overloaded and load.may_move(now) and self.handoff is None
                 and not core.fenced and not self.leaving):
             load.moved(now)

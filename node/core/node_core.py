@@ -288,11 +288,11 @@ class NodeCore:
 
     # ----------------------------------------------------------- checkpoints
 
-    def plan_checkpoints(self, now: float | None = None) -> list[Shipment]:
+    def plan_checkpoints(self, now: float | None = None, full_copies=True) -> list[Shipment]:
         """Cut a checkpoint of every primary range that changed (or has a replica that
-        needs a full copy; or, given `now`, had none for --backup-expiry seconds) and
-        say what to ship where. Processing goes on meanwhile into fresh active layers;
-        call `checkpoint_done(token)` after shipping."""
+        needs a full copy, unless not `full_copies`; or, given `now`, had none for
+        --backup-expiry seconds), say what to ship where. Processing goes on meanwhile
+        into fresh active layers; call `checkpoint_done(token)` after shipping."""
         shipments = []
         self.cuts = []
         refresh = self.limits.backup_expiry
@@ -301,6 +301,8 @@ class NodeCore:
                 continue  # the previous checkpoint of this range is still in flight
             replicas = self.ring.replicas_of_token(token)
             behind = [r for r in replicas if rng.replica_seq.get(r) != rng.checkpoint_seq]
+            if behind and not full_copies:
+                continue   # a replica needs the whole range: not yet (NodeMachine.repair_after)
             if not rng.has_changes(now, refresh if replicas else 0) and not behind:
                 continue
             delta = rng.cut_checkpoint(now or 0.0)

@@ -90,7 +90,8 @@ class NodeRuntime:
         return NodeMachine(core, self.incarnation, detector, load, self._new_core,
                            listen=config.advertise, balance=config.balance,
                            max_tokens=config.max_tokens,
-                           max_splits_per_minute=config.max_splits_per_minute)
+                           max_splits_per_minute=config.max_splits_per_minute,
+                           repair_delay=config.repair_delay)
 
     def _initial_ring(self, config: NodeConfig) -> Ring:
         """The configured founders' ring, or the one the data directory held."""
