@@ -50,6 +50,23 @@ async def test_a_channel_goes_once_the_ring_left_its_address_and_no_call_took_it
     assert again.closed and not pool
 
 
+async def test_a_call_while_channels_close_gets_a_new_channel_not_a_closing_one():
+    class SlowToClose(FakeChannel):
+        async def close(self) -> None:
+            await asyncio.sleep(0)             # gRPC's close yields to the loop
+            self.closed = True
+    now = [0.0]
+    pool = ChannelPool(SlowToClose, idle=1.0, clock=lambda: now[0])
+    a, b = pool.get("a:1"), pool.get("b:1")
+    now[0] = 5.0
+    retiring = asyncio.create_task(pool.retire(set()))
+    await asyncio.sleep(0)                     # retire runs until a close yields
+    fresh = pool.get("b:1")
+    assert await retiring == ["a:1", "b:1"]
+    assert a.closed and b.closed and fresh is not b and not fresh.closed
+    assert pool.get("b:1") is fresh
+
+
 async def test_a_retired_grpc_channel_is_closed_and_the_next_call_opens_a_new_one(
         replica_server):                                    # noqa: F811
     replica, address = replica_server

@@ -47,9 +47,13 @@ class ChannelPool:
         took for `idle` seconds; return those addresses."""
         cutoff = self._clock() - self._idle
         gone = [a for a in self._open if a not in named and self._taken[a] <= cutoff]
+        # All out of the pool before the first close yields: a call meanwhile opens a
+        # new channel rather than take one about to close.
+        closing = [self._open.pop(a) for a in gone]
         for address in gone:
             del self._taken[address]
-            await self._open.pop(address).close()
+        for channel in closing:
+            await channel.close()
         return gone
 
     async def close(self) -> None:
