@@ -21,7 +21,7 @@ from floering.v1 import floe_pb2, floe_pb2_grpc
 from floering.mapper.outbox import Outbox, PendingBatch
 from floering.node.core.errors import FloeError, Unavailable
 from floering.node.core.ring import Ring
-from floering.node.transport.channels import ChannelPool
+from floering.node.transport.channels import ChannelPool, open_channel
 from floering.node.transport.status import error_from_rpc
 
 log = logging.getLogger("floe.mapper")
@@ -212,9 +212,7 @@ class Delivery:
                    ("grpc.initial_reconnect_backoff_ms", 100),
                    ("grpc.min_reconnect_backoff_ms", 1000),
                    ("grpc.max_reconnect_backoff_ms", 1000)]
-        if self.credentials is not None:
-            return grpc.aio.secure_channel(address, self.credentials, options=options)
-        return grpc.aio.insecure_channel(address, options=options)
+        return open_channel(address, self.credentials, options)
 
     def channel(self, address: str) -> grpc.aio.Channel:
         return self.channels.get(address)

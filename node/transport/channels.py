@@ -17,6 +17,14 @@ import grpc
 IDLE = 60.0     # seconds: far past any call's deadline, so no call is cut short
 
 
+def open_channel(address: str, credentials: grpc.ChannelCredentials | None,
+                 options) -> grpc.aio.Channel:
+    """A grpc.aio channel to `address`: TLS with `credentials`, in the clear without."""
+    if credentials is not None:
+        return grpc.aio.secure_channel(address, credentials, options=options)
+    return grpc.aio.insecure_channel(address, options=options)
+
+
 class ChannelPool:
     def __init__(self, make: Callable[[str], grpc.aio.Channel], idle: float | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:

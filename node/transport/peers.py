@@ -11,7 +11,7 @@ import grpc
 from floering.v1 import floe_pb2, floe_pb2_grpc
 from floering.node.core.codec import (SLICE, entry_count, pack, pack_entries, pack_entries_sliced,
                              unpack_columns, unpack_entries, unpack_entries_sliced)
-from floering.node.transport.channels import ChannelPool
+from floering.node.transport.channels import ChannelPool, open_channel
 from floering.node.transport.chunking import (CHUNK_ENTRIES, WINDOW, Columns, SendWindow,
                                               chunk_count, chunk_deadline, chunks_of)
 from floering.node.transport.status import error_from_rpc
@@ -98,9 +98,7 @@ class PeerPool:
         self.moved_bytes = 0
 
     def _new_channel(self, address: str) -> grpc.aio.Channel:
-        if self._credentials is not None:
-            return grpc.aio.secure_channel(address, self._credentials, options=self._options)
-        return grpc.aio.insecure_channel(address, options=self._options)
+        return open_channel(address, self._credentials, self._options)
 
     def _channel(self, address: str) -> grpc.aio.Channel:
         return self._channels.get(address)
