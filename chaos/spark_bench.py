@@ -30,6 +30,8 @@ from collections import Counter
 from datetime import datetime
 from pathlib import Path
 
+import psutil
+
 from floering.chaos.cluster import LocalCluster
 from floering.chaos.corpus import kjv_lines
 from floering.mapper import RingClient, split_words
@@ -128,14 +130,49 @@ class RingCount:
         self.cluster.down()
 
 
-def throughput(path, source: Path, workdir: Path, expected: Counter) -> tuple[float, bool]:
+def throughput(path, source: Path, workdir: Path, expected: Counter,
+               cpu: list | None = None) -> tuple[float, bool]:
+    """Words/s over `source`, exactness; with `cpu`, appends the run's CPU seconds
+    per kind of process (cpu_seconds)."""
+    before = cpu_seconds()
     started = time.perf_counter()
     query = path.start(source, workdir / f"ck-{time.monotonic_ns()}", True, 2)
     query.awaitTermination()
     elapsed = time.perf_counter() - started
+    if cpu is not None:
+        after = cpu_seconds()
+        cpu.append({kind: after[kind] - before.get(kind, 0.0) for kind in after})
     if query.exception():
         raise RuntimeError(f"{path.name} failed: {query.exception()}")
     return sum(expected.values()) / elapsed, path.result() == expected
+
+
+CPU_KINDS = ("jvm", "python workers", "nodes", "driver")
+
+
+def cpu_seconds() -> Counter:
+    """User + system CPU seconds so far of this process (the driver) and its
+    descendants by kind: Spark's JVM, its Python workers (with the workers that have
+    exited), the ring's node processes."""
+    me = psutil.Process()
+    totals: Counter = Counter()
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            cmdline = proc.cmdline()
+            times = proc.cpu_times()
+        except psutil.Error:
+            continue                          # gone meanwhile
+        if proc.pid == me.pid:
+            # not children_*: they hold the node processes of runs before this one
+            totals["driver"] += times.user + times.system
+            continue
+        kind = ("nodes" if "floering.node" in cmdline else
+                "python workers" if any("pyspark" in part for part in cmdline[1:3]) else
+                "jvm" if cmdline and cmdline[0].endswith("java") else None)
+        if kind is not None:
+            totals[kind] += times.user + times.system + times.children_user + \
+                times.children_system
+    return totals
 
 
 def latency(path, lines: list[str], files: int, interval: float,
@@ -247,6 +284,7 @@ def main(argv=None) -> int:
                     lambda c=combine, q=sql: RingCount(
                         spark, workdir / f"ring-{time.monotonic_ns()}", c, q))
         rates = {name: [] for name in makers}
+        cpu = {name: [] for name in makers}
         exact = {name: True for name in makers}
         for name, make in makers.items():      # JIT, Python workers, first-query costs
             path = make()
@@ -259,7 +297,7 @@ def main(argv=None) -> int:
             for name, make in makers.items():
                 path = make()
                 try:
-                    rate, ok = throughput(path, source, workdir, expected)
+                    rate, ok = throughput(path, source, workdir, expected, cpu[name])
                 finally:
                     path.close()
                 rates[name].append(rate)
@@ -285,6 +323,13 @@ def main(argv=None) -> int:
               f"latency p50 {statistics.median(lat) * 1e3:,.0f} ms, max {max(lat) * 1e3:,.0f} ms, "
               f"exact={exact[name]}"
               + (f"; live get p50 {q[0]:.1f} ms, top(20) p50 {q[1]:.1f} ms" if q else ""))
+    print("CPU seconds per throughput run, median (user + system, by process):")
+    for name in makers:
+        per_kind = {k: statistics.median(run.get(k, 0.0) for run in cpu[name])
+                    for k in CPU_KINDS}
+        total = statistics.median(sum(run.values()) for run in cpu[name])
+        print(f"{name:36}: {total:5.1f} s = " + ", ".join(
+            f"{k} {v:.1f}" for k, v in per_kind.items() if v >= 0.05))
     base_rate = statistics.median(rates[SparkCount.name])
     base_lat = statistics.median(latencies[SparkCount.name])
     for name in makers:

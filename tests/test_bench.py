@@ -40,3 +40,25 @@ def test_the_rpc_cost_benchmark_measures_both_sides_and_stops_its_server():
     for _, client, served in rows:
         assert 0 < client < 0.05 and 0 < served < 0.05     # seconds per round trip
     assert not multiprocessing.active_children()
+
+
+def test_the_spark_benchmark_counts_cpu_by_kind_of_process():
+    import subprocess
+    import sys
+
+    from floering.chaos import spark_bench
+    # A child that burns 0.3 s of CPU, then waits, named as a node process is.
+    burn = ("import sys, time\nt = time.process_time()\n"
+            "while time.process_time() - t < 0.3: pass\nprint(flush=True)\nsys.stdin.read()")
+    before = spark_bench.cpu_seconds()
+    child = subprocess.Popen([sys.executable, "-c", burn, "floering.node"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        child.stdout.readline()               # it has burnt its CPU
+        after = spark_bench.cpu_seconds()
+    finally:
+        child.stdin.close()
+        child.wait(10)
+    assert 0.25 <= after["nodes"] - before["nodes"] < 2.0
+    assert after["jvm"] == after["python workers"] == 0
+    assert after["driver"] >= before["driver"] > 0
