@@ -167,8 +167,8 @@ def cpu_seconds() -> Counter:
             totals["driver"] += times.user + times.system
             continue
         kind = ("nodes" if "floering.node" in cmdline else
-                "python workers" if any("pyspark" in part for part in cmdline[1:3]) else
-                "jvm" if cmdline and cmdline[0].endswith("java") else None)
+                "jvm" if cmdline and cmdline[0].endswith("java") else   # pyspark on its classpath
+                "python workers" if any("pyspark" in part for part in cmdline[1:3]) else None)
         if kind is not None:
             totals[kind] += times.user + times.system + times.children_user + \
                 times.children_system

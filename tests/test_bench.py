@@ -42,23 +42,31 @@ def test_the_rpc_cost_benchmark_measures_both_sides_and_stops_its_server():
     assert not multiprocessing.active_children()
 
 
-def test_the_spark_benchmark_counts_cpu_by_kind_of_process():
+def test_the_spark_benchmark_counts_cpu_by_kind_of_process(tmp_path):
+    import os
     import subprocess
     import sys
 
     from floering.chaos import spark_bench
-    # A child that burns 0.3 s of CPU, then waits, named as a node process is.
+    # Children that burn 0.3 s of CPU, then wait: one named as a node process is, one
+    # as Spark's JVM is (with pyspark on its command line, as the JVM's classpath has).
     burn = ("import sys, time\nt = time.process_time()\n"
             "while time.process_time() - t < 0.3: pass\nprint(flush=True)\nsys.stdin.read()")
+    java = tmp_path / "java"
+    os.symlink(sys.executable, java)
     before = spark_bench.cpu_seconds()
-    child = subprocess.Popen([sys.executable, "-c", burn, "floering.node"],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    children = [subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+                for argv in ([sys.executable, "-c", burn, "floering.node"],
+                             [str(java), "-c", burn + "  # -cp pyspark/jars/*"])]
     try:
-        child.stdout.readline()               # it has burnt its CPU
+        for child in children:
+            child.stdout.readline()           # it has burnt its CPU
         after = spark_bench.cpu_seconds()
     finally:
-        child.stdin.close()
-        child.wait(10)
-    assert 0.25 <= after["nodes"] - before["nodes"] < 2.0
-    assert after["jvm"] == after["python workers"] == 0
+        for child in children:
+            child.stdin.close()
+            child.wait(10)
+    for kind in ("nodes", "jvm"):
+        assert 0.25 <= after[kind] - before[kind] < 2.0, kind
+    assert after["python workers"] == 0
     assert after["driver"] >= before["driver"] > 0
