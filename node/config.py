@@ -27,7 +27,7 @@ class NodeConfig:
     listen: str                                  # host:port this node serves on (binds)
     peers: tuple[tuple[str, str], ...]           # (node_id, host:port) of every initial member, self included
     replication: int = 1                         # r: each range lives on r+1 nodes
-    tokens_per_node: int = 8                     # more tokens spread a dead node's load over more heirs
+    tokens_per_node: int = 8                     # ranges per founder: finer units to move, split and take over
     reducer: str = "count"                       # alias or package.module:Class
     reducer_args: tuple[tuple[str, str], ...] = ()
     checkpoint_interval: float = 0.2             # seconds; short keeps backups and replay small
