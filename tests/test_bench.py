@@ -68,5 +68,6 @@ def test_the_spark_benchmark_counts_cpu_by_kind_of_process(tmp_path):
             child.wait(10)
     for kind in ("nodes", "jvm"):
         assert 0.25 <= after[kind] - before[kind] < 2.0, kind
-    assert after["python workers"] == 0
+    # the JVM-named child is not a Python worker (a Spark session of another test may be)
+    assert after["python workers"] - before["python workers"] < 0.1
     assert after["driver"] >= before["driver"] > 0

@@ -288,7 +288,7 @@ class NodeCore:
 
     # ----------------------------------------------------------- checkpoints
 
-    def plan_checkpoints(self, now: float | None = None, full_copies=True) -> list[Shipment]:
+    def plan_checkpoints(self, now: float | None = None, full_copies: bool = True) -> list[Shipment]:
         """Cut a checkpoint of every primary range that changed (or has a replica that
         needs a full copy, unless not `full_copies`; or, given `now`, had none for
         --backup-expiry seconds), say what to ship where. Processing goes on meanwhile
