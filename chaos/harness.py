@@ -461,6 +461,9 @@ def _last_whole(samples: list[dict], cluster: LocalCluster) -> dict:
     return samples[-1]["nodes"]
 
 
+CONVERGED = 1.0      # seconds a healed ring must hold, settled, before it counts as final
+
+
 def _settle(sampler: Sampler, cluster: LocalCluster, deadline: float,
             converge: bool = False) -> None:
     """Wait until every live node has drained its queue and has every range it owns on
@@ -468,19 +471,31 @@ def _settle(sampler: Sampler, cluster: LocalCluster, deadline: float,
     means every running process: one just restarted may answer the sampler only after
     its channel's reconnect backoff, and the last sample must count it. With
     `converge` (a healed partition), also until every member holds the same ring
-    version and none is fenced (a fenced node has rejoined as a new member)."""
+    version and none is fenced (a fenced node has rejoined as a new member), and that
+    ring has held for CONVERGED seconds: one rejoined member may be admitted a moment
+    after the other, and its ranges are then short of copies again for a while."""
+    settled_at: tuple[int, float] | None = None      # (ring version, since when)
     while time.monotonic() < deadline:
         time.sleep(0.2)
         if not sampler.samples:
             continue
         nodes = sampler.samples[-1]["nodes"]
         running = sum(1 for node in cluster.nodes if node.alive())
-        if converge and (len({n["ring_version"] for n in nodes.values()}) > 1
-                         or any(n["fenced"] for n in nodes.values())):
+        versions = {n["ring_version"] for n in nodes.values()}
+        if converge and (len(versions) > 1 or any(n["fenced"] for n in nodes.values())):
+            settled_at = None
             continue
         if nodes and len(nodes) >= running and all(
                 n["queue_length"] == 0 and n["under_replicated"] == 0 for n in nodes.values()):
-            return
+            if not converge:
+                return
+            now = time.monotonic()
+            if settled_at is None or settled_at[0] != max(versions):
+                settled_at = (max(versions), now)
+            elif now - settled_at[1] >= CONVERGED:
+                return
+        else:
+            settled_at = None
 
 
 def _journals(scenario: Scenario, seed: int, handles: list[MapperHandle]):
