@@ -19,7 +19,8 @@ from floering.node.core.balancers import BALANCERS
 from floering.node.core.balancers import DEFAULT as DEFAULT_BALANCER
 from floering.node.core.errors import InvalidArgument, inert
 from floering.node.core.hashing import HASH_SPACE, position
-from floering.node.core.ring_merge import merge_rings
+from floering.node.core.ring_merge import merge_rings, retiring_by_token
+from floering.node.core.ring_wire import MAX_REPLICATION, decode_view, replica_walks
 
 # The stamp packs the version above a 24-bit digest into one uint64 on the wire.
 MAX_VERSION = 1 << 40
@@ -63,6 +64,7 @@ class Ring:
     _index: dict = field(init=False, repr=False, compare=False)
     _address: dict = field(init=False, repr=False, compare=False)
     _destinations: tuple = field(init=False, repr=False, compare=False)
+    _walks: tuple = field(init=False, repr=False, compare=False)
     _extras: dict = field(init=False, repr=False, compare=False)
     _incarnation: dict = field(init=False, repr=False, compare=False)
     stamp: int = field(init=False, repr=False, compare=False)
@@ -84,15 +86,17 @@ class Ring:
         object.__setattr__(self, "_address", dict(self.addresses))
         object.__setattr__(self, "_extras", dict(self.extras))
         object.__setattr__(self, "_incarnation", dict(self.incarnations))
+        walks = replica_walks(self.owners, self.replication)
+        object.__setattr__(self, "_walks", walks)
         object.__setattr__(self, "_destinations",
                            tuple(self._walk(i) for i in range(len(self.tokens))))
 
     def _walk(self, index: int) -> tuple[str, ...]:
         """Owner of tokens[index], then up to r distinct other nodes clockwise, then
         the token's extra destinations."""
-        chosen = [self.owners[index], *self._walk_only(index)]
-        chosen += [n for n in self._extras.get(self.tokens[index], ()) if n not in chosen]
-        return tuple(chosen)
+        chosen = (self.owners[index], *self._walks[index])
+        more = self._extras.get(self.tokens[index], ())
+        return chosen + tuple(n for n in more if n not in chosen) if more else chosen
 
     # ------------------------------------------------------------ building
 
@@ -144,16 +148,7 @@ class Ring:
         return self._walk_only(self._index[token])
 
     def _walk_only(self, index: int) -> tuple[str, ...]:
-        owner = self.owners[index]
-        chosen = [owner]
-        n = len(self.tokens)
-        for step in range(1, n):
-            if len(chosen) > self.replication:
-                break
-            node = self.owners[(index + step) % n]
-            if node not in chosen:
-                chosen.append(node)
-        return tuple(chosen[1:])
+        return self._walks[index]
 
     def replicas_of_token(self, token: int) -> tuple[str, ...]:
         return self._destinations[self._index[token]][1:]
@@ -346,9 +341,10 @@ class Ring:
         n = len(owners)
         gone = self.removed | {node}
         lost = set(self.lost)
+        retiring = retiring_by_token(self)
         for i, owner in enumerate(self.owners):
             if owner == node:
-                holders = sorted(x for t, x in self.retiring if t == self.tokens[i] and x != node)
+                holders = sorted(retiring.get(self.tokens[i], frozenset()) - {node})
                 heir = holders[0] if holders else next(
                     (self.owners[(i + s) % n] for s in range(1, n)
                      if self.owners[(i + s) % n] != node), None)
@@ -442,8 +438,8 @@ class Ring:
     # ---------------------------------------------------------- invariants
 
     def check_invariants(self) -> None:
-        if self.replication < 0:
-            raise AssertionError("replication < 0")
+        if not 0 <= self.replication <= MAX_REPLICATION:
+            raise AssertionError(f"replication outside [0, {MAX_REPLICATION}]")
         if self.balancer not in BALANCERS:
             raise AssertionError(f"unknown balancer {inert(self.balancer, 40)}")
         if len(self.reducer) > 1024:
@@ -470,9 +466,8 @@ class Ring:
         for token, nodes in self.extras:
             if token not in self._index or not nodes or not set(nodes) <= members:
                 raise AssertionError(f"bad extra destinations {nodes} of token {token}")
-        for token, node in self.retiring:
-            if node not in self._extras.get(token, ()):
-                raise AssertionError(f"retiring {node} is not an extra of token {token}")
+        if self.retiring - {(t, x) for t, nodes in self.extras for x in nodes}:
+            raise AssertionError("a retiring holder is not an extra of its token")
         if not set(self._incarnation) <= members or len(self._incarnation) != len(self.incarnations):
             raise AssertionError("incarnations of non-members, or twice")
         if any(i <= 0 for i in self._incarnation.values()):
@@ -496,7 +491,7 @@ class Ring:
     @classmethod
     def from_wire(cls, data: bytes) -> "Ring":
         try:
-            d = msgpack.unpackb(data)
+            d = decode_view(data)
             ring = cls(int(d["version"]), int(d["replication"]),
                        tuple(int(t) for t in d["tokens"]), tuple(str(o) for o in d["owners"]),
                        tuple((str(n), str(a)) for n, a in d["addresses"]),

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from floering.node.core.errors import InvalidArgument, inert
+from floering.node.core.ring_wire import MAX_RING_TOKENS
 
 if TYPE_CHECKING:
     from floering.node.core.ring import Ring
@@ -23,8 +24,6 @@ Entries = dict[int, tuple]
 # for a long time may fall behind by a few thousand, never by this many. A larger
 # jump is a forged or corrupt view, refused (with room left below MAX_VERSION).
 MAX_VERSION_STEP = 1 << 20
-# No ring grows this large (splits stop at --max-tokens, 4096 by default).
-MAX_RING_TOKENS = 1 << 16
 
 
 def check_compatible(mine: "Ring", theirs: "Ring") -> None:
@@ -124,9 +123,10 @@ def _token_entries(older: "Ring", newer: "Ring", gone: frozenset) -> Entries:
     unless it names a removed owner where the other does not."""
     entries: Entries = {}
     for ring in (older, newer):
+        holders = retiring_by_token(ring)
         for i, token in enumerate(ring.tokens):
             entry = (ring.generations[i], ring.owners[i], ring.extras_of(token),
-                     frozenset(x for t, x in ring.retiring if t == token))
+                     holders.get(token, frozenset()))
             held = entries.get(token)
             if held is None or entry[0] > held[0] or (
                     entry[0] == held[0] and not (entry[1] in gone and held[1] not in gone)):
@@ -142,6 +142,7 @@ def _extend_split_off(ring: "Ring", entries: Entries) -> None:
     """A token `ring` lacks was split off a range it knows whole: what it changed on
     the whole range after the split (extras holding a copy, from someone else's
     commit) holds for the split-off part too."""
+    holders = retiring_by_token(ring)
     for token, entry in list(entries.items()):
         if ring.has_token(token):
             continue
@@ -157,7 +158,15 @@ def _extend_split_off(ring: "Ring", entries: Entries) -> None:
         # later change of the part elsewhere meets it as a tie (both kept) rather
         # than erasing it (merging stays independent of the order views arrive in).
         entries[token] = (ring.generations[i], entry[1], tuple(sorted(set(entry[2]) | set(more))),
-                          entry[3] | {x for t, x in ring.retiring if t == cover})
+                          entry[3] | holders.get(cover, frozenset()))
+
+
+def retiring_by_token(ring: "Ring") -> dict[int, frozenset]:
+    """The retiring holders of each token (one pass: no scan of them per token)."""
+    out: dict[int, set] = {}
+    for token, node in ring.retiring:
+        out.setdefault(token, set()).add(node)
+    return {t: frozenset(x) for t, x in out.items()}
 
 
 def _merge_incarnations(a: "Ring", b: "Ring") -> tuple[dict[str, int], set[str]]:
