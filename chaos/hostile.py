@@ -23,7 +23,6 @@ from floering.v1 import floe_pb2, floe_pb2_grpc
 from floering.node.core.batch import encode_payload
 from floering.node.core.codec import pack, pack_entries
 from floering.node.core.ring import Ring
-from floering.node.core.ring_merge import MAX_VERSION_STEP
 
 
 def forged_views(ring: Ring) -> dict[str, Ring]:
@@ -34,7 +33,6 @@ def forged_views(ring: Ring) -> dict[str, Ring]:
             "moved member": replace(ring, addresses=tuple(
                 (n, "127.0.0.1:1" if n == victim else a) for n, a in ring.addresses))
             .with_version(ring.version + 1),
-            "version far ahead": ring.with_version(ring.version + MAX_VERSION_STEP + 1),
             "every range lost": replace(ring, lost=frozenset(ring.tokens))
             .with_version(ring.version + 1)}
 

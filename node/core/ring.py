@@ -20,10 +20,9 @@ from floering.node.core.balancers import DEFAULT as DEFAULT_BALANCER
 from floering.node.core.errors import InvalidArgument, inert
 from floering.node.core.hashing import HASH_SPACE, position
 from floering.node.core.ring_merge import merge_rings, retiring_by_token
-from floering.node.core.ring_wire import MAX_REPLICATION, decode_view, replica_walks
+from floering.node.core.ring_wire import (MAX_REPLICATION, MAX_VERSION,  # noqa: F401
+                                          decode_view, replica_walks)
 
-# The stamp packs the version above a 24-bit digest into one uint64 on the wire.
-MAX_VERSION = 1 << 40
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from floering.node.core.errors import InvalidArgument, inert
-from floering.node.core.ring_wire import MAX_RING_TOKENS
+from floering.node.core.ring_wire import MAX_RING_TOKENS, MAX_VERSION
 
 if TYPE_CHECKING:
     from floering.node.core.ring import Ring
@@ -20,16 +20,20 @@ if TYPE_CHECKING:
 # token -> (generation, owner, extras, retiring holders)
 Entries = dict[int, tuple]
 
-# How far ahead of ours a view's version may be. Every change adds one; a node cut off
-# for a long time may fall behind by a few thousand, never by this many. A larger
-# jump is a forged or corrupt view, refused (with room left below MAX_VERSION).
-MAX_VERSION_STEP = 1 << 20
+# How far one merge may raise our version. Every change adds one; a node cut off for a
+# long time may fall behind by a few thousand. A view further ahead (forged, or relayed
+# by a peer a forged one was pushed to) is merged as if it were this far ahead: its
+# content is taken whole, its version is absorbed a step at a time. Versions stay a
+# max-merge, so nodes that disagree converge (a gap of g closes in g / step exchanges),
+# instead of refusing each other for good; and a member needs 2^28 views to run the
+# version up to its limit (MAX_VERSION).
+MAX_VERSION_STEP = 1 << 12
 
 
 def check_compatible(mine: "Ring", theirs: "Ring") -> None:
     """Refuse a view no honest member can have sent us: another replication factor,
     balancer or reducer, another address for a member we both know (a member's address never
-    changes; a process elsewhere joins under a new name), or a version too far ahead."""
+    changes; a process elsewhere joins under a new name), or implausibly many tokens."""
     if theirs.replication != mine.replication:
         raise InvalidArgument(f"the ring runs r={mine.replication}, the view says "
                               f"r={theirs.replication}")
@@ -47,9 +51,6 @@ def check_compatible(mine: "Ring", theirs: "Ring") -> None:
     if len(theirs.tokens) > MAX_RING_TOKENS or len(theirs.addresses) > MAX_RING_TOKENS:
         raise InvalidArgument(f"the view has {len(theirs.tokens)} tokens and "
                               f"{len(theirs.addresses)} members: implausibly many")
-    if theirs.version > mine.version + MAX_VERSION_STEP:
-        raise InvalidArgument(f"the view's version {theirs.version} is implausibly far "
-                              f"ahead of ours ({mine.version})")
     for token in theirs.lost - mine.lost:
         if not _loss_possible(mine, theirs, token):
             raise InvalidArgument(f"the view marks token {token:#x} lost, which no removal "
@@ -71,8 +72,17 @@ def _loss_possible(mine: "Ring", theirs: "Ring", token: int) -> bool:
     return bool(set(mine.destinations(cover)) & theirs.removed)
 
 
+def absorbed_version(mine: "Ring", theirs: "Ring") -> int:
+    """The version `theirs` merges as into `mine`: at most MAX_VERSION_STEP ahead (and
+    below the limit the stamp allows)."""
+    return min(theirs.version, mine.version + MAX_VERSION_STEP, MAX_VERSION - 2)
+
+
 def merge_rings(a: "Ring", b: "Ring") -> "Ring":
+    """`b` merged into `a` (the receiver's view)."""
     check_compatible(a, b)
+    if (version := absorbed_version(a, b)) != b.version:
+        b = b.with_version(version)
     older, newer = sorted((a, b), key=lambda r: (r.version, r.stamp))
     incarnations, restarted = _merge_incarnations(older, newer)
     if restarted and not (set(older.nodes) | set(newer.nodes)) - (

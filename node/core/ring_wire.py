@@ -15,6 +15,8 @@ import msgpack
 
 from floering.node.core.errors import InvalidArgument
 
+# The stamp packs the version above a 24-bit digest into one uint64 on the wire.
+MAX_VERSION = 1 << 40
 # No ring grows this large (splits stop at --max-tokens, 4096 by default).
 MAX_RING_TOKENS = 1 << 16
 # The encoding of a ring of MAX_RING_TOKENS tokens, each with a long owner name and

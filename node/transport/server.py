@@ -17,6 +17,7 @@ from grpc_reflection.v1alpha import reflection
 from floering.v1 import floe_pb2, floe_pb2_grpc
 from floering.node.core.batch import Batch
 from floering.node.core.codec import pack, pack_entries, unpack
+from floering.node.core.dedup import bind_source
 from floering.node.core.errors import FloeError, InvalidArgument, inert
 from floering.node.core.handoff import HandoffState
 from floering.node.core.pieces import FOLD_SOURCE, is_fold_source
@@ -102,10 +103,15 @@ async def set_health(health: health_aio.HealthServicer, serving: bool) -> None:
         await health.set(name, status.SERVING if serving else status.NOT_SERVING)
 
 
-def batches_of(request) -> list[Batch]:
-    """The request's batches as plain values."""
-    return [Batch(b.ring_stamp, b.token, b.source, b.first_seq, b.last_seq, b.count,
-                  b.payload, b.seqs, b.stream, b.id) for b in request.batches]
+def batches_of(request, owner: str | None = None) -> list[Batch]:
+    """The request's batches as plain values; with `owner` (the caller's identity),
+    each source bound to it (node.core.dedup.bind_source)."""
+    if owner is None:
+        return [Batch(b.ring_stamp, b.token, b.source, b.first_seq, b.last_seq, b.count,
+                      b.payload, b.seqs, b.stream, b.id) for b in request.batches]
+    return [Batch(b.ring_stamp, b.token, bind_source(owner, b.source), b.first_seq,
+                  b.last_seq, b.count, b.payload, b.seqs, b.stream, b.id)
+            for b in request.batches]
 
 
 def refused(exc: Exception) -> asyncio.Future:
@@ -128,16 +134,19 @@ class DataPlane(floe_pb2_grpc.DataPlaneServicer):
         who = peer_identity(context)
         may_fold = who is None or who[0] == "node"     # None: a loopback node in the clear
 
+        # A client's or operator's sources are its own: kept under its identity.
+        owner = None if may_fold else f"{who[0]}:{who[1]}"
         async def read():
             try:
                 async for request in request_iterator:
-                    batches = batches_of(request)
-                    if not may_fold and any(is_fold_source(b.source) for b in batches):
+                    if not may_fold and any(is_fold_source(b.source)
+                                            for b in request.batches):
                         await pending.put(refused(InvalidArgument(
                             f"a {who[0]} may not push under a fold's source "
                             f"({FOLD_SOURCE}...): only nodes merge pieces back")))
                         return
-                    await pending.put(await service.submit(batches, stream))
+                    await pending.put(await service.submit(batches_of(request, owner),
+                                                           stream))
             finally:
                 await pending.put(None)
 
