@@ -166,3 +166,69 @@ def impostors(cluster: LocalCluster, node_ids, scratch: Path) -> Injected:
     detail = {node_id: impersonate(cluster, cluster.node(node_id).address, scratch / node_id)
               for node_id in node_ids}
     return Injected("impostor", tuple(node_ids), at, detail=detail)
+
+
+class IdleStreams:
+    """`count` calls held open against the node at `address` and never fed: Push
+    streams with no batch and health Watch streams (every role may open one), half
+    each, as one caller on one connection. `refused` counts those the node refused
+    (by status code name); the rest stay open until `close()`."""
+
+    def __init__(self, address: str, tls, count: int) -> None:
+        import asyncio
+        import threading
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+        from floering.node.transport.channels import open_channel
+        self.refused: dict[str, int] = {}
+        self.details: list[str] = []
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._stop: asyncio.Event | None = None
+
+        async def hold():
+            self._stop = asyncio.Event()
+            channel = open_channel(address, tls.channel_credentials() if tls else None, [])
+            data = floe_pb2_grpc.DataPlaneStub(channel)
+            health = health_pb2_grpc.HealthStub(channel)
+            never = asyncio.Event()
+
+            async def nothing():
+                await never.wait()
+                return
+                yield
+
+            async def one(i):
+                call = data.Push(nothing()) if i % 2 else \
+                    health.Watch(health_pb2.HealthCheckRequest(service=""))
+                try:
+                    async for _ in call:
+                        pass
+                except grpc.RpcError as exc:
+                    if exc.code() != grpc.StatusCode.CANCELLED:
+                        name = exc.code().name
+                        self.refused[name] = self.refused.get(name, 0) + 1
+                        if len(self.details) < 5:
+                            self.details.append(exc.details() or "")
+            tasks = [asyncio.ensure_future(one(i)) for i in range(count)]
+            self._ready.set()
+            await self._stop.wait()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await channel.close()
+
+        self._thread = threading.Thread(target=self._loop.run_until_complete,
+                                        args=(hold(),), daemon=True)
+        self._thread.start()
+        self._ready.wait(30)
+
+    def close(self) -> None:
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(30)
+        self._loop.close()
+
+    def __enter__(self) -> "IdleStreams":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -234,7 +234,7 @@ def push(channel, ring, token, source, seq, keys, payload=None):
 @pytest.mark.multiprocess
 def test_replicas_refuse_garbage_and_ranges_refuse_sources_past_the_limit(tmp_path):
     with LocalCluster.up(3, 1, workdir=tmp_path, tls=True,
-                         extra_args=["--max-sources-per-range", "4"]) as cluster:
+                         extra_args=["--max-sources-per-range", "16"]) as cluster:
         client_tls = cluster.tls("client")
         with RingClient(cluster.seeds, tls=client_tls) as client:
             words = [f"w{i % 7}" for i in range(300)]
@@ -263,7 +263,8 @@ def test_replicas_refuse_garbage_and_ranges_refuse_sources_past_the_limit(tmp_pa
         # after 150 MiB as after 300): a plateau, not garbage kept.
         assert sizes[-1] - before < 128 and sizes[-1] - sizes[2] < 32, (before, sizes)
         with grpc.secure_channel(address[owner], creds) as channel:
-            # the client's source is one; three more fit, the next is refused
+            # the client's source is one; three more fit its identity's share (a
+            # quarter of 16), the next is refused
             for i in range(3):
                 push(channel, ring, token, f"extra{i}", 1, [key])
             with pytest.raises(grpc.RpcError) as refused:

@@ -32,6 +32,11 @@ class Overloaded(FloeError):
     retriable = True
 
 
+class Busy(Overloaded):
+    """Every call slot this caller may hold, or every one left for its kind of call,
+    is taken (node.core.slots): call again a moment later."""
+
+
 class StaleRing(FloeError):
     """The sender's ring version differs from the receiver's, or the receiver is
     not a destination of the batch's range in its ring."""

@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from floering.node.core.backup_store import BackupEntry, BackupStore
-from floering.node.core.batch import decode_payload, decode_seqs
-from floering.node.core.dedup import first_new_index
+from floering.node.core.batch import Columns, decode_batch, decode_payload, decode_seqs
+from floering.node.core.dedup import SHARES, first_new_index, owned_by, owner_of
 from floering.node.core.epochs import effective_mark, floor_key, raise_floor, replay_order
 from floering.node.core.errors import FloeError, Overloaded, TooLarge
 from floering.node.core.pieces import carries_states
@@ -105,12 +105,10 @@ class PrimaryRange:
                                 lambda: decode_seqs(first_seq, last_seq, count, seqs))
         if start == count:
             return 0, count
-        if source not in self.watermarks and len(self.watermarks) >= max_sources:
-            # Every source costs a watermark here and in every checkpoint of the range.
-            raise TooLarge(f"the range of token {self.token} tracks {len(self.watermarks)} "
-                           f"sources, the limit (--max-sources-per-range); idle ones expire "
-                           f"(--source-expiry)")
-        keys, values = decode_payload(payload, count)
+        if source not in self.watermarks:
+            self._check_room(source, max_sources)
+        decoded = decode_batch(payload, count)
+        keys, values = decoded.to_tuples() if isinstance(decoded, Columns) else decoded
         if verify is not None:
             verify(keys)
         if start:
@@ -126,6 +124,25 @@ class PrimaryRange:
         if group is not None:
             self.last_seen[group] = now
         return count - start, start
+
+    def _check_room(self, source: str, max_sources: int) -> None:
+        """Refuse a new source past the range's bound, or past its identity's share
+        of it (a quarter): one identity's flood refuses only its own new sources."""
+        held = len(self.watermarks)
+        if held >= max_sources:
+            # Every source costs a watermark here and in every checkpoint of the range.
+            raise TooLarge(f"the range of token {self.token} tracks {held} "
+                           f"sources, the limit (--max-sources-per-range); idle ones expire "
+                           f"(--source-expiry)")
+        share = max(1, max_sources // SHARES)
+        owner = owner_of(source)
+        if owner is not None and held >= share:
+            own = owned_by(self.watermarks, owner)
+            if own >= share:
+                raise TooLarge(f"the range of token {self.token} tracks {own} sources of "
+                               f"this caller's identity, its share (a quarter of "
+                               f"--max-sources-per-range); idle ones expire "
+                               f"(--source-expiry)")
 
     def expire_idle(self, now: float, idle: float) -> list[str]:
         """Forget the watermarks of sources (and group floors) that had nothing applied

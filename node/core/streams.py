@@ -11,6 +11,7 @@ without end. A number is recorded only once its batch is accepted.
 
 from __future__ import annotations
 
+from floering.node.core.dedup import SHARES, owner_of
 from floering.node.core.errors import InvalidArgument, StaleRing, TooLarge, inert
 
 SWEEP_EVERY = 10.0     # seconds between two sweeps of idle sources, at most
@@ -22,6 +23,7 @@ class StreamGuard:
         self.idle_expiry = idle_expiry
         self.max_ahead = max_ahead
         self.newest: dict[str, tuple[int, float]] = {}   # source -> (stream, last seen)
+        self.owned: dict[str, int] = {}    # identity mark -> its sources in `newest`
         self._next_sweep = float("-inf")
 
     def check(self, source: str, stream: int, now: float, wall: float | None) -> None:
@@ -44,8 +46,20 @@ class StreamGuard:
                 raise TooLarge(f"{len(self.newest)} sources are streaming to this node, the "
                                f"limit (--max-sources-per-node); idle ones expire after "
                                f"{self.idle_expiry:.0f} s")
+        owner = owner_of(source)
+        if owner is not None and self.owned.get(owner, 0) >= self.max_sources // SHARES:
+            self._sweep(now)
+            if self.owned.get(owner, 0) >= self.max_sources // SHARES:
+                raise TooLarge(f"{self.owned[owner]} sources of this caller's identity are "
+                               f"streaming to this node, its share (a quarter of "
+                               f"--max-sources-per-node); idle ones expire after "
+                               f"{self.idle_expiry:.0f} s")
 
     def accept(self, source: str, stream: int, now: float) -> None:
+        if source not in self.newest:
+            owner = owner_of(source)
+            if owner is not None:
+                self.owned[owner] = self.owned.get(owner, 0) + 1
         self.newest[source] = (stream, now)
 
     def _sweep(self, now: float) -> None:
@@ -54,3 +68,8 @@ class StreamGuard:
         self._next_sweep = now + SWEEP_EVERY
         cutoff = now - self.idle_expiry
         self.newest = {s: seen for s, seen in self.newest.items() if seen[1] > cutoff}
+        self.owned = {}
+        for source in self.newest:
+            owner = owner_of(source)
+            if owner is not None:
+                self.owned[owner] = self.owned.get(owner, 0) + 1

@@ -8,7 +8,8 @@ import inspect
 
 import grpc
 
-from floering.node.core.errors import TooLarge
+from floering.node.core.errors import Busy
+from floering.node.core.slots import CallSlots, kind_of
 from floering.node.transport.status import abort
 
 
@@ -48,24 +49,43 @@ def around(handler, enter):
 
 
 class CallLimiter(grpc.aio.ServerInterceptor):
-    """Refuses a call, RESOURCE_EXHAUSTED naming the flag, while `limit` calls are
-    being served (a stream counts until it ends)."""
+    """Refuses a call, RESOURCE_EXHAUSTED (`Busy`, which clients retry), past its share
+    of the `limit` calls served at once (node.core.slots: reserved slots for members,
+    health checks and operators; a quarter of the limit per caller identity and per
+    connection). A stream holds its slot until it ends."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self.active = 0
+        self.slots = CallSlots(limit)
+
+    @property
+    def active(self) -> int:
+        return self.slots.active
 
     async def intercept_service(self, continuation, details):
         handler = await continuation(details)
-        return None if handler is None else around(handler, self._slot)
+        if handler is None:
+            return None
+        # (node.transport.tls imports this module: its names are taken here)
+        from floering.node.transport.tls import NODE_ONLY, peer_identity
+        method = details.method.rsplit("/", 1)[-1]
+        node_only = method in NODE_ONLY
 
-    @contextlib.asynccontextmanager
-    async def _slot(self, request, context):
-        if self.active >= self.limit:
-            await abort(context, TooLarge(f"{self.limit} calls are being served, the most "
-                                          f"at once (--max-concurrent-rpcs)"))
-        self.active += 1
-        try:
-            yield
-        finally:
-            self.active -= 1
+        @contextlib.asynccontextmanager
+        async def slot(request, context):
+            connection = context.peer() or "?"
+            who = peer_identity(context)
+            if who is None:
+                kind, identity = kind_of(None, method, node_only), connection
+            else:
+                kind, identity = kind_of(who[0], method, node_only), f"{who[0]}:{who[1]}"
+            try:
+                ticket = self.slots.take(kind, identity, connection)
+            except Busy as exc:
+                await abort(context, exc)
+            try:
+                yield
+            finally:
+                self.slots.give(ticket)
+
+        return around(handler, slot)

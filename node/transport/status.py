@@ -10,6 +10,7 @@ from floering.node.core import errors
 _TO_CODE: tuple[tuple[type[errors.FloeError], grpc.StatusCode], ...] = (
     (errors.InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),
     (errors.TooLarge, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (errors.Busy, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (errors.Overloaded, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (errors.Fenced, grpc.StatusCode.FAILED_PRECONDITION),
     (errors.StaleRing, grpc.StatusCode.FAILED_PRECONDITION),

@@ -1,0 +1,111 @@
+"""Call slots: who may hold how many of the calls a node serves at once.
+
+A node serves at most `--max-concurrent-rpcs` calls at once (a stream holds its slot
+until it ends). One caller must not be able to take them all: a client that opens a
+thousand idle streams would shut out the members' heartbeats, the health checks and
+every other client. So the slots are shared out:
+
+- reserved slots per kind of call, which the shared pool's exhaustion cannot take:
+  a tenth for the members (a caller with a node certificate; without TLS, the calls
+  only members make), a fiftieth for health checks (the unary `Check`: a `Watch`
+  stream counts as its caller's), a fiftieth for operators;
+- every caller but a member holds at most a quarter of the limit at once, counted
+  per identity (its certificate's role and name; without TLS, its address) and per
+  connection; a health check (short, and bounded by its reserve and the shared pool)
+  is answered whoever asks.
+
+A refusal is `Busy`: retriable, a client backs off and calls again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from floering.node.core.errors import Busy, inert
+
+MEMBER, OPERATOR, HEALTH, CLIENT = "member", "operator", "health", "client"
+FLAG = "--max-concurrent-rpcs"
+
+
+def kind_of(role: str | None, method: str, node_only: bool) -> str:
+    """The kind of a call by its caller's role (None without TLS) and its method
+    (`node_only`: a method only members call)."""
+    if role == "node" or (role is None and node_only):
+        return MEMBER
+    if method == "Check":
+        return HEALTH
+    if role == "operator":
+        return OPERATOR
+    return CLIENT
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """A slot taken: given back with `CallSlots.give`."""
+
+    kind: str
+    identity: str
+    connection: str
+    reserved: bool
+
+
+class CallSlots:
+    """The slots of one server: every count is of calls being served, so the maps hold
+    at most `limit` entries."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = max(1, limit)
+        self.reserve = {MEMBER: max(1, limit // 10), HEALTH: max(1, limit // 50),
+                        OPERATOR: max(1, limit // 50)}
+        self.shared = max(1, self.limit - sum(self.reserve.values()))
+        self.per_identity = max(1, limit // 4)
+        self.per_connection = max(1, limit // 4)
+        self.in_shared = 0
+        self.in_reserve = dict.fromkeys(self.reserve, 0)
+        self.by_identity: dict[str, int] = {}
+        self.by_connection: dict[str, int] = {}
+        self.refused = 0
+
+    @property
+    def active(self) -> int:
+        return self.in_shared + sum(self.in_reserve.values())
+
+    def take(self, kind: str, identity: str, connection: str) -> Ticket:
+        """A slot for a call, or Busy naming the bound it would pass."""
+        if kind not in (MEMBER, HEALTH):
+            held = self.by_identity.get(identity, 0)
+            if held >= self.per_identity:
+                self.refused += 1
+                raise Busy(f"{inert(identity, 80)} holds {held} calls, the most one caller "
+                           f"may hold at once (a quarter of {FLAG})")
+            held = self.by_connection.get(connection, 0)
+            if held >= self.per_connection:
+                self.refused += 1
+                raise Busy(f"this connection holds {held} calls, the most one connection "
+                           f"may hold at once (a quarter of {FLAG})")
+        if self.in_shared < self.shared:
+            self.in_shared += 1
+            reserved = False
+        elif kind in self.reserve and self.in_reserve[kind] < self.reserve[kind]:
+            self.in_reserve[kind] += 1
+            reserved = True
+        else:
+            self.refused += 1
+            raise Busy(f"{self.active} calls are being served, the most at once for a "
+                       f"{kind} call ({FLAG}, {self.limit})")
+        self.by_identity[identity] = self.by_identity.get(identity, 0) + 1
+        self.by_connection[connection] = self.by_connection.get(connection, 0) + 1
+        return Ticket(kind, identity, connection, reserved)
+
+    def give(self, ticket: Ticket) -> None:
+        if ticket.reserved:
+            self.in_reserve[ticket.kind] -= 1
+        else:
+            self.in_shared -= 1
+        for counts, key in ((self.by_identity, ticket.identity),
+                            (self.by_connection, ticket.connection)):
+            left = counts[key] - 1
+            if left:
+                counts[key] = left
+            else:
+                del counts[key]
