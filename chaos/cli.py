@@ -574,6 +574,7 @@ def one_line(exc: BaseException) -> str:
 
 
 def main(argv=None) -> int:
+    os.umask(0o077)     # the cluster's files (records, TLS, data, logs): the owner's only
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["node"]:        # every flag is the node's own, --help included
         from floering.node.__main__ import main as node_main

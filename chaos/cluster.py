@@ -19,10 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
-import psutil
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from floering.chaos.records import flag, is_our_node, loaded_node, not_ours, start_time
+from floering.node.config import check_node_id
 from floering.node.core.errors import FloeError
+from floering.node.files import open_private, private_dir, write_private
+from floering.node.transport.channels import server_options
 from floering.node.transport.tls import TlsFiles, generate as generate_tls, issue as issue_tls
 
 DEFAULT_STATE_FILE = "floe-cluster.json"
@@ -34,10 +37,13 @@ class NodeProcess:
     address: str
     pid: int
     log: str
-    cmd: list[str] = field(default_factory=list)   # how it was started: a restart reuses it
+    # How it was started: a restart reuses it. Never read from the cluster file: a
+    # loaded node's is built from its checked fields (chaos.records).
+    cmd: list[str] = field(default_factory=list)
     # Set when this process started the node: poll() is exact, and it also covers the
     # instant after fork() before exec(), when the child still has the parent's cmdline.
     popen: subprocess.Popen | None = field(default=None, repr=False, compare=False)
+    create_time: float | None = None   # psutil's: a PID is this node only if it matches
 
     @property
     def events(self) -> str:
@@ -47,11 +53,18 @@ class NodeProcess:
     def alive(self) -> bool:
         if self.popen is not None:
             return self.popen.poll() is None
-        return _is_our_node(self.pid, self.node_id)
+        return is_our_node(self.pid, self.node_id, self.address, self.create_time)
 
     def record(self) -> dict:
-        return {"node_id": self.node_id, "address": self.address, "pid": self.pid,
-                "log": self.log, "cmd": self.cmd}
+        """What the cluster file keeps: fields a restart checks and builds the
+        command from, never the command itself."""
+        kept = {"node_id": self.node_id, "address": self.address, "pid": self.pid,
+                "create_time": self.create_time, "log": self.log}
+        tokens = flag(self.cmd, "--tokens-per-node")
+        if flag(self.cmd, "--peers") is not None and tokens is not None:
+            kept.update(peers=flag(self.cmd, "--peers"), join=flag(self.cmd, "--join") or "",
+                        tokens_per_node=int(tokens))
+        return kept
 
 
 @dataclass
@@ -116,7 +129,7 @@ class LocalCluster:
                                         node_args=node_args)
             if differ:
                 raise LayoutMismatch(data_dir, layout, differ)
-            ids = [n for n, _ in layout["nodes"]]
+            ids = _layout_ids(data_dir, layout)
             ports = [int(a.rpartition(":")[2]) for _, a in layout["nodes"]]
             host = layout["nodes"][0][1].rpartition(":")[0]
             replicas, tokens_per_node = layout["replicas"], layout["tokens_per_node"]
@@ -146,12 +159,15 @@ class LocalCluster:
             "--node-id", ids[0], "--listen", f"{host}:{ports[0]}", "--peers", peers,
             "--replication", str(replicas), "--tokens-per-node", str(tokens_per_node),
             "--reducer", reducer, *extra])
-        log_dir = workdir / "floe-cluster" / "logs"
-        log_dir.mkdir(parents=True, exist_ok=True)
+        log_dir = private_dir(workdir / "floe-cluster" / "logs")
         procs = []
         if tls:
-            tls_dir = generate_tls(workdir / "floe-cluster" / "tls", ids, (host, "localhost"))
+            tls_dir = generate_tls(private_dir(workdir / "floe-cluster" / "tls"), ids,
+                                   (host, "localhost"),   # a durable ring keeps its CA
+                                   keep_ca=data_dir is not None)
             extra += ["--tls-dir", str(tls_dir)]
+        else:
+            extra += ["--insecure"]         # in the clear on loopback: said, never implied
         if data_dir is not None:
             extra += ["--data-dir", str(data_dir / "{node}")]
             if layout is None:
@@ -230,8 +246,7 @@ class LocalCluster:
         base = self.base_port if base_port is None else base_port
         ports = _free_ports(host, count, None) if base is None else \
             _ports_from(host, count, base, {int(n.address.rpartition(":")[2]) for n in self.nodes})
-        log_dir = Path(self.state_file).parent / "floe-cluster" / "logs"
-        log_dir.mkdir(parents=True, exist_ok=True)
+        log_dir = private_dir(Path(self.state_file).parent / "floe-cluster" / "logs")
         added = []
         tls = self.tls()
         for node_id, port in zip(ids, ports):
@@ -262,7 +277,7 @@ class LocalCluster:
         from floering.mapper.admin import request_handoff
         node = self.node(node_id)
         if not node.alive():
-            raise RuntimeError(f"{node_id} is not running (pid {node.pid} is gone): it cannot "
+            raise RuntimeError(f"{not_ours(node.pid, node_id)}: it cannot "
                                f"hand its ranges over; the ring gives them to their replicas "
                                f"itself (`floe status` shows it as dead)")
         try:
@@ -321,7 +336,7 @@ class LocalCluster:
     def kill(self, node_id: str, sig: int = signal.SIGKILL) -> None:
         node = self.node(node_id)
         if not node.alive():
-            raise RuntimeError(f"node {node_id} (pid {node.pid}) is not running")
+            raise RuntimeError(not_ours(node.pid, node_id))
         _signal(node.pid, sig)
         if sig == signal.SIGKILL:
             while node.alive():
@@ -378,7 +393,7 @@ class LocalCluster:
                 "base_port": self.base_port,
                 "nodes": [n.record() for n in self.nodes]}
         tmp = Path(self.state_file).with_suffix(".tmp")
-        tmp.write_text(json.dumps(data, indent=2))
+        write_private(tmp, json.dumps(data, indent=2))
         tmp.replace(self.state_file)
 
     @classmethod
@@ -389,9 +404,16 @@ class LocalCluster:
         except FileNotFoundError:
             raise FileNotFoundError(f"no cluster recorded at {path}; start one with "
                                     f"`floe up`") from None
-        return cls([NodeProcess(**n) for n in data["nodes"]], data["replicas"], str(path),
-                   data.get("reducer", "count"), data.get("extra_args", []),
-                   data.get("data_dir"), data.get("base_port"))
+        replicas, reducer = data.get("replicas"), data.get("reducer", "count")
+        extra, data_dir = data.get("extra_args", []), data.get("data_dir")
+        if (not isinstance(replicas, int) or not isinstance(reducer, str)
+                or not isinstance(extra, list) or not all(isinstance(a, str) for a in extra)
+                or not isinstance(data_dir, (str, type(None)))):
+            raise ValueError(f"{path} is not a cluster file `floe up` wrote")
+        nodes = [NodeProcess(**loaded_node(n, workdir=path.parent, replicas=replicas,
+                                           reducer=reducer, extra=extra, data_dir=data_dir))
+                 for n in data["nodes"]]
+        return cls(nodes, replicas, str(path), reducer, extra, data_dir, data.get("base_port"))
 
     def _update_layout(self, add=(), drop=()) -> None:
         """Keep the durable layout in step with the nodes: `add` [(id, address)],
@@ -427,11 +449,13 @@ def _interrupt(*_):
 
 
 def spawn_node(node_id: str, address: str, cmd: list[str], log_path: Path) -> NodeProcess:
-    with open(log_path, "ab") as log:
+    """Start a node; what it writes (data, events) is private from birth (umask 077)."""
+    with open_private(log_path, "ab") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True,
-                                env=node_env())
-    return NodeProcess(node_id, address, proc.pid, str(log_path), list(cmd), proc)
+                                env=node_env(), umask=0o077)
+    return NodeProcess(node_id, address, proc.pid, str(log_path), list(cmd), proc,
+                       start_time(proc.pid))
 
 
 def check_balancer_reducer(node_argv: list[str]) -> None:
@@ -527,22 +551,27 @@ def _layout(data_dir: str | Path) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def _layout_ids(data_dir: Path, layout: dict) -> list[str]:
+    """The node ids of a kept layout, each one checked: an id names a directory, a
+    certificate and a log, and must not lead out of the cluster's."""
+    try:
+        return [check_node_id(n, incarnation=False) for n, _ in layout["nodes"]]
+    except ValueError as exc:
+        raise ValueError(f"{data_dir / LAYOUT_FILE}: {exc}; nothing started") from None
+
+
 def _save_layout(data_dir: Path, layout: dict) -> None:
     """Written whole to a temporary file, synced, then renamed over the old one: a
     crash leaves the old layout or the new, never a torn one."""
-    data_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(data_dir)
     tmp = data_dir / (LAYOUT_FILE + ".tmp")
-    with open(tmp, "w") as fh:
-        fh.write(json.dumps(layout, indent=1))
-        fh.flush()
-        os.fsync(fh.fileno())
+    write_private(tmp, json.dumps(layout, indent=1), sync=True)
     tmp.replace(data_dir / LAYOUT_FILE)
 
 
 def _node_dirs(data_dir: Path, node_id: str) -> list[Path]:
     """A node's data directory and those set aside as corrupt (`<id>.corrupt-<time>`)."""
-    if not node_id or "/" in node_id or node_id in (".", ".."):
-        raise ValueError(f"not a node id: {node_id!r}")
+    check_node_id(node_id, incarnation=False)
     return [p for p in (data_dir / node_id, *data_dir.glob(f"{node_id}.corrupt-*"))
             if p.is_dir()]
 
@@ -627,7 +656,8 @@ def channel(address: str, tls: TlsFiles | None = None, options=None) -> grpc.Cha
     """A blocking channel: mutual TLS with `tls`, else in the clear."""
     if tls is None:
         return grpc.insecure_channel(address, options=options)
-    return grpc.secure_channel(address, tls.channel_credentials(), options=options)
+    return grpc.secure_channel(address, tls.channel_credentials(),   # to a node only
+                               options=[*(options or []), *server_options()])
 
 
 def serving(address: str, tls: TlsFiles | None = None) -> bool:
@@ -638,17 +668,6 @@ def serving(address: str, tls: TlsFiles | None = None) -> bool:
             return reply.status == health_pb2.HealthCheckResponse.SERVING
     except grpc.RpcError:
         return False
-
-
-def _is_our_node(pid: int, node_id: str) -> bool:
-    try:
-        proc = psutil.Process(pid)
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            return False  # a zombie has exited
-        cmdline = proc.cmdline()
-    except psutil.Error:
-        return False
-    return "floering.node" in cmdline and "--node-id" in cmdline and node_id in cmdline
 
 
 def _signal(pid: int, sig: int) -> None:

@@ -14,16 +14,20 @@ from floering.node.core.errors import InvalidArgument
 from floering.node.core.hashing import HASH_SPACE
 from floering.node.core.ring import Ring
 from floering.node.transport.status import error_from_rpc
-from floering.node.transport.tls import TlsFiles
+from floering.node.transport.channels import server_options
+from floering.node.transport.tls import TlsFiles, server_name
 
 
 def request_handoff(address: str, tokens, target: str = "", *, leave: bool = False,
                     timeout: float = 30.0, split_at: int | None = None,
-                    tls: TlsFiles | None = None) -> floe_pb2.HandoffReply:
+                    tls: TlsFiles | None = None, node: str | None = None
+                    ) -> floe_pb2.HandoffReply:
     """Ask the node at `address` to hand `tokens` to `target` (or to leave, or to split
     its range at `split_at` and hand the tail to `target`); returns once the handoff
-    committed or was aborted. `tls`: an operator's certificate, on a TLS ring."""
-    with (grpc.secure_channel(address, tls.channel_credentials()) if tls
+    committed or was aborted. `tls`: an operator's certificate, on a TLS ring; the
+    server must then present `node`'s certificate (default: any node's)."""
+    with (grpc.secure_channel(address, tls.channel_credentials(),
+                              options=server_options(node and server_name(node))) if tls
           else grpc.insecure_channel(address)) as channel:
         stub = floe_pb2_grpc.ControlPlaneStub(channel)
         try:
@@ -71,7 +75,8 @@ def move(ring: Ring, node: str, pos: int, timeout: float = 30.0,
     owner = ring.owner_of_token(token)
     if owner == node:
         return f"{node} already owns the range of token {show(token)}"
-    reply = request_handoff(ring.address(owner), [token], node, timeout=timeout, tls=tls)
+    reply = request_handoff(ring.address(owner), [token], node, timeout=timeout, tls=tls,
+                            node=owner)
     if not reply.accepted:
         raise InvalidArgument(f"{owner} did not hand token {show(token)} to {node}: {reply.detail}")
     return (f"{owner} handed the range ending at token {show(token)} to {node} "
@@ -93,7 +98,7 @@ def split(ring: Ring, pos: int, node: str | None = None, timeout: float = 30.0,
     if node == owner:
         raise InvalidArgument(f"{owner} owns the range already; give --to another node")
     reply = request_handoff(ring.address(owner), [], node or "", timeout=timeout, split_at=pos,
-                            tls=tls)
+                            tls=tls, node=owner)
     if not reply.accepted:
         raise InvalidArgument(f"{owner} split at {show(pos)} but did not hand the tail to "
                               f"{node}: {reply.detail}")
@@ -143,7 +148,7 @@ def carry_out(ring: Ring, plan: dict[str, dict[int, str]], timeout: float = 60.0
         out = []
         for target, tokens in sorted(by_target.items()):
             reply = request_handoff(ring.address(donor), tokens, target, timeout=timeout,
-                                    tls=tls)
+                                    tls=tls, node=donor)
             if not reply.accepted:
                 raise InvalidArgument(f"{donor} -> {target}: {reply.detail}")
             out.append(f"{donor} handed {len(tokens)} ranges to {target}")

@@ -21,7 +21,7 @@ from floering.v1 import floe_pb2, floe_pb2_grpc
 from floering.mapper.outbox import Outbox, PendingBatch
 from floering.node.core.errors import FloeError, Unavailable
 from floering.node.core.ring import Ring
-from floering.node.transport.channels import ChannelPool, open_channel
+from floering.node.transport.channels import ChannelPool, ServerNames, open_channel
 from floering.node.transport.status import error_from_rpc
 
 log = logging.getLogger("floe.mapper")
@@ -170,7 +170,9 @@ class Delivery:
         self.expect_reducer = expect_reducer
         self.ring: Ring | None = None
         self.reducer = ""
-        self.channels = ChannelPool(self._new_channel)
+        # with TLS, each node must present its own certificate (node.transport.channels)
+        self.channels = ChannelPool(self._new_channel, names=ServerNames(
+            lambda: self.ring) if credentials is not None else None)
         self._retired_at = time.monotonic()
         self._retiring: asyncio.Task | None = None
         self.senders: dict[str, NodeSender] = {}
@@ -203,7 +205,7 @@ class Delivery:
 
     # ------------------------------------------------------------- channels
 
-    def _new_channel(self, address: str) -> grpc.aio.Channel:
+    def _new_channel(self, address: str, name: str | None = None) -> grpc.aio.Channel:
         # gRPC's default reconnect backoff grows to 2 minutes: a mapper that rode
         # out a whole-cluster restart would wait that long after the nodes are
         # back. Retry within a second instead (min is the handshake's deadline).
@@ -212,7 +214,7 @@ class Delivery:
                    ("grpc.initial_reconnect_backoff_ms", 100),
                    ("grpc.min_reconnect_backoff_ms", 1000),
                    ("grpc.max_reconnect_backoff_ms", 1000)]
-        return open_channel(address, self.credentials, options)
+        return open_channel(address, self.credentials, options, name)
 
     def channel(self, address: str) -> grpc.aio.Channel:
         return self.channels.get(address)

@@ -75,6 +75,7 @@ async def start_node(config: NodeConfig) -> RunningNode:
                      chunk_entries=config.checkpoint_chunk_entries)
     runtime = NodeRuntime(config, reducer, peers,
                           events=EventLog(config.events_file, config.node_id))
+    peers.follow(lambda: runtime.core.ring)     # each peer is checked as its member
     metrics = NodeMetrics(runtime) if config.metrics_port else None
     server, health, port = await start_server(runtime, metrics)
     if config.listen.endswith(":0"):

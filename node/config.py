@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 import ipaddress
 import os
+import re
 import tomllib
 from dataclasses import dataclass, fields
 from typing import Mapping, Sequence
@@ -19,6 +20,20 @@ from floering.node.core.batch import Limits
 from floering.node.core.reducers import parse_reducer_args, reducer_identity
 
 LOG_FORMATS = ("text", "json")
+# A node id names files (its data directory, certificate, key and log): letters,
+# digits, _ and -, up to 64; a member that came back new carries `#k` after it.
+NODE_ID = re.compile(r"[A-Za-z0-9_-]{1,64}(#[0-9]{1,9})?")
+
+
+def check_node_id(node_id: object, *, incarnation: bool = True) -> str:
+    """`node_id` if it is one (ValueError in one line otherwise); `incarnation=False`
+    refuses the `#k` suffix too, where an id is a founder's or a file's name."""
+    if not isinstance(node_id, str) or not NODE_ID.fullmatch(node_id) or (
+            not incarnation and "#" in node_id):
+        shown = repr(node_id)[:80]
+        raise ValueError(f"bad node id {shown}: use 1 to 64 letters, digits, _ or -"
+                         + (" (and #N after a restart)" if incarnation else ""))
+    return node_id
 
 
 @dataclass(frozen=True)
@@ -88,13 +103,7 @@ class NodeConfig:
             raise ValueError("node_id is required")
         _check_address(self.listen)
         self._check_advertise()
-        ids = [node for node, _ in self.peers]
-        if self.node_id not in ids:
-            raise ValueError(f"peers must include this node ({self.node_id}); got {ids}")
-        if len(set(ids)) != len(ids):
-            raise ValueError(f"duplicate node ids in peers: {ids}")
-        for _, address in self.peers:
-            _check_address(address)
+        self._check_peers()
         if self.replication < 0:
             raise ValueError("replication must be >= 0")
         if self.tokens_per_node < 1:
@@ -143,6 +152,17 @@ class NodeConfig:
             # or double-counts what a slow sender still holds.
             if not getattr(self, name) >= 60:       # NaN fails too
                 raise ValueError(f"{name} must be at least 60 seconds")
+
+    def _check_peers(self) -> None:
+        """Every id names files (check_node_id), once; this node among them."""
+        check_node_id(self.node_id)
+        ids = [check_node_id(node) for node, _ in self.peers]
+        if self.node_id not in ids:
+            raise ValueError(f"peers must include this node ({self.node_id}); got {ids}")
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"duplicate node ids in peers: {ids}")
+        for _, address in self.peers:
+            _check_address(address)
 
     def _check_advertise(self) -> None:
         """The address the ring records for this node: what it was told to advertise,

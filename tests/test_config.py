@@ -75,7 +75,8 @@ def test_parse_peers_rejects_garbage():
     (["--listen", "bad"], "host:port"),
 ])
 def test_node_process_exits_2_with_a_message(extra, message):
-    argv = ["--node-id", "n0", "--listen", "127.0.0.1:0", "--peers", "n0=127.0.0.1:0", *extra]
+    argv = ["--node-id", "n0", "--listen", "127.0.0.1:0", "--peers", "n0=127.0.0.1:0",
+            "--insecure", *extra]
     result = subprocess.run([sys.executable, "-m", "floering.node", *argv], capture_output=True,
                             text=True, timeout=30)
     assert result.returncode == 2

@@ -35,6 +35,7 @@ from floering.node.core.batch import Batch
 from floering.node.core.codec import pack, unpack
 from floering.node.core.persistence_io import CopyWrite
 from floering.node.core.restore import DiskCopy, batch_from_record, batch_record
+from floering.node.files import private_dir
 from floering.node.storage.segment_log import CorruptLog, SegmentLog
 
 TOKEN = struct.Struct(">Q")
@@ -148,7 +149,7 @@ def _quarantine(path: Path, why: str) -> tuple["NodeStore", None, str]:
 class NodeStore:
     def __init__(self, data_dir: str | os.PathLike, segment_bytes: int = 64 << 20) -> None:
         self.dir = Path(data_dir)
-        self.dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.dir)
         self.log = SegmentLog(self.dir / "log", segment_bytes)   # CorruptLog: nothing open
         try:
             self.db = self._open_db()
@@ -165,7 +166,7 @@ class NodeStore:
         # default would open silently at the last write before the damage.
         options.set_wal_recovery_mode(DBRecoveryMode.tolerate_corrupted_tail_records())
         try:
-            return Rdict(str(self.dir / "state"), options)
+            return Rdict(str(private_dir(self.dir / "state")), options)
         except Exception as exc:
             if "Corruption" in str(exc):
                 raise CorruptState(f"{self.dir / 'state'}: {exc}") from None

@@ -24,6 +24,8 @@ from collections import deque
 from pathlib import Path
 from typing import Iterator
 
+from floering.node.files import open_private, private_dir
+
 HEADER = struct.Struct("<II")            # payload length, crc32 of the payload
 MAX_RECORD = 64 << 20                    # a larger length can only be garbage
 SUFFIX = ".log"
@@ -66,7 +68,7 @@ class SegmentLog:
                  first_seq: int = 1) -> None:
         self.directory = Path(directory)
         self.segment_bytes = segment_bytes
-        self.directory.mkdir(parents=True, exist_ok=True)
+        private_dir(self.directory)
         self.segments: list[tuple[int, Path]] = []      # (first seq, path), oldest first
         self.next_seq = first_seq                        # when no segment holds any
         self.truncated = 0                               # bytes of torn tail dropped at open
@@ -220,7 +222,7 @@ class SegmentLog:
             self.segments.append((seq, path))
             self._size = self._synced_size = 0
             self._sync_directory()
-        self._file = open(path, "ab")
+        self._file = open_private(path, "ab")
 
     def _sync_directory(self) -> None:
         fd = os.open(self.directory, os.O_RDONLY)

@@ -5,6 +5,13 @@ ever called, a long-lived process in a ring whose nodes come and go on new addre
 (containers, autoscaling) would keep one per departed node, forever. Here a channel
 is closed once the ring no longer names its address and no call has taken it for
 `idle` seconds; calling the address again simply opens a new one.
+
+With TLS the server is checked as the caller is: a channel accepts only the
+certificate of the member the ring places at its address (its server name,
+`<node>.node.floe-ring`, node.transport.tls), or of any node (the role's name,
+`node.floe-ring`) where the ring names no member yet (a seed). A channel is kept per
+address and name: once the ring names the member at a seed's address, calls go to
+a channel that accepts that member only.
 """
 
 from __future__ import annotations
@@ -14,55 +21,104 @@ from typing import Callable, Collection
 
 import grpc
 
+from floering.node.transport.tls import NODE_ROLE_NAME, server_name
+
 IDLE = 60.0     # seconds: far past any call's deadline, so no call is cut short
 
 
+def server_options(name: str | None = None) -> list[tuple[str, str]]:
+    """gRPC channel options that make the TLS handshake accept only a server whose
+    certificate carries `name` (default: any node's)."""
+    return [("grpc.ssl_target_name_override", name or NODE_ROLE_NAME)]
+
+
 def open_channel(address: str, credentials: grpc.ChannelCredentials | None,
-                 options) -> grpc.aio.Channel:
-    """A grpc.aio channel to `address`: TLS with `credentials`, in the clear without."""
+                 options, name: str | None = None) -> grpc.aio.Channel:
+    """A grpc.aio channel to `address`: TLS with `credentials`, to a server whose
+    certificate carries `name` (a node's server name; default: any node's), in the
+    clear without credentials."""
     if credentials is not None:
-        return grpc.aio.secure_channel(address, credentials, options=options)
+        return grpc.aio.secure_channel(address, credentials,
+                                       options=[*options, *server_options(name)])
     return grpc.aio.insecure_channel(address, options=options)
 
 
+class ServerNames:
+    """The server name a channel to an address must find in the certificate: the
+    member's the ring (`ring_of()`, read at each call) places there, else any node's.
+    The lookup is rebuilt only when the ring object changes."""
+
+    def __init__(self, ring_of: Callable[[], object]) -> None:
+        self._ring_of = ring_of
+        self._ring: object = None
+        self._names: dict[str, str] = {}
+
+    def __call__(self, address: str) -> str:
+        try:
+            ring = self._ring_of()
+        except Exception:          # no ring yet (a starting node or client)
+            ring = None
+        if ring is not self._ring:
+            self._ring = ring
+            names: dict[str, str] = {}
+            for node, at in (getattr(ring, "addresses", None) or ()):
+                names.setdefault(at, server_name(node))
+            self._names = names
+        return self._names.get(address, NODE_ROLE_NAME)
+
+
 class ChannelPool:
-    def __init__(self, make: Callable[[str], grpc.aio.Channel], idle: float | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    """Channels by address (and, with `names`, by the server name expected there:
+    `make(address, name)` opens one)."""
+
+    def __init__(self, make: Callable[..., grpc.aio.Channel], idle: float | None = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 names: Callable[[str], str] | None = None) -> None:
         self._make = make
         self._idle = IDLE if idle is None else idle
         self._clock = clock
-        self._open: dict[str, grpc.aio.Channel] = {}
-        self._taken: dict[str, float] = {}      # address -> when a call last took it
+        self._names = names
+        self._open: dict[tuple[str, str | None], grpc.aio.Channel] = {}
+        self._taken: dict[tuple[str, str | None], float] = {}   # when a call last took it
+
+    def _name(self, address: str) -> str | None:
+        return None if self._names is None else self._names(address)
 
     def get(self, address: str) -> grpc.aio.Channel:
-        self._taken[address] = self._clock()
-        channel = self._open.get(address)
+        name = self._name(address)
+        key = (address, name)
+        self._taken[key] = self._clock()
+        channel = self._open.get(key)
         if channel is None:
-            channel = self._open[address] = self._make(address)
+            channel = self._open[key] = (self._make(address) if name is None
+                                         else self._make(address, name))
         return channel
 
     def __len__(self) -> int:
         return len(self._open)
 
     def __contains__(self, address: str) -> bool:
-        return address in self._open
+        return any(a == address for a, _ in self._open)
 
     def __bool__(self) -> bool:
         return bool(self._open)
 
     async def retire(self, named: Collection[str]) -> list[str]:
-        """Close the channels to addresses not in `named` (the ring's) that no call
-        took for `idle` seconds; return those addresses."""
+        """Close the channels to addresses not in `named` (the ring's), or expecting
+        a server name the ring no longer places there, that no call took for `idle`
+        seconds; return their addresses."""
         cutoff = self._clock() - self._idle
-        gone = [a for a in self._open if a not in named and self._taken[a] <= cutoff]
+        gone = [key for key in self._open
+                if (key[0] not in named or key[1] != self._name(key[0]))
+                and self._taken[key] <= cutoff]
         # All out of the pool before the first close yields: a call meanwhile opens a
         # new channel rather than take one about to close.
-        closing = [self._open.pop(a) for a in gone]
-        for address in gone:
-            del self._taken[address]
+        closing = [self._open.pop(key) for key in gone]
+        for key in gone:
+            del self._taken[key]
         for channel in closing:
             await channel.close()
-        return gone
+        return [address for address, _ in gone]
 
     async def close(self) -> None:
         channels = list(self._open.values())

@@ -11,7 +11,7 @@ import grpc
 from floering.v1 import floe_pb2, floe_pb2_grpc
 from floering.node.core.codec import (SLICE, entry_count, pack, pack_entries, pack_entries_sliced,
                              unpack_columns, unpack_entries, unpack_entries_sliced)
-from floering.node.transport.channels import ChannelPool, open_channel
+from floering.node.transport.channels import ChannelPool, ServerNames, open_channel
 from floering.node.transport.chunking import (CHUNK_ENTRIES, WINDOW, Columns, SendWindow,
                                               chunk_count, chunk_deadline, chunks_of)
 from floering.node.transport.status import error_from_rpc
@@ -81,7 +81,11 @@ class PeerPool:
         self.chunk_window = chunk_window        # chunks of one range on their way at once
         self._options = channel_options(max_message_bytes)
         self._credentials = credentials         # grpc.ChannelCredentials, or None
-        self._channels = ChannelPool(self._new_channel)
+        # With TLS, a peer must present the certificate of the member our ring places
+        # at its address (any node's where it names none): `follow` gives the ring.
+        self._ring_of = lambda: None
+        self._channels = ChannelPool(self._new_channel, names=ServerNames(
+            lambda: self._ring_of()) if credentials is not None else None)
         # One chunk packed per turn of the event loop, whatever the shipments on their
         # way: each turn of the loop lets the gRPC server accept one new call (a read,
         # a heartbeat), so turns stay short while ranges are re-replicated.
@@ -97,8 +101,12 @@ class PeerPool:
         # handoff's or split's new holders, new replicas) and pieces merged back.
         self.moved_bytes = 0
 
-    def _new_channel(self, address: str) -> grpc.aio.Channel:
-        return open_channel(address, self._credentials, self._options)
+    def follow(self, ring_of) -> None:
+        """Check each peer's certificate against the ring `ring_of()` returns."""
+        self._ring_of = ring_of
+
+    def _new_channel(self, address: str, name: str | None = None) -> grpc.aio.Channel:
+        return open_channel(address, self._credentials, self._options, name)
 
     def _channel(self, address: str) -> grpc.aio.Channel:
         return self._channels.get(address)

@@ -25,13 +25,14 @@ from floering.node.core.ring import Ring
 from floering.node.runtime.inbound import StreamState
 from floering.node.runtime.node import NodeRuntime
 from floering.node.runtime.service import NodeService
+from floering.node.transport.binding import SERVER_OPTIONS, claim_port
 from floering.node.transport.chunking import CHUNK_ENTRIES, Reassembly, fill
 from floering.node.transport.intercept import CallLimiter
 from floering.node.transport.metrics import NodeMetrics
 from floering.node.transport.peers import (channel_options, pack_entries_async, unpack_chunk,
                                            unpack_entries_async)
 from floering.node.transport.status import abort
-from floering.node.transport.tls import Authorizer, TlsFiles, peer_identity
+from floering.node.transport.tls import Authorizer, TlsFiles, node_files, peer_identity
 
 
 def listen_host(listen: str) -> str:
@@ -80,7 +81,7 @@ def node_tls(config) -> TlsFiles | None:
     does only on a loopback address: beyond loopback a node never serves without
     credentials, --insecure or not."""
     if config.tls_dir:
-        return TlsFiles.in_dir(config.tls_dir, config.node_id.split("#", 1)[0])
+        return node_files(config.tls_dir, config.node_id)   # names it as a server
     if not is_loopback(config.listen):
         raise ValueError(
             f"refusing to serve in the clear on {inert(config.listen)}: it is not a "
@@ -341,7 +342,9 @@ async def start_server(runtime: NodeRuntime, metrics: NodeMetrics | None = None
     interceptors.append(CallLimiter(config.max_concurrent_rpcs))
     if tls:
         interceptors.append(Authorizer())
-    server = grpc.aio.server(options=channel_options(config.max_message_bytes),
+    claim_port(config.listen)       # a port another process holds: one clear line
+    server = grpc.aio.server(options=[*channel_options(config.max_message_bytes),
+                                      *SERVER_OPTIONS],         # the port is ours alone
                              interceptors=interceptors)
     floe_pb2_grpc.add_DataPlaneServicer_to_server(DataPlane(service), server)
     floe_pb2_grpc.add_ControlPlaneServicer_to_server(ControlPlane(service), server)
@@ -352,8 +355,12 @@ async def start_server(runtime: NodeRuntime, metrics: NodeMetrics | None = None
     reflection.enable_server_reflection(
         (*FLOE_SERVICES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
          reflection.SERVICE_NAME), server)
-    port = (server.add_secure_port(config.listen, tls.server_credentials()) if tls
-            else server.add_insecure_port(config.listen))
+    try:
+        port = (server.add_secure_port(config.listen, tls.server_credentials()) if tls
+                else server.add_insecure_port(config.listen))
+    except RuntimeError:            # bound meanwhile, or an address it cannot bind
+        claim_port(config.listen)
+        raise OSError(f"cannot bind {runtime.config.listen}") from None
     if port == 0:
         raise OSError(f"cannot bind {runtime.config.listen}")
     await server.start()

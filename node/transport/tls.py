@@ -15,9 +15,17 @@ certificate, never a field of its message, says who is speaking:
   shared key's piece merged back into the key); every role may read the ring and the
   health.
 
-`generate` writes a throwaway CA and certificates for a local cluster (`floe up`);
-for several hosts, see docs/security.md. `reissue` replaces certificates (new keys, same
-CA) and `rotate_ca` replaces the CA itself, each followed by a rolling restart.
+Servers are checked as callers are: a node's certificate also names it as a server
+(DNS names `<node>.node.floe-ring` and `node.floe-ring`, `server_name`), and nodes and
+clients dial each member under its own name (node.transport.channels), a seed whose
+member they do not know yet under the role's: a client's or operator's certificate
+(which carries neither) serves nobody, and a node's serves only as that node.
+
+`generate` writes a throwaway CA and certificates for a local cluster (`floe up`), or
+with `keep_ca` issues only what is missing from the CA the directory holds; for
+several hosts, see docs/security.md. `reissue` replaces certificates (new keys, same
+CA) and `rotate_ca` replaces the CA itself, each followed by a rolling restart. Every
+private key is written 0600 from its creation on, in a 0700 directory.
 """
 
 from __future__ import annotations
@@ -25,7 +33,9 @@ from __future__ import annotations
 import contextlib
 import datetime
 import functools
+import hashlib
 import ipaddress
+import os
 import re
 import socket
 import ssl
@@ -34,6 +44,7 @@ from pathlib import Path
 
 import grpc
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
@@ -43,6 +54,19 @@ from floering.node.transport.intercept import around
 
 ROLES = ("node", "client", "operator")
 VALID_DAYS = 365
+NODE_ROLE_NAME = "node.floe-ring"      # every node certificate's server name
+_LABEL = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")
+
+
+def server_name(node_id: str) -> str:
+    """The DNS name a node's certificate carries for it, and that callers dial it
+    under: `n2.node.floe-ring` for `n2` and its later members (`n2#1`). An id that is
+    not a lowercase DNS label (hostnames compare without case) is named by its hash
+    (`h--<hex>.node.floe-ring`: a plain label never holds `--`)."""
+    base = node_id.split("#", 1)[0]
+    if len(base) > 63 or not _LABEL.fullmatch(base):
+        base = "h--" + hashlib.sha256(base.encode()).hexdigest()[:40]
+    return f"{base}.{NODE_ROLE_NAME}"
 
 
 @dataclass(frozen=True)
@@ -88,12 +112,29 @@ def _name(common: str, role: str) -> x509.Name:
 
 def _write(path: Path, data: bytes, private: bool = False) -> None:
     """Replace `path` at once: a node starting meanwhile reads the old file or the new
-    one, never half of one."""
+    one, never half of one. A private file is created 0600 (never readable by others,
+    not even before its first byte); a certificate 0644."""
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data)
-    if private:
-        tmp.chmod(0o600)
-    tmp.replace(path)
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()                       # left by a write cut short
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0),
+                 0o600 if private else 0o644)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+def _private_dir(directory: str | Path) -> Path:
+    """The certificate directory, created (or kept) 0700."""
+    d = Path(directory)
+    d.mkdir(mode=0o700, parents=True, exist_ok=True)
+    d.chmod(0o700)
+    return d
 
 
 def _key_bytes(key) -> bytes:
@@ -105,7 +146,8 @@ def _pem(cert: x509.Certificate) -> bytes:
     return cert.public_bytes(serialization.Encoding.PEM)
 
 
-def _certificate(subject, issuer, public_key, signing_key, *, ca: bool, hosts=()):
+def _certificate(subject, issuer, public_key, signing_key, *, ca: bool, hosts=(),
+                 server: str | None = None):
     now = datetime.datetime.now(datetime.timezone.utc)
     builder = (x509.CertificateBuilder().subject_name(subject).issuer_name(issuer)
                .public_key(public_key).serial_number(x509.random_serial_number())
@@ -118,13 +160,15 @@ def _certificate(subject, issuer, public_key, signing_key, *, ca: bool, hosts=()
                               critical=False)
                .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(
                    signing_key.public_key()), critical=False))
-    if hosts:
-        names = []
-        for host in hosts:
-            try:
-                names.append(x509.IPAddress(ipaddress.ip_address(host)))
-            except ValueError:
+    names = [x509.DNSName(server_name(server)), x509.DNSName(NODE_ROLE_NAME)] \
+        if server is not None else []
+    for host in hosts:
+        try:
+            names.append(x509.IPAddress(ipaddress.ip_address(host)))
+        except ValueError:
+            if host not in (server_name(server) if server else "", NODE_ROLE_NAME):
                 names.append(x509.DNSName(host))
+    if names:
         builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
     return builder.sign(signing_key, hashes.SHA256())
 
@@ -137,18 +181,82 @@ def _new_ca():
     return _certificate(name, name, key.public_key(), key, ca=True), key
 
 
-def generate(directory: str | Path, nodes, hosts=("127.0.0.1", "localhost")) -> Path:
+def generate(directory: str | Path, nodes, hosts=("127.0.0.1", "localhost"),
+             keep_ca: bool = False) -> Path:
     """A fresh CA and certificates for `nodes` (node ids), `client` and `operator`,
-    valid for connections to `hosts`. Returns the directory."""
-    d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
-    ca_cert, ca_key = _new_ca()
-    _write(d / "ca.pem", _pem(ca_cert))
-    _write(d / CA_KEY, _key_bytes(ca_key), private=True)
-    for name, role in [*((n, "node") for n in nodes), ("client", "client"),
-                       ("operator", "operator")]:
+    valid for connections to `hosts`. Returns the directory.
+
+    With `keep_ca`, a directory that holds a CA (ca.pem and ca.key) keeps it and every
+    certificate still good: only a missing one, one the directory's CAs do not trust
+    and a node's that does not carry its server name or `hosts` (from before servers
+    were checked) are issued, from that CA. Certificates handed out before stay valid."""
+    d = _private_dir(directory)
+    wanted = [*((n, "node") for n in nodes), ("client", "client"), ("operator", "operator")]
+    if keep_ca and (d / "ca.pem").is_file() and (d / CA_KEY).is_file():
+        ca_cert, ca_key = _issuer(d)
+        trusted = trusted_cas(d)
+        wanted = [(name, role) for name, role in wanted
+                  if not _still_good(d, name, role, hosts, trusted)]
+    else:
+        ca_cert, ca_key = _new_ca()
+        _write(d / "ca.pem", _pem(ca_cert))
+        _write(d / CA_KEY, _key_bytes(ca_key), private=True)
+    for name, role in wanted:
         issue(d, name, role, hosts, ca_cert, ca_key)
     return d
+
+
+def _still_good(d: Path, name: str, role: str, hosts, trusted) -> bool:
+    """Whether `name`'s certificate and key are there, of `role`, signed by a trusted
+    CA, valid for a day more, and (a node's) carry its server name and `hosts`."""
+    if not (d / f"{name}.pem").is_file() or not (d / f"{name}.key").is_file():
+        return False
+    try:
+        cert = x509.load_pem_x509_certificate((d / f"{name}.pem").read_bytes())
+    except ValueError:
+        return False
+    if _role(cert) != role or not any(_signed_by(cert, ca) for ca in trusted):
+        return False
+    if cert.not_valid_after_utc < datetime.datetime.now(datetime.timezone.utc) \
+            + datetime.timedelta(days=1):
+        return False
+    return role != "node" or not missing_server_names(cert, name, hosts)
+
+
+def _role(cert: x509.Certificate) -> str | None:
+    ou = cert.subject.get_attributes_for_oid(NameOID.ORGANIZATIONAL_UNIT_NAME)
+    return ou[0].value if ou else None
+
+
+def _signed_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
+    try:
+        cert.verify_directly_issued_by(ca)
+    except (ValueError, TypeError, InvalidSignature):
+        return False
+    return True
+
+
+def missing_server_names(cert: x509.Certificate, node_id: str, hosts=()) -> list[str]:
+    """The names a node's certificate must carry and does not: its server name, the
+    role's, and `hosts`."""
+    have = set(_hosts(cert))
+    return [n for n in (server_name(node_id), NODE_ROLE_NAME, *hosts) if n not in have]
+
+
+def node_files(directory: str | Path, node_id: str) -> TlsFiles:
+    """A node's own TLS files, refused (ValueError, naming the fix) when its certificate
+    does not name it as a server: peers and clients would fail every handshake."""
+    base = node_id.split("#", 1)[0]
+    files = TlsFiles.in_dir(directory, base)
+    cert = x509.load_pem_x509_certificate(files.cert.read_bytes())
+    missing = missing_server_names(cert, base)
+    if _role(cert) != "node" or missing:
+        raise ValueError(
+            f"{files.cert} is not a server certificate of node {inert(base, 40)} (it lacks "
+            f"{', '.join(missing) or 'the node role'}): issued before servers were checked "
+            f"or for someone else; re-issue it (`floe up` does for its own cluster; "
+            f"tls.reissue(dir, [{base!r}]) otherwise)")
+    return files
 
 
 def issue(directory: Path, name: str, role: str, hosts, ca_cert=None, ca_key=None) -> TlsFiles:
@@ -156,12 +264,15 @@ def issue(directory: Path, name: str, role: str, hosts, ca_cert=None, ca_key=Non
     (a node added later), or one that replaces `name`'s."""
     if role not in ROLES:
         raise ValueError(f"role must be one of {ROLES}, not {role!r}")
-    d = Path(directory)
+    d = _private_dir(directory)
     if ca_cert is None:
         ca_cert, ca_key = _issuer(d)
     key = ec.generate_private_key(ec.SECP256R1())
+    # A node's certificate names it as a server (and is valid for `hosts`, for tools
+    # that check the address they dial); a client's or operator's serves nobody.
     cert = _certificate(_name(name, role), ca_cert.subject, key.public_key(), ca_key,
-                        ca=False, hosts=hosts)
+                        ca=False, hosts=hosts if role == "node" else (),
+                        server=name if role == "node" else None)
     _write(d / f"{name}.key", _key_bytes(key), private=True)
     _write(d / f"{name}.pem", _pem(cert))
     return TlsFiles(d / "ca.pem", d / f"{name}.pem", d / f"{name}.key")
@@ -211,8 +322,7 @@ def reissue(directory: str | Path, names=None) -> list[str]:
     ca = _issuer(d)
     for name in names:
         old = x509.load_pem_x509_certificate((d / f"{name}.pem").read_bytes())
-        role = old.subject.get_attributes_for_oid(NameOID.ORGANIZATIONAL_UNIT_NAME)[0].value
-        issue(d, name, role, _hosts(old), *ca)
+        issue(d, name, _role(old), _hosts(old), *ca)
     return names
 
 

@@ -1,0 +1,134 @@
+"""What `floe` believes of a cluster file (floe-cluster.json): only what it checks.
+
+The file names processes and how to start them again, and anyone who could write it
+could otherwise make `floe restart` run a command of their choosing or `floe down`
+signal a process of their choosing. So a node's command is never read from it: it
+is built here from fields that are checked one by one (the node id, its address,
+peers, seeds, the node flags `floe up` gives, each parsed by the node's own parser),
+and a recorded PID is signalled only while it is that node of this cluster: its
+command line runs `floering.node` with that node id and listen address, and it
+started when the recorded process did (psutil's create time).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import sys
+from pathlib import Path
+
+import psutil
+
+from floering.node.config import build_parser, check_node_id, load_config, parse_peers
+
+# psutil derives a start time from the boot time and clock ticks: equal to well
+# within this for one process, whoever reads it.
+SAME_START = 0.05
+
+
+def flag(argv: list[str], name: str) -> str | None:
+    """The value after `name` in `argv` (the last one given), or None."""
+    found = None
+    for i, item in enumerate(argv[:-1]):
+        if item == name:
+            found = argv[i + 1]
+    return found
+
+
+def start_time(pid: int) -> float | None:
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+
+
+def is_our_node(pid: int, node_id: str, address: str, created: float | None) -> bool:
+    """Whether `pid` is, now, node `node_id` of the cluster that recorded it: a live
+    process running floering.node with that --node-id and --listen, started when the
+    recorded one was. A recycled PID, a zombie or any other process is not."""
+    if created is None or not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False  # a zombie has exited
+        cmdline, started = proc.cmdline(), proc.create_time()
+    except psutil.Error:
+        return False
+    return (abs(started - created) <= SAME_START and flag(cmdline, "-m") == "floering.node"
+            and flag(cmdline, "--node-id") == node_id and flag(cmdline, "--listen") == address)
+
+
+def not_ours(pid: int, node_id: str) -> str:
+    """Why a recorded node is not signalled: its process is gone, or is another."""
+    if start_time(pid) is None:
+        return f"{node_id} is not running (pid {pid} is gone)"
+    return (f"pid {pid} is not {node_id} of this cluster (its command line or start "
+            f"time differ from the recorded node's): it was not signalled")
+
+
+def node_argv(node_id: str, address: str, *, peers: str, join: str, replicas: int,
+              tokens_per_node: int, reducer: str, events_file: str,
+              extra: list[str]) -> list[str]:
+    """The flags a `floe up` node is started with."""
+    argv = ["--node-id", node_id, "--listen", address, "--peers", peers]
+    if join:
+        argv += ["--join", join]
+    return argv + ["--replication", str(replicas), "--tokens-per-node", str(tokens_per_node),
+                   "--reducer", reducer, "--events-file", events_file, *extra]
+
+
+def checked_command(argv: list[str], *, node_id: str, address: str, events_file: str,
+                    tls_dir: str, data_dir: str | None) -> list[str]:
+    """`python -m floering.node` with `argv`, once the node's own parser reads in it
+    exactly the node, address, events file, TLS and data directories this cluster
+    gives it, no other file to read settings from, and a valid config (ValueError
+    otherwise)."""
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):     # argparse's usage
+            args = build_parser().parse_args(argv)
+    except SystemExit:
+        raise ValueError(f"the cluster file gives {node_id} flags a node does not take: "
+                         f"{' '.join(argv)[:200]}") from None
+    wanted = {"node_id": node_id, "listen": address, "events_file": events_file,
+              "config": None, "advertise": None}
+    allowed = {"tls_dir": (None, tls_dir), "data_dir": (None, data_dir and
+                                                        str(Path(data_dir) / "{node}"))}
+    bad = [k for k, v in wanted.items() if getattr(args, k) != v]
+    bad += [k for k, v in allowed.items() if getattr(args, k) not in v]
+    if bad:
+        raise ValueError(f"the cluster file gives {node_id} settings `floe up` never "
+                         f"does ({', '.join(sorted(bad))}): not started")
+    load_config(argv, environ={})          # ids, addresses, numbers: ValueError
+    return [sys.executable, "-m", "floering.node", *argv]
+
+
+def loaded_node(record: dict, *, workdir: Path, replicas: int, reducer: str,
+                extra: list[str], data_dir: str | None) -> dict:
+    """The fields of a NodeProcess from one node's record, checked; its command is
+    built, not read, and its log is where `floe up` puts it."""
+    node_id = check_node_id(record.get("node_id"), incarnation=False)
+    address = record.get("address")
+    if not isinstance(address, str):
+        raise ValueError(f"the cluster file gives {node_id} no address")
+    log = workdir / "floe-cluster" / "logs" / f"{node_id}.log"
+    created = record.get("create_time")
+    pid = record.get("pid")
+    node = {"node_id": node_id, "address": address, "log": str(log),
+            "pid": pid if isinstance(pid, int) and not isinstance(pid, bool) else 0,
+            "create_time": float(created) if isinstance(created, (int, float)) else None,
+            "cmd": []}
+    peers, join = record.get("peers"), record.get("join", "")
+    tokens = record.get("tokens_per_node")
+    if not isinstance(peers, str) or not isinstance(join, str) or not isinstance(tokens, int):
+        return node                # recorded by an older floe: it cannot be started again
+    for peer, _ in parse_peers(peers):
+        check_node_id(peer)
+    argv = node_argv(node_id, address, peers=peers, join=join, replicas=replicas,
+                     tokens_per_node=tokens, reducer=reducer,
+                     events_file=str(log.with_suffix(".events.jsonl")), extra=extra)
+    node["cmd"] = checked_command(argv, node_id=node_id, address=address,
+                                  events_file=str(log.with_suffix(".events.jsonl")),
+                                  tls_dir=str(workdir / "floe-cluster" / "tls"),
+                                  data_dir=data_dir)
+    return node
