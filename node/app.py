@@ -90,7 +90,7 @@ async def start_node(config: NodeConfig) -> RunningNode:
     seeds = [s.strip() for s in config.join.split(",") if s.strip()] if config.join else None
     try:
         if metrics is not None:       # up while the node waits to join: that shows too
-            metrics.serve(listen_host(config.listen), config.metrics_port)
+            await metrics.serve(listen_host(config.listen), config.metrics_port)
         await runtime.confirm_membership(seeds)
         await runtime.start()
         await set_health(health, True)

@@ -5,6 +5,11 @@ What the node already tracks (the Status RPC's stats, the checkpoint loop's timi
 the event log's counts) is read at scrape time by a collector, never copied into
 counters of its own; only RPC latency is measured here. Each node has its own
 registry, so several nodes in one process (tests) never share a metric.
+
+The endpoint is served on the node's event loop, no thread at all: at most
+MAX_CONNECTIONS at once (a new one beyond closes the oldest that has not sent its
+request yet, else is answered 503), each given READ_TIMEOUT to send a request head of
+at most MAX_HEAD bytes and to read its answer.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import contextlib
 import time
 
 import grpc
-from prometheus_client import CollectorRegistry, Histogram, start_http_server
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily,
                                     SummaryMetricFamily)
 from prometheus_client.registry import Collector
@@ -71,6 +76,10 @@ GAUGES = (
 RPC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
                5.0, 10.0, 30.0)
 SCRAPE_TIMEOUT = 5.0
+MAX_CONNECTIONS = 16            # open at once, idle or scraping
+READ_TIMEOUT = 5.0              # to send a request head, and to read the answer
+MAX_HEAD = 8192                 # bytes of request line and headers
+REFUSAL_READ = 0.1              # a refused connection's request is read this long
 
 
 def node_snapshot(runtime) -> dict:
@@ -151,14 +160,91 @@ class NodeMetrics:
         self.registry = CollectorRegistry()
         self.registry.register(NodeCollector(runtime, asyncio.get_running_loop()))
         self.rpc_timer = RpcTimer(self.registry)
-        self._http = None
+        self._http: MetricsServer | None = None
 
-    def serve(self, host: str, port: int) -> None:
-        """GET /metrics on host:port, from a thread of its own."""
-        self._http, _thread = start_http_server(port, addr=host, registry=self.registry)
+    async def serve(self, host: str, port: int) -> None:
+        """GET /metrics on host:port, on the event loop (MetricsServer)."""
+        self._http = MetricsServer(self.registry)
+        await self._http.start(host, port)
 
     def close(self) -> None:
         if self._http is not None:
-            self._http.shutdown()
-            self._http.server_close()
+            self._http.close()
             self._http = None
+
+
+def _answer(status: str, body: bytes = b"", content_type: str = "text/plain") -> bytes:
+    return (f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode() + body
+
+
+class MetricsServer:
+    """A small HTTP/1.1 server for GET /metrics on the running loop, bounded in
+    connections, head size and time (a connection is answered once, then closed)."""
+
+    def __init__(self, registry: CollectorRegistry, max_connections: int = MAX_CONNECTIONS,
+                 read_timeout: float = READ_TIMEOUT) -> None:
+        self.registry, self.max_connections = registry, max_connections
+        self.read_timeout = read_timeout
+        self._open: dict[asyncio.StreamWriter, bool] = {}   # writer -> its request came
+        self._server: asyncio.AbstractServer | None = None
+        self.accepted = self.refused = 0                    # connections; answered 503
+
+    async def start(self, host: str, port: int) -> None:
+        self._server = await asyncio.start_server(self._serve, host, port, limit=MAX_HEAD)
+
+    @property
+    def port(self) -> int:
+        return self._server.sockets[0].getsockname()[1]
+
+    def _admit(self, writer: asyncio.StreamWriter) -> bool:
+        if len(self._open) >= self.max_connections:
+            idle = next((w for w, asked in self._open.items() if not asked), None)
+            if idle is None:
+                return False
+            del self._open[idle]             # the oldest that has not asked: it goes
+            idle.transport.abort()
+        self._open[writer] = False
+        return True
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.accepted += 1
+        try:
+            if not self._admit(writer):
+                self.refused += 1
+                writer.write(_answer("503 Service Unavailable", b"too many connections\n"))
+                # what it sent, read (closed unread it would be reset, the 503 lost)
+                await asyncio.wait_for(reader.read(MAX_HEAD), REFUSAL_READ)
+                return
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self.read_timeout)
+            if writer in self._open:
+                self._open[writer] = True
+            writer.write(self._reply(head))
+            await asyncio.wait_for(writer.drain(), self.read_timeout)
+        except (asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
+                ConnectionError, ValueError):
+            pass                           # slow, cut short, too long: closed unanswered
+        finally:
+            self._open.pop(writer, None)
+            writer.close()
+
+    def _reply(self, head: bytes) -> bytes:
+        method, _, rest = head.split(b"\r\n", 1)[0].partition(b" ")
+        path = rest.partition(b" ")[0].partition(b"?")[0]
+        if method != b"GET":
+            return _answer("405 Method Not Allowed")
+        if path not in (b"/metrics", b"/"):
+            return _answer("404 Not Found")
+        try:
+            body = generate_latest(self.registry)
+        except Exception as exc:           # e.g. the node's stats not read in time
+            return _answer("500 Internal Server Error", f"{type(exc).__name__}\n".encode())
+        return _answer("200 OK", body, CONTENT_TYPE_LATEST)
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        for writer in list(self._open):
+            writer.transport.abort()
+        self._open.clear()
