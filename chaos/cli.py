@@ -210,8 +210,9 @@ def cmd_locate(args) -> int:
 
 
 def cmd_feed(args) -> int:
-    from floering.chaos.feed import Progress, check_inputs, feed
-    inputs = check_inputs(args.files, force=args.force, again=args.again)   # before sending
+    from floering.chaos.feed import Progress, check_inputs, feed, feed_key
+    inputs = check_inputs(args.files, force=args.force, again=args.again,   # before sending
+                          key=feed_key(_workdir(args) / "floe-cluster"))
     started = time.perf_counter()
     with _client(args, batch_size=args.batch_size, source=inputs[0].source) as client:
         show = sys.stderr.isatty() if args.progress is None else args.progress

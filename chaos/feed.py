@@ -4,20 +4,29 @@ Every input is checked before anything is sent: a missing or unreadable file, a
 directory, or one that looks binary (a NUL byte in its first 8 KiB, or a .gz that
 does not decompress) is refused, naming it (`force` feeds a binary-looking file
 anyway). Each file is then its own source, named after what it is where it lies
-(absolute path, size, modification time): its words go out with seqs 1, 2, ... in
+(absolute path, size, modification time) by a keyed hash: the key is a secret made
+once and kept (0600) in the cluster's directory (`feed.key`), so nobody without it can
+predict a file's source id and pre-empt its seqs, while a rerun finds the same id. Its
+words go out with seqs 1, 2, ... in
 order, so a rerun after a failure or an interrupt sends the same (source, seq) pairs
 again and every range drops what it applied before. The same file fed again,
 unchanged, is therefore not counted again (`again` names a fresh source instead).
 A node forgets a source idle for `--source-expiry` (7 days by default); a rerun after
 that counts again. Standard input cannot be read twice: it is a fresh source each
 time.
+
+A word longer than MAX_WORD_BYTES (no word of any language; a run of letters in a
+file that is not text) is refused alone, named on standard error, and the rest of the
+file is fed: skipped the same way on every rerun, it moves no other word's seq.
 """
 
 from __future__ import annotations
 
 import gzip
 import hashlib
+import hmac
 import os
+import secrets
 import sys
 import time
 import uuid
@@ -28,6 +37,10 @@ from floering.mapper import words_of_lines
 
 SNIFF_BYTES = 8192
 CHUNK_WORDS = 65536
+MAX_WORD_BYTES = 1024      # a batch of --batch-size such words stays far below 4 MiB
+KEY_FILE = "feed.key"
+KEY_BYTES = 32
+SHOWN_REFUSALS = 10        # refused words named one by one; past that, counted
 
 
 class FeedRefused(ValueError):
@@ -41,12 +54,36 @@ class Input:
     source: str
 
 
-def check_inputs(paths: list[str], force: bool = False, again: bool = False) -> list[Input]:
-    """Every input, checked and named, or FeedRefused for the first bad one."""
-    return [_checked(p, force, again) for p in paths]
+def feed_key(directory: str | Path) -> bytes:
+    """The secret that names a cluster's feed sources: read from `directory`/feed.key,
+    or made there (0600, in a 0700 directory made if missing) the first time."""
+    d = Path(directory)
+    d.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path = d / KEY_FILE
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        key = path.read_bytes()
+        if len(key) != KEY_BYTES:
+            raise FeedRefused(f"{path} is not a feed key ({len(key)} bytes, not "
+                              f"{KEY_BYTES}); remove it to make a new one") from None
+        return key
+    key = secrets.token_bytes(KEY_BYTES)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(key)
+    return key
 
 
-def _checked(path: str, force: bool, again: bool) -> Input:
+def check_inputs(paths: list[str], force: bool = False, again: bool = False,
+                 key: bytes | None = None) -> list[Input]:
+    """Every input, checked and named (by a hash keyed with `key`, see feed_key; None:
+    a fresh random key, so nothing deduplicates across runs), or FeedRefused for the
+    first bad one."""
+    key = key if key is not None else secrets.token_bytes(KEY_BYTES)
+    return [_checked(p, force, again, key) for p in paths]
+
+
+def _checked(path: str, force: bool, again: bool, key: bytes) -> Input:
     if path == "-":
         return Input(path, 0, f"feed-stdin-{uuid.uuid4().hex}")
     try:
@@ -69,7 +106,7 @@ def _checked(path: str, force: bool, again: bool) -> Input:
     identity = f"{Path(path).resolve()}|{st.st_size}|{st.st_mtime_ns}"
     if again:
         identity += f"|{uuid.uuid4().hex}"
-    digest = hashlib.sha256(identity.encode()).hexdigest()[:32]
+    digest = hmac.new(key, identity.encode(), hashlib.sha256).hexdigest()[:32]
     return Input(path, st.st_size, f"feed-{digest}")
 
 
@@ -91,6 +128,14 @@ class Progress:
         self.started = self.shown = time.monotonic()
         self.words = 0
         self.done_bytes = 0          # of the files finished
+        self.refused = 0             # words over MAX_WORD_BYTES, not sent
+
+    def refuse(self, path: str, size: int) -> None:
+        self.refused += 1
+        if self.refused <= SHOWN_REFUSALS:
+            print(f"floe feed: {path}: a word of {size:,} bytes refused (a word is at "
+                  f"most {MAX_WORD_BYTES:,} bytes); the rest is fed", file=self.out,
+                  flush=True)
 
     def update(self, words: int, at_bytes: int) -> None:
         self.words += words
@@ -118,6 +163,9 @@ def feed(client, inputs: list[Input], progress: Progress) -> int:
             raw = getattr(fh, "buffer", None) if item.path != "-" else None
             chunk: list[str] = []
             for word in words_of_lines(fh):
+                if len(word) > MAX_WORD_BYTES:        # letters: one byte each
+                    progress.refuse(item.path, len(word))
+                    continue
                 chunk.append(word)
                 if len(chunk) >= CHUNK_WORDS:
                     client.emit_many(chunk)
@@ -129,4 +177,7 @@ def feed(client, inputs: list[Input], progress: Progress) -> int:
             progress.update(len(chunk), item.size)
         client.flush()
         progress.done_bytes += item.size
+    if progress.refused > SHOWN_REFUSALS:
+        print(f"floe feed: {progress.refused:,} words refused in all as longer than "
+              f"{MAX_WORD_BYTES:,} bytes", file=progress.out, flush=True)
     return total
