@@ -1,0 +1,28 @@
+"""Per key state of the built-in reducers (count, sum, min, max) as a table of int64
+states, and key hashing over packed key columns.
+
+KERNEL names the implementation in use: "compiled" (the Cython extension ctable) or
+"python" (pytable, the same interface). FLOE_PURE=1 in the environment forces "python".
+"""
+
+from __future__ import annotations
+
+import os
+
+from floering.node.core.columnar import pytable
+
+try:
+    if os.environ.get("FLOE_PURE", "") not in ("", "0"):
+        raise ImportError("FLOE_PURE asks for the pure-Python table")
+    from floering.node.core.columnar import ctable as _compiled
+except ImportError:
+    _compiled = None
+
+if _compiled is not None:
+    KERNEL = "compiled"
+    hash_positions = _compiled.hash_positions
+else:
+    KERNEL = "python"
+    hash_positions = pytable.hash_positions
+
+__all__ = ["KERNEL", "hash_positions"]

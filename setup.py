@@ -1,0 +1,44 @@
+"""The compiled state table (floering.node.core.columnar.ctable), built from Cython.
+
+Everything else about the package is in pyproject.toml. The extension is optional: where
+Cython or a C compiler is missing the package still installs, and
+floering.node.core.columnar falls back to its pure-Python table (KERNEL == "python").
+"""
+
+from setuptools import setup
+from setuptools.command.build_ext import build_ext
+
+SOURCE = "node/core/columnar/ctable.pyx"
+
+
+class OptionalBuildExt(build_ext):
+    """A failed compile leaves the pure-Python table in place instead of failing."""
+
+    def run(self):
+        try:
+            super().run()
+        except Exception as exc:  # noqa: BLE001 - any compiler failure
+            print(f"floe-ring: the compiled state table was not built ({exc}); "
+                  "the pure-Python table will be used")
+
+    def build_extension(self, ext):
+        try:
+            super().build_extension(ext)
+        except Exception as exc:  # noqa: BLE001
+            print(f"floe-ring: {ext.name} was not built ({exc})")
+
+
+def extensions():
+    try:
+        from Cython.Build import cythonize
+    except ImportError:
+        print("floe-ring: Cython is not installed; the pure-Python state table will be used")
+        return []
+    from setuptools import Extension
+    ext = Extension("floering.node.core.columnar.ctable", [SOURCE],
+                    include_dirs=["node/core/columnar"],
+                    extra_compile_args=["-O3"])
+    return cythonize([ext], compiler_directives={"language_level": 3}, quiet=True)
+
+
+setup(ext_modules=extensions(), cmdclass={"build_ext": OptionalBuildExt})
