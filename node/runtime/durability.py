@@ -48,6 +48,8 @@ def open_data_dir(path: str) -> DataDir:
         log.error("data directory %s is corrupt (%s): starting as a new member; the "
                   "ring recovers its ranges from their replicas or reports them lost",
                   path, quarantined)
+    log.info("data directory %s: log segments of %d MiB (a 32nd of the volume's free "
+             "space, 1 to 64 MiB)", path, store.log.segment_bytes >> 20)
     ring = DataDir(store, loaded).ring
     if loaded is not None and ring is not None and loaded.node_id not in ring.nodes:
         # It left (or learnt it was removed) before it stopped: nothing here is a

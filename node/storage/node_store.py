@@ -147,7 +147,7 @@ def _quarantine(path: Path, why: str) -> tuple["NodeStore", None, str]:
 
 
 class NodeStore:
-    def __init__(self, data_dir: str | os.PathLike, segment_bytes: int = 64 << 20) -> None:
+    def __init__(self, data_dir: str | os.PathLike, segment_bytes: int | None = None) -> None:
         self.dir = Path(data_dir)
         private_dir(self.dir)
         self.log = SegmentLog(self.dir / "log", segment_bytes)   # CorruptLog: nothing open

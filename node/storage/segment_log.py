@@ -3,7 +3,9 @@
 A record on disk is `length (u32) | crc32 of payload (u32) | payload`. Segments are
 files named by the sequence number of their first record (`00000000000000000001.log`);
 a new one starts when the current one passes `segment_bytes`, and whole segments are
-deleted once a snapshot covers them (`drop_before`).
+deleted once a snapshot covers them (`drop_before`). Only whole segments go, so their
+size follows the volume (`segment_size`): on a small one, a few large segments would
+fill it before one of them could be deleted.
 
 Recovery rules, checked when the log is opened:
 - a torn tail (the process or the machine died mid-write: the last record of the last
@@ -18,6 +20,7 @@ Recovery rules, checked when the log is opened:
 from __future__ import annotations
 
 import os
+import shutil
 import struct
 import zlib
 from collections import deque
@@ -29,6 +32,26 @@ from floering.node.files import open_private, private_dir
 HEADER = struct.Struct("<II")            # payload length, crc32 of the payload
 MAX_RECORD = 64 << 20                    # a larger length can only be garbage
 SUFFIX = ".log"
+MAX_SEGMENT = 64 << 20                   # on a roomy volume
+MIN_SEGMENT = 1 << 20                    # fewer, larger writes than this are not worth it
+SEGMENTS_PER_VOLUME = 32                 # the free space holds this many segments
+
+
+def segment_size(free_bytes: int) -> int:
+    """The segment size for a log on a volume with `free_bytes` free: a 32nd of it,
+    whole MiB, between 1 MiB and 64 MiB. The log then rolls and frees space in
+    steps small against the volume, and a checkpoint's compaction can give space
+    back long before the volume fills."""
+    share = max(0, free_bytes) // SEGMENTS_PER_VOLUME
+    return max(MIN_SEGMENT, min(MAX_SEGMENT, share - share % MIN_SEGMENT))
+
+
+def volume_segment_size(directory: str | os.PathLike) -> int:
+    """segment_size for the volume holding `directory` (or its nearest parent)."""
+    path = Path(directory)
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return segment_size(shutil.disk_usage(path).free)
 
 
 class CorruptLog(Exception):
@@ -64,10 +87,11 @@ def scan(data: bytes) -> tuple[list[bytes], int, str]:
 
 
 class SegmentLog:
-    def __init__(self, directory: str | os.PathLike, segment_bytes: int = 64 << 20,
+    def __init__(self, directory: str | os.PathLike, segment_bytes: int | None = None,
                  first_seq: int = 1) -> None:
         self.directory = Path(directory)
-        self.segment_bytes = segment_bytes
+        # None: sized to the volume, as it is when the log is opened
+        self.segment_bytes = segment_bytes or volume_segment_size(directory)
         private_dir(self.directory)
         self.segments: list[tuple[int, Path]] = []      # (first seq, path), oldest first
         self.next_seq = first_seq                        # when no segment holds any
