@@ -30,6 +30,9 @@ from floering.node.core.pieces import COMBINED_SOURCE
 from floering.node.core.reducers import Reducer, reducer_from_identity
 
 CHUNK = 1 << 16       # keys emit_many counts at a time
+# What a tuple's integer value may be (msgpack's integers): a combined count past it
+# is sent as several tuples (`_spill_locked`), never dropped.
+LOWEST, HIGHEST = -(1 << 63), (1 << 64) - 1
 
 
 class StateBuffer:
@@ -105,6 +108,7 @@ class CombiningBatcher(Batcher):
                 cached = None
             buffers, size, most = self.buffers, self.batch_size, self.max_inputs
             additive = reducer.additive
+            low, high = LOWEST, HIGHEST
             combine, merge = reducer.combine, reducer.merge
             # The hot loop: one pass per distinct key, no call but dict methods where
             # the reducer is additive (a count or a sum).
@@ -121,7 +125,13 @@ class CombiningBatcher(Batcher):
                     buf = buffers[token] = StateBuffer(born, tokens)
                 states = buf.states
                 if additive:
-                    states[key] = states.get(key, 0) + n * value
+                    total = states.get(key, 0) + n * value
+                    if type(total) is int and not low <= total <= high:
+                        buf = self._spill_locked(token, key, total, born, tokens)
+                        states = buf.states
+                        sealed = True
+                    else:
+                        states[key] = total
                 else:
                     partial = combine(key, value, n)
                     states[key] = merge(states[key], partial) if key in states else partial
@@ -131,14 +141,37 @@ class CombiningBatcher(Batcher):
                     sealed = True
         return sealed
 
+    def _spill_locked(self, token: int, key, total: int, born: float,
+                      tokens: tuple) -> StateBuffer:
+        """`key`'s combined count `total` no longer fits a tuple's value (64 bits):
+        it goes as several tuples, each in a batch of its own sealing, every one but
+        the last holding the most a value may; the last stays in the token's buffer,
+        which is returned."""
+        buffers = self.buffers
+        step = HIGHEST if total > 0 else LOWEST
+        while not LOWEST <= total <= HIGHEST:
+            buf = buffers.get(token)
+            if buf is None:
+                buf = buffers[token] = StateBuffer(born, tokens)
+            buf.states[key] = step
+            self._seal_locked(token)
+            total -= step
+        buf = buffers.get(token)
+        if buf is None:
+            buf = buffers[token] = StateBuffer(born, tokens)
+        buf.states[key] = total
+        return buf
+
     def _seal_locked(self, token: int) -> None:
         buf = self.buffers[token]
         if not isinstance(buf, StateBuffer):
             return super()._seal_locked(token)
+        # Encoded before the buffer is let go: a state that cannot be encoded leaves
+        # it whole (the error is raised again at each seal, nothing is dropped).
+        payload = encode_payload(list(buf.states), list(buf.states.values()))
         del self.buffers[token]
         first, count = self.next_seq, len(buf.states)
         self.next_seq += count
         self.sealed.append(PendingBatch(
             next(self._batch_ids), token, self.source, first, first + count - 1, count,
-            encode_payload(list(buf.states), list(buf.states.values())), b"", buf.since,
-            tokens=buf.tokens, inputs=buf.inputs))
+            payload, b"", buf.since, tokens=buf.tokens, inputs=buf.inputs))

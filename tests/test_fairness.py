@@ -344,3 +344,55 @@ def test_a_word_of_five_megabytes_is_refused_alone_and_the_rest_is_counted(tmp_p
             got = dict(client.scan())
     want = Counter(w for w in words_of_lines(lines) if w != huge)
     assert edge in want and got == want
+
+
+# ------------------------------------------------------- combining overflow
+
+def test_a_combined_count_past_64_bits_goes_as_several_tuples_none_lost():
+    from floering.mapper.batching import batcher_for
+    from floering.node.core.batch import decode_payload
+    from floering.node.core.reducers import reducer_identity
+    from floering.node.core.ring import Ring
+    from floering.mapper.combining import HIGHEST, LOWEST
+
+    class Delivery:
+        ring = Ring.initial({"a": "h:1", "b": "h:2"}, 1, 4,
+                            reducer=reducer_identity("count", {}))
+        on_ring_change = None
+    batcher = batcher_for(Delivery(), "m1", False, 1000, 1)
+    sent = Counter()
+    for key, value, times in (("big", 2 ** 63, 5), ("neg", -(2 ** 62), 9), ("w", 1, 7),
+                              ("big", HIGHEST, 3), ("edge", HIGHEST, 1)):
+        batcher.emit_many([key] * times, value)
+        sent[key] += value * times
+    batcher.seal_all()
+    batches = []
+    batcher.drain(batches.append)
+    got = Counter()
+    for b in batches:
+        keys, values = decode_payload(b.payload, b.count)
+        assert all(LOWEST <= v <= HIGHEST for v in values)
+        for k, v in zip(keys, values):
+            got[k] += v
+    assert got == sent
+    seqs = [s for b in batches for s in range(b.first_seq, b.last_seq + 1)]
+    assert seqs == list(range(1, len(seqs) + 1))               # no seq lost or reused
+
+
+@pytest.mark.multiprocess
+def test_a_combining_client_counts_past_64_bits_exactly(tmp_path):
+    words = [f"w{i % 31}" for i in range(3000)]
+    with LocalCluster.up(3, 1, workdir=tmp_path) as cluster:
+        with RingClient(cluster.seeds, tls=cluster.tls("client"), batch_size=50) as client:
+            assert client.source.startswith("combined:")
+            client.emit_many(words)
+            for _ in range(3):
+                client.emit_many(["big"] * 4, 2 ** 63)
+                client.flush()                  # each flush succeeds, nothing dropped
+            client.emit_many(["neg"] * 5, -(2 ** 63))
+            client.flush()
+            got = dict(client.scan())
+    want = Counter(words)
+    want["big"] = 3 * 4 * 2 ** 63
+    want["neg"] = -5 * 2 ** 63
+    assert got == want
