@@ -31,9 +31,10 @@ def _host_port(listen: str) -> tuple[str | None, int] | None:
 def in_use(listen: str) -> PortInUse:
     parts = _host_port(listen)
     port = parts[1] if parts else listen
-    return PortInUse(errno.EADDRINUSE,
-                     f"cannot listen on {listen}: port {port} is in use (another process, "
-                     f"another node perhaps, is bound to it)")
+    error = PortInUse(f"cannot listen on {listen}: port {port} is in use (another "
+                      f"process, another node perhaps, is bound to it)")
+    error.errno = errno.EADDRINUSE
+    return error
 
 
 def claim_port(listen: str) -> None:

@@ -8,8 +8,9 @@ is closed once the ring no longer names its address and no call has taken it for
 
 With TLS the server is checked as the caller is: a channel accepts only the
 certificate of the member the ring places at its address (its server name,
-`<node>.node.floe-ring`, node.transport.tls), or of any node (the role's name,
-`node.floe-ring`) where the ring names no member yet (a seed). A channel is kept per
+`<node>.node.floe-ring`, node.transport.tls; once that member left, still the one
+placed there last), or of any node (the role's name, `node.floe-ring`) where no ring
+named a member yet (a seed). A channel is kept per
 address and name: once the ring names the member at a seed's address, calls go to
 a channel that accepts that member only.
 """
@@ -45,13 +46,16 @@ def open_channel(address: str, credentials: grpc.ChannelCredentials | None,
 
 class ServerNames:
     """The server name a channel to an address must find in the certificate: the
-    member's the ring (`ring_of()`, read at each call) places there, else any node's.
-    The lookup is rebuilt only when the ring object changes."""
+    member's the ring (`ring_of()`, read at each call) places there, or placed there
+    last (a member that left keeps its address: nobody else answers for it), else any
+    node's. The lookup is rebuilt only when the ring object changes; at most
+    `remembered` addresses are kept."""
 
-    def __init__(self, ring_of: Callable[[], object]) -> None:
+    def __init__(self, ring_of: Callable[[], object], remembered: int = 4096) -> None:
         self._ring_of = ring_of
         self._ring: object = None
         self._names: dict[str, str] = {}
+        self._remembered = remembered
 
     def __call__(self, address: str) -> str:
         try:
@@ -60,10 +64,11 @@ class ServerNames:
             ring = None
         if ring is not self._ring:
             self._ring = ring
-            names: dict[str, str] = {}
             for node, at in (getattr(ring, "addresses", None) or ()):
-                names.setdefault(at, server_name(node))
-            self._names = names
+                self._names.pop(at, None)          # the newest last: kept longest
+                self._names[at] = server_name(node)
+            while len(self._names) > self._remembered:
+                del self._names[next(iter(self._names))]
         return self._names.get(address, NODE_ROLE_NAME)
 
 
