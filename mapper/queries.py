@@ -24,8 +24,10 @@ from floering.node.transport.status import error_from_rpc
 
 async def query(delivery, timeout: float, make_call):
     """await make_call(ring); on a stale ring fetch the newest one and retry (at once
-    when the client adopted a newer ring while the call was out)."""
+    when the client adopted a newer ring while the call was out); on a busy node
+    (every call slot the caller may hold there taken) call again, backing off."""
     deadline = time.monotonic() + timeout
+    backoff = 0.02
     while True:
         ring = delivery.ring
         try:
@@ -33,8 +35,12 @@ async def query(delivery, timeout: float, make_call):
         except grpc.RpcError as exc:
             err = error_from_rpc(exc)
         refused_at = time.monotonic()
-        if not err.refresh_ring or refused_at > deadline:
+        if not (err.refresh_ring or err.retriable) or refused_at > deadline:
             raise err
+        if not err.refresh_ring:        # busy (every call slot it may hold is taken)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 0.5)
+            continue
         if delivery.ring is not ring:
             continue        # a newer ring came while the call was out: try it at once
         await asyncio.sleep(0.05)

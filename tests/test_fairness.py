@@ -396,3 +396,29 @@ def test_a_combining_client_counts_past_64_bits_exactly(tmp_path):
     want["big"] = 3 * 4 * 2 ** 63
     want["neg"] = -5 * 2 ** 63
     assert got == want
+
+
+def test_a_query_refused_busy_is_called_again_until_it_is_served():
+    import asyncio
+    from floering.mapper.queries import query
+    from floering.node.transport.status import details_for
+
+    busy = grpc.aio.AioRpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.aio.Metadata(),
+                                grpc.aio.Metadata(), details_for(Busy("all taken")))
+    calls = []
+
+    class Delivery:
+        ring = object()
+
+    async def make_call(ring):
+        calls.append(ring)
+        if len(calls) < 4:
+            raise busy
+        return "served"
+    assert asyncio.run(query(Delivery(), 10.0, make_call)) == "served"
+    assert len(calls) == 4
+
+    async def always_busy(ring):
+        raise busy
+    with pytest.raises(Busy):
+        asyncio.run(query(Delivery(), 0.1, always_busy))
