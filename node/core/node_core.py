@@ -415,9 +415,9 @@ class NodeCore:
         best = heapq.nlargest(k, items, key=lambda item: sort_key(item[1]))
         return [(key, state, sort_key(state)) for key, state in best]
 
-    def snapshot_items(self) -> list[tuple[object, object]]:
-        """A consistent copy, safe to stream while batches keep being applied."""
-        return [item for snapshot in self.range_snapshots() for item in snapshot.items()]
+    def check_readable(self) -> None:
+        """Refuses a read of all keys here: starting, fenced, or owning a lost range."""
+        self._check_complete()
 
     def inspect_range(self, token: int, max_keys: int | None = None) -> tuple[str, dict]:
         """A range's whole state as this node holds it; refused (TooLarge) when it has

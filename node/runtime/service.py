@@ -11,7 +11,9 @@ from floering.node.core.batch import Batch
 from floering.node.core.errors import (Fenced, InvalidArgument, ReducerMismatch, StaleRing, Starting,
                               TooLarge, inert)
 from floering.node.core.handoff import Handoff
-from floering.node.core.pieces import pieces_first
+from floering.node.core.balancers import balancer
+from floering.node.core.chunks import (CHUNK_BYTES, ScanSlots, packed_chunks, pair_slices,
+                                       scan_pairs)
 from floering.node.core.ring import Ring
 from floering.node.runtime.balancing import ShedOutcome
 from floering.node.runtime.inbound import StreamState
@@ -21,6 +23,7 @@ from floering.node.runtime.node import NodeRuntime
 class NodeService:
     def __init__(self, runtime: NodeRuntime) -> None:
         self.runtime = runtime
+        self.scans = ScanSlots()
 
     @property
     def node_id(self) -> str:
@@ -158,15 +161,17 @@ class NodeService:
                            f"(--max-scan-chunk)")
         return asked or min(default, limit)
 
-    async def scan(self, ring_stamp: int = 0) -> tuple[list, int, dict]:
+    def open_scan(self, ring_stamp: int, caller: str, chunk: int) -> "ScanRun":
+        """A scan of what this node owns, taken a range at a time as it is read; one
+        of at most MAX_SCANS at once (MAX_SCANS_PER_CALLER by `caller`), refused
+        (Overloaded) beyond. The caller closes it."""
         core = self.runtime.core
         if ring_stamp and ring_stamp != core.ring.stamp:
             raise StaleRing(f"scan for ring stamp {ring_stamp:#x}, node {core.node_id} is "
                             f"at {core.ring.stamp:#x}")
-        # Taken before the first range is copied: a fold step after it changes the
-        # epoch a reader compares at the end (mapper.scanning).
-        epoch, marks = core.fold_epoch, core.fold_marks()
-        return pieces_first(await self._snapshot(core)), epoch, marks
+        core.check_readable()
+        self.scans.take(caller)
+        return ScanRun(self, core, caller, chunk)
 
     def stats(self) -> dict:
         return self.runtime.stats()
@@ -174,3 +179,24 @@ class NodeService:
     def inspect_range(self, token: int) -> tuple[str, dict]:
         """A range whole, if it is no larger than a Scan chunk may be."""
         return self.runtime.core.inspect_range(token, self.runtime.config.max_scan_chunk)
+
+
+class ScanRun:
+    """One open scan: the node's fold epoch and marks as it began, then its entries
+    in chunks of at most `chunk` keys and CHUNK_BYTES bytes (a larger entry alone),
+    each encoded as it is asked for. Pieces of shared keys come first."""
+
+    def __init__(self, service: NodeService, core, caller: str, chunk: int) -> None:
+        self.service, self.caller = service, caller
+        # Taken before the first range is copied: a fold step after it changes the
+        # epoch a reader compares at the end (mapper.scanning).
+        self.epoch, self.marks = core.fold_epoch, core.fold_marks()
+        pairs = scan_pairs(core, balancer(core.ring.balancer).pieces > 1)
+        self.chunks = packed_chunks(pair_slices(pairs), CHUNK_BYTES, chunk)
+        self.closed = False
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.chunks.close()
+            self.service.scans.give(self.caller)

@@ -16,9 +16,9 @@ from grpc_reflection.v1alpha import reflection
 
 from floering.v1 import floe_pb2, floe_pb2_grpc
 from floering.node.core.batch import Batch
-from floering.node.core.codec import pack, pack_entries, unpack
+from floering.node.core.codec import pack, unpack
 from floering.node.core.dedup import bind_source
-from floering.node.core.errors import FloeError, InvalidArgument, inert
+from floering.node.core.errors import FloeError, InvalidArgument, Unavailable, inert
 from floering.node.core.handoff import HandoffState
 from floering.node.core.pieces import FOLD_SOURCE, is_fold_source
 from floering.node.core.ring import Ring
@@ -92,6 +92,7 @@ def node_tls(config) -> TlsFiles | None:
 log = logging.getLogger("floe.transport")
 
 SCAN_CHUNK = 5000
+SCAN_STALL = 30.0        # seconds a scan waits for its reader to take a chunk
 FILL_STEP = CHUNK_ENTRIES   # entries put into a range's dict per turn (some 10 ms)
 # What health checks answer for: the server as a whole ("") and each Floe service.
 FLOE_SERVICES = tuple(s.full_name for s in floe_pb2.DESCRIPTOR.services_by_name.values())
@@ -308,17 +309,31 @@ class QueryPlane(floe_pb2_grpc.QueryPlaneServicer):
             await abort(context, exc)
 
     async def Scan(self, request, context):
+        """Chunks of at most the keys asked for and CHUNK_BYTES bytes, each encoded
+        once the reader took the one before: a reader that stops reading holds one
+        range's copy and a chunk, and is cut off after SCAN_STALL seconds."""
+        who = peer_identity(context)
         try:
             chunk = self.service.scan_chunk(request.chunk, SCAN_CHUNK)
-            items, epoch, marks = await self.service.scan(request.ring_stamp)
+            scan = self.service.open_scan(request.ring_stamp,
+                                          "/".join(who) if who else context.peer(), chunk)
         except FloeError as exc:
             await abort(context, exc)
-        first = floe_pb2.ScanChunk(entries=pack_entries(items[:chunk]), fold_epoch=epoch,
-                                   fold_marks=msgpack.packb(marks) if marks else b"")
-        yield first                     # even with no keys: it carries the fold epoch
-        for start in range(chunk, len(items), chunk):
-            await asyncio.sleep(0)      # the event loop runs between two chunks
-            yield floe_pb2.ScanChunk(entries=pack_entries(items[start:start + chunk]))
+        try:
+            marks = msgpack.packb(scan.marks) if scan.marks else b""
+            for _, entries in scan.chunks:  # the first even with no keys: its fold epoch
+                reply = floe_pb2.ScanChunk(entries=entries, fold_epoch=scan.epoch,
+                                           fold_marks=marks)
+                marks, scan.epoch = b"", 0
+                try:
+                    await asyncio.wait_for(context.write(reply), SCAN_STALL)
+                except asyncio.TimeoutError:
+                    raise Unavailable(f"the reader took no scan chunk for {SCAN_STALL}s: "
+                                      f"scan cut off") from None
+        except FloeError as exc:
+            await abort(context, exc)
+        finally:
+            scan.close()
 
     async def Stats(self, request, context):
         return floe_pb2.NodeStats(**self.service.stats())
