@@ -1,6 +1,7 @@
-"""Full checkpoints in chunks: a range's whole state (a new replica's first copy, a
-handoff's new holder, a replica out of sync) goes as a run of messages of at most
-CHUNK_ENTRIES entries each, so that its cost is bounded per message: a deadline that
+"""Checkpoints in chunks: a range's whole state (a new replica's first copy, a
+handoff's new holder, a replica out of sync), or a delta over a chunk's size, goes as
+a run of messages of at most CHUNK_ENTRIES entries and CHUNK_BYTES (1 MiB) each, a
+larger entry alone in its chunk, so that its cost is bounded per message: a deadline that
 grows with the chunk's bytes, not one fixed for a shipment of any size; only the chunk
 that failed is sent again, never what arrived; and neither side holds the whole range
 encoded at once. Up to WINDOW chunks of a range are on their way at once, so the
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import NamedTuple
 
+from floering.node.core.chunks import CHUNK_BYTES, column_slices, packed_chunks
 from floering.node.core.codec import entry_columns
 from floering.node.core.errors import InvalidArgument, Overloaded, Unavailable
 
@@ -41,6 +43,27 @@ def chunks_of(items, size: int = CHUNK_ENTRIES,
                 pass
     while chunk_keys := list(islice(keys, size)):
         yield chunk_keys, list(islice(states, len(chunk_keys)))
+
+
+def chunks_at(items, counts: list[int], skip: int = 0) -> Iterator[tuple[list, list]]:
+    """As chunks_of, in chunks of `counts` entries each (a plan of planned_counts),
+    from chunk `skip` + 1 on."""
+    _, keys, states = entry_columns(items)
+    if skip:
+        for column in (keys, states):
+            for _ in islice(column, sum(counts[:skip])):
+                pass
+    for n in counts[skip:]:
+        yield list(islice(keys, n)), list(islice(states, n))
+
+
+def planned_counts(items, max_entries: int = CHUNK_ENTRIES,
+                   max_bytes: int = CHUNK_BYTES) -> Iterator[tuple[int, bytes]]:
+    """A checkpoint's states in chunks of at most `max_entries` entries and
+    `max_bytes` bytes (node.core.chunks): (entries, encoded) per chunk, in order. The
+    sender keeps the counts, which chunks_at follows; the bytes of a lone chunk go
+    as they are."""
+    return packed_chunks(column_slices(items), max_bytes, max_entries)
 
 
 def chunk_deadline(base: float, nbytes: int) -> float:
@@ -101,7 +124,7 @@ def whole_states(done: Completed) -> dict:
 
 @dataclass
 class Staged:
-    seq: int
+    seq: object
     chunks: int
     held: int = 0
     touched: float = 0.0
@@ -127,14 +150,15 @@ class Reassembly:
         self.window = window
         self.open: dict[tuple[str, int], Staged] = {}
 
-    def add(self, sender: str, token: int, seq: int, chunk: int, chunks: int,
+    def add(self, sender: str, token: int, seq, chunk: int, chunks: int,
             states, now: float, tail=None) -> tuple[int, Completed | None]:
         """(chunks held in a row, the whole range once `chunk` completes it, else None).
         `states`: the chunk's entries, Columns, a dict or (key, state) pairs (an
         iterator will do: it is read once, by `fill`, and must not change till then),
         the later of a key's entries winning. `tail`: what the last chunk carries
-        besides (its watermarks). Nothing is inserted here: see `filling` and
-        `Completed`."""
+        besides (its watermarks). `seq`: what tells one checkpoint of the range
+        from another (compared for equality only). Nothing is inserted here: see
+        `filling` and `Completed`."""
         if not 1 <= chunk <= chunks <= MAX_CHUNKS:
             raise InvalidArgument(f"chunk {chunk} of {chunks}: needs 1 <= chunk <= chunks "
                                   f"<= {MAX_CHUNKS}")

@@ -13,7 +13,7 @@ from floering.node.core.codec import (SLICE, entry_count, pack, pack_entries, pa
                              unpack_columns, unpack_entries, unpack_entries_sliced)
 from floering.node.transport.channels import ChannelPool, ServerNames, open_channel
 from floering.node.transport.chunking import (CHUNK_ENTRIES, WINDOW, Columns, SendWindow,
-                                              chunk_count, chunk_deadline, chunks_of)
+                                              chunk_deadline, chunks_at, planned_counts)
 from floering.node.transport.status import error_from_rpc
 
 CHUNK_RETRIES = 3     # sends of one chunk that may fail in a row before the shipment does
@@ -120,11 +120,23 @@ class PeerPool:
 
     async def ship_checkpoint(self, address: str, *, sender: str, ring_stamp: int,
                               checkpoint, base_seq: int, incarnation: int = 0) -> tuple[bool, int]:
-        entries = entry_count(checkpoint.states)
-        if checkpoint.full and entries > self.chunk_entries:
+        # In one message when it fits one chunk, else in chunks: planned first (the
+        # entries of each, encoded once and let go), then sent chunk by chunk.
+        plan = planned_counts(checkpoint.states, self.chunk_entries)
+        counts: list[int] = []
+        while True:
+            async with self._one_chunk:       # one chunk encoded per turn, node-wide
+                step = next(plan, None)
+            if step is None:
+                break
+            if not counts:
+                states = step[1]
+            counts.append(step[0])
+            await asyncio.sleep(0)
+        if len(counts) > 1:
+            del states
             return await self._ship_in_chunks(address, sender, ring_stamp, incarnation,
-                                              checkpoint, entries)
-        states = await pack_entries_async(checkpoint.states)
+                                              checkpoint, base_seq, counts)
         request = floe_pb2.CheckpointFragment(
             sender=sender, ring_stamp=ring_stamp, incarnation=incarnation,
             token=checkpoint.token,
@@ -142,30 +154,31 @@ class PeerPool:
         return reply.need_full, reply.checkpoint_seq
 
     async def _ship_in_chunks(self, address: str, sender: str, ring_stamp: int,
-                              incarnation: int, checkpoint, entries: int) -> tuple[bool, int]:
+                              incarnation: int, checkpoint, base_seq: int,
+                              counts: list[int]) -> tuple[bool, int]:
         """A full checkpoint chunk by chunk (node.transport.chunking), up to
         `chunk_window` chunks on their way at once: each with a deadline for its own
         bytes; a chunk that fails is sent again (up to CHUNK_RETRIES failures in a row),
         and when the receiver says it did not keep one, the run goes on from what it
         holds."""
-        size = self.chunk_entries
-        total = chunk_count(entries, size)
+        total = len(counts)
         run = SendWindow(total, self.chunk_window, CHUNK_RETRIES,
                          what=f"{address} (token {checkpoint.token})")
         watermarks = pack(checkpoint.watermarks)
         control = self._control(address)
         slots = self._to_peer.setdefault(address, asyncio.Semaphore(self.chunk_window))
         flying: dict[asyncio.Future, tuple[int, int]] = {}    # call -> (chunk, bytes)
-        parts, position = chunks_of(checkpoint.states, size), 1
+        parts, position = chunks_at(checkpoint.states, counts), 1
 
         def request_for(chunk: int) -> floe_pb2.CheckpointFragment:
             nonlocal parts, position
             if chunk != position:             # sent again: from that chunk on
-                parts = chunks_of(checkpoint.states, size, chunk - 1)
+                parts = chunks_at(checkpoint.states, counts, chunk - 1)
             position = chunk + 1
             return floe_pb2.CheckpointFragment(
                 sender=sender, ring_stamp=ring_stamp, incarnation=incarnation,
-                token=checkpoint.token, checkpoint_seq=checkpoint.seq, full=True,
+                token=checkpoint.token, checkpoint_seq=checkpoint.seq,
+                full=checkpoint.full, base_seq=base_seq,
                 states=pack(next(parts)), chunk=chunk, chunks=total,   # in one go
                 watermarks=watermarks if chunk == total else b"")
         try:

@@ -238,12 +238,12 @@ class ControlPlane(floe_pb2_grpc.ControlPlaneServicer):
         dict) per turn of the event loop: the gRPC server accepts one new call per
         turn, so a turn that takes in several keeps reads and heartbeats waiting
         behind all of them."""
-        if not request.full:
-            raise InvalidArgument("only a full checkpoint is sent in chunks")
         self.service.check_started()
         async with self.one_chunk:
+            # A full copy and a delta of one seq are two checkpoints.
             held, whole = self.chunks.add(
-                request.sender, request.token, request.checkpoint_seq, request.chunk,
+                request.sender, request.token,
+                (request.checkpoint_seq, request.base_seq, request.full), request.chunk,
                 request.chunks, await unpack_chunk(request.states), time.monotonic(),
                 tail=request.watermarks if request.chunk == request.chunks else None)
             # The chunk that completed the range need not be its last one. Held to the
