@@ -333,3 +333,36 @@ def test_floe_up_on_a_durable_cluster_keeps_its_ca_and_every_certificate_handed_
             assert Counter(dict(client.scan())) == Counter(words)
     finally:
         floe(tmp_path, "down")
+
+
+async def test_a_channel_accepts_only_the_server_name_it_expects(tmp_path):
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from grpc_health.v1.health import aio as health_aio
+    from floering.node.transport.binding import SERVER_OPTIONS
+    from floering.node.transport.channels import open_channel
+    d = generate(tmp_path / "tls", ["n1", "n2"])
+    caller = TlsFiles.in_dir(d, "client").channel_credentials()
+
+    async def answers(serving_as: str, name: str | None) -> grpc.StatusCode:
+        server = grpc.aio.server(options=SERVER_OPTIONS)
+        health_pb2_grpc.add_HealthServicer_to_server(health_aio.HealthServicer(), server)
+        port = server.add_secure_port("127.0.0.1:0",
+                                      TlsFiles.in_dir(d, serving_as).server_credentials())
+        await server.start()
+        channel = open_channel(f"127.0.0.1:{port}", caller, [], name)
+        try:
+            await health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=3)
+            return grpc.StatusCode.OK
+        except grpc.RpcError as exc:
+            return exc.code()
+        finally:
+            await channel.close()
+            await server.stop(0)
+    ok, refused = grpc.StatusCode.OK, grpc.StatusCode.UNAVAILABLE
+    assert await answers("n2", server_name("n2")) == ok
+    assert await answers("n2", None) == ok                  # a seed: any node
+    assert await answers("n1", server_name("n2")) == refused
+    for impostor in ("client", "operator"):
+        assert await answers(impostor, server_name("n2")) == refused
+        assert await answers(impostor, None) == refused
