@@ -21,7 +21,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from floering.chaos.records import flag, is_our_node, loaded_node, not_ours, start_time
+from floering.chaos.records import check_extra, flag, is_our_node, loaded_node, not_ours, start_time
 from floering.node.config import check_node_id
 from floering.node.core.errors import FloeError
 from floering.node.files import open_private, private_dir, write_private
@@ -410,8 +410,9 @@ class LocalCluster:
                 or not isinstance(extra, list) or not all(isinstance(a, str) for a in extra)
                 or not isinstance(data_dir, (str, type(None)))):
             raise ValueError(f"{path} is not a cluster file `floe up` wrote")
+        check_extra(extra, tls_dir=str(path.parent / "floe-cluster" / "tls"))
         nodes = [NodeProcess(**loaded_node(n, workdir=path.parent, replicas=replicas,
-                                           reducer=reducer, extra=extra, data_dir=data_dir))
+                                           reducer=reducer, extra=extra))
                  for n in data["nodes"]]
         return cls(nodes, replicas, str(path), reducer, extra, data_dir, data.get("base_port"))
 

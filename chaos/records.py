@@ -78,35 +78,53 @@ def node_argv(node_id: str, address: str, *, peers: str, join: str, replicas: in
                    "--reducer", reducer, "--events-file", events_file, *extra]
 
 
-def checked_command(argv: list[str], *, node_id: str, address: str, events_file: str,
-                    tls_dir: str, data_dir: str | None) -> list[str]:
-    """`python -m floering.node` with `argv`, once the node's own parser reads in it
-    exactly the node, address, events file, TLS and data directories this cluster
-    gives it, no other file to read settings from, and a valid config (ValueError
-    otherwise)."""
+def _parsed(argv: list[str], node_id: str):
     try:
         with contextlib.redirect_stderr(io.StringIO()):     # argparse's usage
-            args = build_parser().parse_args(argv)
+            return build_parser().parse_args(argv)
     except SystemExit:
         raise ValueError(f"the cluster file gives {node_id} flags a node does not take: "
                          f"{' '.join(argv)[:200]}") from None
-    wanted = {"node_id": node_id, "listen": address, "events_file": events_file,
-              "config": None, "advertise": None}
-    allowed = {"tls_dir": (None, tls_dir), "data_dir": (None, data_dir and
-                                                        str(Path(data_dir) / "{node}"))}
-    bad = [k for k, v in wanted.items() if getattr(args, k) != v]
-    bad += [k for k, v in allowed.items() if getattr(args, k) not in v]
+
+
+def _refuse(node_id: str, bad: list[str]) -> None:
     if bad:
         raise ValueError(f"the cluster file gives {node_id} settings `floe up` never "
                          f"does ({', '.join(sorted(bad))}): not started")
+
+
+def check_extra(extra: list[str], *, tls_dir: str) -> None:
+    """The flags every node of the cluster gets: known to the node's parser, naming
+    no node, address, file of settings or events of their own, no TLS directory but
+    the cluster's, and a data directory only as an absolute path with {node} in it
+    (ValueError otherwise)."""
+    args = _parsed(extra, "every node")
+    bad = [k for k in ("node_id", "listen", "peers", "join", "events_file", "config",
+                       "advertise") if getattr(args, k) is not None]
+    bad += ["tls_dir"] if args.tls_dir not in (None, tls_dir) else []
+    if args.data_dir is not None and not (Path(args.data_dir).is_absolute()
+                                          and Path(args.data_dir).name == "{node}"):
+        bad.append("data_dir")
+    _refuse("every node", bad)
+
+
+def checked_command(argv: list[str], *, node_id: str, address: str,
+                    events_file: str) -> list[str]:
+    """`python -m floering.node` with `argv`, once the node's own parser reads in it
+    exactly this node, address and events file, and a valid config (ValueError
+    otherwise). Its other flags are the cluster's, checked by check_extra."""
+    args = _parsed(argv, node_id)
+    wanted = {"node_id": node_id, "listen": address, "events_file": events_file}
+    _refuse(node_id, [k for k, v in wanted.items() if getattr(args, k) != v])
     load_config(argv, environ={})          # ids, addresses, numbers: ValueError
     return [sys.executable, "-m", "floering.node", *argv]
 
 
 def loaded_node(record: dict, *, workdir: Path, replicas: int, reducer: str,
-                extra: list[str], data_dir: str | None) -> dict:
+                extra: list[str]) -> dict:
     """The fields of a NodeProcess from one node's record, checked; its command is
-    built, not read, and its log is where `floe up` puts it."""
+    built, not read (from `extra` that check_extra passed), and its log is where
+    `floe up` puts it."""
     node_id = check_node_id(record.get("node_id"), incarnation=False)
     address = record.get("address")
     if not isinstance(address, str):
@@ -128,7 +146,5 @@ def loaded_node(record: dict, *, workdir: Path, replicas: int, reducer: str,
                      tokens_per_node=tokens, reducer=reducer,
                      events_file=str(log.with_suffix(".events.jsonl")), extra=extra)
     node["cmd"] = checked_command(argv, node_id=node_id, address=address,
-                                  events_file=str(log.with_suffix(".events.jsonl")),
-                                  tls_dir=str(workdir / "floe-cluster" / "tls"),
-                                  data_dir=data_dir)
+                                  events_file=str(log.with_suffix(".events.jsonl")))
     return node
