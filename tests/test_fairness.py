@@ -247,10 +247,29 @@ def test_a_source_flood_of_one_identity_leaves_others_their_sources(tmp_path):
         with RingClient(cluster.seeds, tls=alice) as client:
             client.emit_many(words + [key])
             client.flush()
+    # the whole ring restarted on its data: the bindings and shares come back with it
+    with LocalCluster.up(workdir=tmp_path, data_dir=tmp_path / "data",
+                         extra_args=["--max-sources-per-range", "64"]) as cluster:
+        mallory = another_client(cluster, "mallory")      # a new CA: the same names
+        alice = another_client(cluster, "alice")
+        with RingClient(cluster.seeds, tls=mallory) as client:
+            ring = client.ring
+        with channel(ring.address(ring.owner_of_token(token)), mallory) as ch:
+            b = floe_pb2.Batch(ring_stamp=ring.stamp, token=token, source="flood-again",
+                               first_seq=1, last_seq=1, count=1, id=1,
+                               payload=encode_payload([key], [1]))
+            with pytest.raises(grpc.RpcError) as refused:
+                list(floe_pb2_grpc.DataPlaneStub(ch).Push(
+                    iter([floe_pb2.PushRequest(batches=[b])]), timeout=10))
+            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "its share" in refused.value.details()
+        with RingClient(cluster.seeds, tls=alice) as client:        # a new source again
+            client.emit_many(words)
+            client.flush()
         with RingClient(cluster.seeds, tls=cluster.tls("client")) as client:
             client.emit_many(words)
             client.flush()
-            want = Counter(words + words + [key])
+            want = Counter(words * 3 + [key])
             want[key] += 16
             assert dict(client.scan()) == want
 
