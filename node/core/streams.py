@@ -47,9 +47,10 @@ class StreamGuard:
                                f"limit (--max-sources-per-node); idle ones expire after "
                                f"{self.idle_expiry:.0f} s")
         owner = owner_of(source)
-        if owner is not None and self.owned.get(owner, 0) >= self.max_sources // SHARES:
+        share = max(1, self.max_sources // SHARES)
+        if owner is not None and self.owned.get(owner, 0) >= share:
             self._sweep(now)
-            if self.owned.get(owner, 0) >= self.max_sources // SHARES:
+            if self.owned.get(owner, 0) >= share:
                 raise TooLarge(f"{self.owned[owner]} sources of this caller's identity are "
                                f"streaming to this node, its share (a quarter of "
                                f"--max-sources-per-node); idle ones expire after "
