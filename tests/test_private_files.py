@@ -15,6 +15,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import psutil
 import pytest
 
 from floering.chaos.cluster import LocalCluster, node_env
@@ -82,6 +83,14 @@ def test_restart_runs_no_recorded_command_and_signals_no_stranger(ring, tmp_path
             assert f"pid {stranger.pid} is not {n0['node_id']}" in done.stderr, done.stderr
             assert "not signalled" in done.stderr
         assert stranger.poll() is None and not marker.exists()
+        # the node's own PID with another start time (a PID used again): not it either
+        data = json.loads(honest)
+        n0 = data["nodes"][0]
+        n0["create_time"] += 10
+        path.write_text(json.dumps(data))
+        done = floe_run(work, "restart", "n0", "--kill")
+        assert done.returncode == 1 and "not signalled" in done.stderr, done.stderr
+        assert psutil.Process(n0["pid"]).is_running()
         # the flags of a node: only those `floe up` gives
         data = json.loads(honest)
         data["extra_args"] += ["--config", str(tmp_path / "theirs.toml")]
@@ -93,13 +102,19 @@ def test_restart_runs_no_recorded_command_and_signals_no_stranger(ring, tmp_path
         path.write_text(honest)
         stranger.kill()
         stranger.wait()
-    # the honest record: every node still running, restarted by its own PID
+    # the honest PID with a hostile command: the node restarts, the command never runs
+    data = json.loads(honest)
+    data["nodes"][0]["cmd"] = ["touch", str(marker)]
+    path.write_text(json.dumps(data))
     cluster = LocalCluster.load(path)
     assert all(n.alive() for n in cluster.nodes)
-    old = cluster.node("n1")
-    floe(work, "restart", "n1", "--kill", timeout=180)
+    old = cluster.node("n0")
+    floe(work, "restart", "n0", "--kill", timeout=180)
+    assert not marker.exists()
     cluster = LocalCluster.load(path)
-    assert cluster.node("n1").pid != old.pid and not old.alive()
+    fresh = psutil.Process(cluster.node("n0").pid).cmdline()
+    assert fresh[:3] == [sys.executable, "-m", "floering.node"], fresh
+    assert cluster.node("n0").pid != old.pid and not old.alive()
     assert all(n.alive() for n in cluster.nodes)
     assert _counts(work) == expected
 
