@@ -106,6 +106,14 @@ def settled(cluster, alive) -> bool:
         return False
 
 
+def inspect(cluster, address: str, token: int) -> list:
+    # A chunk is a state of 4 MiB and its key: over gRPC's default 4 MiB.
+    with cluster.channel(address, options=[("grpc.max_receive_message_length",
+                                            16 << 20)]) as channel:
+        return list(floe_pb2_grpc.QueryPlaneStub(channel).InspectRange(
+            floe_pb2.RangeRequest(token=token), timeout=60))
+
+
 def expect_scan(client, expect: Counter) -> None:
     got = dict(client.scan())
     assert {k: s[0] for k, s in got.items()} == expect
@@ -148,3 +156,13 @@ def test_a_range_of_72_mib_is_scanned_moved_and_copied_again_after_a_kill(tmp_pa
             client.flush()
             expect.update(keys[3:6])
             expect_scan(client, expect)
+            ring = client.refresh_ring()
+            wait_for(lambda: settled(cluster, alive), 120, "the last tuples checkpointed")
+            holders = [ring.owner_of_token(token), *ring.replicas_of_token(token)]
+            assert len(holders) == 2
+            for node, role in zip(holders, ("primary", "replica")):
+                chunks = inspect(cluster, cluster.node(node).address, token)
+                assert {c.role for c in chunks} == {role}
+                assert len(chunks) >= 18       # about a chunk per 4 MiB state
+                held = {k: s for c in chunks for k, s in unpack_entries(c.entries).items()}
+                assert {k: s[0] for k, s in held.items()} == expect

@@ -51,9 +51,9 @@ def test_corpus_counts_are_exact_and_resends_are_not_counted(cluster):
 
 def inspect(cluster, address, token):
     with cluster.channel(address) as channel:
-        reply = floe_pb2_grpc.QueryPlaneStub(channel).InspectRange(
-            floe_pb2.RangeRequest(token=token), timeout=10)
-    return reply.role, unpack_entries(reply.entries)
+        chunks = list(floe_pb2_grpc.QueryPlaneStub(channel).InspectRange(
+            floe_pb2.RangeRequest(token=token), timeout=10))
+    return chunks[0].role, {k: s for c in chunks for k, s in unpack_entries(c.entries).items()}
 
 
 def test_every_replica_holds_a_complete_copy_after_a_checkpoint(cluster):

@@ -12,12 +12,15 @@ from floering.node.core.errors import (Fenced, InvalidArgument, ReducerMismatch,
                               TooLarge, inert)
 from floering.node.core.handoff import Handoff
 from floering.node.core.balancers import balancer
-from floering.node.core.chunks import (CHUNK_BYTES, ScanSlots, packed_chunks, pair_slices,
-                                       scan_pairs)
+from floering.node.core.chunks import (CHUNK_BYTES, ScanSlots, column_slices, packed_chunks,
+                                       pair_slices, scan_pairs)
 from floering.node.core.ring import Ring
 from floering.node.runtime.balancing import ShedOutcome
 from floering.node.runtime.inbound import StreamState
 from floering.node.runtime.node import NodeRuntime
+
+
+MAX_SCAN_CHUNK = 5000     # entries per chunk of an inspected range, at most
 
 
 class NodeService:
@@ -176,9 +179,12 @@ class NodeService:
     def stats(self) -> dict:
         return self.runtime.stats()
 
-    def inspect_range(self, token: int) -> tuple[str, dict]:
-        """A range whole, if it is no larger than a Scan chunk may be."""
-        return self.runtime.core.inspect_range(token, self.runtime.config.max_scan_chunk)
+    def inspect_range(self, token: int, caller: str) -> tuple[str, ScanRun]:
+        """A range as this node holds it (its role, "" if none), in chunks of at most
+        CHUNK_BYTES: counted as a scan, which the caller closes."""
+        role, states = self.runtime.core.inspect_range(token)
+        self.scans.take(caller)
+        return role, ScanRun(self, None, caller, MAX_SCAN_CHUNK, states)
 
 
 class ScanRun:
@@ -186,13 +192,18 @@ class ScanRun:
     in chunks of at most `chunk` keys and CHUNK_BYTES bytes (a larger entry alone),
     each encoded as it is asked for. Pieces of shared keys come first."""
 
-    def __init__(self, service: NodeService, core, caller: str, chunk: int) -> None:
+    def __init__(self, service: NodeService, core, caller: str, chunk: int,
+                 states: dict | None = None) -> None:
         self.service, self.caller = service, caller
-        # Taken before the first range is copied: a fold step after it changes the
-        # epoch a reader compares at the end (mapper.scanning).
-        self.epoch, self.marks = core.fold_epoch, core.fold_marks()
-        pairs = scan_pairs(core, balancer(core.ring.balancer).pieces > 1)
-        self.chunks = packed_chunks(pair_slices(pairs), CHUNK_BYTES, chunk)
+        if states is not None:          # one range, copied already
+            self.epoch, self.marks = 0, {}
+            self.chunks = packed_chunks(column_slices(states), CHUNK_BYTES, chunk)
+        else:
+            # Taken before the first range is copied: a fold step after it changes
+            # the epoch a reader compares at the end (mapper.scanning).
+            self.epoch, self.marks = core.fold_epoch, core.fold_marks()
+            pairs = scan_pairs(core, balancer(core.ring.balancer).pieces > 1)
+            self.chunks = packed_chunks(pair_slices(pairs), CHUNK_BYTES, chunk)
         self.closed = False
 
     def close(self) -> None:

@@ -29,8 +29,7 @@ from floering.node.transport.binding import SERVER_OPTIONS, claim_port
 from floering.node.transport.chunking import CHUNK_ENTRIES, Reassembly, fill
 from floering.node.transport.intercept import CallLimiter
 from floering.node.transport.metrics import NodeMetrics
-from floering.node.transport.peers import (channel_options, pack_entries_async, unpack_chunk,
-                                           unpack_entries_async)
+from floering.node.transport.peers import channel_options, unpack_chunk, unpack_entries_async
 from floering.node.transport.status import abort
 from floering.node.transport.tls import Authorizer, TlsFiles, node_files, peer_identity
 
@@ -312,38 +311,55 @@ class QueryPlane(floe_pb2_grpc.QueryPlaneServicer):
         """Chunks of at most the keys asked for and CHUNK_BYTES bytes, each encoded
         once the reader took the one before: a reader that stops reading holds one
         range's copy and a chunk, and is cut off after SCAN_STALL seconds."""
-        who = peer_identity(context)
         try:
             chunk = self.service.scan_chunk(request.chunk, SCAN_CHUNK)
-            scan = self.service.open_scan(request.ring_stamp,
-                                          "/".join(who) if who else context.peer(), chunk)
+            scan = self.service.open_scan(request.ring_stamp, _caller(context), chunk)
         except FloeError as exc:
             await abort(context, exc)
-        try:
-            marks = msgpack.packb(scan.marks) if scan.marks else b""
-            for _, entries in scan.chunks:  # the first even with no keys: its fold epoch
-                reply = floe_pb2.ScanChunk(entries=entries, fold_epoch=scan.epoch,
-                                           fold_marks=marks)
-                marks, scan.epoch = b"", 0
-                try:
-                    await asyncio.wait_for(context.write(reply), SCAN_STALL)
-                except asyncio.TimeoutError:
-                    raise Unavailable(f"the reader took no scan chunk for {SCAN_STALL}s: "
-                                      f"scan cut off") from None
-        except FloeError as exc:
-            await abort(context, exc)
-        finally:
-            scan.close()
+        marks = msgpack.packb(scan.marks) if scan.marks else b""
+        epoch = scan.epoch
+
+        def reply(entries: bytes) -> floe_pb2.ScanChunk:
+            nonlocal marks, epoch       # the first chunk, even with no keys, has them
+            out = floe_pb2.ScanChunk(entries=entries, fold_epoch=epoch, fold_marks=marks)
+            marks, epoch = b"", 0
+            return out
+        await _stream(context, scan, reply)
 
     async def Stats(self, request, context):
         return floe_pb2.NodeStats(**self.service.stats())
 
     async def InspectRange(self, request, context):
         try:
-            role, states = self.service.inspect_range(request.token)
+            role, chunks = self.service.inspect_range(request.token, _caller(context))
         except FloeError as exc:
             await abort(context, exc)
-        return floe_pb2.RangeState(role=role, entries=await pack_entries_async(states))
+        await _stream(context, chunks,
+                      lambda entries: floe_pb2.RangeState(role=role, entries=entries))
+
+
+def _caller(context) -> str:
+    """Who is asking, as scans are counted: a certificate's identity, else (in the
+    clear, on loopback) the connection."""
+    who = peer_identity(context)
+    return "/".join(who) if who else context.peer()
+
+
+async def _stream(context, scan, reply) -> None:
+    """Write reply(entries) for each chunk of `scan` (service.ScanRun), each once the
+    reader took the one before, then close it; a reader that takes none for
+    SCAN_STALL seconds is cut off."""
+    try:
+        for _, entries in scan.chunks:
+            try:
+                await asyncio.wait_for(context.write(reply(entries)), SCAN_STALL)
+            except asyncio.TimeoutError:
+                raise Unavailable(f"the reader took no chunk for {SCAN_STALL}s: cut "
+                                  f"off") from None
+    except FloeError as exc:
+        await abort(context, exc)
+    finally:
+        scan.close()
 
 
 async def start_server(runtime: NodeRuntime, metrics: NodeMetrics | None = None

@@ -548,7 +548,7 @@ class QueryPlaneStub:
                 request_serializer=floering_dot_v1_dot_floe__pb2.StatsRequest.SerializeToString,
                 response_deserializer=floering_dot_v1_dot_floe__pb2.NodeStats.FromString,
                 _registered_method=True)
-        self.InspectRange = channel.unary_unary(
+        self.InspectRange = channel.unary_stream(
                 '/floering.v1.QueryPlane/InspectRange',
                 request_serializer=floering_dot_v1_dot_floe__pb2.RangeRequest.SerializeToString,
                 response_deserializer=floering_dot_v1_dot_floe__pb2.RangeState.FromString,
@@ -611,7 +611,7 @@ def add_QueryPlaneServicer_to_server(servicer, server):
                     request_deserializer=floering_dot_v1_dot_floe__pb2.StatsRequest.FromString,
                     response_serializer=floering_dot_v1_dot_floe__pb2.NodeStats.SerializeToString,
             ),
-            'InspectRange': grpc.unary_unary_rpc_method_handler(
+            'InspectRange': grpc.unary_stream_rpc_method_handler(
                     servicer.InspectRange,
                     request_deserializer=floering_dot_v1_dot_floe__pb2.RangeRequest.FromString,
                     response_serializer=floering_dot_v1_dot_floe__pb2.RangeState.SerializeToString,
@@ -746,7 +746,7 @@ class QueryPlane:
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_unary(
+        return grpc.experimental.unary_stream(
             request,
             target,
             '/floering.v1.QueryPlane/InspectRange',
