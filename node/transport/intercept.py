@@ -55,8 +55,11 @@ class CallLimiter(grpc.aio.ServerInterceptor):
     connection). A stream holds its slot until it ends."""
 
     def __init__(self, limit: int) -> None:
+        # (node.transport.tls imports this module: its names are taken here)
+        from floering.node.transport.tls import NODE_ONLY, peer_identity
         self.limit = limit
         self.slots = CallSlots(limit)
+        self._node_only, self._identity = NODE_ONLY, peer_identity
 
     @property
     def active(self) -> int:
@@ -66,10 +69,9 @@ class CallLimiter(grpc.aio.ServerInterceptor):
         handler = await continuation(details)
         if handler is None:
             return None
-        # (node.transport.tls imports this module: its names are taken here)
-        from floering.node.transport.tls import NODE_ONLY, peer_identity
         method = details.method.rsplit("/", 1)[-1]
-        node_only = method in NODE_ONLY
+        node_only = method in self._node_only
+        peer_identity, slots = self._identity, self.slots
 
         @contextlib.asynccontextmanager
         async def slot(request, context):
@@ -80,12 +82,12 @@ class CallLimiter(grpc.aio.ServerInterceptor):
             else:
                 kind, identity = kind_of(who[0], method, node_only), f"{who[0]}:{who[1]}"
             try:
-                ticket = self.slots.take(kind, identity, connection)
+                ticket = slots.take(kind, identity, connection)
             except Busy as exc:
                 await abort(context, exc)
             try:
                 yield
             finally:
-                self.slots.give(ticket)
+                slots.give(ticket)
 
         return around(handler, slot)
