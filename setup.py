@@ -38,7 +38,11 @@ def extensions():
     ext = Extension("floering.node.core.columnar.ctable", [SOURCE],
                     include_dirs=["node/core/columnar"],
                     extra_compile_args=["-O3"])
-    return cythonize([ext], compiler_directives={"language_level": 3}, quiet=True)
+    try:
+        return cythonize([ext], compiler_directives={"language_level": 3}, quiet=True)
+    except Exception as exc:  # noqa: BLE001 - a Cython that cannot compile the source
+        print(f"floe-ring: the compiled state table was not generated ({exc})")
+        return []
 
 
 setup(ext_modules=extensions(), cmdclass={"build_ext": OptionalBuildExt})

@@ -20,9 +20,12 @@ except ImportError:
 
 if _compiled is not None:
     KERNEL = "compiled"
-    hash_positions = _compiled.hash_positions
+    hash_positions, StateTable = _compiled.hash_positions, _compiled.StateTable
 else:
     KERNEL = "python"
-    hash_positions = pytable.hash_positions
+    hash_positions, StateTable = pytable.hash_positions, pytable.StateTable
 
-__all__ = ["KERNEL", "hash_positions"]
+# The reducers whose states a table holds (int64 states; None for min/max is "absent").
+TABLE_OPS = ("count", "sum", "min", "max")
+
+__all__ = ["KERNEL", "StateTable", "TABLE_OPS", "hash_positions"]

@@ -11,7 +11,7 @@ what it did is undone in reverse before the error is raised.
 """
 
 from libc.stdint cimport uint8_t, uint32_t, uint64_t, int64_t
-from libc.string cimport memcmp, memcpy, memset
+from libc.string cimport memcmp, memcpy, memmove, memset
 from libc.stdlib cimport qsort
 from cpython.mem cimport PyMem_RawMalloc, PyMem_RawRealloc, PyMem_RawFree
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
@@ -35,15 +35,16 @@ cdef extern from *:
     """
     int floe_add_overflow(int64_t a, int64_t b, int64_t *r) nogil
 
-DEF DIRTY = 0x80
-DEF KIND = 0x7F
-DEF OK = 0
-DEF E_NOMEM = -1
-DEF E_OVERFLOW = -2
-DEF E_KEY = -3
-DEF E_POSITION = -4
-DEF E_OFFSETS = -5
-DEF E_KIND = -6
+cdef enum:
+    DIRTY = 0x80
+    KIND = 0x7F
+    OK = 0
+    E_NOMEM = -1
+    E_OVERFLOW = -2
+    E_KEY = -3
+    E_POSITION = -4
+    E_OFFSETS = -5
+    E_KIND = -6
 
 OPS = {"count": 0, "sum": 1, "min": 2, "max": 3}
 cdef carray.array _U64 = array("Q")
@@ -80,3 +81,438 @@ def hash_positions(key_data, offsets):
     if bad:
         raise ValueError(f"offsets must not decrease nor pass the end of key_data (key {i})")
     return out
+
+
+# qsort has no context argument: the table being sorted, set with the GIL held.
+cdef const uint64_t *_s_pos
+cdef const uint64_t *_s_kst
+cdef const uint8_t *_s_flag
+cdef const unsigned char *_s_arena
+
+
+cdef int _order(const void *a, const void *b) noexcept nogil:
+    """Position, then kind, then key bytes: the order every export is in."""
+    cdef uint32_t i = (<const uint32_t *>a)[0], j = (<const uint32_t *>b)[0]
+    if _s_pos[i] != _s_pos[j]:
+        return -1 if _s_pos[i] < _s_pos[j] else 1
+    cdef int ki = _s_flag[i] & KIND, kj = _s_flag[j] & KIND
+    if ki != kj:
+        return ki - kj
+    cdef uint64_t li = _s_kst[i + 1] - _s_kst[i], lj = _s_kst[j + 1] - _s_kst[j]
+    cdef int c = memcmp(_s_arena + _s_kst[i], _s_arena + _s_kst[j], li if li < lj else lj)
+    if c:
+        return c
+    return -1 if li < lj else (1 if li > lj else 0)
+
+
+cdef inline bint _in_range(uint64_t p, uint64_t lo, uint64_t hi) noexcept nogil:
+    if lo < hi:
+        return lo < p and p <= hi
+    if lo > hi:
+        return p > lo or p <= hi
+    return True
+
+
+cdef class StateTable:
+    """int64 states of one built-in reducer, keyed by (kind, key bytes, position)."""
+
+    cdef readonly str op
+    cdef int code
+    cdef uint64_t *pos
+    cdef int64_t *val
+    cdef uint64_t *kst          # n + 1 key starts in the arena
+    cdef uint8_t *flag          # kind | DIRTY
+    cdef Py_ssize_t n, dcap
+    cdef unsigned char *arena
+    cdef size_t alen, acap
+    cdef uint32_t *index
+    cdef uint64_t mask
+    cdef uint32_t *dirty
+    cdef Py_ssize_t ndirty
+    cdef bint busy
+
+    def __cinit__(self, str op):
+        if op not in OPS:
+            raise ValueError(f"a state table's op is one of {', '.join(OPS)}, not {op!r}")
+        self.op, self.code = op, OPS[op]
+        self.kst = <uint64_t *>PyMem_RawMalloc(sizeof(uint64_t))
+        self.index = <uint32_t *>PyMem_RawMalloc(8 * sizeof(uint32_t))
+        if self.kst == NULL or self.index == NULL:
+            raise MemoryError()
+        self.kst[0] = 0
+        memset(self.index, 0, 8 * sizeof(uint32_t))
+        self.mask = 7
+
+    def __dealloc__(self):
+        PyMem_RawFree(self.pos)
+        PyMem_RawFree(self.val)
+        PyMem_RawFree(self.kst)
+        PyMem_RawFree(self.flag)
+        PyMem_RawFree(self.arena)
+        PyMem_RawFree(self.index)
+        PyMem_RawFree(self.dirty)
+
+    # -- storage -------------------------------------------------------------------
+
+    cdef int _grow_dense(self, Py_ssize_t need) noexcept nogil:
+        if need <= self.dcap:
+            return OK
+        cdef Py_ssize_t cap = self.dcap + (self.dcap >> 1)
+        if cap < need:
+            cap = need
+        if cap < 16:
+            cap = 16
+        if cap >= <Py_ssize_t>4294967295UL:
+            return E_NOMEM
+        cdef void *p
+        p = PyMem_RawRealloc(self.pos, cap * sizeof(uint64_t))
+        if p == NULL: return E_NOMEM
+        self.pos = <uint64_t *>p
+        p = PyMem_RawRealloc(self.val, cap * sizeof(int64_t))
+        if p == NULL: return E_NOMEM
+        self.val = <int64_t *>p
+        p = PyMem_RawRealloc(self.kst, (cap + 1) * sizeof(uint64_t))
+        if p == NULL: return E_NOMEM
+        self.kst = <uint64_t *>p
+        p = PyMem_RawRealloc(self.flag, cap)
+        if p == NULL: return E_NOMEM
+        self.flag = <uint8_t *>p
+        p = PyMem_RawRealloc(self.dirty, cap * sizeof(uint32_t))
+        if p == NULL: return E_NOMEM
+        self.dirty = <uint32_t *>p
+        self.dcap = cap
+        return OK
+
+    cdef int _grow_arena(self, size_t need) noexcept nogil:
+        if need <= self.acap:
+            return OK
+        cdef size_t cap = self.acap + (self.acap >> 1)
+        if cap < need:
+            cap = need
+        if cap < 256:
+            cap = 256
+        cdef void *p = PyMem_RawRealloc(self.arena, cap)
+        if p == NULL:
+            return E_NOMEM
+        self.arena, self.acap = <unsigned char *>p, cap
+        return OK
+
+    cdef int _rebuild_index(self, Py_ssize_t keys, bint force) noexcept nogil:
+        """An index for `keys` keys at most 0.7 full (grown, or rebuilt when forced),
+        holding the n keys there are."""
+        cdef uint64_t cap = self.mask + 1
+        if not force and keys * 10 <= <Py_ssize_t>(cap * 7):
+            return OK
+        cap = 8
+        while <Py_ssize_t>(cap * 7) < keys * 10:
+            cap <<= 1
+        cdef uint32_t *index = <uint32_t *>PyMem_RawMalloc(cap * sizeof(uint32_t))
+        if index == NULL:
+            return E_NOMEM
+        memset(index, 0, cap * sizeof(uint32_t))
+        cdef uint64_t mask = cap - 1, slot
+        cdef Py_ssize_t i
+        for i in range(self.n):
+            slot = self.pos[i] & mask
+            while index[slot]:
+                slot = (slot + 1) & mask
+            index[slot] = <uint32_t>(i + 1)
+        PyMem_RawFree(self.index)
+        self.index, self.mask = index, mask
+        return OK
+
+    cdef int _reserve(self, Py_ssize_t keys, size_t key_bytes) noexcept nogil:
+        cdef int err = self._grow_dense(self.n + keys)
+        if err == OK:
+            err = self._grow_arena(self.alen + key_bytes)
+        if err == OK:
+            err = self._rebuild_index(self.n + keys, False)
+        return err
+
+    cdef inline Py_ssize_t _find(self, uint8_t kind, const unsigned char *k, uint64_t klen,
+                                 uint64_t p, uint64_t *slot) noexcept nogil:
+        cdef uint64_t s = p & self.mask
+        cdef uint32_t e
+        cdef Py_ssize_t i
+        while True:
+            e = self.index[s]
+            if e == 0:
+                slot[0] = s
+                return -1
+            i = e - 1
+            if self.pos[i] == p and (self.flag[i] & KIND) == kind \
+                    and self.kst[i + 1] - self.kst[i] == klen \
+                    and memcmp(self.arena + self.kst[i], k, klen) == 0:
+                return i
+            s = (s + 1) & self.mask
+
+    cdef inline Py_ssize_t _insert(self, uint8_t kind, const unsigned char *k, uint64_t klen,
+                                   uint64_t p, uint64_t slot) noexcept nogil:
+        cdef Py_ssize_t i = self.n
+        self.pos[i], self.val[i], self.flag[i] = p, 0, kind
+        memcpy(self.arena + self.alen, k, klen)
+        self.alen += klen
+        self.kst[i + 1] = self.alen
+        self.index[slot] = <uint32_t>(i + 1)
+        self.n = i + 1
+        return i
+
+    cdef void _unwind(self, Py_ssize_t n0, Py_ssize_t nd0, const int64_t *old,
+                      const uint32_t *idx, Py_ssize_t done) noexcept nogil:
+        """Undo a batch's first `done` tuples: values, dirty marks, then new keys in the
+        reverse of their insertion (which leaves every probe chain as it was)."""
+        cdef Py_ssize_t t, i
+        cdef uint64_t s
+        for t in range(done - 1, -1, -1):
+            self.val[idx[t]] = old[t]
+        for t in range(nd0, self.ndirty):
+            self.flag[self.dirty[t]] &= KIND
+        self.ndirty = nd0
+        for i in range(self.n - 1, n0 - 1, -1):
+            s = self.pos[i] & self.mask
+            while self.index[s] != i + 1:
+                s = (s + 1) & self.mask
+            self.index[s] = 0
+        self.n = n0
+        self.alen = self.kst[n0]
+
+    cdef inline void _mark(self, Py_ssize_t i) noexcept nogil:
+        if not (self.flag[i] & DIRTY):
+            self.flag[i] |= DIRTY
+            self.dirty[self.ndirty] = <uint32_t>i
+            self.ndirty += 1
+
+    cdef int _fold(self, const uint8_t *kinds, const unsigned char *data, uint64_t dlen,
+                   const uint64_t *off, const uint64_t *posn, const int64_t *vals,
+                   Py_ssize_t start, Py_ssize_t m, bint overwrite, bint mark,
+                   int64_t *old, uint32_t *idx, Py_ssize_t *at) noexcept nogil:
+        cdef Py_ssize_t n0 = self.n, nd0 = self.ndirty, t, i, done = 0
+        cdef uint64_t a, b, p, slot
+        cdef int64_t v, r
+        cdef uint8_t kind
+        cdef int err = OK, code = self.code
+        cdef bint fresh, changed
+        for t in range(start, m):
+            done = t - start
+            kind, a, b = kinds[t], off[t], off[t + 1]
+            if kind > 2:
+                err = E_KIND
+                break
+            if a > b or b > dlen:
+                err = E_OFFSETS
+                break
+            p, v = posn[t], vals[t]
+            i = self._find(kind, data + a, b - a, p, &slot)
+            fresh = i < 0
+            if fresh:
+                if not floe_valid_key(kind, data + a, b - a):
+                    err = E_KEY
+                    break
+                if floe_murmur3_64(data + a, b - a, 0) != p:
+                    err = E_POSITION
+                    break
+                i = self._insert(kind, data + a, b - a, p, slot)
+            old[done], idx[done] = self.val[i], <uint32_t>i
+            done += 1
+            changed = True
+            if overwrite or fresh:
+                self.val[i] = v
+            elif code <= 1:
+                if floe_add_overflow(self.val[i], v, &r):
+                    err = E_OVERFLOW
+                    break
+                self.val[i] = r
+            elif (v < self.val[i]) if code == 2 else (v > self.val[i]):
+                self.val[i] = v
+            else:
+                changed = False
+            if changed and mark:
+                self._mark(i)
+        else:
+            done = m - start
+        if err != OK:
+            at[0] = t
+            self._unwind(n0, nd0, old, idx, done)
+        return err
+
+    cdef _run(self, kinds, key_data, offsets, positions, values, Py_ssize_t start,
+              bint overwrite, bint mark):
+        if self.busy:
+            raise RuntimeError("the state table is in use by another call")
+        cols = columns(kinds, key_data, offsets, positions, values)
+        cdef const unsigned char[::1] kv = cols[0], dv = cols[1], ov = cols[2]
+        cdef const unsigned char[::1] pv = cols[3], vv = cols[4]
+        cdef Py_ssize_t m = kv.shape[0], at = 0
+        if not 0 <= start <= m:
+            raise ValueError(f"start {start} is outside the batch of {m}")
+        if start == m:
+            return
+        cdef int64_t *old = <int64_t *>PyMem_RawMalloc((m - start) * sizeof(int64_t))
+        cdef uint32_t *idx = <uint32_t *>PyMem_RawMalloc((m - start) * sizeof(uint32_t))
+        cdef int err
+        cdef const uint8_t *k = _ptr(kv)
+        cdef const unsigned char *d = _ptr(dv)
+        cdef uint64_t dlen = dv.shape[0]
+        cdef const uint64_t *o = <const uint64_t *>_ptr(ov)
+        cdef const uint64_t *p = <const uint64_t *>_ptr(pv)
+        cdef const int64_t *v = <const int64_t *>_ptr(vv)
+        self.busy = True
+        try:
+            if old == NULL or idx == NULL:
+                raise MemoryError()
+            with nogil:
+                err = self._reserve(m - start, dlen)
+                if err == OK:
+                    err = self._fold(k, d, dlen, o, p, v, start, m, overwrite, mark,
+                                     old, idx, &at)
+        finally:
+            self.busy = False
+            PyMem_RawFree(old)
+            PyMem_RawFree(idx)
+        if err != OK:
+            _raise(err, at, self.op)
+
+    def apply(self, kinds, key_data, offsets, positions, values, Py_ssize_t start=0):
+        """Fold the batch's tuples from `start` on with the op: all of them, or (an
+        error raised) none."""
+        self._run(kinds, key_data, offsets, positions, values, start, False, True)
+
+    def merge(self, buffers, bint mark_dirty=True):
+        """Fold exported states in with the op (a count's state is its value)."""
+        k, d, o, p, v = _five(buffers)
+        self._run(k, d, o, p, v, 0, False, mark_dirty)
+
+    def install(self, buffers, bint mark_dirty=False):
+        """Set the states of the buffers' keys to theirs (a range taken over or
+        restored); all or nothing as apply."""
+        k, d, o, p, v = _five(buffers)
+        self._run(k, d, o, p, v, 0, True, mark_dirty)
+
+    # -- reading ---------------------------------------------------------------------
+
+    cdef tuple _export(self, const uint32_t *sel, Py_ssize_t k):
+        global _s_pos, _s_kst, _s_flag, _s_arena
+        _s_pos, _s_kst, _s_flag, _s_arena = self.pos, self.kst, self.flag, self.arena
+        qsort(<void *>sel, k, sizeof(uint32_t), _order)
+        cdef Py_ssize_t t, i
+        cdef uint64_t total = 0, w = 0, klen
+        for t in range(k):
+            total += self.kst[sel[t] + 1] - self.kst[sel[t]]
+        kinds = PyBytes_FromStringAndSize(NULL, k)
+        data = PyBytes_FromStringAndSize(NULL, total)
+        cdef carray.array offsets = carray.clone(_U64, k + 1, zero=False)
+        cdef carray.array positions = carray.clone(_U64, k, zero=False)
+        cdef carray.array values = carray.clone(_I64, k, zero=False)
+        cdef uint8_t *kp = <uint8_t *>PyBytes_AS_STRING(kinds)
+        cdef unsigned char *dp = <unsigned char *>PyBytes_AS_STRING(data)
+        cdef uint64_t *op = <uint64_t *>offsets.data.as_voidptr
+        cdef uint64_t *pp = <uint64_t *>positions.data.as_voidptr
+        cdef int64_t *vp = <int64_t *>values.data.as_voidptr
+        op[0] = 0
+        for t in range(k):
+            i = sel[t]
+            klen = self.kst[i + 1] - self.kst[i]
+            memcpy(dp + w, self.arena + self.kst[i], klen)
+            w += klen
+            kp[t], op[t + 1], pp[t], vp[t] = self.flag[i] & KIND, w, self.pos[i], self.val[i]
+        return kinds, data, offsets, positions, values
+
+    def export(self, uint64_t lo=0, uint64_t hi=0):
+        """The keys at positions in (lo, hi] (lo == hi: all), in position order, as
+        (kinds, key_data, offsets, positions, values)."""
+        cdef uint32_t *sel = <uint32_t *>PyMem_RawMalloc((self.n + 1) * sizeof(uint32_t))
+        if sel == NULL:
+            raise MemoryError()
+        cdef Py_ssize_t i, k = 0
+        for i in range(self.n):
+            if _in_range(self.pos[i], lo, hi):
+                sel[k] = <uint32_t>i
+                k += 1
+        try:
+            return self._export(sel, k)
+        finally:
+            PyMem_RawFree(sel)
+
+    def take_dirty(self):
+        """The keys changed since the previous take, as export gives them; from now on
+        none is changed (the fragment of an incremental checkpoint)."""
+        if self.busy:
+            raise RuntimeError("the state table is in use by another call")
+        out = self._export(self.dirty, self.ndirty)
+        cdef Py_ssize_t t
+        for t in range(self.ndirty):
+            self.flag[self.dirty[t]] &= KIND
+        self.ndirty = 0
+        return out
+
+    @property
+    def dirty_count(self):
+        return self.ndirty
+
+    def discard(self, uint64_t lo=0, uint64_t hi=0):
+        """Remove the keys at positions in (lo, hi] (lo == hi: all)."""
+        if self.busy:
+            raise RuntimeError("the state table is in use by another call")
+        cdef Py_ssize_t i, j = 0
+        cdef uint64_t w = 0, a, b
+        for i in range(self.n):
+            if _in_range(self.pos[i], lo, hi):
+                continue
+            a, b = self.kst[i], self.kst[i + 1]
+            memmove(self.arena + w, self.arena + a, b - a)
+            self.pos[j], self.val[j], self.flag[j], self.kst[j] = \
+                self.pos[i], self.val[i], self.flag[i], w
+            w += b - a
+            j += 1
+        self.kst[j], self.n, self.alen, self.ndirty = w, j, w, 0
+        for i in range(j):
+            if self.flag[i] & DIRTY:
+                self.dirty[self.ndirty] = <uint32_t>i
+                self.ndirty += 1
+        if self._rebuild_index(j, True) != OK:
+            raise MemoryError()
+
+    def get(self, key, default=None):
+        kind, data = key_parts(key)
+        cdef const unsigned char[::1] kb = data
+        cdef uint64_t slot, p = floe_murmur3_64(_ptr(kb), kb.shape[0], 0)
+        cdef Py_ssize_t i = self._find(kind, _ptr(kb), kb.shape[0], p, &slot)
+        return default if i < 0 else self.val[i]
+
+    def __contains__(self, key):
+        return self.get(key, _ABSENT) is not _ABSENT
+
+    def items(self, uint64_t lo=0, uint64_t hi=0):
+        """(key, state) pairs in position order."""
+        kinds, data, offsets, _, values = self.export(lo, hi)
+        return list(zip(decode_keys(kinds, data, offsets), values))
+
+    def __len__(self):
+        return self.n
+
+    @property
+    def nbytes(self):
+        """Memory the table holds (allocated, not only used)."""
+        return (self.dcap * (8 + 8 + 8 + 1 + 4) + 8 + self.acap
+                + (self.mask + 1) * sizeof(uint32_t))
+
+
+_ABSENT = object()
+
+
+def _five(buffers):
+    if not isinstance(buffers, (tuple, list)) or len(buffers) != 5:
+        raise TypeError("buffers must be (kinds, key_data, offsets, positions, values)")
+    return buffers
+
+
+cdef _raise(int err, Py_ssize_t at, str op):
+    if err == E_NOMEM:
+        raise MemoryError("the state table could not grow")
+    if err == E_OVERFLOW:
+        raise OverflowError(f"{op} of key {at} goes beyond int64; the batch changed nothing")
+    what = {E_KEY: "is not what its kind encodes (str: UTF-8; int: \\0i and a decimal)",
+            E_POSITION: "has a position that is not its key's hash",
+            E_OFFSETS: "has offsets that decrease or pass the end of key_data",
+            E_KIND: "has a kind other than 0 (str), 1 (bytes) or 2 (int)"}[err]
+    raise ValueError(f"key {at} {what}; the batch changed nothing")

@@ -3,11 +3,13 @@ the extension is not built (or FLOE_PURE=1 asks for this one)."""
 
 from __future__ import annotations
 
+import sys
 from array import array
 
 import mmh3
 
-from floering.node.core.columnar.buffers import octets, words
+from floering.node.core.columnar.buffers import (columns, decode_keys, in_range, key_parts,
+                                                 octets, valid_key, words)
 
 
 def hash_positions(key_data, offsets) -> array:
@@ -25,3 +27,147 @@ def hash_positions(key_data, offsets) -> array:
             raise ValueError(f"offsets must not decrease nor pass the end of key_data (key {i})")
         out[i] = hash64(data[a:b], seed=0, x64arch=True, signed=False)[0]
     return out
+
+
+OPS = ("count", "sum", "min", "max")
+_LOW, _HIGH = -2 ** 63, 2 ** 63
+
+
+def _five(buffers):
+    if not isinstance(buffers, (tuple, list)) or len(buffers) != 5:
+        raise TypeError("buffers must be (kinds, key_data, offsets, positions, values)")
+    return buffers
+
+
+def _error(at: int, what: str) -> ValueError:
+    return ValueError(f"key {at} {what}; the batch changed nothing")
+
+
+class StateTable:
+    """int64 states of one built-in reducer, keyed by (kind, key bytes, position): a
+    dict {(kind, key bytes): [position, state]} and the set of keys changed."""
+
+    def __init__(self, op: str) -> None:
+        if op not in OPS:
+            raise ValueError(f"a state table's op is one of {', '.join(OPS)}, not {op!r}")
+        self.op = op
+        self._code = OPS.index(op)
+        self._d: dict[tuple[int, bytes], list] = {}
+        self._dirty: set[tuple[int, bytes]] = set()
+
+    def _run(self, kinds, key_data, offsets, positions, values, start: int,
+             overwrite: bool, mark: bool) -> None:
+        kv, dv, ov, pv, vv = columns(kinds, key_data, offsets, positions, values)
+        m = len(kv)
+        if not 0 <= start <= m:
+            raise ValueError(f"start {start} is outside the batch of {m}")
+        data, offs = bytes(dv), ov.cast("Q")
+        poss, vals = pv.cast("Q"), vv.cast("q")
+        table, code, new, changed = self._d, self._code, {}, []
+        hash64 = mmh3.hash64
+        for t in range(start, m):
+            kind, a, b = kv[t], offs[t], offs[t + 1]
+            if kind > 2:
+                raise _error(t, "has a kind other than 0 (str), 1 (bytes) or 2 (int)")
+            if a > b or b > len(data):
+                raise _error(t, "has offsets that decrease or pass the end of key_data")
+            key, p, v = (kind, data[a:b]), poss[t], vals[t]
+            entry = new.get(key) or table.get(key)
+            if entry is None or entry[0] != p:
+                if not valid_key(kind, key[1]):
+                    raise _error(t, "is not what its kind encodes (str: UTF-8; int: \\0i and"
+                                    " a decimal)")
+                if hash64(key[1], seed=0, x64arch=True, signed=False)[0] != p:
+                    raise _error(t, "has a position that is not its key's hash")
+            if entry is None or overwrite:
+                state = v
+            elif code <= 1:
+                state = entry[1] + v
+                if not _LOW <= state < _HIGH:
+                    raise OverflowError(f"{self.op} of key {t} goes beyond int64; the batch "
+                                        f"changed nothing")
+            elif (v < entry[1]) if code == 2 else (v > entry[1]):
+                state = v
+            else:
+                continue
+            new[key] = [p, state]
+            changed.append(key)
+        table.update(new)
+        if mark:
+            self._dirty.update(changed)
+
+    def apply(self, kinds, key_data, offsets, positions, values, start: int = 0) -> None:
+        """Fold the batch's tuples from `start` on with the op: all of them, or (an
+        error raised) none."""
+        self._run(kinds, key_data, offsets, positions, values, start, False, True)
+
+    def merge(self, buffers, mark_dirty: bool = True) -> None:
+        """Fold exported states in with the op (a count's state is its value)."""
+        self._run(*_five(buffers), 0, False, mark_dirty)
+
+    def install(self, buffers, mark_dirty: bool = False) -> None:
+        """Set the states of the buffers' keys to theirs; all or nothing as apply."""
+        self._run(*_five(buffers), 0, True, mark_dirty)
+
+    def _export(self, keys) -> tuple:
+        table = self._d
+        rows = sorted((table[key][0], key[0], key[1], table[key][1]) for key in keys)
+        offsets, end = array("Q", [0]), 0
+        for row in rows:
+            end += len(row[2])
+            offsets.append(end)
+        return (bytes(row[1] for row in rows), b"".join(row[2] for row in rows), offsets,
+                array("Q", [row[0] for row in rows]), array("q", [row[3] for row in rows]))
+
+    def export(self, lo: int = 0, hi: int = 0) -> tuple:
+        """The keys at positions in (lo, hi] (lo == hi: all), in position order, as
+        (kinds, key_data, offsets, positions, values)."""
+        lo, hi = _bound(lo), _bound(hi)
+        return self._export([key for key, entry in self._d.items()
+                             if in_range(entry[0], lo, hi)])
+
+    def take_dirty(self) -> tuple:
+        """The keys changed since the previous take; from now on none is changed."""
+        out = self._export(self._dirty)
+        self._dirty = set()
+        return out
+
+    @property
+    def dirty_count(self) -> int:
+        return len(self._dirty)
+
+    def discard(self, lo: int = 0, hi: int = 0) -> None:
+        """Remove the keys at positions in (lo, hi] (lo == hi: all)."""
+        lo, hi = _bound(lo), _bound(hi)
+        gone = [key for key, entry in self._d.items() if in_range(entry[0], lo, hi)]
+        for key in gone:
+            del self._d[key]
+        self._dirty.difference_update(gone)
+
+    def get(self, key, default=None):
+        entry = self._d.get(key_parts(key))
+        return default if entry is None else entry[1]
+
+    def __contains__(self, key) -> bool:
+        return key_parts(key) in self._d
+
+    def items(self, lo: int = 0, hi: int = 0) -> list:
+        """(key, state) pairs in position order."""
+        kinds, data, offsets, _, values = self.export(lo, hi)
+        return list(zip(decode_keys(kinds, data, offsets), values))
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    @property
+    def nbytes(self) -> int:
+        """Memory the table holds, roughly (dict, tuples, lists and key bytes)."""
+        return sys.getsizeof(self._d) + sum(
+            sys.getsizeof(key) + sys.getsizeof(key[1]) + sys.getsizeof(entry) + 32
+            for key, entry in self._d.items())
+
+
+def _bound(x) -> int:
+    if type(x) is not int or not 0 <= x < 2 ** 64:
+        raise OverflowError(f"a position bound must be an int in [0, 2**64), got {x!r}")
+    return x
