@@ -441,3 +441,38 @@ def test_a_query_refused_busy_is_called_again_until_it_is_served():
         raise busy
     with pytest.raises(Busy):
         asyncio.run(query(Delivery(), 0.1, always_busy))
+
+
+@pytest.mark.multiprocess
+def test_a_source_flood_of_one_identity_does_not_shut_a_node(tmp_path):
+    from floering.chaos.cluster import channel
+    words = [f"w{i % 53}" for i in range(1000)]
+    with LocalCluster.up(3, 1, workdir=tmp_path,
+                         extra_args=["--max-sources-per-node", "32"]) as cluster:
+        mallory = another_client(cluster, "mallory")
+        alice = another_client(cluster, "alice")
+        with RingClient(cluster.seeds, tls=alice) as client:
+            ring = client.ring
+        node = ring.nodes[0]
+        token = ring.tokens_of(node)[0]
+        key = key_per_token(ring)[token]
+        outcomes = Counter()
+        with channel(ring.address(node), mallory) as ch:
+            for i in range(32):
+                b = floe_pb2.Batch(ring_stamp=ring.stamp, token=token, source=f"flood{i}",
+                                   first_seq=1, last_seq=1, count=1, id=1,
+                                   payload=encode_payload([key], [1]))
+                try:
+                    list(floe_pb2_grpc.DataPlaneStub(ch).Push(
+                        iter([floe_pb2.PushRequest(batches=[b])]), timeout=10))
+                    outcomes["OK"] += 1
+                except grpc.RpcError as exc:
+                    assert "--max-sources-per-node" in exc.details(), exc.details()
+                    outcomes[exc.code().name] += 1
+        assert outcomes == {"OK": 8, "RESOURCE_EXHAUSTED": 24}     # a quarter of 32
+        with RingClient(cluster.seeds, tls=alice) as client:
+            client.emit_many(words)
+            client.flush()
+            want = Counter(words)
+            want[key] += 8
+            assert dict(client.scan()) == want
