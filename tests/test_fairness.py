@@ -476,3 +476,20 @@ def test_a_source_flood_of_one_identity_does_not_shut_a_node(tmp_path):
             want = Counter(words)
             want[key] += 8
             assert dict(client.scan()) == want
+
+
+@pytest.mark.multiprocess
+def test_in_the_clear_a_connection_holds_a_quarter_of_the_slots(tmp_path):
+    words = [f"w{i % 11}" for i in range(500)]
+    with LocalCluster.up(2, 1, workdir=tmp_path, tls=False,
+                         extra_args=["--max-concurrent-rpcs", "200"]) as cluster:
+        node = cluster.nodes[0]
+        with IdleStreams(node.address, None, 200) as idle:
+            wait_for(lambda: sum(idle.refused.values()) >= 150, 60, "refusals")
+            assert idle.refused == {"RESOURCE_EXHAUSTED": 150}, idle.refused
+            assert any("this connection holds 50" in d or "holds 50 calls" in d
+                       for d in idle.details), idle.details
+            with RingClient(cluster.seeds) as client:        # other connections
+                client.emit_many(words)
+                client.flush()
+                assert dict(client.scan()) == Counter(words)
