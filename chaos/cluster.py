@@ -277,7 +277,9 @@ class LocalCluster:
         from floering.mapper.admin import request_handoff
         node = self.node(node_id)
         if not node.alive():
-            raise RuntimeError(f"{not_ours(node.pid, node_id)}: it cannot "
+            if start_time(node.pid) is not None:     # a process, but not this node
+                raise RuntimeError(not_ours(node.pid, node_id))
+            raise RuntimeError(f"{node_id} is not running (pid {node.pid} is gone): it cannot "
                                f"hand its ranges over; the ring gives them to their replicas "
                                f"itself (`floe status` shows it as dead)")
         try:

@@ -166,3 +166,109 @@ def test_a_range_of_72_mib_is_scanned_moved_and_copied_again_after_a_kill(tmp_pa
                 assert len(chunks) >= 18       # about a chunk per 4 MiB state
                 held = {k: s for c in chunks for k, s in unpack_entries(c.entries).items()}
                 assert {k: s[0] for k, s in held.items()} == expect
+
+
+def rss_mib(pid: int) -> float:
+    return psutil.Process(pid).memory_info().rss / (1 << 20)
+
+
+@pytest.mark.multiprocess
+def test_slow_scan_readers_hold_a_chunk_each_are_bounded_and_others_are_answered(tmp_path):
+    words = [f"w{i}" for i in range(600_000)]
+    with LocalCluster.up(3, 1, workdir=tmp_path, data_dir=tmp_path / "data") as cluster:
+        with RingClient(cluster.seeds, tls=cluster.tls()) as client:
+            client.emit_many(words)
+            client.flush()
+        node = cluster.nodes[0]
+        before = rss_mib(node.pid)
+        with cluster.channel(node.address) as channel:
+            query = floe_pb2_grpc.QueryPlaneStub(channel)
+            calls = [query.Scan(floe_pb2.ScanRequest(), timeout=120) for _ in range(40)]
+            opened, refused = [], []
+            for call in calls:          # each reads one chunk, then stalls
+                try:
+                    first = next(call)
+                    opened.append(len(unpack_entries(first.entries)))
+                except grpc.RpcError as exc:
+                    assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                    assert "scans open on this node" in exc.details()
+                    refused.append(exc)
+            assert len(opened) == 8 and len(refused) == 32     # one caller's bound
+            assert all(0 < n <= 5000 for n in opened)
+            held = rss_mib(node.pid) - before
+            # Another identity scans the whole ring meanwhile, exactly.
+            with RingClient(cluster.seeds, tls=cluster.tls("operator")) as other:
+                assert dict(other.scan()) == Counter(words)
+            with RingClient(cluster.seeds, tls=cluster.tls()) as same:
+                assert same.get("w7") == 1
+            after = rss_mib(node.pid) - before
+            for call in calls:
+                call.cancel()
+        print(f"\n8 slow readers: RSS +{held:.0f} MiB; after an honest scan +{after:.0f} MiB "
+              f"(from {before:.0f} MiB)")
+        assert held < 60
+        assert after < 150
+
+
+def at_once(calls) -> list:
+    """Run every call in its own thread, all at once: each one's error (or None)."""
+    errors: list = [None] * len(calls)
+
+    def one(i):
+        try:
+            calls[i]()
+        except grpc.RpcError as exc:
+            errors[i] = exc
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(calls))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not any(t.is_alive() for t in threads)
+    return errors
+
+
+@pytest.mark.multiprocess
+def test_concurrent_large_messages_are_refused_or_taken_in_a_bounded_budget(tmp_path):
+    big = [("grpc.max_send_message_length", 128 << 20)]
+    with LocalCluster.up(3, 1, workdir=tmp_path, data_dir=tmp_path / "data") as cluster:
+        with RingClient(cluster.seeds, tls=cluster.tls()) as client:
+            client.emit_many([f"w{i}" for i in range(1000)])
+            client.flush()
+            ring = client.ring
+        node = cluster.nodes[0]
+        token = ring.tokens_of(node.node_id)[0]
+        before = rss_mib(node.pid)
+        # 12 Push requests of 62 MB: over the message limit, refused from their header.
+        payload = b"\0" * (62 << 20)
+        with cluster.channel(node.address, options=big) as channel:
+            data = floe_pb2_grpc.DataPlaneStub(channel)
+            request = floe_pb2.PushRequest(batches=[floe_pb2.Batch(
+                ring_stamp=ring.stamp, token=token, source="s", first_seq=1, last_seq=1,
+                count=1, payload=payload)])
+            errors = at_once([lambda: list(data.Push(iter([request]), timeout=60))] * 12)
+        assert all(e is not None and e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                   for e in errors), errors
+        refused = rss_mib(node.pid) - before
+        # 12 checkpoints of 7 MiB from a peer, under the limit: decoded within the
+        # node's inbound budget (32 MiB at once), the rest wait their turn. Each costs
+        # a few times its bytes before any handler runs (gRPC's and protobuf's copies).
+        states = pack_entries({f"k{i}": b"\1" * (1 << 20) for i in range(7)})
+        with cluster.channel(node.address, name=cluster.nodes[1].node_id,
+                             options=big) as channel:
+            control = floe_pb2_grpc.ControlPlaneStub(channel)
+            fragment = floe_pb2.CheckpointFragment(
+                sender=cluster.nodes[1].node_id, ring_stamp=ring.stamp + 1, token=token,
+                checkpoint_seq=1, full=True, states=states)
+            errors = at_once([lambda: control.ShipCheckpoint(fragment, timeout=60)] * 12)
+        # Decoded, then refused for its ring: never taken as a copy.
+        assert all(e is not None and e.code() in (grpc.StatusCode.FAILED_PRECONDITION,
+                                                  grpc.StatusCode.RESOURCE_EXHAUSTED)
+                   for e in errors), errors
+        taken = rss_mib(node.pid) - before
+        print(f"\n12 x 62 MB refused: RSS +{refused:.0f} MiB; 12 x 7 MiB taken in: "
+              f"+{taken:.0f} MiB (from {before:.0f} MiB)")
+        assert refused < 150                    # 1,040 MiB with a 64 MiB limit
+        assert taken < 5 * 12 * 7
+        with RingClient(cluster.seeds, tls=cluster.tls()) as client:
+            assert dict(client.scan()) == Counter(f"w{i}" for i in range(1000))

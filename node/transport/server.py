@@ -26,6 +26,7 @@ from floering.node.runtime.inbound import StreamState
 from floering.node.runtime.node import NodeRuntime
 from floering.node.runtime.service import NodeService
 from floering.node.transport.binding import SERVER_OPTIONS, claim_port
+from floering.node.transport.budget import ByteBudget
 from floering.node.transport.chunking import CHUNK_ENTRIES, Reassembly, fill
 from floering.node.transport.intercept import CallLimiter
 from floering.node.transport.metrics import NodeMetrics
@@ -175,6 +176,7 @@ class ControlPlane(floe_pb2_grpc.ControlPlaneServicer):
         self.service = service
         self.chunks = Reassembly()      # full checkpoints arriving in chunks
         self.one_chunk = asyncio.Lock()  # see _take_chunk
+        self.inbound = ByteBudget()     # bytes of checkpoints being decoded at once
 
     def _view(self, ring: Ring, starting: bool = False) -> floe_pb2.RingView:
         return floe_pb2.RingView(version=ring.version, ring=ring.to_wire(),
@@ -210,28 +212,33 @@ class ControlPlane(floe_pb2_grpc.ControlPlaneServicer):
                                                                   request.timeout))
 
     async def ShipCheckpoint(self, request, context):
-        held = 0
         try:
-            # A full checkpoint may hold millions of keys: decoded in steps, so that
-            # heartbeats and probes are answered meanwhile.
-            if request.chunk or request.chunks:
-                held, whole = await self._take_chunk(request)
-                if whole is None:
-                    return floe_pb2.CheckpointAck(chunks_held=held)
-                states, watermarks = whole
-            else:
-                states = await unpack_entries_async(request.states)
-                watermarks = request.watermarks
-            need_full, seq, stamp = await self.service.receive_checkpoint(
-                request.sender, request.ring_stamp, request.incarnation, request.token,
-                request.checkpoint_seq, request.base_seq, request.full, states,
-                unpack(watermarks) if watermarks else {})
+            states = request.states           # each read of the field is a copy
+            async with self.inbound.hold(len(states)):
+                return await self._ship_checkpoint(request, states)
         except FloeError as exc:
             await abort(context, exc)
+
+    async def _ship_checkpoint(self, request, data: bytes) -> floe_pb2.CheckpointAck:
+        held = 0
+        # A full checkpoint may hold millions of keys: decoded in steps, so that
+        # heartbeats and probes are answered meanwhile.
+        if request.chunk or request.chunks:
+            held, whole = await self._take_chunk(request, data)
+            if whole is None:
+                return floe_pb2.CheckpointAck(chunks_held=held)
+            states, watermarks = whole
+        else:
+            states = await unpack_entries_async(data)
+            watermarks = request.watermarks
+        need_full, seq, stamp = await self.service.receive_checkpoint(
+            request.sender, request.ring_stamp, request.incarnation, request.token,
+            request.checkpoint_seq, request.base_seq, request.full, states,
+            unpack(watermarks) if watermarks else {})
         return floe_pb2.CheckpointAck(need_full=need_full, checkpoint_seq=seq, ring_stamp=stamp,
                                       chunks_held=held)
 
-    async def _take_chunk(self, request) -> tuple[int, tuple[dict, bytes] | None]:
+    async def _take_chunk(self, request, data: bytes) -> tuple[int, tuple[dict, bytes] | None]:
         """(chunks held in a row, (the whole states, watermarks) once this chunk
         completed the range). One chunk taken in (decoded and put into its range's
         dict) per turn of the event loop: the gRPC server accepts one new call per
@@ -243,7 +250,7 @@ class ControlPlane(floe_pb2_grpc.ControlPlaneServicer):
             held, whole = self.chunks.add(
                 request.sender, request.token,
                 (request.checkpoint_seq, request.base_seq, request.full), request.chunk,
-                request.chunks, await unpack_chunk(request.states), time.monotonic(),
+                request.chunks, await unpack_chunk(data), time.monotonic(),
                 tail=request.watermarks if request.chunk == request.chunks else None)
             # The chunk that completed the range need not be its last one. Held to the
             # next turn after each step: the next chunk waits.
@@ -362,6 +369,15 @@ async def _stream(context, scan, reply) -> None:
         scan.close()
 
 
+def message_bytes(config) -> int:
+    """The largest message a node takes: a Push request (batches packed up to about
+    2 MiB, the last up to --max-batch-bytes), a chunk of state (1 MiB, or one entry
+    alone: a key and state up to this size still move) or a ring view; gRPC refuses
+    a larger one from its header. Two batches (8 MiB), never over
+    --max-message-bytes."""
+    return min(config.max_message_bytes, 2 * config.max_batch_bytes)
+
+
 async def start_server(runtime: NodeRuntime, metrics: NodeMetrics | None = None
                        ) -> tuple[grpc.aio.Server, health_aio.HealthServicer, int]:
     """Serve on runtime.config.listen; returns (server, health, bound port). With
@@ -374,7 +390,7 @@ async def start_server(runtime: NodeRuntime, metrics: NodeMetrics | None = None
     if tls:
         interceptors.append(Authorizer())
     claim_port(config.listen)       # a port another process holds: one clear line
-    server = grpc.aio.server(options=[*channel_options(config.max_message_bytes),
+    server = grpc.aio.server(options=[*channel_options(message_bytes(config)),
                                       *SERVER_OPTIONS],         # the port is ours alone
                              interceptors=interceptors)
     floe_pb2_grpc.add_DataPlaneServicer_to_server(DataPlane(service), server)
