@@ -136,6 +136,9 @@ def _task(config: PartitionConfig, batch_id: int, partition_id: int,
           feed) -> tuple[int, int]:
     """Take the worker's client for this partition's source, feed it, flush."""
     from floering.spark_driver import connections   # imported in the worker, not the driver's pickle
+    # The group (the query's id) is bound by every node to the identity that pushes it:
+    # with TLS, the client certificate every task of the query uses (tls_dir), so
+    # another identity that learns the id opens a group of its own, never ends ours.
     client = connections.acquire(config.seeds, source=epoch_source(config.query_id, partition_id),
                                  first_seq=epoch_seq(batch_id, 0),
                                  expect_reducer=config.reducer, batch_size=config.batch_size,
