@@ -139,7 +139,8 @@ def _recorded(args) -> dict[str, dict]:
 
 
 def cmd_status(args) -> int:
-    from floering.chaos.ringview import describe_ring, member_rows, table, unlisted_processes, verdict
+    from floering.chaos.ringview import (check_exit, describe_ring, member_rows, table,
+                                         unlisted_processes, verdict)
     recorded = _recorded(args)
     with _client(args) as client:
         ring = client.refresh_ring()
@@ -152,7 +153,7 @@ def cmd_status(args) -> int:
         print(json.dumps({"ring_version": ring.version, "replication": ring.replication,
                           "reducer": ring.reducer, "balancer": ring.balancer,
                           "verdict": line, "nodes": rows}, indent=2))
-        return 0
+        return check_exit(line) if args.check else 0
     cells = [("node", "state", "address", "pid", "share", "tokens", "rate/s", "busy", "load",
               "keys", "queue", "backup", "under", "lost", "ring")]
     for r in rows:
@@ -169,7 +170,7 @@ def cmd_status(args) -> int:
     print(describe_ring(ring))
     print("\n".join(table(cells)))
     print(line)
-    return 0
+    return check_exit(line) if args.check else 0
 
 
 def cmd_ring(args) -> int:
@@ -252,7 +253,8 @@ def cmd_move(args) -> int:
     from floering.mapper.admin import move
     with _client(args) as client:
         ring = client.refresh_ring()
-    print(move(ring, args.node, parse_position(args.to), timeout=args.timeout,
+    from floering.chaos.ringview import member_named
+    print(move(ring, member_named(ring, args.node), parse_position(args.to), timeout=args.timeout,
                tls=_tls(args, "operator"), show=position_format(args.to)))
     return 0
 
@@ -261,7 +263,9 @@ def cmd_split(args) -> int:
     from floering.mapper.admin import split
     with _client(args) as client:
         ring = client.refresh_ring()
-    print(split(ring, parse_position(args.position), args.to, timeout=args.timeout,
+    from floering.chaos.ringview import member_named
+    print(split(ring, parse_position(args.position), args.to and member_named(ring, args.to),
+                timeout=args.timeout,
                 tls=_tls(args, "operator"), show=position_format(args.position)))
     return 0
 
@@ -516,6 +520,8 @@ def _cluster_commands(sub) -> None:
 def _query_commands(sub) -> None:
     status = sub.add_parser("status", help="every member's state and load, and a verdict")
     _json_option(status)
+    status.add_argument("--check", action="store_true",
+                        help="exit 3 unless HEALTHY (4 on DATA LOST), for scripts and probes")
     status.set_defaults(func=cmd_status)
 
     get = sub.add_parser("get", help="state of one key (exit 1 if it has none)")
@@ -586,6 +592,8 @@ def main(argv=None) -> int:
         argv = argv[:argv.index("--")]
     args = build_parser().parse_args(argv)
     args.node_flags = node_flags
+    from floering.chaos.ringview import process_ids
+    process_ids(args)           # n1#1 is n1's process
     if node_flags and args.command != "up":
         print(f"floe {args.command}: only `floe up` takes node flags after `--`",
               file=sys.stderr)

@@ -51,13 +51,16 @@ def member_rows(ring: Ring, rows: list[dict], recorded: dict[str, dict]) -> list
         if mine is not None and "error" in row:
             row["pid"] = mine["pid"]
         row["state"] = _state(row, ring, members, suspected, mine)
+        if row["state"] not in (SERVING, REMOVED):
+            row["why"] = why(row, members, mine)
         out.append(row)
     shown = {base_name(r["node_id"]) for r in out} | {r["node_id"] for r in out}
     for node, proc in sorted(recorded.items()):
         if node not in shown:
-            out.append({"node_id": node, "address": proc["address"], "pid": proc["pid"],
-                        "state": DEAD if not proc["alive"] else SUSPECT,
-                        "error": "not running" if not proc["alive"] else "not asked"})
+            row = {"node_id": node, "address": proc["address"], "pid": proc["pid"],
+                   "state": DEAD if not proc["alive"] else SUSPECT,
+                   "error": "not running" if not proc["alive"] else "not asked"}
+            out.append({**row, "why": why(row, members, proc)})
             shown.add(node)
     for node in sorted(ring.removed):
         if node not in shown and base_name(node) not in shown:
@@ -81,26 +84,27 @@ def _state(row: dict, ring: Ring, members: set, suspected: set, mine: dict | Non
 
 
 def verdict(ring: Ring, rows: list[dict]) -> str:
-    """One line: HEALTHY, DEGRADED or DATA LOST, then how many members serve, what is
-    under-replicated or lost, and who is not serving."""
-    members = [r for r in rows if r["node_id"] in set(ring.nodes)]
-    serving = [r for r in members if r["state"] == SERVING]
-    answering = [r for r in rows if "error" not in r and r["node_id"] in set(ring.nodes)]
+    """One line: HEALTHY only when every member the ring or the cluster file records
+    is serving and every range is on r+1 nodes; else DEGRADED (or DATA LOST), then how
+    many serve, what is under-replicated or lost, and who is not serving and why."""
+    members = set(ring.nodes)
+    counted = [r for r in rows if r["state"] != REMOVED]
+    serving = [r for r in counted if r["state"] == SERVING]
+    answering = [r for r in rows if "error" not in r and r["node_id"] in members]
     lost = max([len(ring.lost)] + [r["lost_ranges"] for r in answering])
     under = sum(r["under_replicated"] for r in answering)
     by_state: dict[str, list[str]] = {}
-    for r in rows:
-        if r["state"] not in (SERVING, REMOVED):
-            by_state.setdefault(r["state"], []).append(r["node_id"])
-    trouble = any(s in by_state for s in (SUSPECT, FENCED)) or any(
-        r["state"] == DEAD for r in members)
+    for r in counted:
+        if r["state"] != SERVING:
+            by_state.setdefault(r["state"], []).append(
+                f"{r['node_id']} ({r.get('why') or why(r, members, None)})")
     if lost:
         word = "DATA LOST"
-    elif trouble or under or not answering:
+    elif by_state or under or not answering:
         word = "DEGRADED"
     else:
         word = "HEALTHY"
-    parts = [f"{len(serving)} of {len(members)} members serving"]
+    parts = [f"{len(serving)} of {len(counted)} members serving"]
     if under:
         parts.append(f"{under} ranges under-replicated")
     if lost:
@@ -111,6 +115,26 @@ def verdict(ring: Ring, rows: list[dict]) -> str:
         if state in by_state:
             parts.append(f"{state}: " + ", ".join(by_state[state]))
     return f"{word}: " + "; ".join(parts)
+
+
+def why(row: dict, members: set, mine: dict | None) -> str:
+    """Why a member is not serving, in a few words. `mine`: its recorded process."""
+    state, node = row["state"], row["node_id"]
+    if state == DEAD:
+        if mine is not None and not mine["alive"]:
+            return f"process {mine['pid']} gone"
+        return "declared dead by the ring"
+    if state == SUSPECT:
+        if "error" in row:
+            return "not answering" + ("" if row["error"] == "not asked" else f": {row['error']}")
+        return "suspected by a peer"
+    if state == FENCED:
+        return "declared dead, still running, serves nothing"
+    if state == JOINING:
+        return "holds no range yet" if node in members else "missing from the ring"
+    if state == LEAVING:
+        return "handing its ranges over"
+    return state
 
 
 def describe_ring(ring: Ring) -> str:
@@ -147,3 +171,30 @@ def table(rows: list[tuple[str, ...]]) -> list[str]:
     """Left-aligned columns, two spaces apart."""
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+
+
+def member_named(ring: Ring, given: str) -> str:
+    """The ring member an operator means by `given`, with or without its `#k`: `n1`
+    is `n1#1` once that restarted member holds the name."""
+    if given in ring.nodes:
+        return given
+    same = [n for n in ring.nodes if base_name(n) == base_name(given)]
+    return same[0] if len(same) == 1 else given
+
+
+def process_ids(args) -> None:
+    """`floe scale --remove` and `floe restart` name processes `floe up` started, with
+    or without a member's `#k`: `n1#1` runs in `n1`'s process."""
+    if getattr(args, "command", None) == "scale" and args.remove:
+        args.remove = base_name(args.remove)
+    if getattr(args, "command", None) == "restart":
+        args.nodes = [base_name(n) for n in args.nodes]
+
+
+HEALTH_EXIT = {"HEALTHY": 0, "DEGRADED": 3, "DATA LOST": 4}
+
+
+def check_exit(line: str) -> int:
+    """`floe status --check`'s exit code for a verdict: 0 HEALTHY, 3 DEGRADED, 4 DATA
+    LOST (1 stays a failure to ask, 2 a usage error)."""
+    return HEALTH_EXIT[line.partition(":")[0]]

@@ -277,7 +277,8 @@ def test_status_after_a_kill_names_the_dead_process_and_down_counts_only_running
         recorded = json.loads((tmp_path / "floe-cluster.json").read_text())["nodes"]
         victim = next(n for n in recorded if n["node_id"] == "n1")
         os.kill(victim["pid"], signal.SIGKILL)
-        wanted = "HEALTHY: 2 of 2 members serving; every range on r+1 nodes; dead: n1"
+        wanted = (f"DEGRADED: 2 of 3 members serving; every range on r+1 nodes; dead: n1 "
+                  f"(process {victim['pid']} gone)")
         wait_for(lambda: floe(tmp_path, "status").splitlines()[-1] == wanted, 20,
                  "status to show n1 gone and its ranges on r+1 nodes again")
         shown = json.loads(floe(tmp_path, "status", "--json"))

@@ -42,8 +42,10 @@ def test_each_state_is_named_and_the_verdict_says_who_is_not_serving():
         {"node_id": "n2", "address": MEMBERS["n2"], "error": "DEADLINE_EXCEEDED"},
     ], _recorded("n3"))
     assert _states(rows) == {"n0": "serving", "n1": "leaving", "n2": "suspect", "n3": "dead"}
-    assert verdict(ring, rows) == ("DEGRADED: 1 of 3 members serving; every range on r+1 "
-                                   "nodes; suspect: n2; dead: n3; leaving: n1")
+    assert verdict(ring, rows) == (
+        "DEGRADED: 1 of 4 members serving; every range on r+1 nodes; suspect: n2 (not "
+        "answering: DEADLINE_EXCEEDED); dead: n3 (process 103 gone); leaving: n1 (handing "
+        "its ranges over)")
 
 
 def test_joining_fenced_and_removed_members():
@@ -53,8 +55,9 @@ def test_joining_fenced_and_removed_members():
                        {"n1": {"address": MEMBERS["n1"], "pid": 101, "alive": True}})
     assert _states(rows) == {"n0": "serving", "n2": "joining", "n1": "fenced",
                              "n3": "removed"}
-    assert verdict(ring, rows) == ("DEGRADED: 1 of 2 members serving; every range on r+1 "
-                                   "nodes; fenced: n1; joining: n2")
+    assert verdict(ring, rows) == (
+        "DEGRADED: 1 of 3 members serving; every range on r+1 nodes; fenced: n1 (declared "
+        "dead, still running, serves nothing); joining: n2 (holds no range yet)")
 
 
 def test_a_restarted_process_is_shown_once_under_its_new_name():
@@ -69,7 +72,8 @@ def test_a_restarted_process_is_shown_once_under_its_new_name():
 def test_a_range_lost_is_data_lost():
     ring = Ring.initial(MEMBERS, 1, 2).without(["n1", "n2"])
     rows = member_rows(ring, [_stats("n0", lost_ranges=2), _stats("n3")], _recorded("n1", "n2"))
-    assert verdict(ring, rows) == "DATA LOST: 2 of 2 members serving; 2 ranges lost; dead: n1, n2"
+    assert verdict(ring, rows) == ("DATA LOST: 2 of 4 members serving; 2 ranges lost; dead: "
+                                   "n1 (process 101 gone), n2 (process 102 gone)")
 
 
 def test_locate_names_the_range_and_its_holders_in_the_form_asked():
@@ -81,3 +85,21 @@ def test_locate_names_the_range_and_its_holders_in_the_form_asked():
     assert where["replicas"] == list(ring.regular_replicas(token))
     assert locate(ring, "lord", hex)["position"] == hex(position("lord"))
     assert sum(r["share"] for r in range_rows(ring)) == 1.0
+
+
+def test_a_dead_process_the_ring_took_over_from_is_still_degraded():
+    ring = Ring.initial(MEMBERS, 1, 2).without(["n1"])
+    rows = member_rows(ring, [_stats(n) for n in ("n0", "n2", "n3")], _recorded("n1"))
+    assert verdict(ring, rows) == ("DEGRADED: 3 of 4 members serving; every range on r+1 "
+                                   "nodes; dead: n1 (process 101 gone)")
+    rows = member_rows(ring, [_stats(n) for n in ("n0", "n2", "n3")],
+                       {n: p for n, p in _recorded().items() if n != "n1"})
+    assert verdict(ring, rows) == "HEALTHY: 3 of 3 members serving; every range on r+1 nodes"
+
+
+def test_a_recorded_process_missing_from_the_ring_is_named():
+    ring = Ring.initial({n: a for n, a in MEMBERS.items() if n != "n3"}, 1, 2)
+    rows = member_rows(ring, [_stats(n) for n in ("n0", "n1", "n2")] + [_stats("n3")],
+                       _recorded())
+    assert verdict(ring, rows) == ("DEGRADED: 3 of 4 members serving; every range on r+1 "
+                                   "nodes; joining: n3 (missing from the ring)")
