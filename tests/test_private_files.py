@@ -166,3 +166,27 @@ def test_signal_checks_see_through_a_recycled_or_foreign_pid():
     assert not is_our_node(me, "n0", "127.0.0.1:1", start_time(me))   # not a node
     assert not is_our_node(me, "n0", "127.0.0.1:1", None)              # no start time
     assert not is_our_node(2 ** 22 + 12345, "n0", "127.0.0.1:1", 1.0)  # gone
+
+
+def test_down_signals_no_process_a_forged_cluster_file_names(tmp_path):
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"],
+                                stdin=subprocess.DEVNULL)
+    marker = tmp_path / "pwned"
+    try:
+        wait_for(lambda: start_time(stranger.pid) is not None, 10, "the stranger to start")
+        (tmp_path / "floe-cluster.json").write_text(json.dumps({
+            "replicas": 1, "reducer": "count", "extra_args": [], "data_dir": None,
+            "nodes": [{"node_id": "n0", "address": "127.0.0.1:1", "pid": stranger.pid,
+                       "create_time": start_time(stranger.pid), "log": "/etc/passwd",
+                       "cmd": ["touch", str(marker)], "peers": "n0=127.0.0.1:1",
+                       "join": "", "tokens_per_node": 8}]}))
+        loaded = LocalCluster.load(tmp_path / "floe-cluster.json").node("n0")
+        assert loaded.log == str(tmp_path / "floe-cluster" / "logs" / "n0.log")
+        assert loaded.cmd[:3] == [sys.executable, "-m", "floering.node"]
+        done = floe_run(tmp_path, "down", "--kill")
+        assert done.returncode == 0 and "killed 0 nodes (1 recorded were not running)" \
+            in done.stdout, done.stdout + done.stderr
+        assert stranger.poll() is None and not marker.exists()
+    finally:
+        stranger.kill()
+        stranger.wait()
