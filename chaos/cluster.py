@@ -1,9 +1,10 @@
 """Start, find and stop a local multi-process ring on loopback.
 
 Every process is started here and stopped here by its own PID (checked against its
-command line first, so a recycled PID is never signalled). The cluster is recorded
-in a JSON file so `floe status` / `floe down` in another shell find it.
-"""
+command line and start time first, so a recycled PID is never signalled). The cluster
+is recorded in a JSON file so `floe status` / `floe down` in another shell find it;
+what is read back from it is checked, and node commands are built, never read
+(chaos.records). Everything written here is private (node.files)."""
 
 from __future__ import annotations
 
@@ -305,8 +306,8 @@ class LocalCluster:
 
     def restart(self, node_id: str, *, graceful: bool = True, sig: int = signal.SIGKILL,
                 timeout: float = 60.0, ready_timeout: float = 30.0) -> NodeProcess:
-        """Stop the node's process and start it again with the same command line.
-        Graceful: it first leaves the ring (hands every range to its first replica).
+        """Stop the node's process and start it again with the same command line
+        (of a loaded cluster: the one built from the node's checked record). Graceful: it first leaves the ring (hands every range to its first replica).
         Otherwise `sig` (SIGKILL; SIGTERM stops it as a service manager does, leaving
         the ring only with --leave-on-sigterm): unless it left, its ranges are taken
         over as after a crash. Either way the
