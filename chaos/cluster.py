@@ -160,6 +160,8 @@ class LocalCluster:
             "--node-id", ids[0], "--listen", f"{host}:{ports[0]}", "--peers", peers,
             "--replication", str(replicas), "--tokens-per-node", str(tokens_per_node),
             "--reducer", reducer, *extra])
+        # what the cluster file will say: `floe` would not read it back otherwise
+        check_extra(extra, tls_dir=str(workdir / "floe-cluster" / "tls"))
         log_dir = private_dir(workdir / "floe-cluster" / "logs")
         procs = []
         if tls:

@@ -89,8 +89,8 @@ def _parsed(argv: list[str], node_id: str):
 
 def _refuse(node_id: str, bad: list[str]) -> None:
     if bad:
-        raise ValueError(f"the cluster file gives {node_id} settings `floe up` never "
-                         f"does ({', '.join(sorted(bad))}): not started")
+        raise ValueError(f"settings a `floe up` cluster never gives {node_id}: "
+                         f"{', '.join(sorted(bad))} (not started)")
 
 
 def check_extra(extra: list[str], *, tls_dir: str) -> None:

@@ -96,7 +96,7 @@ def test_restart_runs_no_recorded_command_and_signals_no_stranger(ring, tmp_path
         data["extra_args"] += ["--config", str(tmp_path / "theirs.toml")]
         path.write_text(json.dumps(data))
         done = floe_run(work, "restart", "n1", "--kill")
-        assert done.returncode == 1 and "never does (config)" in done.stderr, done.stderr
+        assert done.returncode == 1 and "never gives every node: config" in done.stderr, done.stderr
         assert stranger.poll() is None and not marker.exists()
     finally:
         path.write_text(honest)
@@ -190,3 +190,11 @@ def test_down_signals_no_process_a_forged_cluster_file_names(tmp_path):
     finally:
         stranger.kill()
         stranger.wait()
+
+
+def test_up_refuses_node_flags_it_could_not_read_back_before_starting_anything(tmp_path):
+    done = floe_run(tmp_path, "up", "--memory", "--", "--events-file", "/tmp/theirs")
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert "never gives every node: events_file" in done.stderr
+    assert not (tmp_path / "floe-cluster.json").exists()
+    assert not (tmp_path / "floe-cluster").exists()
