@@ -163,6 +163,6 @@ class DurableNodes:
             machine.begin(starter.me, ring, restored_core(
                 starter.me, ring, load_reducer("count"), Limits(), loaded.copies,
                 loaded.batches, self.now, corrupt=frozenset(loaded.corrupt)))
-            self.handle(proc, RingSeen(decision.ring))
+            self.handle(proc, RingSeen(decision.ring, pulled=True))
         self._keep_on_disk(proc, starter.disk, loaded.node_id if loaded else None, loaded)
         self._start_loops(proc, STARTUP_GRACE)

@@ -42,6 +42,7 @@ from floering.node.core.node_core import NodeCore
 from floering.node.core.reducers import load_reducer
 from floering.node.core.ring import Ring
 from floering.chaos.hostile import forged_views
+from floering.node.core.ring_merge import MAX_VERSION_STEP
 from floering.node.core.shedding import PeerLoad, cut_positions, shed_reach
 from floering.mapper.sharing import chooser_for
 from floering.node.core.balancers import balancer
@@ -130,6 +131,8 @@ PIECE_IDLE = 0.5
 # As deployed (--repair-delay): new replicas' full copies wait this long after a member
 # leaves, so every run crosses the window in which ranges have fewer copies.
 REPAIR_DELAY = 1.0
+# Ring views a member may forge that the protocol could have produced (Simulation.forge)
+MEMBER_FORGERIES = ("version far ahead", "removes live members")
 
 
 def make_machine(node_id: str, ring: Ring, incarnation: int, address: str,
@@ -191,6 +194,7 @@ class Simulation(DurableNodes):
         self.pieces_sent: set = set()      # the pieces of shared keys tuples went to
         self.log: list[str] = []
         self.declared: list[tuple[float, str, str]] = []   # (when, by whom, whom)
+        self.forged_removals: list[tuple[float, str, tuple]] = []  # (when, to whom, whom)
 
     def _incarnation(self) -> int:
         self.incarnations += 1
@@ -397,7 +401,8 @@ class Simulation(DurableNodes):
             return server.core.ring
 
         for target in targets:
-            self.call(proc, target, serve, lambda r: self.handle(proc, RingSeen(r)), _ignore)
+            self.call(proc, target, serve, lambda r: self.handle(proc, RingSeen(r, pulled=True)),
+                      _ignore)
 
     def _heartbeat(self, proc: SimProcess, e: SendHeartbeat) -> None:
         me, incarnation = proc.name, proc.machine.incarnation
@@ -998,6 +1003,9 @@ class Simulation(DurableNodes):
         """Someone who is no member sends `name` a ring view no honest member can have:
         another replication factor, a member moved to another address, or a version
         implausibly far ahead. The node must refuse it and change nothing."""
+        if kind in MEMBER_FORGERIES:
+            self.forge_as_member(name, kind)
+            return
         proc = self.process(name)
         if proc is None or not self._usable(proc):
             return
@@ -1008,6 +1016,35 @@ class Simulation(DurableNodes):
             self.log.append(f"{self.now:.3f} {proc.name} refused a forged view ({kind})")
             return
         raise AssertionError(f"{proc.name} adopted a forged ring view ({kind})")
+
+    def forge_as_member(self, name: str, kind: str) -> None:
+        """A member's certificate pushes `name` a view the protocol could produce but
+        its holder made up: its version 2^20 ahead (absorbed: `name` moves at most
+        MAX_VERSION_STEP + 1 ahead, and the ring converges), or the removal of every
+        other live member (held until `name`'s own probes find them gone: never, as
+        they answer; nobody is fenced)."""
+        proc = self.process(name)
+        if proc is None or not self._usable(proc) or proc.core.starting or proc.core.fenced:
+            return
+        ring = proc.core.ring
+        if kind == "version far ahead":
+            forged = ring.with_version(ring.version + (1 << 20))
+        else:
+            others = [n for n in ring.nodes if n != proc.name and self.usable(n)]
+            if len(others) < 2 or len(ring.nodes) - len(others) < 1:
+                return
+            forged = ring.without(others[:2])
+        self.handle(proc, RingSeen(forged))
+        after = proc.core.ring
+        if kind == "version far ahead":
+            assert after.version <= ring.version + MAX_VERSION_STEP + 1, (ring, after)
+            self.log.append(f"{self.now:.3f} {proc.name} absorbed a forged view far ahead "
+                            f"(v{ring.version} -> v{after.version})")
+        else:
+            assert not (set(others[:2]) & after.removed), (proc.name, others[:2])
+            self.log.append(f"{self.now:.3f} {proc.name} holds a forged view removing "
+                            f"{','.join(others[:2])}")
+            self.forged_removals.append((self.now, proc.name, tuple(others[:2])))
 
     def forge_checkpoint(self, name: str, kind: str) -> None:
         """`name` is sent a whole checkpoint that would replace its copy of a range it

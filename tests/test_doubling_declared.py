@@ -42,7 +42,10 @@ def after_n0_died(name: str) -> NodeMachine:
     """`name` once n0 was declared dead: n1 took n0's ranges over, and n2 (the next
     node clockwise) is now their replica, with no copy of them yet."""
     m = machine(name)
-    m.handle(RingSeen(m.core.ring.without(["n0"])), 0.0)
+    effects = m.handle(RingSeen(m.core.ring.without(["n0"])), 0.0)
+    for e in effects:               # a removal is adopted once our own probe agrees
+        if isinstance(e, StartProbe):
+            m.handle(ProbeFinished(e.probe, REFUSED, (), e.epoch), 0.01)
     return m
 
 

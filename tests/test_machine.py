@@ -77,7 +77,7 @@ def test_a_probe_answered_by_another_process_counts_as_refused():
 def test_a_probe_begun_as_an_earlier_member_is_discarded():
     m = machine()
     start = probe_of(m, 5.0)
-    m.handle(RingSeen(m.core.ring.without(["n0"])), 5.05)    # fenced: rejoins as n0#1
+    m.handle(RingSeen(m.core.ring.without(["n0"]), pulled=True), 5.05)    # fenced: rejoins as n0#1
     assert m.node_id == "n0#1" and m.epoch == start.epoch + 1
     effects = m.handle(ProbeFinished(start.probe, REFUSED, (TIMED_OUT, TIMED_OUT),
                                      start.epoch), 5.1)
@@ -86,7 +86,7 @@ def test_a_probe_begun_as_an_earlier_member_is_discarded():
 
 def test_being_removed_rejoins_empty_under_a_new_name():
     m = machine()
-    effects = m.handle(RingSeen(m.core.ring.without(["n0"])), 1.0)
+    effects = m.handle(RingSeen(m.core.ring.without(["n0"]), pulled=True), 1.0)
     assert kinds(effects)[-1] == "fenced" and Gossip() in effects
     assert m.core.ring.tokens_of("n0#1") == () and not m.core.primaries and m.rejoined == 1
 
@@ -142,7 +142,7 @@ def test_after_being_cut_off_the_view_that_removed_us_comes_before_any_declarati
     rounds(m, 5.0, 25.0, (UNASKED, UNASKED))
     effects, now = rounds(m, 25.0, 25.2, (TIMED_OUT, TIMED_OUT))
     assert Gossip() in effects
-    effects = m.handle(RingSeen(m.core.ring.without(["n0"])), now)
+    effects = m.handle(RingSeen(m.core.ring.without(["n0"]), pulled=True), now)
     assert "fenced" in kinds(effects) and m.node_id == "n0#1" and not m.isolation.state
 
 
@@ -204,7 +204,7 @@ def test_records_name_the_stimulus_that_caused_them():
     records = [e for e in effects if isinstance(e, Record)]
     assert len(records) >= 2                    # detected, then what it changed here
     assert {r.stimulus for r in records} == {f"n0:{m.stimuli}:ProbeFinished"}
-    later = m.handle(RingSeen(m.core.ring.without(["n0"])), 6.0)
+    later = m.handle(RingSeen(m.core.ring.without(["n0"]), pulled=True), 6.0)
     assert [e.stimulus for e in later if isinstance(e, Record)] == [f"n0:{m.stimuli}:RingSeen"]
 
 

@@ -8,7 +8,8 @@ deterministic simulation drive exactly the same decisions.
 
 `epoch` counts the members this process has been (it grows when a fenced node rejoins
 under a new name): a call begun as an earlier member reports with its epoch and is
-discarded by value, never applied to the member that replaced it.
+discarded by value, never applied to the member that replaced it. Ring views from
+elsewhere are checked first (node.core.machine_views).
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ from floering.node.core.errors import InvalidArgument, inert
 from floering.node.core.handoff import (Handoff, HandoffState, SplitBudget, leave_moves,
                                retired_extras, split_ring, unpinned)
 from floering.node.core.folding import FOLDING_BALANCERS, routed
+from floering.node.core.evidence import ViewGuard
 from floering.node.core.load import LoadMonitor
+from floering.node.core.machine_views import ViewChecks
 from floering.node.core.machine_io import (
     BatchApplied, CheckpointAcked, CheckpointDue, CheckpointFailed, CheckpointRoundDone, Exit,
     Farewell, FoldAnswered, Gossip, HandoffAbandoned, HandoffEnded, HandoffRequested,
@@ -44,7 +47,7 @@ FAILING_ROUNDS = 25
 SETTLE_SECONDS = 5.0
 
 
-class NodeMachine:
+class NodeMachine(ViewChecks):
     def __init__(self, core: NodeCore, incarnation: int, detector: FailureDetector,
                  load: LoadMonitor, make_core: Callable[[str, Ring], NodeCore],
                  listen: str = "", balance: bool = False, max_tokens: int = 4096,
@@ -72,6 +75,7 @@ class NodeMachine:
         self.resuming: dict[int, str] = {}
         self.failing: dict[tuple[int, str], int] = {}   # (token, replica) -> failed rounds
         self.isolation = Isolation()     # were we cut off? then views first, suspicions after
+        self.guard = ViewGuard()         # views held until our own probes back their removals
         self._handlers = {
             RingSeen: self._ring_seen, HeardFrom: self._heard_from,
             SignOfLife: self._sign_of_life, HeartbeatFailed: self._heartbeat_failed,
@@ -112,20 +116,11 @@ class NodeMachine:
         suspected before `grace` has passed or we heard it once."""
         self.detector.watch(self.core.monitored_primaries(), now, grace=grace)
 
-    def is_process_of(self, node: str, incarnation: int) -> bool:
-        """Is the process that answered for `node` the member the ring knows?"""
-        return not restarted(self.core.ring, node, incarnation)
-
     def _record(self, kind: str, text: str = "", level: int = logging.INFO, **fields) -> Record:
         return Record(kind, self.core.node_id, tuple(sorted(fields.items())), level, text,
                       self._stimulus)
 
     # ------------------------------------------------------------ ring views
-
-    def _ring_seen(self, event: RingSeen, now: float, out: list) -> None:
-        self._adopt(event.ring, now, out)
-        if self.isolation.view_seen():     # had we been removed, we would be fenced now
-            out.append(Note("a peer's ring view reached us: our suspicions count again"))
 
     def _adopt(self, ring: Ring, now: float, out: list) -> RingChange | None:
         """Merge a ring view; act on what it changes here."""
@@ -174,6 +169,7 @@ class NodeMachine:
         self.detector.watch((), now)
         self.resuming.clear()
         self.isolation = Isolation()
+        self.guard.reset()
         self.rejoined += 1
         self.epoch += 1
         if self.handoff is not None:
@@ -216,12 +212,6 @@ class NodeMachine:
         if event.refresh:
             out.append(Gossip(event.address))
 
-    def address_of(self, node: str) -> str | None:
-        try:
-            return self.core.ring.address(node)
-        except ValueError:
-            return None
-
     # ------------------------------------------------------ failure detection
 
     def _heartbeat_due(self, event: HeartbeatDue, now: float, out: list) -> None:
@@ -245,6 +235,7 @@ class NodeMachine:
                                   tuple(map(ring.address, vias)), ring.stamp, self.epoch))
 
     def _probe_abandoned(self, event: ProbeAbandoned, now: float, out: list) -> None:
+        self.guard.abandon(event.probe)
         self.detector.abandon(event.probe)   # the suspicion stays; a later tick probes again
 
     def _probe_finished(self, event: ProbeFinished, now: float, out: list) -> None:
@@ -253,6 +244,8 @@ class NodeMachine:
         with a quorum of the ring behind it, once we know we were not cut off, and only
         after the lossy suspicion if declaring would lose ranges (it may be starved)."""
         probe = event.probe
+        if self._verification_finished(event, now, out):
+            return
         if event.epoch != self.epoch or self.core.fenced:
             self.detector.abandon(probe)
             return   # a stale incarnation must not declare anyone

@@ -20,9 +20,11 @@ from floering.node.core.ring import Ring
 
 @dataclass(frozen=True)
 class RingSeen:
-    """A ring view from anywhere (a peer's exchange, an answer, a refusal)."""
+    """A ring view from anywhere (a peer's exchange, an answer, a refusal). `pulled`:
+    the answer of a member we called at its address (only such a view may remove us)."""
 
     ring: Ring
+    pulled: bool = False
 
 
 @dataclass(frozen=True)

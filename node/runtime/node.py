@@ -112,7 +112,7 @@ class NodeRuntime:
                                            initial.addresses if back else None)
         if back and decision.node_id == self.me:       # the same member, with its state
             self.machine.begin(self.me, initial, restore(disk, self.core, self.clock()))
-            self._handle(RingSeen(decision.ring))
+            self._handle(RingSeen(decision.ring, pulled=True))
         else:
             self.machine.begin(decision.node_id, decision.ring)
         record_start(self.events, decision, self.incarnation, self.config.node_id,
@@ -145,9 +145,9 @@ class NodeRuntime:
         return not (self.starting or self.left.is_set() or self.core.fenced
                     or self.machine.rejoined > self._rejoins_seen)
 
-    def adopt(self, ring: Ring) -> None:
-        """A ring view from a peer."""
-        self._handle(RingSeen(ring))
+    def adopt(self, ring: Ring, pulled: bool = False) -> None:
+        """A ring view from a peer (`pulled`: its answer to our call)."""
+        self._handle(RingSeen(ring, pulled))
         if self.core.node_id in ring.nodes:
             self._rejoins_seen = self.machine.rejoined     # a peer knows who we are now
 
@@ -406,7 +406,7 @@ class NodeRuntime:
                 wire = await self.peers.exchange_ring(
                     target, sender=self.core.node_id, ring_wire=self.core.ring.to_wire(),
                     version=self.core.ring.version, reducer=self.reducer.name)
-                self.adopt(Ring.from_wire(wire))
+                self.adopt(Ring.from_wire(wire), pulled=True)
             except FloeError as exc:
                 if isinstance(exc, InvalidArgument):
                     log.warning("ring view from %s refused: %s", target, exc)
