@@ -1,0 +1,104 @@
+"""A range read out whole for a snapshot, and a snapshot's chunk merged into a range.
+Pure: the node core's ranges and an explicit `now`.
+
+Export reads a primary range's states and its per-source watermarks in one step, so
+the watermarks cover exactly the states read. Import merges a chunk's states into a
+range with the reducer's merge (checked, all or nothing, as a combining mapper's are)
+and keeps `import:<snapshot>` = the last chunk merged as one of the range's
+watermarks: a chunk sent again is merged once, and checkpoints, replicas, takeovers
+and the durable store carry the mark as any watermark."""
+
+from __future__ import annotations
+
+import re
+
+from floering.node.core.errors import Fenced, InvalidArgument, ReducerMismatch, StaleRing
+from floering.node.core.snapshot_format import (IMPORT_SOURCE, MAX_CHUNKS, SnapshotError,
+                                                check_watermarks)
+
+SNAPSHOT_ID = re.compile(r"[0-9a-f]{64}")
+
+
+class HoldsState(StaleRing):
+    """The range holds state already (FAILED_PRECONDITION): merging a snapshot into it
+    adds the two; the operator asks for that explicitly."""
+
+
+def import_mark(snapshot: str) -> str:
+    return IMPORT_SOURCE + snapshot
+
+
+def _primary(core, ring_stamp: int, token: int):
+    core.check_readable()               # starting, fenced, or a range lost: refused
+    if ring_stamp != core.ring.stamp:
+        raise StaleRing(f"ring stamp {ring_stamp:#x}, node {core.node_id} is at "
+                        f"{core.ring.stamp:#x}: read the ring again")
+    rng = core.primaries.get(token)
+    if rng is None:
+        raise StaleRing(f"node {core.node_id} is not the primary of token {token} in ring "
+                        f"version {core.ring.version}")
+    return rng
+
+
+def export_range(core, ring_stamp: int, token: int) -> tuple[dict, dict[str, int]]:
+    """(states, watermarks) of a range this node is primary for, read at one point:
+    a copy (of references) the caller may encode while batches keep applying."""
+    rng = _primary(core, ring_stamp, token)
+    return rng.state.snapshot(), dict(rng.watermarks)
+
+
+def import_chunk(core, reducer: str, ring_stamp: int, token: int, snapshot: str,
+                 chunk: int, chunks: int, keys, states, watermarks: dict,
+                 into_state: bool, now: float) -> int:
+    """Merge chunk `chunk` of `chunks` of a snapshot's states for `token` into the
+    range; returns the chunks of that snapshot the range holds now. A chunk held
+    already changes nothing; one past the next is refused. The first chunk brings
+    the watermarks (each source's raised to the snapshot's) and, unless `into_state`,
+    is refused (HoldsState) by a range that holds any state or watermark."""
+    if core.fenced:
+        raise Fenced(f"node {core.node_id} was removed from the ring")
+    if not SNAPSHOT_ID.fullmatch(snapshot):
+        raise InvalidArgument("a snapshot id is 64 lowercase hex digits")
+    if not 1 <= chunk <= chunks <= MAX_CHUNKS:
+        raise InvalidArgument(f"chunk {chunk} of {chunks}: chunks are 1..chunks, at most "
+                              f"{MAX_CHUNKS}")
+    if reducer != core.reducer.name:
+        raise ReducerMismatch(f"the snapshot's reducer is {reducer!r}, the ring runs "
+                              f"{core.reducer.name!r}")
+    rng = _primary(core, ring_stamp, token)
+    mark = import_mark(snapshot)
+    held = rng.watermarks.get(mark, 0)
+    if chunk <= held:
+        return held
+    if chunk != held + 1:
+        raise InvalidArgument(f"chunk {chunk} of snapshot {snapshot[:12]} for token "
+                              f"{token}: the range holds {held}, the next is {held + 1}")
+    limit = core.limits.max_sources_per_range
+    marks = check_watermarks(watermarks, limit) if chunk == 1 else {}
+    if chunk > 1 and watermarks:
+        raise SnapshotError("only a range's first chunk carries its watermarks")
+    if marks and any(s.startswith(IMPORT_SOURCE) for s in marks):
+        raise InvalidArgument(f"a snapshot's watermarks carry no {IMPORT_SOURCE} source")
+    if chunk == 1 and not into_state and (len(rng.state) or rng.watermarks):
+        raise HoldsState(f"the range of token {token} on {core.node_id} holds "
+                         f"{len(rng.state)} keys and {len(rng.watermarks)} watermarks "
+                         f"already (import into a ring with no state, or merge into it "
+                         f"explicitly)")
+    if len(rng.watermarks.keys() | marks.keys()) + 1 > limit:
+        raise InvalidArgument(f"the range of token {token} would track more than {limit} "
+                              f"sources (--max-sources-per-range)")
+    ring = core.ring
+    for key in keys:
+        if ring.token_for_key(key) != token:
+            raise InvalidArgument(f"a key of the chunk belongs to token "
+                                  f"{ring.token_for_key(key)}, not {token}")
+    if keys:
+        rng.state.merge_in(keys, states)     # checks every state first: all or nothing
+    for source, seq in marks.items():
+        if seq > rng.watermarks.get(source, -1):
+            rng.watermarks[source] = seq
+        rng.last_seen[source] = now
+    rng.watermarks[mark] = chunk
+    rng.last_seen[mark] = now
+    rng.force_checkpoint()
+    return chunk

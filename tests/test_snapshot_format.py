@@ -1,0 +1,159 @@
+"""The snapshot file and the core's side of export/import, without processes: every
+damaged file refused whole, a range read with its watermarks, chunks merged once each
+and in order, a range holding state refused, hostile fields refused."""
+
+import io
+from collections import Counter
+
+import pytest
+
+from floering.node.core.batch import Limits
+from floering.node.core.codec import pack_entries, unpack_columns
+from floering.node.core.errors import InvalidArgument, ReducerMismatch, StaleRing
+from floering.node.core.snapshot_format import Header, SnapshotError, Writer, sections, verify
+from floering.node.core.snapshots import HoldsState, export_range, import_chunk, import_mark
+from tests.helpers import CoreCluster
+
+SNAP = "ab" * 32
+
+
+def write(ranges: dict[int, list[tuple[dict, dict]]]) -> bytes:
+    out = io.BytesIO()
+    w = Writer(out, Header("count", "none", 3, 77, ("n0", "n1"), tuple(sorted(ranges)), 1.0))
+    for token in sorted(ranges):
+        parts = ranges[token]
+        for n, (states, marks) in enumerate(parts, 1):
+            w.add(token, n, len(parts), marks, pack_entries(states), len(states))
+    w.close()
+    return out.getvalue()
+
+
+def good() -> bytes:
+    return write({10: [({"a": 1, "b": 2}, {"s": 5}), ({"c": 3}, {})],
+                  20: [({}, {"s": 7, "t": 1})]})
+
+
+def test_a_whole_file_reads_back_exactly():
+    data = good()
+    header, snap, entries = verify(io.BytesIO(data))
+    assert header.reducer == "count" and header.tokens == (10, 20) and entries == 3
+    assert len(snap) == 64 and snap == verify(io.BytesIO(data))[1]
+    got = [(s.token, s.chunk, s.chunks, s.watermarks, dict(zip(*unpack_columns(s.entries))))
+           for s in sections(io.BytesIO(data))]
+    assert got == [(10, 1, 2, {"s": 5}, {"a": 1, "b": 2}), (10, 2, 2, {}, {"c": 3}),
+                   (20, 1, 1, {"s": 7, "t": 1}, {})]
+
+
+def test_every_truncation_and_every_flipped_byte_is_refused():
+    data = good()
+    for cut in range(len(data)):
+        with pytest.raises(SnapshotError):
+            verify(io.BytesIO(data[:cut]))
+    for i in range(len(data)):
+        bad = bytearray(data)
+        bad[i] ^= 0x40
+        with pytest.raises(SnapshotError):
+            verify(io.BytesIO(bytes(bad)))
+    with pytest.raises(SnapshotError, match="after the trailer"):
+        verify(io.BytesIO(data + b"x"))
+
+
+def test_a_range_missing_or_out_of_order_is_refused_even_with_good_checksums():
+    with pytest.raises(SnapshotError):     # the header names 10 and 20; only 10 is there
+        out = io.BytesIO()
+        w = Writer(out, Header("count", "none", 1, 1, ("n0",), (10, 20), 0.0))
+        w.add(10, 1, 1, {}, pack_entries({"a": 1}), 1)
+        w.close()
+        verify(io.BytesIO(out.getvalue()))
+    out = io.BytesIO()
+    w = Writer(out, Header("count", "none", 1, 1, ("n0",), (10,), 0.0))
+    w.add(10, 2, 2, {}, pack_entries({"a": 1}), 1)
+    w.close()
+    with pytest.raises(SnapshotError, match="out of place"):
+        verify(io.BytesIO(out.getvalue()))
+
+
+@pytest.mark.parametrize("marks", [{"s": -1}, {"s": 1.5}, {"": 1}, {"s" * 2000: 1},
+                                   {1: 1}, {"s": "1"}, [1]])
+def test_hostile_watermarks_are_refused(marks):
+    out = io.BytesIO()
+    w = Writer(out, Header("count", "none", 1, 1, ("n0",), (10,), 0.0))
+    w.add(10, 1, 1, marks, pack_entries({}), 0)
+    w.close()
+    with pytest.raises(SnapshotError):
+        verify(io.BytesIO(out.getvalue()))
+
+
+# ------------------------------------------------------------- the core's side
+
+def fed() -> tuple[CoreCluster, Counter]:
+    c = CoreCluster(nodes=2, replication=1, tokens_per_node=3)
+    words = [f"w{i % 37}" for i in range(500)]
+    c.push("src", words)
+    return c, Counter(words)
+
+
+def test_export_reads_each_range_with_its_watermarks_and_import_merges_once():
+    c, expect = fed()
+    core = c.cores["n0"]
+    ring = core.ring
+    for token in ring.tokens_of("n0"):
+        states, marks = export_range(core, ring.stamp, token)
+        assert all(ring.token_for_key(k) == token for k in states)
+        assert marks.get("src") if states else True
+    with pytest.raises(StaleRing):
+        export_range(core, ring.stamp + 1, ring.tokens_of("n0")[0])
+    with pytest.raises(StaleRing):
+        export_range(core, ring.stamp, ring.tokens_of("n1")[0])
+
+    fresh, _ = CoreCluster(nodes=2, replication=1, tokens_per_node=3), None
+    target = fresh.cores["n1"]
+    token = target.ring.tokens_of("n1")[0]
+    mine = {k: v for k, v in expect.items() if target.ring.token_for_key(k) == token}
+    keys, states = list(mine), list(mine.values())
+    args = (target, "count", target.ring.stamp, token, SNAP)
+    assert import_chunk(*args, 1, 2, keys[:3], states[:3], {"src": 500}, False, 0.0) == 1
+    with pytest.raises(InvalidArgument, match="the next is 2"):
+        import_chunk(*args, 3, 3, [], [], {}, False, 0.0)
+    assert import_chunk(*args, 2, 2, keys[3:], states[3:], {}, False, 0.0) == 2
+    # sent again: merged once
+    assert import_chunk(*args, 2, 2, keys[3:], states[3:], {}, False, 0.0) == 2
+    assert import_chunk(*args, 1, 2, keys[:3], states[:3], {"src": 500}, False, 0.0) == 2
+    rng = target.primaries[token]
+    assert dict(rng.state.items()) == mine
+    assert rng.watermarks["src"] == 500 and rng.watermarks[import_mark(SNAP)] == 2
+    # another snapshot into a range holding state: refused unless asked
+    other = (target, "count", target.ring.stamp, token, "cd" * 32)
+    with pytest.raises(HoldsState):
+        import_chunk(*other, 1, 1, [], [], {}, False, 0.0)
+    assert import_chunk(*other, 1, 1, keys[:1], [1], {}, True, 0.0) == 1
+    assert rng.state.get(keys[0]) == mine[keys[0]] + 1
+
+
+def test_import_refuses_hostile_chunks_changing_nothing():
+    c = CoreCluster(nodes=2, replication=1, tokens_per_node=3)
+    core = c.cores["n0"]
+    ring = core.ring
+    token, other = ring.tokens_of("n0")[0], ring.tokens_of("n1")[0]
+    key = next(f"k{i}" for i in range(10_000) if ring.token_for_key(f"k{i}") == token)
+    far = next(f"k{i}" for i in range(10_000) if ring.token_for_key(f"k{i}") != token)
+    base = (core, "count", ring.stamp, token, SNAP)
+    with pytest.raises(ReducerMismatch):
+        import_chunk(core, "max", ring.stamp, token, SNAP, 1, 1, [key], [1], {}, False, 0.0)
+    with pytest.raises(StaleRing):
+        import_chunk(core, "count", ring.stamp, other, SNAP, 1, 1, [], [], {}, False, 0.0)
+    with pytest.raises(InvalidArgument, match="64 lowercase hex"):
+        import_chunk(core, "count", ring.stamp, token, "x", 1, 1, [], [], {}, False, 0.0)
+    with pytest.raises(InvalidArgument, match="belongs to token"):
+        import_chunk(*base, 1, 1, [key, far], [1, 1], {}, False, 0.0)
+    with pytest.raises(InvalidArgument):
+        import_chunk(*base, 1, 1, [key], ["not a count"], {}, False, 0.0)
+    with pytest.raises(InvalidArgument):
+        import_chunk(*base, 0, 1, [key], [1], {}, False, 0.0)
+    with pytest.raises(InvalidArgument):
+        import_chunk(*base, 1, 1, [key], [1], {"import:" + SNAP: 9}, False, 0.0)
+    with pytest.raises(InvalidArgument, match="sources"):
+        import_chunk(*base, 1, 1, [key], [1],
+                     {f"s{i}": 1 for i in range(Limits().max_sources_per_range)}, False, 0.0)
+    rng = core.primaries[token]
+    assert len(rng.state) == 0 and not rng.watermarks
