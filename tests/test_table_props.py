@@ -3,6 +3,7 @@ dict model over random sequences of apply, checkpoint (take_dirty), cut and inst
 merge; and install refuses malformed buffers with an error, never a crash."""
 
 from array import array
+from collections import Counter
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -207,3 +208,21 @@ def test_bad_arguments_are_refused(make):
     with pytest.raises(Exception) as info:
         table.get(1.5)
     assert "key must be" in str(info.value)
+
+
+@pytest.mark.parametrize("make", [lambda op: CTable(op), pytable.StateTable])
+def test_a_batch_that_grows_the_table_and_then_overflows_changes_nothing(make):
+    table = make("count")
+    table.apply(*columns_of([(i, 1) for i in range(100)] + [("max", LIMIT - 2)]))
+    table.take_dirty()
+    before = table.items()
+    pairs = [(f"new-{i}", i) for i in range(20_000)] + [(5, 3), ("max", 1), ("max", 1)]
+    with pytest.raises(OverflowError, match="key 20002 goes beyond int64"):
+        table.apply(*columns_of(pairs))
+    assert table.items() == before and table.dirty_count == 0
+    assert table.get("new-7") is None and len(table) == 101
+    table.apply(*columns_of(pairs[:-1]))     # the same batch without the last tuple
+    expected = Counter({k: v for k, v in before})
+    for k, v in pairs[:-1]:
+        expected[k] += v
+    assert dict(table.items()) == dict(expected) and table.dirty_count == 20_002

@@ -3,9 +3,11 @@
 """The compiled state table: per key int64 states of a built-in reducer (count, sum,
 min, max) in open addressing, a batch folded in one call with the GIL released.
 
-Keys are kept as (kind, key bytes, position) in dense arrays in insertion order, key
-bytes end to end in one arena; an index of uint32 slots (0 empty, else dense index + 1)
-is probed linearly from position & mask. A batch that cannot be folded whole (a sum
+Keys are kept as (kind, key bytes, position) in dense 24-byte entries in insertion order
+(position, state, and the key's arena offset with its kind and dirty bit), each key's
+bytes in one arena after a uint32 length; an index of uint32 slots (0 empty, else entry
+index + 1) is probed linearly from position & mask. A batch prefetches the index slots
+and entries of the tuples a few ahead of the one it folds. A batch that cannot be folded whole (a sum
 beyond int64, a malformed key, a position that is not its key's hash) changes nothing:
 what it did is undone in reverse before the error is raised.
 """
@@ -29,11 +31,13 @@ cdef extern from "_keys.h" nogil:
 
 cdef extern from *:
     """
+    #define floe_prefetch(p) __builtin_prefetch((const void *)(p))
     static inline int floe_add_overflow(int64_t a, int64_t b, int64_t *r) {
         return __builtin_add_overflow(a, b, r);
     }
     """
     int floe_add_overflow(int64_t a, int64_t b, int64_t *r) nogil
+    void floe_prefetch(const void *p) nogil
 
 cdef enum:
     DIRTY = 0x80
@@ -83,23 +87,40 @@ def hash_positions(key_data, offsets):
     return out
 
 
+ctypedef struct Entry:
+    uint64_t pos
+    int64_t val
+    uint64_t meta       # arena offset << 8 | DIRTY | kind
+
+ctypedef struct Sorted:
+    uint64_t pos
+    uint64_t i
+
+
 # qsort has no context argument: the table being sorted, set with the GIL held.
-cdef const uint64_t *_s_pos
-cdef const uint64_t *_s_kst
-cdef const uint8_t *_s_flag
+cdef const Entry *_s_ent
 cdef const unsigned char *_s_arena
+
+
+cdef inline uint32_t _klen(const unsigned char *arena, uint64_t meta) noexcept nogil:
+    cdef uint32_t n
+    memcpy(&n, arena + (meta >> 8), 4)
+    return n
 
 
 cdef int _order(const void *a, const void *b) noexcept nogil:
     """Position, then kind, then key bytes: the order every export is in."""
-    cdef uint32_t i = (<const uint32_t *>a)[0], j = (<const uint32_t *>b)[0]
-    if _s_pos[i] != _s_pos[j]:
-        return -1 if _s_pos[i] < _s_pos[j] else 1
-    cdef int ki = _s_flag[i] & KIND, kj = _s_flag[j] & KIND
+    cdef const Sorted *x = <const Sorted *>a
+    cdef const Sorted *y = <const Sorted *>b
+    if x.pos != y.pos:
+        return -1 if x.pos < y.pos else 1
+    cdef uint64_t mi = _s_ent[x.i].meta, mj = _s_ent[y.i].meta
+    cdef int ki = mi & KIND, kj = mj & KIND
     if ki != kj:
         return ki - kj
-    cdef uint64_t li = _s_kst[i + 1] - _s_kst[i], lj = _s_kst[j + 1] - _s_kst[j]
-    cdef int c = memcmp(_s_arena + _s_kst[i], _s_arena + _s_kst[j], li if li < lj else lj)
+    cdef uint32_t li = _klen(_s_arena, mi), lj = _klen(_s_arena, mj)
+    cdef int c = memcmp(_s_arena + (mi >> 8) + 4, _s_arena + (mj >> 8) + 4,
+                        li if li < lj else lj)
     if c:
         return c
     return -1 if li < lj else (1 if li > lj else 0)
@@ -118,36 +139,28 @@ cdef class StateTable:
 
     cdef readonly str op
     cdef int code
-    cdef uint64_t *pos
-    cdef int64_t *val
-    cdef uint64_t *kst          # n + 1 key starts in the arena
-    cdef uint8_t *flag          # kind | DIRTY
+    cdef Entry *ent
     cdef Py_ssize_t n, dcap
     cdef unsigned char *arena
     cdef size_t alen, acap
     cdef uint32_t *index
     cdef uint64_t mask
     cdef uint32_t *dirty
-    cdef Py_ssize_t ndirty
+    cdef Py_ssize_t ndirty, dirtycap
     cdef bint busy
 
     def __cinit__(self, str op):
         if op not in OPS:
             raise ValueError(f"a state table's op is one of {', '.join(OPS)}, not {op!r}")
         self.op, self.code = op, OPS[op]
-        self.kst = <uint64_t *>PyMem_RawMalloc(sizeof(uint64_t))
         self.index = <uint32_t *>PyMem_RawMalloc(8 * sizeof(uint32_t))
-        if self.kst == NULL or self.index == NULL:
+        if self.index == NULL:
             raise MemoryError()
-        self.kst[0] = 0
         memset(self.index, 0, 8 * sizeof(uint32_t))
         self.mask = 7
 
     def __dealloc__(self):
-        PyMem_RawFree(self.pos)
-        PyMem_RawFree(self.val)
-        PyMem_RawFree(self.kst)
-        PyMem_RawFree(self.flag)
+        PyMem_RawFree(self.ent)
         PyMem_RawFree(self.arena)
         PyMem_RawFree(self.index)
         PyMem_RawFree(self.dirty)
@@ -155,38 +168,39 @@ cdef class StateTable:
     # -- storage -------------------------------------------------------------------
 
     cdef int _grow_dense(self, Py_ssize_t need) noexcept nogil:
+        """Room for `need` keys; a quarter more at a time (realloc of a large block
+        remaps pages rather than copying them, so small steps are cheap)."""
         if need <= self.dcap:
             return OK
-        cdef Py_ssize_t cap = self.dcap + (self.dcap >> 1)
+        cdef Py_ssize_t cap = self.dcap + (self.dcap >> 2)
         if cap < need:
             cap = need
         if cap < 16:
             cap = 16
         if cap >= <Py_ssize_t>4294967295UL:
             return E_NOMEM
-        cdef void *p
-        p = PyMem_RawRealloc(self.pos, cap * sizeof(uint64_t))
-        if p == NULL: return E_NOMEM
-        self.pos = <uint64_t *>p
-        p = PyMem_RawRealloc(self.val, cap * sizeof(int64_t))
-        if p == NULL: return E_NOMEM
-        self.val = <int64_t *>p
-        p = PyMem_RawRealloc(self.kst, (cap + 1) * sizeof(uint64_t))
-        if p == NULL: return E_NOMEM
-        self.kst = <uint64_t *>p
-        p = PyMem_RawRealloc(self.flag, cap)
-        if p == NULL: return E_NOMEM
-        self.flag = <uint8_t *>p
-        p = PyMem_RawRealloc(self.dirty, cap * sizeof(uint32_t))
-        if p == NULL: return E_NOMEM
-        self.dirty = <uint32_t *>p
-        self.dcap = cap
+        cdef void *p = PyMem_RawRealloc(self.ent, cap * sizeof(Entry))
+        if p == NULL:
+            return E_NOMEM
+        self.ent, self.dcap = <Entry *>p, cap
+        return OK
+
+    cdef int _grow_dirty(self) noexcept nogil:
+        if self.ndirty < self.dirtycap:
+            return OK
+        cdef Py_ssize_t cap = self.dirtycap * 2 if self.dirtycap else 64
+        cdef void *p = PyMem_RawRealloc(self.dirty, cap * sizeof(uint32_t))
+        if p == NULL:
+            return E_NOMEM
+        self.dirty, self.dirtycap = <uint32_t *>p, cap
         return OK
 
     cdef int _grow_arena(self, size_t need) noexcept nogil:
         if need <= self.acap:
             return OK
-        cdef size_t cap = self.acap + (self.acap >> 1)
+        if need >= (<size_t>1) << 55:
+            return E_NOMEM
+        cdef size_t cap = self.acap + (self.acap >> 2)
         if cap < need:
             cap = need
         if cap < 256:
@@ -213,7 +227,7 @@ cdef class StateTable:
         cdef uint64_t mask = cap - 1, slot
         cdef Py_ssize_t i
         for i in range(self.n):
-            slot = self.pos[i] & mask
+            slot = self.ent[i].pos & mask
             while index[slot]:
                 slot = (slot + 1) & mask
             index[slot] = <uint32_t>(i + 1)
@@ -221,66 +235,92 @@ cdef class StateTable:
         self.index, self.mask = index, mask
         return OK
 
-    cdef int _reserve(self, Py_ssize_t keys, size_t key_bytes) noexcept nogil:
-        cdef int err = self._grow_dense(self.n + keys)
-        if err == OK:
-            err = self._grow_arena(self.alen + key_bytes)
-        if err == OK:
-            err = self._rebuild_index(self.n + keys, False)
-        return err
-
-    cdef inline Py_ssize_t _find(self, uint8_t kind, const unsigned char *k, uint64_t klen,
+    cdef inline Py_ssize_t _find(self, uint8_t kind, const unsigned char *k, uint32_t klen,
                                  uint64_t p, uint64_t *slot) noexcept nogil:
-        cdef uint64_t s = p & self.mask
+        cdef uint64_t s = p & self.mask, meta
         cdef uint32_t e
-        cdef Py_ssize_t i
+        cdef const Entry *x
         while True:
             e = self.index[s]
             if e == 0:
                 slot[0] = s
                 return -1
-            i = e - 1
-            if self.pos[i] == p and (self.flag[i] & KIND) == kind \
-                    and self.kst[i + 1] - self.kst[i] == klen \
-                    and memcmp(self.arena + self.kst[i], k, klen) == 0:
-                return i
+            x = &self.ent[e - 1]
+            if x.pos == p:
+                meta = x.meta
+                if (meta & KIND) == kind and _klen(self.arena, meta) == klen \
+                        and memcmp(self.arena + (meta >> 8) + 4, k, klen) == 0:
+                    return e - 1
             s = (s + 1) & self.mask
 
-    cdef inline Py_ssize_t _insert(self, uint8_t kind, const unsigned char *k, uint64_t klen,
-                                   uint64_t p, uint64_t slot) noexcept nogil:
+    cdef inline int _insert(self, uint8_t kind, const unsigned char *k, uint32_t klen,
+                            uint64_t p, uint64_t slot, Py_ssize_t *at) noexcept nogil:
+        """Add a key (state 0) at the empty `slot` _find gave; its index in at[0]."""
+        cdef int err = OK
+        if self.n == self.dcap:
+            err = self._grow_dense(self.n + 1)
+        if err == OK and self.alen + 4 + klen > self.acap:
+            err = self._grow_arena(self.alen + 4 + klen)
+        if err == OK and (self.n + 1) * 10 > <Py_ssize_t>((self.mask + 1) * 7):
+            err = self._rebuild_index(self.n + 1, False)
+            if err == OK:
+                self._find(kind, k, klen, p, &slot)
+        if err != OK:
+            return err
         cdef Py_ssize_t i = self.n
-        self.pos[i], self.val[i], self.flag[i] = p, 0, kind
-        memcpy(self.arena + self.alen, k, klen)
-        self.alen += klen
-        self.kst[i + 1] = self.alen
+        self.ent[i].pos, self.ent[i].val = p, 0
+        self.ent[i].meta = (<uint64_t>self.alen << 8) | kind
+        memcpy(self.arena + self.alen, &klen, 4)
+        memcpy(self.arena + self.alen + 4, k, klen)
+        self.alen += 4 + klen
         self.index[slot] = <uint32_t>(i + 1)
         self.n = i + 1
-        return i
+        at[0] = i
+        return OK
 
     cdef void _unwind(self, Py_ssize_t n0, Py_ssize_t nd0, const int64_t *old,
                       const uint32_t *idx, Py_ssize_t done) noexcept nogil:
-        """Undo a batch's first `done` tuples: values, dirty marks, then new keys in the
+        """Undo a batch's first `done` tuples: states, dirty marks, then new keys in the
         reverse of their insertion (which leaves every probe chain as it was)."""
         cdef Py_ssize_t t, i
         cdef uint64_t s
         for t in range(done - 1, -1, -1):
-            self.val[idx[t]] = old[t]
+            self.ent[idx[t]].val = old[t]
         for t in range(nd0, self.ndirty):
-            self.flag[self.dirty[t]] &= KIND
+            self.ent[self.dirty[t]].meta &= ~(<uint64_t>DIRTY)
         self.ndirty = nd0
         for i in range(self.n - 1, n0 - 1, -1):
-            s = self.pos[i] & self.mask
+            s = self.ent[i].pos & self.mask
             while self.index[s] != i + 1:
                 s = (s + 1) & self.mask
             self.index[s] = 0
+        if n0 < self.n:
+            self.alen = self.ent[n0].meta >> 8
         self.n = n0
-        self.alen = self.kst[n0]
 
-    cdef inline void _mark(self, Py_ssize_t i) noexcept nogil:
-        if not (self.flag[i] & DIRTY):
-            self.flag[i] |= DIRTY
+    cdef inline int _mark(self, Py_ssize_t i) noexcept nogil:
+        if not (self.ent[i].meta & DIRTY):
+            if self.ndirty == self.dirtycap and self._grow_dirty() != OK:
+                return E_NOMEM
+            self.ent[i].meta |= DIRTY
             self.dirty[self.ndirty] = <uint32_t>i
             self.ndirty += 1
+        return OK
+
+    cdef inline void _prefetch(self, const uint64_t *posn, Py_ssize_t t,
+                               Py_ssize_t m) noexcept nogil:
+        """Index slot 16 tuples ahead, entry 8 ahead, key bytes 4 ahead."""
+        cdef uint32_t e
+        if t + 16 < m:
+            floe_prefetch(&self.index[posn[t + 16] & self.mask])
+        if t + 8 < m:
+            e = self.index[posn[t + 8] & self.mask]
+            if e:
+                floe_prefetch(&self.ent[e - 1])
+        if t + 4 < m:
+            e = self.index[posn[t + 4] & self.mask]
+            if e:
+                floe_prefetch(self.arena + (self.ent[e - 1].meta >> 8))
 
     cdef int _fold(self, const uint8_t *kinds, const unsigned char *data, uint64_t dlen,
                    const uint64_t *off, const uint64_t *posn, const int64_t *vals,
@@ -292,17 +332,19 @@ cdef class StateTable:
         cdef uint8_t kind
         cdef int err = OK, code = self.code
         cdef bint fresh, changed
+        cdef Entry *x
         for t in range(start, m):
+            self._prefetch(posn, t, m)
             done = t - start
             kind, a, b = kinds[t], off[t], off[t + 1]
             if kind > 2:
                 err = E_KIND
                 break
-            if a > b or b > dlen:
+            if a > b or b > dlen or b - a >= 0xFFFFFFFFUL:
                 err = E_OFFSETS
                 break
             p, v = posn[t], vals[t]
-            i = self._find(kind, data + a, b - a, p, &slot)
+            i = self._find(kind, data + a, <uint32_t>(b - a), p, &slot)
             fresh = i < 0
             if fresh:
                 if not floe_valid_key(kind, data + a, b - a):
@@ -311,23 +353,28 @@ cdef class StateTable:
                 if floe_murmur3_64(data + a, b - a, 0) != p:
                     err = E_POSITION
                     break
-                i = self._insert(kind, data + a, b - a, p, slot)
-            old[done], idx[done] = self.val[i], <uint32_t>i
+                err = self._insert(kind, data + a, <uint32_t>(b - a), p, slot, &i)
+                if err != OK:
+                    break
+            x = &self.ent[i]
+            old[done], idx[done] = x.val, <uint32_t>i
             done += 1
             changed = True
             if overwrite or fresh:
-                self.val[i] = v
+                x.val = v
             elif code <= 1:
-                if floe_add_overflow(self.val[i], v, &r):
+                if floe_add_overflow(x.val, v, &r):
                     err = E_OVERFLOW
                     break
-                self.val[i] = r
-            elif (v < self.val[i]) if code == 2 else (v > self.val[i]):
-                self.val[i] = v
+                x.val = r
+            elif (v < x.val) if code == 2 else (v > x.val):
+                x.val = v
             else:
                 changed = False
             if changed and mark:
-                self._mark(i)
+                err = self._mark(i)
+                if err != OK:
+                    break
         else:
             done = m - start
         if err != OK:
@@ -361,10 +408,8 @@ cdef class StateTable:
             if old == NULL or idx == NULL:
                 raise MemoryError()
             with nogil:
-                err = self._reserve(m - start, dlen)
-                if err == OK:
-                    err = self._fold(k, d, dlen, o, p, v, start, m, overwrite, mark,
-                                     old, idx, &at)
+                err = self._fold(k, d, dlen, o, p, v, start, m, overwrite, mark,
+                                 old, idx, &at)
         finally:
             self.busy = False
             PyMem_RawFree(old)
@@ -390,14 +435,15 @@ cdef class StateTable:
 
     # -- reading ---------------------------------------------------------------------
 
-    cdef tuple _export(self, const uint32_t *sel, Py_ssize_t k):
-        global _s_pos, _s_kst, _s_flag, _s_arena
-        _s_pos, _s_kst, _s_flag, _s_arena = self.pos, self.kst, self.flag, self.arena
-        qsort(<void *>sel, k, sizeof(uint32_t), _order)
-        cdef Py_ssize_t t, i
-        cdef uint64_t total = 0, w = 0, klen
+    cdef tuple _export(self, Sorted *sel, Py_ssize_t k):
+        global _s_ent, _s_arena
+        _s_ent, _s_arena = self.ent, self.arena
+        qsort(<void *>sel, k, sizeof(Sorted), _order)
+        cdef Py_ssize_t t
+        cdef uint64_t total = 0, w = 0, meta
+        cdef uint32_t klen
         for t in range(k):
-            total += self.kst[sel[t] + 1] - self.kst[sel[t]]
+            total += _klen(self.arena, self.ent[sel[t].i].meta)
         kinds = PyBytes_FromStringAndSize(NULL, k)
         data = PyBytes_FromStringAndSize(NULL, total)
         cdef carray.array offsets = carray.clone(_U64, k + 1, zero=False)
@@ -408,40 +454,51 @@ cdef class StateTable:
         cdef uint64_t *op = <uint64_t *>offsets.data.as_voidptr
         cdef uint64_t *pp = <uint64_t *>positions.data.as_voidptr
         cdef int64_t *vp = <int64_t *>values.data.as_voidptr
+        cdef const Entry *x
         op[0] = 0
-        for t in range(k):
-            i = sel[t]
-            klen = self.kst[i + 1] - self.kst[i]
-            memcpy(dp + w, self.arena + self.kst[i], klen)
-            w += klen
-            kp[t], op[t + 1], pp[t], vp[t] = self.flag[i] & KIND, w, self.pos[i], self.val[i]
+        with nogil:
+            for t in range(k):
+                x = &self.ent[sel[t].i]
+                meta = x.meta
+                klen = _klen(self.arena, meta)
+                memcpy(dp + w, self.arena + (meta >> 8) + 4, klen)
+                w += klen
+                kp[t], op[t + 1], pp[t], vp[t] = meta & KIND, w, x.pos, x.val
         return kinds, data, offsets, positions, values
 
-    def export(self, uint64_t lo=0, uint64_t hi=0):
-        """The keys at positions in (lo, hi] (lo == hi: all), in position order, as
-        (kinds, key_data, offsets, positions, values)."""
-        cdef uint32_t *sel = <uint32_t *>PyMem_RawMalloc((self.n + 1) * sizeof(uint32_t))
+    cdef tuple _export_where(self, bint every, const uint32_t *chosen, Py_ssize_t count,
+                             uint64_t lo, uint64_t hi):
+        """Export the `chosen` entries (every: all) whose positions are in (lo, hi]."""
+        cdef Py_ssize_t total = self.n if every else count
+        cdef Sorted *sel = <Sorted *>PyMem_RawMalloc((total + 1) * sizeof(Sorted))
         if sel == NULL:
             raise MemoryError()
-        cdef Py_ssize_t i, k = 0
-        for i in range(self.n):
-            if _in_range(self.pos[i], lo, hi):
-                sel[k] = <uint32_t>i
-                k += 1
+        cdef Py_ssize_t j, i, k = 0
+        with nogil:
+            for j in range(total):
+                i = j if every else chosen[j]
+                if _in_range(self.ent[i].pos, lo, hi):
+                    sel[k].pos, sel[k].i = self.ent[i].pos, i
+                    k += 1
         try:
             return self._export(sel, k)
         finally:
             PyMem_RawFree(sel)
+
+    def export(self, uint64_t lo=0, uint64_t hi=0):
+        """The keys at positions in (lo, hi] (lo == hi: all), in position order, as
+        (kinds, key_data, offsets, positions, values)."""
+        return self._export_where(True, NULL, 0, lo, hi)
 
     def take_dirty(self):
         """The keys changed since the previous take, as export gives them; from now on
         none is changed (the fragment of an incremental checkpoint)."""
         if self.busy:
             raise RuntimeError("the state table is in use by another call")
-        out = self._export(self.dirty, self.ndirty)
+        out = self._export_where(False, self.dirty, self.ndirty, 0, 0)
         cdef Py_ssize_t t
         for t in range(self.ndirty):
-            self.flag[self.dirty[t]] &= KIND
+            self.ent[self.dirty[t]].meta &= ~(<uint64_t>DIRTY)
         self.ndirty = 0
         return out
 
@@ -454,19 +511,20 @@ cdef class StateTable:
         if self.busy:
             raise RuntimeError("the state table is in use by another call")
         cdef Py_ssize_t i, j = 0
-        cdef uint64_t w = 0, a, b
+        cdef uint64_t w = 0, a, size
         for i in range(self.n):
-            if _in_range(self.pos[i], lo, hi):
+            if _in_range(self.ent[i].pos, lo, hi):
                 continue
-            a, b = self.kst[i], self.kst[i + 1]
-            memmove(self.arena + w, self.arena + a, b - a)
-            self.pos[j], self.val[j], self.flag[j], self.kst[j] = \
-                self.pos[i], self.val[i], self.flag[i], w
-            w += b - a
+            a = self.ent[i].meta >> 8
+            size = 4 + _klen(self.arena, self.ent[i].meta)
+            memmove(self.arena + w, self.arena + a, size)
+            self.ent[j] = self.ent[i]
+            self.ent[j].meta = (w << 8) | (self.ent[i].meta & 0xFF)
+            w += size
             j += 1
-        self.kst[j], self.n, self.alen, self.ndirty = w, j, w, 0
+        self.n, self.alen, self.ndirty = j, w, 0
         for i in range(j):
-            if self.flag[i] & DIRTY:
+            if self.ent[i].meta & DIRTY:
                 self.dirty[self.ndirty] = <uint32_t>i
                 self.ndirty += 1
         if self._rebuild_index(j, True) != OK:
@@ -476,8 +534,10 @@ cdef class StateTable:
         kind, data = key_parts(key)
         cdef const unsigned char[::1] kb = data
         cdef uint64_t slot, p = floe_murmur3_64(_ptr(kb), kb.shape[0], 0)
-        cdef Py_ssize_t i = self._find(kind, _ptr(kb), kb.shape[0], p, &slot)
-        return default if i < 0 else self.val[i]
+        if kb.shape[0] >= 0xFFFFFFFF:
+            return default
+        cdef Py_ssize_t i = self._find(kind, _ptr(kb), <uint32_t>kb.shape[0], p, &slot)
+        return default if i < 0 else self.ent[i].val
 
     def __contains__(self, key):
         return self.get(key, _ABSENT) is not _ABSENT
@@ -493,7 +553,7 @@ cdef class StateTable:
     @property
     def nbytes(self):
         """Memory the table holds (allocated, not only used)."""
-        return (self.dcap * (8 + 8 + 8 + 1 + 4) + 8 + self.acap
+        return (self.dcap * sizeof(Entry) + self.acap + self.dirtycap * 4
                 + (self.mask + 1) * sizeof(uint32_t))
 
 
