@@ -403,6 +403,8 @@ def build_parser() -> argparse.ArgumentParser:
     _cluster_commands(sub)
     _query_commands(sub)
     _admin_commands(sub)
+    from floering.chaos.snapshot import add_snapshot_commands
+    add_snapshot_commands(sub, _seeds, _tls)
     from floering.chaos.chaos_cli import add_chaos_command
     add_chaos_command(sub)
     # listed for --help only: main() hands `floe node ...` to the node's own parser

@@ -31,6 +31,7 @@ from floering.node.transport.chunking import CHUNK_ENTRIES, Reassembly, fill
 from floering.node.transport.intercept import CallLimiter
 from floering.node.transport.metrics import NodeMetrics
 from floering.node.transport.peers import channel_options, unpack_chunk, unpack_entries_async
+from floering.node.transport.snapshots import Snapshots
 from floering.node.transport.status import abort
 from floering.node.transport.tls import Authorizer, TlsFiles, node_files, peer_identity
 
@@ -396,6 +397,7 @@ async def start_server(runtime: NodeRuntime, metrics: NodeMetrics | None = None
     floe_pb2_grpc.add_DataPlaneServicer_to_server(DataPlane(service), server)
     floe_pb2_grpc.add_ControlPlaneServicer_to_server(ControlPlane(service), server)
     floe_pb2_grpc.add_QueryPlaneServicer_to_server(QueryPlane(service), server)
+    floe_pb2_grpc.add_SnapshotsServicer_to_server(Snapshots(service), server)
     health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     # Tools (grpcurl, grpcui) list and call the services without the .proto files.

@@ -345,3 +345,49 @@ class RangeState(_message.Message):
     role: str
     entries: bytes
     def __init__(self, role: _Optional[str] = ..., entries: _Optional[bytes] = ...) -> None: ...
+
+class ExportRangeRequest(_message.Message):
+    __slots__ = ("token", "ring_stamp")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    RING_STAMP_FIELD_NUMBER: _ClassVar[int]
+    token: int
+    ring_stamp: int
+    def __init__(self, token: _Optional[int] = ..., ring_stamp: _Optional[int] = ...) -> None: ...
+
+class ExportChunk(_message.Message):
+    __slots__ = ("entries", "watermarks", "chunk")
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    WATERMARKS_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    entries: bytes
+    watermarks: bytes
+    chunk: int
+    def __init__(self, entries: _Optional[bytes] = ..., watermarks: _Optional[bytes] = ..., chunk: _Optional[int] = ...) -> None: ...
+
+class ImportChunk(_message.Message):
+    __slots__ = ("ring_stamp", "token", "snapshot", "reducer", "chunk", "chunks", "entries", "watermarks", "into_state")
+    RING_STAMP_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    REDUCER_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    WATERMARKS_FIELD_NUMBER: _ClassVar[int]
+    INTO_STATE_FIELD_NUMBER: _ClassVar[int]
+    ring_stamp: int
+    token: int
+    snapshot: str
+    reducer: str
+    chunk: int
+    chunks: int
+    entries: bytes
+    watermarks: bytes
+    into_state: bool
+    def __init__(self, ring_stamp: _Optional[int] = ..., token: _Optional[int] = ..., snapshot: _Optional[str] = ..., reducer: _Optional[str] = ..., chunk: _Optional[int] = ..., chunks: _Optional[int] = ..., entries: _Optional[bytes] = ..., watermarks: _Optional[bytes] = ..., into_state: _Optional[bool] = ...) -> None: ...
+
+class ImportAck(_message.Message):
+    __slots__ = ("chunks_held",)
+    CHUNKS_HELD_FIELD_NUMBER: _ClassVar[int]
+    chunks_held: int
+    def __init__(self, chunks_held: _Optional[int] = ...) -> None: ...

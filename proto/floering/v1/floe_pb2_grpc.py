@@ -761,3 +761,118 @@ class QueryPlane:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class SnapshotsStub:
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.ExportRange = channel.unary_stream(
+                '/floering.v1.Snapshots/ExportRange',
+                request_serializer=floering_dot_v1_dot_floe__pb2.ExportRangeRequest.SerializeToString,
+                response_deserializer=floering_dot_v1_dot_floe__pb2.ExportChunk.FromString,
+                _registered_method=True)
+        self.ImportRange = channel.unary_unary(
+                '/floering.v1.Snapshots/ImportRange',
+                request_serializer=floering_dot_v1_dot_floe__pb2.ImportChunk.SerializeToString,
+                response_deserializer=floering_dot_v1_dot_floe__pb2.ImportAck.FromString,
+                _registered_method=True)
+
+
+class SnapshotsServicer:
+    """Missing associated documentation comment in .proto file."""
+
+    def ExportRange(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ImportRange(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_SnapshotsServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'ExportRange': grpc.unary_stream_rpc_method_handler(
+                    servicer.ExportRange,
+                    request_deserializer=floering_dot_v1_dot_floe__pb2.ExportRangeRequest.FromString,
+                    response_serializer=floering_dot_v1_dot_floe__pb2.ExportChunk.SerializeToString,
+            ),
+            'ImportRange': grpc.unary_unary_rpc_method_handler(
+                    servicer.ImportRange,
+                    request_deserializer=floering_dot_v1_dot_floe__pb2.ImportChunk.FromString,
+                    response_serializer=floering_dot_v1_dot_floe__pb2.ImportAck.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'floering.v1.Snapshots', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('floering.v1.Snapshots', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Snapshots:
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def ExportRange(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/floering.v1.Snapshots/ExportRange',
+            floering_dot_v1_dot_floe__pb2.ExportRangeRequest.SerializeToString,
+            floering_dot_v1_dot_floe__pb2.ExportChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ImportRange(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/floering.v1.Snapshots/ImportRange',
+            floering_dot_v1_dot_floe__pb2.ImportChunk.SerializeToString,
+            floering_dot_v1_dot_floe__pb2.ImportAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

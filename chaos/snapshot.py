@@ -1,0 +1,251 @@
+"""`floe export FILE` and `floe import FILE`: a ring's state and dedup watermarks to
+a file and back, into a ring of any size. Operator certificate only.
+
+Export reads every range from its primary (ExportRange: the range's states and the
+watermarks covering them, read at one point) into a snapshot file
+(node.core.snapshot_format), written beside FILE and renamed into place once whole.
+
+Import checks the whole file first (every checksum and field, the trailer), then the
+target: the same reducer, and no keys anywhere unless asked (--into-state; --resume
+continues a stopped import of the same file). Keys are re-cut to the target's ranges
+by position; each source's watermark, the highest any range of the snapshot had,
+goes to every range (as a checkpoint carries watermarks), so a mapper resending
+batches it had sent before the export has them dropped as duplicates. Each range
+takes its chunks in order and marks how many it holds: a chunk sent twice is merged
+once, and a stopped import resumes where each range stopped."""
+
+from __future__ import annotations
+
+import os
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import grpc
+
+from floering.v1 import floe_pb2, floe_pb2_grpc
+from floering.node.core.chunks import CHUNK_BYTES, column_slices, packed_chunks
+from floering.node.core.codec import pack, unpack, unpack_columns
+from floering.node.core.errors import (FloeError, InvalidArgument, ReducerMismatch, StaleRing,
+                                       Unavailable)
+from floering.node.core.ring import Ring
+from floering.node.core.snapshot_format import (IMPORT_SOURCE, Header, SnapshotError, Writer,
+                                                check_watermarks, sections, verify)
+from floering.node.transport.channels import server_options
+from floering.node.transport.status import error_from_rpc
+from floering.node.transport.tls import TlsFiles, server_name
+
+CALL_TIMEOUT = 60.0
+
+
+@contextmanager
+def _channel(address: str, tls: TlsFiles | None, node: str | None = None):
+    channel = grpc.secure_channel(address, tls.channel_credentials(),
+                                  options=server_options(node and server_name(node))) \
+        if tls else grpc.insecure_channel(address)
+    try:
+        yield channel
+    finally:
+        channel.close()
+
+
+def read_ring(seeds: list[str], tls: TlsFiles | None) -> tuple[Ring, str]:
+    """(ring, reducer spec) from the first seed that answers."""
+    last: Exception = Unavailable("no seed given")
+    for seed in seeds:
+        with _channel(seed, tls) as channel:
+            try:
+                view = floe_pb2_grpc.ControlPlaneStub(channel).GetRing(
+                    floe_pb2.GetRingRequest(), timeout=10)
+                return Ring.from_wire(view.ring), view.reducer
+            except grpc.RpcError as exc:
+                last = error_from_rpc(exc)
+    raise last
+
+
+def _calls(ring: Ring, tls: TlsFiles | None):
+    """node -> (channel, Snapshots stub), opened as needed; close them after."""
+    open_: dict = {}
+
+    def stub(node: str):
+        if node not in open_:
+            ch = (grpc.secure_channel(ring.address(node), tls.channel_credentials(),
+                                      options=server_options(server_name(node))) if tls
+                  else grpc.insecure_channel(ring.address(node)))
+            open_[node] = (ch, floe_pb2_grpc.SnapshotsStub(ch))
+        return open_[node][1]
+    return stub, open_
+
+
+# ------------------------------------------------------------------ export
+
+def export_ring(seeds: list[str], path: str, tls: TlsFiles | None) -> dict:
+    """Write a snapshot of the ring at `seeds` to `path`; returns what it wrote."""
+    began = time.monotonic()
+    ring, reducer = read_ring(seeds, tls)
+    header = Header(reducer, ring.balancer, ring.version, ring.stamp, tuple(ring.nodes),
+                    tuple(sorted(ring.tokens)), time.time())
+    target = Path(path)
+    partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+    stub, open_ = _calls(ring, tls)
+    keys = 0
+    try:
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as out:
+            writer = Writer(out, header)
+            for token in header.tokens:
+                keys += _export_one(stub(ring.owner_of_token(token)), ring, token, writer)
+            snapshot_id = writer.close()
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(partial, target)
+    finally:
+        partial.unlink(missing_ok=True)
+        for channel, _ in open_.values():
+            channel.close()
+    return dict(file=str(target), snapshot=snapshot_id, ranges=len(header.tokens), keys=keys,
+                bytes=target.stat().st_size, seconds=round(time.monotonic() - began, 3),
+                ring_version=ring.version, reducer=reducer)
+
+
+def _export_one(stub, ring: Ring, token: int, writer: Writer) -> int:
+    """One range's chunks, whole (the stream ended well), then written."""
+    chunks, marks = [], {}
+    try:
+        for reply in stub.ExportRange(floe_pb2.ExportRangeRequest(
+                token=token, ring_stamp=ring.stamp), timeout=CALL_TIMEOUT):
+            if reply.chunk != len(chunks) + 1:
+                raise InvalidArgument(f"token {token}: chunk {reply.chunk} out of order")
+            if reply.chunk == 1:
+                marks = {s: q for s, q in check_watermarks(unpack(reply.watermarks)
+                                                           if reply.watermarks else {}).items()
+                         if not s.startswith(IMPORT_SOURCE)}
+            chunks.append(reply.entries)
+    except grpc.RpcError as exc:
+        error = error_from_rpc(exc)
+        if isinstance(error, StaleRing):
+            raise StaleRing(f"the ring changed while it was exported ({error}): export "
+                            f"again") from None
+        raise error from None
+    if not chunks:
+        raise Unavailable(f"token {token}: the export stream ended with no chunk")
+    total = 0
+    for n, entries in enumerate(chunks, 1):
+        count = len(unpack_columns(entries)[0])
+        writer.add(token, n, len(chunks), marks if n == 1 else {}, entries, count)
+        total += count
+    return total
+
+
+# ------------------------------------------------------------------ import
+
+def load_recut(path: str, ring: Ring) -> tuple[Header, str, dict[int, dict], dict[str, int]]:
+    """(header, snapshot id, {target token: {key: state}}, watermarks) of a file
+    checked whole first; SnapshotError for a truncated, corrupt or inconsistent one."""
+    with open(path, "rb") as f:
+        header, snapshot_id, _ = verify(f)
+        f.seek(0)
+        ranges: dict[int, dict] = {t: {} for t in ring.tokens}
+        marks: dict[str, int] = {}
+        for s in sections(f):
+            for source, seq in s.watermarks.items():
+                if not source.startswith(IMPORT_SOURCE) and seq > marks.get(source, -1):
+                    marks[source] = seq
+            keys, states = unpack_columns(s.entries)
+            for key, state in zip(keys, states):
+                held = ranges[ring.token_for_key(key)]
+                if key in held:
+                    raise SnapshotError(f"key {key!r:.60} is in two ranges of the snapshot")
+                held[key] = state
+    return header, snapshot_id, ranges, marks
+
+
+def import_ring(seeds: list[str], path: str, tls: TlsFiles | None, *,
+                into_state: bool = False, resume: bool = False) -> dict:
+    """Load the snapshot at `path` into the ring at `seeds`; returns what it loaded."""
+    began = time.monotonic()
+    ring, reducer = read_ring(seeds, tls)
+    header, snapshot_id, ranges, marks = load_recut(path, ring)
+    if header.reducer != reducer:
+        raise ReducerMismatch(f"the snapshot's reducer is {header.reducer!r}, the ring "
+                              f"runs {reducer!r}: nothing was loaded")
+    stub, open_ = _calls(ring, tls)
+    try:
+        if not (into_state or resume):
+            _check_empty(ring, tls)
+        loaded = chunks_sent = 0
+        for token in sorted(ranges):
+            states = ranges.pop(token)
+            loaded += len(states)
+            chunks = list(packed_chunks(column_slices(states), CHUNK_BYTES))
+            del states
+            call = stub(ring.owner_of_token(token))
+            for n, (_, entries) in enumerate(chunks, 1):
+                request = floe_pb2.ImportChunk(
+                    ring_stamp=ring.stamp, token=token, snapshot=snapshot_id,
+                    reducer=header.reducer, chunk=n, chunks=len(chunks), entries=entries,
+                    watermarks=pack(marks) if n == 1 else b"", into_state=into_state)
+                try:
+                    call.ImportRange(request, timeout=CALL_TIMEOUT)
+                except grpc.RpcError as exc:
+                    raise _stopped(error_from_rpc(exc), token, n) from None
+                chunks_sent += 1
+    finally:
+        for channel, _ in open_.values():
+            channel.close()
+    return dict(file=path, snapshot=snapshot_id, keys=loaded, ranges=len(ring.tokens),
+                chunks=chunks_sent, sources=len(marks), ring_version=ring.version,
+                seconds=round(time.monotonic() - began, 3))
+
+
+def _stopped(error: FloeError, token: int, chunk: int) -> FloeError:
+    return type(error)(f"import stopped at chunk {chunk} of token {token}: {error} "
+                       f"(what is loaded stays; `floe import --resume` continues)")
+
+
+def _check_empty(ring: Ring, tls: TlsFiles | None) -> None:
+    """Refuse (before any write) a ring whose members hold keys."""
+    held = {}
+    for node in ring.nodes:
+        with _channel(ring.address(node), tls, node) as channel:
+            try:
+                stats = floe_pb2_grpc.QueryPlaneStub(channel).Stats(
+                    floe_pb2.StatsRequest(), timeout=10)
+            except grpc.RpcError as exc:
+                raise error_from_rpc(exc) from None
+        if stats.keys:
+            held[node] = stats.keys
+    if held:
+        raise StaleRing(f"the ring holds state ({', '.join(f'{n}: {k} keys' for n, k in sorted(held.items()))}): "
+                        f"nothing was loaded; --into-state adds the snapshot to it, "
+                        f"--resume continues a stopped import of this file")
+
+
+# ------------------------------------------------------------------ the CLI
+
+def add_snapshot_commands(sub, seeds, tls) -> None:
+    """`floe export` and `floe import`; `seeds(args)` and `tls(args, name)` as the
+    other commands find the ring and credentials."""
+    import json
+
+    def cmd_export(args) -> int:
+        print(json.dumps(export_ring(seeds(args), args.file, tls(args, "operator"))))
+        return 0
+
+    def cmd_import(args) -> int:
+        print(json.dumps(import_ring(seeds(args), args.file, tls(args, "operator"),
+                                     into_state=args.into_state, resume=args.resume)))
+        return 0
+
+    ex = sub.add_parser("export", help="write every range's state and dedup watermarks to "
+                                       "FILE, a checksummed snapshot (operator)")
+    ex.add_argument("file", metavar="FILE")
+    ex.set_defaults(func=cmd_export)
+    im = sub.add_parser("import", help="load a snapshot FILE into this ring, of any size "
+                                       "(operator); nothing is loaded from a damaged file")
+    im.add_argument("file", metavar="FILE")
+    im.add_argument("--into-state", action="store_true",
+                    help="merge into a ring that holds state already (adds the two)")
+    im.add_argument("--resume", action="store_true",
+                    help="continue a stopped import of this FILE")
+    im.set_defaults(func=cmd_import)
