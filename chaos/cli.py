@@ -43,14 +43,11 @@ def _seeds(args) -> list[str]:
 
 
 def _tls(args, name: str):
-    """`name`'s credentials (client or operator): from --tls-dir, else from the
-    recorded cluster when it runs TLS; None for a plain ring."""
-    from floering.node.transport.tls import TlsFiles
-    if args.tls_dir:
-        return TlsFiles.in_dir(args.tls_dir, name)
-    if args.ring or not Path(args.cluster_file).exists():
-        return None
-    return LocalCluster.load(args.cluster_file).tls(name)
+    """`name`'s credentials (client or operator), found as every client finds them
+    (mapper/credentials.py): --tls-dir, FLOE_TLS_DIR, then the cluster's own
+    floe-cluster/tls, with or without --ring; None for a plain ring."""
+    from floering.mapper.credentials import FIND, find_tls
+    return find_tls(name, args.tls_dir or FIND, cluster_file=args.cluster_file)
 
 
 def _client(args, **kwargs):
@@ -334,7 +331,8 @@ def _global_options(parser: argparse.ArgumentParser, defaults: bool) -> None:
                         help="seed addresses of a ring (default: the recorded cluster's)")
     parser.add_argument("--tls-dir", default=default(None),
                         help="ca.pem, client.pem/.key and operator.pem/.key of a TLS ring "
-                             "(default: the recorded cluster's, if any)")
+                             "(default: $FLOE_TLS_DIR, else the cluster's own floe-cluster/tls "
+                             "beside the cluster file, if any)")
     parser.add_argument("--timeout", type=float, default=default(60.0),
                         help="seconds per operation (default: 60)")
 

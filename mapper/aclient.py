@@ -26,6 +26,7 @@ from floering.mapper.queries import get_state, node_stats, query, top_entries, t
 from floering.mapper.scanning import FOLD_RETRIES, FoldDuringScan, open_scan
 from floering.node.core.errors import Unavailable
 from floering.node.core.ring import Ring
+from floering.mapper.credentials import FIND, find_tls, mismatch
 from floering.node.transport.tls import TlsFiles
 
 POLL = 0.005        # seconds between two looks at the delivery while waiting on it
@@ -42,9 +43,10 @@ class AsyncRingClient(ClientBase):
                  linger: float = 0.05, window: int = 64, max_pending_batches: int = 512,
                  timeout: float = 60.0, rpc_timeout: float = 5.0,
                  expect_reducer: str | None = None, first_seq: int = 1,
-                 tls: TlsFiles | None = None, combine: bool = True) -> None:
+                 tls: TlsFiles | str | None = FIND, combine: bool = True) -> None:
+        self.tls = find_tls("client", tls)
         super().__init__(seeds, source, batch_size, linger, window, max_pending_batches,
-                         timeout, rpc_timeout, expect_reducer, tls, combine)
+                         timeout, rpc_timeout, expect_reducer, self.tls, combine)
         self._named = source is not None
         self._first_seq = first_seq
         self._batcher = None
@@ -55,7 +57,13 @@ class AsyncRingClient(ClientBase):
         if self._closed:
             raise RuntimeError("the client is closed")
         if self._batcher is None:
-            await self._delivery.fetch_ring()
+            try:
+                await self._delivery.fetch_ring()
+            except Unavailable as exc:
+                told = await asyncio.to_thread(mismatch, exc, self._delivery.seeds, self.tls)
+                if told is exc:
+                    raise
+                raise told from None
             self._batcher = batcher_for(self._delivery, self.source, self._named,
                                         self.batch_size, self._first_seq, self.combine)
             self.source = self._batcher.source

@@ -22,6 +22,7 @@ from floering.mapper.queries import get_state, node_stats, query, top_entries, t
 from floering.mapper.scanning import FOLD_RETRIES, FoldDuringScan, open_scan
 from floering.node.core.errors import Unavailable
 from floering.node.core.ring import Ring
+from floering.mapper.credentials import FIND, find_tls, mismatch
 from floering.node.transport.tls import TlsFiles
 
 _shared: tuple[int, asyncio.AbstractEventLoop, threading.Thread] | None = None
@@ -48,23 +49,29 @@ class RingClient(ClientBase):
 
     `flush()` returns when every tuple emitted so far is acknowledged by its primary
     and all its replicas. Not thread-safe: use one client per thread. `tls`: the
-    client's certificate of the ring's CA when the nodes run TLS (`--tls-dir`).
+    client's certificate of the ring's CA when the nodes run TLS: a TlsFiles, a
+    directory, None for a ring in the clear; by default found as
+    `mapper/credentials.py` says (FLOE_TLS_DIR, then ./floe-cluster/tls).
     """
 
     def __init__(self, seeds: str | Iterable[str], *, source: str | None = None,
                  batch_size: int = 1000, linger: float = 0.05, window: int = 64,
                  max_pending_batches: int = 512, timeout: float = 60.0,
                  rpc_timeout: float = 5.0, expect_reducer: str | None = None,
-                 first_seq: int = 1, tls: TlsFiles | None = None,
+                 first_seq: int = 1, tls: TlsFiles | str | None = FIND,
                  combine: bool = True) -> None:
+        self.tls = find_tls("client", tls)
         super().__init__(seeds, source, batch_size, linger, window, max_pending_batches,
-                         timeout, rpc_timeout, expect_reducer, tls, combine)
+                         timeout, rpc_timeout, expect_reducer, self.tls, combine)
         self._loop, self._thread = _client_loop()
         try:
             self._call(self._delivery.fetch_ring())
-        except BaseException:
+        except BaseException as exc:
             self._stop_loop()
-            raise
+            told = mismatch(exc, self._delivery.seeds, self.tls)
+            if told is exc:
+                raise
+            raise told from None
         # Emitted tuples are routed and buffered on the caller's thread, under the
         # batcher's lock; sealed batches are drained into the delivery on the loop.
         self._batcher = batcher_for(self._delivery, self.source, source is not None,

@@ -183,8 +183,12 @@ def test_the_floe_command_runs_a_tls_ring_end_to_end(tmp_path):
         added = floe(tmp_path, "scale", "--add", "1")       # a new node's certificate too
         assert "added n3" in added
         assert floe(tmp_path, "get", "gamma").strip() == str(words.count("gamma"))
-        plain = floe_run(tmp_path, "--ring", rows[0]["address"], "--timeout", "3", "get",
-                         "gamma")
+        found = floe_run(tmp_path, "--ring", rows[0]["address"], "get", "gamma")
+        assert found.stdout.strip() == str(words.count("gamma"))   # its own certificates
+        (tmp_path / "elsewhere").mkdir()
+        plain = floe_run(tmp_path / "elsewhere", "--ring", rows[0]["address"], "--timeout",
+                         "3", "get", "gamma")
         assert plain.returncode != 0                        # no certificate, no answer
+        assert "speaks TLS" in plain.stderr and "FLOE_TLS_DIR" in plain.stderr
     finally:
         floe(tmp_path, "down")
