@@ -9,18 +9,30 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
-import matplotlib
+PLOTS_EXTRA = "plots skipped: matplotlib is not installed (pip install 'floe-ring[plots]')"
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+
+def pyplot():
+    """matplotlib's pyplot without a display, or None (and one line on stderr saying
+    which extra to install) when matplotlib is missing: results never depend on it."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot
+    except ImportError:
+        print(PLOTS_EXTRA, file=sys.stderr, flush=True)
+        return None
+    return matplotlib.pyplot
+
 
 _COLOURS = {"kill": "tab:red", "pause": "tab:orange", "kill-mapper": "tab:purple",
             "kill-mid-handoff": "tab:brown"}
 
 
-def plot_round(round_result: dict, path: Path, title: str) -> Path:
+def plot_round(round_result: dict, path: Path, title: str, plt) -> Path:
     series = round_result["series"]
     t = [p["t"] for p in series]
     fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(9, 5.5))
@@ -56,7 +68,7 @@ def plot_round(round_result: dict, path: Path, title: str) -> Path:
     return path
 
 
-def plot_recovery(result: dict, path: Path, title: str) -> Path:
+def plot_recovery(result: dict, path: Path, title: str, plt) -> Path:
     points: dict[int, list[tuple[float | None, float | None]]] = {}
     for r in result["rounds"]:
         for tl in r["timelines"]:
@@ -95,6 +107,10 @@ def plot_recovery(result: dict, path: Path, title: str) -> Path:
 
 
 def plot_result(result: dict, out: Path, max_round_plots: int = 6) -> list[str]:
+    """The PNGs of a result, or none (said in one line) without matplotlib."""
+    plt = pyplot()
+    if plt is None:
+        return []
     out = Path(out)
     sc = result["scenario"]
     made = []
@@ -103,9 +119,10 @@ def plot_result(result: dict, out: Path, max_round_plots: int = 6) -> list[str]:
             title = (f"{sc['name']} round {r['index'] + 1} ({r['label']}): n={sc['nodes']} "
                      f"r={sc['replicas']}, {sc['load']['keys']} load "
                      f"{sc['load']['rate'] * sc['load']['mappers']:.0f} tuples/s")
-            made.append(str(plot_round(r, out / f"round-{r['index'] + 1:02d}.png", title)))
+            made.append(str(plot_round(r, out / f"round-{r['index'] + 1:02d}.png", title,
+                                        plt)))
     if any(tl["kind"] == "kill" for r in result["rounds"] for tl in r["timelines"]):
         title = (f"{sc['name']}: recovery after SIGKILL, n={sc['nodes']} r={sc['replicas']}, "
                  f"seed {result['seed']}")
-        made.append(str(plot_recovery(result, out / "recovery.png", title)))
+        made.append(str(plot_recovery(result, out / "recovery.png", title, plt)))
     return made

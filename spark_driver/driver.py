@@ -239,7 +239,15 @@ class ProgressReporter:
             self.printed = line
 
 
+SPARK_EXTRA = "the Spark driver needs pyspark: pip install 'floe-ring[spark]'"
+
+
 def main(argv=None) -> int:
+    try:
+        import pyspark  # noqa: F401
+    except ImportError:
+        print(f"error: {SPARK_EXTRA}", file=sys.stderr, flush=True)
+        return 2
     try:
         args = parse_args(argv)
         return run(args)

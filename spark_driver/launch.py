@@ -26,7 +26,8 @@ def spark_submit() -> str:
         return str(local)
     found = shutil.which("spark-submit")
     if not found:
-        raise FileNotFoundError("spark-submit not found (pip install pyspark)")
+        raise FileNotFoundError("spark-submit not found: the Spark driver needs pyspark: "
+                                "pip install 'floe-ring[spark]'")
     return found
 
 
