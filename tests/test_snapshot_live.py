@@ -10,9 +10,10 @@ import grpc
 import pytest
 
 from floering.chaos.cluster import LocalCluster
+from floering.chaos import snapshot as snapshot_mod
 from floering.chaos.snapshot import export_ring, import_ring
 from floering.mapper import RingClient
-from floering.node.core.errors import FloeError
+from floering.node.core.errors import FloeError, ReducerMismatch, Unavailable
 from floering.node.core.snapshot_format import SnapshotError
 from floering.v1 import floe_pb2, floe_pb2_grpc
 from tests.helpers import corpus_words, floe_run, wait_for
@@ -99,7 +100,8 @@ def test_export_then_import_into_a_ring_of_another_size(tmp_path):
         assert counts(b) == expect + Counter(more)
 
 
-def written_snapshot(path, words, tokens=(1 << 62, 1 << 63, 3 << 62)) -> None:
+def written_snapshot(path, words, tokens=(1 << 62, 1 << 63, 3 << 62),
+                     reducer: str = "count") -> None:
     """A snapshot of a Counter over `words` written by the test itself: the keys dealt
     over `tokens` as ranges, the source's watermark (bound to the client's
     certificate, as a node keeps it) at the last seq the mapper numbered."""
@@ -110,7 +112,7 @@ def written_snapshot(path, words, tokens=(1 << 62, 1 << 63, 3 << 62)) -> None:
     keys = sorted(expect)
     marks = {bind_source("client:client", SOURCE): len(words)}
     with open(path, "wb") as out:
-        w = Writer(out, Header("count", "none", 1, 1, ("x0",), tokens, 0.0))
+        w = Writer(out, Header(reducer, "none", 1, 1, ("x0",), tokens, 0.0))
         for i, token in enumerate(tokens):
             mine = {k: expect[k] for k in keys[i::len(tokens)]}
             half = dict(list(mine.items())[:len(mine) // 2])
@@ -127,16 +129,58 @@ def scanned(cluster):
         return None
 
 
-def test_an_import_is_durable_and_replicated(tmp_path):
+class LostAnswer(grpc.RpcError):
+    def code(self):
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self):
+        return "the connection dropped before the answer came"
+
+
+def answer_lost_at(monkeypatch, nth: int) -> None:
+    """The importer's `nth` ImportRange call reaches its node, but its answer is lost."""
+    real, sent = snapshot_mod._calls, [0]
+
+    def calls(ring, tls):
+        stub, open_ = real(ring, tls)
+
+        class Lossy:
+            def __init__(self, node):
+                self.stub = stub(node)
+
+            def ImportRange(self, request, timeout=None):
+                reply = self.stub.ImportRange(request, timeout=timeout)
+                sent[0] += 1
+                if sent[0] == nth:
+                    raise LostAnswer()
+                return reply
+        return Lossy, open_
+    monkeypatch.setattr(snapshot_mod, "_calls", calls)
+
+
+def test_an_import_is_durable_and_replicated(tmp_path, monkeypatch):
     words = corpus_words()[:20_000]
     expect = Counter(words)
-    snapshot = tmp_path / "made.snap"
+    snapshot, other = tmp_path / "made.snap", tmp_path / "max.snap"
     written_snapshot(snapshot, words)
+    written_snapshot(other, words, reducer="max")
     data = tmp_path / "data"
     with LocalCluster.up(3, 1, workdir=tmp_path / "c", data_dir=data, tokens_per_node=3) as c:
-        loaded = import_ring(c.seeds, str(snapshot), c.tls("operator"))
+        operator = c.tls("operator")
+        with pytest.raises(ReducerMismatch, match="nothing was loaded"):
+            import_ring(c.seeds, str(other), operator)
+        assert held_keys(c) == 0
+        # stopped at the 4th chunk, whose answer was lost: partly loaded, then resumed
+        with monkeypatch.context() as m:
+            answer_lost_at(m, 4)
+            with pytest.raises(Unavailable, match="--resume"):
+                import_ring(c.seeds, str(snapshot), operator)
+        assert 0 < held_keys(c) < len(expect)
+        with pytest.raises(FloeError, match="holds state"):
+            import_ring(c.seeds, str(snapshot), operator)
+        loaded = import_ring(c.seeds, str(snapshot), operator, resume=True)
         assert loaded["keys"] == len(expect) and loaded["chunks"] >= 9
-        assert counts(c) == expect
+        assert counts(c) == expect                   # the 4th chunk merged once
     # every node stopped and started again on its data: the states and the watermarks
     with LocalCluster.up(workdir=tmp_path / "c", data_dir=data) as c:
         wait_for(lambda: scanned(c) == expect, 30, "the restarted ring's counts")
