@@ -144,18 +144,15 @@ class NodeService:
         limit = self.runtime.config.max_top
         if k > limit:
             raise TooLarge(f"top {k} is over the limit of {limit} keys (--max-top)")
+        # One range copied at a time (the event loop runs in between) and its best k
+        # kept: never a copy of the whole state.
         core = self.runtime.core
-        items = await self._snapshot(core)
-        return await asyncio.to_thread(core.rank, k, items)
-
-    async def _snapshot(self, core) -> list:
-        """Every owned key and state, copied one range at a time with the event loop
-        running in between."""
-        items: list = []
+        best: list = []
         for snapshot in core.range_snapshots():
-            items.extend(snapshot.items())
-            await asyncio.sleep(0)
-        return items
+            ranked = await asyncio.to_thread(core.rank, k, snapshot.items())
+            best.extend((key, state) for key, state, _ in ranked)
+            del snapshot, ranked
+        return core.rank(k, best)
 
     def scan_chunk(self, asked: int, default: int) -> int:
         limit = self.runtime.config.max_scan_chunk
