@@ -28,9 +28,11 @@ from floering.node.core.chunks import CHUNK_BYTES, column_slices, packed_chunks
 from floering.node.core.codec import pack, unpack, unpack_columns
 from floering.node.core.errors import (FloeError, InvalidArgument, ReducerMismatch, StaleRing,
                                        Unavailable)
+from floering.node.core.reducers import BUILTINS
 from floering.node.core.ring import Ring
 from floering.node.core.snapshot_format import (IMPORT_SOURCE, Header, SnapshotError, Writer,
-                                                check_watermarks, sections, verify)
+                                                check_keys, check_watermarks, sections,
+                                                verify)
 from floering.node.transport.channels import server_options
 from floering.node.transport.status import error_from_rpc
 from floering.node.transport.tls import TlsFiles, server_name
@@ -152,6 +154,7 @@ def load_recut(path: str, ring: Ring) -> tuple[Header, str, dict[int, dict], dic
                 if not source.startswith(IMPORT_SOURCE) and seq > marks.get(source, -1):
                     marks[source] = seq
             keys, states = unpack_columns(s.entries)
+            check_keys(keys)
             for key, state in zip(keys, states):
                 held = ranges[ring.token_for_key(key)]
                 if key in held:
@@ -169,6 +172,7 @@ def import_ring(seeds: list[str], path: str, tls: TlsFiles | None, *,
     if header.reducer != reducer:
         raise ReducerMismatch(f"the snapshot's reducer is {header.reducer!r}, the ring "
                               f"runs {reducer!r}: nothing was loaded")
+    check_states(header.reducer, ranges)
     stub, open_ = _calls(ring, tls)
     try:
         if not (into_state or resume):
@@ -196,6 +200,23 @@ def import_ring(seeds: list[str], path: str, tls: TlsFiles | None, *,
     return dict(file=path, snapshot=snapshot_id, keys=loaded, ranges=len(ring.tokens),
                 chunks=chunks_sent, sources=len(marks), ring_version=ring.version,
                 seconds=round(time.monotonic() - began, 3))
+
+
+def check_states(spec: str, ranges: dict[int, dict]) -> None:
+    """A built-in reducer's checks on every state, before the first write (a custom
+    reducer's states are checked by the nodes, chunk by chunk, as they merge them)."""
+    cls = BUILTINS.get(spec)
+    try:
+        reducer = cls() if cls is not None else None
+    except TypeError:                 # one that needs its arguments
+        reducer = None
+    if reducer is None or reducer.merge is None:
+        return
+    for states in ranges.values():
+        try:
+            reducer.check_states(list(states.values()))
+        except InvalidArgument as exc:
+            raise SnapshotError(f"{exc}: nothing was loaded") from None
 
 
 def _stopped(error: FloeError, token: int, chunk: int) -> FloeError:

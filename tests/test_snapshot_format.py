@@ -157,3 +157,22 @@ def test_import_refuses_hostile_chunks_changing_nothing():
                      {f"s{i}": 1 for i in range(Limits().max_sources_per_range)}, False, 0.0)
     rng = core.primaries[token]
     assert len(rng.state) == 0 and not rng.watermarks
+
+
+def test_the_importer_refuses_bad_keys_and_states_before_the_first_write(tmp_path):
+    from floering.chaos.snapshot import check_states, load_recut
+    from floering.node.core.codec import pack
+    ring = CoreCluster(nodes=2).ring
+    for entries, why in ((pack(((1.5,), (1,))), "str, bytes or int"),
+                         (pack(((b"\x00floe:x",), (1,))), "reserved mark")):
+        path = tmp_path / "bad.snap"
+        out = io.BytesIO()
+        w = Writer(out, Header("count", "none", 1, 1, ("n0",), (10,), 0.0))
+        w.add(10, 1, 1, {}, entries, 1)
+        w.close()
+        path.write_bytes(out.getvalue())
+        with pytest.raises(SnapshotError, match=why):
+            load_recut(str(path), ring)
+    with pytest.raises(SnapshotError, match="nothing was loaded"):
+        check_states("count", {1: {"a": 1, "b": "two"}})
+    check_states("count", {1: {"a": 1, "b": 2}})

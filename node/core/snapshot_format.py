@@ -23,7 +23,9 @@ from typing import BinaryIO, Iterator
 
 import msgpack
 
+from floering.node.core.batch import KEY_TYPES
 from floering.node.core.errors import InvalidArgument
+from floering.node.core.pieces import check_pushed_keys
 
 MAGIC = b"FLOESNAP"
 FORMAT_VERSION = 1
@@ -91,6 +93,21 @@ def check_watermarks(marks, limit: int = MAX_WATERMARKS) -> dict[str, int]:
         raise SnapshotError(f"{len(marks)} watermarks in a range, over the limit of {limit}")
     return {_name(s, "a watermark's source"): _u64(q, "a watermark's seq")
             for s, q in marks.items()}
+
+
+def check_keys(keys) -> None:
+    """Keys as a push may carry them: str, bytes or int, the reserved mark only on a
+    well-formed piece of a shared key (an outgoing key of a fold on its way is not
+    taken: export once folds are done)."""
+    types = set(map(type, keys))
+    if types - KEY_TYPES:
+        raise SnapshotError(f"keys must be str, bytes or int, got "
+                            f"{', '.join(sorted(t.__name__ for t in types - KEY_TYPES))}")
+    if bytes in types:
+        try:
+            check_pushed_keys(keys)
+        except InvalidArgument as exc:
+            raise SnapshotError(str(exc)) from None
 
 
 def parse_header(raw) -> Header:

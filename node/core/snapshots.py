@@ -14,7 +14,7 @@ import re
 
 from floering.node.core.errors import Fenced, InvalidArgument, ReducerMismatch, StaleRing
 from floering.node.core.snapshot_format import (IMPORT_SOURCE, MAX_CHUNKS, SnapshotError,
-                                                check_watermarks)
+                                                check_keys, check_watermarks)
 
 SNAPSHOT_ID = re.compile(r"[0-9a-f]{64}")
 
@@ -87,6 +87,7 @@ def import_chunk(core, reducer: str, ring_stamp: int, token: int, snapshot: str,
     if len(rng.watermarks.keys() | marks.keys()) + 1 > limit:
         raise InvalidArgument(f"the range of token {token} would track more than {limit} "
                               f"sources (--max-sources-per-range)")
+    check_keys(keys)
     ring = core.ring
     for key in keys:
         if ring.token_for_key(key) != token:
