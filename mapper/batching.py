@@ -21,7 +21,7 @@ from floering.mapper.outbox import PendingBatch
 from floering.mapper.routing import Router
 from floering.mapper.sharing import check_key, chooser_for
 from floering.node.core.balancers import balancer
-from floering.node.core.batch import KEY_TYPES, encode_payload, encode_seqs
+from floering.node.core.batch import KEY_TYPES, encode_batch, encode_seqs
 from floering.node.core.errors import InvalidArgument, InvalidKey
 from floering.node.core.pieces import check_user_key
 
@@ -184,7 +184,7 @@ class Batcher:
         seqs = buf.seqs
         self.sealed.append(PendingBatch(
             next(self._batch_ids), token, self.source, seqs[0], seqs[-1], len(seqs),
-            encode_payload(buf.keys, buf.values), encode_seqs(seqs), buf.since,
+            encode_batch(buf.keys, buf.values), encode_seqs(seqs), buf.since,
             tokens=buf.tokens))
 
     def drain(self, submit) -> None:

@@ -14,8 +14,8 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-from floering.node.core.batch import (decode_payload, decode_seqs, encode_payload, encode_seqs,
-                             group_by_part)
+from floering.node.core.batch import (decode_payload, decode_seqs, encode_batch, encode_payload,
+                             encode_seqs, group_by_part, is_versioned)
 from floering.node.core.errors import FloeError
 from floering.node.core.ring import Ring
 
@@ -110,8 +110,8 @@ class Outbox:
             tuples.update(zip(seqs, zip(keys, values)))
         seqs = sorted(tuples)
         merged = PendingBatch(next(self._part_ids), a.token, a.source, seqs[0], seqs[-1],
-                              len(seqs), encode_payload([tuples[s][0] for s in seqs],
-                                                        [tuples[s][1] for s in seqs]),
+                              len(seqs), encode_like((a, b), [tuples[s][0] for s in seqs],
+                                                     [tuples[s][1] for s in seqs]),
                               encode_seqs(seqs), min(a.born, b.born), tokens=ring.tokens,
                               order=min(a.sort_key(), b.sort_key()))
         self.undelivered.pop(a.id, None)
@@ -138,8 +138,15 @@ class Outbox:
         parts = []
         for i, (token, (k, v, s)) in enumerate(sorted(grouped.items())):
             part = PendingBatch(next(self._part_ids), token, batch.source, s[0], s[-1], len(s),
-                                encode_payload(k, v), encode_seqs(s), batch.born,
+                                encode_like((batch,), k, v), encode_seqs(s), batch.born,
                                 tokens=ring.tokens, order=batch.sort_key() + (i,))
             self.undelivered[part.id] = part
             parts.append(part)
         return parts
+
+
+def encode_like(batches, keys, values) -> bytes:
+    """Parts and merges keep their batches' payload format: columns when all were."""
+    if all(is_versioned(b.payload) for b in batches):
+        return encode_batch(keys, values)
+    return encode_payload(keys, values)

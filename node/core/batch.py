@@ -1,7 +1,10 @@
 """Tuple batches: how a mapper encodes them and how a node checks and decodes them.
 
-A batch holds the tuples of one source for one token range. The payload is msgpack
-`[keys, values]`; the seqs travel separately and are decoded only when dedup needs
+A batch holds the tuples of one source for one token range. The payload is in one of
+two formats, told apart by its first byte: format 1, msgpack `[keys, values]`, and
+format 2, columns (`node/core/columns.py`: str or bytes keys, int64 values, decoded
+without a Python object per tuple). Replicas keep payloads as they came and decode them
+on a takeover, so every format ever accepted stays decodable. The seqs travel separately and are decoded only when dedup needs
 them, because a batch that is entirely new (the common case) is applied without
 looking at individual seqs.
 """
@@ -13,7 +16,10 @@ from dataclasses import dataclass
 
 import msgpack
 
+from floering.node.core.columns import (FORMATS_SPOKEN, Columns, decode_columns, encode_columns,
+                                       is_versioned)
 from floering.node.core.errors import InvalidArgument, InvalidKey, TooLarge
+from floering.node.core.hashing import key_bytes
 from floering.node.core.pieces import check_pushed_keys
 
 KEY_TYPES = frozenset((str, bytes, int))
@@ -51,10 +57,25 @@ class Limits:
     max_stream_ahead: float = 3600.0    # seconds a stream number may run ahead of our clock
     max_sources_per_node: int = 65536   # sources whose current stream a node tracks
     piece_idle: float = 10.0            # a shared key's piece unchanged this long is folded
+    max_key_bytes: int = 64 << 10       # a key's bytes (a str key's UTF-8)
+    max_value_bytes: int = 1 << 20      # a format 1 value's (or state's) msgpack bytes
+
+
+DEFAULT_LIMITS = Limits()
+SCALARS = frozenset((int, float, bool, type(None)))
 
 
 def encode_payload(keys: list, values: list) -> bytes:
+    """Format 1, which every batch fits."""
     return msgpack.packb((keys, values))
+
+
+def encode_batch(keys: list, values: list) -> bytes:
+    """Format 2 when the tuples fit it (str or bytes keys, int64 values), else format 1."""
+    columns = encode_columns(keys, values)
+    if columns is None or len(columns) > DEFAULT_LIMITS.max_batch_bytes:
+        return msgpack.packb((keys, values))     # (20 bytes a tuple more may not fit)
+    return columns
 
 
 def encode_seqs(seqs: list[int]) -> bytes:
@@ -87,15 +108,29 @@ def check_header(count: int, first_seq: int, last_seq: int, seqs: bytes, payload
         decode_seqs(first_seq, last_seq, count, seqs)
 
 
-def decode_payload(payload: bytes, count: int) -> tuple[tuple, tuple]:
-    """Return (keys, values), or raise InvalidArgument/InvalidKey saying what is wrong."""
+def decode_batch(payload: bytes, count: int,
+                 limits: Limits = DEFAULT_LIMITS) -> Columns | tuple[tuple, tuple]:
+    """A format 2 payload's checked Columns, or a format 1 payload's (keys, values);
+    raise InvalidArgument/InvalidKey saying what is wrong."""
+    if is_versioned(payload):
+        return decode_columns(payload, count, limits.max_key_bytes)
+    return decode_payload(payload, count, limits)
+
+
+def decode_payload(payload: bytes, count: int,
+                   limits: Limits = DEFAULT_LIMITS) -> tuple[tuple, tuple]:
+    """Return (keys, values) of a payload in any format, or raise InvalidArgument/
+    InvalidKey saying what is wrong."""
+    if is_versioned(payload):
+        return decode_columns(payload, count, limits.max_key_bytes).to_tuples()
     try:
         # use_list=False: tuples are ~3x cheaper to build than lists (the GC is the cost).
         decoded = msgpack.unpackb(payload, use_list=False, raw=False)
     except UnicodeDecodeError as exc:
         raise InvalidKey(f"payload holds a string that is not valid UTF-8: {exc}") from None
     except Exception as exc:  # msgpack raises several unrelated types for bad input
-        raise InvalidArgument(f"payload is not valid msgpack: {exc}") from None
+        raise InvalidArgument(f"payload is not valid msgpack ({exc}); this node speaks "
+                              f"payload formats {FORMATS_SPOKEN}") from None
     if type(decoded) is not tuple or len(decoded) != 2:
         raise InvalidArgument("payload must be a msgpack array [keys, values]")
     keys, values = decoded
@@ -111,7 +146,31 @@ def decode_payload(payload: bytes, count: int) -> tuple[tuple, tuple]:
         raise InvalidKey(f"keys must be str, bytes or int, got {names}")
     if bytes in types:
         check_pushed_keys(keys)
+    # No key or value can be larger than the payload: most batches skip these checks.
+    if len(payload) > limits.max_key_bytes:
+        check_key_sizes(keys, types, limits.max_key_bytes)
+    if len(payload) > limits.max_value_bytes:
+        check_value_sizes(values, limits.max_value_bytes)
     return keys, values
+
+
+def check_key_sizes(keys, types, most: int) -> None:
+    sized = keys if int not in types else [k for k in keys if type(k) is not int]
+    if not sized or max(map(len, sized)) <= most // 4:   # a str's UTF-8: <= 4 bytes a char
+        return
+    for key in sized:
+        if len(key) > most // 4 and len(key_bytes(key)) > most:
+            raise InvalidKey(f"a key of {len(key_bytes(key))} bytes is over the limit of "
+                             f"{most} bytes")
+
+
+def check_value_sizes(values, most: int) -> None:
+    if set(map(type, values)) <= SCALARS:
+        return
+    for value in values:
+        if type(value) not in SCALARS and len(msgpack.packb(value)) > most:
+            raise InvalidArgument(f"a value of {len(msgpack.packb(value))} bytes is over the "
+                                  f"limit of {most} bytes")
 
 
 def decode_seqs(first_seq: int, last_seq: int, count: int, seqs: bytes):

@@ -1,0 +1,223 @@
+"""Payload format 2: a batch's tuples as columns, decoded without a Python object per
+tuple.
+
+A payload starts with FORMAT_MARK (0xc1, a byte msgpack never uses, so no format 1
+payload begins with it) and a format number; format 2 continues with the msgpack array
+[kinds, key_data, offsets, positions, values] of five `bin` fields:
+
+- kinds: one byte for the whole batch, or one per tuple: 0 a str key, 1 a bytes key;
+- key_data: every key's bytes (a str key's UTF-8) one after the other;
+- offsets: count + 1 little-endian uint32, key i being key_data[offsets[i]:offsets[i+1]];
+- positions: count little-endian uint64, each its key's ring position (mmh3 of its bytes);
+- values: count little-endian int64.
+
+`decode_columns` checks everything a node relies on (sizes that agree, monotone
+offsets, positions that are their keys' hashes, UTF-8 str keys, key sizes, the reserved
+mark) and refuses the batch whole, naming what is wrong.
+"""
+
+from __future__ import annotations
+
+import operator
+import sys
+from array import array
+from dataclasses import dataclass
+from itertools import accumulate
+
+import msgpack
+
+from floering.node.core.errors import InvalidArgument, InvalidKey
+from floering.node.core.pieces import RESERVED, check_pushed_keys
+
+try:
+    from floering.node.core.columnar import hash_positions
+except ImportError:                  # the compiled kernel's package is not there yet
+    import mmh3
+
+    def hash_positions(key_data, offsets):
+        """Each key's ring position: mmh3 64-bit (x64, seed 0, unsigned) of its bytes."""
+        data = bytes(key_data)
+        out = array("Q", bytes(8 * (len(offsets) - 1)))
+        hash64 = mmh3.hash64
+        start = offsets[0] if len(offsets) else 0
+        for i in range(len(offsets) - 1):
+            end = offsets[i + 1]
+            out[i] = hash64(data[start:end], seed=0, x64arch=True, signed=False)[0]
+            start = end
+        return out
+
+FORMAT_MARK = 0xC1
+FORMAT_COLUMNS = 2
+STR, BYTES = 0, 1
+FORMATS_SPOKEN = "1 (msgpack [keys, values]) and 2 (columns: 0xc1 0x02 ...)"
+HEADER = bytes((FORMAT_MARK, FORMAT_COLUMNS))
+_LITTLE = sys.byteorder == "little"
+
+
+def _array(raw: bytes, code: str) -> array:
+    """`raw` (little-endian) as an array: a copy at memcpy speed, iterated at C speed
+    (a memoryview cast to the type is several times slower to read)."""
+    arr = array(code)
+    arr.frombytes(raw)
+    if not _LITTLE:
+        arr.byteswap()
+    return arr
+
+
+def _raw(arr: array) -> bytes:
+    if not _LITTLE:
+        arr = array(arr.typecode, arr)
+        arr.byteswap()
+    return arr.tobytes()
+
+
+@dataclass(frozen=True, slots=True)
+class Columns:
+    """A decoded, checked format 2 batch: no Python object per tuple. `kinds` is one
+    byte (STR or BYTES) for the batch or one per tuple; the arrays are the node's own
+    (copied from the payload), to read, not to change."""
+
+    kinds: bytes
+    key_data: bytes
+    offsets: array           # "I", count + 1
+    positions: array         # "Q", count
+    values: array            # "q", count
+
+    @property
+    def count(self) -> int:
+        return len(self.values)
+
+    def keys(self) -> tuple:
+        data = self.key_data
+        cuts = list(map(slice, self.offsets[:-1], self.offsets[1:]))
+        if len(self.kinds) == 1:
+            if self.kinds[0] == BYTES:
+                return tuple(map(data.__getitem__, cuts))
+            if data.isascii():
+                text = data.decode("ascii")
+                return tuple(map(text.__getitem__, cuts))
+            return tuple(map(bytes.decode, map(data.__getitem__, cuts)))
+        return tuple(data[c] if kind == BYTES else data[c].decode()
+                     for kind, c in zip(self.kinds, cuts))
+
+    def to_tuples(self) -> tuple[tuple, tuple]:
+        """(keys, values) as a format 1 payload decodes to."""
+        return self.keys(), tuple(self.values)
+
+
+def key_kind(key) -> int | None:
+    kind = type(key)
+    return STR if kind is str else BYTES if kind is bytes else None
+
+
+def encode_columns(keys, values) -> bytes | None:
+    """The format 2 payload of (keys, values), or None when they do not fit it (a key
+    neither str nor bytes, a value not an int64, a str key that is not UTF-8)."""
+    kinds = set(map(type, keys))
+    if not kinds or not kinds <= {str, bytes} or set(map(type, values)) != {int}:
+        return None
+    try:
+        vals = array("q", values)
+        if len(kinds) == 1:
+            kind = bytes((STR if str in kinds else BYTES,))
+            data = list(map(str.encode, keys)) if str in kinds else list(keys)
+        else:
+            kind = bytes(map(key_kind, keys))
+            data = [k.encode() if type(k) is str else k for k in keys]
+    except (OverflowError, UnicodeEncodeError):
+        return None
+    key_data = b"".join(data)
+    offsets = array("I", [0])
+    try:
+        offsets.extend(accumulate(map(len, data)))
+    except OverflowError:
+        return None                          # over 4 GiB of keys: not one batch anyway
+    positions = hash_positions(key_data, offsets)
+    return HEADER + msgpack.packb(
+        (kind, key_data, _raw(offsets), _raw(_array(memoryview(positions).tobytes(), "Q")),
+         _raw(vals)),
+        use_bin_type=True)
+
+
+def is_versioned(payload) -> bool:
+    return len(payload) > 0 and payload[0] == FORMAT_MARK
+
+
+def decode_columns(payload: bytes, count: int, max_key_bytes: int) -> Columns:
+    """Decode and check a versioned payload; raise InvalidArgument (InvalidKey for a bad
+    key, TooLarge for a key over `max_key_bytes`) saying what is wrong."""
+    if count < 1:
+        raise InvalidArgument("batch has no tuples (count must be >= 1)")
+    if len(payload) < 2 or payload[1] != FORMAT_COLUMNS:
+        got = payload[1] if len(payload) >= 2 else "none"
+        raise InvalidArgument(f"payload format {got} is not one this node speaks: it "
+                              f"speaks formats {FORMATS_SPOKEN}")
+    try:
+        fields = msgpack.unpackb(memoryview(payload)[2:], use_list=False, raw=False)
+    except Exception as exc:  # msgpack raises several unrelated types for bad input
+        raise InvalidArgument(f"format 2 payload is not valid msgpack: {exc}") from None
+    if type(fields) is not tuple or len(fields) != 5 or \
+            not all(type(f) is bytes for f in fields):
+        raise InvalidArgument("format 2 payload must be a msgpack array of 5 bin fields "
+                              "[kinds, key_data, offsets, positions, values]")
+    kinds, key_data, raw_offsets, raw_positions, raw_values = fields
+    if len(raw_offsets) != 4 * (count + 1) or len(raw_positions) != 8 * count or \
+            len(raw_values) != 8 * count:
+        raise InvalidArgument(f"format 2 payload has {len(raw_offsets)} bytes of offsets, "
+                              f"{len(raw_positions)} of positions and {len(raw_values)} of "
+                              f"values; {count} tuples need {4 * (count + 1)}, {8 * count} "
+                              f"and {8 * count}")
+    if len(kinds) not in (1, count) or kinds.translate(None, b"\x00\x01"):
+        raise InvalidArgument(f"format 2 kinds must be 1 or {count} bytes, each 0 (str) or "
+                              f"1 (bytes)")
+    offsets = _array(raw_offsets, "I")
+    if offsets[0] != 0 or offsets[-1] != len(key_data):
+        raise InvalidArgument(f"format 2 offsets must run from 0 to {len(key_data)} (the "
+                              f"key data's size), not {offsets[0]} to {offsets[-1]}")
+    sizes = list(map(operator.sub, offsets[1:], offsets[:-1]))
+    if min(sizes) < 0:
+        raise InvalidArgument("format 2 offsets must not decrease")
+    longest = max(sizes)
+    if longest > max_key_bytes:
+        raise InvalidKey(f"a key of {longest} bytes is over the limit of {max_key_bytes} "
+                         f"bytes")
+    positions = _array(raw_positions, "Q")
+    if memoryview(hash_positions(key_data, offsets)).tobytes() != positions.tobytes():
+        raise InvalidArgument("a format 2 position is not its key's hash (mmh3 64-bit, x64, "
+                              "seed 0, of the key's bytes)")
+    columns = Columns(kinds, key_data, offsets, positions, _array(raw_values, "q"))
+    if not key_data.isascii() and STR in kinds:
+        _check_utf8(columns, key_data)
+    if RESERVED in key_data and BYTES in kinds:
+        check_pushed_keys([k for k in columns.keys() if type(k) is bytes])
+    return columns
+
+
+# Every byte that may begin a UTF-8 sequence (not a continuation byte 0x80-0xbf).
+_LEADS = bytes(range(0x80)) + bytes(range(0xC0, 0x100))
+
+
+def _check_utf8(columns: Columns, key_data: bytes) -> None:
+    """Every str key's bytes are UTF-8 (surrogates refused, as a str key's encoding
+    would be). One kind for all: the whole buffer is UTF-8 and every key starts on a
+    character, so no key cuts one; else key by key."""
+    offsets, kinds = columns.offsets, columns.kinds
+    if len(kinds) == 1:
+        try:
+            key_data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidKey(f"a str key of the batch is not valid UTF-8: {exc.reason}") \
+                from None
+        size = len(key_data)
+        starts = bytes(map(key_data.__getitem__, filter(size.__gt__, offsets)))
+        if starts.translate(None, _LEADS):
+            raise InvalidKey("a str key of the batch is not valid UTF-8: it starts inside "
+                             "a character")
+        return
+    for i in range(columns.count):
+        if kinds[i] == STR:
+            try:
+                key_data[offsets[i]:offsets[i + 1]].decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise InvalidKey(f"str key {i} of the batch is not valid UTF-8: "
+                                 f"{exc.reason}") from None

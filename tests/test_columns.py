@@ -1,0 +1,243 @@
+"""Payload format 2 (columns): round trips, every malformed case refused whole, a fuzzed
+decoder that never crashes and never accepts garbage, and the mapper's choice of format."""
+
+import struct
+from array import array
+from collections import Counter
+
+import msgpack
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from floering.mapper.outbox import Outbox, PendingBatch
+from floering.mapper.batching import Batcher
+from floering.mapper.routing import Router
+from floering.node.core.batch import (Limits, decode_batch, decode_payload, encode_batch,
+                                      encode_payload, encode_seqs)
+from floering.node.core.columns import BYTES, STR, Columns, encode_columns, is_versioned
+from floering.node.core.errors import InvalidArgument, InvalidKey
+from floering.node.core.hashing import position
+from floering.node.core.pieces import PIECE_MARK, piece_key
+from floering.node.core.ranges import PrimaryRange
+from floering.node.core.reducers import load_reducer
+from floering.node.core.ring import Ring
+
+
+def fields(keys, values, kinds=None):
+    """The five fields of a well-formed format 2 payload, to spoil one at a time."""
+    data = [k.encode() if type(k) is str else k for k in keys]
+    offsets = [0]
+    for d in data:
+        offsets.append(offsets[-1] + len(d))
+    kinds = kinds if kinds is not None else bytes([STR if type(keys[0]) is str else BYTES])
+    return [kinds, b"".join(data), struct.pack(f"<{len(offsets)}I", *offsets),
+            struct.pack(f"<{len(keys)}Q", *map(position, keys)),
+            struct.pack(f"<{len(values)}q", *values)]
+
+
+def pack(f, version=2) -> bytes:
+    return bytes((0xC1, version)) + msgpack.packb(f, use_bin_type=True)
+
+
+@pytest.mark.parametrize("keys, values", [
+    (["a", "b", "a"], [1, 2, 3]),
+    (["", "é", "日本語", "x" * 1000], [0, -1, 2 ** 63 - 1, -(2 ** 63)]),
+    ([b"\x00\xff", b"", b"raw"], [5, 6, 7]),
+    (["s", b"b", "t"], [1, 1, 1]),                          # kinds per tuple
+    ([piece_key("hot", 3), b"x"], [1, 2]),                  # a well-formed piece
+])
+def test_round_trip(keys, values):
+    payload = encode_batch(keys, values)
+    assert is_versioned(payload)
+    columns = decode_batch(payload, len(keys))
+    assert isinstance(columns, Columns)
+    assert columns.to_tuples() == (tuple(keys), tuple(values))
+    assert list(columns.positions) == [position(k) for k in keys]
+    assert decode_payload(payload, len(keys)) == (tuple(keys), tuple(values))
+    assert payload == pack(fields(keys, values, None if len(set(map(type, keys))) == 1
+                                  else bytes(STR if type(k) is str else BYTES for k in keys)))
+
+
+@pytest.mark.parametrize("keys, values", [
+    ([1, 2], [1, 1]),                  # int keys
+    (["a", 1], [1, 1]),                # mixed kinds
+    (["a"], [1.5]),                    # not an int
+    (["a"], [True]),                   # a bool is not a count
+    (["a"], [2 ** 63]),                # past int64
+    (["a"], [[1, 2]]),                 # a state
+])
+def test_what_does_not_fit_keeps_format_1(keys, values):
+    assert encode_columns(keys, values) is None
+    payload = encode_batch(keys, values)
+    assert payload == encode_payload(keys, values) and not is_versioned(payload)
+
+
+def test_a_str_that_is_not_utf8_is_not_columns():
+    assert encode_columns(["ok", "\udc80"], [1, 1]) is None
+
+
+def test_a_batch_too_big_as_columns_goes_as_format_1():
+    keys = [f"key-{i:020d}" for i in range(100_000)]          # 2.6 MB as format 1
+    assert len(encode_columns(keys, [1] * len(keys))) > Limits().max_batch_bytes
+    assert not is_versioned(encode_batch(keys, [1] * len(keys)))
+
+
+KEYS, VALUES = ["ab", "c", "déf"], [1, 2, 3]
+
+
+def spoiled(i, value):
+    f = fields(KEYS, VALUES)
+    f[i] = value
+    return pack(f)
+
+
+MALFORMED = {
+    "unknown format": (bytes((0xC1, 3)) + b"\x90", "formats 1"),
+    "mark alone": (b"\xc1", "formats 1"),
+    "not msgpack": (b"\xc1\x02\xc1", "msgpack"),
+    "four fields": (pack(fields(KEYS, VALUES)[:4]), "5 bin fields"),
+    "a str field": (pack([f.decode("latin-1") if i == 0 else f
+                          for i, f in enumerate(fields(KEYS, VALUES))]), "5 bin fields"),
+    "short offsets": (spoiled(2, struct.pack("<3I", 0, 2, 3)), "offsets"),
+    "short values": (spoiled(4, struct.pack("<2q", 1, 2)), "values"),
+    "long positions": (spoiled(3, b"\x00" * 32), "positions"),
+    "kinds of 2": (spoiled(0, b"\x00\x00"), "kinds"),
+    "kind 7": (spoiled(0, b"\x07"), "kinds"),
+    "offsets decrease": (spoiled(2, struct.pack("<4I", 0, 3, 1, 7)), "decrease"),
+    "last offset short": (spoiled(2, struct.pack("<4I", 0, 2, 3, 6)), "offsets"),
+    "first offset not 0": (spoiled(2, struct.pack("<4I", 1, 2, 3, 7)), "offsets"),
+    "wrong position": (spoiled(3, struct.pack("<3Q", position("ab"), 7, position("déf"))),
+                       "hash"),
+    "invalid UTF-8": (pack([b"\x00", b"ab\xff\xfe", struct.pack("<2I", 0, 4),
+                            struct.pack("<Q", position(b"ab\xff\xfe")), struct.pack("<q", 1)]),
+                      "UTF-8"),
+    "key cuts a character": (pack([b"\x00", "é".encode(), struct.pack("<3I", 0, 1, 2),
+                                   struct.pack("<2Q", position(b"\xc3"), position(b"\xa9")),
+                                   struct.pack("<2q", 1, 1)]), "UTF-8"),
+    "a surrogate": (pack([b"\x00", b"\xed\xb2\x80", struct.pack("<2I", 0, 3),
+                          struct.pack("<Q", position(b"\xed\xb2\x80")), struct.pack("<q", 1)]),
+                    "UTF-8"),
+    "reserved mark": (pack(fields([b"\x00floe:fold\x00x"], [1])), "reserved"),
+    "malformed piece": (pack(fields([PIECE_MARK + b"junk"], [1])), "malformed piece"),
+    "key over the limit": (pack(fields(["k" * (64 * 1024 + 1)], [1])), "limit"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MALFORMED))
+def test_malformed_is_refused_whole_saying_why(name):
+    payload, words = MALFORMED[name]
+    count = 1 if name in ("invalid UTF-8", "a surrogate", "reserved mark", "malformed piece",
+                          "key over the limit") else 2 if name == "key cuts a character" else 3
+    with pytest.raises(InvalidArgument) as refused:
+        decode_batch(payload, count)
+    assert words.lower() in str(refused.value).lower()
+    rng = PrimaryRange(1, load_reducer("count"))
+    with pytest.raises(InvalidArgument):
+        rng.apply("s", 1, count, count, payload, b"")
+    assert dict(rng.state.snapshot()) == {} and rng.watermarks == {}
+
+
+def test_the_count_must_agree():
+    payload = encode_batch(KEYS, VALUES)
+    for count in (2, 4):
+        with pytest.raises(InvalidArgument, match="tuples need"):
+            decode_batch(payload, count)
+
+
+def test_format_1_key_and_value_limits():
+    limits = Limits(max_key_bytes=100, max_value_bytes=200)
+    assert decode_payload(encode_payload(["é" * 50, 7], [1, 2]), 2, limits)
+    with pytest.raises(InvalidKey, match="101 bytes is over the limit of 100"):
+        decode_payload(encode_payload(["é" * 50 + "x", 7], [1, 2]), 2, limits)
+    with pytest.raises(InvalidKey, match="limit"):
+        decode_payload(encode_payload([b"k" * 101], [1]), 1, limits)
+    assert decode_payload(encode_payload(["k"], [[1] * 150]), 1, limits)
+    with pytest.raises(InvalidArgument, match="value of .* bytes is over the limit of 200"):
+        decode_payload(encode_payload(["k"], [[1] * 250]), 1, limits)
+    with pytest.raises(InvalidKey, match="limit"):
+        decode_batch(encode_batch(["k" * 101], [1]), 1, limits)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200), st.integers(1, 8))
+def test_random_bytes_after_the_mark_are_refused(body, count):
+    with pytest.raises(InvalidArgument):
+        decode_batch(b"\xc1\x02" + body, count)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.text(max_size=8), st.binary(max_size=8)), min_size=1,
+                max_size=20),
+       st.data())
+def test_a_flipped_byte_is_refused_or_decodes_to_consistent_columns(keys, data):
+    """Any one byte of a good payload changed: the decoder refuses it, or what it
+    accepts is well formed: positions are the keys' hashes, and with one kind for the
+    batch it is exactly the encoding of the tuples it decodes to (a value or a kind
+    changed, never a key cut differently)."""
+    keys = [k for k in keys if not (type(k) is bytes and k.startswith(b"\x00floe:"))] or ["k"]
+    values = data.draw(st.lists(st.integers(-(2 ** 63), 2 ** 63 - 1), min_size=len(keys),
+                                max_size=len(keys)))
+    payload = bytearray(encode_batch(keys, values))
+    at = data.draw(st.integers(0, len(payload) - 1))
+    payload[at] ^= data.draw(st.integers(1, 255))
+    try:
+        columns = decode_batch(bytes(payload), len(keys))
+    except InvalidArgument:
+        return
+    assert isinstance(columns, Columns)        # a flipped mark is never a format 1 batch
+    got_keys, got_values = columns.to_tuples()
+    assert len(got_keys) == len(got_values) == len(keys)
+    assert list(columns.positions) == [position(k) for k in got_keys]
+    if len(columns.kinds) == 1:
+        assert encode_batch(list(got_keys), list(got_values)) == bytes(payload)
+
+
+# ------------------------------------------------------------------- mapper
+
+RING = Ring.initial({"a": "127.0.0.1:1", "b": "127.0.0.1:2"}, 1, 4)
+
+
+def sealed(keys, value=1):
+    batcher = Batcher(Router(RING), None, "src", batch_size=50)
+    batcher.emit_many(keys, value)
+    batcher.seal_all()
+    return list(batcher.sealed)
+
+
+def test_the_mapper_sends_str_keys_and_int_values_as_columns():
+    words = [f"w{i % 37}" for i in range(500)]
+    batches = sealed(words)
+    assert batches and all(is_versioned(b.payload) for b in batches)
+    got = Counter()
+    for b in batches:
+        keys, values = decode_payload(b.payload, b.count)
+        assert all(RING.token_for_key(k) == b.token for k in keys)
+        for k, v in zip(keys, values):
+            got[k] += v
+    assert got == Counter(words)
+    assert not any(is_versioned(b.payload) for b in sealed([1, 2, 3]))
+    assert not any(is_versioned(b.payload) for b in sealed(words, 1.5))
+
+
+def test_a_split_keeps_columns_and_its_parts_exact():
+    words = [f"w{i}" for i in range(40)]
+    token = RING.tokens[0]
+    batch = PendingBatch(1, token, "s", 1, 40, 40, encode_batch(words, list(range(40))),
+                         encode_seqs(list(range(1, 41))), tokens=())
+    outbox = Outbox()
+    parts = outbox.resplit(batch, RING)
+    assert parts and all(is_versioned(p.payload) for p in parts)
+    back = {}
+    for p in parts:
+        keys, values = decode_payload(p.payload, p.count)
+        assert all(RING.token_for_key(k) == p.token for k in keys)
+        back.update(zip(keys, values))
+    assert back == dict(zip(words, range(40)))
+
+
+def test_a_primary_applies_columns_exactly():
+    rng = PrimaryRange(1, load_reducer("count"))
+    words = [f"w{i % 11}" for i in range(300)]
+    rng.apply("s", 1, 300, 300, encode_batch(words, [1] * 300), b"")
+    assert rng.apply("s", 1, 300, 300, encode_batch(words, [1] * 300), b"") == (0, 300)
+    assert dict(rng.state.snapshot()) == Counter(words)
