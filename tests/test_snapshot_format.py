@@ -121,13 +121,28 @@ def test_export_reads_each_range_with_its_watermarks_and_import_merges_once():
     assert import_chunk(*args, 1, 2, keys[:3], states[:3], {"src": 500}, False, 0.0) == 2
     rng = target.primaries[token]
     assert dict(rng.state.items()) == mine
-    assert rng.watermarks["src"] == 500 and rng.watermarks[import_mark(SNAP)] == 2
+    assert rng.watermarks["src"] == 500
+    assert rng.watermarks[import_mark(SNAP, target.ring.stamp)] == 2
+    # a resume at another ring (a range split meanwhile would skip keys): refused
+    with pytest.raises(HoldsState, match="another ring"):
+        _at_another_ring(target, token)
     # another snapshot into a range holding state: refused unless asked
     other = (target, "count", target.ring.stamp, token, "cd" * 32)
     with pytest.raises(HoldsState):
         import_chunk(*other, 1, 1, [], [], {}, False, 0.0)
     assert import_chunk(*other, 1, 1, keys[:1], [1], {}, True, 0.0) == 1
     assert rng.state.get(keys[0]) == mine[keys[0]] + 1
+
+
+def _at_another_ring(core, token):
+    rng = core.primaries[token]
+    rng.watermarks[import_mark(SNAP, core.ring.stamp + 1)] = rng.watermarks.pop(
+        import_mark(SNAP, core.ring.stamp))
+    try:
+        import_chunk(core, "count", core.ring.stamp, token, SNAP, 1, 2, [], [], {}, True, 0.0)
+    finally:
+        rng.watermarks[import_mark(SNAP, core.ring.stamp)] = rng.watermarks.pop(
+            import_mark(SNAP, core.ring.stamp + 1))
 
 
 def test_import_refuses_hostile_chunks_changing_nothing():

@@ -4,7 +4,7 @@ Pure: the node core's ranges and an explicit `now`.
 Export reads a primary range's states and its per-source watermarks in one step, so
 the watermarks cover exactly the states read. Import merges a chunk's states into a
 range with the reducer's merge (checked, all or nothing, as a combining mapper's are)
-and keeps `import:<snapshot>` = the last chunk merged as one of the range's
+and keeps `import:<snapshot>@<ring stamp>` = the last chunk merged as one of the range's
 watermarks: a chunk sent again is merged once, and checkpoints, replicas, takeovers
 and the durable store carry the mark as any watermark."""
 
@@ -24,8 +24,11 @@ class HoldsState(StaleRing):
     adds the two; the operator asks for that explicitly."""
 
 
-def import_mark(snapshot: str) -> str:
-    return IMPORT_SOURCE + snapshot
+def import_mark(snapshot: str, ring_stamp: int) -> str:
+    """The range's mark of the chunks of `snapshot` it took at ring `ring_stamp`: a
+    chunk plan holds for one ring only (a split range would skip chunks of keys it
+    never took), so a resume at another ring finds no mark and is refused."""
+    return f"{IMPORT_SOURCE}{snapshot}@{ring_stamp:x}"
 
 
 def _primary(core, ring_stamp: int, token: int):
@@ -66,10 +69,15 @@ def import_chunk(core, reducer: str, ring_stamp: int, token: int, snapshot: str,
         raise ReducerMismatch(f"the snapshot's reducer is {reducer!r}, the ring runs "
                               f"{core.reducer.name!r}")
     rng = _primary(core, ring_stamp, token)
-    mark = import_mark(snapshot)
+    mark = import_mark(snapshot, ring_stamp)
     held = rng.watermarks.get(mark, 0)
     if chunk <= held:
         return held
+    if not held and any(source.startswith(f"{IMPORT_SOURCE}{snapshot}@")
+                        for source in rng.watermarks):
+        raise HoldsState(f"the range of token {token} took part of snapshot "
+                         f"{snapshot[:12]} at another ring: the ring changed during the "
+                         f"import, which cannot resume; import into an empty ring again")
     if chunk != held + 1:
         raise InvalidArgument(f"chunk {chunk} of snapshot {snapshot[:12]} for token "
                               f"{token}: the range holds {held}, the next is {held + 1}")
