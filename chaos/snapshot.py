@@ -81,8 +81,23 @@ def _calls(ring: Ring, tls: TlsFiles | None):
 
 # ------------------------------------------------------------------ export
 
+EXPORT_TRIES = 3          # whole reads of a ring that keeps changing while it is read
+
+
 def export_ring(seeds: list[str], path: str, tls: TlsFiles | None) -> dict:
-    """Write a snapshot of the ring at `seeds` to `path`; returns what it wrote."""
+    """Write a snapshot of the ring at `seeds` to `path`; returns what it wrote. A ring
+    that changed while it was read (a move, a split, a takeover) is read again whole,
+    EXPORT_TRIES times at most."""
+    for attempt in range(1, EXPORT_TRIES + 1):
+        try:
+            return _export_once(seeds, path, tls)
+        except StaleRing:
+            if attempt == EXPORT_TRIES:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _export_once(seeds: list[str], path: str, tls: TlsFiles | None) -> dict:
     began = time.monotonic()
     ring, reducer = read_ring(seeds, tls)
     header = Header(reducer, ring.balancer, ring.version, ring.stamp, tuple(ring.nodes),
@@ -126,8 +141,8 @@ def _export_one(stub, ring: Ring, token: int, writer: Writer) -> int:
     except grpc.RpcError as exc:
         error = error_from_rpc(exc)
         if isinstance(error, StaleRing):
-            raise StaleRing(f"the ring changed while it was exported ({error}): export "
-                            f"again") from None
+            raise StaleRing(f"the ring changed while it was exported, {EXPORT_TRIES} "
+                            f"times ({error})") from None
         raise error from None
     if not chunks:
         raise Unavailable(f"token {token}: the export stream ended with no chunk")

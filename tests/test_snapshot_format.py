@@ -191,3 +191,22 @@ def test_the_importer_refuses_bad_keys_and_states_before_the_first_write(tmp_pat
     with pytest.raises(SnapshotError, match="nothing was loaded"):
         check_states("count", {1: {"a": 1, "b": "two"}})
     check_states("count", {1: {"a": 1, "b": 2}})
+
+
+def test_an_export_of_a_ring_changing_under_it_is_read_again_three_times(monkeypatch):
+    from floering.chaos import snapshot as snapshot_mod
+    tries = []
+
+    def once(seeds, path, tls):
+        tries.append(1)
+        if len(tries) < 3:
+            raise StaleRing("the ring moved")
+        return {"ok": True}
+    monkeypatch.setattr(snapshot_mod, "_export_once", once)
+    assert snapshot_mod.export_ring([], "f", None) == {"ok": True} and len(tries) == 3
+    tries.clear()
+    monkeypatch.setattr(snapshot_mod, "_export_once",
+                        lambda *a: tries.append(1) or (_ for _ in ()).throw(StaleRing("x")))
+    with pytest.raises(StaleRing):
+        snapshot_mod.export_ring([], "f", None)
+    assert len(tries) == 3
