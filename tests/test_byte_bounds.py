@@ -58,6 +58,8 @@ def test_chunks_hold_every_entry_once_within_their_bounds(seed):
     assert len(chunks) == 1 or all(c for c, _ in chunks)
     assert [c for c, _ in packed_chunks(pair_slices(items.items()), max_bytes, max_entries)] \
         == [c for c, _ in chunks]
+    plan = list(packed_chunks(column_slices(items), max_bytes, max_entries, keep=1))
+    assert plan == chunks[:1] + [(c, b"") for c, _ in chunks[1:]]
 
 
 def test_a_large_entry_travels_alone_and_small_ones_fill_a_chunk():

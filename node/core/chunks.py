@@ -20,10 +20,12 @@ from floering.node.core.errors import Overloaded, StaleRing
 from floering.node.core.pieces import RESERVED
 
 CHUNK_BYTES = 1 << 20        # bytes of encoded entries per message, a lone large entry aside
-# Entries encoded per C call while chunks are cut: a slice is encoded whole before its
-# size is known, so this bounds what is encoded beyond a chunk (64 of the largest
-# entries) while keeping the calls few.
+# Entries encoded per C call while chunks are cut. A slice is encoded whole before its
+# size is known: it starts at SLICE_ENTRIES and doubles up to MAX_SLICE while slices
+# stay under a 32nd of a chunk (small entries: few calls), and falls back as soon as
+# one is larger, so what is encoded beyond a chunk stays a few slices' worth.
 SLICE_ENTRIES = 64
+MAX_SLICE = 1024
 MAX_SCANS = 32               # scans a node streams at once
 MAX_SCANS_PER_CALLER = 8     # of them, by one caller (a certificate's identity)
 
@@ -34,67 +36,78 @@ def _header(n: int) -> bytes:
     return (b"\xdc" + n.to_bytes(2, "big")) if n < 1 << 16 else (b"\xdd" + n.to_bytes(4, "big"))
 
 
-def column_slices(items, step: int = SLICE_ENTRIES) -> Iterator[tuple[list, list]]:
-    """A dict's or a layered mapping's (node.core.codec.entry_columns) keys and states
-    in the order pack_entries encodes them, `step` at a time."""
+def column_slices(items):
+    """take(n): the next n keys and states (two lists, empty at the end) of a dict or
+    a layered mapping (node.core.codec.entry_columns), in pack_entries' order."""
     _, keys, states = entry_columns(items)
-    while chunk_keys := list(islice(keys, step)):
-        yield chunk_keys, list(islice(states, len(chunk_keys)))
+
+    def take(n: int) -> tuple[list, list]:
+        chunk_keys = list(islice(keys, n))
+        return chunk_keys, list(islice(states, len(chunk_keys)))
+    return take
 
 
-def pair_slices(pairs: Iterable, step: int = SLICE_ENTRIES) -> Iterator[tuple[list, list]]:
-    """(key, state) pairs as (keys, states) lists, `step` at a time."""
+def pair_slices(pairs: Iterable):
+    """take(n): the next n of (key, state) `pairs` as (keys, states) lists."""
     pairs = iter(pairs)
-    while part := list(islice(pairs, step)):
-        yield [k for k, _ in part], [s for _, s in part]
+
+    def take(n: int) -> tuple[list, list]:
+        part = list(islice(pairs, n))
+        return [k for k, _ in part], [s for _, s in part]
+    return take
 
 
-def packed_chunks(slices: Iterable[tuple[list, list]], max_bytes: int = CHUNK_BYTES,
-                  max_entries: int = 1 << 30) -> Iterator[tuple[int, bytes]]:
-    """(entries, msgpack [keys, states]) per chunk of the entries `slices` give, in
-    order; at least one chunk (empty when there are no entries). The bytes are
-    exactly pack_entries of the chunk's entries. A slice that does not fit what is
-    left of the chunk is encoded again entry by entry."""
+def packed_chunks(take, max_bytes: int = CHUNK_BYTES, max_entries: int = 1 << 30,
+                  keep: int = 1 << 62) -> Iterator[tuple[int, bytes]]:
+    """(entries, msgpack [keys, states]) per chunk of the entries take(n) gives (see
+    column_slices), in order; at least one chunk (empty when there are no entries).
+    The bytes are exactly pack_entries of the chunk's entries, for the first `keep`
+    chunks (then b"": a plan needs the counts only). A slice that does not fit what is left of the
+    chunk is encoded again entry by entry."""
     keys: list = []
     states: list = []
-    n = size = 0
-    emitted = False
+    n = size = emitted = 0
+    step = SLICE_ENTRIES
 
     def chunk() -> tuple[int, bytes]:
+        if emitted >= keep:
+            return n, b""
         header = _header(n)
         return n, b"".join((b"\x92", header, *keys, header, *states))
 
-    for ks, vs in slices:
-        while ks:
-            if n >= max_entries:
-                yield chunk()
-                emitted = True
-                keys, states, n, size = [], [], 0, 0
-            room = max_entries - n
-            if len(ks) > room:                  # the rest of the chunk, then on
-                ks, vs, rest = ks[:room], vs[:room], (ks[room:], vs[room:])
-            else:
-                rest = ((), ())
-            pk, pv = pack(ks), pack(vs)
-            hl = len(_header(len(ks)))
-            body = len(pk) + len(pv) - 2 * hl
-            if size + body <= max_bytes:
+    while True:
+        if n >= max_entries:
+            yield chunk()
+            emitted += 1
+            keys, states, n, size = [], [], 0, 0
+        ks, vs = take(min(step, max_entries - n))
+        if not ks:
+            break
+        pk, pv = pack(ks), pack(vs)
+        hl = len(_header(len(ks)))
+        body = len(pk) + len(pv) - 2 * hl
+        if size + body <= max_bytes:
+            if emitted < keep:
                 keys.append(memoryview(pk)[hl:])
                 states.append(memoryview(pv)[hl:])
-                n, size = n + len(ks), size + body
-                ks, vs = rest
-                continue
-            del pk, pv
-            for k, v in zip(ks, vs):        # entry by entry
-                a, b = pack(k), pack(v)
-                if n and (n >= max_entries or size + len(a) + len(b) > max_bytes):
-                    yield chunk()
-                    emitted = True
-                    keys, states, n, size = [], [], 0, 0
+            n, size = n + len(ks), size + body
+            if body * 32 <= max_bytes:
+                step = min(step * 2, MAX_SLICE)
+            elif body * 8 > max_bytes:
+                step = max(step // 4, 1)
+            continue
+        del pk, pv
+        step = SLICE_ENTRIES if body <= max_bytes else 1
+        for k, v in zip(ks, vs):            # entry by entry
+            a, b = pack(k), pack(v)
+            if n and size + len(a) + len(b) > max_bytes:
+                yield chunk()
+                emitted += 1
+                keys, states, n, size = [], [], 0, 0
+            if emitted < keep:
                 keys.append(a)
                 states.append(b)
-                n, size = n + 1, size + len(a) + len(b)
-            ks, vs = rest
+            n, size = n + 1, size + len(a) + len(b)
     if n or not emitted:
         yield chunk()
 

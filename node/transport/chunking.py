@@ -60,10 +60,10 @@ def chunks_at(items, counts: list[int], skip: int = 0) -> Iterator[tuple[list, l
 def planned_counts(items, max_entries: int = CHUNK_ENTRIES,
                    max_bytes: int = CHUNK_BYTES) -> Iterator[tuple[int, bytes]]:
     """A checkpoint's states in chunks of at most `max_entries` entries and
-    `max_bytes` bytes (node.core.chunks): (entries, encoded) per chunk, in order. The
-    sender keeps the counts, which chunks_at follows; the bytes of a lone chunk go
-    as they are."""
-    return packed_chunks(column_slices(items), max_bytes, max_entries)
+    `max_bytes` bytes (node.core.chunks): (entries, encoded) per chunk, in order, the
+    bytes of the first only (b"" after). The sender keeps the counts, which
+    chunks_at follows; the bytes of a lone chunk go as they are."""
+    return packed_chunks(column_slices(items), max_bytes, max_entries, keep=1)
 
 
 def chunk_deadline(base: float, nbytes: int) -> float:
