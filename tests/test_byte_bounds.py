@@ -6,6 +6,7 @@ once is bounded. Chunking pure first, then real processes (TLS, durable, loopbac
 
 from __future__ import annotations
 
+import asyncio
 import random
 import threading
 from collections import Counter
@@ -17,6 +18,7 @@ import pytest
 from floering.chaos.cluster import LocalCluster
 from floering.mapper import RingClient
 from floering.mapper.admin import move
+from floering.node.transport import server
 from floering.node.core.chunks import ScanSlots, column_slices, packed_chunks, pair_slices
 from floering.node.core.codec import pack_entries, unpack_entries
 from floering.node.core.errors import Overloaded
@@ -83,6 +85,42 @@ def test_scans_are_bounded_per_node_and_per_caller():
     slots.give("a")
     slots.take("c")
     assert slots.open == Counter(a=1, b=1, c=1)
+
+
+class Aborted(Exception):
+    pass
+
+
+class StalledReader:
+    """A call's context whose reader never takes a chunk."""
+
+    def __init__(self) -> None:
+        self.written = 0
+
+    async def write(self, message) -> None:
+        self.written += 1
+        await asyncio.Event().wait()
+
+    async def abort(self, code, details):
+        raise Aborted(code, details)
+
+
+async def test_a_reader_that_takes_no_chunk_is_cut_off_and_its_scan_closed(monkeypatch):
+    monkeypatch.setattr(server, "SCAN_STALL", 0.2)
+    slots = ScanSlots(total=1, per_caller=1)
+    slots.take("c")
+
+    class Run:
+        chunks = iter([(1, b"a"), (1, b"b")])
+
+        def close(self):
+            slots.give("c")
+    context = StalledReader()
+    with pytest.raises(Aborted) as cut:
+        await server._stream(context, Run(), lambda entries: entries)
+    assert cut.value.args[0] == grpc.StatusCode.UNAVAILABLE
+    assert "took no chunk for 0.2s" in cut.value.args[1]
+    assert context.written == 1 and not slots.open     # its slot is free again
 
 
 # ---------------------------------------------------------- real processes
