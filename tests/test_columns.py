@@ -30,7 +30,7 @@ def fields(keys, values, kinds=None):
     for d in data:
         offsets.append(offsets[-1] + len(d))
     kinds = kinds if kinds is not None else bytes([STR if type(keys[0]) is str else BYTES])
-    return [kinds, b"".join(data), struct.pack(f"<{len(offsets)}I", *offsets),
+    return [kinds, b"".join(data), struct.pack(f"<{len(offsets)}Q", *offsets),
             struct.pack(f"<{len(keys)}Q", *map(position, keys)),
             struct.pack(f"<{len(values)}q", *values)]
 
@@ -98,23 +98,23 @@ MALFORMED = {
     "four fields": (pack(fields(KEYS, VALUES)[:4]), "5 bin fields"),
     "a str field": (pack([f.decode("latin-1") if i == 0 else f
                           for i, f in enumerate(fields(KEYS, VALUES))]), "5 bin fields"),
-    "short offsets": (spoiled(2, struct.pack("<3I", 0, 2, 3)), "offsets"),
+    "short offsets": (spoiled(2, struct.pack("<3Q", 0, 2, 3)), "offsets"),
     "short values": (spoiled(4, struct.pack("<2q", 1, 2)), "values"),
     "long positions": (spoiled(3, b"\x00" * 32), "positions"),
     "kinds of 2": (spoiled(0, b"\x00\x00"), "kinds"),
     "kind 7": (spoiled(0, b"\x07"), "kinds"),
-    "offsets decrease": (spoiled(2, struct.pack("<4I", 0, 3, 1, 7)), "decrease"),
-    "last offset short": (spoiled(2, struct.pack("<4I", 0, 2, 3, 6)), "offsets"),
-    "first offset not 0": (spoiled(2, struct.pack("<4I", 1, 2, 3, 7)), "offsets"),
+    "offsets decrease": (spoiled(2, struct.pack("<4Q", 0, 3, 1, 7)), "decrease"),
+    "last offset short": (spoiled(2, struct.pack("<4Q", 0, 2, 3, 6)), "offsets"),
+    "first offset not 0": (spoiled(2, struct.pack("<4Q", 1, 2, 3, 7)), "offsets"),
     "wrong position": (spoiled(3, struct.pack("<3Q", position("ab"), 7, position("déf"))),
                        "hash"),
-    "invalid UTF-8": (pack([b"\x00", b"ab\xff\xfe", struct.pack("<2I", 0, 4),
+    "invalid UTF-8": (pack([b"\x00", b"ab\xff\xfe", struct.pack("<2Q", 0, 4),
                             struct.pack("<Q", position(b"ab\xff\xfe")), struct.pack("<q", 1)]),
                       "UTF-8"),
-    "key cuts a character": (pack([b"\x00", "é".encode(), struct.pack("<3I", 0, 1, 2),
+    "key cuts a character": (pack([b"\x00", "é".encode(), struct.pack("<3Q", 0, 1, 2),
                                    struct.pack("<2Q", position(b"\xc3"), position(b"\xa9")),
                                    struct.pack("<2q", 1, 1)]), "UTF-8"),
-    "a surrogate": (pack([b"\x00", b"\xed\xb2\x80", struct.pack("<2I", 0, 3),
+    "a surrogate": (pack([b"\x00", b"\xed\xb2\x80", struct.pack("<2Q", 0, 3),
                           struct.pack("<Q", position(b"\xed\xb2\x80")), struct.pack("<q", 1)]),
                     "UTF-8"),
     "reserved mark": (pack(fields([b"\x00floe:fold\x00x"], [1])), "reserved"),
@@ -147,7 +147,7 @@ def test_the_count_must_agree():
 def test_format_1_key_and_value_limits():
     limits = Limits(max_key_bytes=100, max_value_bytes=200)
     assert decode_payload(encode_payload(["é" * 50, 7], [1, 2]), 2, limits)
-    with pytest.raises(InvalidKey, match="101 bytes is over the limit of 100"):
+    with pytest.raises(InvalidKey, match="of 101 bytes,? is over the limit of 100"):
         decode_payload(encode_payload(["é" * 50 + "x", 7], [1, 2]), 2, limits)
     with pytest.raises(InvalidKey, match="limit"):
         decode_payload(encode_payload([b"k" * 101], [1]), 1, limits)
@@ -156,6 +156,17 @@ def test_format_1_key_and_value_limits():
         decode_payload(encode_payload(["k"], [[1] * 250]), 1, limits)
     with pytest.raises(InvalidKey, match="limit"):
         decode_batch(encode_batch(["k" * 101], [1]), 1, limits)
+
+
+@pytest.mark.parametrize("at", [0, 1, 37, 99, 100])
+def test_one_key_over_the_limit_anywhere_among_many_is_found(at):
+    limits = Limits(max_key_bytes=100)
+    keys = [("k" * (i % 101)) for i in range(101)]          # up to exactly the limit
+    assert decode_batch(encode_batch(keys, [1] * 101), 101, limits).to_tuples()[0] == \
+        tuple(keys)
+    keys[at] = "é" * 50 + "x"                                # 101 bytes
+    with pytest.raises(InvalidKey, match="of 101 bytes,? is over the limit of 100"):
+        decode_batch(encode_batch(keys, [1] * 101), 101, limits)
 
 
 @settings(max_examples=300, deadline=None)

@@ -18,7 +18,7 @@ import msgpack
 
 from floering.node.core.columns import (FORMATS_SPOKEN, Columns, decode_columns, encode_columns,
                                        is_versioned)
-from floering.node.core.errors import InvalidArgument, InvalidKey, TooLarge
+from floering.node.core.errors import InvalidArgument, InvalidKey, TooLarge, inert
 from floering.node.core.hashing import key_bytes
 from floering.node.core.pieces import check_pushed_keys
 
@@ -160,8 +160,8 @@ def check_key_sizes(keys, types, most: int) -> None:
         return
     for key in sized:
         if len(key) > most // 4 and len(key_bytes(key)) > most:
-            raise InvalidKey(f"a key of {len(key_bytes(key))} bytes is over the limit of "
-                             f"{most} bytes")
+            raise InvalidKey(f"key {inert(key)} of {len(key_bytes(key))} bytes is over the "
+                             f"limit of {most} bytes")
 
 
 def check_value_sizes(values, most: int) -> None:

@@ -7,7 +7,9 @@ payload begins with it) and a format number; format 2 continues with the msgpack
 
 - kinds: one byte for the whole batch, or one per tuple: 0 a str key, 1 a bytes key;
 - key_data: every key's bytes (a str key's UTF-8) one after the other;
-- offsets: count + 1 little-endian uint32, key i being key_data[offsets[i]:offsets[i+1]];
+- offsets: count + 1 little-endian uint64, key i being key_data[offsets[i]:offsets[i+1]]
+  (8 bytes, not 4: the node hashes and tables them as they come, where converting 4-byte
+  offsets cost more than the hashing);
 - positions: count little-endian uint64, each its key's ring position (mmh3 of its bytes);
 - values: count little-endian int64.
 
@@ -18,8 +20,8 @@ mark) and refuses the batch whole, naming what is wrong.
 
 from __future__ import annotations
 
-import operator
 import sys
+from bisect import bisect_right
 from array import array
 from dataclasses import dataclass
 from itertools import accumulate
@@ -29,22 +31,7 @@ import msgpack
 from floering.node.core.errors import InvalidArgument, InvalidKey
 from floering.node.core.pieces import RESERVED, check_pushed_keys
 
-try:
-    from floering.node.core.columnar import hash_positions
-except ImportError:                  # the compiled kernel's package is not there yet
-    import mmh3
-
-    def hash_positions(key_data, offsets):
-        """Each key's ring position: mmh3 64-bit (x64, seed 0, unsigned) of its bytes."""
-        data = bytes(key_data)
-        out = array("Q", bytes(8 * (len(offsets) - 1)))
-        hash64 = mmh3.hash64
-        start = offsets[0] if len(offsets) else 0
-        for i in range(len(offsets) - 1):
-            end = offsets[i + 1]
-            out[i] = hash64(data[start:end], seed=0, x64arch=True, signed=False)[0]
-            start = end
-        return out
+from floering.node.core.columnar import hash_positions
 
 FORMAT_MARK = 0xC1
 FORMAT_COLUMNS = 2
@@ -79,7 +66,7 @@ class Columns:
 
     kinds: bytes
     key_data: bytes
-    offsets: array           # "I", count + 1
+    offsets: array           # "Q", count + 1
     positions: array         # "Q", count
     values: array            # "q", count
 
@@ -127,7 +114,7 @@ def encode_columns(keys, values) -> bytes | None:
     except (OverflowError, UnicodeEncodeError):
         return None
     key_data = b"".join(data)
-    offsets = array("I", [0])
+    offsets = array("Q", [0])
     try:
         offsets.extend(accumulate(map(len, data)))
     except OverflowError:
@@ -161,28 +148,27 @@ def decode_columns(payload: bytes, count: int, max_key_bytes: int) -> Columns:
         raise InvalidArgument("format 2 payload must be a msgpack array of 5 bin fields "
                               "[kinds, key_data, offsets, positions, values]")
     kinds, key_data, raw_offsets, raw_positions, raw_values = fields
-    if len(raw_offsets) != 4 * (count + 1) or len(raw_positions) != 8 * count or \
+    if len(raw_offsets) != 8 * (count + 1) or len(raw_positions) != 8 * count or \
             len(raw_values) != 8 * count:
         raise InvalidArgument(f"format 2 payload has {len(raw_offsets)} bytes of offsets, "
                               f"{len(raw_positions)} of positions and {len(raw_values)} of "
-                              f"values; {count} tuples need {4 * (count + 1)}, {8 * count} "
+                              f"values; {count} tuples need {8 * (count + 1)}, {8 * count} "
                               f"and {8 * count}")
     if len(kinds) not in (1, count) or kinds.translate(None, b"\x00\x01"):
         raise InvalidArgument(f"format 2 kinds must be 1 or {count} bytes, each 0 (str) or "
                               f"1 (bytes)")
-    offsets = _array(raw_offsets, "I")
+    offsets = _array(raw_offsets, "Q")
     if offsets[0] != 0 or offsets[-1] != len(key_data):
         raise InvalidArgument(f"format 2 offsets must run from 0 to {len(key_data)} (the "
                               f"key data's size), not {offsets[0]} to {offsets[-1]}")
-    sizes = list(map(operator.sub, offsets[1:], offsets[:-1]))
-    if min(sizes) < 0:
-        raise InvalidArgument("format 2 offsets must not decrease")
-    longest = max(sizes)
-    if longest > max_key_bytes:
-        raise InvalidKey(f"a key of {longest} bytes is over the limit of {max_key_bytes} "
-                         f"bytes")
+    try:
+        hashed = hash_positions(key_data, offsets)      # checks the order, in C
+    except ValueError:
+        raise InvalidArgument("format 2 offsets must not decrease") from None
+    if len(key_data) > max_key_bytes:
+        _check_key_sizes(offsets, max_key_bytes)
     positions = _array(raw_positions, "Q")
-    if memoryview(hash_positions(key_data, offsets)).tobytes() != positions.tobytes():
+    if memoryview(hashed).tobytes() != positions.tobytes():
         raise InvalidArgument("a format 2 position is not its key's hash (mmh3 64-bit, x64, "
                               "seed 0, of the key's bytes)")
     columns = Columns(kinds, key_data, offsets, positions, _array(raw_values, "q"))
@@ -191,6 +177,19 @@ def decode_columns(payload: bytes, count: int, max_key_bytes: int) -> Columns:
     if RESERVED in key_data and BYTES in kinds:
         check_pushed_keys([k for k in columns.keys() if type(k) is bytes])
     return columns
+
+
+def _check_key_sizes(offsets: array, most: int) -> None:
+    """No key over `most` bytes, in a bisection per `most` bytes of keys (offsets are in
+    order): from key i, every key up to the last offset within `most` of offsets[i]
+    fits; a key that does not is the only one left there."""
+    i, last = 0, len(offsets) - 1
+    while i < last:
+        j = bisect_right(offsets, offsets[i] + most, i + 1) - 1
+        if j == i:
+            raise InvalidKey(f"key {i} of the batch, of {offsets[i + 1] - offsets[i]} bytes, "
+                             f"is over the limit of {most} bytes")
+        i = j
 
 
 # Every byte that may begin a UTF-8 sequence (not a continuation byte 0x80-0xbf).
