@@ -19,11 +19,12 @@ from floering.chaos.cluster import LocalCluster
 from floering.mapper import RingClient
 from floering.mapper.admin import move
 from floering.node.transport import server
-from floering.node.core.chunks import ScanSlots, column_slices, packed_chunks, pair_slices
+from floering.node.core.chunks import (ScanSlots, column_slices, packed_chunks, pair_slices,
+                                       scan_pairs)
 from floering.node.core.codec import pack_entries, unpack_entries
 from floering.node.core.errors import Overloaded
 from floering.v1 import floe_pb2, floe_pb2_grpc
-from tests.helpers import wait_for
+from tests.helpers import CoreCluster, wait_for
 
 PAD = 4 << 20
 BULKY = "floering.chaos.bulky:PaddedCount"
@@ -85,6 +86,25 @@ def test_scans_are_bounded_per_node_and_per_caller():
     slots.give("a")
     slots.take("c")
     assert slots.open == Counter(a=1, b=1, c=1)
+
+
+def test_a_scan_walks_a_range_at_a_time_each_key_once_while_batches_apply():
+    c = CoreCluster(nodes=2, replication=1, tokens_per_node=4)
+    words = [f"w{i}" for i in range(2000)]
+    c.push("s", words)
+    core = c.cores["n0"]
+    ranges = list(core.primaries.values())
+    walk = scan_pairs(core, False)
+    first = next(walk)
+    c.push("s", words, first_seq=len(words) + 1)   # every count is 2 from now on
+    left = next(t for t, rng in core.primaries.items() if rng is ranges[-1])
+    core.primaries.pop(left)                        # handed off before the walk got there
+    got = [first, *walk]
+    keys = [k for k, _ in got]
+    assert len(keys) == len(set(keys)) == sum(len(r.state) for r in ranges)
+    # The range being read was copied before the second batch; the others after it.
+    on_first = {k for k in ranges[0].state.snapshot()}
+    assert all(s == (1 if k in on_first else 2) for k, s in got)
 
 
 class Aborted(Exception):

@@ -16,7 +16,7 @@ from itertools import islice
 from typing import Iterable, Iterator
 
 from floering.node.core.codec import entry_columns, pack
-from floering.node.core.errors import Overloaded, StaleRing
+from floering.node.core.errors import Overloaded
 from floering.node.core.pieces import RESERVED
 
 CHUNK_BYTES = 1 << 20        # bytes of encoded entries per message, a lone large entry aside
@@ -141,29 +141,22 @@ def _marked(key) -> bool:
 
 
 def scan_pairs(core, pieces_first: bool) -> Iterator[tuple[object, object]]:
-    """Every (key, state) of the ranges `core` owns now, one range at a time: each
-    range copied (references, not states) as the walk reaches it, so at most one
-    range's copy is held. With `pieces_first`, the pieces and outgoing keys of every
-    range first (found without a copy, a range at a time between two yields),
-    then the rest. A range that left this node before the walk reached it raises
-    StaleRing: the reader scans again at the new ring."""
-    ranges = list(core.primaries.items())
+    """Every (key, state) of the ranges `core` owns as the scan begins, one range at a
+    time: each range copied (references, not states) as the walk reaches it, so at
+    most one range's copy is held. A range that left this node meanwhile (handed off,
+    split) is read as it was when it left: its new holders' scans, begun at the same
+    ring, do not read it. With `pieces_first`, the pieces and outgoing keys of every
+    range first (found without a copy, a range at a time between two yields), then
+    the rest."""
+    ranges = list(core.primaries.values())
     if pieces_first:
-        for token, rng in ranges:
-            _check_still_ours(core, token, rng)
+        for rng in ranges:
             marked = [kv for kv in rng.state.items() if _marked(kv[0])]
             yield from marked
-    for token, rng in ranges:
-        _check_still_ours(core, token, rng)
+    for rng in ranges:
         snapshot = rng.state.snapshot()
         if pieces_first:
             yield from ((k, s) for k, s in snapshot.items() if not _marked(k))
         else:
             yield from snapshot.items()
         del snapshot
-
-
-def _check_still_ours(core, token: int, rng) -> None:
-    if core.primaries.get(token) is not rng:
-        raise StaleRing(f"the range of token {token} left {core.node_id} while a scan "
-                        f"read it: scan again at ring version {core.ring.version}")
