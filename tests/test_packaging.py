@@ -131,6 +131,8 @@ def test_the_wheel_installs_one_namespace_that_runs_on_its_own(tmp_path):
     for shipped in ("floering/node/py.typed", "floering/chaos/data/kjv.txt.gz",
                     "floering/spark_driver/log4j2.properties", "floering/v1/floe_pb2.py"):
         assert shipped in names, shipped
+    assert any(n.startswith("floering/node/core/columnar/ctable.") and n.endswith(".so")
+               for n in names), "the compiled state table is not in the wheel"
     entry = next(n for n in names if n.endswith("entry_points.txt"))
     assert "floe = floering.chaos.cli:main" in (tmp_path / "site" / entry).read_text()
     code = f"""
@@ -139,6 +141,8 @@ sys.path.insert(0, {str(tmp_path / 'site')!r})
 import floering.chaos.cli, floering.mapper
 assert floering.mapper.__file__.startswith({str(tmp_path / 'site')!r}), floering.mapper.__file__
 assert all(importlib.util.find_spec(n) is None for n in ("node", "mapper", "chaos", "spark_driver"))
+import floering.node.core.columnar as columnar
+assert columnar.KERNEL == "compiled" and columnar.StateTable.__module__.endswith("ctable")
 sys.argv = ["floering.node", "--help"]
 runpy.run_module("floering.node", run_name="__main__")
 """

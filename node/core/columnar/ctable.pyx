@@ -126,6 +126,51 @@ cdef int _order(const void *a, const void *b) noexcept nogil:
     return -1 if li < lj else (1 if li > lj else 0)
 
 
+cdef int _sort(Sorted *sel, Py_ssize_t k) noexcept nogil:
+    """Sort by position with a radix sort (8 passes of a byte), then each run of one
+    position by kind and key bytes."""
+    cdef Py_ssize_t i, j
+    cdef Py_ssize_t count[256]
+    cdef Py_ssize_t total
+    cdef int shift
+    cdef Sorted *tmp
+    cdef Sorted *src = sel
+    cdef Sorted *dst
+    if k < 256:
+        qsort(<void *>sel, k, sizeof(Sorted), _order)
+        return OK
+    tmp = <Sorted *>PyMem_RawMalloc(k * sizeof(Sorted))
+    if tmp == NULL:
+        return E_NOMEM
+    dst = tmp
+    for shift in range(0, 64, 8):
+        memset(count, 0, sizeof(count))
+        for i in range(k):
+            count[(src[i].pos >> shift) & 0xFF] += 1
+        if count[(src[0].pos >> shift) & 0xFF] == k:
+            continue                    # every key has this byte alike: nothing moves
+        total = 0
+        for j in range(256):
+            total, count[j] = total + count[j], total
+        for i in range(k):
+            j = (src[i].pos >> shift) & 0xFF
+            dst[count[j]] = src[i]
+            count[j] += 1
+        src, dst = dst, src
+    if src != sel:
+        memcpy(sel, src, k * sizeof(Sorted))
+    PyMem_RawFree(tmp)
+    i = 0
+    while i < k:
+        j = i + 1
+        while j < k and sel[j].pos == sel[i].pos:
+            j += 1
+        if j - i > 1:
+            qsort(<void *>(sel + i), j - i, sizeof(Sorted), _order)
+        i = j
+    return OK
+
+
 cdef inline bint _in_range(uint64_t p, uint64_t lo, uint64_t hi) noexcept nogil:
     if lo < hi:
         return lo < p and p <= hi
@@ -408,8 +453,16 @@ cdef class StateTable:
             if old == NULL or idx == NULL:
                 raise MemoryError()
             with nogil:
-                err = self._fold(k, d, dlen, o, p, v, start, m, overwrite, mark,
-                                 old, idx, &at)
+                err = OK
+                if overwrite:       # a range taken over: room for all of it at once
+                    err = self._grow_dense(self.n + m)
+                    if err == OK:
+                        err = self._grow_arena(self.alen + dlen + 4 * <size_t>m)
+                    if err == OK:
+                        err = self._rebuild_index(self.n + m, False)
+                if err == OK:
+                    err = self._fold(k, d, dlen, o, p, v, start, m, overwrite, mark,
+                                     old, idx, &at)
         finally:
             self.busy = False
             PyMem_RawFree(old)
@@ -438,7 +491,8 @@ cdef class StateTable:
     cdef tuple _export(self, Sorted *sel, Py_ssize_t k):
         global _s_ent, _s_arena
         _s_ent, _s_arena = self.ent, self.arena
-        qsort(<void *>sel, k, sizeof(Sorted), _order)
+        if _sort(sel, k) != OK:
+            raise MemoryError()
         cdef Py_ssize_t t
         cdef uint64_t total = 0, w = 0, meta
         cdef uint32_t klen
@@ -500,6 +554,9 @@ cdef class StateTable:
         for t in range(self.ndirty):
             self.ent[self.dirty[t]].meta &= ~(<uint64_t>DIRTY)
         self.ndirty = 0
+        if self.dirtycap > 4096:        # a large fragment's list is not kept for the next
+            PyMem_RawFree(self.dirty)
+            self.dirty, self.dirtycap = NULL, 0
         return out
 
     @property
