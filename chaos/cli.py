@@ -76,19 +76,29 @@ def cmd_up(args) -> int:
         extra += ["--checkpoint-interval", str(args.checkpoint_interval)]
     data_dir = None if args.memory else Path(args.data_dir or default_data_dir(args)).resolve()
     kept = kept_layout(data_dir) if data_dir is not None else None
+    from floering.chaos import metrics_targets
+    metrics_targets.refuse_shared_port(args.node_flags, args.nodes)
+    if args.metrics_port is not None:             # node i: BASE+i, each checked free
+        metrics_targets.metrics_ports(args.metrics_port, args.nodes or (
+            len(kept["nodes"]) if kept else 4))
     try:
         cluster = LocalCluster.up(args.nodes, args.replicas, base_port=args.base_port,
                                   workdir=_workdir(args), reducer=args.reducer,
                                   tokens_per_node=args.tokens_per_node, extra_args=extra,
                                   tls=not args.insecure, data_dir=data_dir,
-                                  balancer=args.balancer, node_args=args.node_flags or None)
+                                  balancer=args.balancer, node_args=args.node_flags or None,
+                                  metrics_port=args.metrics_port)
     except LayoutMismatch as exc:
         raise ValueError(f"{exc}. Run `floe up` without {' or '.join(exc.flags)} to "
                          f"bring it back as it was, or `{_wipe_command(args)}` to delete "
                          f"it (every node's data) and start fresh; `floe up --memory` "
                          f"starts a cluster without a data directory") from None
     for node in cluster.nodes:
-        print(f"{node.node_id}  {node.address}  pid {node.pid}")
+        metrics = metrics_targets.metrics_address(node)
+        print(f"{node.node_id}  {node.address}  pid {node.pid}"
+              + (f"  metrics http://{metrics}/metrics" if metrics else ""))
+    if args.metrics_port is not None:
+        print(f"Prometheus targets (file_sd): {metrics_targets.write_targets(cluster)}")
     if data_dir is None:
         how = "in memory only (--memory)"
     elif kept is not None:
@@ -131,7 +141,9 @@ def _recorded(args) -> dict[str, dict]:
     """The processes `floe up` recorded (none with --ring): {node: address, pid, alive}."""
     if args.ring or not Path(args.cluster_file).exists():
         return {}
-    return {n.node_id: {"address": n.address, "pid": n.pid, "alive": n.alive()}
+    from floering.chaos.metrics_targets import metrics_address
+    return {n.node_id: {"address": n.address, "pid": n.pid, "alive": n.alive(),
+                        "metrics": metrics_address(n)}
             for n in LocalCluster.load(args.cluster_file).nodes}
 
 
@@ -144,6 +156,10 @@ def cmd_status(args) -> int:
         rows = member_rows(ring, client.stats(also=unlisted_processes(ring, recorded)),
                            recorded)
     line = verdict(ring, rows)
+    for row in rows:            # where Prometheus scrapes it (floe up --metrics-port)
+        metrics = recorded.get(row["node_id"].partition("#")[0], {}).get("metrics")
+        if metrics:
+            row["metrics"] = metrics
     for row in rows:
         row.pop("load", None)   # per-token rates: bytes, summed up in apply_rate
     if args.json:
@@ -450,6 +466,10 @@ def _up_command(sub) -> None:
                          "find them there)")
     up.add_argument("--checkpoint-interval", type=float,
                     help="seconds between a node's checkpoints (default: the node's own)")
+    up.add_argument("--metrics-port", type=int, metavar="BASE",
+                    help="node i serves Prometheus metrics on BASE+i (each checked free "
+                         "first), listed by `floe status --json`; the scrape targets go to "
+                         "floe-cluster/prometheus-targets.json for file_sd_configs")
     where = up.add_mutually_exclusive_group()
     where.add_argument("--data-dir",
                        help="where the nodes keep their data (default: floe-cluster/data "

@@ -65,6 +65,8 @@ class NodeProcess:
         if flag(self.cmd, "--peers") is not None and tokens is not None:
             kept.update(peers=flag(self.cmd, "--peers"), join=flag(self.cmd, "--join") or "",
                         tokens_per_node=int(tokens))
+        if flag(self.cmd, "--metrics-port") is not None:     # BASE+i of `floe up`
+            kept["metrics_port"] = int(flag(self.cmd, "--metrics-port"))
         return kept
 
 
@@ -91,7 +93,8 @@ class LocalCluster:
            host: str = "127.0.0.1", tls: bool = True,
            data_dir: str | Path | None = None,
            balancer: str | None = None,
-           node_args: list[str] | None = None) -> "LocalCluster":
+           node_args: list[str] | None = None,
+           metrics_port: int | None = None) -> "LocalCluster":
         """Start `nodes` node processes (default 4; r=1, the count reducer, 8 tokens
         per node unless given). With `tls` (the default), a throwaway CA and
         certificates for every node, a client and an operator are written to
@@ -178,13 +181,14 @@ class LocalCluster:
                     nodes=[[i, f"{host}:{p}"] for i, p in zip(ids, ports)],
                     replicas=replicas, tokens_per_node=tokens_per_node, reducer=reducer,
                     base_port=base_port, balancer=balancer, node_args=node_args))
-        for node_id, port in zip(ids, ports):
+        for index, (node_id, port) in enumerate(zip(ids, ports)):
             log_path = log_dir / f"{node_id}.log"
             cmd = [sys.executable, "-m", "floering.node", "--node-id", node_id,
                    "--listen", f"{host}:{port}", "--peers", peers,
                    "--replication", str(replicas), "--tokens-per-node", str(tokens_per_node),
                    "--reducer", reducer, "--events-file", str(log_path.with_suffix(".events.jsonl")),
-                   *extra]
+                   *extra, *([] if metrics_port is None
+                             else ["--metrics-port", str(metrics_port + index)])]
             procs.append(spawn_node(node_id, f"{host}:{port}", cmd, log_path))
         cluster = cls(procs, replicas, str(state_file), reducer, extra,
                       None if data_dir is None else str(data_dir), base_port)

@@ -145,6 +145,9 @@ def loaded_node(record: dict, *, workdir: Path, replicas: int, reducer: str,
     argv = node_argv(node_id, address, peers=peers, join=join, replicas=replicas,
                      tokens_per_node=tokens, reducer=reducer,
                      events_file=str(log.with_suffix(".events.jsonl")), extra=extra)
+    metrics = record.get("metrics_port")      # floe up --metrics-port: BASE+i
+    if isinstance(metrics, int) and not isinstance(metrics, bool) and 0 < metrics < 65536:
+        argv += ["--metrics-port", str(metrics)]
     node["cmd"] = checked_command(argv, node_id=node_id, address=address,
                                   events_file=str(log.with_suffix(".events.jsonl")))
     return node

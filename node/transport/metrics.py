@@ -3,8 +3,12 @@ docs/operations.md).
 
 What the node already tracks (the Status RPC's stats, the checkpoint loop's timing,
 the event log's counts) is read at scrape time by a collector, never copied into
-counters of its own; only RPC latency is measured here. Each node has its own
-registry, so several nodes in one process (tests) never share a metric.
+counters of its own. Measured here, as histograms (rates are PromQL's, never
+precomputed): RPC latency, the time to apply each message of batches, each checkpoint
+round, each range's takeover until it applies again, and the event loop's lag; the
+runtime's own methods are timed from outside (Timings), the runtime records nothing
+for them. Process (CPU, memory, file descriptors) and GC collectors are on. Each node
+has its own registry, so several nodes in one process (tests) never share a metric.
 
 The endpoint is served on the node's event loop, no thread at all: at most
 MAX_CONNECTIONS at once (a new one beyond closes the oldest that has not sent its
@@ -19,7 +23,9 @@ import contextlib
 import time
 
 import grpc
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
+from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry,
+                               Histogram, ProcessCollector, generate_latest)
+from prometheus_client.gc_collector import GCCollector
 from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily,
                                     SummaryMetricFamily)
 from prometheus_client.registry import Collector
@@ -67,14 +73,18 @@ GAUGES = (
     ("floe_fenced", "fenced", "1 while this node is fenced: declared dead, serving nothing"),
     ("floe_serving", "serving", "1 once this node has joined the ring and is not fenced"),
     ("floe_overloaded", "overloaded", "1 while the load monitor finds this node overloaded"),
-    ("floe_cpu_ratio", "cpu", "Fraction of one core this process used, recent"),
-    ("floe_applier_busy_ratio", "busy", "Fraction of the time the applier was busy, recent"),
-    ("floe_apply_rate_tuples_per_second", "apply_rate", "Tuples applied per second, recent"),
     ("floe_uptime_seconds", "uptime", "Seconds since the node started"),
 )
 # Latency from well under a millisecond (a Get on loopback) to a handoff's seconds.
 RPC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
                5.0, 10.0, 30.0)
+# A message of batches applied (well under a millisecond) to a checkpoint round or a
+# takeover (seconds).
+STEP_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+LAG_INTERVAL = 0.25             # seconds between two event-loop lag samples
+MAX_TAKEOVERS = 4096            # ranges taken over and not applying again yet, kept
 SCRAPE_TIMEOUT = 5.0
 MAX_CONNECTIONS = 16            # open at once, idle or scraping
 READ_TIMEOUT = 5.0              # to send a request head, and to read the answer
@@ -152,14 +162,80 @@ class RpcTimer(grpc.aio.ServerInterceptor):
         return around(handler, timed)
 
 
+class Timings:
+    """Histograms of the runtime's steps, timed around its own methods: a message of
+    batches applied (`_apply`), a checkpoint round (`checkpoint_once`), a range from
+    its takeover until it applies again (the `taken_over` and `applying_again`
+    events), and the event loop's lag (a sampler on the loop)."""
+
+    def __init__(self, registry: CollectorRegistry, runtime) -> None:
+        def histogram(name, text, buckets=STEP_BUCKETS):
+            return Histogram(name, text, registry=registry, buckets=buckets)
+        self.apply = histogram("floe_batch_apply_seconds",
+                               "Time to apply one received message of batches (dedup, "
+                               "reduce, log), its wait in the queue not included")
+        self.checkpoint = histogram("floe_checkpoint_seconds",
+                                    "Time of one checkpoint round: cut, ship to every "
+                                    "replica, merge")
+        self.takeover = histogram("floe_takeover_seconds",
+                                  "From taking a dead node's range over to applying its "
+                                  "tuples again, per range")
+        self.loop_lag = histogram("floe_event_loop_lag_seconds",
+                                  "How late the node's event loop ran a timer", LAG_BUCKETS)
+        self._taken: dict[int, float] = {}
+        runtime._apply = self._timed(runtime._apply, self.apply)
+        runtime.checkpoint_once = self._timed(runtime.checkpoint_once, self.checkpoint)
+        self._watch(runtime.events)
+        self._sampler = asyncio.ensure_future(self._sample_lag())
+
+    @staticmethod
+    def _timed(method, histogram: Histogram):
+        async def timed(*args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return await method(*args, **kwargs)
+            finally:
+                histogram.observe(time.perf_counter() - started)
+        return timed
+
+    def _watch(self, events) -> None:
+        record, taken = events.record, self._taken
+
+        def recorded(kind: str, node: str, **fields) -> float:
+            t = record(kind, node, **fields)
+            if kind == "taken_over":
+                for token in fields.get("tokens", ())[:MAX_TAKEOVERS - len(taken)]:
+                    taken[token] = t
+            elif kind == "applying_again" and fields.get("token") in taken:
+                self.takeover.observe(max(0.0, t - taken.pop(fields["token"])))
+            elif kind == "fenced":
+                taken.clear()
+            return t
+        events.record = recorded
+
+    async def _sample_lag(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            due = loop.time() + LAG_INTERVAL
+            await asyncio.sleep(LAG_INTERVAL)
+            self.loop_lag.observe(max(0.0, loop.time() - due))
+
+    def close(self) -> None:
+        self._sampler.cancel()
+
+
 class NodeMetrics:
-    """The node's registry, its RPC timer (a server interceptor) and, once served,
-    the HTTP endpoint."""
+    """The node's registry (its stats, process and GC collectors), its RPC timer (a
+    server interceptor), the runtime's step timings and, once served, the HTTP
+    endpoint."""
 
     def __init__(self, runtime) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(NodeCollector(runtime, asyncio.get_running_loop()))
+        ProcessCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
         self.rpc_timer = RpcTimer(self.registry)
+        self.timings = Timings(self.registry, runtime)
         self._http: MetricsServer | None = None
 
     async def serve(self, host: str, port: int) -> None:
@@ -168,6 +244,7 @@ class NodeMetrics:
         await self._http.start(host, port)
 
     def close(self) -> None:
+        self.timings.close()
         if self._http is not None:
             self._http.close()
             self._http = None

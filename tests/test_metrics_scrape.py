@@ -1,0 +1,134 @@
+"""`floe up --metrics-port BASE` on real processes: node i serves on BASE+i (listed by
+`floe status --json` and in the Prometheus file_sd target file), with process and GC
+collectors and histograms of batch apply, checkpoint, takeover and event-loop lag
+time; the counters agree exactly with what was sent."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import socket
+import urllib.request
+from collections import Counter
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.helpers import floe, floe_run, wait_for
+
+pytestmark = pytest.mark.multiprocess
+
+
+def _free_base(count: int) -> int:
+    for _ in range(50):
+        base = random.randrange(20000, 40000)
+        socks = []
+        try:
+            for port in range(base, base + count):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise AssertionError("no free ports")
+
+
+def scrape(address: str) -> dict[str, float]:
+    """Every sample of a node's /metrics: {name{labels}: value}."""
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as answer:
+        text = answer.read().decode()
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+            out[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+    return out
+
+
+def _total(addresses, name: str) -> float:
+    return sum(scrape(a).get(name, 0.0) for a in addresses)
+
+
+def test_metrics_ports_collectors_and_histograms_on_a_real_cluster(tmp_path):
+    base = _free_base(3)
+    try:
+        up = floe(tmp_path, "up", "--nodes", "3", "--memory", "--metrics-port", str(base))
+        wanted = [f"127.0.0.1:{base + i}" for i in range(3)]
+        assert [f"metrics http://{a}/metrics" in up for a in wanted] == [True] * 3
+        targets = json.loads((tmp_path / "floe-cluster" / "prometheus-targets.json")
+                             .read_text())
+        assert [(g["targets"], g["labels"]["floe_node"]) for g in targets] == \
+            [([a], f"n{i}") for i, a in enumerate(wanted)]
+        shown = json.loads(floe(tmp_path, "status", "--json"))
+        assert {n["node_id"]: n["metrics"] for n in shown["nodes"]} == \
+            {f"n{i}": a for i, a in enumerate(wanted)}
+
+        first = scrape(wanted[0])
+        for name in ("process_cpu_seconds_total", "process_resident_memory_bytes",
+                     "process_open_fds", "python_gc_objects_collected_total{generation=0}",
+                     "floe_event_loop_lag_seconds_count", "floe_batch_apply_seconds_count",
+                     "floe_checkpoint_seconds_count", "floe_takeover_seconds_count"):
+            assert name in first, name
+        for gone in ("floe_apply_rate_tuples_per_second", "floe_cpu_ratio",
+                     "floe_applier_busy_ratio"):
+            assert gone not in first
+
+        from floering.mapper import RingClient
+        words = [f"w{i % 97}" for i in range(20_000)]
+        seeds = [n["address"] for n in shown["nodes"]]
+        tls = str(tmp_path / "floe-cluster" / "tls")
+        with RingClient(seeds, tls=tls, combine=False) as client:
+            client.emit_many(words)
+            client.flush()
+            assert dict(client.scan()) == dict(Counter(words))
+        assert _total(wanted, "floe_tuples_applied_total") == len(words)
+        # every node applied messages of batches (several batches a message)
+        assert all(scrape(a)["floe_batch_apply_seconds_count"] >= 1 for a in wanted)
+        assert _total(wanted, "floe_batch_apply_seconds_sum") > 0
+        wait_for(lambda: all(scrape(a)["floe_checkpoint_seconds_count"] >= 1 and
+                             scrape(a)["floe_event_loop_lag_seconds_count"] >= 2
+                             for a in wanted), 20, "checkpoints and lag samples")
+
+        floe(tmp_path, "restart", "n2")          # the same port, from the cluster file
+        info = [k for k in scrape(wanted[2]) if k.startswith("floe_node_info")]
+        assert len(info) == 1 and "node_id=n2#1" in info[0], info
+        wait_for(lambda: json.loads(floe(tmp_path, "status", "--json"))["verdict"]
+                 .startswith("HEALTHY: 3 of 3"), 30, "healthy after the restart")
+
+        victim = next(n for n in shown["nodes"] if n["node_id"] == "n1")
+        os.kill(victim["pid"], signal.SIGKILL)
+        survivors = [wanted[0], wanted[2]]
+        wait_for(lambda: _total(survivors, "floe_takeovers_total") >= 1, 20, "a takeover")
+        more = [f"w{i % 97}" for i in range(5_000)]
+        with RingClient(seeds[::2], tls=tls, combine=False) as client:
+            client.emit_many(more)
+            client.flush()
+            assert dict(client.scan()) == dict(Counter(words + more))
+        wait_for(lambda: _total(survivors, "floe_takeover_seconds_count") >= 1, 20,
+                 "a taken-over range applying again")
+        took = _total(survivors, "floe_takeover_seconds_count")
+        assert took <= _total(survivors, "floe_takeovers_total")
+        assert 0 <= _total(survivors, "floe_takeover_seconds_sum") < 30 * took
+    finally:
+        floe_run(tmp_path, "down", "--kill")
+
+
+def test_a_busy_metrics_port_is_named_before_any_node_starts(tmp_path):
+    base = _free_base(3)
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", base + 1))
+        held.listen()
+        result = floe_run(tmp_path, "up", "--nodes", "3", "--memory", "--metrics-port",
+                          str(base))
+    assert result.returncode == 1
+    assert result.stderr == (f"floe up: metrics port {base + 1} on 127.0.0.1 is in use; pick "
+                             f"another --metrics-port (node i gets BASE+i)\n")
+    assert not (tmp_path / "floe-cluster.json").exists()
+    shared = floe_run(tmp_path, "up", "--nodes", "2", "--", "--metrics-port", str(base))
+    assert shared.returncode == 1 and "would give every node the same port" in shared.stderr
