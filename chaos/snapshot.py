@@ -38,6 +38,7 @@ from floering.node.transport.status import error_from_rpc
 from floering.node.transport.tls import TlsFiles, server_name
 
 CALL_TIMEOUT = 60.0
+MAX_MESSAGE = 64 << 20
 
 
 @contextmanager
@@ -71,9 +72,12 @@ def _calls(ring: Ring, tls: TlsFiles | None):
 
     def stub(node: str):
         if node not in open_:
+            # a chunk is 1 MiB, a lone large entry up to a node's message limit
+            sizes = [("grpc.max_receive_message_length", MAX_MESSAGE),
+                     ("grpc.max_send_message_length", MAX_MESSAGE)]
             ch = (grpc.secure_channel(ring.address(node), tls.channel_credentials(),
-                                      options=server_options(server_name(node))) if tls
-                  else grpc.insecure_channel(ring.address(node)))
+                                      options=server_options(server_name(node)) + sizes)
+                  if tls else grpc.insecure_channel(ring.address(node), options=sizes))
             open_[node] = (ch, floe_pb2_grpc.SnapshotsStub(ch))
         return open_[node][1]
     return stub, open_
@@ -178,43 +182,70 @@ def load_recut(path: str, ring: Ring) -> tuple[Header, str, dict[int, dict], dic
     return header, snapshot_id, ranges, marks
 
 
+IMPORT_TRIES = 3          # rings read again when the ring changed under an import
+
+
 def import_ring(seeds: list[str], path: str, tls: TlsFiles | None, *,
                 into_state: bool = False, resume: bool = False) -> dict:
-    """Load the snapshot at `path` into the ring at `seeds`; returns what it loaded."""
+    """Load the snapshot at `path` into the ring at `seeds`; returns what it loaded. A
+    ring that changed under the import (a node's stamp differs) is read again and the
+    import goes on where each range stopped, IMPORT_TRIES times at most."""
     began = time.monotonic()
-    ring, reducer = read_ring(seeds, tls)
-    header, snapshot_id, ranges, marks = load_recut(path, ring)
-    if header.reducer != reducer:
-        raise ReducerMismatch(f"the snapshot's reducer is {header.reducer!r}, the ring "
-                              f"runs {reducer!r}: nothing was loaded")
-    check_states(header.reducer, ranges)
-    stub, open_ = _calls(ring, tls)
-    try:
-        if not (into_state or resume):
+    calls = 0
+    for attempt in range(1, IMPORT_TRIES + 1):
+        ring, reducer = read_ring(seeds, tls)
+        header, snapshot_id, ranges, marks = load_recut(path, ring)
+        if header.reducer != reducer:
+            raise ReducerMismatch(f"the snapshot's reducer is {header.reducer!r}, the ring "
+                                  f"runs {reducer!r}: nothing was loaded")
+        check_states(header.reducer, ranges)
+        if attempt == 1 and not (into_state or resume):
             _check_empty(ring, tls)
-        loaded = chunks_sent = 0
+        loaded = sum(map(len, ranges.values()))
+        try:
+            calls += _send(ring, tls, header.reducer, snapshot_id, ranges, marks, into_state)
+            break
+        except StaleRing as exc:
+            if _holds_state(exc) or attempt == IMPORT_TRIES:
+                raise
+    return dict(file=path, snapshot=snapshot_id, keys=loaded, ranges=len(ring.tokens),
+                chunks=calls, sources=len(marks), ring_version=ring.version,
+                seconds=round(time.monotonic() - began, 3))
+
+
+def _holds_state(error: FloeError) -> bool:
+    return "HoldsState" in str(error)
+
+
+def _send(ring: Ring, tls, reducer: str, snapshot_id: str, ranges: dict[int, dict],
+          marks: dict, into_state: bool) -> int:
+    """Every range's chunks to its primary, in order; a range holding some of them
+    already (an import resumed) skips to the first it lacks. Returns the calls made."""
+    stub, open_ = _calls(ring, tls)
+    calls = 0
+    try:
         for token in sorted(ranges):
-            states = ranges.pop(token)
-            loaded += len(states)
-            chunks = list(packed_chunks(column_slices(states), CHUNK_BYTES))
-            del states
+            chunks = list(packed_chunks(column_slices(ranges.pop(token)), CHUNK_BYTES))
             call = stub(ring.owner_of_token(token))
-            for n, (_, entries) in enumerate(chunks, 1):
+            n = 1
+            while n <= len(chunks):
                 request = floe_pb2.ImportChunk(
                     ring_stamp=ring.stamp, token=token, snapshot=snapshot_id,
-                    reducer=header.reducer, chunk=n, chunks=len(chunks), entries=entries,
+                    reducer=reducer, chunk=n, chunks=len(chunks), entries=chunks[n - 1][1],
                     watermarks=pack(marks) if n == 1 else b"", into_state=into_state)
                 try:
-                    call.ImportRange(request, timeout=CALL_TIMEOUT)
+                    held = call.ImportRange(request, timeout=CALL_TIMEOUT).chunks_held
                 except grpc.RpcError as exc:
-                    raise _stopped(error_from_rpc(exc), token, n) from None
-                chunks_sent += 1
+                    error = error_from_rpc(exc)
+                    if isinstance(error, StaleRing) and not _holds_state(error):
+                        raise error from None
+                    raise _stopped(error, token, n) from None
+                calls += 1
+                n = max(n, held) + 1
     finally:
         for channel, _ in open_.values():
             channel.close()
-    return dict(file=path, snapshot=snapshot_id, keys=loaded, ranges=len(ring.tokens),
-                chunks=chunks_sent, sources=len(marks), ring_version=ring.version,
-                seconds=round(time.monotonic() - began, 3))
+    return calls
 
 
 def check_states(spec: str, ranges: dict[int, dict]) -> None:

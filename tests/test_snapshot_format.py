@@ -122,9 +122,9 @@ def test_export_reads_each_range_with_its_watermarks_and_import_merges_once():
     rng = target.primaries[token]
     assert dict(rng.state.items()) == mine
     assert rng.watermarks["src"] == 500
-    assert rng.watermarks[import_mark(SNAP, target.ring.stamp)] == 2
-    # a resume at another ring (a range split meanwhile would skip keys): refused
-    with pytest.raises(HoldsState, match="another ring"):
+    assert rng.watermarks[import_mark(SNAP, target.ring.range_of_token(token))] == 2
+    # a resume on other bounds (a range split meanwhile would skip keys): refused
+    with pytest.raises(HoldsState, match="other bounds"):
         _at_another_ring(target, token)
     # another snapshot into a range holding state: refused unless asked
     other = (target, "count", target.ring.stamp, token, "cd" * 32)
@@ -136,13 +136,13 @@ def test_export_reads_each_range_with_its_watermarks_and_import_merges_once():
 
 def _at_another_ring(core, token):
     rng = core.primaries[token]
-    rng.watermarks[import_mark(SNAP, core.ring.stamp + 1)] = rng.watermarks.pop(
-        import_mark(SNAP, core.ring.stamp))
+    lo, hi = core.ring.range_of_token(token)
+    now, before = import_mark(SNAP, (lo, hi)), import_mark(SNAP, (lo - 1, hi))
+    rng.watermarks[before] = rng.watermarks.pop(now)
     try:
         import_chunk(core, "count", core.ring.stamp, token, SNAP, 1, 2, [], [], {}, True, 0.0)
     finally:
-        rng.watermarks[import_mark(SNAP, core.ring.stamp)] = rng.watermarks.pop(
-            import_mark(SNAP, core.ring.stamp + 1))
+        rng.watermarks[now] = rng.watermarks.pop(before)
 
 
 def test_import_refuses_hostile_chunks_changing_nothing():

@@ -178,6 +178,15 @@ def test_an_import_is_durable_and_replicated(tmp_path, monkeypatch):
         assert 0 < held_keys(c) < len(expect)
         with pytest.raises(FloeError, match="holds state"):
             import_ring(c.seeds, str(snapshot), operator)
+        # a range loaded already moves to another node, its mark with it
+        from floering.chaos.snapshot import read_ring
+        from floering.mapper.admin import move
+        ring, _ = read_ring(c.seeds, operator)
+        first = sorted(ring.tokens)[0]
+        owner = ring.owner_of_token(first)
+        taker = next(n for n in ring.nodes if n != owner)
+        move(ring, taker, first, tls=operator)
+        assert read_ring(c.seeds, operator)[0].owner_of_token(first) == taker
         loaded = import_ring(c.seeds, str(snapshot), operator, resume=True)
         assert loaded["keys"] == len(expect) and loaded["chunks"] >= 9
         assert counts(c) == expect                   # the 4th chunk merged once

@@ -4,7 +4,7 @@ Pure: the node core's ranges and an explicit `now`.
 Export reads a primary range's states and its per-source watermarks in one step, so
 the watermarks cover exactly the states read. Import merges a chunk's states into a
 range with the reducer's merge (checked, all or nothing, as a combining mapper's are)
-and keeps `import:<snapshot>@<ring stamp>` = the last chunk merged as one of the range's
+and keeps `import:<snapshot>@<lo>-<token>` = the last chunk merged as one of the range's
 watermarks: a chunk sent again is merged once, and checkpoints, replicas, takeovers
 and the durable store carry the mark as any watermark."""
 
@@ -24,11 +24,12 @@ class HoldsState(StaleRing):
     adds the two; the operator asks for that explicitly."""
 
 
-def import_mark(snapshot: str, ring_stamp: int) -> str:
-    """The range's mark of the chunks of `snapshot` it took at ring `ring_stamp`: a
-    chunk plan holds for one ring only (a split range would skip chunks of keys it
-    never took), so a resume at another ring finds no mark and is refused."""
-    return f"{IMPORT_SOURCE}{snapshot}@{ring_stamp:x}"
+def import_mark(snapshot: str, bounds: tuple[int, int]) -> str:
+    """The range's mark of the chunks of `snapshot` it took while its bounds were
+    `bounds` (lo, token]: a chunk plan holds for those keys only (a range split since
+    would skip chunks of keys it never took), so a resume on other bounds finds no
+    mark and is refused. A move or any other ring change keeps it."""
+    return f"{IMPORT_SOURCE}{snapshot}@{bounds[0]:x}-{bounds[1]:x}"
 
 
 def _primary(core, ring_stamp: int, token: int):
@@ -69,32 +70,21 @@ def import_chunk(core, reducer: str, ring_stamp: int, token: int, snapshot: str,
         raise ReducerMismatch(f"the snapshot's reducer is {reducer!r}, the ring runs "
                               f"{core.reducer.name!r}")
     rng = _primary(core, ring_stamp, token)
-    mark = import_mark(snapshot, ring_stamp)
+    mark = import_mark(snapshot, core.ring.range_of_token(token))
     held = rng.watermarks.get(mark, 0)
     if chunk <= held:
         return held
     if not held and any(source.startswith(f"{IMPORT_SOURCE}{snapshot}@")
                         for source in rng.watermarks):
         raise HoldsState(f"the range of token {token} took part of snapshot "
-                         f"{snapshot[:12]} at another ring: the ring changed during the "
+                         f"{snapshot[:12]} with other bounds: it was split during the "
                          f"import, which cannot resume; import into an empty ring again")
     if chunk != held + 1:
         raise InvalidArgument(f"chunk {chunk} of snapshot {snapshot[:12]} for token "
                               f"{token}: the range holds {held}, the next is {held + 1}")
-    limit = core.limits.max_sources_per_range
-    marks = check_watermarks(watermarks, limit) if chunk == 1 else {}
+    marks = _first_chunk(core, rng, token, watermarks, into_state) if chunk == 1 else {}
     if chunk > 1 and watermarks:
         raise SnapshotError("only a range's first chunk carries its watermarks")
-    if marks and any(s.startswith(IMPORT_SOURCE) for s in marks):
-        raise InvalidArgument(f"a snapshot's watermarks carry no {IMPORT_SOURCE} source")
-    if chunk == 1 and not into_state and (len(rng.state) or rng.watermarks):
-        raise HoldsState(f"the range of token {token} on {core.node_id} holds "
-                         f"{len(rng.state)} keys and {len(rng.watermarks)} watermarks "
-                         f"already (import into a ring with no state, or merge into it "
-                         f"explicitly)")
-    if len(rng.watermarks.keys() | marks.keys()) + 1 > limit:
-        raise InvalidArgument(f"the range of token {token} would track more than {limit} "
-                              f"sources (--max-sources-per-range)")
     check_keys(keys)
     ring = core.ring
     for key in keys:
@@ -111,3 +101,21 @@ def import_chunk(core, reducer: str, ring_stamp: int, token: int, snapshot: str,
     rng.last_seen[mark] = now
     rng.force_checkpoint()
     return chunk
+
+
+def _first_chunk(core, rng, token: int, watermarks, into_state: bool) -> dict[str, int]:
+    """The first chunk's watermarks, checked; HoldsState for a range holding state
+    unless `into_state`."""
+    limit = core.limits.max_sources_per_range
+    marks = check_watermarks(watermarks, limit)
+    if any(s.startswith(IMPORT_SOURCE) for s in marks):
+        raise InvalidArgument(f"a snapshot's watermarks carry no {IMPORT_SOURCE} source")
+    if not into_state and (len(rng.state) or rng.watermarks):
+        raise HoldsState(f"the range of token {token} on {core.node_id} holds "
+                         f"{len(rng.state)} keys and {len(rng.watermarks)} watermarks "
+                         f"already (import into a ring with no state, or merge into it "
+                         f"explicitly)")
+    if len(rng.watermarks.keys() | marks.keys()) + 1 > limit:
+        raise InvalidArgument(f"the range of token {token} would track more than {limit} "
+                              f"sources (--max-sources-per-range)")
+    return marks
