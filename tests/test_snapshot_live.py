@@ -79,6 +79,10 @@ def test_export_then_import_into_a_ring_of_another_size(tmp_path):
         for damaged, why in ((truncated, "truncated"), (flipped, "corrupt")):
             with pytest.raises(SnapshotError, match=why):
                 import_ring(b.seeds, str(damaged), operator)
+        refused = floe_run(tmp_path, "import", str(truncated), "--ring", ",".join(b.seeds),
+                           "--tls-dir", str(b.tls_dir))
+        assert refused.returncode == 1 and "Traceback" not in refused.stderr
+        assert refused.stderr.startswith("floe import: ") and "truncated" in refused.stderr
         with pytest.raises(FloeError):
             import_ring(b.seeds, str(snapshot), b.tls("client"))
         refused_for_client(b, lambda stub: stub.ImportRange(
