@@ -34,7 +34,7 @@ from floering.node.core.machine import NodeMachine
 from floering.node.core.machine_io import (
     BatchApplied, CheckpointAcked, CheckpointDue, CheckpointFailed, CheckpointRoundDone, Exit,
     Farewell, FoldAnswered, Gossip, HandoffEnded, HandoffRequested, HeardFrom, HeartbeatDue,
-    HeartbeatFailed, LeaveRing, LoadSampled, MapperAhead, MonitorDue, Note, ProbeFinished,
+    HeartbeatFailed, LeaveRing, LoadSampled, MapperAhead, MonitorDue, Note, ProbedFor, ProbeFinished,
     Record, RefillDue, RingSeen, SendFolds, SendHeartbeat, ShipCheckpoints, SignOfLife, Split,
     SplitRequested, StartHandoff, StartProbe, StartShed)
 from floering.node.core.membership import base_name, decide_start, ready_to_decide
@@ -473,6 +473,8 @@ class Simulation(DurableNodes):
         if (seen == ALIVE and seen_at <= reached + deadline
                 and via.machine.is_process_of(suspect, theirs)):
             return ALIVE, min(limit, seen_at)
+        if where:       # the member asked could not reach it: its own evidence
+            self.on(via, reached + deadline, self.handle, via, ProbedFor(suspect))
         return TIMED_OUT, min(limit, reached + deadline)
 
     # ------------------------------------------------------------ timers

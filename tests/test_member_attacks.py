@@ -12,7 +12,8 @@ import pytest
 
 from floering.node.core.detector import ALIVE, REFUSED, TIMED_OUT
 from floering.node.core.evidence import MAX_PENDING, ViewGuard, removal_claims
-from floering.node.core.machine_io import Gossip, ProbeFinished, Record, RingSeen, StartProbe
+from floering.node.core.machine_io import (Gossip, MonitorDue, ProbedFor, ProbeFinished, Record,
+                                          RingSeen, StartProbe)
 from floering.node.core.ring import Ring
 from floering.node.core.ring_merge import MAX_VERSION_STEP
 from tests.test_simulation import check, random_cluster
@@ -23,6 +24,12 @@ MEMBERS = {"n0": "h:0", "n1": "h:1", "n2": "h:2"}
 def machine(me="n0"):
     from tests.test_machine import machine as make
     return make(me)
+
+
+def verifying(m, effects):
+    """The probes verifying a held view (not the failure detector's own)."""
+    return [e for e in effects if isinstance(e, StartProbe)
+            and m.guard.verifying.get(e.probe.node) is e.probe]
 
 
 def kinds(effects):
@@ -64,10 +71,27 @@ def test_a_view_removing_live_members_waits_for_our_probe_and_is_refused_if_they
     # n1 answers as the process the ring knows: the view is refused, loudly
     inc = m.core.ring.incarnation_of("n1")
     out = m.handle(ProbeFinished(probes["n1"].probe, ALIVE, (), m.epoch, inc), 1.01)
-    assert kinds(out) == ["removal_refused"] and not m.guard.pending
+    assert kinds(out) == ["removal_refused"]
     assert m.guard.counters["removals_refused"] == 1
     m.handle(ProbeFinished(probes["n2"].probe, REFUSED, (), m.epoch), 1.02)
     assert m.core.ring == before and not m.core.fenced
+    # held, and n1 probed again a second later (it might have learned it was removed)
+    again = verifying(m, m.handle(MonitorDue(2.02), 2.02))
+    assert [e.probe.node for e in again] == ["n1"]
+    m.handle(ProbeFinished(again[0].probe, ALIVE, (), m.epoch, inc), 2.03)
+    assert m.guard.counters["removals_refused"] == 1 and m.core.ring == before
+    # it answers as fenced at last (declared honestly): now the view is adopted
+    later = verifying(m, m.handle(MonitorDue(3.1), 3.1))
+    m.handle(ProbeFinished(later[0].probe, REFUSED, (), m.epoch), 3.11)
+    assert {"n1", "n2"} <= m.core.ring.removed
+
+
+def test_a_peer_we_could_not_reach_for_someone_else_is_gone_by_our_evidence():
+    m = machine("n1")
+    m.handle(ProbedFor("n0"), 1.0)           # a peer asked us; n0 did not answer us
+    effects = m.handle(RingSeen(m.core.ring.without(["n0"])), 1.1)
+    assert not any(isinstance(e, StartProbe) for e in effects)
+    assert "n0" in m.core.ring.removed
 
 
 def test_a_removal_our_probe_confirms_is_adopted_at_once():

@@ -30,7 +30,7 @@ from floering.node.core.machine_io import (
     BatchApplied, CheckpointAcked, CheckpointDue, CheckpointFailed, CheckpointRoundDone, Exit,
     Farewell, FoldAnswered, Gossip, HandoffAbandoned, HandoffEnded, HandoffRequested,
     HeardFrom, HeartbeatDue, HeartbeatFailed, LeaveRing, LoadSampled, MapperAhead, MonitorDue,
-    Note, ProbeAbandoned, ProbeFinished, Record, RefillDue, RingSeen, SendFolds, SendHeartbeat,
+    Note, ProbeAbandoned, ProbedFor, ProbeFinished, Record, RefillDue, RingSeen, SendFolds, SendHeartbeat,
     ShipCheckpoints, SignOfLife, Split, SplitRequested, StartHandoff, StartProbe, StartShed)
 from floering.node.core.membership import refill_moves, rejoin_name, removal_losses, restarted
 from floering.node.core.node_core import NodeCore, RingChange
@@ -81,6 +81,7 @@ class NodeMachine(ViewChecks):
             SignOfLife: self._sign_of_life, HeartbeatFailed: self._heartbeat_failed,
             HeartbeatDue: self._heartbeat_due, MonitorDue: self._monitor_due,
             ProbeFinished: self._probe_finished, ProbeAbandoned: self._probe_abandoned,
+            ProbedFor: self._probed_for,
             CheckpointDue: self._checkpoint_due, CheckpointAcked: self._checkpoint_acked,
             CheckpointFailed: self._checkpoint_failed,
             CheckpointRoundDone: self._round_done, RefillDue: self._refill_due,
@@ -225,6 +226,7 @@ class NodeMachine(ViewChecks):
         self.detector.tick(event.scheduled, now)     # our own lag makes us a lenient judge
         if self.core.fenced:
             return
+        self._retry_views(now, out)
         ring = self.core.ring
         for probe in self.detector.due_probes(now):
             if probe.node not in ring.nodes:

@@ -79,6 +79,13 @@ class ProbeFinished:
 
 
 @dataclass(frozen=True)
+class ProbedFor:
+    """A peer asked us whether we reach `node` (an indirect probe): we did not."""
+
+    node: str
+
+
+@dataclass(frozen=True)
 class ProbeAbandoned:
     probe: Probe
 

@@ -9,7 +9,8 @@ import logging
 
 from floering.node.core.detector import ALIVE, Probe
 from floering.node.core.evidence import removal_claims
-from floering.node.core.machine_io import Gossip, Note, ProbeFinished, RingSeen, StartProbe
+from floering.node.core.machine_io import (Gossip, Note, ProbedFor, ProbeFinished, RingSeen,
+                                          StartProbe)
 from floering.node.core.membership import restarted
 from floering.node.core.ring_merge import MAX_VERSION_STEP
 
@@ -59,12 +60,27 @@ class ViewChecks:
         if self.isolation.view_seen():     # had we been removed, we would be fenced now
             out.append(Note("a peer's ring view reached us: our suspicions count again"))
 
+    def _probed_for(self, event: ProbedFor, now: float, out: list) -> None:
+        if event.node in self.core.ring.nodes:
+            self.guard.seen_gone(event.node, now)
+
+    def _retry_views(self, now: float, out: list) -> None:
+        """Probe again the members of held views (a member declared honestly answers
+        as fenced once it learns it)."""
+        if not self.guard.pending:
+            return
+        due = self.guard.due(now)
+        for node in sorted(n for n in due if n not in self.core.ring.nodes):
+            for view in self.guard.verified(node, False, now)[0]:   # removed meanwhile
+                self._ring_seen(RingSeen(view), now, out)
+        self._verify(due, now, out)
+
     def _verify(self, nodes, now: float, out: list) -> None:
         """Probe each member a view would remove, directly: our own evidence, in one
         round trip when it is dead (refused) and a probe deadline when cut off."""
         ring = self.core.ring
         deadline = self.detector.config.probe_timeout * self.detector.stretch(now)
-        for node in self.guard.to_verify(nodes):
+        for node in self.guard.to_verify(n for n in nodes if n in ring.nodes):
             probe = Probe(node, deadline, now, 0, now)
             self.guard.verifying[node] = probe
             out.append(StartProbe(probe, ring.address(node), (), (), ring.stamp, self.epoch))

@@ -7,7 +7,7 @@ import asyncio
 
 from floering.node.core.detector import ALIVE, REFUSED, TIMED_OUT, UNASKED
 from floering.node.core.errors import Fenced, FloeError, Refused, Unavailable
-from floering.node.core.machine_io import ProbeAbandoned, ProbeFinished, StartProbe
+from floering.node.core.machine_io import ProbeAbandoned, ProbedFor, ProbeFinished, StartProbe
 
 
 async def probe_round(runtime, e: StartProbe) -> None:
@@ -56,8 +56,10 @@ async def probe_for(runtime, target: str, timeout: float) -> bool:
             address, sender=runtime.core.node_id, ring_stamp=runtime.core.ring.stamp,
             incarnation=runtime.incarnation, timeout=timeout)
     except FloeError:
+        runtime._handle(ProbedFor(target))    # our own evidence the target is gone
         return False
     if not runtime.machine.is_process_of(target, incarnation):
+        runtime._handle(ProbedFor(target))
         return False
     runtime.sign_of_life(target)
     return True
