@@ -29,6 +29,10 @@ import sys
 import time
 from pathlib import Path
 
+# gRPC's own log lines (a refused handshake's, per attempt) on a command's stderr
+# would bury its one-line error; set before grpc loads; GRPC_VERBOSITY=INFO shows them
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
 from floering.chaos.cluster import (DEFAULT_STATE_FILE, LayoutMismatch, LocalCluster, describe_layout,
                            kept_layout, wipe)
 from floering.mapper.admin import hex_position, parse_position, position_format
