@@ -105,7 +105,7 @@ def _export_once(seeds: list[str], path: str, tls: TlsFiles | None) -> dict:
     began = time.monotonic()
     ring, reducer = read_ring(seeds, tls)
     header = Header(reducer, ring.balancer, ring.version, ring.stamp, tuple(ring.nodes),
-                    tuple(sorted(ring.tokens)), time.time())
+                    tuple(sorted(ring.tokens)), time.time(), ring.reducer)
     target = Path(path)
     partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
     stub, open_ = _calls(ring, tls)
@@ -195,9 +195,11 @@ def import_ring(seeds: list[str], path: str, tls: TlsFiles | None, *,
     for attempt in range(1, IMPORT_TRIES + 1):
         ring, reducer = read_ring(seeds, tls)
         header, snapshot_id, ranges, marks = load_recut(path, ring)
-        if header.reducer != reducer:
-            raise ReducerMismatch(f"the snapshot's reducer is {header.reducer!r}, the ring "
-                                  f"runs {reducer!r}: nothing was loaded")
+        if header.reducer != reducer or (header.reducer_identity and ring.reducer and
+                                         header.reducer_identity != ring.reducer):
+            raise ReducerMismatch(f"the snapshot's reducer is "
+                                  f"{header.reducer_identity or header.reducer!r}, the ring "
+                                  f"runs {ring.reducer or reducer!r}: nothing was loaded")
         check_states(header.reducer, ranges)
         if attempt == 1 and not (into_state or resume):
             _check_empty(ring, tls)

@@ -58,6 +58,9 @@ def test_export_then_import_into_a_ring_of_another_size(tmp_path):
                        "--tls-dir", str(a.tls_dir))
         assert out.returncode == 0, out.stderr
         summary = json.loads(out.stdout)
+        from floering.node.core.snapshot_format import verify
+        with open(snapshot, "rb") as f:
+            assert verify(f)[0].reducer_identity.endswith("Count()")
         assert summary["keys"] == len(expect) and summary["ranges"] == 12
         assert snapshot.stat().st_mode & 0o077 == 0
         # a client's certificate exports nothing
@@ -105,7 +108,7 @@ def test_export_then_import_into_a_ring_of_another_size(tmp_path):
 
 
 def written_snapshot(path, words, tokens=(1 << 62, 1 << 63, 3 << 62),
-                     reducer: str = "count") -> None:
+                     reducer: str = "count", identity: str = "") -> None:
     """A snapshot of a Counter over `words` written by the test itself: the keys dealt
     over `tokens` as ranges, the source's watermark (bound to the client's
     certificate, as a node keeps it) at the last seq the mapper numbered."""
@@ -116,7 +119,7 @@ def written_snapshot(path, words, tokens=(1 << 62, 1 << 63, 3 << 62),
     keys = sorted(expect)
     marks = {bind_source("client:client", SOURCE): len(words)}
     with open(path, "wb") as out:
-        w = Writer(out, Header(reducer, "none", 1, 1, ("x0",), tokens, 0.0))
+        w = Writer(out, Header(reducer, "none", 1, 1, ("x0",), tokens, 0.0, identity))
         for i, token in enumerate(tokens):
             mine = {k: expect[k] for k in keys[i::len(tokens)]}
             half = dict(list(mine.items())[:len(mine) // 2])
@@ -172,6 +175,10 @@ def test_an_import_is_durable_and_replicated(tmp_path, monkeypatch):
     with LocalCluster.up(3, 1, workdir=tmp_path / "c", data_dir=data, tokens_per_node=3) as c:
         operator = c.tls("operator")
         with pytest.raises(ReducerMismatch, match="nothing was loaded"):
+            import_ring(c.seeds, str(other), operator)
+        # the same reducer name with other arguments
+        written_snapshot(other, words, identity="floering.node.core.reducers:Count(k=3)")
+        with pytest.raises(ReducerMismatch, match="Count.k=3"):
             import_ring(c.seeds, str(other), operator)
         assert held_keys(c) == 0
         # stopped at the 4th chunk, whose answer was lost: partly loaded, then resumed

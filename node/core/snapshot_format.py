@@ -56,11 +56,15 @@ class Header:
     nodes: tuple[str, ...]
     tokens: tuple[int, ...]
     created: float
+    # The reducer with its arguments as the ring records it (node.core.reducers.
+    # reducer_identity), "" when the ring recorded none.
+    reducer_identity: str = ""
 
     def to_map(self) -> dict:
         return dict(format=FORMAT_VERSION, reducer=self.reducer, balancer=self.balancer,
                     ring_version=self.ring_version, ring_stamp=self.ring_stamp,
-                    nodes=list(self.nodes), tokens=list(self.tokens), created=self.created)
+                    nodes=list(self.nodes), tokens=list(self.tokens), created=self.created,
+                    reducer_identity=self.reducer_identity)
 
 
 @dataclass(frozen=True)
@@ -123,14 +127,15 @@ def parse_header(raw) -> Header:
     tokens = tuple(_u64(t, "a token") for t in tokens)
     if list(tokens) != sorted(set(tokens)):
         raise SnapshotError("the header's tokens must be distinct and in order")
-    created = raw.get("created")
+    created, identity = raw.get("created"), raw.get("reducer_identity", "")
     if type(created) not in (int, float):
         raise SnapshotError("the header's creation time must be a number")
     return Header(_name(raw.get("reducer"), "the reducer"),
                   _name(raw.get("balancer"), "the balancer"),
                   _u64(raw.get("ring_version"), "the ring version"),
                   _u64(raw.get("ring_stamp"), "the ring stamp"),
-                  tuple(_name(n, "a member") for n in nodes), tokens, float(created))
+                  tuple(_name(n, "a member") for n in nodes), tokens, float(created),
+                  _name(identity, "the reducer's identity") if identity else "")
 
 
 def parse_section(body: bytes) -> Section:
