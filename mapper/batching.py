@@ -6,12 +6,14 @@ loop the sealed batches are drained into `Delivery.submit`."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import os
 import socket
 import threading
 import time
 import uuid
+from bisect import bisect_left
 from collections import deque
 from typing import Iterable
 
@@ -21,7 +23,7 @@ from floering.mapper.outbox import PendingBatch
 from floering.mapper.routing import Router
 from floering.mapper.sharing import check_key, chooser_for
 from floering.node.core.balancers import balancer
-from floering.node.core.batch import KEY_TYPES, encode_batch, encode_seqs
+from floering.node.core.batch import KEY_TYPES, encode_batch, encode_seqs, str_positions
 from floering.node.core.errors import InvalidArgument, InvalidKey
 from floering.node.core.pieces import check_user_key
 
@@ -29,6 +31,7 @@ PLAIN_VALUES = frozenset((int, float, str, bytes, bool, type(None)))
 # A combining buffer is sealed at batch_size keys or this many tuples per key of it.
 COMBINED_INPUTS_PER_KEY = 64
 SEAL_TICK = 0.002     # seconds between two looks at which buffers may go
+BULK_ROUTE_MIN = 64   # keys not yet cached, from which a list is hashed in one call
 
 
 class Buffer:
@@ -124,6 +127,8 @@ class Batcher:
             buffers = self.buffers
             seq = self.next_seq
             cached = route.cached          # a dict lookup, not a call, for a known key
+            if place is None and type(keys) is list:
+                route_in_bulk(keys, tokens, route)
             try:
                 for key in keys:
                     if type(key) is not str:
@@ -205,6 +210,23 @@ async def linger_loop(batcher: Batcher, delivery, linger: float) -> None:
         batcher.seal_older(linger, {b.token for b in delivery.undelivered.values()})
         batcher.drain(delivery.submit)
         delivery.check_progress()
+
+
+def route_in_bulk(keys: list, tokens: tuple, route) -> None:
+    """Cache the tokens of the str keys of `keys` the route does not know yet, hashed
+    in one call (in C) rather than one by one; a key it cannot hash is left to the
+    route, which refuses it as before."""
+    cached = route.cached
+    misses = [k for k in dict.fromkeys(keys) if type(k) is str and cached(k) is None]
+    if len(misses) < BULK_ROUTE_MIN:
+        return
+    try:
+        positions = str_positions(misses)
+    except UnicodeEncodeError:
+        return
+    last = len(tokens)
+    route.fill(misses, [tokens[i] if i < last else tokens[0]
+                        for i in map(functools.partial(bisect_left, tokens), positions)])
 
 
 def check_value(value) -> None:

@@ -51,7 +51,14 @@ class Router:
                     cache.clear()
                 cache[key] = token
             return token
+        def fill(keys: list, tokens: list) -> None:
+            """Cache the tokens of `keys`, computed in bulk with this ring."""
+            if len(keys) <= max_cached:
+                if len(cache) + len(keys) > max_cached:
+                    cache.clear()
+                cache.update(zip(keys, tokens))
         route.cached = cache.get
+        route.fill = fill
         return ring, route
 
     def update(self, ring: Ring) -> None:

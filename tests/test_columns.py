@@ -252,3 +252,25 @@ def test_a_primary_applies_columns_exactly():
     rng.apply("s", 1, 300, 300, encode_batch(words, [1] * 300), b"")
     assert rng.apply("s", 1, 300, 300, encode_batch(words, [1] * 300), b"") == (0, 300)
     assert dict(rng.state.snapshot()) == Counter(words)
+
+
+def test_keys_hashed_in_bulk_route_as_one_by_one():
+    words = [f"w{i}" for i in range(3000)] + ["é", "日本", ""] + [f"w{i}" for i in range(100)]
+    router = Router(RING)
+    batcher = Batcher(router, None, "src", batch_size=10_000)
+    batcher.emit_many(words, 1)
+    assert len(router.cache) == len(set(words))
+    assert all(router.cache[k] == RING.token_for_key(k) for k in words)
+    batcher.seal_all()
+    got = Counter()
+    for b in batcher.sealed:
+        keys, values = decode_payload(b.payload, b.count)
+        assert all(RING.token_for_key(k) == b.token for k in keys)
+        got.update(keys)
+    assert got == Counter(words)
+
+
+def test_a_key_that_cannot_be_hashed_in_bulk_is_refused_as_before():
+    batcher = Batcher(Router(RING), None, "src", batch_size=10_000)
+    with pytest.raises(InvalidKey):
+        batcher.emit_many([f"w{i}" for i in range(200)] + ["\udc80"], 1)

@@ -102,6 +102,15 @@ def key_kind(key) -> int | None:
     return STR if kind is str else BYTES if kind is bytes else None
 
 
+def str_positions(keys: list[str]) -> array:
+    """The ring position of each str key, hashed in one call (UnicodeEncodeError for a
+    str that is not UTF-8)."""
+    data = list(map(str.encode, keys))
+    offsets = array("Q", [0])
+    offsets.extend(accumulate(map(len, data)))
+    return hash_positions(b"".join(data), offsets)
+
+
 def encode_columns(keys, values) -> bytes | None:
     """The format 2 payload of (keys, values), or None when they do not fit it (a key
     neither str nor bytes, a value not an int64, a str key that is not UTF-8)."""
