@@ -215,9 +215,10 @@ def _ratio(rates: dict[str, float]) -> float:
 
 
 def plot(result: dict, path: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from floering.chaos.plots import pyplot
+    plt = pyplot()              # None, said in one line, without the plots extra
+    if plt is None:
+        return
     names = sorted({n for _, _, s in result["samples"] for n in s})
     fig, ax = plt.subplots(figsize=(8, 4))
     for name in names:

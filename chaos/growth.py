@@ -325,9 +325,10 @@ def main(argv=None) -> int:
 
 
 def plot(results: dict, out: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from floering.chaos.plots import pyplot
+    plt = pyplot()              # None, said in one line, without the plots extra
+    if plt is None:
+        return
     out.mkdir(parents=True, exist_ok=True)
     state = results["state"]
     if state:

@@ -76,3 +76,15 @@ def test_the_recovery_benchmark_prints_its_results_without_plots(tmp_path):
     assert lines[-1].startswith("n=3 r=1 kill=1: takeover p50 ") and "all exact: True" \
         in lines[-1]
     assert not list(out.glob("*.png"))
+
+
+def test_the_benchmarks_plots_are_skipped_in_one_line_each(tmp_path):
+    code = ("from pathlib import Path\n"
+            "from floering.chaos import balance, growth, skew\n"
+            "print(balance.plot({}, 'x.png'), growth.plot({}, Path('g')), "
+            "skew.plot([], 's'), skew.overload_plot([], 'o'))\n")
+    result = _run(tmp_path, ["-c", code], "matplotlib")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "None None [] skipped\n"
+    assert result.stderr.splitlines() == [
+        "plots skipped: matplotlib is not installed (pip install 'floe-ring[plots]')"] * 4
