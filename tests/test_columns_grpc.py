@@ -9,7 +9,7 @@ import pytest
 
 from floering.chaos.cluster import LocalCluster
 from floering.mapper import RingClient
-from floering.node.core.batch import encode_batch
+from floering.node.core.batch import encode_batch, is_versioned
 from tests.test_bounds import push
 from tests.test_columns import MALFORMED
 
@@ -29,8 +29,16 @@ def test_columns_end_to_end_exact_and_malformed_refused_whole(tmp_path):
         client_tls = cluster.tls("client")
         with RingClient(cluster.seeds, tls=client_tls, source="columns", combine=False,
                         batch_size=500) as client:
+            formats = []
+            submit = client._delivery.submit
+
+            def spy(batch):                    # what the client hands its delivery
+                formats.append(is_versioned(batch.payload))
+                return submit(batch)
+            client._delivery.submit = spy
             client.emit_many(first)
             client.flush()
+            assert formats and all(formats)    # every batch went as columns
             assert dict(client.scan()) == Counter(first)
             ring = client.ring
             token = ring.token_for_key("w0")
