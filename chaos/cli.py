@@ -307,10 +307,14 @@ def cmd_scale(args) -> int:
     if args.remove:
         cluster.node(args.remove)       # an unknown name fails before anything is asked
         cluster.remove(args.remove, timeout=args.timeout)
+        _rewrite_targets(cluster)
         print(f"{args.remove} handed its ranges to its neighbours and exited; "
               f"{sum(n.alive() for n in cluster.nodes)} nodes running")
         return 0
-    added = cluster.add_nodes(args.add, base_port=args.base_port)
+    from floering.chaos.metrics_targets import next_metrics_ports
+    added = cluster.add_nodes(args.add, base_port=args.base_port,
+                              metrics_ports=next_metrics_ports(cluster, args.add))
+    _rewrite_targets(cluster)
     names = [n.node_id for n in added]
     deadline = time.monotonic() + args.timeout
     with _client(args) as client:
@@ -325,6 +329,13 @@ def cmd_scale(args) -> int:
         print(line)
     print(f"added {', '.join(names)}; {sum(n.alive() for n in cluster.nodes)} nodes running")
     return 0
+
+
+def _rewrite_targets(cluster) -> None:
+    """Keep the Prometheus target file in step, for a cluster that serves metrics."""
+    from floering.chaos.metrics_targets import TARGETS_FILE, write_targets
+    if (Path(cluster.state_file).resolve().parent / TARGETS_FILE).exists():
+        write_targets(cluster)
 
 
 def cmd_restart(args) -> int:

@@ -235,7 +235,8 @@ class LocalCluster:
     # ------------------------------------------------------------ scale
 
     def add_nodes(self, count: int, *, tokens_per_node: int = 8, ready_timeout: float = 30.0,
-                  host: str = "127.0.0.1", base_port: int | None = None) -> list[NodeProcess]:
+                  host: str = "127.0.0.1", base_port: int | None = None,
+                  metrics_ports: list[int] | None = None) -> list[NodeProcess]:
         """Start `count` new node processes that join the running ring with no ranges
         (give them ranges with mapper.admin.carry_out). Their ports: the first free ones
         from `base_port` (else `up`'s) that no node of the cluster uses, else any."""
@@ -256,7 +257,7 @@ class LocalCluster:
         log_dir = private_dir(Path(self.state_file).parent / "floe-cluster" / "logs")
         added = []
         tls = self.tls()
-        for node_id, port in zip(ids, ports):
+        for index, (node_id, port) in enumerate(zip(ids, ports)):
             if tls is not None:                    # a certificate from the ring's CA
                 issue_tls(tls.ca.parent, node_id, "node", (host, "localhost"))
             log_path = log_dir / f"{node_id}.log"
@@ -265,7 +266,8 @@ class LocalCluster:
                    "--peers", f"{node_id}={address}", "--join", seeds,
                    "--replication", str(self.replicas), "--tokens-per-node", str(tokens_per_node),
                    "--reducer", self.reducer,
-                   "--events-file", str(log_path.with_suffix(".events.jsonl")), *self.extra_args]
+                   "--events-file", str(log_path.with_suffix(".events.jsonl")), *self.extra_args,
+                   *(["--metrics-port", str(metrics_ports[index])] if metrics_ports else [])]
             added.append(spawn_node(node_id, address, cmd, log_path))
         self.nodes += added
         self.save()

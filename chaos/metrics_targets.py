@@ -4,8 +4,9 @@ scrape targets are written for Prometheus' file-based discovery (file_sd_configs
     floe-cluster/prometheus-targets.json
     [{"targets": ["127.0.0.1:9400"], "labels": {"floe_node": "n0", "floe_cluster": DIR}}, ...]
 
-Prometheus re-reads the file when it changes; `floe up`, `floe scale` and `floe
-restart` rewrite it (a node without metrics is left out)."""
+Prometheus re-reads the file when it changes; `floe up` and `floe scale` rewrite it
+(nodes `floe scale --add` starts take the first free ports after the cluster's
+highest; a node without metrics is left out)."""
 
 from __future__ import annotations
 
@@ -66,3 +67,23 @@ def write_targets(cluster) -> Path:
     tmp.write_text(json.dumps(groups, indent=2) + "\n")
     tmp.replace(path)
     return path
+
+
+def next_metrics_ports(cluster, count: int, host: str = "127.0.0.1") -> list[int] | None:
+    """Metrics ports for `count` nodes `floe scale --add` starts: the first free ones
+    after the cluster's highest, or None when its nodes serve no metrics."""
+    used = [p for n in cluster.nodes if (p := metrics_port(n.cmd)) is not None]
+    if not used:
+        return None
+    ports, port = [], max(used)
+    while len(ports) < count:
+        port += 1
+        if port > 65535:
+            raise OSError("no free metrics port left after the cluster's")
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+        ports.append(port)
+    return ports

@@ -101,6 +101,17 @@ def test_metrics_ports_collectors_and_histograms_on_a_real_cluster(tmp_path):
         wait_for(lambda: json.loads(floe(tmp_path, "status", "--json"))["verdict"]
                  .startswith("HEALTHY: 3 of 3"), 30, "healthy after the restart")
 
+        added = floe(tmp_path, "scale", "--add", "1")
+        assert "added n3" in added
+        targets_file = tmp_path / "floe-cluster" / "prometheus-targets.json"
+        fourth = json.loads(targets_file.read_text())[-1]
+        assert fourth["labels"]["floe_node"] == "n3"
+        assert int(fourth["targets"][0].rpartition(":")[2]) > base + 2
+        assert "floe_batch_apply_seconds_count" in scrape(fourth["targets"][0])
+        floe(tmp_path, "scale", "--remove", "n3")
+        assert [g["labels"]["floe_node"] for g in json.loads(targets_file.read_text())] == \
+            ["n0", "n1", "n2"]
+
         victim = next(n for n in shown["nodes"] if n["node_id"] == "n1")
         os.kill(victim["pid"], signal.SIGKILL)
         survivors = [wanted[0], wanted[2]]
