@@ -12,7 +12,7 @@ Pure: no I/O, no clock."""
 from __future__ import annotations
 
 from collections import Counter
-from itertools import islice
+from itertools import chain, islice
 from typing import Iterable, Iterator
 
 from floering.node.core.codec import entry_columns, pack
@@ -154,9 +154,26 @@ def scan_pairs(core, pieces_first: bool) -> Iterator[tuple[object, object]]:
             marked = [kv for kv in rng.state.items() if _marked(kv[0])]
             yield from marked
     for rng in ranges:
-        snapshot = rng.state.snapshot()
+        pairs = range_copy(rng.state)
         if pieces_first:
-            yield from ((k, s) for k, s in snapshot.items() if not _marked(k))
+            yield from ((k, s) for k, s in pairs if not _marked(k))
         else:
-            yield from snapshot.items()
-        del snapshot
+            yield from pairs
+        del pairs
+
+
+def range_copy(state) -> Iterable[tuple[object, object]]:
+    """A range's (key, state)s as of now, each key once, whatever applies after: of
+    layered dicts, master's keys and states as two lists (16 bytes a key, a third of
+    a dict's copy) and the small layers laid over them; of any other store, its
+    snapshot()."""
+    master, active = getattr(state, "master", None), getattr(state, "active", None)
+    inactive = getattr(state, "inactive", None)
+    if type(master) is not dict or type(active) is not dict or \
+            (inactive is not None and type(inactive) is not dict):
+        return state.snapshot().items()
+    over = {**inactive, **active} if inactive else dict(active)
+    pairs = zip(list(master), list(master.values()))
+    if not over:
+        return pairs
+    return chain((kv for kv in pairs if kv[0] not in over), over.items())
