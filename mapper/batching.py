@@ -23,8 +23,10 @@ from floering.mapper.outbox import PendingBatch
 from floering.mapper.routing import Router
 from floering.mapper.sharing import check_key, chooser_for
 from floering.node.core.balancers import balancer
-from floering.node.core.batch import KEY_TYPES, encode_batch, encode_seqs, str_positions
+from floering.node.core.batch import (DEFAULT_LIMITS, KEY_TYPES, encode_batch, encode_seqs,
+                                      positions_of)
 from floering.node.core.errors import InvalidArgument, InvalidKey
+from floering.node.core.hashing import key_bytes
 from floering.node.core.pieces import check_user_key
 
 PLAIN_VALUES = frozenset((int, float, str, bytes, bool, type(None)))
@@ -32,6 +34,7 @@ PLAIN_VALUES = frozenset((int, float, str, bytes, bool, type(None)))
 COMBINED_INPUTS_PER_KEY = 64
 SEAL_TICK = 0.002     # seconds between two looks at which buffers may go
 BULK_ROUTE_MIN = 64   # keys not yet cached, from which a list is hashed in one call
+MAX_KEY_BYTES = DEFAULT_LIMITS.max_key_bytes      # what a node takes
 
 
 class Buffer:
@@ -98,6 +101,8 @@ class Batcher:
             check_value(value)
         if type(key) is bytes:
             check_user_key(key)
+        if type(key) is not int and len(key) > MAX_KEY_BYTES // 4:
+            check_key_bytes([key_bytes(key)])
         with self.lock:
             tokens, route, sealed, place = self._routing_locked()
             if place is None:
@@ -213,20 +218,29 @@ async def linger_loop(batcher: Batcher, delivery, linger: float) -> None:
 
 
 def route_in_bulk(keys: list, tokens: tuple, route) -> None:
-    """Cache the tokens of the str keys of `keys` the route does not know yet, hashed
-    in one call (in C) rather than one by one; a key it cannot hash is left to the
-    route, which refuses it as before."""
+    """Check the str keys of `keys` the route does not know yet against the nodes' key
+    size limit, before any tuple is buffered, and cache their tokens, hashed in one
+    call (in C) rather than one by one. A key that is not UTF-8 is left to the route,
+    which refuses it as before."""
     cached = route.cached
     misses = [k for k in dict.fromkeys(keys) if type(k) is str and cached(k) is None]
-    if len(misses) < BULK_ROUTE_MIN:
-        return
     try:
-        positions = str_positions(misses)
+        data = list(map(str.encode, misses))
     except UnicodeEncodeError:
         return
+    check_key_bytes(data)
+    if len(misses) < BULK_ROUTE_MIN:
+        return
+    positions = positions_of(data)
     last = len(tokens)
     route.fill(misses, [tokens[i] if i < last else tokens[0]
                         for i in map(functools.partial(bisect_left, tokens), positions)])
+
+
+def check_key_bytes(data: list[bytes]) -> None:
+    if data and max(map(len, data)) > MAX_KEY_BYTES:
+        size = max(map(len, data))
+        raise InvalidKey(f"a key of {size} bytes is over the limit of {MAX_KEY_BYTES} bytes")
 
 
 def check_value(value) -> None:

@@ -274,3 +274,35 @@ def test_a_key_that_cannot_be_hashed_in_bulk_is_refused_as_before():
     batcher = Batcher(Router(RING), None, "src", batch_size=10_000)
     with pytest.raises(InvalidKey):
         batcher.emit_many([f"w{i}" for i in range(200)] + ["\udc80"], 1)
+
+
+def test_the_mapper_refuses_a_key_over_the_nodes_limit_before_buffering_it():
+    batcher = Batcher(Router(RING), None, "src", batch_size=10_000)
+    long = "é" * (32 * 1024) + "x"                            # 64 KiB + 1 byte
+    with pytest.raises(InvalidKey, match="over the limit"):
+        batcher.emit_many(["a", "b", long, "c"], 1)
+    with pytest.raises(InvalidKey, match="over the limit"):
+        batcher.emit(long.encode(), 1)
+    assert not batcher.buffers and batcher.next_seq == 1       # nothing taken
+    batcher.emit_many(["a", "é" * (32 * 1024)], 1)             # exactly the limit
+    assert batcher.next_seq == 3
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 6), st.data())
+def test_well_sized_random_fields_are_refused(count, data):
+    """Five bin fields of exactly the sizes `count` needs, with random contents: at
+    least one check fails (offsets, positions that are not hashes), unless they happen
+    to be well formed (empty keys hash to 0), and then they are exactly the encoding of
+    what they decode to."""
+    key_data = data.draw(st.binary(max_size=40))
+    f = [data.draw(st.sampled_from([b"\x00", b"\x01"])), key_data,
+         data.draw(st.binary(min_size=8 * (count + 1), max_size=8 * (count + 1))),
+         data.draw(st.binary(min_size=8 * count, max_size=8 * count)),
+         data.draw(st.binary(min_size=8 * count, max_size=8 * count))]
+    try:
+        columns = decode_batch(pack(f), count)
+    except InvalidArgument:
+        return
+    assert encode_batch(*map(list, columns.to_tuples())) == pack(f)
+    assert list(columns.positions) == [position(k) for k in columns.keys()]

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import msgpack
 
 from floering.node.core.columns import (FORMATS_SPOKEN, Columns, decode_columns, encode_columns,
-                                       is_versioned, str_positions)
+                                       is_versioned, positions_of)
 from floering.node.core.errors import InvalidArgument, InvalidKey, TooLarge, inert
 from floering.node.core.hashing import key_bytes
 from floering.node.core.pieces import check_pushed_keys

@@ -102,10 +102,8 @@ def key_kind(key) -> int | None:
     return STR if kind is str else BYTES if kind is bytes else None
 
 
-def str_positions(keys: list[str]) -> array:
-    """The ring position of each str key, hashed in one call (UnicodeEncodeError for a
-    str that is not UTF-8)."""
-    data = list(map(str.encode, keys))
+def positions_of(data: list[bytes]) -> array:
+    """The ring position of each key given as its bytes, hashed in one call."""
     offsets = array("Q", [0])
     offsets.extend(accumulate(map(len, data)))
     return hash_positions(b"".join(data), offsets)
