@@ -374,9 +374,9 @@ def message_bytes(config) -> int:
     """The largest message a node takes: a Push request (batches packed up to about
     2 MiB, the last up to --max-batch-bytes), a chunk of state (1 MiB, or one entry
     alone: a key and state up to this size still move) or a ring view; gRPC refuses
-    a larger one from its header. Two batches (8 MiB), never over
-    --max-message-bytes."""
-    return min(config.max_message_bytes, 2 * config.max_batch_bytes)
+    a larger one from its header. Two batches, at least 8 MiB, never over
+    `max_message_bytes`."""
+    return min(config.max_message_bytes, max(8 << 20, 2 * config.max_batch_bytes))
 
 
 async def start_server(runtime: NodeRuntime, metrics: NodeMetrics | None = None
