@@ -18,6 +18,18 @@ TARGETS_FILE = Path("floe-cluster") / "prometheus-targets.json"
 METRICS_FLAG = "--metrics-port"
 
 
+def _free(host: str, port: int) -> bool:
+    """Free as the node's endpoint binds it (SO_REUSEADDR, as asyncio does: a port
+    whose last scrape's connection is in TIME_WAIT is free; a listening one is not)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
 def metrics_ports(base: int, count: int, host: str = "127.0.0.1") -> list[int]:
     """BASE .. BASE+count-1, each checked free on `host` (OSError naming the first that
     is not, or that is past 65535)."""
@@ -26,12 +38,9 @@ def metrics_ports(base: int, count: int, host: str = "127.0.0.1") -> list[int]:
         raise ValueError(f"--metrics-port {base}: node ports {base}..{ports[-1]} must lie "
                          f"in 1..65535")
     for port in ports:
-        with socket.socket() as s:
-            try:
-                s.bind((host, port))
-            except OSError:
-                raise OSError(f"metrics port {port} on {host} is in use; pick another "
-                              f"--metrics-port (node i gets BASE+i)") from None
+        if not _free(host, port):
+            raise OSError(f"metrics port {port} on {host} is in use; pick another "
+                          f"--metrics-port (node i gets BASE+i)")
     return ports
 
 
@@ -80,10 +89,6 @@ def next_metrics_ports(cluster, count: int, host: str = "127.0.0.1") -> list[int
         port += 1
         if port > 65535:
             raise OSError("no free metrics port left after the cluster's")
-        with socket.socket() as s:
-            try:
-                s.bind((host, port))
-            except OSError:
-                continue
-        ports.append(port)
+        if _free(host, port):
+            ports.append(port)
     return ports
