@@ -523,6 +523,8 @@ cdef class StateTable:
     cdef tuple _export_where(self, bint every, const uint32_t *chosen, Py_ssize_t count,
                              uint64_t lo, uint64_t hi):
         """Export the `chosen` entries (every: all) whose positions are in (lo, hi]."""
+        if self.busy:
+            raise RuntimeError("the state table is in use by another call")
         cdef Py_ssize_t total = self.n if every else count
         cdef Sorted *sel = <Sorted *>PyMem_RawMalloc((total + 1) * sizeof(Sorted))
         if sel == NULL:
@@ -588,6 +590,8 @@ cdef class StateTable:
             raise MemoryError()
 
     def get(self, key, default=None):
+        if self.busy:       # another thread is folding a batch with the GIL released
+            raise RuntimeError("the state table is in use by another call")
         kind, data = key_parts(key)
         cdef const unsigned char[::1] kb = data
         cdef uint64_t slot, p = floe_murmur3_64(_ptr(kb), kb.shape[0], 0)
