@@ -20,14 +20,22 @@ DRIVER = Path(__file__).resolve().parent / "driver.py"
 LOG_CONFIG = Path(__file__).resolve().parent / "log4j2.properties"
 
 
+SPARK_EXTRA = "the Spark driver needs pyspark: pip install 'floe-ring[spark]'"
+
+
 def spark_submit() -> str:
+    """spark-submit beside this Python, else on PATH; the driver and its executors run
+    this Python, so its pyspark is checked first (one line naming the extra)."""
+    try:
+        import pyspark  # noqa: F401
+    except ImportError:
+        raise FileNotFoundError(SPARK_EXTRA) from None
     local = Path(sys.executable).parent / "spark-submit"
     if local.exists():
         return str(local)
     found = shutil.which("spark-submit")
     if not found:
-        raise FileNotFoundError("spark-submit not found: the Spark driver needs pyspark: "
-                                "pip install 'floe-ring[spark]'")
+        raise FileNotFoundError(f"spark-submit not found: {SPARK_EXTRA}")
     return found
 
 

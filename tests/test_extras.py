@@ -44,6 +44,17 @@ def test_the_spark_driver_names_its_extra_in_one_line(tmp_path):
     assert result.stdout == ""
 
 
+def test_launching_the_driver_names_its_extra_before_starting_anything(tmp_path):
+    code = ("from floering.spark_driver.launch import SparkDriver\n"
+            "try:\n"
+            "    SparkDriver(['--ring', '127.0.0.1:1', '--source', 'rate:1'])\n"
+            "except FileNotFoundError as exc:\n"
+            "    print(exc)\n")
+    result = _run(tmp_path, ["-c", code], "pyspark")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "the Spark driver needs pyspark: pip install 'floe-ring[spark]'\n"
+
+
 @pytest.mark.multiprocess
 def test_a_chaos_run_gives_its_verdict_without_plots(tmp_path):
     scenario = tmp_path / "one.toml"
