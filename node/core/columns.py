@@ -112,30 +112,40 @@ def positions_of(data: list[bytes]) -> array:
 def encode_columns(keys, values) -> bytes | None:
     """The format 2 payload of (keys, values), or None when they do not fit it (a key
     neither str nor bytes, a value not an int64, a str key that is not UTF-8)."""
-    kinds = set(map(type, keys))
-    if not kinds or not kinds <= {str, bytes} or set(map(type, values)) != {int}:
+    if not keys or set(map(type, values)) != {int}:
         return None
     try:
         vals = array("q", values)
-        if len(kinds) == 1:
-            kind = bytes((STR if str in kinds else BYTES,))
-            data = list(map(str.encode, keys)) if str in kinds else list(keys)
-        else:
-            kind = bytes(map(key_kind, keys))
-            data = [k.encode() if type(k) is str else k for k in keys]
-    except (OverflowError, UnicodeEncodeError):
+        key_data, lengths, kind = _key_column(keys)
+    except (OverflowError, UnicodeEncodeError, TypeError):
         return None
-    key_data = b"".join(data)
     offsets = array("Q", [0])
-    try:
-        offsets.extend(accumulate(map(len, data)))
-    except OverflowError:
-        return None                          # over 4 GiB of keys: not one batch anyway
+    offsets.extend(accumulate(lengths))
     positions = hash_positions(key_data, offsets)
     return HEADER + msgpack.packb(
         (kind, key_data, _raw(offsets), _raw(_array(memoryview(positions).tobytes(), "Q")),
          _raw(vals)),
         use_bin_type=True)
+
+
+def _key_column(keys) -> tuple[bytes, object, bytes]:
+    """(key_data, the keys' byte lengths, kinds); TypeError for a key of another type."""
+    try:
+        text = "".join(keys)                 # all str: one join, no bytes per key
+    except TypeError:
+        text = None
+    if text is not None:
+        if text.isascii():                   # a char is a byte
+            return text.encode("ascii"), map(len, keys), bytes((STR,))
+        data = list(map(str.encode, keys))
+        return b"".join(data), map(len, data), bytes((STR,))
+    kinds = set(map(type, keys))
+    if kinds == {bytes}:
+        return b"".join(keys), map(len, keys), bytes((BYTES,))
+    if not kinds <= {str, bytes}:
+        raise TypeError("keys neither str nor bytes")
+    data = [k.encode() if type(k) is str else k for k in keys]
+    return b"".join(data), map(len, data), bytes(map(key_kind, keys))
 
 
 def is_versioned(payload) -> bool:
