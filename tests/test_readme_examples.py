@@ -119,6 +119,18 @@ def test_a_client_that_disagrees_about_tls_is_told_the_fix_in_one_line(tmp_path)
         assert wrong.returncode == 1
         assert (f"TlsMismatch: the ring at {plain_addr} speaks plain text, not TLS: pass "
                 f"tls=None") in wrong.stderr
+        code = ("import asyncio\nfrom floering.mapper import AsyncRingClient\n"
+                "async def main():\n"
+                f"    async with AsyncRingClient([{tls_addr!r}], timeout=10) as ring:\n"
+                "        print(await ring.get('x'))\n"
+                "asyncio.run(main())\n")
+        told = _run(elsewhere, code)                     # the asyncio client, no certificates
+        assert told.returncode == 1
+        assert told.stderr.splitlines()[-1] == (
+            f"floering.mapper.credentials.TlsMismatch: the ring at {tls_addr} speaks TLS: "
+            "pass tls=TlsFiles.in_dir(DIR, 'client') (--tls-dir DIR), set FLOE_TLS_DIR=DIR, "
+            "or run beside its floe-cluster/tls")
+        assert _run(secure, code).stdout == "None\n"     # beside its cluster: found
         # another CA's certificates: refused, and said so
         other = elsewhere / "tls"
         from floering.node.transport.tls import generate
