@@ -3,7 +3,7 @@
     python -m floering.chaos.decode_bench [--tuples 1000000] [--batch 1000] [--rounds 3]
 
 The same Zipf words (50,000 distinct, counted 1 each) are encoded both ways; each
-round times, per format: decode alone, decode + apply to the dict state a range keeps
+round times, per format: the mapper's encode, decode alone, decode + apply to the dict state a range keeps
 today (format 2 through Columns.to_tuples), and, for format 2, decode + apply to the
 compiled state table (floering.node.core.columnar.StateTable) straight from the columns.
 The best round of each is printed in M tuples/s, with the payload bytes per tuple.
@@ -25,6 +25,13 @@ def timed(fn, payloads) -> float:
     started = time.perf_counter()
     fn(payloads)
     return time.perf_counter() - started
+
+
+def encoder(encode):
+    def run(chunks) -> None:
+        for keys in chunks:
+            encode(keys, [1] * len(keys))
+    return run
 
 
 def decode_only(payloads) -> None:
@@ -54,8 +61,10 @@ def run(tuples: int, batch: int, rounds: int) -> dict[str, float]:
         "format 1": [(encode_payload(c, [1] * len(c)), len(c)) for c in chunks],
         "format 2": [(encode_batch(c, [1] * len(c)), len(c)) for c in chunks],
     }
-    cases = [(f"{name} {what}", fn, payloads) for name, payloads in formats.items()
-             for what, fn in (("decode", decode_only), ("decode+apply dict", apply_dict))]
+    cases = [(f"{name} encode", encoder(encode), chunks)
+             for name, encode in (("format 1", encode_payload), ("format 2", encode_batch))]
+    cases += [(f"{name} {what}", fn, payloads) for name, payloads in formats.items()
+              for what, fn in (("decode", decode_only), ("decode+apply dict", apply_dict))]
     cases.append(("format 2 decode+apply table", apply_table, formats["format 2"]))
     best: dict[str, float] = {}
     for _ in range(rounds):                   # interleaved: load drifts hit every case
