@@ -306,3 +306,25 @@ def test_well_sized_random_fields_are_refused(count, data):
         return
     assert encode_batch(*map(list, columns.to_tuples())) == pack(f)
     assert list(columns.positions) == [position(k) for k in columns.keys()]
+
+
+def test_the_decode_bench_runs_every_case(capsys):
+    from floering.chaos.decode_bench import run
+    rates = run(3000, 500, 1)
+    assert set(rates) == {f"format {f} {what}" for f in (1, 2)
+                          for what in ("encode", "decode", "decode+apply dict")} | \
+        {"format 2 decode+apply table"}
+    assert all(rate > 0 for rate in rates.values())
+    assert "payload bytes a tuple" in capsys.readouterr().out
+
+
+def test_columns_apply_to_the_compiled_table_exactly():
+    from floering.node.core.columnar import StateTable
+    words = [f"w{i % 97}" for i in range(5000)] + ["é", "日本", ""] * 7
+    table = StateTable("count")
+    for i in range(0, len(words), 700):
+        chunk = words[i:i + 700]
+        c = decode_batch(encode_batch(chunk, [1] * len(chunk)), len(chunk))
+        table.apply(c.table_kinds(), c.key_data, c.offsets, c.positions, c.values)
+    assert {k: table.get(k) for k in set(words)} == Counter(words)
+    assert len(table) == len(set(words))
