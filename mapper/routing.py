@@ -51,6 +51,7 @@ class Router:
                     cache.clear()
                 cache[key] = token
             return token
+
         def fill(keys: list, tokens: list) -> None:
             """Cache the tokens of `keys`, computed in bulk with this ring."""
             if len(keys) <= max_cached:
