@@ -22,7 +22,8 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from floering.chaos.records import check_extra, flag, is_our_node, loaded_node, not_ours, start_time
+from floering.chaos.records import (check_extra, exited, flag, is_our_node, loaded_node,
+                                    not_ours, start_time)
 from floering.node.config import check_node_id
 from floering.node.core.errors import FloeError
 from floering.node.files import open_private, private_dir, write_private
@@ -325,7 +326,9 @@ class LocalCluster:
         if not node.cmd:
             raise RuntimeError(f"{node_id} was recorded without its command line; "
                                f"it cannot be restarted from here")
-        if graceful:
+        if not node.alive() and exited(node.pid):   # a crash: nothing to stop or
+            self.nodes.remove(node)                 # signal, only to start it again
+        elif graceful:
             self.remove(node_id, timeout=timeout, forget=False)
         else:
             self.kill(node_id, sig)

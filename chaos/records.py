@@ -42,6 +42,14 @@ def start_time(pid: int) -> float | None:
         return None
 
 
+def exited(pid: int) -> bool:
+    """No process holds `pid` any more, or only a zombie (it exited, not reaped yet)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return True
+
+
 def is_our_node(pid: int, node_id: str, address: str, created: float | None) -> bool:
     """Whether `pid` is, now, node `node_id` of the cluster that recorded it: a live
     process running floering.node with that --node-id and --listen, started when the

@@ -49,5 +49,9 @@ def test_a_killed_node_is_degraded_by_name_and_ids_with_or_without_their_incarna
         assert checked.returncode == 3, checked.stdout + checked.stderr
         assert checked.stdout.splitlines()[-1] == wanted
         assert floe_run(tmp_path, "status").returncode == 0     # without --check: a report
+        out = floe(tmp_path, "restart", "n2")         # a process gone is started again
+        assert "restarted 1 nodes" in out
+        wait_for(lambda: _verdict(tmp_path) == two, 30, "healthy again after the restart")
+        assert floe_run(tmp_path, "status", "--check").returncode == 0
     finally:
         floe_run(tmp_path, "down", "--kill")
