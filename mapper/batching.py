@@ -23,8 +23,8 @@ from floering.mapper.outbox import PendingBatch
 from floering.mapper.routing import Router
 from floering.mapper.sharing import check_key, chooser_for
 from floering.node.core.balancers import balancer
-from floering.node.core.batch import (DEFAULT_LIMITS, KEY_TYPES, encode_batch, encode_seqs,
-                                      positions_of)
+from floering.node.core.batch import (DEFAULT_LIMITS, KEY_TYPES, encode_batch, encode_payload,
+                                      encode_seqs, positions_of)
 from floering.node.core.errors import InvalidArgument, InvalidKey
 from floering.node.core.hashing import key_bytes
 from floering.node.core.pieces import check_user_key
@@ -57,8 +57,11 @@ class Batcher:
     front to back."""
 
     def __init__(self, router: Router, chooser, source: str, batch_size: int,
-                 first_seq: int = 1) -> None:
+                 first_seq: int = 1, columnar: bool = False) -> None:
         self.router = router
+        # Format 2 (columns) only when asked: until nodes fold columns straight into
+        # their compiled tables, a node applies format 1 faster (docs/benchmarks.md).
+        self.encode = encode_batch if columnar else encode_payload
         self.chooser = chooser
         self.source = source
         self.batch_size = batch_size
@@ -194,7 +197,7 @@ class Batcher:
         seqs = buf.seqs
         self.sealed.append(PendingBatch(
             next(self._batch_ids), token, self.source, seqs[0], seqs[-1], len(seqs),
-            encode_batch(buf.keys, buf.values), encode_seqs(seqs), buf.since,
+            self.encode(buf.keys, buf.values), encode_seqs(seqs), buf.since,
             tokens=buf.tokens))
 
     def drain(self, submit) -> None:
@@ -266,7 +269,7 @@ def default_source() -> str:
 
 
 def batcher_for(delivery, source: str, named: bool, batch_size: int,
-                first_seq: int, combine: bool = True) -> Batcher:
+                first_seq: int, combine: bool = True, columnar: bool = False) -> Batcher:
     """A batcher routing with the delivery's ring (kept current by the delivery). Where
     each tuple of a shared key goes follows the ring's balancer (fixed); a source the
     caller names (`named`) may be replayed by another process (a retried Spark task),
@@ -283,4 +286,4 @@ def batcher_for(delivery, source: str, named: bool, batch_size: int,
     if reducer is not None:
         return CombiningBatcher(router, chooser, source, batch_size, reducer,
                                 max_inputs=COMBINED_INPUTS_PER_KEY * batch_size)
-    return Batcher(router, chooser, source, batch_size, first_seq)
+    return Batcher(router, chooser, source, batch_size, first_seq, columnar)

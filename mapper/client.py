@@ -52,6 +52,8 @@ class RingClient(ClientBase):
     client's certificate of the ring's CA when the nodes run TLS: a TlsFiles, a
     directory, None for a ring in the clear; by default found as
     `mapper/credentials.py` says (FLOE_TLS_DIR, then ./floe-cluster/tls).
+    `columnar`: uncombined batches of str keys and int values go in format 2 (columns,
+    docs/design.md) rather than format 1.
     """
 
     def __init__(self, seeds: str | Iterable[str], *, source: str | None = None,
@@ -59,7 +61,7 @@ class RingClient(ClientBase):
                  max_pending_batches: int = 512, timeout: float = 60.0,
                  rpc_timeout: float = 5.0, expect_reducer: str | None = None,
                  first_seq: int = 1, tls: TlsFiles | str | None = FIND,
-                 combine: bool = True) -> None:
+                 combine: bool = True, columnar: bool = False) -> None:
         self.tls = find_tls("client", tls)
         super().__init__(seeds, source, batch_size, linger, window, max_pending_batches,
                          timeout, rpc_timeout, expect_reducer, self.tls, combine)
@@ -75,7 +77,7 @@ class RingClient(ClientBase):
         # Emitted tuples are routed and buffered on the caller's thread, under the
         # batcher's lock; sealed batches are drained into the delivery on the loop.
         self._batcher = batcher_for(self._delivery, self.source, source is not None,
-                                    batch_size, first_seq, combine)
+                                    batch_size, first_seq, combine, columnar)
         self.source = self._batcher.source
         self._linger_task = self._call(self._start_linger())
 

@@ -209,7 +209,7 @@ RING = Ring.initial({"a": "127.0.0.1:1", "b": "127.0.0.1:2"}, 1, 4)
 
 
 def sealed(keys, value=1):
-    batcher = Batcher(Router(RING), None, "src", batch_size=50)
+    batcher = Batcher(Router(RING), None, "src", batch_size=50, columnar=True)
     batcher.emit_many(keys, value)
     batcher.seal_all()
     return list(batcher.sealed)
@@ -257,7 +257,7 @@ def test_a_primary_applies_columns_exactly():
 def test_keys_hashed_in_bulk_route_as_one_by_one():
     words = [f"w{i}" for i in range(3000)] + ["é", "日本", ""] + [f"w{i}" for i in range(100)]
     router = Router(RING)
-    batcher = Batcher(router, None, "src", batch_size=10_000)
+    batcher = Batcher(router, None, "src", batch_size=10_000, columnar=True)
     batcher.emit_many(words, 1)
     assert len(router.cache) == len(set(words))
     assert all(router.cache[k] == RING.token_for_key(k) for k in words)
@@ -271,13 +271,13 @@ def test_keys_hashed_in_bulk_route_as_one_by_one():
 
 
 def test_a_key_that_cannot_be_hashed_in_bulk_is_refused_as_before():
-    batcher = Batcher(Router(RING), None, "src", batch_size=10_000)
+    batcher = Batcher(Router(RING), None, "src", batch_size=10_000, columnar=True)
     with pytest.raises(InvalidKey):
         batcher.emit_many([f"w{i}" for i in range(200)] + ["\udc80"], 1)
 
 
 def test_the_mapper_refuses_a_key_over_the_nodes_limit_before_buffering_it():
-    batcher = Batcher(Router(RING), None, "src", batch_size=10_000)
+    batcher = Batcher(Router(RING), None, "src", batch_size=10_000, columnar=True)
     long = "é" * (32 * 1024) + "x"                            # 64 KiB + 1 byte
     with pytest.raises(InvalidKey, match="over the limit"):
         batcher.emit_many(["a", "b", long, "c"], 1)

@@ -27,7 +27,7 @@ def test_columns_end_to_end_exact_and_malformed_refused_whole(tmp_path):
     then = [f"w{i % 97}" for i in range(5_000)] + ["late"]
     with LocalCluster.up(3, 1, workdir=tmp_path, tls=True) as cluster:
         client_tls = cluster.tls("client")
-        with RingClient(cluster.seeds, tls=client_tls, source="columns", combine=False,
+        with RingClient(cluster.seeds, tls=client_tls, source="columns", combine=False, columnar=True,
                         batch_size=500) as client:
             formats = []
             submit = client._delivery.submit
