@@ -205,7 +205,8 @@ async def test_a_fenced_node_is_not_serving_until_a_peer_knows_its_new_member(tm
         reachable = victim.peers
         victim.peers = Network(timeout=0.2).peers()   # cut off both ways: it cannot tell
         c.network.down.add(c.members["n1"])           # anyone, nor hear from anyone
-        victim.adopt(c.ring().without(["n1"]))    # ...when it learns it was declared dead
+        # ...when it learns it was declared dead, in a peer's answer to its own call
+        victim.adopt(c.ring().without(["n1"]), pulled=True)
         assert victim.core.fenced is False and victim.machine.rejoined == 1
         assert victim.core.node_id != "n1"        # a new, empty member
         await asyncio.sleep(0.3)
