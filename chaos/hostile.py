@@ -172,9 +172,11 @@ class IdleStreams:
     """`count` calls held open against the node at `address` and never fed: Push
     streams with no batch and health Watch streams (every role may open one), half
     each, as one caller on one connection. `refused` counts those the node refused
-    (by status code name); the rest stay open until `close()`."""
+    (by status code name); the rest stay open until `close()`. `options`: the
+    channel's (("grpc.use_local_subchannel_pool", 1): a connection of its own, not
+    shared with another channel of this process to the same address)."""
 
-    def __init__(self, address: str, tls, count: int) -> None:
+    def __init__(self, address: str, tls, count: int, options=()) -> None:
         import asyncio
         import threading
         from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -187,7 +189,8 @@ class IdleStreams:
 
         async def hold():
             self._stop = asyncio.Event()
-            channel = open_channel(address, tls.channel_credentials() if tls else None, [])
+            channel = open_channel(address, tls.channel_credentials() if tls else None,
+                                   list(options))
             data = floe_pb2_grpc.DataPlaneStub(channel)
             health = health_pb2_grpc.HealthStub(channel)
             never = asyncio.Event()

@@ -18,7 +18,8 @@ from floering.node.core.epochs import floor_key
 from floering.node.core.errors import Busy, TooLarge
 from floering.node.core.ranges import PrimaryRange
 from floering.node.core.reducers import load_reducer
-from floering.node.core.slots import CLIENT, HEALTH, MEMBER, OPERATOR, CallSlots, kind_of
+from floering.node.core.slots import (CLIENT, HEALTH, MEMBER, OPERATOR, CallSlots, kind_of,
+                                      peer_host)
 from floering.node.core.streams import StreamGuard
 from floering.node.transport import tls as tls_mod
 from floering.v1 import floe_pb2, floe_pb2_grpc
@@ -56,6 +57,34 @@ def test_a_connection_holds_a_quarter_too():
         slots.take(CLIENT, f"id{i}", "one-connection")
     with pytest.raises(Busy, match="this connection holds 10"):
         slots.take(CLIENT, "id-new", "one-connection")
+
+
+def test_health_checks_past_their_reserve_count_against_the_callers_quarter():
+    slots = CallSlots(100)
+    assert slots.reserve[HEALTH] == 2 and slots.per_identity == 25
+    held = [slots.take(HEALTH, "ipv4:127.0.0.1", f"c{i}") for i in range(25)]
+    assert sum(t.reserved for t in held) == 2       # the reserve's, then its quarter
+    with pytest.raises(Busy, match="a quarter of --max-concurrent-rpcs"):
+        slots.take(HEALTH, "ipv4:127.0.0.1", "c-new")
+    assert slots.in_shared == 23                    # the rest of the pool is others'
+    other = slots.take(CLIENT, "ipv4:10.0.0.2", "x")
+    for ticket in [*held, other]:
+        slots.give(ticket)
+    assert slots.active == 0 and not slots.by_identity and not slots.by_connection
+    # a caller at its quarter still has its health checks answered from the reserve
+    streams = [slots.take(CLIENT, "client:c", f"s{i}") for i in range(25)]
+    assert slots.take(HEALTH, "client:c", "h").reserved
+    with pytest.raises(Busy):
+        slots.take(CLIENT, "client:c", "s-new")
+    assert len(streams) == 25
+
+
+def test_in_the_clear_a_caller_is_its_host_not_its_connection():
+    assert peer_host("ipv4:127.0.0.1:50123") == "ipv4:127.0.0.1"
+    assert peer_host("ipv6:[::1]:50123") == "ipv6:[::1]"
+    assert peer_host("ipv6:%5B::1%5D:50123") == "ipv6:%5B::1%5D"
+    assert peer_host("unix:/tmp/sock") == "unix:/tmp/sock"
+    assert peer_host("?") == "?"
 
 
 def test_kinds_by_role_and_method():
@@ -479,17 +508,25 @@ def test_a_source_flood_of_one_identity_does_not_shut_a_node(tmp_path):
 
 
 @pytest.mark.multiprocess
-def test_in_the_clear_a_connection_holds_a_quarter_of_the_slots(tmp_path):
+def test_in_the_clear_a_host_holds_a_quarter_of_the_slots_over_all_its_connections(tmp_path):
     words = [f"w{i % 11}" for i in range(500)]
+    own = [("grpc.use_local_subchannel_pool", 1)]          # a connection each
     with LocalCluster.up(2, 1, workdir=tmp_path, tls=False,
                          extra_args=["--max-concurrent-rpcs", "200"]) as cluster:
         node = cluster.nodes[0]
-        with IdleStreams(node.address, None, 200) as idle:
-            wait_for(lambda: sum(idle.refused.values()) >= 150, 60, "refusals")
-            assert idle.refused == {"RESOURCE_EXHAUSTED": 150}, idle.refused
-            assert any("this connection holds 50" in d or "holds 50 calls" in d
-                       for d in idle.details), idle.details
-            with RingClient(cluster.seeds) as client:        # other connections
-                client.emit_many(words)
-                client.flush()
-                assert dict(client.scan()) == Counter(words)
+        with IdleStreams(node.address, None, 40, own) as one, \
+                IdleStreams(node.address, None, 40, own) as two:
+            refused = lambda: sum(one.refused.values()) + sum(two.refused.values())  # noqa: E731
+            wait_for(lambda: refused() >= 30, 30, "the streams past the host's quarter refused")
+            assert {**one.refused, **two.refused} == {"RESOURCE_EXHAUSTED": refused()}
+            assert refused() == 30, (one.refused, two.refused)   # 50 held, a quarter of 200
+            assert any("'ipv4:127.0.0.1' holds 50 calls" in d
+                       for d in one.details + two.details), one.details + two.details
+            with cluster.channel(node.address) as ch:       # the health reserve answers
+                reply = health_pb2_grpc.HealthStub(ch).Check(
+                    health_pb2.HealthCheckRequest(), timeout=5)
+                assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        with RingClient(cluster.seeds) as client:        # the host's streams gone: served
+            client.emit_many(words)
+            client.flush()
+            assert dict(client.scan()) == Counter(words)

@@ -10,9 +10,15 @@ every other client. So the slots are shared out:
   only members make), a fiftieth for health checks (the unary `Check`: a `Watch`
   stream counts as its caller's), a fiftieth for operators;
 - every caller but a member holds at most a quarter of the limit at once, counted
-  per identity (its certificate's role and name; without TLS, its address) and per
-  connection; a health check (short, and bounded by its reserve and the shared pool)
-  is answered whoever asks.
+  per identity (its certificate's role and name; without TLS, its host: the peer's
+  address without the port, so a caller opening many connections is still one
+  caller) and per connection. A health check takes a slot of the health reserve
+  whoever asks; past that reserve it counts against its caller's quarter like any
+  call, so a flood of checks cannot take the shared pool.
+
+In the clear (`--insecure`, loopback only) nothing tells a caller from a member: the
+calls only members make get the members' reserve whoever makes them, and every
+other call of the host shares one quarter.
 
 A refusal is `Busy`: retriable, a client backs off and calls again.
 """
@@ -25,6 +31,20 @@ from floering.node.core.errors import Busy, inert
 
 MEMBER, OPERATOR, HEALTH, CLIENT = "member", "operator", "health", "client"
 FLAG = "--max-concurrent-rpcs"
+
+
+def peer_host(peer: str) -> str:
+    """The host of a gRPC peer string, without its port: "ipv4:127.0.0.1:5000" ->
+    "ipv4:127.0.0.1", "ipv6:[::1]:5000" -> "ipv6:[::1]"; anything else (a Unix socket,
+    an unknown form) as it is."""
+    kind, sep, rest = peer.partition(":")
+    if not sep or kind not in ("ipv4", "ipv6"):
+        return peer
+    if kind == "ipv6" and rest.startswith("["):
+        end = rest.find("]")
+        return f"{kind}:{rest[:end + 1]}" if end > 0 else peer
+    host, colon, port = rest.rpartition(":")
+    return f"{kind}:{host}" if colon and host and port.isdigit() else peer
 
 
 def kind_of(role: str | None, method: str, node_only: bool) -> str:
@@ -71,8 +91,13 @@ class CallSlots:
         return self.in_shared + sum(self.in_reserve.values())
 
     def take(self, kind: str, identity: str, connection: str) -> Ticket:
-        """A slot for a call, or Busy naming the bound it would pass."""
-        if kind not in (MEMBER, HEALTH):
+        """A slot for a call, or Busy naming the bound it would pass. A health check
+        takes the health reserve first, whoever asks; past it, it is counted as any
+        call of its caller."""
+        if kind == HEALTH and self.in_reserve[HEALTH] < self.reserve[HEALTH]:
+            self.in_reserve[HEALTH] += 1
+            return self._held(Ticket(kind, identity, connection, True))
+        if kind != MEMBER:
             held = self.by_identity.get(identity, 0)
             if held >= self.per_identity:
                 self.refused += 1
@@ -86,16 +111,20 @@ class CallSlots:
         if self.in_shared < self.shared:
             self.in_shared += 1
             reserved = False
-        elif kind in self.reserve and self.in_reserve[kind] < self.reserve[kind]:
+        elif kind in (MEMBER, OPERATOR) and self.in_reserve[kind] < self.reserve[kind]:
             self.in_reserve[kind] += 1
             reserved = True
         else:
             self.refused += 1
             raise Busy(f"{self.active} calls are being served, the most at once for a "
                        f"{kind} call ({FLAG}, {self.limit})")
-        self.by_identity[identity] = self.by_identity.get(identity, 0) + 1
-        self.by_connection[connection] = self.by_connection.get(connection, 0) + 1
-        return Ticket(kind, identity, connection, reserved)
+        return self._held(Ticket(kind, identity, connection, reserved))
+
+    def _held(self, ticket: Ticket) -> Ticket:
+        self.by_identity[ticket.identity] = self.by_identity.get(ticket.identity, 0) + 1
+        self.by_connection[ticket.connection] = \
+            self.by_connection.get(ticket.connection, 0) + 1
+        return ticket
 
     def give(self, ticket: Ticket) -> None:
         if ticket.reserved:

@@ -9,7 +9,7 @@ import inspect
 import grpc
 
 from floering.node.core.errors import Busy
-from floering.node.core.slots import CallSlots, kind_of
+from floering.node.core.slots import CallSlots, kind_of, peer_host
 from floering.node.transport.status import abort
 
 
@@ -51,8 +51,8 @@ def around(handler, enter):
 class CallLimiter(grpc.aio.ServerInterceptor):
     """Refuses a call, RESOURCE_EXHAUSTED (`Busy`, which clients retry), past its share
     of the `limit` calls served at once (node.core.slots: reserved slots for members,
-    health checks and operators; a quarter of the limit per caller identity and per
-    connection). A stream holds its slot until it ends."""
+    health checks and operators; a quarter of the limit per caller identity, in the
+    clear its host, and per connection). A stream holds its slot until it ends."""
 
     def __init__(self, limit: int) -> None:
         # (node.transport.tls imports this module: its names are taken here)
@@ -78,7 +78,8 @@ class CallLimiter(grpc.aio.ServerInterceptor):
             connection = context.peer() or "?"
             who = peer_identity(context)
             if who is None:
-                kind, identity = kind_of(None, method, node_only), connection
+                # in the clear a caller is its host: a new connection is not a new caller
+                kind, identity = kind_of(None, method, node_only), peer_host(connection)
             else:
                 kind, identity = kind_of(who[0], method, node_only), f"{who[0]}:{who[1]}"
             try:
