@@ -31,8 +31,7 @@ from floering.node.core.errors import (FloeError, InvalidArgument, ReducerMismat
 from floering.node.core.reducers import BUILTINS
 from floering.node.core.ring import Ring
 from floering.node.core.snapshot_format import (IMPORT_SOURCE, Header, SnapshotError, Writer,
-                                                check_keys, check_watermarks, sections,
-                                                verify)
+                                                check_keys, check_watermarks, read)
 from floering.node.transport.channels import server_options
 from floering.node.transport.status import error_from_rpc
 from floering.node.transport.tls import TlsFiles, server_name
@@ -160,25 +159,34 @@ def _export_one(stub, ring: Ring, token: int, writer: Writer) -> int:
 
 # ------------------------------------------------------------------ import
 
-def load_recut(path: str, ring: Ring) -> tuple[Header, str, dict[int, dict], dict[str, int]]:
-    """(header, snapshot id, {target token: {key: state}}, watermarks) of a file
-    checked whole first; SnapshotError for a truncated, corrupt or inconsistent one."""
+def read_snapshot(path: str) -> tuple[Header, list, str]:
+    """(header, sections, snapshot id) of the file at `path`, read once from one open
+    handle and checked whole: the sections are the very bytes the trailer's sha256
+    (and so the id) covers, whatever is written to the file meanwhile."""
     with open(path, "rb") as f:
-        header, snapshot_id, _ = verify(f)
-        f.seek(0)
-        ranges: dict[int, dict] = {t: {} for t in ring.tokens}
-        marks: dict[str, int] = {}
-        for s in sections(f):
-            for source, seq in s.watermarks.items():
-                if not source.startswith(IMPORT_SOURCE) and seq > marks.get(source, -1):
-                    marks[source] = seq
-            keys, states = unpack_columns(s.entries)
-            check_keys(keys)
-            for key, state in zip(keys, states):
-                held = ranges[ring.token_for_key(key)]
-                if key in held:
-                    raise SnapshotError(f"key {key!r:.60} is in two ranges of the snapshot")
-                held[key] = state
+        header, parts, snapshot_id, _ = read(f)
+    return header, parts, snapshot_id
+
+
+def load_recut(path: str, ring: Ring, snapshot=None) -> tuple[Header, str, dict[int, dict],
+                                                             dict[str, int]]:
+    """(header, snapshot id, {target token: {key: state}}, watermarks) of a file
+    checked whole first (`snapshot`: what read_snapshot read of it already);
+    SnapshotError for a truncated, corrupt or inconsistent one."""
+    header, parts, snapshot_id = snapshot or read_snapshot(path)
+    ranges: dict[int, dict] = {t: {} for t in ring.tokens}
+    marks: dict[str, int] = {}
+    for s in parts:
+        for source, seq in s.watermarks.items():
+            if not source.startswith(IMPORT_SOURCE) and seq > marks.get(source, -1):
+                marks[source] = seq
+        keys, states = unpack_columns(s.entries)
+        check_keys(keys)
+        for key, state in zip(keys, states):
+            held = ranges[ring.token_for_key(key)]
+            if key in held:
+                raise SnapshotError(f"key {key!r:.60} is in two ranges of the snapshot")
+            held[key] = state
     return header, snapshot_id, ranges, marks
 
 
@@ -192,9 +200,10 @@ def import_ring(seeds: list[str], path: str, tls: TlsFiles | None, *,
     import goes on where each range stopped, IMPORT_TRIES times at most."""
     began = time.monotonic()
     calls = 0
+    snapshot = read_snapshot(path)        # once: every attempt sends those bytes
     for attempt in range(1, IMPORT_TRIES + 1):
         ring, reducer = read_ring(seeds, tls)
-        header, snapshot_id, ranges, marks = load_recut(path, ring)
+        header, snapshot_id, ranges, marks = load_recut(path, ring, snapshot)
         if header.reducer != reducer or (header.reducer_identity and ring.reducer and
                                          header.reducer_identity != ring.reducer):
             raise ReducerMismatch(f"the snapshot's reducer is "

@@ -210,3 +210,58 @@ def test_an_export_of_a_ring_changing_under_it_is_read_again_three_times(monkeyp
     with pytest.raises(StaleRing):
         snapshot_mod.export_ring([], "f", None)
     assert len(tries) == 3
+
+
+def test_an_imports_marks_never_expire_so_a_late_resume_merges_nothing_twice():
+    from floering.node.core.epochs import check_source
+    target = CoreCluster(nodes=2, replication=1, tokens_per_node=3).cores["n1"]
+    token = target.ring.tokens_of("n1")[0]
+    keys = [f"k{i}" for i in range(20_000) if target.ring.token_for_key(f"k{i}") == token][:4]
+    args = (target, "count", target.ring.stamp, token, SNAP)
+    assert import_chunk(*args, 1, 2, keys[:2], [1, 1], {"src": 9}, True, 0.0) == 1
+    later = target.limits.source_expiry * 3
+    expired = target.expire_idle_sources(later)
+    assert expired == ["src"]                               # a pusher's mark goes ...
+    mark = import_mark(SNAP, target.ring.range_of_token(token))
+    rng = target.primaries[token]
+    assert rng.watermarks[mark] == 1                        # ... the import's stays
+    # `floe import --resume --into-state` long after: chunk 1 held, merged once
+    assert import_chunk(*args, 1, 2, keys[:2], [1, 1], {"src": 9}, True, later) == 1
+    assert import_chunk(*args, 2, 2, keys[2:], [1, 1], {}, True, later) == 2
+    assert dict(rng.state.items()) == dict.fromkeys(keys, 1)
+    # and no pusher can take an import's mark as its source
+    with pytest.raises(InvalidArgument, match="reserved for the marks of snapshot imports"):
+        check_source(mark)
+
+
+def test_sections_are_given_only_once_the_trailer_is_checked():
+    data = bytearray(good())
+    data[-1] ^= 0x01                                        # the trailer's sha256
+    with pytest.raises(SnapshotError, match="sha256"):
+        next(iter(sections(io.BytesIO(bytes(data)))))
+
+
+def test_an_import_uses_exactly_the_bytes_it_checked_when_the_file_changes(monkeypatch,
+                                                                          tmp_path):
+    from floering.chaos import snapshot as snapshot_mod
+    ring = CoreCluster(nodes=2).ring
+    first = good()
+    second = write({10: [({"a": 100, "b": 200}, {"s": 99})], 20: [({"z": 1}, {})]})
+    path = tmp_path / "s.snap"
+    path.write_bytes(first)
+
+    class Rewritten(io.BytesIO):
+        """The file as a reader sees it when another process rewrites it after the
+        reader's first pass: a second pass reads the new bytes."""
+
+        def seek(self, pos, whence=0):
+            if pos == 0 and whence == 0 and self.tell():
+                self.__init__(second)
+            return super().seek(pos, whence)
+
+    monkeypatch.setattr(snapshot_mod, "open", lambda *a, **k: Rewritten(first),
+                        raising=False)
+    header, snapshot_id, ranges, marks = snapshot_mod.load_recut(str(path), ring)
+    assert snapshot_id == verify(io.BytesIO(first))[1]
+    assert {k: v for r in ranges.values() for k, v in r.items()} == {"a": 1, "b": 2, "c": 3}
+    assert marks == {"s": 7, "t": 1}

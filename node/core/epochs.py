@@ -63,7 +63,12 @@ def floor_key(source: str) -> str | None:
 
 
 def check_source(source: str) -> None:
-    """Refuse a source name that collides with a floor key."""
+    """Refuse a source name that collides with a floor key, or with a snapshot
+    import's mark (`import:`, node.core.snapshot_format.IMPORT_SOURCE: kept for good,
+    it must not be a name a pusher can take)."""
+    if source.startswith("import:"):
+        raise InvalidArgument(f"source {inert(source)} begins with 'import:': that name is "
+                              f"reserved for the marks of snapshot imports")
     if source.endswith(SEPARATOR):
         raise InvalidArgument(f"source {inert(source)} ends with {SEPARATOR!r}: that name is "
                               f"reserved for the dedup floor of an epoch group")

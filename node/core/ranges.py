@@ -19,6 +19,7 @@ from floering.node.core.epochs import effective_mark, floor_key, raise_floor, re
 from floering.node.core.errors import FloeError, Overloaded, TooLarge
 from floering.node.core.pieces import carries_states
 from floering.node.core.reducers import Reducer
+from floering.node.core.snapshot_format import is_import_mark
 from floering.node.core.state_store import LayeredState, ReplicaState
 
 
@@ -146,13 +147,16 @@ class PrimaryRange:
 
     def expire_idle(self, now: float, idle: float) -> list[str]:
         """Forget the watermarks of sources (and group floors) that had nothing applied
-        here for `idle` seconds; return them. A resend of theirs after this would be
+        here for `idle` seconds; return them. A snapshot import's marks are kept: a
+        `floe import --resume` after them would merge its chunks again. A resend of theirs after this would be
         applied again: `idle` must exceed how long any sender may resend a batch."""
         seen = self.last_seen
         for gone in seen.keys() - self.watermarks.keys():
             del seen[gone]                          # covered by a floor meanwhile
         expired = []
         for source in list(self.watermarks):
+            if is_import_mark(source):      # an import's progress: kept for good
+                continue
             if now - seen.setdefault(source, now) > idle:
                 del self.watermarks[source], seen[source]
                 expired.append(source)

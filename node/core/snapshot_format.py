@@ -11,7 +11,7 @@ values out, every field checked as hostile input and every size bounded.
 
 The header names the reducer, the balancer and the ring the snapshot was read from
 (version, stamp, members, tokens). A reader checks the whole file (`verify`) before
-it uses any of it (`sections`)."""
+it uses any of it (`read`, `sections`)."""
 
 from __future__ import annotations
 
@@ -38,6 +38,13 @@ MAX_WATERMARKS = 1 << 16        # sources of one range
 MAX_NAME = 1024                 # characters of a source, a reducer, a node id
 SEQ_LIMIT = 1 << 64
 IMPORT_SOURCE = "import:"       # a range's mark of the chunks of a snapshot merged in
+
+
+def is_import_mark(source: str) -> bool:
+    """Whether a watermark is a range's mark of a snapshot import
+    (node.core.snapshots.import_mark): it never expires, since without it a resumed
+    import would merge the chunks it counts again."""
+    return source.startswith(IMPORT_SOURCE)
 
 _U32 = struct.Struct(">I")
 _TRAILER = struct.Struct(">cIQ32s")
@@ -263,14 +270,16 @@ def entry_count(entries: bytes) -> int:
         raise SnapshotError("a section's entries are not msgpack [keys, states]") from None
 
 
-def verify(f: BinaryIO) -> tuple[Header, str, int]:
-    """Read the whole file and check it: magic, version, every checksum, every field,
-    each range's chunks whole and in order, exactly the header's tokens, the trailer.
-    Returns (header, snapshot id, entries). Nothing of it is used before this passed."""
+def _checked(f: BinaryIO) -> Iterator[tuple[str, object]]:
+    """("header", Header), ("section", Section) ..., then ("trailer", (entries, id))
+    once the whole file passed: every checksum and field, each range's chunks whole
+    and in order, exactly the header's tokens, the trailer's count and sha256 of
+    exactly the bytes read."""
     header, seen, expect, total = None, set(), None, 0
     for kind, value in _walk(f, hashlib.sha256()):
         if kind == "header":
             header = value
+            yield kind, value
         elif kind == "section":
             s = parse_section(value)
             total += entry_count(s.entries)
@@ -281,6 +290,7 @@ def verify(f: BinaryIO) -> tuple[Header, str, int]:
             elif (s.token, s.chunk, s.chunks) != expect:
                 raise SnapshotError(f"range {s.token}'s chunks out of order: corrupt")
             expect = None if s.chunk == s.chunks else (s.token, s.chunk + 1, s.chunks)
+            yield kind, s
         else:
             if expect is not None or seen != set(header.tokens):
                 raise SnapshotError("the file lacks some ranges or chunks: truncated")
@@ -288,12 +298,37 @@ def verify(f: BinaryIO) -> tuple[Header, str, int]:
             if entries != total:
                 raise SnapshotError(f"the trailer counts {entries} entries, the sections "
                                     f"hold {total}: corrupt")
-            return header, snapshot_id, entries
+            yield kind, (entries, snapshot_id)
+            return
     raise SnapshotError("no trailer: truncated")
 
 
-def sections(f: BinaryIO) -> Iterator[Section]:
-    """The sections of a file `verify` passed (read again, checked again)."""
-    for kind, value in _walk(f, hashlib.sha256()):
-        if kind == "section":
-            yield parse_section(value)
+def verify(f: BinaryIO) -> tuple[Header, str, int]:
+    """Read the whole file and check it (`_checked`). Returns (header, snapshot id,
+    entries)."""
+    header, _, snapshot_id, entries = read(f, keep=False)
+    return header, snapshot_id, entries
+
+
+def read(f: BinaryIO, keep: bool = True) -> tuple[Header, list[Section], str, int]:
+    """(header, sections, snapshot id, entries) of a file read once, from where `f`
+    stands, and checked whole (`_checked`) before any of it is returned: the sections
+    are exactly the bytes the trailer's sha256 and the id cover, whatever happens to
+    the file after (`keep=False`: the sections are not kept)."""
+    header, parts = None, []
+    for kind, value in _checked(f):
+        if kind == "header":
+            header = value
+        elif kind == "section":
+            if keep:
+                parts.append(value)
+        else:
+            entries, snapshot_id = value
+            return header, parts, snapshot_id, entries
+    raise AssertionError("unreachable")
+
+
+def sections(f: BinaryIO) -> list[Section]:
+    """The sections of a file, read once and checked whole (trailer included) before
+    the first is returned."""
+    return read(f)[1]
