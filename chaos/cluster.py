@@ -23,7 +23,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from floering.chaos.records import (check_extra, exited, flag, is_our_node, loaded_node,
-                                    not_ours, start_time)
+                                    not_ours, reducer_refusal, start_time)
 from floering.node.config import check_node_id
 from floering.node.core.errors import FloeError
 from floering.node.files import open_private, private_dir, write_private
@@ -83,6 +83,9 @@ class LocalCluster:
     data_dir: str | None = None
     # `up`'s first port: `add_nodes` takes the next free ones from there.
     base_port: int | None = None
+    # Loaded from a cluster file whose reducer may not be started (records.
+    # reducer_refusal): why; restart and add_nodes refuse with it, starting nothing.
+    refused: str | None = None
 
     # ----------------------------------------------------------- start/stop
 
@@ -243,6 +246,8 @@ class LocalCluster:
         from `base_port` (else `up`'s) that no node of the cluster uses, else any."""
         if count < 1:
             raise ValueError("add at least one node")
+        if self.refused:
+            raise ValueError(self.refused)
         seeds = ",".join(n.address for n in self.nodes if n.alive())
         if not seeds:
             raise RuntimeError("no running node to join")
@@ -322,6 +327,8 @@ class LocalCluster:
         over as after a crash. Either way the
         new process holds no state and joins as a new member (`floering.node.core.membership`);
         give it ranges with mapper.admin.carry_out."""
+        if self.refused:
+            raise ValueError(self.refused)
         node = self.node(node_id)
         if not node.cmd:
             raise RuntimeError(f"{node_id} was recorded without its command line; "
@@ -425,10 +432,13 @@ class LocalCluster:
                 or not isinstance(data_dir, (str, type(None)))):
             raise ValueError(f"{path} is not a cluster file `floe up` wrote")
         check_extra(extra, tls_dir=str(path.parent / "floe-cluster" / "tls"))
+        refused = reducer_refusal(reducer, data_dir)
         nodes = [NodeProcess(**loaded_node(n, workdir=path.parent, replicas=replicas,
-                                           reducer=reducer, extra=extra))
+                                           reducer=None if refused else reducer,
+                                           extra=extra))
                  for n in data["nodes"]]
-        return cls(nodes, replicas, str(path), reducer, extra, data_dir, data.get("base_port"))
+        return cls(nodes, replicas, str(path), reducer, extra, data_dir, data.get("base_port"),
+                   refused)
 
     def _update_layout(self, add=(), drop=()) -> None:
         """Keep the durable layout in step with the nodes: `add` [(id, address)],

@@ -14,12 +14,16 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
+import os
 import sys
 from pathlib import Path
 
 import psutil
 
 from floering.node.config import build_parser, check_node_id, load_config, parse_peers
+from floering.node.core.errors import inert
+from floering.node.core.reducers import BUILTINS
 
 # psutil derives a start time from the boot time and clock ticks: equal to well
 # within this for one process, whoever reads it.
@@ -128,11 +132,34 @@ def checked_command(argv: list[str], *, node_id: str, address: str,
     return [sys.executable, "-m", "floering.node", *argv]
 
 
-def loaded_node(record: dict, *, workdir: Path, replicas: int, reducer: str,
+def reducer_refusal(reducer: str, data_dir: str | None) -> str | None:
+    """Why a node may not be started with the cluster file's `reducer` (None: it may).
+    `--reducer` imports the module it names, so only a built-in name is taken, or the
+    very reducer the cluster was started with as its kept layout records it (the
+    layout.json `floe up` writes in the data directory, private to this user; a
+    cluster kept in memory records none)."""
+    if reducer in BUILTINS:
+        return None
+    if data_dir is not None:
+        path = Path(data_dir) / "layout.json"
+        try:
+            st = os.stat(path)
+            layout = json.loads(path.read_text()) if st.st_uid == os.getuid() \
+                and not st.st_mode & 0o022 else None
+        except (OSError, ValueError):
+            layout = None
+        if isinstance(layout, dict) and layout.get("reducer") == reducer:
+            return None
+    return (f"the cluster file names reducer {inert(reducer)}, neither a built-in "
+            f"({', '.join(BUILTINS)}) nor the reducer the cluster's kept layout records: "
+            f"no node is started from it")
+
+
+def loaded_node(record: dict, *, workdir: Path, replicas: int, reducer: str | None,
                 extra: list[str]) -> dict:
     """The fields of a NodeProcess from one node's record, checked; its command is
-    built, not read (from `extra` that check_extra passed), and its log is where
-    `floe up` puts it."""
+    built, not read (from `extra` that check_extra passed, and a `reducer` that
+    reducer_refusal took; None: no command), and its log is where `floe up` puts it."""
     node_id = check_node_id(record.get("node_id"), incarnation=False)
     address = record.get("address")
     if not isinstance(address, str):
@@ -148,6 +175,8 @@ def loaded_node(record: dict, *, workdir: Path, replicas: int, reducer: str,
     tokens = record.get("tokens_per_node")
     if not isinstance(peers, str) or not isinstance(join, str) or not isinstance(tokens, int):
         return node                # recorded by an older floe: it cannot be started again
+    if reducer is None:
+        return node                # a reducer refused: it is not started from this file
     for peer, _ in parse_peers(peers):
         check_node_id(peer)
     argv = node_argv(node_id, address, peers=peers, join=join, replicas=replicas,
