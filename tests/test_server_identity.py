@@ -103,6 +103,16 @@ def test_server_names_follow_the_ring_and_remember_a_member_that_left():
     assert names("h:9") == "node.floe-ring"
 
 
+def test_a_second_member_at_a_known_address_does_not_rename_it():
+    class View:                 # what no ring holds (its invariants refuse it)
+        addresses = (("n1", "h:2"), ("n3#7", "h:2"))
+    current = [Ring.initial({"n0": "h:1", "n1": "h:2"}, 1, 2)]
+    names = ServerNames(lambda: current[0])
+    assert names("h:2") == "n1.node.floe-ring"
+    current[0] = View()
+    assert names("h:2") == "n1.node.floe-ring"
+
+
 def test_a_durable_directory_keeps_its_ca_and_reissues_only_what_it_must(tmp_path):
     d = generate(tmp_path / "tls", ["n0", "n1"])
     before = {p.name: p.read_bytes() for p in d.iterdir()}

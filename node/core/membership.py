@@ -44,6 +44,15 @@ def rejoin_name(node_id: str, ring: Ring) -> str:
     return f"{base}#{k}"
 
 
+def _free(view: Ring, address: str, replaces: str) -> tuple[Ring, str]:
+    """`view` without the members still at our address: the process there before us
+    (rejoined under a new name, then gone); two members never share an address."""
+    here = sorted(n for n, a in view.addresses if a == address)
+    if not here:
+        return view, replaces
+    return view.without(here), replaces or here[0]
+
+
 def founding_ring(initial: Ring, me: str, incarnation: int) -> Ring:
     """The ring a founding member starts from: `initial` with its own incarnation in
     it (version 1 still: founders' rings differ only by what each has heard)."""
@@ -86,10 +95,13 @@ def decide_start(me: str, incarnation: int, address: str, seen: Iterable[Ring],
         mine = view.with_incarnation(me, incarnation)
         return StartDecision(me, mine if initial is None else mine.merge(initial))
     else:   # a name the ring never knew: join under it
-        return StartDecision(me, view.add_node(me, address, (), incarnation))
+        view, replaces = _free(view, address, "")
+        return StartDecision(me, view.add_node(me, address, (), incarnation), replaces,
+                             f"{replaces} was the process at {address}" if replaces else "")
     replaces = me if me in view.nodes else ""
     if replaces:
         view = view.without([me])
+    view, replaces = _free(view, address, replaces)
     name = rejoin_name(me, view)
     return StartDecision(name, view.add_node(name, address, (), incarnation), replaces, why)
 

@@ -21,8 +21,7 @@ from floering.node.core.errors import InvalidArgument, inert
 from floering.node.core.hashing import HASH_SPACE, position
 from floering.node.core.ring_merge import merge_rings, retiring_by_token
 from floering.node.core.ring_wire import (MAX_REPLICATION, MAX_VERSION,  # noqa: F401
-                                          decode_view, replica_walks)
-
+                                          MAX_INCARNATION, decode_view, replica_walks)
 
 
 @dataclass(frozen=True)
@@ -456,6 +455,8 @@ class Ring:
         members = set(self._address)
         if len(members) != len(self.addresses):
             raise AssertionError("duplicate member")
+        if len(set(self._address.values())) != len(members):
+            raise AssertionError("two members at one address")
         if not set(self.owners) <= members:
             raise AssertionError(f"owners {set(self.owners) - members} are not members")
         if members & self.removed:
@@ -469,8 +470,10 @@ class Ring:
             raise AssertionError("a retiring holder is not an extra of its token")
         if not set(self._incarnation) <= members or len(self._incarnation) != len(self.incarnations):
             raise AssertionError("incarnations of non-members, or twice")
-        if any(i <= 0 for i in self._incarnation.values()):
-            raise AssertionError("an incarnation is a positive number")
+        if any(not 0 < i < MAX_INCARNATION for i in self._incarnation.values()):
+            raise AssertionError("an incarnation is a positive number under 2**63")
+        if any(not 0 <= g < MAX_VERSION for g in self.generations):
+            raise AssertionError("a generation outside [0, 2**40)")
 
     # ---------------------------------------------------------------- wire
 

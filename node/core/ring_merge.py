@@ -48,6 +48,14 @@ def check_compatible(mine: "Ring", theirs: "Ring") -> None:
         if ours.get(node, address) != address:
             raise InvalidArgument(f"the view moves member {inert(node)} from {ours[node]} "
                                   f"to {inert(address)}")
+    gone = mine.removed | theirs.removed
+    held: dict[str, str] = {}
+    for node, address in (*mine.addresses, *theirs.addresses):
+        if node not in gone and held.setdefault(address, node) != node:
+            # Each end of a call knows the other by its address: two members there
+            # would have every channel to it expect the wrong certificate.
+            raise InvalidArgument(f"the view places {inert(node)} at {inert(address)}, "
+                                  f"where member {inert(held[address])} is")
     if len(theirs.tokens) > MAX_RING_TOKENS or len(theirs.addresses) > MAX_RING_TOKENS:
         raise InvalidArgument(f"the view has {len(theirs.tokens)} tokens and "
                               f"{len(theirs.addresses)} members: implausibly many")

@@ -16,7 +16,9 @@ import msgpack
 from floering.node.core.errors import InvalidArgument
 
 # The stamp packs the version above a 24-bit digest into one uint64 on the wire.
-MAX_VERSION = 1 << 40
+MAX_VERSION = 1 << 40     # a token's generation too: its next change must fit the wire
+# A process draws its incarnation from the clock (ns, ~2**61 today): it fits an int64.
+MAX_INCARNATION = 1 << 63
 # No ring grows this large (splits stop at --max-tokens, 4096 by default).
 MAX_RING_TOKENS = 1 << 16
 # The encoding of a ring of MAX_RING_TOKENS tokens, each with a long owner name and

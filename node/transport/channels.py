@@ -64,9 +64,14 @@ class ServerNames:
             ring = None
         if ring is not self._ring:
             self._ring = ring
+            placed: dict[str, set[str]] = {}
             for node, at in (getattr(ring, "addresses", None) or ()):
+                placed.setdefault(at, set()).add(server_name(node))
+            for at, names in placed.items():
+                if len(names) > 1:
+                    continue        # two members at one address: the name we knew stays
                 self._names.pop(at, None)          # the newest last: kept longest
-                self._names[at] = server_name(node)
+                self._names[at] = names.pop()
             while len(self._names) > self._remembered:
                 del self._names[next(iter(self._names))]
         return self._names.get(address, NODE_ROLE_NAME)
