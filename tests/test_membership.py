@@ -35,6 +35,14 @@ def test_founding_alone_keeps_version_one_and_records_its_incarnation():
     assert d.ring.incarnation_of("n0") == 11 and d.ring.incarnation_of("n1") == 0
 
 
+def test_a_restart_where_a_rejoined_member_still_is_removes_it():
+    ring = running({"n0": 1, "n1": 2, "n2": 3})
+    ring = ring.without(["n0"]).add_node("n0#1", MEMBERS["n0"], (), 4)   # fenced, rejoined
+    d = decide_start("n0", 5, MEMBERS["n0"], [ring])
+    assert (d.node_id, d.replaces) == ("n0#2", "n0#1") and "n0#1" in d.ring.removed
+    assert [n for n, a in d.ring.addresses if a == MEMBERS["n0"]] == ["n0#2"]
+
+
 def test_founding_members_starting_together_all_keep_their_names():
     ring = running({"n0": 1, "n1": 2})
     d = decide_start("n2", 3, MEMBERS["n2"], [ring], founding())
