@@ -397,14 +397,12 @@ class Simulation(DurableNodes):
         def serve(server, ring=ring):
             authenticate(proc, me)
             self.handle(server, SignOfLife(me))
-            self.handle(server, RingSeen(ring, sender=me))
+            self.handle(server, RingSeen(ring))
             return server.core.ring
 
-        names = {a: n for n, a in ring.addresses}
         for target in targets:
-            self.call(proc, target, serve,
-                      lambda r, t=names.get(target, ""): self.handle(
-                          proc, RingSeen(r, pulled=True, sender=t)), _ignore)
+            self.call(proc, target, serve, lambda r: self.handle(proc, RingSeen(r, pulled=True)),
+                      _ignore)
 
     def _heartbeat(self, proc: SimProcess, e: SendHeartbeat) -> None:
         me, incarnation = proc.name, proc.machine.incarnation

@@ -10,16 +10,13 @@ evidence behind each removal it brings:
   it found no answer from that process (refused, or none in a probe deadline), or we
   could not reach it lately when a peer asked us to (an indirect probe: the quorum
   behind an honest declaration is made of such answers). The view waits (at most
-  MAX_PENDING of them, MAX_PER_SENDER from one member; when full, a view already
-  refused goes first) while we probe; while the member answers it keeps its place
+  MAX_PENDING of them) while we probe; while the member answers it keeps its place
   and the view is refused, loudly, and probed again every RETRY seconds: a member
   declared honestly (it was paused or cut off) soon learns it and answers as fenced,
   and the view is adopted then. A SIGKILLed member refuses the probe at once, so a
   takeover that arrives by gossip waits one round trip;
 - us: a view that removes us counts only as the answer of a member we called at its
-  address (`pulled`), never one pushed to us, nor the answer of a member that pushed
-  one; a pushed one makes us ask every peer. Taken, it fences us against our own ring
-  less us: its other removals are judged by the new member we rejoin as, as above.
+  address (`pulled`), never one pushed to us; a pushed one makes us ask every peer.
 
 A fenced member answers every probe as gone, so a member whose removal was declared
 honestly by one peer is soon confirmed by every other's probe: the ring converges.
@@ -28,13 +25,11 @@ honestly by one peer is soon confirmed by every other's probe: the ring converge
 from __future__ import annotations
 
 import logging
-from collections import Counter
 
 from floering.node.core.ring import Ring
 from floering.node.core.ring_merge import MAX_VERSION_STEP
 
 MAX_PENDING = 4            # views held while their removals are verified
-MAX_PER_SENDER = 2         # of them, sent by one member
 MAX_GONE = 4096            # members remembered as found gone
 FRESH = 10.0               # seconds a probe finding a member gone stays evidence
 RETRY = 1.0                # a held view's members are probed again this often
@@ -60,8 +55,6 @@ class ViewGuard:
         self.gone: dict[str, float] = {}             # member -> when we found it gone
         self.checked: dict[str, float] = {}          # member -> when last probed for a view
         self.refused: set[int] = set()               # held views already reported refused
-        self.accusers: set[str] = set()              # members that pushed us our removal
-        self.senders: dict[int, str] = {}            # held view's stamp -> who sent it
         self.counters = dict(views_absorbed=0, removals_refused=0, views_held=0,
                              own_removal_refused=0)
         self._reported: dict[str, float] = {}
@@ -73,42 +66,17 @@ class ViewGuard:
         self.gone.clear()
         self.checked.clear()
         self.refused.clear()
-        self.accusers.clear()
-        self.senders.clear()
 
     def unverified(self, claims: frozenset[str], now: float) -> set[str]:
         """The claimed members our own probes have not found gone lately."""
         self.gone = {n: t for n, t in self.gone.items() if now - t <= FRESH}
         return {n for n in claims if n not in self.gone}
 
-    def hold(self, view: Ring, claims: frozenset[str], sender: str = "") -> None:
-        """Hold `view` while its removals are verified. When full, a view already
-        refused (a member it removes answered) goes first, else the oldest of the
-        sender holding most: one member pushing many views cannot push out another's
-        view before its probe ends."""
-        stamp = view.stamp
-        sender = sender or self.senders.get(stamp, "")
-        self.senders = {s: x for s, x in self.senders.items() if s in self.pending}
-        if stamp not in self.pending:
-            mine = [s for s in self.pending if self.senders.get(s) == sender]
-            if sender and len(mine) >= MAX_PER_SENDER:
-                self._drop(mine[0])
-            elif len(self.pending) >= MAX_PENDING:
-                refused = [s for s in self.pending if s in self.refused]
-                if refused:
-                    self._drop(refused[0])
-                else:
-                    count = Counter(self.senders.get(s, "") for s in self.pending)
-                    self._drop(next(s for s in self.pending       # oldest first
-                                    if count[self.senders.get(s, "")] == max(count.values())))
-        self.pending[stamp] = (view, claims)
-        self.senders[stamp] = sender
+    def hold(self, view: Ring, claims: frozenset[str]) -> None:
+        if view.stamp not in self.pending and len(self.pending) >= MAX_PENDING:
+            del self.pending[next(iter(self.pending))]       # the oldest goes
+        self.pending[view.stamp] = (view, claims)
         self.counters["views_held"] += 1
-
-    def _drop(self, stamp: int) -> None:
-        del self.pending[stamp]
-        self.senders.pop(stamp, None)
-        self.refused.discard(stamp)
 
     def abandon(self, probe) -> None:
         if self.verifying.get(probe.node) is probe:

@@ -21,12 +21,10 @@ from floering.node.core.ring import Ring
 @dataclass(frozen=True)
 class RingSeen:
     """A ring view from anywhere (a peer's exchange, an answer, a refusal). `pulled`:
-    the answer of a member we called at its address (only such a view may remove us).
-    `sender`: the member that pushed it, or that we called (empty: not known)."""
+    the answer of a member we called at its address (only such a view may remove us)."""
 
     ring: Ring
     pulled: bool = False
-    sender: str = ""
 
 
 @dataclass(frozen=True)

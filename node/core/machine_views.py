@@ -12,7 +12,7 @@ from floering.node.core.evidence import removal_claims
 from floering.node.core.machine_io import (Gossip, Note, ProbedFor, ProbeFinished, RingSeen,
                                           StartProbe)
 from floering.node.core.membership import restarted
-from floering.node.core.ring_merge import MAX_VERSION_STEP, check_compatible
+from floering.node.core.ring_merge import MAX_VERSION_STEP
 
 
 class ViewChecks:
@@ -37,12 +37,21 @@ class ViewChecks:
                 f"by later exchanges ({guard.counters['views_absorbed']} such views so far)",
                 logging.WARNING, version=view.version, ours=ring.version))
         claims = removal_claims(ring, view)
-        if me in claims:
-            self._removes_us(event, now, out)
+        if me in claims and not event.pulled:
+            # Only a member we ask at its address tells us we were removed.
+            guard.counters["own_removal_refused"] += 1
+            if guard.report("own", now):
+                out.append(self._record(
+                    "removal_refused", f"a ring view pushed to {me} removes it: not taken "
+                    "on the sender's word; asking every peer for its ring", logging.WARNING,
+                    about=[me], count=guard.counters["own_removal_refused"]))
+            out.append(Gossip())
             return
-        waiting = guard.unverified(claims, now)
+        # Removed (by a view we asked for), we rejoin empty: whom else it removes
+        # is no longer ours to judge.
+        waiting = guard.unverified(claims - {me}, now) if me not in claims else ()
         if waiting:
-            guard.hold(view, claims, event.sender)
+            guard.hold(view, claims - {me})
             out.append(Note(f"a ring view removes {','.join(sorted(waiting))}: probing "
                             "before it is adopted"))
             self._verify(waiting, now, out)
@@ -50,34 +59,6 @@ class ViewChecks:
         self._adopt(view, now, out)
         if self.isolation.view_seen():     # had we been removed, we would be fenced now
             out.append(Note("a peer's ring view reached us: our suspicions count again"))
-
-    def _removes_us(self, event: RingSeen, now: float, out: list) -> None:
-        """A view removes us. Pushed, it is only its sender's word: we ask every peer.
-        Pulled, it counts unless the member that answered is one that pushed our
-        removal (and another is left to ask); then we are fenced by our own ring less
-        us, and the view's other removals wait for our probes like anyone's (one
-        forged answer removes us at most, never the members it names with us)."""
-        ring, me, guard = self.core.ring, self.core.node_id, self.guard
-        # (when every other member pushed it, nobody else is left to ask)
-        if not event.pulled or event.sender in guard.accusers \
-                and not set(ring.nodes) - {me} <= guard.accusers:
-            if not event.pulled and event.sender in ring.nodes:
-                guard.accusers.add(event.sender)
-            guard.counters["own_removal_refused"] += 1
-            if guard.report("own", now):
-                how = ("pushed to" if not event.pulled else
-                       f"from {event.sender}, which pushed it to")
-                out.append(self._record(
-                    "removal_refused", f"a ring view {how} {me} removes it: not taken "
-                    "on the sender's word; asking every peer for its ring", logging.WARNING,
-                    about=[me], count=guard.counters["own_removal_refused"]))
-            if not event.pulled:
-                out.append(Gossip())
-            return
-        check_compatible(ring, event.ring)      # refused whole, as a merge refuses it
-        change = self._adopt(ring.without([me]), now, out)
-        if change is not None and change.fenced and self.core.node_id != me:
-            self._ring_seen(RingSeen(event.ring), now, out)   # rejoined: the rest
 
     def _probed_for(self, event: ProbedFor, now: float, out: list) -> None:
         if event.node in self.core.ring.nodes:
@@ -106,16 +87,16 @@ class ViewChecks:
 
     def _answered(self, event: ProbeFinished) -> bool:
         """Did the member itself answer a verification probe? Not if it left our ring
-        meanwhile, nor if the process at its address is another one: one our own ring
-        knows as another incarnation of it, or as another member (a restart that joined
-        under a new name). Only our ring judges: a held view is the claim being checked,
-        and may give a made-up member the incarnation of the one it removes."""
+        meanwhile, nor if the process at its address is another one: one the ring knows
+        as another incarnation, or that a held view knows as another member (a restart
+        that joined under a new name)."""
         ring, node = self.core.ring, event.probe.node
         if node not in ring.nodes:
             return False
         if ALIVE in event.indirect:
             return True
-        others = {i for n, i in ring.incarnations if n != node}
+        others = {i for view, _ in self.guard.pending.values()
+                  for n, i in view.incarnations if n != node}
         return event.direct == ALIVE and not restarted(ring, node, event.incarnation) \
             and event.incarnation not in others
 

@@ -145,10 +145,9 @@ class NodeRuntime:
         return not (self.starting or self.left.is_set() or self.core.fenced
                     or self.machine.rejoined > self._rejoins_seen)
 
-    def adopt(self, ring: Ring, pulled: bool = False, sender: str = "") -> None:
-        """A ring view from a peer (`pulled`: its answer to our call; `sender`: the
-        member that sent it, or that we called)."""
-        self._handle(RingSeen(ring, pulled, sender))
+    def adopt(self, ring: Ring, pulled: bool = False) -> None:
+        """A ring view from a peer (`pulled`: its answer to our call)."""
+        self._handle(RingSeen(ring, pulled))
         if self.core.node_id in ring.nodes:
             self._rejoins_seen = self.machine.rejoined     # a peer knows who we are now
 
@@ -401,14 +400,13 @@ class NodeRuntime:
         core = self.core
         targets = [address] if address else [a for n, a in core.ring.addresses
                                              if n != core.node_id]
-        names = {a: n for n, a in core.ring.addresses}
 
         async def exchange(target):
             try:
                 wire = await self.peers.exchange_ring(
                     target, sender=self.core.node_id, ring_wire=self.core.ring.to_wire(),
                     version=self.core.ring.version, reducer=self.reducer.name)
-                self.adopt(Ring.from_wire(wire), pulled=True, sender=names.get(target, ""))
+                self.adopt(Ring.from_wire(wire), pulled=True)
             except FloeError as exc:
                 if isinstance(exc, InvalidArgument):
                     log.warning("ring view from %s refused: %s", target, exc)

@@ -74,7 +74,7 @@ class NodeService:
         self._check_started()
         if sender:
             self.runtime.sign_of_life(sender)
-        self.runtime.adopt(ring, sender=sender)
+        self.runtime.adopt(ring)
         return self.ring
 
     def heartbeat(self, sender: str, ring_stamp: int, incarnation: int) -> tuple[int, int]:
