@@ -75,6 +75,11 @@ class NodeSender:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
+                if asyncio.current_task().cancelling() or self.delivery.closing:
+                    # A cancel that gRPC turned into an error on the way out (the
+                    # call cancelled under a write): still a cancel, or close() would
+                    # wait on a sender that backs off and retries for ever.
+                    raise asyncio.CancelledError from exc
                 if not isinstance(exc, FloeError):
                     # Whatever failed, this task must live on: a dead sender would
                     # strand its batches until the ring changed, which it may never.
@@ -175,6 +180,7 @@ class Delivery:
             lambda: self.ring) if credentials is not None else None)
         self._retired_at = time.monotonic()
         self._retiring: asyncio.Task | None = None
+        self.closing = False                   # close() began: nothing new starts
         self.senders: dict[str, NodeSender] = {}
         self.outbox = Outbox()
         self.fatal: FloeError | None = None
@@ -425,6 +431,7 @@ class Delivery:
         await asyncio.gather(*(s.task for s in senders), return_exceptions=True)
 
     async def close(self) -> None:
+        self.closing = True
         for sender in self.senders.values():
             sender.task.cancel()
         await asyncio.gather(*(s.task for s in self.senders.values()), return_exceptions=True)
