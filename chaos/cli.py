@@ -16,6 +16,7 @@
     floe up --data-dir DIR              keep the data in DIR instead
     floe down [--kill] [--wipe]         stop exactly the processes `up` started
                                         (--wipe: then delete the cluster's data)
+    floe ui [--port P]                  a live page of the ring (chaos/webui.py)
     floe chaos list | run SCENARIO      chaos scenarios (chaos/chaos_cli.py)
     floe node --node-id n0 ...          one node in this process (python -m floering.node)
 """
@@ -434,6 +435,8 @@ def build_parser() -> argparse.ArgumentParser:
     _admin_commands(sub)
     from floering.chaos.snapshot import add_snapshot_commands
     add_snapshot_commands(sub, _seeds, _tls)
+    from floering.chaos.webui import add_ui_command
+    add_ui_command(sub, _seeds, _tls)
     from floering.chaos.chaos_cli import add_chaos_command
     add_chaos_command(sub)
     # listed for --help only: main() hands `floe node ...` to the node's own parser

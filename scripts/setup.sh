@@ -23,3 +23,17 @@ if [ ! -f "$stamp" ]; then
   rm -f .venv/.installed-*
   touch "$stamp"
 fi
+# The web page's test (tests/test_webui.py) drives a headless Chromium, Debian's
+# `chromium` package: installed here when missing, as root with apt-get; elsewhere
+# that test is skipped, saying so.
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "installing chromium (apt-get) for the web page's test" >&2
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+        apt-get install -y -qq --no-install-recommends chromium >/dev/null; } ||
+      echo "could not install chromium: tests/test_webui.py's browser test will skip" >&2
+  else
+    echo "chromium is not installed (as root: apt-get install chromium):" \
+         "tests/test_webui.py's browser test will skip" >&2
+  fi
+fi

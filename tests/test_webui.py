@@ -1,0 +1,143 @@
+"""`floe ui` on real processes, seen in a real headless Chromium: a 4-node cluster's
+ring and members show; a member SIGKILLed turns dead on the page within 2 s and its
+ranges are drawn under other owners. The server's connections are bounded."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from tests.devtools import Browser, chromium
+from tests.helpers import ROOT, floe, floe_run
+
+MEMBERS = """Array.from(document.querySelectorAll('#members tr.member'))
+                .map(r => [r.dataset.node, r.dataset.state])"""
+OWNERS = """Array.from(document.querySelectorAll('#ranges path.range'))
+               .map(p => [p.dataset.token, p.dataset.owner, p.dataset.lost])"""
+
+
+def start_ui(cwd) -> tuple[subprocess.Popen, str]:
+    ui = subprocess.Popen([sys.executable, "-m", "floering.chaos.cli", "ui", "--port", "0",
+                           "--interval", "0.25"], cwd=cwd, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True,
+                          env=dict(os.environ, PYTHONPATH=f"{ROOT}:{ROOT / 'proto'}"))
+    line = ui.stdout.readline()
+    if not line.startswith("floe ui: http://127.0.0.1:"):
+        ui.kill()
+        raise AssertionError(line + ui.stderr.read())
+    return ui, line.split()[2]
+
+
+def stop(ui: subprocess.Popen) -> None:
+    if ui.poll() is None:
+        ui.send_signal(signal.SIGTERM)
+        try:
+            ui.wait(10)
+        except subprocess.TimeoutExpired:
+            ui.kill()
+            ui.wait(10)
+
+
+def until(check, timeout: float, what: str, every: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(every)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.skipif(chromium() is None, reason="chromium is not installed "
+                                              "(scripts/setup.sh installs it, as root)")
+def test_the_page_shows_the_ring_and_a_killed_member_turning_dead(tmp_path):
+    ui = browser = None
+    try:
+        floe(tmp_path, "up", "--nodes", "4", "--memory")
+        pids = {n["node_id"]: n["pid"] for n in json.loads(
+            floe(tmp_path, "status", "--json"))["nodes"]}
+        ui, url = start_ui(tmp_path)
+        browser = Browser(url, tmp_path / "chromium")
+        until(lambda: browser.evaluate(MEMBERS) == [[f"n{i}", "serving"] for i in range(4)],
+              20, "4 serving members on the page")
+        ranges = until(lambda: browser.evaluate(OWNERS), 10, "the ranges drawn")
+        assert len(ranges) == 32 and {o for _, o, _ in ranges} == {"n0", "n1", "n2", "n3"}
+        assert browser.evaluate("document.querySelectorAll('#tokens circle').length") == 32
+        assert browser.evaluate("document.querySelectorAll('#replicas path').length") == 32
+        assert browser.evaluate("document.getElementById('verdict').textContent") \
+            .startswith("HEALTHY: 4 of 4")
+        victims = {t for t, o, _ in ranges if o == "n1"}
+
+        os.kill(pids["n1"], signal.SIGKILL)
+        killed = time.monotonic()
+        until(lambda: ["n1", "dead"] in browser.evaluate(MEMBERS), 5, "n1 dead on the page",
+              every=0.02)
+        shown_dead = time.monotonic() - killed
+        assert shown_dead < 2.0, f"n1 turned dead on the page after {shown_dead:.2f}s"
+
+        def moved():
+            now = {t: (o, lost) for t, o, lost in browser.evaluate(OWNERS)}
+            return all(t in now and now[t][0] in ("n0", "n2", "n3") and now[t][1] == "0"
+                       for t in victims) and "n1" not in {o for o, _ in now.values()}
+        until(moved, 20, "n1's ranges drawn under the other members", every=0.1)
+        kinds = until(lambda: {"detected", "taken_over"} <= set(browser.evaluate(
+            "Array.from(document.querySelectorAll('#events li')).map(l => l.dataset.kind)"))
+            and browser.evaluate("document.querySelectorAll('#timeline rect.mark').length"),
+            10, "the detection and takeover on the timeline")
+        assert kinds >= 2
+        assert browser.evaluate(MEMBERS).count(["n1", "dead"]) == 1
+        print(f"n1 dead on the page {shown_dead * 1000:.0f} ms after its SIGKILL")
+    finally:
+        if browser is not None:
+            browser.close()
+        if ui is not None:
+            stop(ui)
+        floe_run(tmp_path, "down", "--kill")
+    assert ui.returncode == 0, ui.stderr.read()
+
+
+async def test_the_server_bounds_its_connections_and_answers_the_snapshot():
+    from floering.chaos.webui import UiServer
+    from floering.chaos.webui_state import Watcher
+
+    watcher = Watcher(["127.0.0.1:1"], None, None)
+    watcher.publish({"t": 1.0, "verdict": "x", "members": [], "ranges": [], "events": []})
+    server = UiServer(watcher, b"<html></html>", max_connections=3)
+    await server.start("127.0.0.1", 0)
+    streams = []
+    try:
+        for _ in range(3):
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            writer.write(b"GET /api/stream HTTP/1.1\r\nHost: x\r\n\r\n")
+            streams.append((reader, writer))
+        for reader, _ in streams:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+            assert b"text/event-stream" in head
+            retry = await asyncio.wait_for(reader.readuntil(b"\n\n"), 5)
+            data = await asyncio.wait_for(reader.readuntil(b"\n\n"), 5)
+            assert retry == b"retry: 1000\n\n" and data == b"data: " + watcher.body + b"\n\n"
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(b"GET /api/state HTTP/1.1\r\n\r\n")
+        assert (await asyncio.wait_for(reader.read(), 5)).startswith(b"HTTP/1.1 503")
+        writer.close()
+        streams.pop()[1].close()
+        await asyncio.sleep(0.1)
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(b"GET /api/state HTTP/1.1\r\n\r\n")
+        answer = await asyncio.wait_for(reader.read(), 5)
+        assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(watcher.body)
+        writer.close()
+    finally:
+        for _, writer in streams:
+            writer.close()
+        server.close()
