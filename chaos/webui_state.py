@@ -142,6 +142,10 @@ def observed_changes(before: dict | None, after: dict) -> list[tuple[str, str]]:
             if old is not None and old != r["primary"]:
                 moved[(old, r["primary"])] = moved.get((old, r["primary"]), 0) + 1
         parts = [f"{n} ranges {a} -> {b}" for (a, b), n in sorted(moved.items())]
+        grown = len(after["ranges"]) - len(before["ranges"])
+        if grown:
+            parts.append(f"{abs(grown)} ranges {'more' if grown > 0 else 'fewer'} "
+                         f"({len(after['ranges'])})")
         out.append(("ring", f"ring v{after['ring']['version']}" +
                     (": " + "; ".join(parts) if parts else "")))
     return out

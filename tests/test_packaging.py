@@ -129,6 +129,7 @@ def test_the_wheel_installs_one_namespace_that_runs_on_its_own(tmp_path):
     tops = {n.split("/")[0] for n in names}
     assert {t for t in tops if not t.endswith(".dist-info")} == {"floering"}, tops
     for shipped in ("floering/node/py.typed", "floering/chaos/data/kjv.txt.gz",
+                    "floering/chaos/data/ui.html", "floering/chaos/data/grafana-dashboard.json",
                     "floering/spark_driver/log4j2.properties", "floering/v1/floe_pb2.py"):
         assert shipped in names, shipped
     assert any(n.startswith("floering/node/core/columnar/ctable.") and n.endswith(".so")

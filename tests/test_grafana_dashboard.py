@@ -1,0 +1,63 @@
+"""The Grafana dashboard the package ships: every metric its queries read is one a
+real node serves on /metrics, and it has the panels an operator looks for."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from floering.chaos.grafana import DASHBOARD, dashboard, metric_names, queries
+from tests.helpers import ROOT, floe, floe_run
+from tests.test_metrics_scrape import _free_base, scrape
+
+
+def test_the_dashboard_is_grafana_json_with_the_panels_an_operator_needs():
+    board = dashboard()
+    assert board["uid"] == "floe-ring" and board["schemaVersion"] >= 36
+    titles = " / ".join(p["title"] for p in board["panels"]).lower()
+    for wanted in ("tuples applied /s", "batch apply time", "event-loop lag",
+                   "checkpoint time", "takeover time (histogram)", "keys",
+                   "ranges under-replicated", "ranges lost", "resident memory"):
+        assert wanted in titles, wanted
+    ids = [p["id"] for p in board["panels"]]
+    assert len(ids) == len(set(ids))
+    exprs = queries(board)
+    assert len(exprs) >= 30
+    # rates come from counters through rate()/increase(), never from a gauge
+    for expr in exprs:
+        for counter in re.findall(r"(\w+_total)\{", expr):
+            assert re.search(rf"(rate|increase)\(\s*{counter}\{{", expr), expr
+        for name in metric_names(expr):
+            assert f'{name}{{job=~"$job"' in expr or f"label_values({name}," in expr, \
+                (name, expr)
+    kinds = {p["type"] for p in board["panels"]}
+    assert {"timeseries", "stat", "heatmap", "row"} <= kinds
+    heat = next(p for p in board["panels"] if p["type"] == "heatmap")
+    assert "floe_takeover_seconds_bucket" in heat["targets"][0]["expr"]
+
+
+def test_the_module_prints_the_dashboard():
+    printed = subprocess.run([sys.executable, "-m", "floering.chaos.grafana"],
+                             capture_output=True, text=True, timeout=60,
+                             env={"PYTHONPATH": f"{ROOT}:{ROOT / 'proto'}"})
+    assert printed.returncode == 0 and json.loads(printed.stdout) == dashboard()
+    assert DASHBOARD.parent.name == "data"      # package data (pyproject)
+
+
+@pytest.mark.multiprocess
+def test_every_metric_the_dashboard_reads_is_served_by_a_real_node(tmp_path):
+    base = _free_base(2)
+    try:
+        floe(tmp_path, "up", "--nodes", "2", "--memory", "--metrics-port", str(base))
+        floe(tmp_path, "status")                     # a gRPC call, timed by method
+        served = {name.partition("{")[0] for name in scrape(f"127.0.0.1:{base}")}
+    finally:
+        floe_run(tmp_path, "down", "--kill")
+    read = set().union(*map(metric_names, queries(dashboard())))
+    assert len(read) >= 30
+    missing = sorted(read - served)
+    assert not missing, f"the dashboard reads metrics no node serves: {missing}"
