@@ -84,7 +84,7 @@ class AsyncRingClient(ClientBase):
         """Ask the nodes for the newest ring now."""
         return await self._delivery.fetch_ring()
 
-    async def rebind(self, source: str, first_seq: int = 1) -> None:
+    async def rebind(self, source: str, first_seq: int = 1, plan=None) -> None:
         """RingClient.rebind: a new sequence of tuples on the same connections."""
         await self.connect()
         if self._batcher.pending or self._delivery.undelivered:
@@ -93,7 +93,7 @@ class AsyncRingClient(ClientBase):
             raise self._delivery.fatal
         await self._delivery.reopen_streams()
         await self._delivery.fetch_ring()
-        self._batcher.rebind(source, first_seq, self.ring)
+        self._batcher.rebind(source, first_seq, self.ring, plan)
         self.source = source
 
     # --------------------------------------------------------------- emit

@@ -57,11 +57,13 @@ class Batcher:
     front to back."""
 
     def __init__(self, router: Router, chooser, source: str, batch_size: int,
-                 first_seq: int = 1, columnar: bool = False) -> None:
+                 first_seq: int = 1, columnar: bool | None = False,
+                 speaks_columns=None) -> None:
         self.router = router
-        # Format 2 (columns) only when asked: until nodes fold columns straight into
-        # their compiled tables, a node applies format 1 faster (docs/benchmarks.md).
-        self.encode = encode_batch if columnar else encode_payload
+        # Format 2 (columns) when asked (True), never (False), or when every node that
+        # answered for the ring said it speaks format 2 (None: `speaks_columns()`).
+        self.columnar = columnar
+        self.speaks_columns = speaks_columns or (lambda: False)
         self.chooser = chooser
         self.source = source
         self.batch_size = batch_size
@@ -72,13 +74,14 @@ class Batcher:
         self.tokens = router.ring.tokens       # the ring tokens the open buffers were routed with
         self._batch_ids = itertools.count(1)
 
-    def rebind(self, source: str, first_seq: int, ring) -> None:
+    def rebind(self, source: str, first_seq: int, ring, plan=None) -> None:
         """A new sequence of tuples (nothing buffered): `source`, seqs from `first_seq`
-        on, a replayable choice of pieces (see `batcher_for`)."""
+        on, a replayable choice of pieces within routing `plan` (see `batcher_for`)."""
         with self.lock:
             self.source = source
             self.next_seq = first_seq
-            self.chooser = chooser_for(balancer(ring.balancer), replayable=True)
+            self.chooser = chooser_for(balancer(ring.balancer), replayable=True,
+                                       source=source, plan=plan)
 
     @property
     def pending(self) -> bool:
@@ -200,6 +203,13 @@ class Batcher:
             self.encode(buf.keys, buf.values), encode_seqs(seqs), buf.since,
             tokens=buf.tokens))
 
+    def columns(self) -> bool:
+        """Whether a batch sealed now goes in format 2."""
+        return self.speaks_columns() if self.columnar is None else self.columnar
+
+    def encode(self, keys: list, values: list) -> bytes:
+        return (encode_batch if self.columns() else encode_payload)(keys, values)
+
     def drain(self, submit) -> None:
         """On the loop: submit sealed batches in seal order."""
         sealed = self.sealed
@@ -269,11 +279,13 @@ def default_source() -> str:
 
 
 def batcher_for(delivery, source: str, named: bool, batch_size: int,
-                first_seq: int, combine: bool = True, columnar: bool = False) -> Batcher:
+                first_seq: int, combine: bool = True,
+                columnar: bool | None = None) -> Batcher:
     """A batcher routing with the delivery's ring (kept current by the delivery). Where
     each tuple of a shared key goes follows the ring's balancer (fixed); a source the
     caller names (`named`) may be replayed by another process (a retried Spark task),
-    which must send each seq to the piece it went to: its choice is the seq's. With
+    which must send each seq to the piece it went to: its choice is drawn from
+    (source, seq), within a routing plan given to `rebind` (mapper/plans.py). With
     `combine`, an unnamed source pre-aggregates when the ring's reducer has a merge
     (`mapper/combining.py`)."""
     from floering.mapper.combining import CombiningBatcher, combiner_for   # it builds on Batcher
@@ -281,9 +293,11 @@ def batcher_for(delivery, source: str, named: bool, batch_size: int,
     ring = delivery.ring
     router = Router(ring)
     delivery.on_ring_change = router.update
-    chooser = chooser_for(balancer(ring.balancer), replayable=named)
+    chooser = chooser_for(balancer(ring.balancer), replayable=named, source=source)
     reducer = combiner_for(ring.reducer) if combine and not named else None
+    speaks = delivery.speaks_columns
     if reducer is not None:
         return CombiningBatcher(router, chooser, source, batch_size, reducer,
-                                max_inputs=COMBINED_INPUTS_PER_KEY * batch_size)
-    return Batcher(router, chooser, source, batch_size, first_seq, columnar)
+                                max_inputs=COMBINED_INPUTS_PER_KEY * batch_size,
+                                columnar=columnar, speaks_columns=speaks)
+    return Batcher(router, chooser, source, batch_size, first_seq, columnar, speaks)

@@ -99,9 +99,10 @@ class RingClient(ClientBase):
         whenever a send is refused or stalls)."""
         return self._call(self._delivery.fetch_ring())
 
-    def rebind(self, source: str, first_seq: int = 1) -> None:
+    def rebind(self, source: str, first_seq: int = 1, plan=None) -> None:
         """Reuse this client's connections for a new sequence of tuples: `source` and
-        seqs from `first_seq` on. Only between sequences (everything flushed); the
+        seqs from `first_seq` on, shared keys routed by `plan` (mapper/plans.py; None:
+        pieces 0 and 1 evenly). Only between sequences (everything flushed); the
         Push streams are reopened, so the new sequence gets stream numbers above
         anything this process sent before, as a new client would. Also fetches the
         ring (and checks the reducer) again, so a stale view is not carried over."""
@@ -113,7 +114,7 @@ class RingClient(ClientBase):
             raise self._delivery.fatal
         self._call(self._delivery.reopen_streams())
         self._call(self._delivery.fetch_ring())
-        self._batcher.rebind(source, first_seq, self.ring)
+        self._batcher.rebind(source, first_seq, self.ring, plan)
         self.source = source
 
     # --------------------------------------------------------------- emit

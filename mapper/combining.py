@@ -12,27 +12,59 @@ cuts a batch by key without cutting a key's state. The source is named
 Only for the client's own source: what a batch holds depends on when it was sealed,
 so another process replaying a named source (a retried Spark task) could not rebuild
 it. Memory stays bounded: a buffer is sealed at `batch_size` distinct keys or at
-`max_inputs` tuples folded into it, and `emit_many` counts its keys in chunks."""
+`max_inputs` tuples folded into it, and `emit_many` counts its keys in chunks.
+
+str keys with an int64 value, for a built-in reducer (count, sum, min, max) and no
+sharing balancer, go through the combiner kernel (COMBINE_KERNEL: "compiled", the
+Cython mapper/ccombine.pyx, or "python", mapper/pycombine.py, the same interface, used
+without the extension or with FLOE_PURE=1): keys hashed, routed and folded per token
+in one call, a token's states sealed straight into a batch payload (format 2 when the
+ring speaks it), without a Python object per tuple. Anything else takes the dict path;
+a token's open buffer is of one kind at a time (the other kind is sealed first)."""
 
 from __future__ import annotations
 
 import itertools
+import os
 import time
 from collections import Counter
 from typing import Iterable
 
-from floering.mapper.batching import PLAIN_VALUES, Batcher, check_value
+from floering.mapper.batching import (MAX_KEY_BYTES, PLAIN_VALUES, Batcher, check_key_bytes,
+                                     check_value)
 from floering.mapper.outbox import PendingBatch
 from floering.mapper.sharing import check_key
 from floering.node.core.batch import encode_payload
-from floering.node.core.errors import FloeError
+from floering.node.core.errors import FloeError, InvalidKey
 from floering.node.core.pieces import COMBINED_SOURCE
-from floering.node.core.reducers import Reducer, reducer_from_identity
+from floering.node.core.reducers import Count, Max, Min, Reducer, Sum, reducer_from_identity
+from floering.mapper import pycombine
+
+try:
+    if os.environ.get("FLOE_PURE", "") not in ("", "0"):
+        raise ImportError("FLOE_PURE asks for the pure-Python combiner")
+    from floering.mapper import ccombine as kernel
+except ImportError:
+    kernel = pycombine
+COMBINE_KERNEL = "python" if kernel is pycombine else "compiled"
+# The reducers the kernel combines: their states are int64 folded by +, min or max.
+KERNEL_OPS = {Count: "count", Sum: "sum", Min: "min", Max: "max"}
+INT64_LOW, INT64_HIGH = -(1 << 63), (1 << 63) - 1
 
 CHUNK = 1 << 16       # keys emit_many counts at a time
 # What a tuple's integer value may be (msgpack's integers): a combined count past it
 # is sent as several tuples (`_spill_locked`), never dropped.
 LOWEST, HIGHEST = -(1 << 63), (1 << 64) - 1
+
+
+class ColumnBuffer:
+    """A token's open buffer held in the kernel (its part `index` of the combiner)."""
+    __slots__ = ("since", "tokens", "index")
+
+    def __init__(self, now: float, tokens: tuple, index: int) -> None:
+        self.since = now
+        self.tokens = tokens
+        self.index = index
 
 
 class StateBuffer:
@@ -59,19 +91,23 @@ def combiner_for(identity: str) -> Reducer | None:
 
 class CombiningBatcher(Batcher):
     def __init__(self, router, chooser, source: str, batch_size: int, reducer: Reducer,
-                 max_inputs: int) -> None:
-        super().__init__(router, chooser, COMBINED_SOURCE + source, batch_size)
+                 max_inputs: int, columnar: bool | None = False,
+                 speaks_columns=None) -> None:
+        super().__init__(router, chooser, COMBINED_SOURCE + source, batch_size,
+                         columnar=columnar, speaks_columns=speaks_columns)
         self.reducer = reducer
         self.max_inputs = max_inputs
         self.combining = True
         self._tuples = itertools.count(1)   # numbers a sharing balancer chooses pieces by
+        self.kernel_op = KERNEL_OPS.get(type(reducer))
+        self.combiner = None                # the kernel's parts, for the ring's tokens
 
-    def rebind(self, source: str, first_seq: int, ring) -> None:
+    def rebind(self, source: str, first_seq: int, ring, plan=None) -> None:
         # A named, replayable sequence: its batches must be rebuilt alike by whoever
         # replays it, which sealing times do not allow. Send it uncombined.
         with self.lock:
             self.combining = False
-        super().rebind(source, first_seq, ring)
+        super().rebind(source, first_seq, ring, plan)
 
     def emit(self, key, value, due: float | None = None) -> bool:
         if not self.combining:
@@ -91,54 +127,88 @@ class CombiningBatcher(Batcher):
         return sealed
 
     def _fold(self, keys: list, value, born: float) -> bool:
-        if set(map(type, keys)) - {str}:
+        only_str = not set(map(type, keys)) - {str}
+        if not only_str:
             for key in keys:        # Counter would take True for 1, or fail on a list
                 check_key(key)
-        reducer = self.reducer
         with self.lock:
             tokens, route, sealed, place = self._routing_locked()
-            if place is None:
-                counted = Counter(keys).items()     # one route and one fold per key
-                cached = route.cached
+            if place is None and only_str and self.kernel_op and type(value) is int \
+                    and INT64_LOW <= value <= INT64_HIGH:
+                return self._fold_kernel_locked(keys, value, born, tokens) or sealed
+            self._seal_kind_locked(ColumnBuffer)
+            return self._fold_dict_locked(keys, value, born, tokens, route, place) or sealed
+
+    def _fold_kernel_locked(self, keys: list, value: int, born: float, tokens) -> bool:
+        self._seal_kind_locked(StateBuffer)
+        combiner = self.combiner
+        if combiner is None or combiner.tokens != tokens:   # (a new ring sealed them all)
+            combiner = self.combiner = kernel.Combiner(self.kernel_op, tokens, MAX_KEY_BYTES)
+        buffers, size, most = self.buffers, self.batch_size, self.max_inputs
+        sealed, i = False, 0
+        while True:
+            i, t, status = combiner.fold(keys, i, value, None, size, most)
+            for index in combiner.opened:
+                buffers[tokens[index]] = ColumnBuffer(born, tokens, index)
+            combiner.opened.clear()
+            if status == kernel.DONE:
+                return sealed
+            if status not in (kernel.FULL, kernel.OVERFLOW):
+                _refuse(keys[i])
+            # full, or key i's sum would leave int64: the token's states go first
+            self._seal_locked(tokens[t])
+            sealed = True
+
+    def _seal_kind_locked(self, kind) -> None:
+        for token in [t for t, b in self.buffers.items() if type(b) is kind]:
+            self._seal_locked(token)
+
+    def _fold_dict_locked(self, keys: list, value, born: float, tokens, route,
+                          place) -> bool:
+        sealed = False
+        reducer = self.reducer
+        if place is None:
+            counted = Counter(keys).items()     # one route and one fold per key
+            cached = route.cached
+        else:
+            # A sharing balancer weighs every tuple: place each, then count pieces.
+            tuples = self._tuples
+            counted = ((key, token, n) for (key, token), n in
+                       Counter(place(k, next(tuples)) for k in keys).items())
+            cached = None
+        buffers, size, most = self.buffers, self.batch_size, self.max_inputs
+        additive = reducer.additive
+        low, high = LOWEST, HIGHEST
+        combine, merge = reducer.combine, reducer.merge
+        # The hot loop: one pass per distinct key, no call but dict methods where
+        # the reducer is additive (a count or a sum).
+        for item in counted:
+            if cached is None:
+                key, token, n = item
             else:
-                # A sharing balancer weighs every tuple: place each, then count pieces.
-                tuples = self._tuples
-                counted = ((key, token, n) for (key, token), n in
-                           Counter(place(k, next(tuples)) for k in keys).items())
-                cached = None
-            buffers, size, most = self.buffers, self.batch_size, self.max_inputs
-            additive = reducer.additive
-            low, high = LOWEST, HIGHEST
-            combine, merge = reducer.combine, reducer.merge
-            # The hot loop: one pass per distinct key, no call but dict methods where
-            # the reducer is additive (a count or a sum).
-            for item in counted:
-                if cached is None:
-                    key, token, n = item
-                else:
-                    key, n = item
-                    token = cached(key)
-                    if token is None:
-                        token = route(key)
-                buf = buffers.get(token)
-                if buf is None:
-                    buf = buffers[token] = StateBuffer(born, tokens)
-                states = buf.states
-                if additive:
-                    total = states.get(key, 0) + n * value
-                    if type(total) is int and not low <= total <= high:
-                        buf = self._spill_locked(token, key, total, born, tokens)
-                        states = buf.states
-                        sealed = True
-                    else:
-                        states[key] = total
-                else:
-                    partial = combine(key, value, n)
-                    states[key] = merge(states[key], partial) if key in states else partial
-                buf.inputs += n
-                if len(states) >= size or buf.inputs >= most:
-                    self._seal_locked(token)
+                key, n = item
+                token = cached(key)
+                if token is None:
+                    token = route(key)
+            buf = buffers.get(token)
+            if buf is None:
+                buf = buffers[token] = StateBuffer(born, tokens)
+            states = buf.states
+            if additive:
+                total = states.get(key, 0) + n * value
+                if type(total) is int and not low <= total <= high:
+                    buf = self._spill_locked(token, key, total, born, tokens)
+                    states = buf.states
                     sealed = True
+                else:
+                    states[key] = total
+            else:
+                partial = combine(key, value, n)
+                states[key] = merge(states[key], partial) if key in states else partial
+            buf.inputs += n
+            if len(states) >= size or buf.inputs >= most:
+                self._seal_locked(token)
+                sealed = True
         return sealed
 
     def _spill_locked(self, token: int, key, total: int, born: float,
@@ -164,14 +234,32 @@ class CombiningBatcher(Batcher):
 
     def _seal_locked(self, token: int) -> None:
         buf = self.buffers[token]
+        if type(buf) is ColumnBuffer:
+            payload, count, inputs = self.combiner.take(buf.index, 2 if self.columns() else 1)
+            del self.buffers[token]
+            return self._sealed_locked(token, buf, payload, count, inputs)
         if not isinstance(buf, StateBuffer):
             return super()._seal_locked(token)
         # Encoded before the buffer is let go: a state that cannot be encoded leaves
         # it whole (the error is raised again at each seal, nothing is dropped).
         payload = encode_payload(list(buf.states), list(buf.states.values()))
         del self.buffers[token]
-        first, count = self.next_seq, len(buf.states)
+        self._sealed_locked(token, buf, payload, len(buf.states), buf.inputs)
+
+    def _sealed_locked(self, token: int, buf, payload: bytes, count: int,
+                       inputs: int) -> None:
+        first = self.next_seq
         self.next_seq += count
         self.sealed.append(PendingBatch(
             next(self._batch_ids), token, self.source, first, first + count - 1, count,
-            payload, b"", buf.since, tokens=buf.tokens, inputs=buf.inputs))
+            payload, b"", buf.since, tokens=buf.tokens, inputs=inputs))
+
+
+def _refuse(key: str) -> None:
+    """Raise InvalidKey for a str key the kernel would not take: not UTF-8, too long."""
+    try:
+        data = key.encode()
+    except UnicodeEncodeError as exc:
+        raise InvalidKey(f"str key is not valid UTF-8: {exc.reason}") from None
+    check_key_bytes([data])
+    raise InvalidKey(f"key of {len(data)} bytes refused")

@@ -14,6 +14,7 @@ import math
 from collections import Counter
 
 from floering.mapper.choices import ChoicesChooser
+from floering.mapper.plans import EVEN, PlanChooser
 from floering.mapper.smalops import SmalopsChooser
 from floering.node.core.batch import KEY_TYPES
 from floering.node.core.errors import InvalidKey
@@ -136,18 +137,20 @@ class DynamicChooser:
             self.sent[node] *= self.decay
 
 
-def chooser_for(policy, replayable: bool = False):
+def chooser_for(policy, replayable: bool = False, source: str = "", plan=None):
     """The mapper's piece chooser for a ring's balancer (None: keys are not shared).
 
     `replayable`: the source's seqs may be sent again by another process (a retried
-    task of an epoch source). A range deduplicates by seq, so a seq sent again must go
-    to the piece it went to the first time; a choice made from this process's own load
-    counts is not repeatable, so such a source's piece is a function of the seq alone:
-    its parity, between the key and its piece 1 (every sharing policy reads both)."""
+    task of an epoch source, a rerun of a file). A range deduplicates by seq, so a seq
+    sent again must go to the piece it went to the first time; a choice made from this
+    process's own load counts is not repeatable, so such a source's piece is drawn by
+    a hash of (`source`, seq) within a routing `plan` fixed before the first attempt
+    (`floering.mapper.plans`; None: pieces 0 and 1 evenly, which every sharing policy
+    reads)."""
     if policy.pieces == 1:
         return None
     if replayable:
-        return SeqParityChooser()
+        return PlanChooser(plan if plan is not None else EVEN, source)
     if policy.name == "pkg":
         return PieceChooser()
     if policy.name == "smalops":
@@ -155,15 +158,3 @@ def chooser_for(policy, replayable: bool = False):
     if policy.name in ("dchoices", "wchoices"):
         return ChoicesChooser(policy.pieces, every_node=policy.name == "wchoices")
     return DynamicChooser(policy.pieces)
-
-
-class SeqParityChooser:
-    """Odd seqs to the key itself, even ones to its piece 1: replayable."""
-
-    def placer(self, ring: Ring, route):
-        def place(key, seq):
-            if seq & 1:
-                return key, route(key)
-            piece = piece_key(key, 1)
-            return piece, route(piece)
-        return place
