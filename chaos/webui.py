@@ -158,17 +158,18 @@ def add_ui_command(sub, seeds, tls) -> None:
             print(f"floe ui: serving on {args.host}: anyone who reaches it sees the "
                   f"ring (no authentication)", file=sys.stderr)
         watcher = Watcher(seeds(args), tls(args, "client"), recorded,
-                          interval=args.interval)
+                          interval=args.interval, timeout=min(args.timeout, 5.0))
         asyncio.run(serve(watcher, args.host, args.port))
         return 0
 
     ui = sub.add_parser("ui", help="serve a live page of the ring: ranges by owner, "
                                    "members, a timeline (loopback only by default)")
     ui.add_argument("--port", type=int, default=DEFAULT_PORT,
-                    help="the page's port (0: any free port, printed)")
+                    help=f"the page's port (default: {DEFAULT_PORT}; 0: any free port, "
+                         f"printed)")
     ui.add_argument("--host", default="127.0.0.1",
-                    help="the address to serve on; another than the loopback lets anyone "
-                         "who reaches it see the ring")
+                    help="the address to serve on (default: 127.0.0.1); another than the "
+                         "loopback lets anyone who reaches it see the ring")
     ui.add_argument("--interval", type=float, default=0.5,
                     help="seconds between two reads of the ring")
     ui.set_defaults(func=cmd_ui)
