@@ -12,9 +12,11 @@ from floering.node.core.balancers import balancer, check_reducer
 from floering.node.core.reducers import load_reducer, parse_reducer_args
 from floering.node.runtime.events import EventLog
 from floering.node.runtime.node import NodeRuntime
+from floering.node.runtime.retiring import Retiring
 from floering.node.transport.peers import PeerPool
 from floering.node.transport.metrics import NodeMetrics
 from floering.node.transport.server import listen_host, node_tls, set_health, start_server
+from floering.node.transport.snapshots import held_asker
 
 log = logging.getLogger("floe.node")
 
@@ -22,9 +24,9 @@ log = logging.getLogger("floe.node")
 class RunningNode:
     """A started node; `stop()` is the graceful shutdown SIGTERM triggers."""
 
-    def __init__(self, runtime, server, health, port, metrics=None):
+    def __init__(self, runtime, server, health, port, metrics=None, retiring=None):
         self.runtime, self.server, self.health, self.port = runtime, server, health, port
-        self.metrics = metrics
+        self.metrics, self.retiring = metrics, retiring
         self.address = runtime.config.advertise     # where peers and clients reach it
         self._reporting = asyncio.create_task(self._report_health())
 
@@ -44,6 +46,8 @@ class RunningNode:
         await self.health.enter_graceful_shutdown()   # health checks now say NOT_SERVING
         await self.server.stop(self.runtime.config.shutdown_grace)
         await self.runtime.stop()                      # drain queue, final checkpoint
+        if self.retiring is not None:
+            await self.retiring.stop()
         if self.metrics is not None:
             self.metrics.close()
         self.runtime.events.record("stopped", self.runtime.core.node_id)
@@ -88,18 +92,23 @@ async def start_node(config: NodeConfig) -> RunningNode:
         runtime.reconfigure(dataclasses.replace(config, listen=listen, advertise=address,
                                                 peers=peers))
     seeds = [s.strip() for s in config.join.split(",") if s.strip()] if config.join else None
+    # What a member removed from the ring held is kept until r+1 others hold it.
+    retiring = Retiring.attach(runtime, held_asker(peers, config.rpc_timeout))
+    runtime.retiring = retiring
     try:
         if metrics is not None:       # up while the node waits to join: that shows too
             await metrics.serve(listen_host(config.listen), config.metrics_port)
         await runtime.confirm_membership(seeds)
+        retiring.began()
         await runtime.start()
+        retiring.start()
         await set_health(health, True)
     except BaseException:
         if metrics is not None:
             metrics.close()
         await server.stop(0)
         raise
-    return RunningNode(runtime, server, health, port, metrics)
+    return RunningNode(runtime, server, health, port, metrics, retiring)
 
 
 async def serve(config: NodeConfig) -> None:

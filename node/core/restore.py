@@ -30,14 +30,15 @@ class DiskCopy:
 
 def restored_core(node_id: str, ring: Ring, reducer: Reducer, limits: Limits,
                   copies: dict[int, DiskCopy], batches, now: float,
-                  verify_keys: bool = False, corrupt=frozenset()) -> NodeCore:
+                  verify_keys: bool = False, corrupt=frozenset(), make=NodeCore) -> NodeCore:
     """The core `node_id` had in `ring`, from its copies and its logged batches
     ((token, batch) in the order accepted). The copies' states become the ranges'
     (the caller gives them up); a primary's replayed keys stay in its active layer.
     The ranges whose copies were `corrupt` come back as after our death alone
-    (`without_corrupt`): the core's ring is then one version newer."""
+    (`without_corrupt`): the core's ring is then one version newer. `make` builds
+    the core (NodeCore or a subclass)."""
     ring = without_corrupt(ring, node_id, corrupt)
-    core = NodeCore(node_id, ring, reducer, limits, verify_keys)
+    core = make(node_id, ring, reducer, limits, verify_keys)
     side = ReplicaSide(reducer)
     for token, copy in copies.items():
         if ring.has_token(token):

@@ -35,6 +35,7 @@ class DataDir:
 
     store: NodeStore
     loaded: Loaded | None
+    former: Loaded | None = None      # a member the ring removed: its copies, not served
 
     @property
     def ring(self) -> Ring | None:
@@ -50,19 +51,19 @@ def open_data_dir(path: str) -> DataDir:
                   path, quarantined)
     log.info("data directory %s: log segments of %d MiB (a 32nd of the volume's free "
              "space, 1 to 64 MiB)", path, store.log.segment_bytes >> 20)
-    ring = DataDir(store, loaded).ring
+    ring, former = DataDir(store, loaded).ring, None
     if loaded is not None and ring is not None and loaded.node_id not in ring.nodes:
         # It left (or learnt it was removed) before it stopped: nothing here is a
-        # member's any more.
+        # member's any more (what it held is kept until confirmed: node.core.retired).
         log.info("data directory %s: %s had left the ring; starting as a new member",
                  path, loaded.node_id)
-        loaded = None
+        loaded, former = None, loaded
     if loaded is not None:
         log.info("data directory %s: %s (incarnation %d), %d ranges, %d batches logged%s",
                  path, loaded.node_id, loaded.incarnation, len(loaded.copies),
                  len(loaded.batches), f", {loaded.truncated} bytes of torn tail cut"
                  if loaded.truncated else "")
-    return DataDir(store, loaded)
+    return DataDir(store, loaded, former)
 
 
 def restore(disk: DataDir, template: NodeCore, now: float) -> NodeCore:
@@ -73,7 +74,7 @@ def restore(disk: DataDir, template: NodeCore, now: float) -> NodeCore:
                   "not served; it comes back from a replica, or is reported lost", token, why)
     return restored_core(template.node_id, disk.ring or template.ring, template.reducer,
                          template.limits, loaded.copies, loaded.batches, now,
-                         template.verify_keys, frozenset(loaded.corrupt))
+                         template.verify_keys, frozenset(loaded.corrupt), type(template))
 
 
 class Durability:

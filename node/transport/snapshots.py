@@ -1,19 +1,24 @@
 """The Snapshots service (operators only, node.transport.tls): a range read out
 whole with its watermarks, and a snapshot's chunk merged into a range. Thin: the
 decisions are node.core.snapshots'; chunks are cut as a scan's are (node.core.chunks)
-and count against the same per-node and per-caller bounds."""
+and count against the same per-node and per-caller bounds. Members ask each other
+with RangeHeld whether they hold a range a removed member kept (node.core.retired);
+`range_held` is that call."""
 
 from __future__ import annotations
 
 import asyncio
 
+import grpc
+
 from floering.v1 import floe_pb2, floe_pb2_grpc
 from floering.node.core.chunks import CHUNK_BYTES, column_slices, packed_chunks
 from floering.node.core.codec import pack, unpack, unpack_columns
 from floering.node.core.errors import FloeError, InvalidArgument, Unavailable
+from floering.node.core.retired import Held, held
 from floering.node.core.snapshot_format import MAX_SECTION
 from floering.node.core.snapshots import export_range, import_chunk
-from floering.node.transport.status import abort
+from floering.node.transport.status import abort, error_from_rpc
 from floering.node.transport.tls import peer_identity
 
 STALL = 30.0              # seconds an export waits for its reader to take a chunk
@@ -72,3 +77,41 @@ class Snapshots(floe_pb2_grpc.SnapshotsServicer):
         except FloeError as exc:
             await abort(context, exc)
         return floe_pb2.ImportAck(chunks_held=held)
+
+    async def RangeHeld(self, request, context):
+        core = self.service.runtime.core
+        try:
+            self.service.check_started()
+            if len(request.watermarks) > MAX_WATERMARK_BYTES:
+                raise InvalidArgument(f"watermarks are at most {MAX_WATERMARK_BYTES} bytes")
+            want = unpack(request.watermarks) if request.watermarks else {}
+            if not isinstance(want, dict):
+                raise InvalidArgument("watermarks are a map of source to seq")
+        except FloeError as exc:
+            await abort(context, exc)
+        answer = held(core, request.token, want) if request.ring_stamp == core.ring.stamp \
+            else Held("", False)
+        return floe_pb2.HeldReply(role=answer.role, holds=answer.holds, lost=answer.lost,
+                                  ring_stamp=core.ring.stamp)
+
+
+async def range_held(channel, token: int, ring_stamp: int, watermarks: dict,
+                     timeout: float) -> Held:
+    """Ask the member at the other end of `channel` how it holds the range of `token`
+    against `watermarks` (FloeError when it cannot answer)."""
+    try:
+        reply = await floe_pb2_grpc.SnapshotsStub(channel).RangeHeld(floe_pb2.HeldRequest(
+            token=token, ring_stamp=ring_stamp, watermarks=pack(watermarks)), timeout=timeout)
+    except grpc.RpcError as exc:
+        raise error_from_rpc(exc) from None
+    if reply.ring_stamp != ring_stamp:
+        return Held("", False)
+    return Held(reply.role, reply.holds, reply.lost)
+
+
+def held_asker(peers, timeout: float):
+    """`range_held` over the channels of a PeerPool: (address, token, ring stamp,
+    watermarks) -> Held."""
+    def ask(address: str, token: int, ring_stamp: int, watermarks: dict):
+        return range_held(peers._channel(address), token, ring_stamp, watermarks, timeout)
+    return ask

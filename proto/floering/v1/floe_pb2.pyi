@@ -391,3 +391,25 @@ class ImportAck(_message.Message):
     CHUNKS_HELD_FIELD_NUMBER: _ClassVar[int]
     chunks_held: int
     def __init__(self, chunks_held: _Optional[int] = ...) -> None: ...
+
+class HeldRequest(_message.Message):
+    __slots__ = ("token", "ring_stamp", "watermarks")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    RING_STAMP_FIELD_NUMBER: _ClassVar[int]
+    WATERMARKS_FIELD_NUMBER: _ClassVar[int]
+    token: int
+    ring_stamp: int
+    watermarks: bytes
+    def __init__(self, token: _Optional[int] = ..., ring_stamp: _Optional[int] = ..., watermarks: _Optional[bytes] = ...) -> None: ...
+
+class HeldReply(_message.Message):
+    __slots__ = ("role", "holds", "lost", "ring_stamp")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    HOLDS_FIELD_NUMBER: _ClassVar[int]
+    LOST_FIELD_NUMBER: _ClassVar[int]
+    RING_STAMP_FIELD_NUMBER: _ClassVar[int]
+    role: str
+    holds: bool
+    lost: bool
+    ring_stamp: int
+    def __init__(self, role: _Optional[str] = ..., holds: _Optional[bool] = ..., lost: _Optional[bool] = ..., ring_stamp: _Optional[int] = ...) -> None: ...

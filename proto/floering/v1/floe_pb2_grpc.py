@@ -782,6 +782,11 @@ class SnapshotsStub:
                 request_serializer=floering_dot_v1_dot_floe__pb2.ImportChunk.SerializeToString,
                 response_deserializer=floering_dot_v1_dot_floe__pb2.ImportAck.FromString,
                 _registered_method=True)
+        self.RangeHeld = channel.unary_unary(
+                '/floering.v1.Snapshots/RangeHeld',
+                request_serializer=floering_dot_v1_dot_floe__pb2.HeldRequest.SerializeToString,
+                response_deserializer=floering_dot_v1_dot_floe__pb2.HeldReply.FromString,
+                _registered_method=True)
 
 
 class SnapshotsServicer:
@@ -799,6 +804,12 @@ class SnapshotsServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RangeHeld(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SnapshotsServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -811,6 +822,11 @@ def add_SnapshotsServicer_to_server(servicer, server):
                     servicer.ImportRange,
                     request_deserializer=floering_dot_v1_dot_floe__pb2.ImportChunk.FromString,
                     response_serializer=floering_dot_v1_dot_floe__pb2.ImportAck.SerializeToString,
+            ),
+            'RangeHeld': grpc.unary_unary_rpc_method_handler(
+                    servicer.RangeHeld,
+                    request_deserializer=floering_dot_v1_dot_floe__pb2.HeldRequest.FromString,
+                    response_serializer=floering_dot_v1_dot_floe__pb2.HeldReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -867,6 +883,33 @@ class Snapshots:
             '/floering.v1.Snapshots/ImportRange',
             floering_dot_v1_dot_floe__pb2.ImportChunk.SerializeToString,
             floering_dot_v1_dot_floe__pb2.ImportAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RangeHeld(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/floering.v1.Snapshots/RangeHeld',
+            floering_dot_v1_dot_floe__pb2.HeldRequest.SerializeToString,
+            floering_dot_v1_dot_floe__pb2.HeldReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,215 @@
+"""What a removed member held, kept until the ring holds it on r+1 others
+(node.core.retired has the rules): the questions to the members, the file that keeps
+it across a restart, the log lines and events.
+
+When this process learns that its member was removed (fenced), it rejoins as a new
+member (`n2#1`) and its node core drops every range; the ranges are kept here
+instead, in memory and, with a data directory, in `retired/` beside the store (written
+and synced before the store is wiped for the new member). A data directory whose
+member the ring removed while the process was down is kept the same way. Every
+RETIRED_CHECK seconds each retired range is asked about: each current range it
+overlaps, of each member the ring places it on (its primary and its r replicas).
+Once all of them hold it whole at or past its watermarks it is deleted, memory and
+file. The set is bounded by what the member held when it was removed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from pathlib import Path
+
+from floering.node.core.errors import FloeError
+from floering.node.core.retired import (Held, RetainingCore, RetiredSet, decode, encode, held,
+                                        retire_copies)
+from floering.node.core.ring import Ring
+from floering.node.files import open_private, private_dir
+
+log = logging.getLogger("floe.node")
+
+RETIRED_CHECK = 1.0      # seconds between two rounds of questions
+REPORT_EVERY = 30.0      # seconds between two reports of what is still kept
+DIRECTORY = "retired"
+SUFFIX = ".retired"
+
+
+class Retiring:
+    def __init__(self, runtime, ask, directory: Path | None) -> None:
+        self.runtime = runtime
+        self.ask = ask                   # async (address, token, stamp, watermarks) -> Held
+        self.dir = directory
+        self.kept = RetiredSet()
+        self.former = None               # a data directory's member, until we know who we are
+        self._reported = 0.0
+        self._task: asyncio.Task | None = None
+
+    @classmethod
+    def attach(cls, runtime, ask) -> "Retiring":
+        """Keep what the members `runtime` serves as hold when they are removed: its
+        cores from now on keep their ranges when fenced (RetainingCore). Before the
+        runtime confirms its membership."""
+        config = runtime.config
+        directory = Path(config.data_dir) / DIRECTORY if config.data_dir else None
+        self = cls(runtime, ask, directory)
+        machine = runtime.machine
+        first = machine.core
+        machine.core = self._new_core(first.node_id, first.ring)
+        machine.core.starting = first.starting
+        machine.make_core = self._make_core
+        disk = runtime.disk
+        if disk is not None:
+            self.former = disk.former or disk.loaded
+        self._load()
+        return self
+
+    def _new_core(self, node_id: str, ring: Ring) -> RetainingCore:
+        runtime = self.runtime
+        return RetainingCore(node_id, ring, runtime.reducer, runtime.config.limits(),
+                             verify_keys=runtime.config.verify_keys)
+
+    def _make_core(self, node_id: str, ring: Ring) -> RetainingCore:
+        """The machine's core for a member: a rejoin's, after the member before it was
+        fenced, takes what that one kept."""
+        old = self.runtime.machine.core
+        retired = getattr(old, "retired", None)
+        if retired:
+            old.retired = []
+            self.keep(retired, f"{old.node_id} was removed from the ring")
+        return self._new_core(node_id, ring)
+
+    def began(self) -> None:
+        """The runtime knows who it is: a data directory's member it does not serve as
+        (removed while we were down) has its copies kept."""
+        former, self.former = self.former, None
+        if former is None or former.node_id == self.runtime.core.node_id:
+            return
+        ring = Ring.from_wire(former.ring_wire) if former.ring_wire else None
+        self.keep(retire_copies(former.node_id, ring, former.copies),
+                  f"the data directory held {former.node_id}, which the ring removed")
+
+    # ------------------------------------------------------------- keeping
+
+    def keep(self, ranges, why: str) -> None:
+        fresh = [r for r in ranges if r.key not in self.kept.ranges]
+        if not fresh:
+            return
+        self.kept.add(fresh)
+        for member in sorted({r.member for r in fresh}):
+            self._write(member)
+        keys = sum(len(r.states) for r in fresh)
+        member = fresh[0].member
+        log.warning("%s: keeping its %d ranges (%d keys) until the ring holds each on r+1 "
+                    "members at or past their watermarks", why, len(fresh), keys)
+        self.runtime.events.record("retired", self.runtime.core.node_id, member=member,
+                                   ranges=len(fresh), keys=keys,
+                                   tokens=sorted(r.token for r in fresh))
+
+    def _path(self, member: str) -> Path:
+        return self.dir / (member.encode().hex() + SUFFIX)
+
+    def _write(self, member: str) -> None:
+        """The file of `member`'s retired ranges now, synced (gone once none is left)."""
+        if self.dir is None:
+            return
+        ranges, path = self.kept.of(member), self._path(member)
+        if not ranges:
+            if path.exists():
+                path.unlink()
+                _sync_dir(self.dir)
+            return
+        private_dir(self.dir)
+        tmp = path.with_suffix(".tmp")
+        with open_private(tmp, "wb") as fh:
+            fh.write(encode(ranges))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        _sync_dir(self.dir)
+
+    def _load(self) -> None:
+        if self.dir is None or not self.dir.is_dir():
+            return
+        for path in sorted(self.dir.glob("*" + SUFFIX)):
+            try:
+                ranges = decode(path.read_bytes())
+            except (OSError, FloeError, ValueError, TypeError) as exc:
+                log.error("retired ranges in %s cannot be read (%s): set aside as %s.corrupt",
+                          path, exc, path.name)
+                os.replace(path, path.with_name(path.name + ".corrupt"))
+                continue
+            self.kept.add(ranges)
+            log.warning("keeping %d ranges (%d keys) of %s, removed from the ring before "
+                        "this process started, until the ring holds each on r+1 members",
+                        len(ranges), sum(len(r.states) for r in ranges),
+                        ranges[0].member if ranges else "?")
+
+    # ------------------------------------------------------------- confirming
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="retired")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(RETIRED_CHECK)
+            if not self.kept.ranges:
+                continue
+            try:
+                await self.check()
+            except Exception:            # asked again next round
+                log.exception("asking about retired ranges failed")
+
+    async def check(self) -> int:
+        """One round: ask, and delete what r+1 members hold. Returns how many."""
+        core = self.runtime.core
+        if core.starting or core.fenced:
+            return 0
+        ring = core.ring
+        asks = self.kept.asks(ring)
+        answers = await asyncio.gather(*(self._answer(core, ring, a) for a in asks))
+        done = self.kept.confirmed_by(ring, {(a.key, a.token, a.node): h
+                                              for a, h in zip(asks, answers)})
+        for member in sorted({r.member for r in done}):
+            self._write(member)
+        for r in done:
+            log.info("the retired range of token %d of %s is held on r+1 members at or "
+                     "past its watermarks (ring v%d): deleted", r.token, r.member, ring.version)
+            self.runtime.events.record("retired_deleted", core.node_id, member=r.member,
+                                       token=r.token, keys=len(r.states),
+                                       ring_version=ring.version)
+        self._report(ring)
+        return len(done)
+
+    async def _answer(self, core, ring: Ring, ask) -> Held:
+        if ask.node == core.node_id:
+            return held(core, ask.token, ask.want)
+        try:
+            return await self.ask(ring.address(ask.node), ask.token, ring.stamp, ask.want)
+        except (FloeError, ValueError):
+            return Held("", False)
+
+    def _report(self, ring: Ring) -> None:
+        now = self.runtime.clock()
+        if not self.kept.ranges or now - self._reported < REPORT_EVERY:
+            return
+        self._reported = now
+        log.warning("still keeping %d retired ranges (%d keys) of %s: not yet held on r+1 "
+                    "members at or past their watermarks in ring v%d", len(self.kept.ranges),
+                    self.kept.keys, ",".join(sorted(self.kept.members())), ring.version)
+
+    def stats(self) -> dict:
+        return dict(retired_ranges=len(self.kept.ranges), retired_keys=self.kept.keys,
+                    retired_deleted=self.kept.confirmed)
+
+
+def _sync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

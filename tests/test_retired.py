@@ -1,0 +1,147 @@
+"""A fenced member keeps what it held until the ring holds each of its ranges on r+1
+others at or past the kept copy's watermarks (node.core.retired). Pure rules here;
+real processes in tests/test_retired_ring.py."""
+
+from collections import Counter
+
+from floering.node.core.reducers import load_reducer
+from floering.node.core.restore import DiskCopy
+from floering.node.core.retired import (Held, RetainingCore, RetiredRange, RetiredSet, decode,
+                                        encode, held, pieces, retire_copies)
+from tests.helpers import CoreCluster
+
+WORDS = [f"w{i % 97}" for i in range(600)]
+
+
+def cluster() -> CoreCluster:
+    c = CoreCluster(nodes=3, replication=1)
+    c.cores = {n: RetainingCore(n, c.ring, load_reducer("count")) for n in c.cores}
+    return c
+
+
+def fence(c: CoreCluster, node: str):
+    """`node` learns it was removed; the others adopt the same ring."""
+    ring = c.ring.without([node])
+    gone = c.cores.pop(node)
+    gone.adopt_ring(ring)
+    for core in c.cores.values():
+        core.adopt_ring(ring)
+    c.ring = ring
+    return gone
+
+
+def answers(c: CoreCluster, kept: RetiredSet) -> dict:
+    """Every member's answer to every question, as RangeHeld gives it."""
+    return {(a.key, a.token, a.node): held(c.cores[a.node], a.token, a.want)
+            for a in kept.asks(c.ring)}
+
+
+def test_a_fenced_core_keeps_its_ranges_whole_with_their_watermarks():
+    c = cluster()
+    c.push("s1", WORDS)
+    c.checkpoint()
+    c.push("s1", WORDS, first_seq=len(WORDS) + 1)     # past the checkpoint: backups only
+    n1, ring = c.cores["n1"], c.ring
+    primaries = {t: (dict(r.state.snapshot()), dict(r.watermarks))
+                 for t, r in n1.primaries.items()}
+    owners = {t: c.cores[ring.owner_of_token(t)].primaries[t] for t in n1.replicas.ranges}
+    fence(c, "n1")
+    assert n1.fenced and not n1.primaries and not n1.replicas.ranges
+    kept = {r.token: r for r in n1.retired}
+    assert {t for t, r in kept.items() if r.role == "primary"} == set(primaries)
+    for token, (states, marks) in primaries.items():
+        assert kept[token].states == states and kept[token].watermarks == marks
+    # a replica's copy is kept as a takeover rebuilds it: checkpoint plus backups
+    assert {t for t, r in kept.items() if r.role == "replica"} == set(owners)
+    for token, rng in owners.items():
+        assert kept[token].states == dict(rng.state.snapshot())
+        assert kept[token].watermarks == rng.watermarks
+    assert sum((Counter(r.states) for r in kept.values() if r.role == "primary"),
+               Counter()) == Counter({k: v for k, v in Counter(WORDS * 2).items()
+                                      if ring.owner_of_token(ring.token_for_key(k)) == "n1"})
+
+
+def test_retired_ranges_go_only_once_r_plus_1_members_hold_them():
+    c = cluster()
+    c.push("s1", WORDS)
+    c.checkpoint()
+    kept = RetiredSet()
+    kept.add(fence(c, "n1").retired)
+    total = len(kept.ranges)
+    assert total
+    # taken over, but the new replicas have no full copy yet: nothing is deleted
+    assert kept.confirmed_by(c.ring, answers(c, kept)) == []
+    # without the answer of one of the r+1, nothing is deleted either
+    c.checkpoint()
+    full = answers(c, kept)
+    missing = next(iter(full))            # one member's answer about one range
+    partial = {k: v for k, v in full.items() if k != missing}
+    done = kept.confirmed_by(c.ring, partial)
+    assert missing[0] in kept.ranges and missing[0] not in {r.key for r in done}
+    kept.confirmed_by(c.ring, full)
+    assert not kept.ranges and kept.confirmed == total
+
+
+def test_a_copy_ahead_of_the_ring_waits_for_the_mapper_to_resend():
+    c = cluster()
+    c.push("s1", WORDS)
+    c.checkpoint()
+    # n1 applied a batch its replica never backed up (the mapper did not count it)
+    token = c.ring.tokens_of("n1")[0]
+    extra = [w for w in WORDS if c.ring.token_for_key(w) == token][:5]
+    c.push("s1", extra, first_seq=len(WORDS) + 1, only={"n1"})
+    kept = RetiredSet()
+    kept.add(fence(c, "n1").retired)
+    c.checkpoint()
+    kept.confirmed_by(c.ring, answers(c, kept))
+    assert set(kept.ranges) == {("n1", token)}
+    # the mapper resends to the new owners; after a checkpoint round the ring holds it
+    c.push("s1", extra, first_seq=len(WORDS) + 1)
+    c.checkpoint()
+    kept.confirmed_by(c.ring, answers(c, kept))
+    assert not kept.ranges
+
+
+def test_a_lost_range_is_answered_as_lost_and_never_confirms():
+    c = cluster()
+    c.push("s1", WORDS)
+    c.checkpoint()
+    ring = c.ring.without(["n1", "n2"])
+    n0 = c.cores["n0"]
+    n0.adopt_ring(ring)
+    lost = sorted(n0.lost_tokens)
+    assert lost
+    answer = held(n0, lost[0], {})
+    assert answer == Held("primary", False, True)
+
+
+def test_pieces_are_the_current_ranges_a_retired_range_overlaps():
+    c = cluster()
+    ring = c.ring
+    token = ring.tokens[3]
+    lo = ring.range_of_token(token)[0]
+    assert pieces(ring, lo, token) == [token]
+    mid = lo + (token - lo) // 2
+    assert pieces(ring.split_token(token, mid), lo, token) == [mid, token]
+    # a range that now lies inside a larger one is that one's
+    wider = ring.without([ring.owner_of_token(token)])
+    assert pieces(wider, lo, token) == [token]
+
+
+def test_the_file_holds_the_ranges_exactly():
+    ranges = [RetiredRange("n2", 7, 3, "primary", {"a": 1, b"b": 2, 3: (1, 2)}, {"s": 9}),
+              RetiredRange("n2", 11, 7, "replica", {}, {"g#": 1 << 40})]
+    back = decode(encode(ranges))
+    assert back == ranges
+    assert [(r.states, r.watermarks) for r in back] == [(r.states, r.watermarks) for r in ranges]
+
+
+def test_a_directory_of_a_removed_member_keeps_its_copies_but_not_partial_ones():
+    c = cluster()
+    ring = c.ring
+    mine, theirs = ring.tokens_of("n1")[0], ring.tokens_of("n0")[0]
+    copies = {mine: DiskCopy(mine, "n1", {"s": 3}, True, {"a": 3}),
+              theirs: DiskCopy(theirs, "n0", {"s": 2}, False, {"b": 1})}
+    kept = retire_copies("n1", ring, copies)
+    assert [(r.token, r.role, r.states, r.watermarks) for r in kept] == [
+        (mine, "primary", {"a": 3}, {"s": 3})]

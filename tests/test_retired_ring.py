@@ -1,0 +1,96 @@
+"""A fenced member keeps what it held until the ring holds each of its ranges on r+1
+others (node.core.retired, node.runtime.retiring), on real TLS processes with data
+directories on loopback. The pure rules are in tests/test_retired.py."""
+
+import json
+import signal
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from floering.chaos.cluster import LocalCluster
+from floering.mapper import RingClient
+from floering.node.core.ring import Ring
+from floering.node.core.retired import decode
+from floering.v1 import floe_pb2, floe_pb2_grpc
+from tests.test_identity import wait_for
+
+WORDS = [f"w{i % 173}" for i in range(5000)]
+
+pytestmark = pytest.mark.multiprocess
+
+
+def feed(cluster, words, want: Counter) -> None:
+    with RingClient(cluster.seeds, tls=cluster.tls("client"), timeout=20.0) as c:
+        c.emit_many(words)
+        c.flush()
+    want.update(words)
+
+
+def scan(cluster) -> Counter:
+    with RingClient(cluster.seeds, tls=cluster.tls("client"), timeout=20.0) as c:
+        return Counter(dict(c.scan()))
+
+
+def ring_of(cluster, node_id: str) -> Ring:
+    with cluster.channel(cluster.node(node_id).address) as ch:
+        return Ring.from_wire(floe_pb2_grpc.ControlPlaneStub(ch).GetRing(
+            floe_pb2.GetRingRequest(), timeout=5).ring)
+
+
+def stats_of(cluster, node_id: str):
+    with cluster.channel(cluster.node(node_id).address) as ch:
+        return floe_pb2_grpc.QueryPlaneStub(ch).Stats(floe_pb2.StatsRequest(), timeout=5)
+
+
+def events(cluster, node_id: str, kind: str) -> list[dict]:
+    out = []
+    for line in open(cluster.node(node_id).events):
+        e = json.loads(line)
+        if e["kind"] == kind:
+            out.append(e)
+    return out
+
+
+def retired_files(data: Path, node_id: str) -> list[Path]:
+    return sorted((data / node_id / "retired").glob("*.retired"))
+
+
+def pause_until_removed(cluster, victim: str, witness: str) -> None:
+    """SIGSTOP `victim` until `witness`'s ring has removed it, then SIGCONT."""
+    cluster.kill(victim, signal.SIGSTOP)
+    try:
+        wait_for(lambda: victim not in ring_of(cluster, witness).nodes, 30,
+                 f"{victim} declared dead")
+    finally:
+        cluster.kill(victim, signal.SIGCONT)
+
+
+def test_a_fenced_member_keeps_its_ranges_until_r_plus_1_others_hold_them(tmp_path):
+    data = tmp_path / "data"
+    want = Counter()
+    with LocalCluster.up(3, 1, workdir=tmp_path, extra_args=[
+            "--data-dir", str(data / "{node}")]) as cluster:
+        feed(cluster, WORDS, want)
+        held = {t for t in ring_of(cluster, "n0").tokens
+                if "n2" in ring_of(cluster, "n0").destinations(t)}
+        pause_until_removed(cluster, "n2", "n0")
+        wait_for(lambda: stats_of(cluster, "n2").node_id == "n2#1", 30, "n2 rejoins as n2#1")
+        (kept,) = wait_for(lambda: events(cluster, "n2", "retired"), 10, "n2 keeps its ranges")
+        assert kept["member"] == "n2" and set(kept["tokens"]) == held, (kept, held)
+        assert kept["keys"] > 0
+        # every kept range goes once the ring holds it on r+1 others, and only then
+        wait_for(lambda: {e["token"] for e in events(cluster, "n2", "retired_deleted")}
+                 == held, 60, "every kept range confirmed and deleted")
+        assert not retired_files(data, "n2")
+        firsts = {}
+        for node in ("n0", "n1"):
+            again = events(cluster, node, "re_replicated")
+            assert again, node
+            firsts[node] = min(e["t"] for e in again if e["t"] > kept["t"] - 30)
+        deleted = events(cluster, "n2", "retired_deleted")
+        assert min(e["t"] for e in deleted) > min(firsts.values()), (deleted, firsts)
+        assert scan(cluster) == want
+        feed(cluster, WORDS[::7], want)
+        assert scan(cluster) == want
