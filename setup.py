@@ -1,14 +1,17 @@
-"""The compiled state table (floering.node.core.columnar.ctable), built from Cython.
+"""The compiled state table (floering.node.core.columnar.ctable) and the mapper's
+compiled combiner (floering.mapper.ccombine), built from Cython.
 
 Everything else about the package is in pyproject.toml. The extension is optional: where
 Cython or a C compiler is missing the package still installs, and
-floering.node.core.columnar falls back to its pure-Python table (KERNEL == "python").
+floering.node.core.columnar falls back to its pure-Python table (KERNEL == "python") and
+floering.mapper.combining to its pure-Python combiner (COMBINE_KERNEL == "python").
 """
 
 from setuptools import setup
 from setuptools.command.build_ext import build_ext
 
 SOURCE = "node/core/columnar/ctable.pyx"
+COMBINER = "mapper/ccombine.pyx"
 
 
 class OptionalBuildExt(build_ext):
@@ -38,8 +41,12 @@ def extensions():
     ext = Extension("floering.node.core.columnar.ctable", [SOURCE],
                     include_dirs=["node/core/columnar"],
                     extra_compile_args=["-O3"])
+    combiner = Extension("floering.mapper.ccombine", [COMBINER],
+                         include_dirs=["node/core/columnar"],     # _murmur3.h
+                         extra_compile_args=["-O3"])
     try:
-        return cythonize([ext], compiler_directives={"language_level": 3}, quiet=True)
+        return cythonize([ext, combiner], compiler_directives={"language_level": 3},
+                         quiet=True)
     except Exception as exc:  # noqa: BLE001 - a Cython that cannot compile the source
         print(f"floe-ring: the compiled state table was not generated ({exc})")
         return []

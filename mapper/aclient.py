@@ -43,13 +43,15 @@ class AsyncRingClient(ClientBase):
                  linger: float = 0.05, window: int = 64, max_pending_batches: int = 512,
                  timeout: float = 60.0, rpc_timeout: float = 5.0,
                  expect_reducer: str | None = None, first_seq: int = 1,
-                 tls: TlsFiles | str | None = FIND, combine: bool = True) -> None:
+                 tls: TlsFiles | str | None = FIND, combine: bool = True,
+                 columnar: bool | None = None) -> None:
         self.tls = find_tls("client", tls)
         super().__init__(seeds, source, batch_size, linger, window, max_pending_batches,
                          timeout, rpc_timeout, expect_reducer, self.tls, combine)
         self._named = source is not None
         self._first_seq = first_seq
         self._batcher = None
+        self._columnar = columnar
         self._linger_task: asyncio.Task | None = None
 
     async def connect(self) -> "AsyncRingClient":
@@ -65,7 +67,8 @@ class AsyncRingClient(ClientBase):
                     raise
                 raise told from None
             self._batcher = batcher_for(self._delivery, self.source, self._named,
-                                        self.batch_size, self._first_seq, self.combine)
+                                        self.batch_size, self._first_seq, self.combine,
+                                        self._columnar)
             self.source = self._batcher.source
             self._linger_task = asyncio.create_task(
                 linger_loop(self._batcher, self._delivery, self.linger))

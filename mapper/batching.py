@@ -295,7 +295,7 @@ def batcher_for(delivery, source: str, named: bool, batch_size: int,
     delivery.on_ring_change = router.update
     chooser = chooser_for(balancer(ring.balancer), replayable=named, source=source)
     reducer = combiner_for(ring.reducer) if combine and not named else None
-    speaks = delivery.speaks_columns
+    speaks = getattr(delivery, "speaks_columns", None)
     if reducer is not None:
         return CombiningBatcher(router, chooser, source, batch_size, reducer,
                                 max_inputs=COMBINED_INPUTS_PER_KEY * batch_size,

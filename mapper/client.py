@@ -52,8 +52,9 @@ class RingClient(ClientBase):
     client's certificate of the ring's CA when the nodes run TLS: a TlsFiles, a
     directory, None for a ring in the clear; by default found as
     `mapper/credentials.py` says (FLOE_TLS_DIR, then ./floe-cluster/tls).
-    `columnar`: uncombined batches of str keys and int values go in format 2 (columns,
-    docs/design.md) rather than format 1.
+    `columnar`: batches of str keys and int values go in format 2 (columns,
+    docs/design.md) rather than format 1: None (the default) when the nodes say they
+    decode it, True always, False never.
     """
 
     def __init__(self, seeds: str | Iterable[str], *, source: str | None = None,
@@ -61,7 +62,7 @@ class RingClient(ClientBase):
                  max_pending_batches: int = 512, timeout: float = 60.0,
                  rpc_timeout: float = 5.0, expect_reducer: str | None = None,
                  first_seq: int = 1, tls: TlsFiles | str | None = FIND,
-                 combine: bool = True, columnar: bool = False) -> None:
+                 combine: bool = True, columnar: bool | None = None) -> None:
         self.tls = find_tls("client", tls)
         super().__init__(seeds, source, batch_size, linger, window, max_pending_batches,
                          timeout, rpc_timeout, expect_reducer, self.tls, combine)

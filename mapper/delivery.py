@@ -19,6 +19,7 @@ import grpc
 
 from floering.v1 import floe_pb2, floe_pb2_grpc
 from floering.mapper.outbox import Outbox, PendingBatch
+from floering.node.core.batch import formats_said
 from floering.node.core.errors import FloeError, Unavailable
 from floering.node.core.ring import Ring
 from floering.node.transport.channels import ChannelPool, ServerNames, open_channel
@@ -175,6 +176,8 @@ class Delivery:
         self.expect_reducer = expect_reducer
         self.ring: Ring | None = None
         self.reducer = ""
+        # The payload formats every node that answered for the ring decodes.
+        self.formats: frozenset[int] = frozenset((1,))
         # with TLS, each node must present its own certificate (node.transport.channels)
         self.channels = ChannelPool(self._new_channel, names=ServerNames(
             lambda: self.ring) if credentials is not None else None)
@@ -248,9 +251,14 @@ class Delivery:
             self.seeds + ([a for _, a in self.ring.addresses] if self.ring else [])))
         request = floe_pb2.GetRingRequest(expect_reducer=self.expect_reducer or "")
 
+        spoken: dict[str, frozenset] = {}
+
         async def ask(address):
             stub = floe_pb2_grpc.ControlPlaneStub(self.channel(address))
-            return await stub.GetRing(request, timeout=self.rpc_timeout)
+            call = stub.GetRing(request, timeout=self.rpc_timeout)
+            view = await call
+            spoken[address] = formats_said(await call.initial_metadata())
+            return view
 
         # A paused node neither answers nor refuses: once one node has sent its view,
         # wait for the others at most RING_PATIENCE more (each call has its deadline),
@@ -295,7 +303,13 @@ class Delivery:
             self.adopt(ring)
             self._wire = best.ring
         self.reducer = best.reducer
+        if spoken:
+            self.formats = frozenset.intersection(*spoken.values())
         return self.ring
+
+    def speaks_columns(self) -> bool:
+        """Whether the nodes decode format 2 (columns)."""
+        return 2 in self.formats
 
     async def fetch_ring_after(self, refused_at: float) -> Ring:
         """fetch_ring() for a read refused at `refused_at` (time.monotonic()): it waits

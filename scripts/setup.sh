@@ -37,3 +37,12 @@ if ! command -v chromium >/dev/null 2>&1; then
          "tests/test_webui.py's browser test will skip" >&2
   fi
 fi
+# The compiled modules (setup.py), built again in place when a .pyx is newer than its
+# module (an install made before it changed, or before it existed).
+for pyx in node/core/columnar/ctable.pyx mapper/ccombine.pyx; do
+  built=$(ls "${pyx%.pyx}".cpython-*.so 2>/dev/null | head -n 1 || true)
+  if [ -z "$built" ] || [ "$pyx" -nt "$built" ]; then
+    .venv/bin/python setup.py --quiet build_ext --inplace
+    break
+  fi
+done

@@ -124,9 +124,9 @@ def test_buffers_are_sealed_at_batch_size_keys_or_at_their_tuple_bound():
     for _ in range(3):
         assert not batcher.emit("hot", 1)
     assert batcher.emit_many(["hot"] * batcher.max_inputs, 1)
-    assert not batcher.buffers                   # sealed already, before any linger
-    batches = sealed(batcher)
-    assert [(b.count, b.inputs) for b in batches] == [(1, batcher.max_inputs + 3)]
+    # sealed already, before any linger, at the bound; the 3 tuples past it wait
+    assert [(b.count, b.inputs) for b in batcher.sealed] == [(1, batcher.max_inputs)]
+    assert [(b.count, b.inputs) for b in sealed(batcher)] == [(1, batcher.max_inputs), (1, 3)]
 
 
 def test_a_bad_value_or_key_is_refused_at_emit_and_folds_nothing():

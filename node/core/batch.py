@@ -23,6 +23,21 @@ from floering.node.core.hashing import key_bytes
 from floering.node.core.pieces import check_pushed_keys
 
 KEY_TYPES = frozenset((str, bytes, int))
+# The payload formats a node decodes, told to a mapper in the initial metadata of its
+# GetRing answer ("1,2"); a node that says nothing (before format 2) decodes format 1.
+PAYLOAD_FORMATS = (1, 2)
+FORMATS_METADATA = "floe-payload-formats"
+
+
+def formats_said(metadata) -> frozenset[int]:
+    """The payload formats a GetRing answer's initial metadata says its node decodes."""
+    for key, value in metadata or ():
+        if key == FORMATS_METADATA:
+            try:
+                return frozenset(int(f) for f in str(value).split(",") if f.strip())
+            except ValueError:
+                break
+    return frozenset((1,))
 
 
 @dataclass(frozen=True, slots=True)

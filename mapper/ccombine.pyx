@@ -1,0 +1,458 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+# cython: initializedcheck=False
+"""The compiled combiner: str keys folded into one open partial state per ring token
+(count, sum, min, max as int64), and a token's partial states taken out as one batch
+payload (format 2 columns, or format 1 msgpack) without a Python object per tuple.
+
+Each key is read as its UTF-8 bytes in place (an ASCII str's own buffer), hashed once
+(MurmurHash3 x64_128 low 64 bits, seed 0: its ring position), routed to the first token
+at or after its position (the first token past the last), and folded into that token's
+open-addressing table of (position, key bytes) -> int64 state, entries in first-seen
+order. `fold` stops and says why at the first tuple it cannot take whole: a full token
+(the caller seals it), a sum leaving int64 (the caller seals the token and folds on),
+a key that is not str, not UTF-8 or too long (the caller's checks say what is wrong).
+The pure-Python module pycombine has the same interface.
+"""
+
+from libc.stdint cimport uint32_t, uint64_t, int64_t
+from libc.string cimport memcmp, memcpy, memset
+from cpython.mem cimport PyMem_Malloc, PyMem_Realloc, PyMem_Free
+from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
+
+cdef extern from "Python.h":
+    ctypedef struct PyObject
+    PyObject *_list_item "PyList_GET_ITEM" (object, Py_ssize_t)
+    int _is_str "PyUnicode_CheckExact" (PyObject *)
+    int _is_ascii "PyUnicode_IS_ASCII" (PyObject *)
+    void *_str_data "PyUnicode_DATA" (PyObject *)
+    Py_ssize_t _str_len "PyUnicode_GET_LENGTH" (PyObject *)
+    const char *_utf8 "PyUnicode_AsUTF8AndSize" (PyObject *, Py_ssize_t *)
+    void PyErr_Clear()
+
+cdef extern from "_murmur3.h" nogil:
+    uint64_t floe_murmur3_64(const unsigned char *data, size_t len, uint32_t seed)
+
+cdef extern from *:
+    """
+    static inline int floe_add_overflow64(int64_t a, int64_t b, int64_t *r) {
+        return __builtin_add_overflow(a, b, r);
+    }
+    """
+    int floe_add_overflow64(int64_t a, int64_t b, int64_t *r) nogil
+
+OPS = {"count": 0, "sum": 1, "min": 2, "max": 3}
+# What fold() says when it stops.
+DONE, FULL, OVERFLOW, BAD_KEY, LONG_KEY, NOT_STR = 0, 1, 2, 3, 4, 5
+
+
+ctypedef struct Part:
+    uint64_t *pos
+    int64_t *val
+    uint64_t *off           # n + 1 offsets into data
+    unsigned char *data
+    uint32_t *index         # 0 empty, else entry + 1
+    Py_ssize_t n, cap
+    size_t dlen, dcap
+    uint64_t mask           # index slots - 1 (no index while 0)
+    int64_t inputs          # tuples folded in
+    bint opened
+
+
+cdef void _free(Part *p) noexcept:
+    PyMem_Free(p.pos)
+    PyMem_Free(p.val)
+    PyMem_Free(p.off)
+    PyMem_Free(p.data)
+    PyMem_Free(p.index)
+    memset(p, 0, sizeof(Part))
+
+
+cdef void _reset(Part *p) noexcept:
+    p.n = 0
+    p.dlen = 0
+    p.inputs = 0
+    p.opened = 0
+    if p.index != NULL:
+        memset(p.index, 0, (p.mask + 1) * sizeof(uint32_t))
+
+
+cdef int _grow_entries(Part *p) noexcept:
+    cdef Py_ssize_t cap = p.cap * 2 if p.cap else 64
+    cdef void *a = PyMem_Realloc(p.pos, cap * sizeof(uint64_t))
+    if a == NULL:
+        return -1
+    p.pos = <uint64_t *>a
+    a = PyMem_Realloc(p.val, cap * sizeof(int64_t))
+    if a == NULL:
+        return -1
+    p.val = <int64_t *>a
+    a = PyMem_Realloc(p.off, (cap + 1) * sizeof(uint64_t))
+    if a == NULL:
+        return -1
+    p.off = <uint64_t *>a
+    p.off[0] = 0 if p.n == 0 else p.off[0]
+    p.cap = cap
+    return 0
+
+
+cdef int _grow_index(Part *p) noexcept:
+    """Twice the slots (at least 4 per entry capacity's half), entries placed again."""
+    cdef uint64_t slots = (p.mask + 1) * 2 if p.mask else 128
+    while slots < <uint64_t>(2 * p.cap):
+        slots *= 2
+    cdef uint32_t *index = <uint32_t *>PyMem_Malloc(slots * sizeof(uint32_t))
+    if index == NULL:
+        return -1
+    memset(index, 0, slots * sizeof(uint32_t))
+    cdef uint64_t mask = slots - 1, s
+    cdef Py_ssize_t i
+    for i in range(p.n):
+        s = p.pos[i] & mask
+        while index[s]:
+            s = (s + 1) & mask
+        index[s] = <uint32_t>(i + 1)
+    PyMem_Free(p.index)
+    p.index = index
+    p.mask = mask
+    return 0
+
+
+cdef Py_ssize_t _add(Part *p, uint64_t h, const unsigned char *s, size_t ln,
+                     int64_t v, uint64_t slot) noexcept:
+    """Append a new entry at the empty index `slot`; -1 when out of memory."""
+    cdef size_t need
+    cdef void *a
+    if p.n == p.cap:
+        if _grow_entries(p) < 0:
+            return -1
+    if p.dlen + ln > p.dcap:
+        need = p.dcap * 2 if p.dcap else 1024
+        while need < p.dlen + ln:
+            need *= 2
+        a = PyMem_Realloc(p.data, need)
+        if a == NULL:
+            return -1
+        p.data = <unsigned char *>a
+        p.dcap = need
+    cdef Py_ssize_t i = p.n
+    if ln:
+        memcpy(p.data + p.dlen, s, ln)
+    p.dlen += ln
+    p.pos[i] = h
+    p.val[i] = v
+    p.off[0] = 0
+    p.off[i + 1] = p.dlen
+    p.index[slot] = <uint32_t>(i + 1)
+    p.n = i + 1
+    if <uint64_t>(2 * p.n) > p.mask:         # keep the index at most half full
+        if _grow_index(p) < 0:
+            return -1
+    return i
+
+
+cdef inline Py_ssize_t _find(const Part *p, uint64_t h, const unsigned char *s, size_t ln,
+                             uint64_t *slot) noexcept:
+    """The entry of (h, key bytes), or -1 with *slot its empty index slot."""
+    cdef uint64_t k = h & p.mask
+    cdef uint32_t e
+    cdef Py_ssize_t i
+    while True:
+        e = p.index[k]
+        if e == 0:
+            slot[0] = k
+            return -1
+        i = e - 1
+        if p.pos[i] == h and p.off[i + 1] - p.off[i] == ln and \
+                memcmp(p.data + p.off[i], s, ln) == 0:
+            return i
+        k = (k + 1) & p.mask
+
+
+cdef inline Py_ssize_t _token_index(const uint64_t *tokens, Py_ssize_t n,
+                                    uint64_t h) noexcept:
+    """The first token at or after position h (the first token past the last one)."""
+    cdef Py_ssize_t lo = 0, hi = n, mid
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if tokens[mid] < h:
+            lo = mid + 1
+        else:
+            hi = mid
+    return 0 if lo == n else lo
+
+
+cdef inline size_t _bin_head(unsigned char *w, size_t n) noexcept:
+    """A msgpack bin header for n bytes at w; its size (w NULL: only the size)."""
+    if n < 256:
+        if w != NULL:
+            w[0] = 0xC4
+            w[1] = <unsigned char>n
+        return 2
+    if n < 65536:
+        if w != NULL:
+            w[0] = 0xC5
+            w[1] = <unsigned char>(n >> 8)
+            w[2] = <unsigned char>n
+        return 3
+    if w != NULL:
+        w[0] = 0xC6
+        _be(w + 1, n, 4)
+    return 5
+
+
+cdef inline void _be(unsigned char *w, uint64_t v, int size) noexcept:
+    cdef int k
+    for k in range(size):
+        w[k] = <unsigned char>(v >> (8 * (size - 1 - k)))
+
+
+cdef inline size_t _head(unsigned char *w, size_t n, unsigned char fix, unsigned char fixmax,
+                         unsigned char b8, unsigned char b16) noexcept:
+    """A msgpack str (fix 0xa0) or array (fix 0x90) header for n; b8 0 when the type
+    has no 8-bit form. Its size; w NULL: only the size."""
+    if n < fixmax:
+        if w != NULL:
+            w[0] = fix | <unsigned char>n
+        return 1
+    if b8 and n < 256:
+        if w != NULL:
+            w[0] = b8
+            w[1] = <unsigned char>n
+        return 2
+    if n < 65536:
+        if w != NULL:
+            w[0] = b16
+            _be(w + 1, n, 2)
+        return 3
+    if w != NULL:
+        w[0] = b16 + 1
+        _be(w + 1, n, 4)
+    return 5
+
+
+cdef inline size_t _int(unsigned char *w, int64_t v) noexcept:
+    """msgpack's smallest encoding of v; its size (w NULL: only the size)."""
+    cdef uint64_t u
+    cdef unsigned char code
+    cdef int size
+    if 0 <= v < 128 or -32 <= v < 0:
+        if w != NULL:
+            w[0] = <unsigned char>v
+        return 1
+    if v > 0:
+        u = <uint64_t>v
+        if u < 256:
+            code, size = 0xCC, 1
+        elif u < 65536:
+            code, size = 0xCD, 2
+        elif u < 4294967296:
+            code, size = 0xCE, 4
+        else:
+            code, size = 0xCF, 8
+    else:
+        u = <uint64_t>v
+        if v >= -128:
+            code, size = 0xD0, 1
+        elif v >= -32768:
+            code, size = 0xD1, 2
+        elif v >= -2147483648:
+            code, size = 0xD2, 4
+        else:
+            code, size = 0xD3, 8
+    if w != NULL:
+        w[0] = code
+        _be(w + 1, u, size)
+    return 1 + size
+
+
+cdef class Combiner:
+    """Open partial states per token of `tokens` (the ring's, sorted) for reducer `op`.
+
+    `opened`: the indexes of tokens whose part went from empty to holding a key, in
+    that order, appended by fold (the caller empties it)."""
+
+    cdef int op
+    cdef uint64_t *tok
+    cdef Py_ssize_t ntok
+    cdef Part *parts
+    cdef size_t max_key_bytes
+    cdef readonly tuple tokens
+    cdef readonly list opened
+
+    def __cinit__(self, str op, tokens, Py_ssize_t max_key_bytes):
+        if op not in OPS:
+            raise ValueError(f"no combining for reducer {op!r}: one of {sorted(OPS)}")
+        self.op = OPS[op]
+        self.tokens = tuple(tokens)
+        self.ntok = len(self.tokens)
+        if self.ntok == 0:
+            raise ValueError("a ring has at least one token")
+        self.tok = <uint64_t *>PyMem_Malloc(self.ntok * sizeof(uint64_t))
+        self.parts = <Part *>PyMem_Malloc(self.ntok * sizeof(Part))
+        if self.tok == NULL or self.parts == NULL:
+            raise MemoryError()
+        memset(self.parts, 0, self.ntok * sizeof(Part))
+        cdef Py_ssize_t i
+        for i in range(self.ntok):
+            self.tok[i] = self.tokens[i]
+            if i and self.tok[i] <= self.tok[i - 1]:
+                raise ValueError("ring tokens must be increasing")
+        self.max_key_bytes = max_key_bytes
+        self.opened = []
+
+    def __dealloc__(self):
+        cdef Py_ssize_t i
+        if self.parts != NULL:
+            for i in range(self.ntok):
+                _free(&self.parts[i])
+            PyMem_Free(self.parts)
+        PyMem_Free(self.tok)
+
+    def count(self, Py_ssize_t t):
+        """(keys, tuples folded in) of token index t's part."""
+        return self.parts[t].n, self.parts[t].inputs
+
+    def fold(self, list keys, Py_ssize_t start, int64_t value, values, Py_ssize_t size,
+             int64_t most):
+        """Fold keys[start:] (each with `value`, or values[i] from an int64 buffer of
+        len(keys)) until a part holds `size` keys or `most` tuples. Returns (i, t,
+        status): tuples before i are folded; status FULL: token t's part is full (i is
+        past its last tuple); OVERFLOW: key i's sum would leave int64 in part t; BAD_KEY,
+        LONG_KEY, NOT_STR: key i is not UTF-8, too long, not a str; DONE: all folded."""
+        cdef const int64_t[::1] vals
+        cdef const int64_t *vp = NULL
+        cdef Py_ssize_t n = len(keys)
+        if values is not None:
+            vals = values
+            if vals.shape[0] != n:
+                raise ValueError(f"{n} keys but {vals.shape[0]} values")
+            if n:
+                vp = &vals[0]
+        return self._fold(keys, start, n, value, vp, size, most)
+
+    cdef tuple _fold(self, list keys, Py_ssize_t start, Py_ssize_t n, int64_t value,
+                     const int64_t *vp, Py_ssize_t size, int64_t most):
+        cdef PyObject *key
+        cdef const unsigned char *s
+        cdef Py_ssize_t ln, i, t, e
+        cdef uint64_t h, slot
+        cdef int64_t v, r
+        cdef Part *p
+        cdef int op = self.op
+        for i in range(start, n):
+            key = _list_item(keys, i)
+            if not _is_str(key):
+                return i, -1, NOT_STR
+            if _is_ascii(key):
+                s = <const unsigned char *>_str_data(key)
+                ln = _str_len(key)
+            else:
+                s = <const unsigned char *>_utf8(key, &ln)
+                if s == NULL:
+                    PyErr_Clear()
+                    return i, -1, BAD_KEY
+            if <size_t>ln > self.max_key_bytes:
+                return i, -1, LONG_KEY
+            h = floe_murmur3_64(s, ln, 0)
+            t = _token_index(self.tok, self.ntok, h)
+            p = &self.parts[t]
+            v = vp[i] if vp != NULL else value
+            if p.index == NULL and _grow_index(p) < 0:
+                raise MemoryError()
+            e = _find(p, h, s, ln, &slot)
+            if e >= 0:
+                if op <= 1:
+                    if floe_add_overflow64(p.val[e], v, &r):
+                        return i, t, OVERFLOW
+                    p.val[e] = r
+                elif op == 2:
+                    if v < p.val[e]:
+                        p.val[e] = v
+                elif v > p.val[e]:
+                    p.val[e] = v
+            else:
+                if not p.opened:
+                    p.opened = 1
+                    self.opened.append(t)
+                if _add(p, h, s, ln, v, slot) < 0:
+                    raise MemoryError()
+            p.inputs += 1
+            if p.n >= size or p.inputs >= most:
+                return i + 1, t, FULL
+        return n, -1, DONE
+
+    def take(self, Py_ssize_t t, int form=2):
+        """Token index t's partial states as a batch payload (`form` 2: columns, 1:
+        msgpack [keys, values]), and (keys, tuples folded in); the part is emptied."""
+        if not 0 <= t < self.ntok:
+            raise IndexError(t)
+        cdef Part *p = &self.parts[t]
+        out = _columns(p) if form == 2 else _msgpack(p)
+        counts = (p.n, p.inputs)
+        _reset(p)
+        return out, counts[0], counts[1]
+
+
+cdef bytes _columns(const Part *p):
+    """HEADER (0xc1 0x02) + msgpack [kinds, key_data, offsets, positions, values]."""
+    cdef size_t n = p.n
+    cdef size_t sizes[5]
+    sizes[0] = 1
+    sizes[1] = p.dlen
+    sizes[2] = 8 * (n + 1)
+    sizes[3] = 8 * n
+    sizes[4] = 8 * n
+    cdef size_t total = 3, k
+    for k in range(5):
+        total += _bin_head(NULL, sizes[k]) + sizes[k]
+    out = PyBytes_FromStringAndSize(NULL, total)
+    cdef unsigned char *w = <unsigned char *>PyBytes_AS_STRING(out)
+    w[0] = 0xC1
+    w[1] = 0x02
+    w[2] = 0x95
+    w += 3
+    w += _bin_head(w, 1)
+    w[0] = 0                        # one kind for all: str
+    w += 1
+    w += _bin_head(w, sizes[1])
+    if p.dlen:
+        memcpy(w, p.data, p.dlen)
+    w += p.dlen
+    w += _bin_head(w, sizes[2])
+    if n:
+        memcpy(w, p.off, sizes[2])  # little-endian hosts only, as the hash
+    else:
+        memset(w, 0, 8)
+    w += sizes[2]
+    w += _bin_head(w, sizes[3])
+    if n:
+        memcpy(w, p.pos, sizes[3])
+    w += sizes[3]
+    w += _bin_head(w, sizes[4])
+    if n:
+        memcpy(w, p.val, sizes[4])
+    return out
+
+
+cdef bytes _msgpack(const Part *p):
+    """msgpack [keys, values], keys as str."""
+    cdef Py_ssize_t n = p.n, i
+    cdef size_t total = 1 + 2 * _head(NULL, n, 0x90, 16, 0, 0xDC), ln
+    for i in range(n):
+        ln = p.off[i + 1] - p.off[i]
+        total += _head(NULL, ln, 0xA0, 32, 0xD9, 0xDA) + ln + _int(NULL, p.val[i])
+    out = PyBytes_FromStringAndSize(NULL, total)
+    cdef unsigned char *w = <unsigned char *>PyBytes_AS_STRING(out)
+    w[0] = 0x92
+    w += 1
+    w += _head(w, n, 0x90, 16, 0, 0xDC)
+    for i in range(n):
+        ln = p.off[i + 1] - p.off[i]
+        w += _head(w, ln, 0xA0, 32, 0xD9, 0xDA)
+        if ln:
+            memcpy(w, p.data + p.off[i], ln)
+        w += ln
+    w += _head(w, n, 0x90, 16, 0, 0xDC)
+    for i in range(n):
+        w += _int(w, p.val[i])
+    return out

@@ -1,0 +1,140 @@
+"""The pure-Python combiner: the interface and meaning of the compiled one
+(mapper/ccombine.pyx), used where the extension is missing or FLOE_PURE=1 asks."""
+
+from __future__ import annotations
+
+from array import array
+from bisect import bisect_left
+
+import msgpack
+
+from floering.node.core.batch import positions_of
+
+OPS = {"count": 0, "sum": 1, "min": 2, "max": 3}
+DONE, FULL, OVERFLOW, BAD_KEY, LONG_KEY, NOT_STR = 0, 1, 2, 3, 4, 5
+LOWEST, HIGHEST = -(1 << 63), (1 << 63) - 1
+_HEADER = bytes((0xC1, 0x02))
+ROUTE_AHEAD = 4096    # keys hashed in one call
+
+
+class _Part:
+    __slots__ = ("states", "data", "inputs")
+
+    def __init__(self) -> None:
+        self.states: dict = {}      # key -> [position, state], in first-seen order
+        self.data: dict = {}        # key -> its UTF-8 bytes
+        self.inputs = 0
+
+
+class Combiner:
+    """Open partial states per token of `tokens` for reducer `op` (see ccombine)."""
+
+    def __init__(self, op: str, tokens, max_key_bytes: int) -> None:
+        if op not in OPS:
+            raise ValueError(f"no combining for reducer {op!r}: one of {sorted(OPS)}")
+        self.op = OPS[op]
+        self.tokens = tuple(tokens)
+        if not self.tokens:
+            raise ValueError("a ring has at least one token")
+        if any(b <= a for a, b in zip(self.tokens, self.tokens[1:])):
+            raise ValueError("ring tokens must be increasing")
+        self.max_key_bytes = max_key_bytes
+        self.parts = [_Part() for _ in self.tokens]
+        self.opened: list[int] = []
+        self.routes: dict = {}      # key -> (token index, position, bytes)
+
+    def count(self, t: int) -> tuple[int, int]:
+        part = self.parts[t]
+        return len(part.states), part.inputs
+
+    def _route(self, keys: list, i: int):
+        """(token index, position, bytes) of keys[i], None for a key that is not a str,
+        not UTF-8 or too long; the keys after it up to ROUTE_AHEAD are hashed with it."""
+        routes = self.routes
+        if len(routes) > 1 << 20:
+            routes.clear()
+        distinct, data = [], []
+        for key in dict.fromkeys(keys[i:i + ROUTE_AHEAD]):
+            if type(key) is not str or key in routes:
+                continue
+            try:
+                raw = key.encode()
+            except UnicodeEncodeError:
+                continue
+            if len(raw) <= self.max_key_bytes:
+                distinct.append(key)
+                data.append(raw)
+        last, tokens = len(self.tokens), self.tokens
+        for key, raw, pos in zip(distinct, data, positions_of(data) if data else ()):
+            t = bisect_left(tokens, pos)
+            routes[key] = (0 if t == last else t, pos, raw)
+        return routes.get(keys[i]) if type(keys[i]) is str else None
+
+    def fold(self, keys: list, start: int, value: int, values, size: int, most: int):
+        if values is not None and len(values) != len(keys):
+            raise ValueError(f"{len(keys)} keys but {len(values)} values")
+        op, parts, routes = self.op, self.parts, self.routes
+        for i in range(start, len(keys)):
+            key = keys[i]
+            route = routes.get(key) if type(key) is str else None
+            if route is None:
+                route = self._route(keys, i)
+                if route is None:
+                    return i, -1, self._why(key)
+            t, pos, raw = route
+            part = parts[t]
+            v = values[i] if values is not None else value
+            held = part.states.get(key)
+            if held is None:
+                if not part.states:
+                    self.opened.append(t)
+                part.states[key] = [pos, v]
+                part.data[key] = raw
+            elif op <= 1:
+                if not LOWEST <= held[1] + v <= HIGHEST:
+                    return i, t, OVERFLOW
+                held[1] += v
+            elif (v < held[1]) if op == 2 else (v > held[1]):
+                held[1] = v
+            part.inputs += 1
+            if len(part.states) >= size or part.inputs >= most:
+                return i + 1, t, FULL
+        return len(keys), -1, DONE
+
+    def _why(self, key) -> int:
+        if type(key) is not str:
+            return NOT_STR
+        try:
+            key.encode()
+        except UnicodeEncodeError:
+            return BAD_KEY
+        return LONG_KEY
+
+    def take(self, t: int, form: int = 2):
+        part = self.parts[t]
+        states, data = part.states, part.data
+        out = _columns(states, data) if form == 2 else \
+            msgpack.packb((list(states), [s for _, s in states.values()]))
+        counts = len(states), part.inputs
+        self.parts[t] = _Part()
+        return out, counts[0], counts[1]
+
+
+def _columns(states: dict, data: dict) -> bytes:
+    offsets = array("Q", [0])
+    total = 0
+    for raw in data.values():
+        total += len(raw)
+        offsets.append(total)
+    fields = (b"\x00", b"".join(data.values()), _little(offsets),
+              _little(array("Q", [p for p, _ in states.values()])),
+              _little(array("q", [s for _, s in states.values()])))
+    return _HEADER + msgpack.packb(fields, use_bin_type=True)
+
+
+def _little(arr: array) -> bytes:
+    import sys
+    if sys.byteorder != "little":
+        arr = array(arr.typecode, arr)
+        arr.byteswap()
+    return arr.tobytes()

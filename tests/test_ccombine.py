@@ -1,0 +1,164 @@
+"""The mapper's combiner kernel, compiled (mapper/ccombine.pyx) and pure Python
+(mapper/pycombine.py): exact against a Counter, byte for byte the same payloads, and a
+client that sends format 2 to nodes that say they decode it."""
+
+from __future__ import annotations
+
+import os
+import random
+from array import array
+from collections import Counter
+
+import pytest
+
+from floering.mapper import pycombine
+from floering.mapper.batching import MAX_KEY_BYTES, batcher_for
+from floering.mapper.combining import COMBINE_KERNEL, CombiningBatcher, ColumnBuffer
+from floering.node.core.batch import Columns, decode_batch, formats_said, is_versioned
+from floering.node.core.errors import InvalidKey
+from floering.node.core.hashing import position
+from floering.node.core.pieces import COMBINED_SOURCE
+from floering.node.core.reducers import reducer_identity
+from floering.node.core.ring import Ring
+
+try:
+    from floering.mapper import ccombine
+except ImportError:
+    ccombine = None
+
+KERNELS = [pycombine] + ([ccombine] if ccombine is not None else [])
+PURE = os.environ.get("FLOE_PURE", "") not in ("", "0")
+FOLD = {"count": lambda a, b: a + b, "sum": lambda a, b: a + b, "min": min, "max": max}
+WORDS = [f"w{i}" for i in range(300)] + ["héllo", "日本語", "", "ß" * 40, "x" * 300]
+
+
+def test_the_compiled_kernel_runs_unless_asked_for_pure_python():
+    assert COMBINE_KERNEL == ("python" if PURE or ccombine is None else "compiled")
+    if not PURE:
+        assert ccombine is not None, "the compiled combiner is not built (bash scripts/setup.sh)"
+
+
+def fold_all(kernel, op, tokens, keys, value, values, size, most, form):
+    """Fold keys through a combiner as the batcher does: (token index, payload, keys,
+    tuples) of every part taken, full ones as they fill, then the rest."""
+    combiner = kernel.Combiner(op, tokens, MAX_KEY_BYTES)
+    out, i = [], 0
+    while True:
+        i, t, status = combiner.fold(keys, i, value, values, size, most)
+        if status == kernel.DONE:
+            break
+        assert status in (kernel.FULL, kernel.OVERFLOW)
+        out.append((t,) + combiner.take(t, form))
+    for t in combiner.opened:
+        if combiner.count(t)[0]:
+            out.append((t,) + combiner.take(t, form))
+    return out
+
+
+@pytest.mark.parametrize("op", sorted(FOLD))
+@pytest.mark.parametrize("form", [1, 2])
+def test_both_kernels_fold_exactly_and_give_the_same_bytes(op, form):
+    rng = random.Random(f"{op}{form}")
+    tokens = sorted({rng.getrandbits(64) for _ in range(7)})
+    for trial in range(6):
+        keys = [rng.choice(WORDS) for _ in range(rng.randrange(1, 4000))]
+        values = None if trial % 2 else array("q", [rng.randrange(-10**6, 10**6)
+                                                    for _ in keys])
+        value = rng.randrange(-5, 6)
+        size, most = rng.choice([1, 3, 50, 10_000]), rng.choice([1, 7, 1000, 1 << 40])
+        runs = [fold_all(k, op, tokens, keys, value, values, size, most, form)
+                for k in KERNELS]
+        assert all(run == runs[0] for run in runs[1:])      # the very same payloads
+        expect: dict = {}
+        for i, key in enumerate(keys):
+            v = values[i] if values is not None else value
+            expect[key] = FOLD[op](expect[key], v) if key in expect else v
+        got: dict = {}
+        inputs = 0
+        for t, payload, count, folded in runs[0]:
+            assert is_versioned(payload) == (form == 2) and 0 < count <= size
+            assert folded <= most
+            inputs += folded
+            decoded = decode_batch(payload, count)
+            assert isinstance(decoded, Columns) == (form == 2)
+            batch_keys, states = decoded.to_tuples() if form == 2 else decoded
+            for key, state in zip(batch_keys, states):
+                index = next((j for j, tok in enumerate(tokens) if tok >= position(key)), 0)
+                assert index == t                 # routed to its token
+                got[key] = FOLD[op](got[key], state) if key in got else state
+        assert got == expect and inputs == len(keys)
+
+
+def test_a_combining_batcher_counts_exactly_and_seals_a_sum_before_it_leaves_int64():
+    ring = Ring.initial({"a": "h:1", "b": "h:2"}, 1, 4, reducer=reducer_identity("sum", {}))
+    batcher = batcher_for(_Delivery(ring, columns=True), "m", False, 100, 1)
+    assert isinstance(batcher, CombiningBatcher)
+    big = (1 << 62) + 12345
+    keys = ["a", "b", "a", "c"] * 5
+    batcher.emit_many(keys, big)
+    batcher.emit_many(["a"] * 3, -7)
+    assert all(type(b) is ColumnBuffer for b in batcher.buffers.values())
+    batcher.seal_all()
+    got: Counter = Counter()
+    for batch in batcher.sealed:
+        assert batch.source.startswith(COMBINED_SOURCE) and is_versioned(batch.payload)
+        batch_keys, states = decode_batch(batch.payload, batch.count).to_tuples()
+        for key, state in zip(batch_keys, states):
+            got[key] += state
+    expect = Counter({k: n * big for k, n in Counter(keys).items()})
+    expect["a"] -= 21
+    assert got == expect
+
+
+def test_keys_the_kernel_cannot_take_are_refused_as_the_dict_path_refuses_them():
+    ring = Ring.initial({"a": "h:1"}, 0, 4, reducer=reducer_identity("count", {}))
+    batcher = batcher_for(_Delivery(ring, columns=True), "m", False, 100, 1)
+    with pytest.raises(InvalidKey, match="UTF-8"):
+        batcher.emit_many(["ok", "bad\ud800"], 1)
+    with pytest.raises(InvalidKey, match="over the limit"):
+        batcher.emit_many(["x" * (MAX_KEY_BYTES + 1)], 1)
+    batcher.emit_many([1, 2, 1], 1)         # an int key: the dict path, the other sealed
+    assert {type(b).__name__ for b in batcher.buffers.values()} == {"StateBuffer"}
+
+
+def test_a_node_that_says_no_formats_is_sent_format_1():
+    assert formats_said(None) == formats_said(()) == {1}
+    assert formats_said((("floe-payload-formats", "1,2"),)) == {1, 2}
+    assert formats_said((("floe-payload-formats", "junk"),)) == {1}
+
+
+class _Delivery:
+    def __init__(self, ring, columns: bool) -> None:
+        self.ring = ring
+        self.on_ring_change = None
+        self.columns = columns
+
+    def speaks_columns(self) -> bool:
+        return self.columns
+
+
+@pytest.mark.multiprocess
+def test_a_client_sends_columns_to_nodes_that_decode_them_and_counts_exactly(tmp_path):
+    """Default `floe up`-style nodes (4, r=1, TLS): a client by default sends format
+    2, combined and every tuple, and columnar=False sends format 1; every count exact."""
+    from floering.chaos.cluster import LocalCluster
+    from floering.chaos.corpus import kjv_lines
+    from floering.mapper import RingClient, split_words
+
+    words = [w for line in kjv_lines(3000) for w in split_words(line)]
+    expect: Counter = Counter()
+    with LocalCluster.up(4, 1, workdir=tmp_path, reducer="count") as cluster:
+        for combine, columnar, form in ((True, None, 2), (False, None, 2),
+                                        (True, False, 1), (False, False, 1)):
+            with RingClient(cluster.seeds, tls=cluster.tls(), batch_size=300,
+                            combine=combine, columnar=columnar) as client:
+                seen = []
+                submit = client._delivery.submit
+                client._delivery.submit = lambda b: (seen.append(is_versioned(b.payload)),
+                                                     submit(b))
+                for i in range(0, len(words), 5000):
+                    client.emit_many(words[i:i + 5000])
+                client.flush()
+                expect.update(words)
+                assert seen and set(seen) == {form == 2}, (combine, columnar)
+                assert dict(client.scan()) == expect
