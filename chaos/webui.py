@@ -9,6 +9,9 @@ round at a time), and a small HTTP/1.1 server answers, bounded like a node's met
 endpoint: at most MAX_CONNECTIONS open at once (streams included; one more is answered
 503), a request head of at most MAX_HEAD bytes sent within READ_TIMEOUT, one request
 per connection, and a stream whose reader falls MAX_BUFFERED bytes behind is closed.
+On the loopback, only requests naming it in their Host header are answered (421
+otherwise): a web site whose name is made to resolve to 127.0.0.1 cannot read the ring
+through its visitor's browser.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from floering.chaos.webui_state import Watcher
 
 PAGE = Path(__file__).resolve().parent / "data" / "ui.html"
 DEFAULT_PORT = 8470
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 MAX_CONNECTIONS = 32
 MAX_HEAD = 8192
 READ_TIMEOUT = 5.0
@@ -35,6 +39,14 @@ def _answer(status: str, body: bytes = b"", content_type: str = "text/plain") ->
             f"X-Content-Type-Options: nosniff\r\nConnection: close\r\n\r\n").encode() + body
 
 
+def _host(head: bytes) -> bytes:
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"host":
+            return value.strip().lower()
+    return b""
+
+
 class UiServer:
     """The page, its snapshot and its stream, on the running loop."""
 
@@ -44,9 +56,15 @@ class UiServer:
         self._open: set[asyncio.StreamWriter] = set()
         self._server: asyncio.AbstractServer | None = None
         self.refused = 0
+        # Host headers answered (None: any); on the loopback only its own names, so a
+        # site whose name resolves to 127.0.0.1 cannot read the ring from a browser.
+        self.hosts: set[bytes] | None = None
 
     async def start(self, host: str, port: int) -> None:
         self._server = await asyncio.start_server(self._serve, host, port, limit=MAX_HEAD)
+        if host in LOOPBACK:                 # our own names only (see `hosts`)
+            self.hosts = {f"{name}:{self.port}".encode() for name in
+                          ("127.0.0.1", "localhost", "[::1]")}
 
     @property
     def port(self) -> int:
@@ -63,7 +81,9 @@ class UiServer:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), READ_TIMEOUT)
             method, _, rest = head.split(b"\r\n", 1)[0].partition(b" ")
             path = rest.partition(b" ")[0].partition(b"?")[0]
-            if method != b"GET":
+            if self.hosts is not None and _host(head) not in self.hosts:
+                writer.write(_answer("421 Misdirected Request", b"unknown host\n"))
+            elif method != b"GET":
                 writer.write(_answer("405 Method Not Allowed"))
             elif path == b"/api/stream":
                 await self._stream(reader, writer)
@@ -154,7 +174,7 @@ def add_ui_command(sub, seeds, tls) -> None:
             else args.cluster_file
         if args.interval <= 0:
             raise ValueError(f"--interval must be above 0, not {args.interval}")
-        if args.host not in ("127.0.0.1", "localhost", "::1"):
+        if args.host not in LOOPBACK:
             print(f"floe ui: serving on {args.host}: anyone who reaches it sees the "
                   f"ring (no authentication)", file=sys.stderr)
         watcher = Watcher(seeds(args), tls(args, "client"), recorded,

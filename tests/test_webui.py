@@ -8,6 +8,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -115,10 +116,25 @@ async def test_the_server_bounds_its_connections_and_answers_the_snapshot():
     server = UiServer(watcher, b"<html></html>", max_connections=3)
     await server.start("127.0.0.1", 0)
     streams = []
+    host = f"Host: 127.0.0.1:{server.port}\r\n".encode()
+
+    async def ask(request: bytes) -> bytes:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(request)
+        try:
+            return await asyncio.wait_for(reader.read(), 5)
+        finally:
+            writer.close()
     try:
+        # a page of another site whose name resolves to the loopback gets nothing
+        assert (await ask(b"GET /api/state HTTP/1.1\r\nHost: evil.example:80\r\n\r\n")
+                ).startswith(b"HTTP/1.1 421")
+        assert (await ask(b"GET /api/state HTTP/1.1\r\n\r\n")).startswith(b"HTTP/1.1 421")
+        assert (await ask(b"POST / HTTP/1.1\r\n" + host + b"\r\n")).startswith(b"HTTP/1.1 405")
+        assert (await ask(b"GET /x HTTP/1.1\r\n" + host + b"\r\n")).startswith(b"HTTP/1.1 404")
         for _ in range(3):
             reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-            writer.write(b"GET /api/stream HTTP/1.1\r\nHost: x\r\n\r\n")
+            writer.write(b"GET /api/stream HTTP/1.1\r\n" + host + b"\r\n")
             streams.append((reader, writer))
         for reader, _ in streams:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
@@ -126,18 +142,41 @@ async def test_the_server_bounds_its_connections_and_answers_the_snapshot():
             retry = await asyncio.wait_for(reader.readuntil(b"\n\n"), 5)
             data = await asyncio.wait_for(reader.readuntil(b"\n\n"), 5)
             assert retry == b"retry: 1000\n\n" and data == b"data: " + watcher.body + b"\n\n"
-        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-        writer.write(b"GET /api/state HTTP/1.1\r\n\r\n")
-        assert (await asyncio.wait_for(reader.read(), 5)).startswith(b"HTTP/1.1 503")
-        writer.close()
-        streams.pop()[1].close()
+        assert (await ask(b"GET /api/state HTTP/1.1\r\n" + host + b"\r\n")
+                ).startswith(b"HTTP/1.1 503")
+        streams.pop()[1].close()            # a stream closed by its reader frees its place
         await asyncio.sleep(0.1)
-        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-        writer.write(b"GET /api/state HTTP/1.1\r\n\r\n")
-        answer = await asyncio.wait_for(reader.read(), 5)
+        answer = await ask(b"GET /api/state HTTP/1.1\r\n" + host + b"\r\n")
         assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(watcher.body)
-        writer.close()
+        page = await ask(b"GET / HTTP/1.1\r\nHost: localhost:%d\r\n\r\n" % server.port)
+        assert page.startswith(b"HTTP/1.1 200") and page.endswith(b"<html></html>")
     finally:
         for _, writer in streams:
             writer.close()
         server.close()
+
+
+def test_a_ring_that_does_not_answer_is_said_on_the_page_and_the_server_keeps_polling(
+        tmp_path):
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k != "FLOE_TLS_DIR"}
+    ui = subprocess.Popen([sys.executable, "-m", "floering.chaos.cli", "ui", "--port", "0",
+                           "--ring", f"127.0.0.1:{port}", "--timeout", "1"], cwd=tmp_path,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env=dict(env, PYTHONPATH=f"{ROOT}:{ROOT / 'proto'}"))
+    try:
+        url = ui.stdout.readline().split()[2]
+
+        def state():
+            with urllib.request.urlopen(url + "api/state", timeout=5) as answer:
+                return json.load(answer)
+        snap = until(lambda: state().get("verdict"), 20, "a first read")
+        assert snap.startswith("UNKNOWN: the ring does not answer")
+        first = state()
+        assert first["error"] and first["members"] == [] and first["ranges"] == []
+        until(lambda: state()["t"] > first["t"], 10, "another read")
+    finally:
+        stop(ui)
+    assert ui.returncode == 0, ui.stderr.read()
