@@ -15,7 +15,7 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
 from floering.v1 import floe_pb2, floe_pb2_grpc
-from floering.node.core.batch import Batch
+from floering.node.core.batch import FORMATS_METADATA, PAYLOAD_FORMATS, Batch
 from floering.node.core.codec import pack, unpack
 from floering.node.core.dedup import bind_source
 from floering.node.core.errors import FloeError, InvalidArgument, Unavailable, inert
@@ -172,6 +172,9 @@ class DataPlane(floe_pb2_grpc.DataPlaneServicer):
             reader.cancel()
 
 
+SPOKEN = ",".join(map(str, PAYLOAD_FORMATS))     # told to mappers in GetRing
+
+
 class ControlPlane(floe_pb2_grpc.ControlPlaneServicer):
     def __init__(self, service: NodeService) -> None:
         self.service = service
@@ -190,6 +193,7 @@ class ControlPlane(floe_pb2_grpc.ControlPlaneServicer):
                                                     request.expect_reducer)
         except FloeError as exc:
             await abort(context, exc)
+        await context.send_initial_metadata(((FORMATS_METADATA, SPOKEN),))
         return self._view(ring, starting)
 
     async def ExchangeRing(self, request, context):
