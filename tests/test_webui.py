@@ -25,6 +25,18 @@ OWNERS = """Array.from(document.querySelectorAll('#ranges path.range'))
                .map(p => [p.dataset.token, p.dataset.owner, p.dataset.lost])"""
 
 
+# A snapshot as /api/state gives it: n0 hands the first range to n2; the second is lost.
+DRAWN = {"t": 0, "verdict": "DATA LOST: x", "error": None,
+         "ring": {"version": 9, "replication": 1, "reducer": "count", "balancer": "none"},
+         "ranges": [{"token": "0x7fffffffffffffff", "start": 0.5, "end": 0.5, "share": 0.5,
+                     "primary": "n0", "replicas": ["n3"], "extras": ["n2"], "lost": False},
+                    {"token": "0xffffffffffffffff", "start": 0.5, "end": 1.0, "share": 0.5,
+                     "primary": "n3", "replicas": ["n0"], "extras": [], "lost": True}],
+         "members": [{"node_id": "n0", "state": "serving"},
+                     {"node_id": "n3", "state": "leaving"}],
+         "events": [{"t": 0, "kind": "handoff_prepared", "node": "n0", "text": "x"}]}
+
+
 def start_ui(cwd) -> tuple[subprocess.Popen, str]:
     ui = subprocess.Popen([sys.executable, "-m", "floering.chaos.cli", "ui", "--port", "0",
                            "--interval", "0.25"], cwd=cwd, stdout=subprocess.PIPE,
@@ -97,6 +109,15 @@ def test_the_page_shows_the_ring_and_a_killed_member_turning_dead(tmp_path):
             10, "the detection and takeover on the timeline")
         assert kinds >= 2
         assert browser.evaluate(MEMBERS).count(["n1", "dead"]) == 1
+        # the page's own drawing of a handoff in flight and of a lost range, rendered
+        # and read at once (the next read of the ring redraws the real one)
+        drawn = browser.evaluate(f"""(render({json.dumps(DRAWN)}),
+            [document.querySelectorAll('#extras path.handoff').length,
+             document.querySelector('#extras path').dataset.node,
+             document.querySelector('#ranges path[data-lost="1"]').getAttribute('stroke'),
+             document.querySelectorAll('#replicas path').length,
+             document.querySelector('#members tr[data-node="n3"]').dataset.state])""")
+        assert drawn == [1, "n2", "#000", 2, "leaving"]
         print(f"n1 dead on the page {shown_dead * 1000:.0f} ms after its SIGKILL")
     finally:
         if browser is not None:
