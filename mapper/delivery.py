@@ -251,7 +251,7 @@ class Delivery:
             self.seeds + ([a for _, a in self.ring.addresses] if self.ring else [])))
         request = floe_pb2.GetRingRequest(expect_reducer=self.expect_reducer or "")
 
-        spoken: dict[str, frozenset] = {}
+        spoken: dict[str, frozenset] = {}        # address -> the formats it decodes
 
         async def ask(address):
             stub = floe_pb2_grpc.ControlPlaneStub(self.channel(address))
@@ -303,8 +303,7 @@ class Delivery:
             self.adopt(ring)
             self._wire = best.ring
         self.reducer = best.reducer
-        if spoken:
-            self.formats = frozenset.intersection(*spoken.values())
+        self.formats = frozenset.intersection(*spoken.values()) if spoken else self.formats
         return self.ring
 
     def speaks_columns(self) -> bool:
