@@ -41,14 +41,21 @@ cdef extern from *:
     int floe_add_overflow64(int64_t a, int64_t b, int64_t *r) nogil
 
 OPS = {"count": 0, "sum": 1, "min": 2, "max": 3}
+cdef enum:
+    BUCKET_BITS = 12
 # What fold() says when it stops.
 DONE, FULL, OVERFLOW, BAD_KEY, LONG_KEY, NOT_STR = 0, 1, 2, 3, 4, 5
 
 
+ctypedef struct Entry:      # 32 bytes: what a lookup reads, on one cache line
+    uint64_t pos
+    int64_t val
+    uint64_t off            # the key's bytes: data[off:off + len]
+    uint64_t len
+
+
 ctypedef struct Part:
-    uint64_t *pos
-    int64_t *val
-    uint64_t *off           # n + 1 offsets into data
+    Entry *ent              # in first-seen order
     unsigned char *data
     uint32_t *index         # 0 empty, else entry + 1
     Py_ssize_t n, cap
@@ -59,9 +66,7 @@ ctypedef struct Part:
 
 
 cdef void _free(Part *p) noexcept:
-    PyMem_Free(p.pos)
-    PyMem_Free(p.val)
-    PyMem_Free(p.off)
+    PyMem_Free(p.ent)
     PyMem_Free(p.data)
     PyMem_Free(p.index)
     memset(p, 0, sizeof(Part))
@@ -78,19 +83,10 @@ cdef void _reset(Part *p) noexcept:
 
 cdef int _grow_entries(Part *p) noexcept:
     cdef Py_ssize_t cap = p.cap * 2 if p.cap else 64
-    cdef void *a = PyMem_Realloc(p.pos, cap * sizeof(uint64_t))
+    cdef void *a = PyMem_Realloc(p.ent, cap * sizeof(Entry))
     if a == NULL:
         return -1
-    p.pos = <uint64_t *>a
-    a = PyMem_Realloc(p.val, cap * sizeof(int64_t))
-    if a == NULL:
-        return -1
-    p.val = <int64_t *>a
-    a = PyMem_Realloc(p.off, (cap + 1) * sizeof(uint64_t))
-    if a == NULL:
-        return -1
-    p.off = <uint64_t *>a
-    p.off[0] = 0 if p.n == 0 else p.off[0]
+    p.ent = <Entry *>a
     p.cap = cap
     return 0
 
@@ -107,7 +103,7 @@ cdef int _grow_index(Part *p) noexcept:
     cdef uint64_t mask = slots - 1, s
     cdef Py_ssize_t i
     for i in range(p.n):
-        s = p.pos[i] & mask
+        s = p.ent[i].pos & mask
         while index[s]:
             s = (s + 1) & mask
         index[s] = <uint32_t>(i + 1)
@@ -138,10 +134,10 @@ cdef Py_ssize_t _add(Part *p, uint64_t h, const unsigned char *s, size_t ln,
     if ln:
         memcpy(p.data + p.dlen, s, ln)
     p.dlen += ln
-    p.pos[i] = h
-    p.val[i] = v
-    p.off[0] = 0
-    p.off[i + 1] = p.dlen
+    p.ent[i].pos = h
+    p.ent[i].val = v
+    p.ent[i].off = p.dlen - ln
+    p.ent[i].len = ln
     p.index[slot] = <uint32_t>(i + 1)
     p.n = i + 1
     if <uint64_t>(2 * p.n) > p.mask:         # keep the index at most half full
@@ -155,30 +151,26 @@ cdef inline Py_ssize_t _find(const Part *p, uint64_t h, const unsigned char *s, 
     """The entry of (h, key bytes), or -1 with *slot its empty index slot."""
     cdef uint64_t k = h & p.mask
     cdef uint32_t e
-    cdef Py_ssize_t i
+    cdef const Entry *en
     while True:
         e = p.index[k]
         if e == 0:
             slot[0] = k
             return -1
-        i = e - 1
-        if p.pos[i] == h and p.off[i + 1] - p.off[i] == ln and \
-                memcmp(p.data + p.off[i], s, ln) == 0:
-            return i
+        en = &p.ent[e - 1]
+        if en.pos == h and en.len == ln and memcmp(p.data + en.off, s, ln) == 0:
+            return e - 1
         k = (k + 1) & p.mask
 
 
 cdef inline Py_ssize_t _token_index(const uint64_t *tokens, Py_ssize_t n,
-                                    uint64_t h) noexcept:
-    """The first token at or after position h (the first token past the last one)."""
-    cdef Py_ssize_t lo = 0, hi = n, mid
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if tokens[mid] < h:
-            lo = mid + 1
-        else:
-            hi = mid
-    return 0 if lo == n else lo
+                                    const uint32_t *bucket, uint64_t h) noexcept:
+    """The first token at or after position h (the first token past the last one),
+    searched from the first token of h's bucket (its top BUCKET_BITS bits) on."""
+    cdef Py_ssize_t t = bucket[h >> (64 - BUCKET_BITS)]
+    while t < n and tokens[t] < h:
+        t += 1
+    return 0 if t == n else t
 
 
 cdef inline size_t _bin_head(unsigned char *w, size_t n) noexcept:
@@ -273,6 +265,7 @@ cdef class Combiner:
 
     cdef int op
     cdef uint64_t *tok
+    cdef uint32_t *bucket     # the first token index at or after each bucket's start
     cdef Py_ssize_t ntok
     cdef Part *parts
     cdef size_t max_key_bytes
@@ -289,14 +282,19 @@ cdef class Combiner:
             raise ValueError("a ring has at least one token")
         self.tok = <uint64_t *>PyMem_Malloc(self.ntok * sizeof(uint64_t))
         self.parts = <Part *>PyMem_Malloc(self.ntok * sizeof(Part))
-        if self.tok == NULL or self.parts == NULL:
+        self.bucket = <uint32_t *>PyMem_Malloc((1 << BUCKET_BITS) * sizeof(uint32_t))
+        if self.tok == NULL or self.parts == NULL or self.bucket == NULL:
             raise MemoryError()
         memset(self.parts, 0, self.ntok * sizeof(Part))
-        cdef Py_ssize_t i
+        cdef Py_ssize_t i, t = 0
         for i in range(self.ntok):
             self.tok[i] = self.tokens[i]
             if i and self.tok[i] <= self.tok[i - 1]:
                 raise ValueError("ring tokens must be increasing")
+        for i in range(1 << BUCKET_BITS):
+            while t < self.ntok and self.tok[t] < (<uint64_t>i << (64 - BUCKET_BITS)):
+                t += 1
+            self.bucket[i] = <uint32_t>t
         self.max_key_bytes = max_key_bytes
         self.opened = []
 
@@ -307,6 +305,7 @@ cdef class Combiner:
                 _free(&self.parts[i])
             PyMem_Free(self.parts)
         PyMem_Free(self.tok)
+        PyMem_Free(self.bucket)
 
     def count(self, Py_ssize_t t):
         """(keys, tuples folded in) of token index t's part."""
@@ -354,7 +353,7 @@ cdef class Combiner:
             if <size_t>ln > self.max_key_bytes:
                 return i, -1, LONG_KEY
             h = floe_murmur3_64(s, ln, 0)
-            t = _token_index(self.tok, self.ntok, h)
+            t = _token_index(self.tok, self.ntok, self.bucket, h)
             p = &self.parts[t]
             v = vp[i] if vp != NULL else value
             if p.index == NULL and _grow_index(p) < 0:
@@ -362,14 +361,14 @@ cdef class Combiner:
             e = _find(p, h, s, ln, &slot)
             if e >= 0:
                 if op <= 1:
-                    if floe_add_overflow64(p.val[e], v, &r):
+                    if floe_add_overflow64(p.ent[e].val, v, &r):
                         return i, t, OVERFLOW
-                    p.val[e] = r
+                    p.ent[e].val = r
                 elif op == 2:
-                    if v < p.val[e]:
-                        p.val[e] = v
-                elif v > p.val[e]:
-                    p.val[e] = v
+                    if v < p.ent[e].val:
+                        p.ent[e].val = v
+                elif v > p.ent[e].val:
+                    p.ent[e].val = v
             else:
                 if not p.opened:
                     p.opened = 1
@@ -418,19 +417,21 @@ cdef bytes _columns(const Part *p):
     if p.dlen:
         memcpy(w, p.data, p.dlen)
     w += p.dlen
-    w += _bin_head(w, sizes[2])
-    if n:
-        memcpy(w, p.off, sizes[2])  # little-endian hosts only, as the hash
-    else:
-        memset(w, 0, 8)
+    cdef size_t i
+    cdef uint64_t zero = 0, word
+    w += _bin_head(w, sizes[2])     # little-endian hosts only, as the hash
+    memcpy(w, &zero, 8)             # (memcpy: the columns need not be aligned)
+    for i in range(n):
+        word = p.ent[i].off + p.ent[i].len
+        memcpy(w + 8 * (i + 1), &word, 8)
     w += sizes[2]
     w += _bin_head(w, sizes[3])
-    if n:
-        memcpy(w, p.pos, sizes[3])
+    for i in range(n):
+        memcpy(w + 8 * i, &p.ent[i].pos, 8)
     w += sizes[3]
     w += _bin_head(w, sizes[4])
-    if n:
-        memcpy(w, p.val, sizes[4])
+    for i in range(n):
+        memcpy(w + 8 * i, &p.ent[i].val, 8)
     return out
 
 
@@ -439,20 +440,20 @@ cdef bytes _msgpack(const Part *p):
     cdef Py_ssize_t n = p.n, i
     cdef size_t total = 1 + 2 * _head(NULL, n, 0x90, 16, 0, 0xDC), ln
     for i in range(n):
-        ln = p.off[i + 1] - p.off[i]
-        total += _head(NULL, ln, 0xA0, 32, 0xD9, 0xDA) + ln + _int(NULL, p.val[i])
+        ln = p.ent[i].len
+        total += _head(NULL, ln, 0xA0, 32, 0xD9, 0xDA) + ln + _int(NULL, p.ent[i].val)
     out = PyBytes_FromStringAndSize(NULL, total)
     cdef unsigned char *w = <unsigned char *>PyBytes_AS_STRING(out)
     w[0] = 0x92
     w += 1
     w += _head(w, n, 0x90, 16, 0, 0xDC)
     for i in range(n):
-        ln = p.off[i + 1] - p.off[i]
+        ln = p.ent[i].len
         w += _head(w, ln, 0xA0, 32, 0xD9, 0xDA)
         if ln:
-            memcpy(w, p.data + p.off[i], ln)
+            memcpy(w, p.data + p.ent[i].off, ln)
         w += ln
     w += _head(w, n, 0x90, 16, 0, 0xDC)
     for i in range(n):
-        w += _int(w, p.val[i])
+        w += _int(w, p.ent[i].val)
     return out
