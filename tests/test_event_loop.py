@@ -15,7 +15,7 @@ from floering.node.core.batch import encode_payload
 from floering.node.core.codec import pack, pack_entries, unpack_entries
 from floering.node.core.errors import InvalidArgument
 from floering.node.core.ranges import PrimaryRange
-from floering.node.core.reducers import load_reducer
+from floering.node.core.reducers import Count, load_reducer
 from floering.node.transport.peers import PeerPool, channel_options
 from floering.node.transport.server import ControlPlane
 
@@ -184,8 +184,26 @@ def advance(rng: PrimaryRange, seq: int, keys) -> None:
               b"")
 
 
-def test_full_states_read_master_in_place_and_stay_as_cut():
+class DictCount(Count):
+    """A count as a user-defined reducer: its ranges keep layered dicts."""
+
+
+def test_a_table_ranges_full_states_are_a_copy_as_cut():
     rng = PrimaryRange(1, load_reducer("count"))
+    advance(rng, 1, ["a", "b"])
+    rng.cut_checkpoint()
+    rng.checkpoint_shipped()
+    advance(rng, 3, ["b", "c"])
+    full = rng.full_checkpoint(rng.cut_checkpoint())
+    advance(rng, 5, ["a", "d"])                 # after the cut: not in the full states
+    rng.checkpoint_shipped()
+    assert dict(full.states) == {"a": 1, "b": 2, "c": 1}
+    assert unpack_entries(pack_entries(full.states)) == {"a": 1, "b": 2, "c": 1}
+    assert rng.state.snapshot() == {"a": 2, "b": 2, "c": 1, "d": 1}
+
+
+def test_full_states_read_master_in_place_and_stay_as_cut():
+    rng = PrimaryRange(1, DictCount())
     advance(rng, 1, ["a", "b"])
     rng.cut_checkpoint()
     rng.checkpoint_shipped()
@@ -206,7 +224,7 @@ def test_full_states_no_one_holds_are_never_copied(monkeypatch):
     from floering.node.core.ranges import FullStates
     frozen = []
     monkeypatch.setattr(FullStates, "freeze", lambda self: frozen.append(self))
-    rng = PrimaryRange(1, load_reducer("count"))
+    rng = PrimaryRange(1, DictCount())
     advance(rng, 1, ["a"])
     rng.full_checkpoint(rng.cut_checkpoint())          # shipped, then dropped
     rng.checkpoint_shipped()

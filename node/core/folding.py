@@ -87,9 +87,8 @@ class RangeFolds:
 
     def __init__(self, rng) -> None:
         self.rng = rng
-        state = rng.state
         # the range's keys when it became ours, looked at a step per round
-        self.todo: list | None = [*state.master, *(state.inactive or ()), *state.active]
+        self.todo: list | None = rng.state.keys()
         self.at = 0
         self.pieces: dict = {}     # piece key -> (its state when last looked at, since)
         self.gates: dict = {}      # pending outgoing key -> checkpoint seq to be acked
@@ -144,7 +143,7 @@ class FoldBook:
                 rf.pieces.setdefault(key, (None, now))
             elif is_fold_key(key) and pending(held := state.get(key)):
                 # in this range's next checkpoint, which every replica must take first
-                state.active[key] = held
+                state.put(key, held)
                 rf.gates.setdefault(key, rf.rng.checkpoint_seq + 1)
 
     def _fold_idle(self, core, token: int, rf: RangeFolds, now: float) -> None:
@@ -177,8 +176,8 @@ class FoldBook:
         n = last[0] + 1 if isinstance(last, (list, tuple)) and last and \
             type(last[0]) is int else 1
         initial = core.reducer.initial()
-        state.active[piece] = initial
-        state.active[out] = [n, held]
+        state.put(piece, initial)
+        state.put(out, [n, held])
         rf.pieces[piece] = (initial, now)
         rf.gates[out] = rf.rng.checkpoint_seq + 1
         self.folded += 1
@@ -208,5 +207,5 @@ class FoldBook:
         if rng is not None:
             held = rng.state.get(out)
             if pending(held) and held[0] == seq:
-                rng.state.active[out] = [seq]
+                rng.state.put(out, [seq])
                 self.done += 1

@@ -22,6 +22,8 @@ from floering.node.core.ranges import Checkpoint, PrimaryRange, ReplicaSide
 from floering.node.core.reducers import Reducer
 from floering.node.core.ring import Ring
 from floering.node.core.split_point import PositionLoad
+from floering.node.core.table_state import (Columns, ColumnKeys, check_positions,
+                                            marked_keys)
 from floering.node.core.streams import StreamGuard
 
 
@@ -251,9 +253,14 @@ class NodeCore:
             def check(keys):
                 # Every key is checked against the token, exactly: a key the range
                 # already holds was checked when it first came, so only new ones are
-                # hashed (--verify-keys hashes all of them, every time).
-                new = keys if self.verify_keys else state.unknown(keys)
-                self._verify_all(token, new)
+                # hashed (--verify-keys hashes all of them, every time). Columns carry
+                # checked positions: all of them are checked, in bulk.
+                if isinstance(keys, Columns):
+                    self._verify_all(token, keys)
+                    keys, new = ColumnKeys(keys), marked_keys(keys)
+                else:
+                    new = keys if self.verify_keys else state.unknown(keys)
+                    self._verify_all(token, new)
                 self.positions.record(token, keys)
                 if ring.balancer in FOLDING_BALANCERS:
                     self.folds.saw(token, new)
@@ -281,6 +288,8 @@ class NodeCore:
         return lambda keys: self._verify_all(token, keys)
 
     def _verify_all(self, token: int, keys) -> None:
+        if isinstance(keys, Columns):
+            return check_positions(keys, self.ring.range_of_token(token), token)
         token_for_key = self.ring.token_for_key
         for key in keys:
             if token_for_key(key) != token:

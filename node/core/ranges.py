@@ -21,6 +21,7 @@ from floering.node.core.pieces import carries_states
 from floering.node.core.reducers import Reducer
 from floering.node.core.snapshot_format import is_import_mark
 from floering.node.core.state_store import LayeredState, ReplicaState
+from floering.node.core.table_state import new_state
 
 
 @dataclass
@@ -74,7 +75,7 @@ class FullStates(Mapping):
 class PrimaryRange:
     def __init__(self, token: int, reducer: Reducer) -> None:
         self.token = token
-        self.state = LayeredState(reducer)
+        self.state = new_state(reducer)
         self.watermarks: dict[str, int] = {}
         self.checkpoint_seq = 0
         self._watermarks_at_checkpoint: dict[str, int] = {}
@@ -109,15 +110,13 @@ class PrimaryRange:
         if source not in self.watermarks:
             self._check_room(source, max_sources)
         decoded = decode_batch(payload, count)
-        keys, values = decoded.to_tuples() if isinstance(decoded, Columns) else decoded
-        if verify is not None:
-            verify(keys)
-        if start:
-            keys, values = keys[start:], values[start:]
-        if carries_states(source):        # a piece merged back, or a combining mapper's
-            self.state.merge_in(keys, values)
+        if isinstance(decoded, Columns) and hasattr(self.state, "apply_columns"):
+            if verify is not None:
+                verify(decoded)           # checked by positions, no key decoded
+            # int64 values: a state merged in and a value reduced are folded alike
+            self.state.apply_columns(decoded, start)
         else:
-            self.state.apply(keys, values)
+            self._apply_tuples(decoded, start, carries_states(source), verify)
         self.watermarks[source] = last_seq
         raise_floor(self.watermarks, source, first_seq)
         self.last_seen[source] = now
@@ -125,6 +124,17 @@ class PrimaryRange:
         if group is not None:
             self.last_seen[group] = now
         return count - start, start
+
+    def _apply_tuples(self, decoded, start: int, merge: bool, verify) -> None:
+        keys, values = decoded.to_tuples() if isinstance(decoded, Columns) else decoded
+        if verify is not None:
+            verify(keys)
+        if start:
+            keys, values = keys[start:], values[start:]
+        if merge:                         # a piece merged back, or a combining mapper's
+            self.state.merge_in(keys, values)
+        else:
+            self.state.apply(keys, values)
 
     def _check_room(self, source: str, max_sources: int) -> None:
         """Refuse a new source past the range's bound, or past its identity's share
@@ -165,7 +175,7 @@ class PrimaryRange:
     def has_changes(self, now: float | None = None, refresh: float = 0.0) -> bool:
         """Whether a checkpoint is due; also every `refresh` seconds with nothing new,
         so replicas learn what the primary never applied (node.core.backup_store)."""
-        return bool(self.state.active) or self._forced or \
+        return self.state.changed() or self._forced or \
             self.watermarks != self._watermarks_at_checkpoint or \
             (now is not None and refresh > 0 and now - self.cut_at >= refresh)
 
@@ -183,6 +193,9 @@ class PrimaryRange:
     def full_checkpoint(self, delta: Checkpoint) -> Checkpoint:
         """The whole range as of `delta` (master + inactive), for a replica out of sync."""
         self._freeze_full()
+        if hasattr(self.state, "full_layers"):    # a table: its export, a copy as cut
+            return Checkpoint(self.token, delta.seq, FullStates(*self.state.full_layers()),
+                              delta.watermarks, full=True)
         states = FullStates(self.state.master, delta.states)
         self._full = weakref.ref(states)
         return Checkpoint(self.token, delta.seq, states, delta.watermarks, full=True)
@@ -317,7 +330,7 @@ class ReplicaSide:
         copied: the checkpoint becomes its master as it is, the replay goes to its
         active layer, and what is returned is that layer, the keys it changed."""
         rng = self.ranges.get(token)
-        state = into if into is not None else LayeredState(self.reducer)
+        state = into if into is not None else LayeredState(self.reducer)   # a copy: dicts
         master = rng.copy.master if rng is not None else {}
         state.replace(master if into is not None else dict(master))
         replay = PrimaryRange(token, self.reducer)

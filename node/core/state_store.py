@@ -57,6 +57,17 @@ class LayeredState:
         """Merge states into keys' (a piece merged back); as apply, all or nothing."""
         self.reducer.merge_batch(keys, states, self.active, self.lookup)
 
+    def changed(self) -> bool:
+        """Whether anything changed since the last swap."""
+        return bool(self.active)
+
+    def put(self, key, state) -> None:
+        """Set a key's state (a fold's step)."""
+        self.active[key] = state
+
+    def keys(self) -> list:
+        return [*self.master, *(self.inactive or ()), *self.active]
+
     def swap(self) -> dict:
         """Start a checkpoint: return the fragment (the keys changed since the previous
         one), which stays readable as the inactive layer until merge_inactive."""

@@ -488,10 +488,10 @@ cdef class StateTable:
 
     # -- reading ---------------------------------------------------------------------
 
-    cdef tuple _export(self, Sorted *sel, Py_ssize_t k):
+    cdef tuple _export(self, Sorted *sel, Py_ssize_t k, bint ordered=True):
         global _s_ent, _s_arena
         _s_ent, _s_arena = self.ent, self.arena
-        if _sort(sel, k) != OK:
+        if ordered and _sort(sel, k) != OK:
             raise MemoryError()
         cdef Py_ssize_t t
         cdef uint64_t total = 0, w = 0, meta
@@ -521,7 +521,7 @@ cdef class StateTable:
         return kinds, data, offsets, positions, values
 
     cdef tuple _export_where(self, bint every, const uint32_t *chosen, Py_ssize_t count,
-                             uint64_t lo, uint64_t hi):
+                             uint64_t lo, uint64_t hi, bint ordered=True):
         """Export the `chosen` entries (every: all) whose positions are in (lo, hi]."""
         if self.busy:
             raise RuntimeError("the state table is in use by another call")
@@ -537,14 +537,15 @@ cdef class StateTable:
                     sel[k].pos, sel[k].i = self.ent[i].pos, i
                     k += 1
         try:
-            return self._export(sel, k)
+            return self._export(sel, k, ordered)
         finally:
             PyMem_RawFree(sel)
 
-    def export(self, uint64_t lo=0, uint64_t hi=0):
-        """The keys at positions in (lo, hi] (lo == hi: all), in position order, as
-        (kinds, key_data, offsets, positions, values)."""
-        return self._export_where(True, NULL, 0, lo, hi)
+    def export(self, uint64_t lo=0, uint64_t hi=0, bint ordered=True):
+        """The keys at positions in (lo, hi] (lo == hi: all), in position order (not
+        ordered: as they are kept, a copy at memory speed), as (kinds, key_data,
+        offsets, positions, values)."""
+        return self._export_where(True, NULL, 0, lo, hi, ordered)
 
     def take_dirty(self):
         """The keys changed since the previous take, as export gives them; from now on

@@ -119,9 +119,10 @@ class StateTable:
         return (bytes(row[1] for row in rows), b"".join(row[2] for row in rows), offsets,
                 array("Q", [row[0] for row in rows]), array("q", [row[3] for row in rows]))
 
-    def export(self, lo: int = 0, hi: int = 0) -> tuple:
-        """The keys at positions in (lo, hi] (lo == hi: all), in position order, as
-        (kinds, key_data, offsets, positions, values)."""
+    def export(self, lo: int = 0, hi: int = 0, ordered: bool = True) -> tuple:
+        """The keys at positions in (lo, hi] (lo == hi: all), in position order (not
+        ordered: as they are kept; here sorted all the same), as (kinds, key_data,
+        offsets, positions, values)."""
         lo, hi = _bound(lo), _bound(hi)
         return self._export([key for key, entry in self._d.items()
                              if in_range(entry[0], lo, hi)])

@@ -1,0 +1,387 @@
+"""A range's state for a built-in reducer (count, sum, min, max): int64 states in a
+state table (`floering.node.core.columnar`), a columnar batch folded in one call.
+
+What a table cannot hold (a float sum or min, a count past int64, an outgoing key's
+fold record, a min's None merged in) lives in `spill`, a small layered dict laid over
+the table: a key there is read from there, whatever the table still holds for it, and
+a batch touching such a key takes the dict path. The table is one layer: a checkpoint
+takes its dirty keys (the table marks each key it changes), so the fragment of a
+checkpoint is the table's dirty keys with the spill's changed ones laid over them.
+
+It offers LayeredState's interface (get, lookup, unknown, apply, merge_in, swap,
+merge_inactive, items, snapshot, replace, put, keys, changed, len), so a range uses
+either alike; `inactive` is the fragment of the checkpoint being shipped (or None).
+"""
+
+from __future__ import annotations
+
+from array import array
+from itertools import accumulate
+
+from floering.node.core.columnar import KERNEL, StateTable, hash_positions
+from floering.node.core.columnar.buffers import decode_key, decode_keys, encode_keys
+from floering.node.core.columns import Columns
+from floering.node.core.errors import InvalidArgument, InvalidKey, inert
+from floering.node.core.pieces import RESERVED, is_fold_key
+from floering.node.core.reducers import Count, Max, Min, Reducer, Sum
+from floering.node.core.state_store import MISSING, LayeredState
+
+TABLE_REDUCERS = {Count: "count", Sum: "sum", Min: "min", Max: "max"}
+_INT64 = (-(1 << 63), 1 << 63)
+
+
+def table_op(reducer: Reducer) -> str | None:
+    """The table op of a built-in reducer (exactly one: a subclass may reduce
+    otherwise, and keeps the dict path), or None."""
+    return TABLE_REDUCERS.get(type(reducer))
+
+
+def new_state(reducer: Reducer):
+    """A range's empty state: a TableState for a built-in reducer where the compiled
+    table runs, else layered dicts (the pure-Python table is slower than dicts: it is
+    the compiled one's reference, not a node's state)."""
+    if table_op(reducer) and KERNEL == "compiled":
+        return TableState(reducer)
+    return LayeredState(reducer)
+
+
+def state_kernel(reducer: Reducer) -> str:
+    """What holds a range's states here: "compiled" (the state table) or "dict"."""
+    return "compiled" if table_op(reducer) and KERNEL == "compiled" else "dict"
+
+
+def int64_values(values) -> array | None:
+    """The values as an int64 array, or None when one is not an int64 (a float, None,
+    a bool, an int past int64)."""
+    if set(map(type, values)) != {int}:
+        return None
+    try:
+        return array("q", values)
+    except OverflowError:
+        return None
+
+
+def key_columns(keys) -> tuple[bytes, bytes, array, array]:
+    """kinds, key_data, offsets and positions of a sequence of keys (ASCII str keys
+    in one join, no bytes object per key)."""
+    try:
+        text = "".join(keys)
+    except TypeError:
+        text = None
+    if text is not None and text.isascii():
+        data, kinds = text.encode("ascii"), bytes(len(keys))
+        offsets = array("Q", [0])
+        offsets.extend(accumulate(map(len, keys)))
+    else:
+        kinds, data, offsets = encode_keys(keys)
+    return kinds, data, offsets, hash_positions(data, offsets)
+
+
+class _Spill(LayeredState):
+    """The dict layers over a table: a key in none of them is read from the table."""
+
+    def __init__(self, reducer: Reducer, table) -> None:
+        super().__init__(reducer)
+        self.table = table
+
+    def lookup(self, key):
+        state = self.get(key, MISSING)
+        if state is MISSING:
+            state = self.table.get(key, MISSING)
+        return self.reducer.initial() if state is MISSING else state
+
+    def holds(self) -> bool:
+        return bool(self.active or self.master or self.inactive)
+
+
+class TableState:
+    def __init__(self, reducer: Reducer, table_class=StateTable) -> None:
+        self.reducer = reducer
+        self.op = table_op(reducer)
+        self.table_class = table_class
+        self.table = table_class(self.op)
+        self.spill = _Spill(reducer, self.table)
+        self.shadow = False        # some key in spill may also be in a batch
+        self.inactive: dict | None = None
+
+    # ------------------------------------------------------------------ reads
+
+    def get(self, key, default=None):
+        if self.spill.holds():
+            state = self.spill.get(key, MISSING)
+            if state is not MISSING:
+                return state
+        try:
+            return self.table.get(key, default)
+        except InvalidKey:
+            return default
+
+    def lookup(self, key):
+        return self.spill.lookup(key)
+
+    def __contains__(self, key) -> bool:
+        return self.get(key, MISSING) is not MISSING
+
+    def unknown(self, keys) -> set:
+        """The distinct keys of `keys` no layer holds: never applied to this range."""
+        get = self.get
+        return {key for key in set(keys) if get(key, MISSING) is MISSING}
+
+    def _shadowed(self) -> set:
+        """The keys spill holds (they hide whatever the table has of them)."""
+        spill = self.spill
+        return {*spill.master, *(spill.inactive or ()), *spill.active}
+
+    def items(self):
+        """Each key once with its newest state, table keys in position order."""
+        hidden = self._shadowed()
+        pairs = self.table.items()
+        if hidden:
+            pairs = [kv for kv in pairs if kv[0] not in hidden]
+        yield from pairs
+        yield from self.spill.items()
+
+    def keys(self) -> list:
+        return [key for key, _ in self.items()]
+
+    def snapshot(self) -> dict:
+        full = dict(self.table.items())
+        full.update(self.spill.snapshot())
+        return full
+
+    def __len__(self) -> int:
+        hidden = self._shadowed()
+        inside = sum(1 for key in hidden if _in_table(self.table, key))
+        return len(self.table) + len(hidden) - inside
+
+    # ---------------------------------------------------------------- writes
+
+    def apply(self, keys, values) -> None:
+        """Fold a batch; raises InvalidArgument, changing nothing, for a bad one."""
+        self._fold(keys, values, False)
+
+    def merge_in(self, keys, states) -> None:
+        """Merge states into keys' (with the reducer's merge); all or nothing."""
+        self._fold(keys, states, True)
+
+    def _fold(self, keys, values, merge: bool) -> None:
+        if len(keys) != len(values):
+            raise InvalidArgument(f"batch has {len(keys)} keys but {len(values)} values")
+        (self.reducer.check_states if merge else self.reducer.check_values)(values)
+        if not keys:
+            return
+        vals = int64_values(values)
+        if vals is not None and not self._touches_spill(keys):
+            try:
+                kinds, data, offsets, positions = key_columns(keys)
+                self.table.apply(kinds, data, offsets, positions, vals)
+                return
+            except OverflowError:
+                pass                    # past int64: the dict path holds big ints
+        self._dict_path(keys, values, merge)
+
+    def apply_columns(self, cols, start: int = 0) -> None:
+        """Fold a checked format 2 batch (`columns.Columns`) from tuple `start` on: in
+        one call of the table, without a Python object per tuple. Its values are int64,
+        which every table op takes as a value and as a state alike."""
+        if start >= cols.count:
+            return
+        if self.shadow and self.spill.holds():
+            keys = cols.keys()[start:]
+            if self._touches_spill(keys):
+                self._dict_path(keys, tuple(cols.values[start:]), False)
+                return
+        try:
+            self.table.apply(cols.table_kinds(), cols.key_data, cols.offsets,
+                             cols.positions, cols.values, start)
+        except OverflowError:
+            self._dict_path(cols.keys()[start:], tuple(cols.values[start:]), False)
+
+    def _touches_spill(self, keys) -> bool:
+        if not (self.shadow and self.spill.holds()):
+            return False
+        hidden = self._shadowed()
+        return any(key in hidden for key in keys)
+
+    def _dict_path(self, keys, values, merge: bool) -> None:
+        """Fold into spill (the states read through to the table): every key of the
+        batch is then spill's. Checked (and all or nothing) as LayeredState's fold."""
+        spill = self.spill
+        (spill.merge_in if merge else spill.apply)(keys, values)
+        if not all(map(is_fold_key, keys)):
+            self.shadow = True
+
+    def put(self, key, state) -> None:
+        """Set a key's state (a fold's step): in the table when it holds the key and
+        the state is an int64, else in spill."""
+        if type(state) is int and _INT64[0] <= state < _INT64[1] and \
+                key not in self._shadowed():
+            kinds, data, offsets, positions = key_columns((key,))
+            self.table.install((kinds, data, offsets, positions, array("q", (state,))),
+                               mark_dirty=True)
+            return
+        self.spill.active[key] = state
+        if not is_fold_key(key):
+            self.shadow = True
+
+    def replace(self, full: dict) -> None:
+        """Take over a range: `full` becomes the state (not kept: copied in)."""
+        self.table = self.table_class(self.op)
+        self.spill = _Spill(self.reducer, self.table)
+        self.inactive = None
+        self.install(full, mark_dirty=False)
+
+    def install(self, states: dict, mark_dirty: bool) -> None:
+        """Set the states of `states`' keys (the table's where they are int64)."""
+        keys, vals, rest = [], [], {}
+        for key, state in states.items():
+            if type(state) is int and _INT64[0] <= state < _INT64[1] and \
+                    type(key) in (str, bytes, int):
+                keys.append(key)
+                vals.append(state)
+            else:
+                rest[key] = state
+        if keys:
+            kinds, data, offsets, positions = key_columns(keys)
+            self.table.install((kinds, data, offsets, positions, array("q", vals)),
+                               mark_dirty=mark_dirty)
+        if rest:
+            (self.spill.active if mark_dirty else self.spill.master).update(rest)
+            if not all(map(is_fold_key, rest)):
+                self.shadow = True
+
+    # ------------------------------------------------------------ checkpoints
+
+    def changed(self) -> bool:
+        """Whether anything changed since the last swap."""
+        return bool(self.table.dirty_count or self.spill.active)
+
+    def _dirty(self) -> dict:
+        kinds, data, offsets, _, values = self.table.take_dirty()
+        return dict(zip(decode_keys(kinds, data, offsets), values))
+
+    @property
+    def active(self) -> dict:
+        """The keys changed since the last swap, with their states (a copy)."""
+        buffers = self.table.take_dirty()
+        self.table.install(buffers, mark_dirty=True)         # still dirty
+        kinds, data, offsets, _, values = buffers
+        out = dict(zip(decode_keys(kinds, data, offsets), values))
+        out.update(self.spill.active)
+        return out
+
+    def swap(self) -> dict:
+        """Start a checkpoint: the keys changed since the previous one, readable as
+        `inactive` until merge_inactive."""
+        if self.inactive is not None:
+            raise RuntimeError("the previous checkpoint has not been merged yet")
+        fragment = self._dirty()
+        fragment.update(self.spill.swap())
+        self.inactive = fragment
+        return fragment
+
+    def merge_inactive(self) -> None:
+        if self.inactive is not None:
+            self.spill.merge_inactive()
+            self.inactive = None
+
+    def full_layers(self) -> tuple:
+        """The whole range as of now, as layers (later ones over earlier ones): the
+        table's export, decoded lazily as it is read, and spill's copy."""
+        return ExportView(self.table.export(ordered=False)), self.spill.snapshot()
+
+    def check_invariants(self) -> None:
+        self.spill.check_invariants()
+        if self.spill.table is not self.table:
+            raise AssertionError("spill reads through to another table")
+        if self.inactive is None and self.spill.inactive is not None:
+            raise AssertionError("spill's checkpoint is cut without the table's")
+
+
+class ExportView:
+    """An export's (key, state)s read as a mapping, keys decoded as they are read (an
+    encoder reads them in slices); a lookup decodes them all once."""
+
+    def __init__(self, buffers) -> None:
+        self.buffers = buffers
+        self._dict: dict | None = None
+
+    def __len__(self) -> int:
+        return len(self.buffers[0])
+
+    def __iter__(self):
+        kinds, data, offsets = self.buffers[:3]
+        view = memoryview(data)
+        for i in range(len(kinds)):
+            yield decode_key(kinds[i], bytes(view[offsets[i]:offsets[i + 1]]))
+
+    def values(self):
+        return iter(self.buffers[4])
+
+    def items(self):
+        return zip(self, self.values())
+
+    def _mapping(self) -> dict:
+        if self._dict is None:
+            self._dict = dict(self.items())
+        return self._dict
+
+    def __contains__(self, key) -> bool:
+        return key in self._mapping()
+
+    def __getitem__(self, key):
+        return self._mapping()[key]
+
+    def keys(self):
+        return iter(self)
+
+
+def _in_table(table, key) -> bool:
+    try:
+        return table.get(key, MISSING) is not MISSING
+    except InvalidKey:
+        return False
+
+
+class ColumnKeys:
+    """A columnar batch's keys as a sequence, each decoded when read (a sample of a
+    few of them)."""
+
+    def __init__(self, cols: Columns) -> None:
+        self.cols = cols
+
+    def __len__(self) -> int:
+        return self.cols.count
+
+    def __getitem__(self, i: int):
+        cols = self.cols
+        if not 0 <= i < cols.count:
+            raise IndexError(i)
+        kind = cols.kinds[0] if len(cols.kinds) == 1 else cols.kinds[i]
+        return decode_key(kind, cols.key_data[cols.offsets[i]:cols.offsets[i + 1]])
+
+
+def marked_keys(cols: Columns) -> tuple:
+    """The batch's keys with the reserved mark (pieces of shared keys), or none."""
+    if RESERVED not in cols.key_data:
+        return ()
+    return tuple(k for k in cols.keys() if type(k) is bytes and k.startswith(RESERVED))
+
+
+def check_positions(cols: Columns, bounds: tuple[int, int], token: int) -> None:
+    """Every position of the batch in the range (lo, hi] of `token` (wrapping; lo ==
+    hi: the whole ring), in a pass or two at C speed; InvalidArgument naming a key
+    outside it. (A format 2 position was checked to be its key's hash.)"""
+    lo, hi = bounds
+    positions = cols.positions
+    if lo < hi:
+        inside = min(positions) > lo and max(positions) <= hi
+    elif lo > hi:       # (lo, 2**64) and [0, hi]: no position in (hi, lo]
+        inside = max(filter(lo.__ge__, positions), default=0) <= hi
+    else:
+        return
+    if not inside:
+        bad = next(i for i, p in enumerate(positions)
+                   if not (lo < p <= hi if lo < hi else (p > lo or p <= hi)))
+        raise InvalidArgument(f"key {inert(ColumnKeys(cols)[bad])} does not belong to "
+                              f"token {token}")
