@@ -16,7 +16,7 @@ from floering.node.runtime.retiring import Retiring
 from floering.node.transport.peers import PeerPool
 from floering.node.transport.metrics import NodeMetrics
 from floering.node.transport.server import listen_host, node_tls, set_health, start_server
-from floering.node.transport.snapshots import held_asker
+from floering.node.transport.snapshots import RetiredCalls
 
 log = logging.getLogger("floe.node")
 
@@ -93,7 +93,7 @@ async def start_node(config: NodeConfig) -> RunningNode:
                                                 peers=peers))
     seeds = [s.strip() for s in config.join.split(",") if s.strip()] if config.join else None
     # What a member removed from the ring held is kept until r+1 others hold it.
-    retiring = Retiring.attach(runtime, held_asker(peers, config.rpc_timeout))
+    retiring = Retiring.attach(runtime, RetiredCalls(peers, config.rpc_timeout))
     runtime.retiring = retiring
     try:
         if metrics is not None:       # up while the node waits to join: that shows too

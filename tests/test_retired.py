@@ -4,11 +4,15 @@ real processes in tests/test_retired_ring.py."""
 
 from collections import Counter
 
+import pytest
+
+from floering.node.core.errors import RangeLost
 from floering.node.core.reducers import load_reducer
 from floering.node.core.restore import DiskCopy
 from floering.node.core.retired import (Held, RetainingCore, RetiredRange, RetiredSet, decode,
-                                        encode, held, pieces, retire_copies)
-from tests.helpers import CoreCluster
+                                        encode, held, pieces, restore_chunk, retire_directory)
+from floering.node.core.snapshots import HoldsState
+from tests.helpers import CoreCluster, fail
 
 WORDS = [f"w{i % 97}" for i in range(600)]
 
@@ -136,12 +140,128 @@ def test_the_file_holds_the_ranges_exactly():
     assert [(r.states, r.watermarks) for r in back] == [(r.states, r.watermarks) for r in ranges]
 
 
-def test_a_directory_of_a_removed_member_keeps_its_copies_but_not_partial_ones():
+def test_a_directory_of_a_removed_member_keeps_its_copies_with_their_logged_batches():
+    from floering.node.core.batch import Limits
     c = cluster()
     ring = c.ring
     mine, theirs = ring.tokens_of("n1")[0], ring.tokens_of("n0")[0]
-    copies = {mine: DiskCopy(mine, "n1", {"s": 3}, True, {"a": 3}),
+    key = next(w for w in WORDS if ring.token_for_key(w) == mine)
+    (token, fields), = c.batches("s", [key, key], first_seq=4)
+    from floering.node.core.batch import Batch
+    copies = {mine: DiskCopy(mine, "n1", {"s": 3}, True, {key: 3}),
               theirs: DiskCopy(theirs, "n0", {"s": 2}, False, {"b": 1})}
-    kept = retire_copies("n1", ring, copies)
-    assert [(r.token, r.role, r.states, r.watermarks) for r in kept] == [
-        (mine, "primary", {"a": 3}, {"s": 3})]
+    kept = retire_directory("n1", ring, load_reducer("count"), Limits(), copies,
+                            [(token, Batch(**fields))], 1.0)
+    # the logged batch past the copy counts; a copy that was never whole is not kept
+    by_token = {r.token: r for r in kept}
+    assert (by_token[mine].role, by_token[mine].states, by_token[mine].watermarks) == (
+        "primary", {key: 5}, {"s": 5})
+    assert theirs not in by_token
+
+
+def hand_over(core, kept: RetiredSet) -> int:
+    """What node.runtime.retiring does for a primary that answers lost: each retired
+    range's part of each lost range, in one chunk."""
+    ring, merged = core.ring, 0
+    for a in kept.asks(ring):
+        if a.node != core.node_id or not held(core, a.token, a.want).lost:
+            continue
+        r = kept.ranges[a.key]
+        part = {k: v for k, v in r.states.items() if ring.token_for_key(k) == a.token}
+        try:
+            restore_chunk(core, ring.stamp, a.token, r.member, r.token, 1, 1, list(part),
+                          list(part.values()), r.watermarks, 1.0)
+        except HoldsState:
+            continue
+        merged += 1
+    return merged
+
+
+def test_two_members_removed_at_r1_give_back_every_lost_range_exactly():
+    c = cluster()
+    c.push("s1", WORDS)
+    c.checkpoint()
+    c.push("s2", WORDS[:100])                 # past the checkpoint: backups only
+    ring = c.ring.without(["n1", "n2"])
+    kept = RetiredSet()
+    for node in ("n1", "n2"):
+        c.cores[node].adopt_ring(ring)
+        kept.add(c.cores.pop(node).retired)
+    n0 = c.cores["n0"]
+    n0.adopt_ring(ring)
+    c.ring = ring
+    assert n0.lost_tokens
+    with pytest.raises(RangeLost):
+        list(n0.range_snapshots())
+    c.push("s3", WORDS[:50])                  # a new source, while the ranges are lost
+    assert hand_over(n0, kept)
+    assert not n0.lost_tokens and n0.restored
+    assert Counter(dict(n0.items())) == Counter(WORDS + WORDS[:100] + WORDS[:50])
+    # every chunk once: the same copies again change nothing
+    assert hand_over(n0, kept) == 0
+    resent = 0
+    for a in kept.asks(ring):
+        r = kept.ranges[a.key]
+        try:                                  # merged: a no-op; else: not lost any more
+            restore_chunk(n0, ring.stamp, a.token, r.member, r.token, 1, 1, [], [], {}, 2.0)
+            resent += 1
+        except HoldsState:
+            pass
+    assert resent
+    assert Counter(dict(n0.items())) == Counter(WORDS + WORDS[:100] + WORDS[:50])
+    # a resend of what the copies held is a duplicate now
+    assert c.push("s1", WORDS) == 0
+    assert all(held(n0, a.token, a.want).holds for a in kept.asks(ring) if a.node == "n0")
+
+
+def test_a_lost_range_that_applied_a_source_of_the_copy_is_not_merged():
+    c = cluster()
+    c.push("s1", WORDS)
+    ring = c.ring.without(["n1", "n2"])
+    n1 = c.cores["n1"]
+    n1.adopt_ring(ring)
+    n0 = c.cores["n0"]
+    n0.adopt_ring(ring)
+    c.ring = ring
+    token = sorted(n0.lost_tokens)[0]
+    keys = [w for w in WORDS if ring.token_for_key(w) == token]
+    c.push("s1", keys[:3], first_seq=10_000)  # the same source, resent after the loss
+    r = next(r for r in n1.retired if token in pieces(ring, r.lo, r.token))
+    part = {k: v for k, v in r.states.items() if ring.token_for_key(k) == token}
+    before = Counter(dict(n0.items()))
+    with pytest.raises(HoldsState):
+        restore_chunk(n0, ring.stamp, token, "n1", r.token, 1, 1, list(part),
+                      list(part.values()), r.watermarks, 1.0)
+    assert Counter(dict(n0.items())) == before and token in n0.lost_tokens
+
+
+def test_a_restored_range_is_taken_over_from_its_copy_not_as_lost():
+    c = CoreCluster(nodes=4, replication=1)
+    c.cores = {n: RetainingCore(n, c.ring, load_reducer("count")) for n in c.cores}
+    c.push("s1", WORDS)
+    c.checkpoint()
+    # two neighbours removed: the ranges they alone held are lost
+    pair = None
+    for t in c.ring.tokens:
+        dest = c.ring.destinations(t)
+        pair = dest
+        break
+    ring = c.ring.without(list(pair))
+    kept = RetiredSet()
+    for node in pair:
+        c.cores[node].adopt_ring(ring)
+        kept.add(c.cores.pop(node).retired)
+    for core in c.cores.values():
+        core.adopt_ring(ring)
+    c.ring = ring
+    for core in c.cores.values():
+        hand_over(core, kept)
+    assert not any(core.lost_tokens for core in c.cores.values())
+    c.checkpoint()                            # the restored ranges reach their replicas
+    kept.confirmed_by(ring, answers(c, kept))
+    assert not kept.ranges                    # on r+1 members again: deleted
+    owner = next(n for n, core in c.cores.items() if core.restored)
+    fail(c, owner)
+    survivor = next(iter(c.cores.values()))
+    assert not survivor.lost_tokens
+    assert Counter(dict(survivor.items())) == Counter(WORDS)

@@ -94,3 +94,54 @@ def test_a_fenced_member_keeps_its_ranges_until_r_plus_1_others_hold_them(tmp_pa
         assert scan(cluster) == want
         feed(cluster, WORDS[::7], want)
         assert scan(cluster) == want
+
+
+def test_two_members_forced_out_at_r1_give_back_every_lost_range(tmp_path):
+    """A member's certificate pushes a view removing two members while they are
+    paused (the receiver's own probes find them silent, so it adopts it); they are
+    killed there and started again on their data directories, where the ring no
+    longer has them: they join as new members. At r=1 the ranges only they held are
+    lost to the ring (8 of 24, which the ring used to lose for ever); the copies their
+    directories kept give them back, exactly, and go once r+1 others hold them."""
+    from floering.chaos.durable_faults import start_again
+    data = tmp_path / "data"
+    want = Counter()
+    with LocalCluster.up(3, 1, workdir=tmp_path, extra_args=[
+            "--data-dir", str(data / "{node}")]) as cluster:
+        feed(cluster, WORDS, want)
+        view = ring_of(cluster, "n0")
+        alone = {t for t in view.tokens if set(view.destinations(t)) == {"n1", "n2"}}
+        assert alone
+        for node in ("n1", "n2"):
+            cluster.kill(node, signal.SIGSTOP)
+        try:
+            with cluster.channel(cluster.node("n0").address, "n2") as ch:   # n2's own key
+                floe_pb2_grpc.ControlPlaneStub(ch).ExchangeRing(floe_pb2.RingView(
+                    version=view.version + 1, ring=view.without(["n1", "n2"]).to_wire(),
+                    sender="n2"), timeout=10)
+            wait_for(lambda: {"n1", "n2"} <= ring_of(cluster, "n0").removed, 30,
+                     "n0 adopts the removal of the silent n1 and n2")
+        finally:
+            for node in ("n1", "n2"):
+                cluster.kill(node, signal.SIGKILL)
+        assert alone <= ring_of(cluster, "n0").lost
+        assert stats_of(cluster, "n0").lost_ranges == len(alone)
+        start_again(cluster, ["n1", "n2"])
+        cluster.wait_ready(60)
+        for node in ("n1", "n2"):
+            wait_for(lambda: stats_of(cluster, node).node_id.startswith(f"{node}#"), 30,
+                     f"{node} joins as a new member")
+        kept = {n: wait_for(lambda: events(cluster, n, "retired"), 10, f"{n} keeps")[0]
+                for n in ("n1", "n2")}
+        assert {e["member"] for e in kept.values()} == {"n1", "n2"}
+        wait_for(lambda: stats_of(cluster, "n0").lost_ranges == 0, 30,
+                 "the lost ranges are handed the kept copies, and served")
+        handed = [e for n in ("n1", "n2") for e in events(cluster, n, "retired_handed_over")]
+        assert {e["into"] for e in handed} == alone
+        assert scan(cluster) == want
+        feed(cluster, WORDS[::5], want)
+        assert scan(cluster) == want
+        # once the ring holds each range on r+1 members, the kept copies go
+        wait_for(lambda: not retired_files(data, "n1") and not retired_files(data, "n2"),
+                 60, "the kept copies deleted once confirmed")
+        assert scan(cluster) == want

@@ -8,12 +8,26 @@ watermarks as they were, read at one point, under the bounds `(lo, token]` it ha
 
 A retired range is deleted only once the current ring holds it on r+1 others: for
 every current range that overlaps it, its primary and its r regular replicas each
-answer that they hold that range (a primary: not lost; a replica: a complete copy)
-with watermarks at or past the retired copy's for every source (an epoch group's
-floor counts as the dedup path counts it). Every tuple the retired copy holds is
-then on r+1 live members, the way the dedup watermarks tell it: nothing it holds
-could be needed again. Until then the range is kept (memory, and with a data
-directory a file that survives a restart) and asked about again.
+answer that they hold that range (a primary: not lost; a replica: a complete copy of
+a range the ring does not mark lost) with watermarks at or past the retired copy's
+for every source (an epoch group's floor counts as the dedup path counts it). Every
+tuple the retired copy holds is then on r+1 live members, the way the dedup
+watermarks tell it: nothing it holds could be needed again. Until then the range is
+kept (memory, and with a data directory a file that survives a restart) and asked
+about again.
+
+A current range its primary holds as lost (every copy went with removed members:
+two members removed at r=1) is handed the retired copy's part of it
+(`restore_chunk`), in chunks, as a snapshot import merges one: each chunk once (the
+range keeps an `import:retired/...` mark, which never expires), the first bringing
+the watermarks. The merge is exact only if the range has applied no tuple of a
+source the copy holds (the dedup watermarks cannot tell which of a source's tuples
+both hold), so a range that has is refused and stays lost. Once the last chunk is
+merged the range is served again and carries the mark RESTORED among its
+watermarks, which checkpoints, copies, takeovers and the data directory carry as
+any watermark: the ring keeps the range marked lost, but a member holding it with
+that mark serves it (RetainingCore), whether its primary restarted from its
+directory or a replica took it over.
 
 Pure: the asking and answering are plumbing (node.runtime.retiring); the rules are
 here, with the owner's answer `held`.
@@ -25,11 +39,15 @@ from dataclasses import dataclass, field
 
 from floering.node.core.codec import pack, unpack
 from floering.node.core.epochs import effective_mark
-from floering.node.core.errors import InvalidArgument
+from floering.node.core.errors import Fenced, InvalidArgument, StaleRing
 from floering.node.core.node_core import NodeCore, RingChange
+from floering.node.core.restore import restored_core
 from floering.node.core.ring import Ring
+from floering.node.core.snapshot_format import IMPORT_SOURCE, MAX_CHUNKS
+from floering.node.core.snapshots import HoldsState
 
 FORMAT = 1
+RESTORED = f"{IMPORT_SOURCE}restored"     # a lost range whole again from a retired copy
 
 
 @dataclass(frozen=True)
@@ -72,7 +90,8 @@ def held(core: NodeCore, token: int, want: dict) -> Held:
         return Held("primary", not lost and covers(rng.watermarks, want), lost)
     copy = core.replicas.ranges.get(token)
     if copy is not None:
-        return Held("replica", copy.complete and covers(copy.watermarks, want))
+        whole = copy.complete and (token not in core.ring.lost or RESTORED in copy.watermarks)
+        return Held("replica", whole and covers(copy.watermarks, want))
     return Held("", False)
 
 
@@ -97,16 +116,16 @@ def retire_core(member: str, ring: Ring, primaries: dict, replicas) -> list[Reti
     return out
 
 
-def retire_copies(member: str, ring: Ring | None, copies: dict) -> list[RetiredRange]:
-    """The copies a data directory holds for a member no longer served (node.core.
-    restore.DiskCopy), each a consistent (states, watermarks) pair."""
+def retire_directory(member: str, ring: Ring | None, reducer, limits, copies: dict,
+                     batches, now: float, corrupt=frozenset()) -> list[RetiredRange]:
+    """The ranges a data directory holds for a member no longer served, as its
+    restore would rebuild them (copies, and the logged batches past them: a copy
+    alone may predate what was acknowledged)."""
     if ring is None:
         return []
-    return [RetiredRange(member, token, ring.range_of_token(token)[0],
-                         "primary" if c.primary == member else "replica",
-                         dict(c.states), dict(c.watermarks))
-            for token, c in sorted(copies.items())
-            if ring.has_token(token) and (c.primary == member or c.complete)]
+    core = restored_core(member, ring, reducer, limits, copies, batches, now,
+                         corrupt=corrupt)
+    return retire_core(member, core.ring, core.primaries, core.replicas)
 
 
 def _keys_of(ring: Ring, token: int):
@@ -119,16 +138,105 @@ def _keys_of(ring: Ring, token: int):
 
 class RetainingCore(NodeCore):
     """A node core that, when it learns it was removed, keeps what it held as
-    `retired` (NodeCore drops it)."""
+    `retired` (NodeCore drops it); and serves again a lost range of its own that a
+    retired copy restored (`restored`). Its `lost_tokens` are the lost ranges it owns
+    (NodeCore's: every range the ring marks lost), so a read of all keys here is
+    refused for a range it serves, not for one another member restored."""
 
     retired: list[RetiredRange] | None = None
 
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.lost_tokens &= set(self.primaries)
+
     def adopt_ring(self, other: Ring) -> RingChange | None:
         before, primaries, replicas = self.ring, dict(self.primaries), self.replicas
+        # A restored copy of a range the ring marks lost: NodeCore would take it over
+        # as lost, empty; it is taken over from the copy instead.
+        spare = {t: replicas.rebuild(t, _keys_of(before, t))
+                 for t, c in replicas.ranges.items()
+                 if c.complete and RESTORED in c.watermarks and t not in primaries
+                 and _may_take_over(before, other, t, self.node_id)}
         change = super().adopt_ring(other)
         if change is not None and change.fenced and self.retired is None:
             self.retired = retire_core(self.node_id, before, primaries, replicas)
+        if change is None or change.fenced:
+            return change
+        for token, (states, marks) in spare.items():
+            rng = self.primaries.get(token)
+            if rng is not None and token in self.lost_tokens and not rng.watermarks:
+                rng.state.replace(states)
+                rng.watermarks = dict(marks)
+                rng.force_checkpoint()
+        self.lost_tokens = {t for t in self.lost_tokens if t in self.primaries} - self.restored
         return change
+
+    @property
+    def restored(self) -> frozenset:
+        """Our ranges the ring marks lost that a retired copy made whole again."""
+        return frozenset(t for t, r in self.primaries.items() if RESTORED in r.watermarks)
+
+
+def _may_take_over(ring: Ring, view: Ring, token: int, me: str) -> bool:
+    owner = ring.owner_of_token(token) if ring.has_token(token) else None
+    return owner in view.removed or (view.has_token(token) and view.owner_of_token(token) == me)
+
+
+def restore_mark(member: str, token: int, bounds: tuple[int, int]) -> str:
+    """The mark a range keeps of the chunks of `member`'s retired range of `token` it
+    merged while its bounds were `bounds`."""
+    return f"{IMPORT_SOURCE}retired/{member}/{token:x}@{bounds[0]:x}-{bounds[1]:x}"
+
+
+def restore_chunk(core: RetainingCore, ring_stamp: int, token: int, member: str,
+                  retired: int, chunk: int, chunks: int, keys, states, watermarks: dict,
+                  now: float) -> int:
+    """Merge chunk `chunk` of `chunks` of `member`'s retired range of token `retired`
+    into our lost range of `token`; returns the chunks merged so far. A chunk merged
+    already changes nothing; the first brings the watermarks and is refused
+    (HoldsState) by a range that applied tuples of any source they name."""
+    if core.fenced:
+        raise Fenced(f"node {core.node_id} was removed from the ring")
+    if ring_stamp != core.ring.stamp:
+        raise StaleRing(f"ring stamp {ring_stamp:#x}, node {core.node_id} is at "
+                        f"{core.ring.stamp:#x}")
+    rng = core.primaries.get(token)
+    if rng is None:
+        raise StaleRing(f"node {core.node_id} is not the primary of token {token}")
+    if not 1 <= chunk <= chunks <= MAX_CHUNKS:
+        raise InvalidArgument(f"chunk {chunk} of {chunks}: chunks are 1..chunks")
+    mark = restore_mark(member, retired, core.ring.range_of_token(token))
+    done = rng.watermarks.get(mark, 0)
+    if chunk <= done:
+        return done
+    if token not in core.lost_tokens:
+        raise HoldsState(f"the range of token {token} is not lost: nothing to restore")
+    if chunk != done + 1:
+        raise InvalidArgument(f"chunk {chunk}: the range holds {done}, the next is {done + 1}")
+    if chunk == 1:
+        both = sorted(s for s in watermarks if effective_mark(rng.watermarks, s) > 0)
+        if both:
+            raise HoldsState(f"the lost range of token {token} applied tuples of {len(both)} "
+                             "sources the retired copy holds too: merging could count some "
+                             "twice; it stays lost")
+    for key in keys:
+        if core.ring.token_for_key(key) != token:
+            raise InvalidArgument(f"a key of the chunk belongs to token "
+                                  f"{core.ring.token_for_key(key)}, not {token}")
+    if keys:
+        rng.state.merge_in(keys, states)          # checks every state first: all or nothing
+    if chunk == 1:
+        for source, seq in watermarks.items():
+            rng.watermarks[source] = max(seq, rng.watermarks.get(source, 0))
+            rng.last_seen[source] = now
+    rng.watermarks[mark] = chunk
+    rng.last_seen[mark] = now
+    rng.force_checkpoint()
+    if chunk == chunks:
+        rng.watermarks[RESTORED] = 1
+        rng.last_seen[RESTORED] = now
+        core.lost_tokens.discard(token)
+    return chunk
 
 
 # ------------------------------------------------------------- confirming

@@ -10,7 +10,9 @@ member the ring removed while the process was down is kept the same way. Every
 RETIRED_CHECK seconds each retired range is asked about: each current range it
 overlaps, of each member the ring places it on (its primary and its r replicas).
 Once all of them hold it whole at or past its watermarks it is deleted, memory and
-file. The set is bounded by what the member held when it was removed.
+file. A current range whose primary answers that it holds it as lost is handed the
+retired copy's part of it (RestoreRange, in chunks of at most CHUNK_BYTES). The set
+is bounded by what the member held when it was removed.
 """
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ import logging
 import os
 from pathlib import Path
 
+from floering.node.core.chunks import CHUNK_BYTES, column_slices, packed_chunks
 from floering.node.core.errors import FloeError
 from floering.node.core.retired import (Held, RetainingCore, RetiredSet, decode, encode, held,
-                                        retire_copies)
+                                        retire_directory)
 from floering.node.core.ring import Ring
 from floering.node.files import open_private, private_dir
 
@@ -35,23 +38,25 @@ SUFFIX = ".retired"
 
 
 class Retiring:
-    def __init__(self, runtime, ask, directory: Path | None) -> None:
+    def __init__(self, runtime, calls, directory: Path | None) -> None:
         self.runtime = runtime
-        self.ask = ask                   # async (address, token, stamp, watermarks) -> Held
+        self.calls = calls               # node.transport.snapshots.RetiredCalls
         self.dir = directory
         self.kept = RetiredSet()
         self.former = None               # a data directory's member, until we know who we are
+        self.handed_over = 0             # parts of retired ranges merged into lost ones
         self._reported = 0.0
+        self._refusals: dict[tuple, float] = {}    # last time each refusal was logged
         self._task: asyncio.Task | None = None
 
     @classmethod
-    def attach(cls, runtime, ask) -> "Retiring":
+    def attach(cls, runtime, calls) -> "Retiring":
         """Keep what the members `runtime` serves as hold when they are removed: its
         cores from now on keep their ranges when fenced (RetainingCore). Before the
         runtime confirms its membership."""
         config = runtime.config
         directory = Path(config.data_dir) / DIRECTORY if config.data_dir else None
-        self = cls(runtime, ask, directory)
+        self = cls(runtime, calls, directory)
         machine = runtime.machine
         first = machine.core
         machine.core = self._new_core(first.node_id, first.ring)
@@ -85,7 +90,10 @@ class Retiring:
         if former is None or former.node_id == self.runtime.core.node_id:
             return
         ring = Ring.from_wire(former.ring_wire) if former.ring_wire else None
-        self.keep(retire_copies(former.node_id, ring, former.copies),
+        runtime = self.runtime
+        self.keep(retire_directory(former.node_id, ring, runtime.reducer,
+                                   runtime.config.limits(), former.copies, former.batches,
+                                   runtime.clock(), frozenset(former.corrupt)),
                   f"the data directory held {former.node_id}, which the ring removed")
 
     # ------------------------------------------------------------- keeping
@@ -172,6 +180,9 @@ class Retiring:
         ring = core.ring
         asks = self.kept.asks(ring)
         answers = await asyncio.gather(*(self._answer(core, ring, a) for a in asks))
+        for ask, answer in zip(asks, answers):
+            if ask.role == "primary" and answer.lost and ask.key in self.kept.ranges:
+                await self._hand_over(ring, self.kept.ranges[ask.key], ask.token, ask.node)
         done = self.kept.confirmed_by(ring, {(a.key, a.token, a.node): h
                                               for a, h in zip(asks, answers)})
         for member in sorted({r.member for r in done}):
@@ -189,9 +200,37 @@ class Retiring:
         if ask.node == core.node_id:
             return held(core, ask.token, ask.want)
         try:
-            return await self.ask(ring.address(ask.node), ask.token, ring.stamp, ask.want)
+            return await self.calls.held(ring.address(ask.node), ask.token, ring.stamp,
+                                         ask.want)
         except (FloeError, ValueError):
             return Held("", False)
+
+    async def _hand_over(self, ring: Ring, r, token: int, node: str) -> None:
+        """Merge the part of retired range `r` that falls in the range of `token` into
+        it at `node`, its primary, which holds it as lost."""
+        part = {k: v for k, v in r.states.items() if ring.token_for_key(k) == token}
+        chunks = [entries for _, entries in packed_chunks(column_slices(part), CHUNK_BYTES)]
+        try:
+            for n, entries in enumerate(chunks, 1):
+                await self.calls.restore(
+                    ring.address(node), ring_stamp=ring.stamp, token=token, member=r.member,
+                    retired=r.token, chunk=n, chunks=len(chunks), entries=entries,
+                    watermarks=r.watermarks if n == 1 else {})
+        except (FloeError, ValueError) as exc:
+            now = self.runtime.clock()
+            if now - self._refusals.get((r.key, token), -REPORT_EVERY) >= REPORT_EVERY:
+                self._refusals[(r.key, token)] = now
+                log.error("the range of token %d is lost on %s, and it refused the retired "
+                          "copy of %s's range of token %d: %s", token, node, r.member,
+                          r.token, exc)
+            return
+        self.handed_over += 1
+        log.warning("the range of token %d was lost on %s: %d keys of %s's retired range of "
+                    "token %d merged into it, in %d chunks", token, node, len(part), r.member,
+                    r.token, len(chunks))
+        self.runtime.events.record("retired_handed_over", self.runtime.core.node_id,
+                                   member=r.member, token=r.token, into=token, owner=node,
+                                   keys=len(part))
 
     def _report(self, ring: Ring) -> None:
         now = self.runtime.clock()
@@ -204,7 +243,7 @@ class Retiring:
 
     def stats(self) -> dict:
         return dict(retired_ranges=len(self.kept.ranges), retired_keys=self.kept.keys,
-                    retired_deleted=self.kept.confirmed)
+                    retired_deleted=self.kept.confirmed, retired_handed_over=self.handed_over)
 
 
 def _sync_dir(path: Path) -> None:

@@ -15,7 +15,7 @@ from floering.v1 import floe_pb2, floe_pb2_grpc
 from floering.node.core.chunks import CHUNK_BYTES, column_slices, packed_chunks
 from floering.node.core.codec import pack, unpack, unpack_columns
 from floering.node.core.errors import FloeError, InvalidArgument, Unavailable
-from floering.node.core.retired import Held, held
+from floering.node.core.retired import Held, held, restore_chunk
 from floering.node.core.snapshot_format import MAX_SECTION
 from floering.node.core.snapshots import export_range, import_chunk
 from floering.node.transport.status import abort, error_from_rpc
@@ -94,6 +94,23 @@ class Snapshots(floe_pb2_grpc.SnapshotsServicer):
         return floe_pb2.HeldReply(role=answer.role, holds=answer.holds, lost=answer.lost,
                                   ring_stamp=core.ring.stamp)
 
+    async def RestoreRange(self, request, context):
+        runtime = self.service.runtime
+        try:
+            self.service.check_started()
+            entries, marks = request.entries, request.watermarks
+            if len(entries) > MAX_SECTION or len(marks) > MAX_WATERMARK_BYTES:
+                raise InvalidArgument(f"a chunk's entries are at most {MAX_SECTION} bytes, "
+                                      f"its watermarks {MAX_WATERMARK_BYTES}")
+            keys, states = unpack_columns(entries)
+            held_now = restore_chunk(runtime.core, request.ring_stamp, request.token,
+                                     request.member, request.retired, request.chunk,
+                                     request.chunks, keys, states,
+                                     unpack(marks) if marks else {}, runtime.clock())
+        except FloeError as exc:
+            await abort(context, exc)
+        return floe_pb2.ImportAck(chunks_held=held_now)
+
 
 async def range_held(channel, token: int, ring_stamp: int, watermarks: dict,
                      timeout: float) -> Held:
@@ -109,9 +126,27 @@ async def range_held(channel, token: int, ring_stamp: int, watermarks: dict,
     return Held(reply.role, reply.holds, reply.lost)
 
 
-def held_asker(peers, timeout: float):
-    """`range_held` over the channels of a PeerPool: (address, token, ring stamp,
-    watermarks) -> Held."""
-    def ask(address: str, token: int, ring_stamp: int, watermarks: dict):
-        return range_held(peers._channel(address), token, ring_stamp, watermarks, timeout)
-    return ask
+async def restore_range(channel, timeout: float, **fields) -> int:
+    """Send one RestoreChunk (its fields, `entries` packed, `watermarks` a dict);
+    returns the chunks the range holds (FloeError when refused)."""
+    marks = fields.pop("watermarks")
+    try:
+        reply = await floe_pb2_grpc.SnapshotsStub(channel).RestoreRange(floe_pb2.RestoreChunk(
+            watermarks=pack(marks) if marks else b"", **fields), timeout=timeout)
+    except grpc.RpcError as exc:
+        raise error_from_rpc(exc) from None
+    return reply.chunks_held
+
+
+class RetiredCalls:
+    """RangeHeld and RestoreRange over the channels of a PeerPool."""
+
+    def __init__(self, peers, timeout: float) -> None:
+        self.peers, self.timeout = peers, timeout
+
+    def held(self, address: str, token: int, ring_stamp: int, watermarks: dict):
+        return range_held(self.peers._channel(address), token, ring_stamp, watermarks,
+                          self.timeout)
+
+    def restore(self, address: str, **fields):
+        return restore_range(self.peers._channel(address), self.timeout, **fields)

@@ -423,7 +423,7 @@ def _identity_of(pem: bytes) -> tuple[str, str] | None:
 
 # Who may call each method (by its last path element); anything not listed: nobody.
 NODE_ONLY = frozenset({"ExchangeRing", "Heartbeat", "Probe", "ShipCheckpoint", "RequestShed",
-                       "RangeHeld"})
+                       "RangeHeld", "RestoreRange"})
 OPERATOR_ONLY = frozenset({"Move", "Split", "Leave", "ExportRange", "ImportRange"})
 CLIENTS = frozenset({"Push"})
 EVERYONE = frozenset({"GetRing", "Get", "Top", "Scan", "Stats", "InspectRange", "Check",

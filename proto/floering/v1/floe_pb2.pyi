@@ -413,3 +413,23 @@ class HeldReply(_message.Message):
     lost: bool
     ring_stamp: int
     def __init__(self, role: _Optional[str] = ..., holds: _Optional[bool] = ..., lost: _Optional[bool] = ..., ring_stamp: _Optional[int] = ...) -> None: ...
+
+class RestoreChunk(_message.Message):
+    __slots__ = ("ring_stamp", "token", "member", "retired", "chunk", "chunks", "entries", "watermarks")
+    RING_STAMP_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_FIELD_NUMBER: _ClassVar[int]
+    RETIRED_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    WATERMARKS_FIELD_NUMBER: _ClassVar[int]
+    ring_stamp: int
+    token: int
+    member: str
+    retired: int
+    chunk: int
+    chunks: int
+    entries: bytes
+    watermarks: bytes
+    def __init__(self, ring_stamp: _Optional[int] = ..., token: _Optional[int] = ..., member: _Optional[str] = ..., retired: _Optional[int] = ..., chunk: _Optional[int] = ..., chunks: _Optional[int] = ..., entries: _Optional[bytes] = ..., watermarks: _Optional[bytes] = ...) -> None: ...

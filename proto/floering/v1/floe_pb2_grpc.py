@@ -787,6 +787,11 @@ class SnapshotsStub:
                 request_serializer=floering_dot_v1_dot_floe__pb2.HeldRequest.SerializeToString,
                 response_deserializer=floering_dot_v1_dot_floe__pb2.HeldReply.FromString,
                 _registered_method=True)
+        self.RestoreRange = channel.unary_unary(
+                '/floering.v1.Snapshots/RestoreRange',
+                request_serializer=floering_dot_v1_dot_floe__pb2.RestoreChunk.SerializeToString,
+                response_deserializer=floering_dot_v1_dot_floe__pb2.ImportAck.FromString,
+                _registered_method=True)
 
 
 class SnapshotsServicer:
@@ -810,6 +815,12 @@ class SnapshotsServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RestoreRange(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SnapshotsServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -827,6 +838,11 @@ def add_SnapshotsServicer_to_server(servicer, server):
                     servicer.RangeHeld,
                     request_deserializer=floering_dot_v1_dot_floe__pb2.HeldRequest.FromString,
                     response_serializer=floering_dot_v1_dot_floe__pb2.HeldReply.SerializeToString,
+            ),
+            'RestoreRange': grpc.unary_unary_rpc_method_handler(
+                    servicer.RestoreRange,
+                    request_deserializer=floering_dot_v1_dot_floe__pb2.RestoreChunk.FromString,
+                    response_serializer=floering_dot_v1_dot_floe__pb2.ImportAck.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -910,6 +926,33 @@ class Snapshots:
             '/floering.v1.Snapshots/RangeHeld',
             floering_dot_v1_dot_floe__pb2.HeldRequest.SerializeToString,
             floering_dot_v1_dot_floe__pb2.HeldReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RestoreRange(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/floering.v1.Snapshots/RestoreRange',
+            floering_dot_v1_dot_floe__pb2.RestoreChunk.SerializeToString,
+            floering_dot_v1_dot_floe__pb2.ImportAck.FromString,
             options,
             channel_credentials,
             insecure,
