@@ -23,8 +23,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from floering.chaos.cluster import node_env
 from floering.mapper import RingClient
+from floering.node.core.columnar import KERNEL
 from floering.node.transport.tls import may_call
 from tests.helpers import wait_for
+
+KERNEL_SHOWN = "compiled" if KERNEL == "compiled" else "dict"   # what holds a count's states
 
 pytestmark = pytest.mark.multiprocess
 
@@ -144,8 +147,8 @@ def test_metrics_count_what_was_fed(ring):
     assert total("floe_keys") == len(set(WORDS))
     assert total("floe_checkpoint_bytes_total") > 0
     for node, samples in zip(ring["addresses"], scraped):
-        assert value(samples, "floe_node_info", node_id=node,
-                     address=ring["addresses"][node], reducer="count") == 1
+        assert value(samples, "floe_node_info", node_id=node, address=ring["addresses"][node],
+                     reducer="count", kernel=KERNEL_SHOWN) == 1
         assert value(samples, "floe_ring_version") == version
         assert value(samples, "floe_serving") == 1
         assert value(samples, "floe_lost_ranges") == 0

@@ -9,6 +9,7 @@ import asyncio
 import logging
 import time
 
+from floering.node.core.columnar import KERNEL
 from floering.node.core.errors import FloeError, InvalidArgument, Unavailable, inert
 from floering.node.core.membership import StartDecision, decide_start, ready_to_decide
 from floering.node.core.ring import Ring
@@ -85,6 +86,9 @@ def record_start(events, decision: StartDecision, incarnation: int, configured_i
     """Tell the event log and the human log who this process turned out to be."""
     events.record("started", decision.node_id, incarnation=incarnation,
                   replaces=decision.replaces, why=decision.why, joining=joining)
+    log.info("%s starts; built-in reducers' state: %s", decision.node_id,
+             "the compiled state table" if KERNEL == "compiled" else
+             "dicts (the compiled state table is not built)")
     if decision.replaces:
         t = events.record("detected", decision.node_id, about=[decision.replaces],
                           why="restarted: " + decision.why)

@@ -30,6 +30,7 @@ from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, Info
                                     SummaryMetricFamily)
 from prometheus_client.registry import Collector
 
+from floering.node.core.table_state import state_kernel
 from floering.node.transport.intercept import around
 
 # (name without _total, key of the node's stats, help): totals since the process
@@ -55,6 +56,10 @@ COUNTERS = (
      "Backed-up tuples dropped because their primary never applied them"),
     ("floe_pieces_folded", "pieces_folded", "Pieces of shared keys merged back into their key"),
     ("floe_rejoins", "rejoined", "Times this process came back empty after being fenced"),
+    ("floe_retired_ranges_deleted", "retired_deleted",
+     "Ranges a removed member kept, deleted once r+1 others held them"),
+    ("floe_retired_ranges_handed_over", "retired_handed_over",
+     "Parts of kept ranges merged into ranges the ring had lost"),
 )
 # (name, key of the node's stats, help): values now.
 GAUGES = (
@@ -74,7 +79,11 @@ GAUGES = (
     ("floe_serving", "serving", "1 once this node has joined the ring and is not fenced"),
     ("floe_overloaded", "overloaded", "1 while the load monitor finds this node overloaded"),
     ("floe_uptime_seconds", "uptime", "Seconds since the node started"),
+    ("floe_retired_ranges", "retired_ranges",
+     "Ranges a removed member of this process kept, until r+1 others hold them"),
+    ("floe_retired_keys", "retired_keys", "Keys in those ranges"),
 )
+NO_RETIRED = dict(retired_ranges=0, retired_keys=0, retired_deleted=0, retired_handed_over=0)
 # Latency from well under a millisecond (a Get on loopback) to a handoff's seconds.
 RPC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
                5.0, 10.0, 30.0)
@@ -94,7 +103,10 @@ REFUSAL_READ = 0.1              # a refused connection's request is read this lo
 
 def node_snapshot(runtime) -> dict:
     """Everything the collector reports, read at once (on the event loop's thread)."""
-    return dict(runtime.stats(), serving=runtime.serving,
+    retiring = getattr(runtime, "retiring", None)      # node.runtime.retiring
+    return dict(runtime.stats(), **(retiring.stats() if retiring else NO_RETIRED),
+                serving=runtime.serving,
+                kernel=state_kernel(runtime.reducer),
                 declared=runtime.events.counts["detected"],
                 checkpoint_bytes=getattr(runtime.peers, "checkpoint_bytes", 0),
                 checkpoint_rounds=runtime.checkpoint_rounds,
@@ -121,9 +133,11 @@ class NodeCollector(Collector):
 
     def collect(self):
         stats = self.snapshot()
-        info = InfoMetricFamily("floe_node", "The node's id, address and reducer")
+        info = InfoMetricFamily("floe_node", "The node's id, address, reducer and what "
+                                "holds its states (kernel: compiled, the state table; "
+                                "dict)")
         info.add_metric([], {"node_id": stats["node_id"], "address": stats["address"],
-                             "reducer": stats["reducer"]})
+                             "reducer": stats["reducer"], "kernel": stats["kernel"]})
         yield info
         for name, key, text in COUNTERS:
             yield CounterMetricFamily(name, text, value=stats[key])
