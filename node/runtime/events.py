@@ -10,7 +10,9 @@ carries the same) and the event's own fields.
 Kinds: started, stopped, left, suspected, detected, taken_over, applying_again,
 re_replicated, fenced, lost, handoff_prepared, handoff_committed, handoff_aborted, split,
 overloaded, relieved, checkpoints_failing, checkpoints_resumed, view_absorbed,
-removal_refused (node.core.evidence: ring views a member forged, or could have).
+removal_refused (node.core.evidence: ring views a member forged, or could have),
+retired, retired_handed_over, retired_deleted (node.runtime.retiring: what a removed
+member held, kept until r+1 others hold it).
 """
 
 from __future__ import annotations
