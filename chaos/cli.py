@@ -235,7 +235,8 @@ def cmd_feed(args) -> int:
     started = time.perf_counter()
     with _client(args, batch_size=args.batch_size, source=inputs[0].source) as client:
         show = sys.stderr.isatty() if args.progress is None else args.progress
-        total = feed(client, inputs, Progress(sum(i.size for i in inputs), show=show))
+        total = feed(client, inputs, Progress(sum(i.size for i in inputs), show=show),
+                     plans=_workdir(args) / "floe-cluster" / "feed-plans")
     elapsed = time.perf_counter() - started
     print(f"fed {total} words in {elapsed:.2f}s ({total / elapsed:,.0f} tuples/s), "
           f"all acknowledged by r+1 nodes; fed again unchanged, they are not counted "

@@ -153,12 +153,14 @@ class Progress:
         print(line, file=self.out, flush=True)
 
 
-def feed(client, inputs: list[Input], progress: Progress) -> int:
+def feed(client, inputs: list[Input], progress: Progress, plans: Path | None = None) -> int:
     """Send every input's words, each file as its source; returns the words sent.
-    Each file is flushed (acknowledged by r+1) before the next begins."""
+    Each file is flushed (acknowledged by r+1) before the next begins. On a ring
+    whose balancer shares keys, a file's words go to pieces by a routing plan made
+    from its first chunk and kept in `plans` (see `file_plan`)."""
     total = 0
     for item in inputs:
-        client.rebind(item.source)
+        bound = False
         with _open_text(item.path) as fh:
             raw = getattr(fh, "buffer", None) if item.path != "-" else None
             chunk: list[str] = []
@@ -168,10 +170,15 @@ def feed(client, inputs: list[Input], progress: Progress) -> int:
                     continue
                 chunk.append(word)
                 if len(chunk) >= CHUNK_WORDS:
+                    if not bound:
+                        client.rebind(item.source, 1, file_plan(client, item, chunk, plans))
+                        bound = True
                     client.emit_many(chunk)
                     total += len(chunk)
                     progress.update(len(chunk), raw.tell() if raw is not None else 0)
                     chunk = []
+            if not bound:
+                client.rebind(item.source, 1, file_plan(client, item, chunk, plans))
             client.emit_many(chunk)
             total += len(chunk)
             progress.update(len(chunk), item.size)
@@ -181,3 +188,42 @@ def feed(client, inputs: list[Input], progress: Progress) -> int:
         print(f"floe feed: {progress.refused:,} words refused in all as longer than "
               f"{MAX_WORD_BYTES:,} bytes", file=progress.out, flush=True)
     return total
+
+
+def file_plan(client, item: Input, first: list[str], plans: Path | None):
+    """The routing plan of a file (mapper/plans.py): the one kept for its source in
+    `plans`, or one made from its first chunk of words `first` on the client's ring and
+    kept there (0600, whole or not at all) before any word goes out. A rerun of the
+    same file therefore sends every seq to the piece it went to, whatever the ring
+    became meanwhile. Without `plans` a plan kept nowhere could not be found again:
+    pieces 0 and 1 evenly, which needs none (standard input, a fresh source each time,
+    keeps none). None when the ring's balancer shares no keys."""
+    from floering.mapper.plans import Plan, plan_of_keys
+    from floering.node.core.balancers import balancer
+    ring = client.ring
+    policy = balancer(ring.balancer)
+    if policy.pieces == 1:
+        return None
+    if item.path == "-":                  # a fresh source each time: never sent again
+        return plan_of_keys(policy, ring, first)
+    if plans is None:
+        return None
+    path = Path(plans) / f"{item.source}.plan"
+    try:
+        return Plan.decode(path.read_bytes())
+    except FileNotFoundError:
+        pass
+    plan = plan_of_keys(policy, ring, first)
+    _keep(path, plan.encode())
+    return plan
+
+
+def _keep(path: Path, data: bytes) -> None:
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)

@@ -45,6 +45,7 @@ MASK = SPACE - 1
 HALF = 1 << 63
 UNITS = 4096               # the load is filled in units of this share of all tuples
 PLAN_VERSION = 1
+HEAD_KEYS = 256          # keys measured one by one for a plan; the rest as a whole
 
 
 @dataclass(frozen=True)
@@ -235,3 +236,33 @@ def fill(items: list, nodes: list, whole_from: int | None = None) -> list[dict]:
         load[node] += mass
         out[i][index] = out[i].get(index, 0) + 1
     return out
+
+
+class History:
+    """The keys' measured load over earlier epochs, for the next epoch's plan: a
+    Space-Saving sketch of `capacity` counters and the tuples counted, both decayed by
+    `decay` before each epoch's counts are added (recent epochs weigh most)."""
+
+    def __init__(self, capacity: int = 256, decay: float = 0.5) -> None:
+        from floering.node.core.sketch import SpaceSaving
+        self.sketch, self.decay, self.total = SpaceSaving(capacity), decay, 0.0
+
+    def add(self, counts: Mapping, total: float) -> None:
+        """One epoch: the counts of its hottest keys out of `total` tuples."""
+        if self.total:
+            self.sketch.decay(self.decay)
+            self.total *= self.decay
+        for key, count in sorted(counts.items(), key=lambda kv: kv[1]):
+            self.sketch.add(key, count)
+        self.total += total
+
+    def plan(self, policy, ring: Ring) -> Plan:
+        return make_plan(policy, ring, dict(self.sketch.top(self.sketch.capacity)),
+                         self.total)
+
+
+def plan_of_keys(policy, ring: Ring, keys: list) -> Plan:
+    """A plan from a run of keys to come (e.g. the first chunk of a file): their own
+    shares, the hottest `HEAD_KEYS` of them measured exactly."""
+    from collections import Counter
+    return make_plan(policy, ring, dict(Counter(keys).most_common(HEAD_KEYS)), len(keys))

@@ -20,22 +20,33 @@ _idle: dict[tuple, object] = {}          # key -> the flushed RingClient nobody 
 
 
 def acquire(seeds: tuple[str, ...], *, source: str, first_seq: int,
-            expect_reducer: str | None, batch_size: int, tls_dir: str | None = None):
-    """A RingClient for one task: the worker's idle one rebound, or a new one."""
+            expect_reducer: str | None, batch_size: int, tls_dir: str | None = None,
+            plan: bytes | None = None):
+    """A RingClient for one task: the worker's idle one rebound, or a new one; its
+    shared keys routed by the batch's `plan` (mapper/plans.py, encoded)."""
     from floering.mapper import RingClient, TlsFiles
+    from floering.mapper.plans import Plan
+    routing = Plan.decode(plan) if plan is not None else None
     key = (tuple(seeds), expect_reducer, batch_size, tls_dir)
     with _lock:
         _forget_if_forked()
         client = _idle.pop(key, None)
     if client is not None:
         try:
-            client.rebind(source, first_seq)
+            client.rebind(source, first_seq, routing)
             return client
         except Exception:
             _close_quietly(client)        # a dead ring or a stale client: start over
-    return RingClient(list(seeds), source=source, first_seq=first_seq,
-                      expect_reducer=expect_reducer, batch_size=batch_size,
-                      tls=TlsFiles.in_dir(tls_dir, "client") if tls_dir else None)
+    client = RingClient(list(seeds), source=source, first_seq=first_seq,
+                        expect_reducer=expect_reducer, batch_size=batch_size,
+                        tls=TlsFiles.in_dir(tls_dir, "client") if tls_dir else None)
+    if routing is not None:
+        try:
+            client.rebind(source, first_seq, routing)
+        except BaseException:
+            _close_quietly(client)
+            raise
+    return client
 
 
 def release(client, seeds: tuple[str, ...], expect_reducer: str | None,

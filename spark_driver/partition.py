@@ -50,6 +50,9 @@ class PartitionConfig:
     # after half its partition is on the ring.
     fail_once: str | None = None
     hang_once: str | None = None
+    # The batch's routing plan (mapper/plans.py, encoded), recorded by the driver before
+    # the batch's first attempt: every attempt sends each seq to the same piece.
+    plan: bytes | None = None
 
 
 class InjectedFailure(RuntimeError):
@@ -142,7 +145,7 @@ def _task(config: PartitionConfig, batch_id: int, partition_id: int,
     client = connections.acquire(config.seeds, source=epoch_source(config.query_id, partition_id),
                                  first_seq=epoch_seq(batch_id, 0),
                                  expect_reducer=config.reducer, batch_size=config.batch_size,
-                                 tls_dir=config.tls_dir)
+                                 tls_dir=config.tls_dir, plan=config.plan)
     try:
         emitter = feed(client)
         client.flush()

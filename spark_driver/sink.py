@@ -34,6 +34,7 @@ class RingSink:
         self.fields = fields
         self.sql_split = sql_split
         self._bound = threading.Event()
+        self.plans = None                  # spark_driver.plans.BatchPlans, if any
         self.query_id: str | None = None
         self.sent: dict[int, int] = {}     # the last batch: partition id -> tuples sent
         # Since this driver started, over batches whose every task returned (so the ring
@@ -56,7 +57,8 @@ class RingSink:
     def __call__(self, df, batch_id: int) -> None:
         if not self._bound.wait(60):
             raise RuntimeError("RingSink used before bind(query.id)")
-        config = PartitionConfig(query_id=self.query_id, **self.fields)
+        plan = self.plans.plan_for(df, batch_id) if self.plans is not None else None
+        config = PartitionConfig(query_id=self.query_id, plan=plan, **self.fields)
         if self.choose(df.sparkSession) == "sql+arrow":
             from floering.spark_driver.maps import sql_word_arrays
             words = df.select(sql_word_arrays(df[df.columns[0]]).alias("words"))

@@ -4,6 +4,7 @@ and weighted so that the ring's load comes out even."""
 
 from __future__ import annotations
 
+import os
 import random
 from collections import Counter
 
@@ -13,7 +14,7 @@ from floering.chaos.load import corpus_words
 from floering.mapper.plans import EVEN, Plan, PlanChooser, make_plan
 from floering.mapper.sharing import chooser_for
 from floering.node.core.balancers import balancer
-from floering.node.core.pieces import base_of, is_piece, merge_pieces, parse_piece
+from floering.node.core.pieces import base_of, is_piece, merge_pieces, parse_piece, piece_key
 from floering.node.core.ring import Ring
 
 SHARING = ("pkg", "dkg", "dchoices", "wchoices", "smalops")
@@ -108,3 +109,33 @@ def test_no_plan_for_a_policy_that_does_not_share_keys_or_nothing_measured():
     assert make_plan(balancer("none"), ring, {"a": 10}, 10) is EVEN
     assert make_plan(balancer("pkg"), ring, {}, 0) is EVEN
     assert chooser_for(balancer("none"), replayable=True, source="s") is None
+
+
+REPLAY_SEEDS = int(os.environ.get("FLOE_SIM_REPLAY_SEEDS", "60"))
+
+
+def run_replay_seed(seed: int) -> None:
+    from tests.sim_replay import HOT, epoch_scenario
+    sim = epoch_scenario(seed)
+    context = f"seed {seed}: " + "; ".join(sim.log)
+    assert sim.epoch == sim.epochs, f"{context}: stopped in epoch {sim.epoch}"
+    assert sim.retries + sim.driver_kills > 0
+    state, lost = sim.final_state()
+    assert not lost, f"{context}: ranges lost"
+    assert not sim.undelivered, f"{context}: batches never delivered"
+    for key in sim.sent:
+        assert state[key] == sim.sent[key], \
+            f"{context}: {key} holds {state[key]}, sent {sim.sent[key]}"
+    # the hot word spreads whenever its candidates lie on more than one node
+    candidates = 2 if sim.policy == "pkg" else balancer(sim.policy).pieces
+    reach = {sim.founding.owner(piece_key(HOT, i)) for i in range(candidates)}
+    assert len({p for p in sim.pieces_sent if base_of(p) == HOT}) > 1 or \
+        sim.policy == "smalops" or len(reach) == 1, f"{context}: the hot word went to one piece"
+
+
+@pytest.mark.parametrize("seed", range(REPLAY_SEEDS))
+def test_replay_seed(seed):
+    """Epoch sources on a ring sharing keys, through task retries (zombies among
+    them), a driver kill and a node killed, paused or cut off: every count exact
+    (tests/sim_replay.py)."""
+    run_replay_seed(seed)

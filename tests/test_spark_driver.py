@@ -264,6 +264,61 @@ def test_a_node_killed_mid_stream_loses_and_doubles_nothing(tmp_path, ring):
         n.node_id for n in ring.nodes if n is not victim)    # the ring dropped it
 
 
+def skewed_lines(lines=LINES, hot="floe", seed=5):
+    """The corpus with the hot word inserted at random places, as many times as each
+    line has words: half of all words."""
+    import random
+    pick = random.Random(seed)
+    out = []
+    for line in lines:
+        words = line.split()
+        for _ in range(len(split_words(line))):
+            words.insert(pick.randrange(len(words) + 1), hot)
+        out.append(" ".join(words))
+    return out
+
+
+def applied_by_node(cluster):
+    with RingClient(cluster.seeds, tls=cluster.tls()) as client:
+        return {s["node_id"]: s["applied"] for s in client.stats() if "error" not in s}
+
+
+@pytest.mark.parametrize("policy", ["dkg"])
+def test_a_skewed_stream_on_a_sharing_ring_is_even_and_exact_through_a_kill_and_a_retry(
+        tmp_path, policy):
+    """Half the words are one word. Every batch is sent by a routing plan the driver
+    recorded under its checkpoint before the batch's first task: the driver SIGKILLed
+    mid-batch and a task failing half-way both replay their batch with the plan it
+    first had, so the counts are exact, and the hot word spreads over the nodes."""
+    lines = skewed_lines()
+    expected = write_corpus(tmp_path / "in", lines=lines)
+    assert expected["floe"] * 2 == sum(expected.values())
+    hung, failed = tmp_path / "hung", tmp_path / "failed"
+    with healthy_ring(tmp_path, balancer=policy) as ring:
+        first = run_driver(tmp_path, ring, "--inject-hang", str(hung), "--no-combine",
+                           "--max-files-per-trigger", "1", name="first")
+        try:
+            wait_for(hung.exists, 300, "a task to reach the middle of its partition", first)
+            partial = applied(ring)
+        finally:
+            first.kill()
+        assert 0 < partial < sum(expected.values())
+        second = run_driver(tmp_path, ring, "--available-now", "--no-combine",
+                            "--max-files-per-trigger", "1", "--inject-task-failure",
+                            str(failed), master="local[2,2]", name="second")
+        assert finish(second) == 0, second.output()
+        assert failed.exists(), "the fault was never injected"
+        got, stats = ring_state(ring)
+        assert got == expected, diff(got, expected)
+        assert sum(s["duplicates"] for s in stats) > 0     # the replays' resends dropped
+        loads = applied_by_node(ring)
+    plans = sorted(int(p.name) for p in (tmp_path / "checkpoint" / "floe-plans").iterdir())
+    assert plans == list(range(FILES)), plans              # one plan per batch, recorded
+    assert sum(loads.values()) >= sum(expected.values())
+    ratio = max(loads.values()) / (sum(loads.values()) / len(loads))
+    assert ratio <= 1.1, f"max/mean applied {ratio:.3f}: {loads}"
+
+
 def test_main_job_kills_a_node_and_stays_exact(tmp_path):
     import signal
     import subprocess
