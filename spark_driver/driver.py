@@ -36,6 +36,7 @@ import time  # noqa: E402
 from floering.spark_driver.maps import DEFAULT_RATE_MAP, DEFAULT_TEXT_MAP, load_map  # noqa: E402
 from floering.spark_driver.partition import COMBINE_KEYS  # noqa: E402
 from floering.spark_driver.sink import RingSink, session_builder  # noqa: E402
+from floering.spark_driver.plans import BatchPlans  # noqa: E402
 
 
 class UsageError(Exception):
@@ -150,6 +151,8 @@ def run(args) -> int:
                     combine=args.combine, combine_keys=args.combine_keys,
                     batch_size=args.batch_size, tls_dir=args.tls_dir,
                     fail_once=args.inject_task_failure, hang_once=args.inject_hang)
+    if not args.combine and BatchPlans.usable(checkpoint):
+        sink.plans = BatchPlans(checkpoint, ring, args.map_spec)
     plan = sink.choose(spark)
     print(f"map: {args.map_spec}, "
           + ("split by Spark SQL, words to the tasks as Arrow batches"
