@@ -17,6 +17,7 @@ through its visitor's browser.
 from __future__ import annotations
 
 import asyncio
+import errno
 import signal
 import sys
 from pathlib import Path
@@ -143,7 +144,13 @@ class UiServer:
 async def serve(watcher: Watcher, host: str, port: int, ready=None) -> None:
     """Poll and serve until cancelled (SIGINT or SIGTERM stop it quietly)."""
     server = UiServer(watcher, PAGE.read_bytes())
-    await server.start(host, port)
+    try:
+        await server.start(host, port)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise OSError(f"port {port} on {host} is in use: pick another --port (0: any "
+                          f"free port)") from None
+        raise
     poller = asyncio.ensure_future(watcher.run())
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

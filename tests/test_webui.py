@@ -201,3 +201,14 @@ def test_a_ring_that_does_not_answer_is_said_on_the_page_and_the_server_keeps_po
     finally:
         stop(ui)
     assert ui.returncode == 0, ui.stderr.read()
+
+
+def test_a_busy_port_is_one_line_naming_it(tmp_path):
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        done = floe_run(tmp_path, "ui", "--ring", "127.0.0.1:1", "--port", str(port))
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr == (f"floe ui: port {port} on 127.0.0.1 is in use: pick another "
+                           f"--port (0: any free port)\n")
