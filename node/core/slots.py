@@ -21,6 +21,14 @@ calls only members make get the members' reserve whoever makes them, and every
 other call of the host shares one quarter.
 
 A refusal is `Busy`: retriable, a client backs off and calls again.
+
+Ring views pushed to a node (`ExchangeRing`) cost it a merge each, whoever sends
+them: a member pushing views without end would keep the node merging. So each
+caller identity may push VIEWS_PER_SECOND views a second, in bursts of VIEW_BURST
+(`ViewRate`, a token bucket per identity); past that its views are refused `Busy`
+until its bucket refills. Honest members push a view to each peer when their ring
+changes and when a heartbeat shows a peer's differs, far below the rate. In the
+clear every member is its host, so nothing is counted there.
 """
 
 from __future__ import annotations
@@ -138,3 +146,43 @@ class CallSlots:
                 counts[key] = left
             else:
                 del counts[key]
+
+
+VIEWS_PER_SECOND = 20.0
+VIEW_BURST = 40
+MAX_VIEW_CALLERS = 1024       # identities tracked; full buckets are forgotten first
+
+
+class ViewRate:
+    """Ring views each caller identity may push: a token bucket per identity, at
+    `rate` a second up to `burst`; `now` is the caller's clock."""
+
+    def __init__(self, rate: float = VIEWS_PER_SECOND, burst: int = VIEW_BURST,
+                 max_callers: int = MAX_VIEW_CALLERS) -> None:
+        self.rate, self.burst, self.max_callers = rate, burst, max_callers
+        self.buckets: dict[str, tuple[float, float]] = {}   # identity -> (tokens, when)
+        self.refused = 0
+
+    def _tokens(self, identity: str, now: float) -> float:
+        tokens, when = self.buckets.get(identity, (float(self.burst), now))
+        return min(float(self.burst), tokens + max(0.0, now - when) * self.rate)
+
+    def take(self, identity: str, now: float) -> None:
+        """Count one view pushed by `identity`, or Busy if it pushed its share."""
+        tokens = self._tokens(identity, now)
+        if tokens < 1.0:
+            self.buckets[identity] = (tokens, now)
+            self.refused += 1
+            raise Busy(f"{inert(identity, 80)} pushed more ring views than a member may "
+                       f"({self.rate:g} a second, {self.burst} at once): refused until "
+                       "its share refills")
+        self.buckets[identity] = (tokens - 1.0, now)
+        if len(self.buckets) > self.max_callers:
+            self._forget(now)
+
+    def _forget(self, now: float) -> None:
+        """Drop the buckets that are full again (they hold nothing), then the oldest."""
+        for identity in [i for i in self.buckets if self._tokens(i, now) >= self.burst]:
+            del self.buckets[identity]
+        while len(self.buckets) > self.max_callers:
+            del self.buckets[min(self.buckets, key=lambda i: self.buckets[i][1])]

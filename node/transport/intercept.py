@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import time
 
 import grpc
 
 from floering.node.core.errors import Busy
-from floering.node.core.slots import CallSlots, kind_of, peer_host
+from floering.node.core.slots import CallSlots, ViewRate, kind_of, peer_host
 from floering.node.transport.status import abort
 
 
@@ -59,7 +60,13 @@ class CallLimiter(grpc.aio.ServerInterceptor):
         from floering.node.transport.tls import NODE_ONLY, peer_identity
         self.limit = limit
         self.slots = CallSlots(limit)
+        self.views = ViewRate()           # ring views pushed, per caller identity
         self._node_only, self._identity = NODE_ONLY, peer_identity
+
+    @property
+    def refused(self) -> int:
+        """Calls refused Busy so far: past a bound of slots, or of views pushed."""
+        return self.slots.refused + self.views.refused
 
     @property
     def active(self) -> int:
@@ -71,7 +78,8 @@ class CallLimiter(grpc.aio.ServerInterceptor):
             return None
         method = details.method.rsplit("/", 1)[-1]
         node_only = method in self._node_only
-        peer_identity, slots = self._identity, self.slots
+        peer_identity, slots, views = self._identity, self.slots, self.views
+        pushes_view = method == "ExchangeRing"
 
         @contextlib.asynccontextmanager
         async def slot(request, context):
@@ -83,6 +91,8 @@ class CallLimiter(grpc.aio.ServerInterceptor):
             else:
                 kind, identity = kind_of(who[0], method, node_only), f"{who[0]}:{who[1]}"
             try:
+                if pushes_view and who is not None:
+                    views.take(identity, time.monotonic())
                 ticket = slots.take(kind, identity, connection)
             except Busy as exc:
                 await abort(context, exc)

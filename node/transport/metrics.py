@@ -23,7 +23,7 @@ import contextlib
 import time
 
 import grpc
-from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry,
+from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter,
                                Histogram, ProcessCollector, generate_latest)
 from prometheus_client.gc_collector import GCCollector
 from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily,
@@ -158,6 +158,10 @@ class RpcTimer(grpc.aio.ServerInterceptor):
                                  "Time to serve a gRPC call, refused calls included",
                                  ["service", "method"], registry=registry,
                                  buckets=RPC_BUCKETS)
+        self.busy = Counter("floe_calls_refused_busy",
+                            "Calls refused RESOURCE_EXHAUSTED (Busy: past a caller's share "
+                            "of the call slots or of ring views pushed; Overloaded)",
+                            ["service", "method"], registry=registry)
 
     async def intercept_service(self, continuation, details):
         handler = await continuation(details)
@@ -165,15 +169,28 @@ class RpcTimer(grpc.aio.ServerInterceptor):
             return None
         service, _, method = details.method.lstrip("/").rpartition("/")
         observe = self.seconds.labels(service, method).observe
+        busy = self.busy.labels(service, method)
 
         @contextlib.asynccontextmanager
         async def timed(request, context):
             started = time.perf_counter()
             try:
                 yield
+            except BaseException:
+                if _code(context) == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    busy.inc()
+                raise
             finally:
                 observe(time.perf_counter() - started)
         return around(handler, timed)
+
+
+def _code(context):
+    """The status a call ended with, if it set one."""
+    try:
+        return context.code()
+    except Exception:
+        return None
 
 
 class Timings:

@@ -1,0 +1,93 @@
+"""Ring views one member may push (node.core.slots.ViewRate): a token bucket per
+caller identity, refused Busy past it, counted in floe_calls_refused_busy_total.
+Pure rules, and a real TLS ring a member floods with views."""
+
+from collections import Counter
+
+import grpc
+import pytest
+
+from floering.node.core.errors import Busy
+from floering.node.core.slots import ViewRate
+
+
+def test_a_member_pushes_its_burst_then_its_rate():
+    rate = ViewRate(rate=10.0, burst=5)
+    for _ in range(5):
+        rate.take("node:n2", 0.0)
+    with pytest.raises(Busy):
+        rate.take("node:n2", 0.0)
+    rate.take("node:n1", 0.0)                 # another member has its own share
+    rate.take("node:n2", 0.1)                 # a tenth of a second: one more view
+    with pytest.raises(Busy):
+        rate.take("node:n2", 0.1)
+    assert rate.refused == 2
+    for _ in range(5):                        # refilled, up to the burst
+        rate.take("node:n2", 10.0)
+    with pytest.raises(Busy):
+        rate.take("node:n2", 10.0)
+
+
+def test_the_identities_tracked_are_bounded():
+    rate = ViewRate(rate=1.0, burst=2, max_callers=8)
+    for i in range(100):
+        rate.take(f"node:x{i}", float(i))
+    assert len(rate.buckets) <= 8
+    # a caller whose bucket is not full is kept while full ones are forgotten
+    rate.take("node:flood", 200.0)
+    rate.take("node:flood", 200.0)
+    rate.take("node:other", 200.0)
+    assert "node:flood" in rate.buckets
+    with pytest.raises(Busy):
+        rate.take("node:flood", 200.0)
+
+
+def three_free_ports() -> int:
+    """A port p with p, p+1 and p+2 free on the loopback (the nodes' metrics)."""
+    import socket
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        try:
+            for port in (base, base + 1, base + 2):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+    raise AssertionError("no three free ports in a row")
+
+
+@pytest.mark.multiprocess
+def test_a_member_flooding_views_is_refused_and_the_ring_stays_exact(tmp_path):
+    from floering.chaos.cluster import LocalCluster
+    from floering.mapper import RingClient
+    from floering.node.core.ring import Ring
+    from floering.v1 import floe_pb2, floe_pb2_grpc
+    from tests.test_observability import scrape, value
+    words = [f"v{i % 89}" for i in range(3000)]
+    base = three_free_ports()
+    with LocalCluster.up(3, 1, workdir=tmp_path, metrics_port=base) as cluster:
+        with RingClient(cluster.seeds, tls=cluster.tls("client"), timeout=20.0) as c:
+            c.emit_many(words)
+            c.flush()
+        refused = accepted = 0
+        with cluster.channel(cluster.node("n0").address, "n2") as ch:   # n2's own key
+            stub = floe_pb2_grpc.ControlPlaneStub(ch)
+            view = Ring.from_wire(stub.GetRing(floe_pb2.GetRingRequest(), timeout=5).ring)
+            for _ in range(300):
+                try:
+                    stub.ExchangeRing(floe_pb2.RingView(
+                        version=view.version, ring=view.to_wire(), sender="n2"), timeout=5)
+                    accepted += 1
+                except grpc.RpcError as exc:
+                    assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, exc
+                    refused += 1
+        assert accepted >= 40 and refused >= 100, (accepted, refused)
+        assert value(scrape(base), "floe_calls_refused_busy_total",
+                     service="floering.v1.ControlPlane", method="ExchangeRing") == refused
+        with RingClient(cluster.seeds, tls=cluster.tls("client"), timeout=20.0) as c:
+            c.emit_many(words)
+            c.flush()
+            assert Counter(dict(c.scan())) == Counter(words * 2)
