@@ -2,7 +2,8 @@
 member's Stats (through an AsyncRingClient, with the client's credentials), the
 processes `floe up` recorded, and the nodes' structured event files (when the
 cluster file is at hand). A `Watcher` polls on its own event loop, one round at a
-time, and publishes each round as one JSON snapshot:
+time (every interval, and at once when a recorded process is gone), and publishes
+each round as one JSON snapshot:
 
     ring      version, r, reducer, balancer, and a one-line description
     ranges    per range (start, token] as fractions of the hash space, its primary,
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from collections import deque
 from pathlib import Path
@@ -27,6 +29,7 @@ from floering.chaos.ringview import member_rows, range_rows, unlisted_processes,
 from floering.node.core.hashing import HASH_SPACE
 
 MAX_EVENTS = 300            # timeline entries kept (and sent)
+PROCESS_CHECK = 0.1         # seconds between two looks at the recorded processes
 TAIL_START = 64 * 1024      # of an event file met for the first time: its last bytes
 TAIL_READ = 256 * 1024      # read from one event file per round, at most
 MEMBER_FIELDS = ("node_id", "state", "why", "error", "address", "pid", "ring_share",
@@ -151,18 +154,40 @@ def observed_changes(before: dict | None, after: dict) -> list[tuple[str, str]]:
     return out
 
 
-def recorded_processes(cluster_file: str | None) -> tuple[dict[str, dict], list[str]]:
+class Recorded:
     """The processes `floe up` recorded ({node: address, pid, alive}) and their event
-    files; nothing for a ring named with --ring."""
-    if cluster_file is None or not Path(cluster_file).exists():
-        return {}, []
-    from floering.chaos.cluster import LocalCluster
-    try:
-        nodes = LocalCluster.load(cluster_file).nodes
-    except (OSError, ValueError, KeyError, TypeError):
-        return {}, []
-    return ({n.node_id: {"address": n.address, "pid": n.pid, "alive": n.alive()}
-             for n in nodes}, [n.events for n in nodes])
+    files; nothing for a ring named with --ring. The cluster file is read again only
+    when it changes (reading it is slow, looking at the processes is not)."""
+
+    def __init__(self, cluster_file: str | None) -> None:
+        self.path = cluster_file
+        self._seen: tuple[int, int] | None = None
+        self._nodes: list = []
+
+    def nodes(self) -> list:
+        if self.path is None:
+            return []
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            self._seen, self._nodes = None, []
+            return []
+        if (st.st_mtime_ns, st.st_size) != self._seen:
+            from floering.chaos.cluster import LocalCluster
+            try:
+                self._nodes = LocalCluster.load(self.path).nodes
+            except (OSError, ValueError, KeyError, TypeError):
+                self._nodes = []
+            self._seen = (st.st_mtime_ns, st.st_size)
+        return self._nodes
+
+    def processes(self) -> tuple[dict[str, dict], list[str]]:
+        nodes = self.nodes()
+        return ({n.node_id: {"address": n.address, "pid": n.pid, "alive": n.alive()}
+                 for n in nodes}, [n.events for n in nodes])
+
+    def gone(self) -> set[str]:
+        return {n.node_id for n in self.nodes() if not n.alive()}
 
 
 class Watcher:
@@ -173,7 +198,7 @@ class Watcher:
     def __init__(self, seeds: list[str], tls, cluster_file: str | None,
                  interval: float = 0.5, rpc_timeout: float = 2.0,
                  timeout: float = 5.0) -> None:
-        self.seeds, self.tls, self.cluster_file = seeds, tls, cluster_file
+        self.seeds, self.tls, self.recorded = seeds, tls, Recorded(cluster_file)
         self.interval, self.rpc_timeout, self.timeout = interval, rpc_timeout, timeout
         self.events: deque[dict] = deque(maxlen=MAX_EVENTS)
         self.tail = EventTail()
@@ -183,21 +208,40 @@ class Watcher:
         self._ring = None                 # the last ring read, for a round that failed
         self._published = asyncio.Event()
         self._client = None
+        self._wake = asyncio.Event()
 
     async def run(self) -> None:
         from floering.mapper.aclient import AsyncRingClient
         self._client = AsyncRingClient(self.seeds, tls=self.tls, timeout=self.timeout,
                                        rpc_timeout=self.rpc_timeout)
+        watch = asyncio.ensure_future(self._watch_processes())
         try:
             while True:
                 started = time.monotonic()
+                self._wake.clear()
                 self.publish(await self.round())
-                await asyncio.sleep(max(0.05, self.interval - (time.monotonic() - started)))
+                rest = max(0.05, self.interval - (time.monotonic() - started))
+                try:
+                    await asyncio.wait_for(self._wake.wait(), rest)
+                except asyncio.TimeoutError:
+                    pass
         finally:
+            watch.cancel()
             await self._client.close()
 
+    async def _watch_processes(self) -> None:
+        """A recorded process gone starts the next read at once, so a member killed
+        shows dead without waiting out the interval."""
+        gone = self.recorded.gone()
+        while True:
+            await asyncio.sleep(PROCESS_CHECK)
+            now = self.recorded.gone()
+            if now - gone:
+                self._wake.set()
+            gone = now
+
     async def round(self) -> dict:
-        recorded, event_files = recorded_processes(self.cluster_file)
+        recorded, event_files = self.recorded.processes()
         error = None
         try:
             ring = await asyncio.wait_for(self._client.refresh_ring(), self.timeout)

@@ -38,8 +38,8 @@ DRAWN = {"t": 0, "verdict": "DATA LOST: x", "error": None,
 
 
 def start_ui(cwd) -> tuple[subprocess.Popen, str]:
-    ui = subprocess.Popen([sys.executable, "-m", "floering.chaos.cli", "ui", "--port", "0",
-                           "--interval", "0.25"], cwd=cwd, stdout=subprocess.PIPE,
+    ui = subprocess.Popen([sys.executable, "-m", "floering.chaos.cli", "ui", "--port", "0"],
+                          cwd=cwd, stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True,
                           env=dict(os.environ, PYTHONPATH=f"{ROOT}:{ROOT / 'proto'}"))
     line = ui.stdout.readline()
