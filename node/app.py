@@ -54,6 +54,20 @@ class RunningNode:
         self.runtime.events.close()
 
 
+def with_view_and_retired_stats(runtime, retiring: Retiring) -> None:
+    """The node's stats (NodeStats, `floe status --json`) also count the ring views it
+    took a step at a time, refused and held (node.core.evidence), and what a removed
+    member of this process kept (node.runtime.retiring)."""
+    base = runtime.stats
+
+    def stats() -> dict:
+        views = runtime.machine.guard.counters
+        return dict(base(), **retiring.stats(), views_absorbed=views["views_absorbed"],
+                    views_refused=views["removals_refused"] + views["own_removal_refused"],
+                    views_held=views["views_held"])
+    runtime.stats = stats
+
+
 def configured_reducer(config: NodeConfig):
     """The reducer `config` names, built with its arguments (UnknownReducer,
     InvalidArgument or the constructor's own error if it cannot be)."""
@@ -95,6 +109,7 @@ async def start_node(config: NodeConfig) -> RunningNode:
     # What a member removed from the ring held is kept until r+1 others hold it.
     retiring = Retiring.attach(runtime, RetiredCalls(peers, config.rpc_timeout))
     runtime.retiring = retiring
+    with_view_and_retired_stats(runtime, retiring)
     try:
         if metrics is not None:       # up while the node waits to join: that shows too
             await metrics.serve(listen_host(config.listen), config.metrics_port)

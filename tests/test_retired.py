@@ -265,3 +265,28 @@ def test_a_restored_range_is_taken_over_from_its_copy_not_as_lost():
     survivor = next(iter(c.cores.values()))
     assert not survivor.lost_tokens
     assert Counter(dict(survivor.items())) == Counter(WORDS)
+
+
+def test_kept_ranges_survive_a_restart_and_leave_the_disk_only_once_confirmed(tmp_path):
+    from types import SimpleNamespace
+
+    from floering.node.runtime.events import EventLog
+    from floering.node.runtime.retiring import Retiring
+    runtime = SimpleNamespace(events=EventLog(), core=SimpleNamespace(node_id="n2#1"),
+                              clock=lambda: 0.0)
+    ranges = [RetiredRange("n2", 7, 3, "primary", {"a": 1}, {"s": 9}),
+              RetiredRange("n2", 11, 7, "replica", {"b": 2}, {"s": 4})]
+    first = Retiring(runtime, None, tmp_path / "retired")
+    first.keep(ranges, "n2 was removed from the ring")
+    (path,) = (tmp_path / "retired").iterdir()
+    assert path.stat().st_mode & 0o077 == 0            # private, like the data directory
+    again = Retiring(runtime, None, tmp_path / "retired")       # the process restarted
+    again._load()
+    assert sorted(again.kept.ranges) == [("n2", 7), ("n2", 11)]
+    assert again.kept.ranges[("n2", 7)].states == {"a": 1}
+    del again.kept.ranges[("n2", 7)]                   # one confirmed: the other stays
+    again._write("n2")
+    assert [r.key for r in decode(path.read_bytes())] == [("n2", 11)]
+    del again.kept.ranges[("n2", 11)]
+    again._write("n2")
+    assert not list((tmp_path / "retired").iterdir())

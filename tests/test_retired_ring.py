@@ -84,6 +84,9 @@ def test_a_fenced_member_keeps_its_ranges_until_r_plus_1_others_hold_them(tmp_pa
         wait_for(lambda: {e["token"] for e in events(cluster, "n2", "retired_deleted")}
                  == held, 60, "every kept range confirmed and deleted")
         assert not retired_files(data, "n2")
+        shown = stats_of(cluster, "n2")                 # NodeStats, floe status --json
+        assert (shown.retired_ranges, shown.retired_keys, shown.retired_deleted) == (
+            0, 0, len(held))
         firsts = {}
         for node in ("n0", "n1"):
             again = events(cluster, node, "re_replicated")
@@ -125,7 +128,8 @@ def test_two_members_forced_out_at_r1_give_back_every_lost_range(tmp_path):
             for node in ("n1", "n2"):
                 cluster.kill(node, signal.SIGKILL)
         assert alone <= ring_of(cluster, "n0").lost
-        assert stats_of(cluster, "n0").lost_ranges == len(alone)
+        shown = stats_of(cluster, "n0")
+        assert shown.lost_ranges == len(alone) and shown.views_held >= 1
         start_again(cluster, ["n1", "n2"])
         cluster.wait_ready(60)
         for node in ("n1", "n2"):
@@ -138,6 +142,7 @@ def test_two_members_forced_out_at_r1_give_back_every_lost_range(tmp_path):
                  "the lost ranges are handed the kept copies, and served")
         handed = [e for n in ("n1", "n2") for e in events(cluster, n, "retired_handed_over")]
         assert {e["into"] for e in handed} == alone
+        assert sum(stats_of(cluster, n).retired_handed_over for n in ("n1", "n2")) == len(handed)
         assert scan(cluster) == want
         feed(cluster, WORDS[::5], want)
         assert scan(cluster) == want
