@@ -15,6 +15,11 @@ A node forgets a source idle for `--source-expiry` (7 days by default); a rerun 
 that counts again. Standard input cannot be read twice: it is a fresh source each
 time.
 
+On a ring whose balancer shares keys, a file's words go to pieces by a routing plan
+(floering.mapper.plans) made from its first chunk and kept beside the key
+(`feed-plans/<source>.plan`, 0600) before its first word goes out: a rerun reads it,
+so every seq goes to the piece it first went to, whatever the ring became meanwhile.
+
 A word longer than MAX_WORD_BYTES (no word of any language; a run of letters in a
 file that is not text) is refused alone, named on standard error, and the rest of the
 file is fed: skipped the same way on every rerun, it moves no other word's seq.

@@ -22,10 +22,18 @@ Workloads:
 - Zipf s = 0.8 / 1.1 / 1.5 over 10,000 keys on 8 nodes;
 - one key only (WL3 at scale);
 - the bundled corpus (King James Bible);
-- a shifting Zipf 1.1 whose hot keys change half-way.
+- a shifting Zipf 1.1 whose hot keys change half-way;
+- the corpus with one word at every other position (`every-other`), or at half of
+  the positions, shuffled (`hot-half`).
+
+`--replayable` sends each workload as a source that may be replayed (a `floe feed`
+file: its routing plan made from its first chunk); `--spark` sends the word workloads
+through spark-submit (chaos.skew_spark).
 
     python -m floering.chaos.skew                       # every policy, every workload
     python -m floering.chaos.skew --policies none,pkg --workloads zipf-1.1 --tuples 300000
+    python -m floering.chaos.skew --replayable --policies pkg --workloads every-other
+    python -m floering.chaos.skew --spark --policies dkg,wchoices --workloads hot-half
 """
 
 from __future__ import annotations
@@ -57,7 +65,9 @@ PAPER_S = {"wl1-h": ("halving", 0.00, 0.08), "wl1-d": ("doubling", 1.00, 0.20),
            "wl2": ("both", 0.00, 0.00), "wl3": ("doubling", 1.00, 0.75),
            "wl4-h": ("halving", 0.80, 0.52), "wl4-d": ("doubling", 0.49, 0.11),
            "wl5-h": ("halving", 0.20, 0.20), "wl5-d": ("doubling", 0.55, 0.12)}
-WORKLOADS = [*RAY, "zipf-0.8", "zipf-1.1", "zipf-1.5", "one-key", "corpus", "shifting"]
+WORKLOADS = [*RAY, "zipf-0.8", "zipf-1.1", "zipf-1.5", "one-key", "corpus", "shifting",
+             "every-other", "hot-half"]
+HOT = "floe"                # the hot word of every-other and hot-half (not in the corpus)
 TOKENS_PER_NODE = 8
 
 
@@ -138,10 +148,17 @@ def workload(name: str, tuples: int, seed: int = 1) -> list:
         return [f"k{r}" for r in ranks[:half]] + [f"k{later[r]}" for r in ranks[half:]]
     if name == "one-key":
         return ["hot"] * tuples
-    if name == "corpus":
+    if name in ("corpus", "every-other", "hot-half"):
         from floering.chaos.load import corpus_words
         words = corpus_words()
-        return list(itertools.islice(itertools.cycle(words), tuples))
+        if name == "corpus":
+            return list(itertools.islice(itertools.cycle(words), tuples))
+        half = list(itertools.islice(itertools.cycle(words), tuples // 2))
+        if name == "every-other":             # the hot word at every other position
+            return [w for word in half for w in (HOT, word)]
+        keys = [HOT] * (tuples // 2) + half   # half the tuples, shuffled
+        pick.shuffle(keys)
+        return keys
     raise ValueError(f"unknown workload {name!r}: one of {', '.join(WORKLOADS)}")
 
 
@@ -165,9 +182,10 @@ def _moved(rows: list[dict], before: dict[str, int]) -> int:
 
 
 def run_one(policy: str, name: str, tuples: int, seed: int = 1,
-            seconds: float = 0.0, combine: bool = False) -> Outcome:
+            seconds: float = 0.0, combine: bool = False, replayable: bool = False) -> Outcome:
     """Feed the workload once, or over and over for `seconds` (a sustained load, so
-    that a policy reacting to overload has time to)."""
+    that a policy reacting to overload has time to). `replayable`: as a source that
+    may be sent again (`floe feed`'s files), by the routing plan of its first chunk."""
     keys = workload(name, tuples, seed)
     chunks = [keys[at:at + 10_000] for at in range(0, len(keys), 10_000)]
     chunk_counts = [Counter(c) for c in chunks]
@@ -176,7 +194,11 @@ def run_one(policy: str, name: str, tuples: int, seed: int = 1,
             LocalCluster.up(nodes, 1, workdir=tmp, balancer=policy,
                             tokens_per_node=TOKENS_PER_NODE) as cluster:
         tls = cluster.tls("client")
-        with RingClient(cluster.seeds, tls=tls, combine=combine) as client:
+        source = f"skew-{policy}-{name}-{seed}" if replayable else None
+        with RingClient(cluster.seeds, tls=tls, combine=combine, source=source) as client:
+            if replayable:
+                from floering.chaos.skew_spark import replayable_plan
+                client.rebind(source, 1, replayable_plan(client, keys))
             first = client.stats()
             before = {s["node_id"]: s["applied"] for s in first}
             moved_before = {s["node_id"]: s["moved_bytes"] for s in first}
@@ -212,6 +234,21 @@ def run_one(policy: str, name: str, tuples: int, seed: int = 1,
                    round(dist, 3), sum(r["handed_off"] for r in rows), round(elapsed, 2),
                    round(sent / elapsed), _ms(latencies, 0.5), _ms(latencies, 0.99),
                    loads, failure, _moved(rows, moved_before))
+
+
+def run_spark_one(policy: str, name: str, tuples: int, seed: int = 1) -> Outcome:
+    """The workload through spark-submit (chaos.skew_spark), as one Outcome."""
+    from floering.chaos.skew_spark import run_spark
+    keys = workload(name, tuples, seed)
+    nodes = nodes_for(name)
+    r = run_spark(policy, name, keys, nodes, TOKENS_PER_NODE)
+    loads, failure = r["loads"], r["failure"]
+    if not r["exact"] and not failure:
+        failure = _difference(r["got"], Counter(keys), r["rows"])
+    return Outcome(policy, name, nodes, len(keys), r["exact"], round(skew(loads), 3),
+                   round(1 + imbalance(loads), 3), round(load_std_percent(loads), 2), 0.0,
+                   sum(x.get("handed_off", 0) for x in r["rows"]), round(r["elapsed"], 2),
+                   round(len(keys) / r["elapsed"]), 0.0, 0.0, loads, failure, 0)
 
 
 def _difference(got: dict, counts: Counter, rows: list[dict]) -> str:
@@ -460,8 +497,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m floering.chaos.skew", description=__doc__.split("\n\n")[0])
     p.add_argument("--policies", default=",".join(sorted(BALANCERS)),
                    help="comma-separated balancers (default: every one)")
-    p.add_argument("--workloads", default=",".join(WORKLOADS),
-                   help="comma-separated workloads (default: every one)")
+    p.add_argument("--workloads",
+                   help="comma-separated workloads (default: every one; with --spark, "
+                        "every-other and hot-half)")
     p.add_argument("--tuples", type=int, default=200_000,
                    help="tuples a workload is made of (default 200000)")
     p.add_argument("--seconds", type=float, default=6.0,
@@ -486,6 +524,13 @@ def main(argv=None) -> int:
     p.add_argument("--combine", action="store_true",
                    help="let the mapper pre-aggregate (its default); without it, it "
                         "sends tuple by tuple, and a node's load is the tuples themselves")
+    p.add_argument("--replayable", action="store_true",
+                   help="send each workload as a source that may be replayed (as floe feed "
+                        "sends a file): by the routing plan made from its first chunk")
+    p.add_argument("--spark", action="store_true",
+                   help="instead: each word workload through spark-submit local[2], one "
+                        "micro-batch per file, every tuple sent (--no-combine), each batch "
+                        "by the routing plan the driver records for it")
     p.add_argument("--json", help="also write every outcome to this file")
     p.add_argument("--plot", metavar="DIR", help="write a PNG per metric to DIR")
     p.add_argument("--from-json", metavar="FILE",
@@ -506,7 +551,14 @@ def main(argv=None) -> int:
             print("plot:", overload_plot(rows, args.plot))
         return 0
     policies = [x for x in args.policies.split(",") if x]
-    names = [x for x in args.workloads.split(",") if x]
+    names = [x for x in (args.workloads or ("every-other,hot-half" if args.spark else
+                                             ",".join(WORKLOADS))).split(",") if x]
+    from floering.chaos.skew_spark import SPARK_WORKLOADS
+    if args.spark and (args.replayable or args.combine or args.overload
+                       or args.overload_cores):
+        p.error("--spark sends every tuple by the driver's plans: alone")
+    if args.spark and set(names) - set(SPARK_WORKLOADS):
+        p.error(f"--spark runs word workloads only: {', '.join(SPARK_WORKLOADS)}")
     for x in policies:
         if x not in BALANCERS:
             p.error(f"unknown policy {x!r}: one of {', '.join(sorted(BALANCERS))}")
@@ -559,8 +611,10 @@ def main(argv=None) -> int:
         names = []
     for name in names:
         for policy in policies:
-            outcomes.append(run_one(policy, name, args.tuples, args.seed, args.seconds,
-                                    args.combine))
+            outcomes.append(run_spark_one(policy, name, args.tuples, args.seed)
+                            if args.spark else
+                            run_one(policy, name, args.tuples, args.seed, args.seconds,
+                                    args.combine, args.replayable))
             o = outcomes[-1]
             print(f"# {name} {policy}: S {o.skew:.3f}, max/mean {o.max_over_mean:.3f}, "
                   f"moved {o.moved_bytes / 1000:.1f} KB, exact {o.exact}", flush=True)

@@ -37,6 +37,7 @@ from typing import Mapping
 import mmh3
 import msgpack
 
+from floering.node.core.balancers import balancer
 from floering.node.core.pieces import piece_key
 from floering.node.core.ring import Ring
 
@@ -105,17 +106,18 @@ class PlanChooser:
 
     def __init__(self, plan: Plan, source: str, max_cached: int = 1 << 20) -> None:
         self.plan, self.salt, self.max_cached = plan, salt_of(source), max_cached
+        # hot key -> ((cumulative weight, piece), ...), the last weight 2**64
+        self._pools = {k: tuple((w, piece_key(k, i)) for w, i in pool[:-1])
+                       + ((SPACE, piece_key(k, pool[-1][1])),)
+                       for k, pool in plan.heads.items()}
         self._weights: dict = {}          # key -> (piece 0's weight, piece 1), plan-fixed
 
     def piece(self, key, seq: int):
         """The piece `seq` of `key` goes to."""
         u = draw(self.salt, seq)
-        pool = self.plan.heads.get(key)
+        pool = self._pools.get(key)
         if pool is not None:
-            for weight, index in pool:
-                if u < weight:
-                    return piece_key(key, index)
-            return piece_key(key, pool[-1][1])
+            return next(p for w, p in pool if u < w)
         weight, other = self._weight(key)
         return key if u < weight else other
 
@@ -134,15 +136,21 @@ class PlanChooser:
         return found
 
     def placer(self, ring: Ring, route):
-        heads, salt, weights = self.plan.heads, self.salt, self._weights
-        piece, find = self.piece, self._weight
+        pools, weights, find, salt = self._pools, self._weights, self._weight, self.salt
 
         def place(key, seq):
-            if key in heads:
-                chosen = piece(key, seq)
-                return chosen, route(chosen)
+            # draw(), inlined: this runs once per tuple
+            x = ((salt ^ seq) + 0x9E3779B97F4A7C15) & MASK
+            x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK
+            x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK
+            u = x ^ (x >> 31)
+            pool = pools.get(key)
+            if pool is not None:
+                for weight, piece in pool:
+                    if u < weight:
+                        return piece, route(piece)
             weight, other = weights.get(key) or find(key)
-            if weight == SPACE or draw(salt, seq) < weight:
+            if u < weight:
                 return key, route(key)
             return other, route(other)
         return place
@@ -256,9 +264,15 @@ class History:
             self.sketch.add(key, count)
         self.total += total
 
-    def plan(self, policy, ring: Ring) -> Plan:
-        return make_plan(policy, ring, dict(self.sketch.top(self.sketch.capacity)),
-                         self.total)
+    def plan(self, ring: Ring, policy=None) -> Plan:
+        """The plan on `ring` for its balancer (or `policy`)."""
+        return make_plan(policy or balancer(ring.balancer), ring,
+                         dict(self.sketch.top(self.sketch.capacity)), self.total)
+
+
+def shares_keys(ring: Ring) -> bool:
+    """Whether the ring's balancer spreads keys over pieces (a plan then matters)."""
+    return balancer(ring.balancer).pieces > 1
 
 
 def plan_of_keys(policy, ring: Ring, keys: list) -> Plan:

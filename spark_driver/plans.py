@@ -19,8 +19,7 @@ import os
 from collections import Counter
 from pathlib import Path
 
-from floering.mapper.plans import History
-from floering.node.core.balancers import balancer
+from floering.mapper.plans import History, shares_keys
 
 SAMPLE = 0.05          # of a batch's rows read to measure its keys before it is sent
 KEEP = 256             # hottest keys a sampled partition reports
@@ -50,12 +49,11 @@ class BatchPlans:
         except FileNotFoundError:
             pass
         ring = self.ring_client.refresh_ring()
-        policy = balancer(ring.balancer)
-        if policy.pieces == 1:
+        if not shares_keys(ring):
             return None
         counts, total = sample_counts(df, self.map_spec, batch_id, self.sample)
         self.history.add({k: c / self.sample for k, c in counts.items()}, total / self.sample)
-        data = self.history.plan(policy, ring).encode()
+        data = self.history.plan(ring).encode()
         record(path, data)
         self.planned += 1
         forget_older(self.directory, batch_id - KEPT_PLANS)

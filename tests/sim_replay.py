@@ -17,7 +17,6 @@ from collections import Counter, defaultdict
 
 from floering.mapper.outbox import PendingBatch
 from floering.mapper.plans import History, PlanChooser
-from floering.node.core.balancers import balancer
 from floering.node.core.batch import encode_payload, encode_seqs
 from floering.node.core.epochs import epoch_seq, epoch_source
 from tests.simulation import SimMapper, Simulation
@@ -78,7 +77,7 @@ class EpochSimulation(Simulation):
             scale = self.slice_len / 10
             self.history.add({k: c * scale for k, c in sample.items()},
                              sum(sample.values()) * scale)
-            recorded = self.plans[epoch] = self.history.plan(balancer(self.policy), ring)
+            recorded = self.plans[epoch] = self.history.plan(ring)
         return recorded
 
     def driver_ring(self):

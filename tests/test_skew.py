@@ -104,3 +104,25 @@ def test_the_costly_reducer_waits_its_wall_time_per_tuple_and_counts_exactly():
     assert state == {"a": 10, "b": 5}
     with pytest.raises(ValueError):
         CostlyCount(wait_us=-1)
+
+
+def test_the_hot_word_workloads_put_it_at_every_other_position_or_at_half_shuffled():
+    from floering.chaos.skew import HOT
+    every, half = workload("every-other", 10_000), workload("hot-half", 10_000)
+    assert every[0::2] == [HOT] * 5000 and HOT not in every[1::2]
+    assert Counter(half)[HOT] == 5000 and half[0::2] != [HOT] * 5000
+
+
+@pytest.mark.multiprocess
+def test_a_replayable_run_spreads_every_other_with_pkg_exactly():
+    o = run_one("pkg", "every-other", 40_000, replayable=True)
+    assert o.exact, o.failure
+    assert o.max_over_mean <= 1.3, o.loads
+
+
+def test_spark_runs_word_workloads_only_and_alone():
+    from floering.chaos.skew import main
+    for argv in (["--spark", "--workloads", "zipf-1.1"], ["--spark", "--replayable"]):
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        assert exc.value.code == 2
