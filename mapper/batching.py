@@ -19,6 +19,7 @@ from typing import Iterable
 
 import msgpack
 
+from floering.mapper.kernel import KernelBuffer, kernel, kernel_value
 from floering.mapper.outbox import PendingBatch
 from floering.mapper.routing import Router
 from floering.mapper.sharing import check_key, chooser_for
@@ -50,6 +51,11 @@ class Buffer:
         self.tokens = tokens
 
 
+class AppendBuffer(KernelBuffer):
+    """A token's open buffer held in the append kernel (its part `index`)."""
+    __slots__ = ()
+
+
 class Batcher:
     """Open buffers per token and the sealed batches waiting for the loop. Per token,
     seqs must reach a node in order (dedup keeps one watermark per range and source),
@@ -73,6 +79,10 @@ class Batcher:
         self.lock = threading.Lock()
         self.tokens = router.ring.tokens       # the ring tokens the open buffers were routed with
         self._batch_ids = itertools.count(1)
+        # str keys with an int64 value, where no key is shared (no chooser), are routed
+        # and buffered by the append kernel (mapper/kernel.py): each token's keys,
+        # values and seqs in C, sealed straight into a payload
+        self.appender = None
 
     def rebind(self, source: str, first_seq: int, ring, plan=None) -> None:
         """A new sequence of tuples (nothing buffered): `source`, seqs from `first_seq`
@@ -101,6 +111,8 @@ class Batcher:
         """Buffer one tuple; True when a batch was sealed (the caller hands it over).
         `due`: the monotonic time the tuple was due (default: now), from which its
         batch's delivery latency counts."""
+        if type(key) is str and self.chooser is None and kernel_value(value):
+            return self._append([key], value, due or time.monotonic())
         if type(key) not in KEY_TYPES:
             raise InvalidKey(f"key must be str, bytes or int, not {type(key).__name__}")
         if type(value) not in PLAIN_VALUES:
@@ -111,6 +123,7 @@ class Batcher:
             check_key_bytes([key_bytes(key)])
         with self.lock:
             tokens, route, sealed, place = self._routing_locked()
+            self._seal_kind_locked(AppendBuffer)
             if place is None:
                 token = route(key)
             else:
@@ -133,8 +146,12 @@ class Batcher:
             check_value(value)
         size = self.batch_size
         born = due or time.monotonic()
+        if type(keys) is list and self.chooser is None and kernel_value(value) and \
+                not set(map(type, keys)) - {str}:
+            return self._append(keys, value, born)
         with self.lock:
             tokens, route, full, place = self._routing_locked()
+            self._seal_kind_locked(AppendBuffer)
             buffers = self.buffers
             seq = self.next_seq
             cached = route.cached          # a dict lookup, not a call, for a known key
@@ -163,6 +180,39 @@ class Batcher:
             finally:
                 self.next_seq = seq
         return full
+
+    def _append(self, keys: list, value: int, born: float) -> bool:
+        """Route and buffer str keys with one int64 value in the append kernel; seqs as
+        emit_many gives them (one each, in order). A bad key is refused before any
+        tuple is buffered."""
+        check_str_keys(keys)
+        with self.lock:
+            tokens, _, full, _ = self._routing_locked()
+            self._seal_kind_locked(Buffer)
+            appender = self.appender
+            if appender is None or appender.tokens != tokens:   # (a new ring sealed all)
+                appender = self.appender = kernel.Combiner("append", tokens, MAX_KEY_BYTES)
+            buffers, seq0, i = self.buffers, self.next_seq, 0
+            try:
+                while True:
+                    i, t, status = appender.fold(keys, i, value, None, self.batch_size, 0,
+                                                 seq0)
+                    for index in appender.opened:
+                        buffers[tokens[index]] = AppendBuffer(born, tokens, index)
+                    appender.opened.clear()
+                    if status == kernel.DONE:
+                        return full
+                    if status != kernel.FULL:
+                        refuse_key(keys[i])
+                    self._seal_locked(tokens[t])
+                    full = True
+            finally:
+                self.next_seq = seq0 + i
+
+    def _seal_kind_locked(self, kind) -> None:
+        if self.buffers:
+            for token in [t for t, b in self.buffers.items() if type(b) is kind]:
+                self._seal_locked(token)
 
     def _routing_locked(self):
         """The ring's tokens and a router bound to them for one emit call. When a split
@@ -197,6 +247,13 @@ class Batcher:
 
     def _seal_locked(self, token: int) -> None:
         buf = self.buffers.pop(token)
+        if type(buf) is AppendBuffer:
+            first, last, seqs = self.appender.take_seqs(buf.index)
+            payload, count, _ = self.appender.take(buf.index, 2 if self.columns() else 1)
+            self.sealed.append(PendingBatch(next(self._batch_ids), token, self.source, first,
+                                            last, count, payload, seqs, buf.since,
+                                            tokens=buf.tokens))
+            return
         seqs = buf.seqs
         self.sealed.append(PendingBatch(
             next(self._batch_ids), token, self.source, seqs[0], seqs[-1], len(seqs),
@@ -248,6 +305,32 @@ def route_in_bulk(keys: list, tokens: tuple, route) -> None:
     last = len(tokens)
     route.fill(misses, [tokens[i] if i < last else tokens[0]
                         for i in map(functools.partial(bisect_left, tokens), positions)])
+
+
+def check_str_keys(keys: list) -> None:
+    """Raise InvalidKey when a str key of `keys` is not UTF-8 or over the nodes' key
+    size limit (one pass in C for the usual ASCII keys)."""
+    if not keys:
+        return
+    if max(map(len, keys)) > MAX_KEY_BYTES // 4:      # (a char is at most 4 bytes)
+        check_key_bytes([k.encode(errors="surrogatepass") for k in keys
+                         if len(k) > MAX_KEY_BYTES // 4])
+    text = "".join(keys)
+    if not text.isascii():
+        try:
+            text.encode()
+        except UnicodeEncodeError as exc:
+            raise InvalidKey(f"str key is not valid UTF-8: {exc.reason}") from None
+
+
+def refuse_key(key: str) -> None:
+    """Raise InvalidKey for a str key a kernel would not take: not UTF-8, too long."""
+    try:
+        data = key.encode()
+    except UnicodeEncodeError as exc:
+        raise InvalidKey(f"str key is not valid UTF-8: {exc.reason}") from None
+    check_key_bytes([data])
+    raise InvalidKey(f"key of {len(data)} bytes refused")
 
 
 def check_key_bytes(data: list[bytes]) -> None:

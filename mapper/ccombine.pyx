@@ -40,9 +40,11 @@ cdef extern from *:
     """
     int floe_add_overflow64(int64_t a, int64_t b, int64_t *r) nogil
 
-OPS = {"count": 0, "sum": 1, "min": 2, "max": 3}
+# "append": no combining, every tuple an entry of its own with its seq (every tuple sent).
+OPS = {"count": 0, "sum": 1, "min": 2, "max": 3, "append": 4}
 cdef enum:
     BUCKET_BITS = 12
+    APPEND = 4
 # What fold() says when it stops.
 DONE, FULL, OVERFLOW, BAD_KEY, LONG_KEY, NOT_STR = 0, 1, 2, 3, 4, 5
 
@@ -50,8 +52,9 @@ DONE, FULL, OVERFLOW, BAD_KEY, LONG_KEY, NOT_STR = 0, 1, 2, 3, 4, 5
 ctypedef struct Entry:      # 32 bytes: what a lookup reads, on one cache line
     uint64_t pos
     int64_t val
-    uint64_t off            # the key's bytes: data[off:off + len]
-    uint64_t len
+    uint32_t off            # the key's bytes: data[off:off + len]
+    uint32_t len
+    uint64_t seq            # (append only) the tuple's seq
 
 
 ctypedef struct Part:
@@ -113,11 +116,13 @@ cdef int _grow_index(Part *p) noexcept:
     return 0
 
 
-cdef Py_ssize_t _add(Part *p, uint64_t h, const unsigned char *s, size_t ln,
-                     int64_t v, uint64_t slot) noexcept:
-    """Append a new entry at the empty index `slot`; -1 when out of memory."""
+cdef Py_ssize_t _push(Part *p, uint64_t h, const unsigned char *s, size_t ln,
+                      int64_t v, uint64_t seq) noexcept:
+    """Append a new entry (not indexed); -1 when out of memory or past 4 GiB of keys."""
     cdef size_t need
     cdef void *a
+    if p.dlen + ln >= 0xFFFFFFFF:
+        return -1
     if p.n == p.cap:
         if _grow_entries(p) < 0:
             return -1
@@ -136,10 +141,20 @@ cdef Py_ssize_t _add(Part *p, uint64_t h, const unsigned char *s, size_t ln,
     p.dlen += ln
     p.ent[i].pos = h
     p.ent[i].val = v
-    p.ent[i].off = p.dlen - ln
-    p.ent[i].len = ln
-    p.index[slot] = <uint32_t>(i + 1)
+    p.ent[i].off = <uint32_t>(p.dlen - ln)
+    p.ent[i].len = <uint32_t>ln
+    p.ent[i].seq = seq
     p.n = i + 1
+    return i
+
+
+cdef Py_ssize_t _add(Part *p, uint64_t h, const unsigned char *s, size_t ln,
+                     int64_t v, uint64_t slot) noexcept:
+    """A new entry at the empty index `slot`; -1 when out of memory."""
+    cdef Py_ssize_t i = _push(p, h, s, ln, v, 0)
+    if i < 0:
+        return -1
+    p.index[slot] = <uint32_t>(i + 1)
     if <uint64_t>(2 * p.n) > p.mask:         # keep the index at most half full
         if _grow_index(p) < 0:
             return -1
@@ -257,6 +272,28 @@ cdef inline size_t _int(unsigned char *w, int64_t v) noexcept:
     return 1 + size
 
 
+cdef inline size_t _uint(unsigned char *w, uint64_t u) noexcept:
+    """msgpack's smallest encoding of an unsigned u; its size (w NULL: only the size)."""
+    cdef unsigned char code
+    cdef int size
+    if u < 128:
+        if w != NULL:
+            w[0] = <unsigned char>u
+        return 1
+    if u < 256:
+        code, size = 0xCC, 1
+    elif u < 65536:
+        code, size = 0xCD, 2
+    elif u < 4294967296:
+        code, size = 0xCE, 4
+    else:
+        code, size = 0xCF, 8
+    if w != NULL:
+        w[0] = code
+        _be(w + 1, u, size)
+    return 1 + size
+
+
 cdef class Combiner:
     """Open partial states per token of `tokens` (the ring's, sorted) for reducer `op`.
 
@@ -312,12 +349,13 @@ cdef class Combiner:
         return self.parts[t].n, self.parts[t].inputs
 
     def fold(self, list keys, Py_ssize_t start, int64_t value, values, Py_ssize_t size,
-             int64_t most):
+             int64_t most, uint64_t seq0=0):
         """Fold keys[start:] (each with `value`, or values[i] from an int64 buffer of
         len(keys)) until a part holds `size` keys or `most` tuples. Returns (i, t,
         status): tuples before i are folded; status FULL: token t's part is full (i is
         past its last tuple); OVERFLOW: key i's sum would leave int64 in part t; BAD_KEY,
-        LONG_KEY, NOT_STR: key i is not UTF-8, too long, not a str; DONE: all folded."""
+        LONG_KEY, NOT_STR: key i is not UTF-8, too long, not a str; DONE: all folded.
+        "append": every tuple is an entry of its own, tuple i's seq seq0 + i."""
         cdef const int64_t[::1] vals
         cdef const int64_t *vp = NULL
         cdef Py_ssize_t n = len(keys)
@@ -327,10 +365,10 @@ cdef class Combiner:
                 raise ValueError(f"{n} keys but {vals.shape[0]} values")
             if n:
                 vp = &vals[0]
-        return self._fold(keys, start, n, value, vp, size, most)
+        return self._fold(keys, start, n, value, vp, size, most, seq0)
 
     cdef tuple _fold(self, list keys, Py_ssize_t start, Py_ssize_t n, int64_t value,
-                     const int64_t *vp, Py_ssize_t size, int64_t most):
+                     const int64_t *vp, Py_ssize_t size, int64_t most, uint64_t seq0):
         cdef PyObject *key
         cdef const unsigned char *s
         cdef Py_ssize_t ln, i, t, e
@@ -356,6 +394,16 @@ cdef class Combiner:
             t = _token_index(self.tok, self.ntok, self.bucket, h)
             p = &self.parts[t]
             v = vp[i] if vp != NULL else value
+            if op == APPEND:
+                if not p.opened:
+                    p.opened = 1
+                    self.opened.append(t)
+                if _push(p, h, s, ln, v, seq0 + i) < 0:
+                    raise MemoryError()
+                p.inputs += 1
+                if p.n >= size:
+                    return i + 1, t, FULL
+                continue
             if p.index == NULL and _grow_index(p) < 0:
                 raise MemoryError()
             e = _find(p, h, s, ln, &slot)
@@ -379,6 +427,29 @@ cdef class Combiner:
             if p.n >= size or p.inputs >= most:
                 return i + 1, t, FULL
         return n, -1, DONE
+
+    def take_seqs(self, Py_ssize_t t):
+        """(append) The first and last seqs of token index t's part and its seqs as a
+        batch carries them: b"" when contiguous, else their msgpack array. Before
+        take(), which empties the part."""
+        if not 0 <= t < self.ntok:
+            raise IndexError(t)
+        cdef Part *p = &self.parts[t]
+        if p.n == 0:
+            raise ValueError("no tuple in this part")
+        first, last = p.ent[0].seq, p.ent[p.n - 1].seq
+        if p.ent[p.n - 1].seq - p.ent[0].seq + 1 == <uint64_t>p.n:
+            return first, last, b""
+        cdef size_t total = _head(NULL, p.n, 0x90, 16, 0, 0xDC)
+        cdef Py_ssize_t i
+        for i in range(p.n):
+            total += _uint(NULL, p.ent[i].seq)
+        out = PyBytes_FromStringAndSize(NULL, total)
+        cdef unsigned char *w = <unsigned char *>PyBytes_AS_STRING(out)
+        w += _head(w, p.n, 0x90, 16, 0, 0xDC)
+        for i in range(p.n):
+            w += _uint(w, p.ent[i].seq)
+        return first, last, out
 
     def take(self, Py_ssize_t t, int form=2):
         """Token index t's partial states as a batch payload (`form` 2: columns, 1:
@@ -422,7 +493,7 @@ cdef bytes _columns(const Part *p):
     w += _bin_head(w, sizes[2])     # little-endian hosts only, as the hash
     memcpy(w, &zero, 8)             # (memcpy: the columns need not be aligned)
     for i in range(n):
-        word = p.ent[i].off + p.ent[i].len
+        word = <uint64_t>p.ent[i].off + p.ent[i].len
         memcpy(w + 8 * (i + 1), &word, 8)
     w += sizes[2]
     w += _bin_head(w, sizes[3])

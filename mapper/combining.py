@@ -25,31 +25,22 @@ a token's open buffer is of one kind at a time (the other kind is sealed first).
 from __future__ import annotations
 
 import itertools
-import os
 import time
 from collections import Counter
 from typing import Iterable
 
-from floering.mapper.batching import (MAX_KEY_BYTES, PLAIN_VALUES, Batcher, check_key_bytes,
-                                     check_value)
+from floering.mapper.batching import (MAX_KEY_BYTES, PLAIN_VALUES, Batcher, check_str_keys,
+                                     check_value, refuse_key)
 from floering.mapper.outbox import PendingBatch
 from floering.mapper.sharing import check_key
 from floering.node.core.batch import encode_payload
-from floering.node.core.errors import FloeError, InvalidKey
+from floering.node.core.errors import FloeError
 from floering.node.core.pieces import COMBINED_SOURCE
 from floering.node.core.reducers import Count, Max, Min, Reducer, Sum, reducer_from_identity
-from floering.mapper import pycombine
+from floering.mapper.kernel import COMBINE_KERNEL, KernelBuffer, kernel, kernel_value  # noqa: F401
 
-try:
-    if os.environ.get("FLOE_PURE", "") not in ("", "0"):
-        raise ImportError("FLOE_PURE asks for the pure-Python combiner")
-    from floering.mapper import ccombine as kernel
-except ImportError:
-    kernel = pycombine
-COMBINE_KERNEL = "python" if kernel is pycombine else "compiled"
 # The reducers the kernel combines: their states are int64 folded by +, min or max.
 KERNEL_OPS = {Count: "count", Sum: "sum", Min: "min", Max: "max"}
-INT64_LOW, INT64_HIGH = -(1 << 63), (1 << 63) - 1
 
 CHUNK = 1 << 16       # keys emit_many counts at a time
 # What a tuple's integer value may be (msgpack's integers): a combined count past it
@@ -57,14 +48,9 @@ CHUNK = 1 << 16       # keys emit_many counts at a time
 LOWEST, HIGHEST = -(1 << 63), (1 << 64) - 1
 
 
-class ColumnBuffer:
-    """A token's open buffer held in the kernel (its part `index` of the combiner)."""
-    __slots__ = ("since", "tokens", "index")
-
-    def __init__(self, now: float, tokens: tuple, index: int) -> None:
-        self.since = now
-        self.tokens = tokens
-        self.index = index
+class ColumnBuffer(KernelBuffer):
+    """A token's open buffer held in the combiner (its part `index`)."""
+    __slots__ = ()
 
 
 class StateBuffer:
@@ -133,13 +119,13 @@ class CombiningBatcher(Batcher):
                 check_key(key)
         with self.lock:
             tokens, route, sealed, place = self._routing_locked()
-            if place is None and only_str and self.kernel_op and type(value) is int \
-                    and INT64_LOW <= value <= INT64_HIGH:
+            if place is None and only_str and self.kernel_op and kernel_value(value):
                 return self._fold_kernel_locked(keys, value, born, tokens) or sealed
             self._seal_kind_locked(ColumnBuffer)
             return self._fold_dict_locked(keys, value, born, tokens, route, place) or sealed
 
     def _fold_kernel_locked(self, keys: list, value: int, born: float, tokens) -> bool:
+        check_str_keys(keys)
         self._seal_kind_locked(StateBuffer)
         combiner = self.combiner
         if combiner is None or combiner.tokens != tokens:   # (a new ring sealed them all)
@@ -154,14 +140,10 @@ class CombiningBatcher(Batcher):
             if status == kernel.DONE:
                 return sealed
             if status not in (kernel.FULL, kernel.OVERFLOW):
-                _refuse(keys[i])
+                refuse_key(keys[i])
             # full, or key i's sum would leave int64: the token's states go first
             self._seal_locked(tokens[t])
             sealed = True
-
-    def _seal_kind_locked(self, kind) -> None:
-        for token in [t for t, b in self.buffers.items() if type(b) is kind]:
-            self._seal_locked(token)
 
     def _fold_dict_locked(self, keys: list, value, born: float, tokens, route,
                           place) -> bool:
@@ -254,12 +236,3 @@ class CombiningBatcher(Batcher):
             next(self._batch_ids), token, self.source, first, first + count - 1, count,
             payload, b"", buf.since, tokens=buf.tokens, inputs=inputs))
 
-
-def _refuse(key: str) -> None:
-    """Raise InvalidKey for a str key the kernel would not take: not UTF-8, too long."""
-    try:
-        data = key.encode()
-    except UnicodeEncodeError as exc:
-        raise InvalidKey(f"str key is not valid UTF-8: {exc.reason}") from None
-    check_key_bytes([data])
-    raise InvalidKey(f"key of {len(data)} bytes refused")

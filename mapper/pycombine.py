@@ -10,7 +10,8 @@ import msgpack
 
 from floering.node.core.batch import positions_of
 
-OPS = {"count": 0, "sum": 1, "min": 2, "max": 3}
+OPS = {"count": 0, "sum": 1, "min": 2, "max": 3, "append": 4}
+APPEND = 4
 DONE, FULL, OVERFLOW, BAD_KEY, LONG_KEY, NOT_STR = 0, 1, 2, 3, 4, 5
 LOWEST, HIGHEST = -(1 << 63), (1 << 63) - 1
 _HEADER = bytes((0xC1, 0x02))
@@ -26,6 +27,22 @@ class _Part:
         self.inputs = 0
 
 
+class _Appended:
+    """A part of the append kernel: every tuple an entry of its own, with its seq."""
+    __slots__ = ("keys", "data", "positions", "values", "seqs")
+
+    def __init__(self) -> None:
+        self.keys: list = []
+        self.data: list = []
+        self.positions: list = []
+        self.values: list = []
+        self.seqs: list = []
+
+    @property
+    def inputs(self) -> int:
+        return len(self.keys)
+
+
 class Combiner:
     """Open partial states per token of `tokens` for reducer `op` (see ccombine)."""
 
@@ -39,13 +56,14 @@ class Combiner:
         if any(b <= a for a, b in zip(self.tokens, self.tokens[1:])):
             raise ValueError("ring tokens must be increasing")
         self.max_key_bytes = max_key_bytes
-        self.parts = [_Part() for _ in self.tokens]
+        self._part = _Appended if self.op == APPEND else _Part
+        self.parts = [self._part() for _ in self.tokens]
         self.opened: list[int] = []
         self.routes: dict = {}      # key -> (token index, position, bytes)
 
     def count(self, t: int) -> tuple[int, int]:
         part = self.parts[t]
-        return len(part.states), part.inputs
+        return part.inputs if self.op == APPEND else len(part.states), part.inputs
 
     def _route(self, keys: list, i: int):
         """(token index, position, bytes) of keys[i], None for a key that is not a str,
@@ -70,9 +88,12 @@ class Combiner:
             routes[key] = (0 if t == last else t, pos, raw)
         return routes.get(keys[i]) if type(keys[i]) is str else None
 
-    def fold(self, keys: list, start: int, value: int, values, size: int, most: int):
+    def fold(self, keys: list, start: int, value: int, values, size: int, most: int,
+             seq0: int = 0):
         if values is not None and len(values) != len(keys):
             raise ValueError(f"{len(keys)} keys but {len(values)} values")
+        if self.op == APPEND:
+            return self._append(keys, start, value, values, size, seq0)
         op, parts, routes = self.op, self.parts, self.routes
         for i in range(start, len(keys)):
             key = keys[i]
@@ -101,6 +122,35 @@ class Combiner:
                 return i + 1, t, FULL
         return len(keys), -1, DONE
 
+    def _append(self, keys: list, start: int, value: int, values, size: int, seq0: int):
+        routes, parts = self.routes, self.parts
+        for i in range(start, len(keys)):
+            key = keys[i]
+            route = routes.get(key) if type(key) is str else None
+            if route is None:
+                route = self._route(keys, i)
+                if route is None:
+                    return i, -1, self._why(key)
+            t, pos, raw = route
+            part = parts[t]
+            if not part.keys:
+                self.opened.append(t)
+            part.keys.append(key)
+            part.data.append(raw)
+            part.positions.append(pos)
+            part.values.append(values[i] if values is not None else value)
+            part.seqs.append(seq0 + i)
+            if len(part.keys) >= size:
+                return i + 1, t, FULL
+        return len(keys), -1, DONE
+
+    def take_seqs(self, t: int) -> tuple[int, int, bytes]:
+        seqs = self.parts[t].seqs
+        if not seqs:
+            raise ValueError("no tuple in this part")
+        contiguous = seqs[-1] - seqs[0] + 1 == len(seqs)
+        return seqs[0], seqs[-1], b"" if contiguous else msgpack.packb(seqs)
+
     def _why(self, key) -> int:
         if type(key) is not str:
             return NOT_STR
@@ -112,6 +162,11 @@ class Combiner:
 
     def take(self, t: int, form: int = 2):
         part = self.parts[t]
+        if self.op == APPEND:
+            self.parts[t] = _Appended()
+            out = _columns_of(part.data, part.positions, part.values) if form == 2 else \
+                msgpack.packb((part.keys, part.values))
+            return out, len(part.keys), len(part.keys)
         states, data = part.states, part.data
         out = _columns(states, data) if form == 2 else \
             msgpack.packb((list(states), [s for _, s in states.values()]))
@@ -121,14 +176,18 @@ class Combiner:
 
 
 def _columns(states: dict, data: dict) -> bytes:
+    return _columns_of(data.values(), [p for p, _ in states.values()],
+                       [s for _, s in states.values()])
+
+
+def _columns_of(data, positions: list, values: list) -> bytes:
     offsets = array("Q", [0])
     total = 0
-    for raw in data.values():
+    for raw in data:
         total += len(raw)
         offsets.append(total)
-    fields = (b"\x00", b"".join(data.values()), _little(offsets),
-              _little(array("Q", [p for p, _ in states.values()])),
-              _little(array("q", [s for _, s in states.values()])))
+    fields = (b"\x00", b"".join(data), _little(offsets), _little(array("Q", positions)),
+              _little(array("q", values)))
     return _HEADER + msgpack.packb(fields, use_bin_type=True)
 
 

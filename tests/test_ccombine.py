@@ -117,6 +117,7 @@ def test_keys_the_kernel_cannot_take_are_refused_as_the_dict_path_refuses_them()
         batcher.emit_many(["ok", "bad\ud800"], 1)
     with pytest.raises(InvalidKey, match="over the limit"):
         batcher.emit_many(["x" * (MAX_KEY_BYTES + 1)], 1)
+    assert not batcher.buffers and not batcher.sealed       # nothing folded
     batcher.emit_many([1, 2, 1], 1)         # an int key: the dict path, the other sealed
     assert {type(b).__name__ for b in batcher.buffers.values()} == {"StateBuffer"}
 
@@ -162,3 +163,32 @@ def test_a_client_sends_columns_to_nodes_that_decode_them_and_counts_exactly(tmp
                 expect.update(words)
                 assert seen and set(seen) == {form == 2}, (combine, columnar)
                 assert dict(client.scan()) == expect
+
+
+@pytest.mark.parametrize("columns", [False, True])
+def test_every_tuple_sent_through_the_append_kernel_makes_the_batches_the_dict_path_makes(
+        columns):
+    """The same tuples emitted as a list (the append kernel) and as a tuple (Python
+    lists per token): the very same batches, seqs and payload bytes."""
+    from floering.mapper.batching import AppendBuffer, Batcher
+    from floering.mapper.routing import Router
+
+    rng = random.Random(3)
+    ring = Ring.initial({"a": "h:1", "b": "h:2", "c": "h:3"}, 1, 8)
+    keys = [rng.choice(WORDS) for _ in range(5000)]
+    made = []
+    for bulk in (list, tuple):
+        batcher = Batcher(Router(ring), None, "m", 64, first_seq=7, columnar=columns)
+        for i in range(0, len(keys), 700):
+            batcher.emit_many(bulk(keys[i:i + 700]), 3)
+            if bulk is list:
+                batcher.emit("one", -2)
+            else:
+                batcher.emit_many(("one",), -2)
+            if bulk is list:
+                assert all(type(b) is AppendBuffer for b in batcher.buffers.values())
+        batcher.seal_all()
+        made.append([(b.token, b.first_seq, b.last_seq, b.count, b.payload, b.seqs)
+                     for b in batcher.sealed])
+    assert made[0] == made[1]
+    assert all(is_versioned(b[4]) == columns for b in made[0])

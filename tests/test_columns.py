@@ -254,13 +254,18 @@ def test_a_primary_applies_columns_exactly():
     assert dict(rng.state.snapshot()) == Counter(words)
 
 
-def test_keys_hashed_in_bulk_route_as_one_by_one():
+@pytest.mark.parametrize("mixed", [False, True])
+def test_keys_hashed_in_bulk_route_as_one_by_one(mixed):
+    """str keys alone go through the append kernel; with an int key among them, the
+    str keys are hashed in bulk into the router's cache."""
     words = [f"w{i}" for i in range(3000)] + ["é", "日本", ""] + [f"w{i}" for i in range(100)]
+    words += [7] if mixed else []
     router = Router(RING)
     batcher = Batcher(router, None, "src", batch_size=10_000, columnar=True)
     batcher.emit_many(words, 1)
-    assert len(router.cache) == len(set(words))
-    assert all(router.cache[k] == RING.token_for_key(k) for k in words)
+    if mixed:
+        assert len(router.cache) == len(set(words))
+        assert all(router.cache[k] == RING.token_for_key(k) for k in words)
     batcher.seal_all()
     got = Counter()
     for b in batcher.sealed:
