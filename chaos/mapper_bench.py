@@ -4,9 +4,10 @@ side in one run.
     python -m floering.chaos.mapper_bench [--tuples 2000000] [--words zipf|corpus]
                                           [--repeat 1] [--memory]
 
-Prints, on the same words (word count): the feeder's combining ceiling in one process
-(route, fold, seal, encode; no network) through the dict path into format 1 (before)
-and through the combiner kernel (COMBINE_KERNEL) into format 1 and format 2; then end
+Prints, on the same words (word count): the feeder's ceilings in one process (route,
+fold or buffer, seal, encode; no network), combining and every tuple, the Python way
+into format 1 (before) and through the kernels (COMBINE_KERNEL) into format 1 and
+format 2; then end
 to end from one feeder process to a `floe up`-style cluster (4 nodes, r=1, durable,
 mutual TLS), combined and every tuple sent, each the old way (format 1, dict combining)
 and the new (format 2, the kernel), a fresh cluster each, the order alternating per
@@ -24,6 +25,7 @@ from collections import Counter
 from floering.chaos.bench import CHUNK, corpus_words, zipf_words
 from floering.chaos.cluster import LocalCluster
 from floering.mapper import RingClient
+from floering.mapper.batching import Batcher
 from floering.mapper.combining import COMBINE_KERNEL, CombiningBatcher
 from floering.mapper.routing import Router
 from floering.node.core.reducers import Count, reducer_identity
@@ -32,14 +34,17 @@ from floering.node.core.ring import Ring
 NODES = 4
 
 
-def ceiling(words: list[str], kernel: bool, columns: bool, batch: int = 1000) -> float:
-    """The combining batcher alone, tuples/s."""
+def ceiling(words: list[str], combine: bool, kernel: bool, columns: bool,
+            batch: int = 1000) -> float:
+    """The batcher alone, tuples/s."""
     ring = Ring.initial({f"n{i}": f"127.0.0.1:{i + 1}" for i in range(NODES)}, 1, 8,
                         reducer=reducer_identity("count", {}))
-    batcher = CombiningBatcher(Router(ring), None, "bench", batch, Count(), 64 * batch,
-                               columnar=columns)
-    if not kernel:
-        batcher.kernel_op = None              # the dict path, as before the kernel
+    if combine:
+        batcher = CombiningBatcher(Router(ring), None, "bench", batch, Count(), 64 * batch,
+                                   columnar=columns)
+    else:
+        batcher = Batcher(Router(ring), None, "bench", batch, columnar=columns)
+    batcher.kernels = kernel                  # False: Python dicts and lists, as before
     started = time.perf_counter()
     for i in range(0, len(words), CHUNK):
         batcher.emit_many(words[i:i + CHUNK], 1)
@@ -55,8 +60,7 @@ def end_to_end(words: list[str], combine: bool, new: bool, memory: bool) -> tupl
         with LocalCluster.up(NODES, 1, workdir=workdir, tls=True, data_dir=data_dir) as cluster:
             with RingClient(cluster.seeds, tls=cluster.tls("client"), combine=combine,
                             columnar=None if new else False) as client:
-                if not new and combine:
-                    client._batcher.kernel_op = None      # the dict path
+                client._batcher.kernels = new      # False: Python dicts and lists
                 assert client._batcher.columns() == new
                 started = time.perf_counter()
                 for i in range(0, len(words), CHUNK):
@@ -82,21 +86,21 @@ def main(argv=None) -> int:
           f"combiner kernel: {COMBINE_KERNEL}", flush=True)
     exact = True
     for i in range(args.repeat):
-        for label, kernel, columns in (("dict path, format 1 (before)", False, False),
-                                       ("kernel, format 1", True, False),
-                                       ("kernel, format 2", True, True)):
-            rate = ceiling(words, kernel, columns)
-            print(f"ceiling, feeder combining, {label:28s}: {rate / 1e6:6.2f} M tuples/s",
-                  flush=True)
+        for combine in (True, False):
+            for label, kernel, columns in (("Python, format 1 (before)", False, False),
+                                           ("kernel, format 1", True, False),
+                                           ("kernel, format 2", True, True)):
+                rate = ceiling(words, combine, kernel, columns)
+                what = "combining" if combine else "every tuple"
+                print(f"ceiling, feeder {what:11s}, {label:25s}: {rate / 1e6:6.2f} M tuples/s",
+                      flush=True)
         for combine in (True, False):
             rates = {}
             for new in ((False, True) if i % 2 == 0 else (True, False)):
                 rates[new], ok = end_to_end(words, combine, new, args.memory)
                 exact = exact and ok
                 what = "combined" if combine else "every tuple"
-                how = "new: kernel, format 2" if new else "old: format 1"
-                if not combine:
-                    how = "new: format 2" if new else "old: format 1"
+                how = "new: kernel, format 2" if new else "old: Python, format 1"
                 print(f"end to end, {what:11s}, {how:21s}: {rates[new] / 1e6:6.2f} M tuples/s "
                       f"(exact={ok})", flush=True)
             print(f"  new / old: {rates[True] / rates[False]:.2f}", flush=True)

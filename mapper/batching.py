@@ -81,8 +81,10 @@ class Batcher:
         self._batch_ids = itertools.count(1)
         # str keys with an int64 value, where no key is shared (no chooser), are routed
         # and buffered by the append kernel (mapper/kernel.py): each token's keys,
-        # values and seqs in C, sealed straight into a payload
+        # values and seqs in C, sealed straight into a payload (`kernels` False: Python
+        # lists, as before)
         self.appender = None
+        self.kernels = True
 
     def rebind(self, source: str, first_seq: int, ring, plan=None) -> None:
         """A new sequence of tuples (nothing buffered): `source`, seqs from `first_seq`
@@ -111,7 +113,7 @@ class Batcher:
         """Buffer one tuple; True when a batch was sealed (the caller hands it over).
         `due`: the monotonic time the tuple was due (default: now), from which its
         batch's delivery latency counts."""
-        if type(key) is str and self.chooser is None and kernel_value(value):
+        if type(key) is str and self.chooser is None and self.kernels and kernel_value(value):
             return self._append([key], value, due or time.monotonic())
         if type(key) not in KEY_TYPES:
             raise InvalidKey(f"key must be str, bytes or int, not {type(key).__name__}")
@@ -146,8 +148,8 @@ class Batcher:
             check_value(value)
         size = self.batch_size
         born = due or time.monotonic()
-        if type(keys) is list and self.chooser is None and kernel_value(value) and \
-                not set(map(type, keys)) - {str}:
+        if type(keys) is list and self.chooser is None and self.kernels and \
+                kernel_value(value) and not set(map(type, keys)) - {str}:
             return self._append(keys, value, born)
         with self.lock:
             tokens, route, full, place = self._routing_locked()

@@ -119,7 +119,8 @@ class CombiningBatcher(Batcher):
                 check_key(key)
         with self.lock:
             tokens, route, sealed, place = self._routing_locked()
-            if place is None and only_str and self.kernel_op and kernel_value(value):
+            if place is None and only_str and self.kernel_op and self.kernels and \
+                    kernel_value(value):
                 return self._fold_kernel_locked(keys, value, born, tokens) or sealed
             self._seal_kind_locked(ColumnBuffer)
             return self._fold_dict_locked(keys, value, born, tokens, route, place) or sealed
