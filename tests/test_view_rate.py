@@ -1,5 +1,5 @@
 """Ring views one member may push (node.core.slots.ViewRate): a token bucket per
-caller identity, refused Busy past it, counted in floe_calls_refused_busy_total.
+caller identity (a large view costs more), refused Busy past it, counted in floe_calls_refused_busy_total.
 Pure rules, and a real TLS ring a member floods with views."""
 
 from collections import Counter
@@ -26,6 +26,19 @@ def test_a_member_pushes_its_burst_then_its_rate():
         rate.take("node:n2", 10.0)
     with pytest.raises(Busy):
         rate.take("node:n2", 10.0)
+
+
+def test_a_large_view_costs_more():
+    from floering.node.core.slots import VIEW_BYTES
+    rate = ViewRate(rate=10.0, burst=8)
+    rate.take("node:n2", 0.0, 3 * VIEW_BYTES)          # four tokens
+    rate.take("node:n2", 0.0, VIEW_BYTES - 1)          # one
+    with pytest.raises(Busy):
+        rate.take("node:n2", 0.0, 3 * VIEW_BYTES)
+    rate.take("node:n2", 0.0)
+    rate.take("node:n1", 0.0, 1 << 30)                 # the most: the whole burst
+    with pytest.raises(Busy):
+        rate.take("node:n1", 0.0)
 
 
 def test_the_identities_tracked_are_bounded():
@@ -76,15 +89,18 @@ def test_a_member_flooding_views_is_refused_and_the_ring_stays_exact(tmp_path):
         with cluster.channel(cluster.node("n0").address, "n2") as ch:   # n2's own key
             stub = floe_pb2_grpc.ControlPlaneStub(ch)
             view = Ring.from_wire(stub.GetRing(floe_pb2.GetRingRequest(), timeout=5).ring)
-            for _ in range(300):
-                try:
-                    stub.ExchangeRing(floe_pb2.RingView(
-                        version=view.version, ring=view.to_wire(), sender="n2"), timeout=5)
-                    accepted += 1
-                except grpc.RpcError as exc:
-                    assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, exc
-                    refused += 1
-        assert accepted >= 40 and refused >= 100, (accepted, refused)
+            pushed = floe_pb2.RingView(version=view.version, ring=view.to_wire(),
+                                       sender="n2")
+            for _ in range(3):                # waves of 150 views at once
+                calls = [stub.ExchangeRing.future(pushed, timeout=20) for _ in range(150)]
+                for call in calls:
+                    try:
+                        call.result()
+                        accepted += 1
+                    except grpc.RpcError as exc:
+                        assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, exc
+                        refused += 1
+        assert accepted >= 100 and refused >= 100, (accepted, refused)
         assert value(scrape(base), "floe_calls_refused_busy_total",
                      service="floering.v1.ControlPlane", method="ExchangeRing") == refused
         with RingClient(cluster.seeds, tls=cluster.tls("client"), timeout=20.0) as c:

@@ -25,10 +25,12 @@ A refusal is `Busy`: retriable, a client backs off and calls again.
 Ring views pushed to a node (`ExchangeRing`) cost it a merge each, whoever sends
 them: a member pushing views without end would keep the node merging. So each
 caller identity may push VIEWS_PER_SECOND views a second, in bursts of VIEW_BURST
-(`ViewRate`, a token bucket per identity); past that its views are refused `Busy`
-until its bucket refills. Honest members push a view to each peer when their ring
-changes and when a heartbeat shows a peer's differs, far below the rate. In the
-clear every member is its host, so nothing is counted there.
+(`ViewRate`, a token bucket per identity), a view costing one token per VIEW_BYTES
+of its encoding begun (a view of 16 MiB, the most a node takes, costs 64: its merge
+is that much longer); past that its views are refused `Busy` until its bucket
+refills. Honest members push a view to each peer when their ring changes and when a
+heartbeat shows a peer's differs (at most one a heartbeat, 20 a second by default),
+below the rate. In the clear every member is its host, so nothing is counted there.
 """
 
 from __future__ import annotations
@@ -148,8 +150,9 @@ class CallSlots:
                 del counts[key]
 
 
-VIEWS_PER_SECOND = 20.0
-VIEW_BURST = 40
+VIEWS_PER_SECOND = 50.0
+VIEW_BURST = 100
+VIEW_BYTES = 256 << 10        # a view costs a token per this many bytes begun
 MAX_VIEW_CALLERS = 1024       # identities tracked; full buckets are forgotten first
 
 
@@ -167,16 +170,18 @@ class ViewRate:
         tokens, when = self.buckets.get(identity, (float(self.burst), now))
         return min(float(self.burst), tokens + max(0.0, now - when) * self.rate)
 
-    def take(self, identity: str, now: float) -> None:
-        """Count one view pushed by `identity`, or Busy if it pushed its share."""
+    def take(self, identity: str, now: float, size: int = 0) -> None:
+        """Count one view of `size` bytes pushed by `identity`, or Busy if it pushed
+        its share."""
+        cost = min(float(self.burst), 1.0 + size // VIEW_BYTES)
         tokens = self._tokens(identity, now)
-        if tokens < 1.0:
+        if tokens < cost:
             self.buckets[identity] = (tokens, now)
             self.refused += 1
             raise Busy(f"{inert(identity, 80)} pushed more ring views than a member may "
-                       f"({self.rate:g} a second, {self.burst} at once): refused until "
-                       "its share refills")
-        self.buckets[identity] = (tokens - 1.0, now)
+                       f"({self.rate:g} a second, {self.burst} at once, a view a token per "
+                       f"{VIEW_BYTES >> 10} KiB): refused until its share refills")
+        self.buckets[identity] = (tokens - cost, now)
         if len(self.buckets) > self.max_callers:
             self._forget(now)
 

@@ -92,7 +92,7 @@ class CallLimiter(grpc.aio.ServerInterceptor):
                 kind, identity = kind_of(who[0], method, node_only), f"{who[0]}:{who[1]}"
             try:
                 if pushes_view and who is not None:
-                    views.take(identity, time.monotonic())
+                    views.take(identity, time.monotonic(), len(request.ring))
                 ticket = slots.take(kind, identity, connection)
             except Busy as exc:
                 await abort(context, exc)
