@@ -145,7 +145,7 @@ class LocalCluster:
             balancer = layout.get("balancer", DEFAULT_LAYOUT["balancer"])
             node_args = layout.get("node_args", [])
             base_port = layout.get("base_port")
-            busy = [p for p in ports if not _port_free(host, p)]
+            busy = [p for p in ports if not port_free(host, p)]
             if busy:
                 raise OSError(f"the ports of the cluster in {data_dir} are in use: {busy}")
         else:
@@ -617,7 +617,7 @@ def wipe(data_dir: str | Path) -> list[str]:
     if layout is None:
         return []
     listening = [a for _, a in layout["nodes"]
-                 if not _port_free(a.rpartition(":")[0], int(a.rpartition(":")[2]))]
+                 if not port_free(a.rpartition(":")[0], int(a.rpartition(":")[2]))]
     if listening:
         raise RuntimeError(f"the cluster kept in {data_dir} may still be running: "
                            f"{', '.join(listening)} in use; stop it first")
@@ -637,7 +637,7 @@ def _free_ports(host: str, count: int, base: int | None) -> list[int]:
     if base is not None:
         ports = list(range(base, base + count))
         for port in ports:
-            if not _port_free(host, port):
+            if not port_free(host, port):
                 raise OSError(f"port {port} on {host} is in use; pick another --base-port")
         return ports
     ports: list[int] = []
@@ -658,17 +658,18 @@ def _ports_from(host: str, count: int, base: int, taken: set[int]) -> list[int]:
     """The first `count` free ports from `base` on, skipping `taken`."""
     ports = []
     for port in range(base, 65536):
-        if port not in taken and _port_free(host, port):
+        if port not in taken and port_free(host, port):
             ports.append(port)
             if len(ports) == count:
                 return ports
     raise OSError(f"no {count} free ports from {base} on {host}")
 
 
-def _port_free(host: str, port: int) -> bool:
+def port_free(host: str, port: int) -> bool:
+    """Free as a node's server (or its metrics endpoint) binds it: SO_REUSEADDR, so a
+    port whose last connections are in TIME_WAIT (a cluster just stopped, a scrape
+    just ended) is free, and a listening one is not."""
     with socket.socket() as s:
-        # as the node's server does: connections of a cluster just stopped (TIME_WAIT)
-        # do not make the port busy, a listening socket does
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))

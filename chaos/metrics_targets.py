@@ -11,23 +11,12 @@ highest; a node without metrics is left out)."""
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
+
+from floering.chaos.cluster import port_free
 
 TARGETS_FILE = Path("floe-cluster") / "prometheus-targets.json"
 METRICS_FLAG = "--metrics-port"
-
-
-def _free(host: str, port: int) -> bool:
-    """Free as the node's endpoint binds it (SO_REUSEADDR, as asyncio does: a port
-    whose last scrape's connection is in TIME_WAIT is free; a listening one is not)."""
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
 
 
 def metrics_ports(base: int, count: int, host: str = "127.0.0.1") -> list[int]:
@@ -38,7 +27,7 @@ def metrics_ports(base: int, count: int, host: str = "127.0.0.1") -> list[int]:
         raise ValueError(f"--metrics-port {base}: node ports {base}..{ports[-1]} must lie "
                          f"in 1..65535")
     for port in ports:
-        if not _free(host, port):
+        if not port_free(host, port):
             raise OSError(f"metrics port {port} on {host} is in use; pick another "
                           f"--metrics-port (node i gets BASE+i)")
     return ports
@@ -89,6 +78,6 @@ def next_metrics_ports(cluster, count: int, host: str = "127.0.0.1") -> list[int
         port += 1
         if port > 65535:
             raise OSError("no free metrics port left after the cluster's")
-        if _free(host, port):
+        if port_free(host, port):
             ports.append(port)
     return ports
