@@ -20,7 +20,7 @@ from pathlib import Path
 from floering.chaos.cluster import LocalCluster, unwind_on_sigterm
 from floering.chaos.corpus import kjv_lines
 from floering.mapper import RingClient, split_words
-from floering.spark_driver.launch import SparkDriver
+from floering.spark_driver.launch import SparkDriver, spark_submit
 
 
 def main(argv=None) -> int:
@@ -39,6 +39,11 @@ def main(argv=None) -> int:
     parser.add_argument("--timeout", type=float, default=300.0,
                         help="give up waiting for the ring after this many seconds")
     args = parser.parse_args(argv)
+    try:
+        spark_submit()      # one line naming the extra, before anything starts
+    except FileNotFoundError as exc:
+        print(exc, file=sys.stderr)
+        return 2
     unwind_on_sigterm()     # the ring (and driver) in use are stopped on the way out
     if not (shutil.which("java") or os.environ.get("JAVA_HOME")):
         print("the main job runs Spark, which needs Java 17 (install a JDK, e.g. "

@@ -57,18 +57,27 @@ def cluster_tls_dir(cluster_file: str | Path | None = None) -> Path | None:
     return directory if (directory / "ca.pem").is_file() else None
 
 
-def find_tls(name: str = "client", given=FIND, *,
-             cluster_file: str | Path | None = None) -> TlsFiles | None:
-    """`name`'s credentials (`client`, `operator`), found in the order above."""
+def find_tls_dir(given=FIND, *, cluster_file: str | Path | None = None) -> Path | None:
+    """The directory holding the certificates, found in the order above (None: in the
+    clear). For a caller that hands the directory on, as the Spark driver does to its
+    executors."""
     if given is None or given is False:
         return None
     if isinstance(given, TlsFiles):
-        return given
+        return given.ca.parent
     if given is not FIND:
-        return TlsFiles.in_dir(given, name)
+        return Path(given)
     if os.environ.get(TLS_ENV):
-        return TlsFiles.in_dir(os.environ[TLS_ENV], name)
-    directory = cluster_tls_dir(cluster_file)
+        return Path(os.environ[TLS_ENV])
+    return cluster_tls_dir(cluster_file)
+
+
+def find_tls(name: str = "client", given=FIND, *,
+             cluster_file: str | Path | None = None) -> TlsFiles | None:
+    """`name`'s credentials (`client`, `operator`), found in the order above."""
+    if isinstance(given, TlsFiles):
+        return given
+    directory = find_tls_dir(given, cluster_file=cluster_file)
     return None if directory is None else TlsFiles.in_dir(directory, name)
 
 

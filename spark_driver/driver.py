@@ -48,7 +48,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                                 description=__doc__.splitlines()[0])
     p.add_argument("--ring", required=True, help="seed nodes host:port[,host:port...]")
     p.add_argument("--tls-dir", help="the ring's ca.pem and client.pem/.key, when it runs "
-                                     "mutual TLS (floe up writes them to floe-cluster/tls/)")
+                                     "mutual TLS; default: $FLOE_TLS_DIR, else the "
+                                     "cluster's floe-cluster/tls/ (as every client)")
     p.add_argument("--source", required=True,
                    help="dir:PATH (text files, watched), rate:ROWS_PER_SECOND, socket:HOST:PORT")
     p.add_argument("--map", dest="map_spec",
@@ -94,8 +95,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.map_spec = args.map_spec or (DEFAULT_RATE_MAP if kind == "rate" else DEFAULT_TEXT_MAP)
     load_map(args.map_spec)     # fail here, not in every task
     args.seeds = [s.strip() for s in args.ring.split(",") if s.strip()]
-    if args.tls_dir:
-        args.tls_dir = str(Path(args.tls_dir).resolve())    # the executors read it too
+    from floering.mapper.credentials import FIND, find_tls_dir
+    found = find_tls_dir(args.tls_dir or FIND)     # --tls-dir, FLOE_TLS_DIR, the cluster's
+    args.tls_dir = str(found.resolve()) if found else None  # the executors read it too
     return args
 
 
