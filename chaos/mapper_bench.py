@@ -5,7 +5,8 @@ side in one run.
                                           [--repeat 1] [--memory]
 
 Prints, on the same words (word count): the feeder's ceilings in one process (route,
-fold or buffer, seal, encode; no network), combining and every tuple, the Python way
+fold or buffer, seal, encode; no network; per CPU second of the process, as the cores
+are shared), combining and every tuple, the Python way
 into format 1 (before) and through the kernels (COMBINE_KERNEL) into format 1 and
 format 2; then end
 to end from one feeder process to a `floe up`-style cluster (4 nodes, r=1, durable,
@@ -36,7 +37,7 @@ NODES = 4
 
 def ceiling(words: list[str], combine: bool, kernel: bool, columns: bool,
             batch: int = 1000) -> float:
-    """The batcher alone, tuples/s."""
+    """The batcher alone, tuples per CPU second of this process (shared cores)."""
     ring = Ring.initial({f"n{i}": f"127.0.0.1:{i + 1}" for i in range(NODES)}, 1, 8,
                         reducer=reducer_identity("count", {}))
     if combine:
@@ -45,12 +46,12 @@ def ceiling(words: list[str], combine: bool, kernel: bool, columns: bool,
     else:
         batcher = Batcher(Router(ring), None, "bench", batch, columnar=columns)
     batcher.kernels = kernel                  # False: Python dicts and lists, as before
-    started = time.perf_counter()
+    started = time.process_time()
     for i in range(0, len(words), CHUNK):
         batcher.emit_many(words[i:i + CHUNK], 1)
         batcher.sealed.clear()
     batcher.seal_all()
-    return len(words) / (time.perf_counter() - started)
+    return len(words) / (time.process_time() - started)
 
 
 def end_to_end(words: list[str], combine: bool, new: bool, memory: bool) -> tuple[float, bool]:
@@ -92,8 +93,8 @@ def main(argv=None) -> int:
                                            ("kernel, format 2", True, True)):
                 rate = ceiling(words, combine, kernel, columns)
                 what = "combining" if combine else "every tuple"
-                print(f"ceiling, feeder {what:11s}, {label:25s}: {rate / 1e6:6.2f} M tuples/s",
-                      flush=True)
+                print(f"ceiling, feeder {what:11s}, {label:25s}: {rate / 1e6:6.2f} M tuples"
+                      f"/CPU s", flush=True)
         for combine in (True, False):
             rates = {}
             for new in ((False, True) if i % 2 == 0 else (True, False)):

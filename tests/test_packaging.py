@@ -134,6 +134,8 @@ def test_the_wheel_installs_one_namespace_that_runs_on_its_own(tmp_path):
         assert shipped in names, shipped
     assert any(n.startswith("floering/node/core/columnar/ctable.") and n.endswith(".so")
                for n in names), "the compiled state table is not in the wheel"
+    assert any(n.startswith("floering/mapper/ccombine.") and n.endswith(".so")
+               for n in names), "the compiled combiner is not in the wheel"
     entry = next(n for n in names if n.endswith("entry_points.txt"))
     assert "floe = floering.chaos.cli:main" in (tmp_path / "site" / entry).read_text()
     code = f"""
@@ -144,6 +146,8 @@ assert floering.mapper.__file__.startswith({str(tmp_path / 'site')!r}), floering
 assert all(importlib.util.find_spec(n) is None for n in ("node", "mapper", "chaos", "spark_driver"))
 import floering.node.core.columnar as columnar
 assert columnar.KERNEL == "compiled" and columnar.StateTable.__module__.endswith("ctable")
+import floering.mapper.combining as combining
+assert combining.COMBINE_KERNEL == "compiled", combining.COMBINE_KERNEL
 sys.argv = ["floering.node", "--help"]
 runpy.run_module("floering.node", run_name="__main__")
 """
