@@ -139,3 +139,34 @@ def test_replay_seed(seed):
     them), a driver kill and a node killed, paused or cut off: every count exact
     (tests/sim_replay.py)."""
     run_replay_seed(seed)
+
+
+def test_the_driver_records_a_batchs_plan_before_it_runs_and_a_new_driver_reads_it(
+        tmp_path, monkeypatch):
+    from floering.spark_driver import plans as driver_plans
+    ring = ring_of(4, "dkg")
+
+    class Client:
+        ring = None
+
+        def refresh_ring(self):
+            return ring
+
+    sampled = []
+
+    def sample(df, map_spec, batch_id, fraction):
+        sampled.append(batch_id)
+        keys = shuffled_half(words=2000)[:int(4000 * fraction)]
+        return Counter(keys), len(keys)
+
+    monkeypatch.setattr(driver_plans, "sample_counts", sample)
+    first = driver_plans.BatchPlans(str(tmp_path), Client(), "m:f")
+    data = first.plan_for(None, 3)
+    assert Plan.decode(data).heads and (tmp_path / "floe-plans" / "3").read_bytes() == data
+    # a restarted driver has measured nothing, and replays batch 3 by its record
+    again = driver_plans.BatchPlans(str(tmp_path), Client(), "m:f")
+    assert again.plan_for(None, 3) == data and sampled == [3] and again.recorded == 1
+    again.plan_for(None, 3 + driver_plans.KEPT_PLANS + 1)
+    assert not (tmp_path / "floe-plans" / "3").exists()          # far behind: removed
+    assert driver_plans.BatchPlans.usable("file:///x") and not \
+        driver_plans.BatchPlans.usable("hdfs://nn/x")
