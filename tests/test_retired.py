@@ -167,6 +167,8 @@ def hand_over(core, kept: RetiredSet) -> int:
         if a.node != core.node_id or not held(core, a.token, a.want).lost:
             continue
         r = kept.ranges[a.key]
+        if r.role == "partial":
+            continue
         part = {k: v for k, v in r.states.items() if ring.token_for_key(k) == a.token}
         try:
             restore_chunk(core, ring.stamp, a.token, r.member, r.token, 1, 1, list(part),
@@ -290,3 +292,25 @@ def test_kept_ranges_survive_a_restart_and_leave_the_disk_only_once_confirmed(tm
     del again.kept.ranges[("n2", 11)]
     again._write("n2")
     assert not list((tmp_path / "retired").iterdir())
+
+
+def test_a_lost_range_a_fenced_member_owned_is_kept_as_partial_and_restores_nothing():
+    c = cluster()
+    c.push("s1", WORDS)
+    c.checkpoint()
+    ring = c.ring.without(["n1", "n2"])
+    n0 = c.cores["n0"]
+    n0.adopt_ring(ring)
+    lost = set(n0.lost_tokens)
+    c.ring = ring
+    c.push("s3", WORDS[:40])                  # applied to the lost ranges since
+    n0.adopt_ring(ring.add_node("n9", "h:9", (), 1).without(["n0"]))   # n0 removed too
+    assert n0.fenced
+    roles = {r.token: r.role for r in n0.retired}
+    assert {t for t, role in roles.items() if role == "partial"} == lost
+    # what the lost ranges applied since is kept, counted exactly
+    partial = Counter()
+    for r in n0.retired:
+        if r.role == "partial":
+            partial.update(r.states)
+    assert partial == Counter(w for w in WORDS[:40] if ring.token_for_key(w) in lost)

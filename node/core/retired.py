@@ -98,15 +98,19 @@ def held(core: NodeCore, token: int, want: dict) -> Held:
 # ------------------------------------------------------------ retiring a member
 
 
-def retire_core(member: str, ring: Ring, primaries: dict, replicas) -> list[RetiredRange]:
+def retire_core(member: str, ring: Ring, primaries: dict, replicas,
+                lost=frozenset()) -> list[RetiredRange]:
     """The ranges a member held when it was fenced (`ring`: the ring it held them
     under): its primaries, and its complete copies rebuilt as a takeover would
     rebuild them (checkpoint plus backed-up tuples past it). An incomplete copy was
-    never the range whole: it is not kept."""
+    never the range whole: it is not kept. A primary it held as `lost` is kept as
+    "partial": what it applied since counts, but it never stands for the range whole
+    (it restores nothing)."""
     out = []
     for token, rng in sorted(primaries.items()):
         if ring.has_token(token):
-            out.append(RetiredRange(member, token, ring.range_of_token(token)[0], "primary",
+            role = "partial" if token in lost else "primary"
+            out.append(RetiredRange(member, token, ring.range_of_token(token)[0], role,
                                     rng.state.snapshot(), dict(rng.watermarks)))
     for token, copy in sorted(replicas.ranges.items()):
         if copy.complete and ring.has_token(token):
@@ -124,8 +128,9 @@ def retire_directory(member: str, ring: Ring | None, reducer, limits, copies: di
     if ring is None:
         return []
     core = restored_core(member, ring, reducer, limits, copies, batches, now,
-                         corrupt=corrupt)
-    return retire_core(member, core.ring, core.primaries, core.replicas)
+                         corrupt=corrupt, make=RetainingCore)
+    return retire_core(member, core.ring, core.primaries, core.replicas,
+                       core.lost_tokens - core.restored)
 
 
 def _keys_of(ring: Ring, token: int):
@@ -151,6 +156,7 @@ class RetainingCore(NodeCore):
 
     def adopt_ring(self, other: Ring) -> RingChange | None:
         before, primaries, replicas = self.ring, dict(self.primaries), self.replicas
+        lost = self.lost_tokens - self.restored
         # A restored copy of a range the ring marks lost: NodeCore would take it over
         # as lost, empty; it is taken over from the copy instead.
         spare = {t: replicas.rebuild(t, _keys_of(before, t))
@@ -159,7 +165,7 @@ class RetainingCore(NodeCore):
                  and _may_take_over(before, other, t, self.node_id)}
         change = super().adopt_ring(other)
         if change is not None and change.fenced and self.retired is None:
-            self.retired = retire_core(self.node_id, before, primaries, replicas)
+            self.retired = retire_core(self.node_id, before, primaries, replicas, lost)
         if change is None or change.fenced:
             return change
         for token, (states, marks) in spare.items():

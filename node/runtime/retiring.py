@@ -181,8 +181,9 @@ class Retiring:
         asks = self.kept.asks(ring)
         answers = await asyncio.gather(*(self._answer(core, ring, a) for a in asks))
         for ask, answer in zip(asks, answers):
-            if ask.role == "primary" and answer.lost and ask.key in self.kept.ranges:
-                await self._hand_over(ring, self.kept.ranges[ask.key], ask.token, ask.node)
+            r = self.kept.ranges.get(ask.key)
+            if ask.role == "primary" and answer.lost and r is not None and r.role != "partial":
+                await self._hand_over(ring, r, ask.token, ask.node)
         done = self.kept.confirmed_by(ring, {(a.key, a.token, a.node): h
                                               for a, h in zip(asks, answers)})
         for member in sorted({r.member for r in done}):
