@@ -126,7 +126,7 @@ class NodeCore:
                 rng = self.primaries.pop(token)
                 if new.role_of(self.node_id, token) == "replica":
                     self.replicas.adopt_copy(token, new.owner_of_token(token),
-                                             rng.state.snapshot(), dict(rng.watermarks))
+                                             rng.state, dict(rng.watermarks))
                 self.counters["handed_off"] += 1
         for token in list(self.replicas.ranges):
             if new.role_of(self.node_id, token) != "replica":

@@ -21,7 +21,7 @@ from floering.node.core.pieces import carries_states
 from floering.node.core.reducers import Reducer
 from floering.node.core.snapshot_format import is_import_mark
 from floering.node.core.state_store import LayeredState, ReplicaState
-from floering.node.core.table_state import new_state
+from floering.node.core.table_state import TableCopy, new_copy, new_state
 
 
 @dataclass
@@ -272,7 +272,7 @@ class ReplicaSide:
     def _range(self, token: int, primary: str) -> ReplicaRange:
         rng = self.ranges.get(token)
         if rng is None:
-            rng = self.ranges[token] = ReplicaRange(token, primary, ReplicaState())
+            rng = self.ranges[token] = ReplicaRange(token, primary, new_copy(self.reducer))
         elif rng.primary != primary:
             # The range was taken over: the new primary's state is the old one's plus
             # the same backed-up tuples, so the copy, the backups and the watermarks
@@ -331,8 +331,11 @@ class ReplicaSide:
         active layer, and what is returned is that layer, the keys it changed."""
         rng = self.ranges.get(token)
         state = into if into is not None else LayeredState(self.reducer)   # a copy: dicts
-        master = rng.copy.master if rng is not None else {}
-        state.replace(master if into is not None else dict(master))
+        if into is not None and rng is not None and isinstance(rng.copy, TableCopy):
+            into.adopt(rng.copy.state)            # the copy's table, as it is
+        else:
+            master = rng.copy.master if rng is not None else {}
+            state.replace(master if into is not None else dict(master))
         replay = PrimaryRange(token, self.reducer)
         replay.state = state
         replay.watermarks = dict(rng.watermarks) if rng is not None else {}
@@ -359,17 +362,19 @@ class ReplicaSide:
         for key, state in rng.copy.master.items():
             groups[part_of(key)][key] = state
         for part in parts:
-            copy = ReplicaState()
+            copy = new_copy(self.reducer)
             copy.master = groups[part]
             self.ranges[part] = ReplicaRange(part, rng.primary, copy, dict(rng.watermarks),
                                              checkpoint_seq=-1, complete=rng.complete)
 
-    def adopt_copy(self, token: int, primary: str, state: dict, watermarks: dict[str, int]) -> None:
-        """We handed the range to `primary` and stay its replica: our last state is a
+    def adopt_copy(self, token: int, primary: str, state, watermarks: dict[str, int]) -> None:
+        """We handed the range to `primary` and stay its replica: our last state (a
+        dict, or the range's state, which a table copy takes over as it is) is a
         complete copy as of `watermarks`."""
         self.drop(token)
         rng = self._range(token, primary)
-        rng.copy.replace(state)
+        table = isinstance(rng.copy, TableCopy)
+        rng.copy.replace(state if table or isinstance(state, dict) else state.snapshot())
         rng.watermarks = dict(watermarks)
         rng.complete = True
 

@@ -24,7 +24,7 @@ from floering.node.core.columns import Columns
 from floering.node.core.errors import InvalidArgument, InvalidKey, inert
 from floering.node.core.pieces import RESERVED, is_fold_key
 from floering.node.core.reducers import Count, Max, Min, Reducer, Sum
-from floering.node.core.state_store import MISSING, LayeredState
+from floering.node.core.state_store import MISSING, LayeredState, ReplicaState
 
 TABLE_REDUCERS = {Count: "count", Sum: "sum", Min: "min", Max: "max"}
 _INT64 = (-(1 << 63), 1 << 63)
@@ -231,12 +231,21 @@ class TableState:
         self.inactive = None
         self.install(full, mark_dirty=False)
 
-    def install(self, states: dict, mark_dirty: bool) -> None:
-        """Set the states of `states`' keys (the table's where they are int64)."""
+    def adopt(self, other: "TableState") -> None:
+        """Take `other`'s states over as they are (no copy): its table, and its spill
+        as one layer. `other` must not be used after."""
+        self.table, self.inactive, self.shadow = other.table, None, other.shadow
+        self.spill = _Spill(self.reducer, self.table)
+        self.spill.master = other.spill.snapshot()
+
+    def install(self, states, mark_dirty: bool) -> None:
+        """Set the states of `states`' keys (the table's where they are int64 and
+        spill does not hold the key)."""
         keys, vals, rest = [], [], {}
+        hidden = self._shadowed() if self.spill.holds() else ()
         for key, state in states.items():
             if type(state) is int and _INT64[0] <= state < _INT64[1] and \
-                    type(key) in (str, bytes, int):
+                    type(key) in (str, bytes, int) and key not in hidden:
                 keys.append(key)
                 vals.append(state)
             else:
@@ -296,6 +305,48 @@ class TableState:
             raise AssertionError("spill reads through to another table")
         if self.inactive is None and self.spill.inactive is not None:
             raise AssertionError("spill's checkpoint is cut without the table's")
+
+
+class TableCopy:
+    """A replica's copy of a table-backed range as of the primary's last checkpoint:
+    ReplicaState's interface over a TableState, which a takeover adopts as it is."""
+
+    def __init__(self, reducer: Reducer) -> None:
+        self.state = TableState(reducer)
+
+    def apply_fragment(self, fragment) -> None:
+        self.state.install(fragment, mark_dirty=False)
+
+    def replace(self, full) -> None:
+        """The whole range: a mapping (copied in), or a range's TableState (taken over
+        as it is: its owner drops it)."""
+        if isinstance(full, TableState):
+            self.state = TableState(full.reducer)
+            self.state.adopt(full)
+        else:
+            self.state.replace(full)
+
+    @property
+    def master(self) -> dict:
+        """The copy as a dict (a copy)."""
+        return self.state.snapshot()
+
+    @master.setter
+    def master(self, full) -> None:
+        self.state.replace(full)
+
+    def get(self, key, default=None):
+        return self.state.get(key, default)
+
+    def __len__(self) -> int:
+        return len(self.state)
+
+
+def new_copy(reducer: Reducer):
+    """A replica's empty copy of a range, held as the range's primary holds it."""
+    if table_op(reducer) and KERNEL == "compiled":
+        return TableCopy(reducer)
+    return ReplicaState()
 
 
 class ExportView:
