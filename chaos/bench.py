@@ -20,7 +20,9 @@ the same words (chaos.spark_bench, warm JVM) and the ratio.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
+import os
 import itertools
 import random
 import tempfile
@@ -34,10 +36,11 @@ from floering.chaos.corpus import kjv_lines
 from floering.mapper import RingClient, split_words
 from floering.mapper.combining import CombiningBatcher
 from floering.mapper.routing import Router
-from floering.node.core.batch import decode_payload, encode_payload
+from floering.node.core.batch import decode_batch, decode_payload, encode_batch, encode_payload
 from floering.node.core.reducers import Count, reducer_identity
 from floering.node.core.ring import Ring
 from floering.node.core.state_store import LayeredState
+from floering.node.core.table_state import TableState
 
 CHUNK = 50_000
 TICK = 0.005               # seconds between two due times of the open-loop feed
@@ -79,6 +82,22 @@ def ceiling_apply(words: list[str], batch: int = 1000) -> float:
     return len(words) / (time.perf_counter() - started)
 
 
+def ceiling_apply_table(words: list[str], batch: int = 1000, columns: bool = True) -> float:
+    """Decode + apply into a range's table-backed state: format 2 batches folded in one
+    call each (`columns`), or format 1 batches whose keys are packed then folded."""
+    chunks = [words[i:i + batch] for i in range(0, len(words), batch)]
+    encode = encode_batch if columns else encode_payload
+    payloads = [(encode(c, [1] * len(c)), len(c)) for c in chunks]
+    state = TableState(Count())
+    started = time.perf_counter()
+    for payload, count in payloads:
+        if columns:
+            state.apply_columns(decode_batch(payload, count))
+        else:
+            state.apply(*decode_payload(payload, count))
+    return len(words) / (time.perf_counter() - started)
+
+
 def ceiling_feeder(words: list[str], nodes: int, batch: int = 1000) -> float:
     ring = Ring.initial({f"n{i}": f"127.0.0.1:{i + 1}" for i in range(nodes)}, 1, 8)
     router = Router(ring)
@@ -117,21 +136,75 @@ def _cluster(workdir: str, nodes: int, replicas: int, tls: bool,
 
 
 def end_to_end(words: list[str], nodes: int, replicas: int, tls: bool = True,
-               fsync: float | None = None, combine: bool = True) -> tuple[float, bool, float]:
-    """(input tuples/s, exact, bytes the nodes wrote to disk per tuple)."""
+               fsync: float | None = None, combine: bool = True,
+               columnar: bool | None = None, dict_nodes: bool = False,
+               cpu: list | None = None) -> tuple[float, bool, float]:
+    """(input tuples/s, exact, bytes the nodes wrote to disk per tuple). `dict_nodes`:
+    the nodes keep their states in dicts (FLOE_PURE=1), as before the state table.
+    `cpu` gets the CPU seconds the node processes used during the feed."""
     with tempfile.TemporaryDirectory(prefix="floe-bench-") as workdir:
-        with _cluster(workdir, nodes, replicas, tls, fsync) as cluster:
+        with _node_kernel(dict_nodes), _cluster(workdir, nodes, replicas, tls, fsync) as cluster:
             with RingClient(cluster.seeds, tls=cluster.tls("client"),
-                            combine=combine) as client:
-                written = _bytes_written(cluster)
+                            combine=combine, columnar=columnar) as client:
+                written, used = _bytes_written(cluster), _node_cpu(cluster)
                 started = time.perf_counter()
                 for i in range(0, len(words), CHUNK):
                     client.emit_many(words[i:i + CHUNK])
                 client.flush()
                 rate = len(words) / (time.perf_counter() - started)
                 written = _bytes_written(cluster) - written
+                if cpu is not None:
+                    cpu.append(_node_cpu(cluster) - used)
                 exact = dict(client.scan()) == Counter(words)
     return rate, exact, written / len(words)
+
+
+@contextlib.contextmanager
+def _node_kernel(dicts: bool):
+    """Node processes started inside run with dict states (FLOE_PURE=1) if `dicts`."""
+    before = os.environ.get("FLOE_PURE")
+    if dicts:
+        os.environ["FLOE_PURE"] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("FLOE_PURE", None)
+        else:
+            os.environ["FLOE_PURE"] = before
+
+
+def kernels_side_by_side(words: list[str], nodes: int) -> bool:
+    """The node's state before and after the state table, in one run: in-process decode
+    + apply, then end to end (4 nodes, r=1, every tuple sent and combined) with dict
+    nodes fed format 1 against table nodes fed format 2."""
+    # (wall time, as the other ceilings: on a machine shared with other work, compare
+    # the three lines of one run, not runs)
+    print(f"ceiling, decode + apply, dict path, format 1   : "
+          f"{ceiling_apply(words) / 1e6:6.2f} M tuples/s")
+    print(f"ceiling, decode + apply, table, format 1       : "
+          f"{ceiling_apply_table(words, columns=False) / 1e6:6.2f} M tuples/s")
+    print(f"ceiling, decode + apply, table, format 2       : "
+          f"{ceiling_apply_table(words) / 1e6:6.2f} M tuples/s", flush=True)
+    exact = True
+    runs = (("dict nodes, format 1 ", True, False), ("table nodes, format 1", False, False),
+            ("table nodes, format 2", False, True))
+    for combine in (False, True):
+        base = None
+        for name, dicts, columnar in runs:
+            used: list = []
+            rate, ok, _ = end_to_end(words, nodes, 1, combine=combine, columnar=columnar,
+                                     dict_nodes=dicts, cpu=used)
+            exact, base = exact and ok, base or rate
+            print(f"end to end, {'combined   ' if combine else 'every tuple'}, r=1, {name}: "
+                  f"{rate / 1e6:6.2f} M tuples/s (x{rate / base:.2f}), nodes' CPU "
+                  f"{used[0] / len(words) * 1e9:6.0f} ns a tuple (exact={ok})", flush=True)
+    return exact
+
+
+def _node_cpu(cluster: LocalCluster) -> float:
+    """CPU seconds the node processes used so far (user + system)."""
+    return sum(sum(psutil.Process(node.pid).cpu_times()[:2]) for node in cluster.nodes)
 
 
 def _bytes_written(cluster: LocalCluster) -> int:
@@ -253,6 +326,9 @@ def main(argv=None) -> int:
                         help="comma-separated key counts (e.g. 100000,5000000): time a "
                              "durable one-node ring holding that many keys from SIGKILL to "
                              "serving again on its data directory")
+    parser.add_argument("--kernels", action="store_true",
+                        help="only the node state before and after the state table, side "
+                             "by side (dict nodes fed format 1, table nodes format 2)")
     args = parser.parse_args(argv)
     if args.restart_keys:
         for keys in map(int, args.restart_keys.split(",")):
@@ -260,6 +336,9 @@ def main(argv=None) -> int:
             print(f"durable restart, {keys:,} keys on the node: serving again {restart:.2f} s "
                   f"after the restart began (exact={exact})")
     words = zipf_words(args.tuples) if args.words == "zipf" else corpus_words(args.tuples)
+    if args.kernels:
+        gc.freeze()
+        return 0 if kernels_side_by_side(words, args.nodes) else 1
     # The feeder's input is this benchmark's own list of millions of words: left in
     # the collector, every full collection walks it, a 70-80 ms pause of the feeder
     # that doubled p99 at light load. A feeder reading a stream holds no such list.
