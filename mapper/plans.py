@@ -40,6 +40,7 @@ import msgpack
 from floering.node.core.balancers import balancer
 from floering.node.core.pieces import piece_key
 from floering.node.core.ring import Ring
+from floering.node.core.sketch import SpaceSaving
 
 SPACE = 1 << 64
 MASK = SPACE - 1
@@ -252,7 +253,6 @@ class History:
     `decay` before each epoch's counts are added (recent epochs weigh most)."""
 
     def __init__(self, capacity: int = 256, decay: float = 0.5) -> None:
-        from floering.node.core.sketch import SpaceSaving
         self.sketch, self.decay, self.total = SpaceSaving(capacity), decay, 0.0
 
     def add(self, counts: Mapping, total: float) -> None:
