@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import logging
 import time
 
 import grpc
@@ -12,6 +13,9 @@ import grpc
 from floering.node.core.errors import Busy
 from floering.node.core.slots import CallSlots, ViewRate, kind_of, peer_host
 from floering.node.transport.status import abort
+
+log = logging.getLogger("floe.node")
+REPORT_EVERY = 10.0         # seconds between two log lines of ring views refused
 
 
 def around(handler, enter):
@@ -61,6 +65,7 @@ class CallLimiter(grpc.aio.ServerInterceptor):
         self.limit = limit
         self.slots = CallSlots(limit)
         self.views = ViewRate()           # ring views pushed, per caller identity
+        self._reported = -REPORT_EVERY
         self._node_only, self._identity = NODE_ONLY, peer_identity
 
     @property
@@ -78,7 +83,7 @@ class CallLimiter(grpc.aio.ServerInterceptor):
             return None
         method = details.method.rsplit("/", 1)[-1]
         node_only = method in self._node_only
-        peer_identity, slots, views = self._identity, self.slots, self.views
+        peer_identity, slots = self._identity, self.slots
         pushes_view = method == "ExchangeRing"
 
         @contextlib.asynccontextmanager
@@ -92,7 +97,7 @@ class CallLimiter(grpc.aio.ServerInterceptor):
                 kind, identity = kind_of(who[0], method, node_only), f"{who[0]}:{who[1]}"
             try:
                 if pushes_view and who is not None:
-                    views.take(identity, time.monotonic(), len(request.ring))
+                    self._take_view(identity, len(request.ring))
                 ticket = slots.take(kind, identity, connection)
             except Busy as exc:
                 await abort(context, exc)
@@ -102,3 +107,14 @@ class CallLimiter(grpc.aio.ServerInterceptor):
                 slots.give(ticket)
 
         return around(handler, slot)
+
+    def _take_view(self, identity: str, size: int) -> None:
+        now = time.monotonic()
+        try:
+            self.views.take(identity, now, size)
+        except Busy as exc:
+            if now - self._reported >= REPORT_EVERY:
+                self._reported = now
+                log.warning("ring views refused: %s (%d refused so far)", exc,
+                            self.views.refused)
+            raise
