@@ -19,7 +19,7 @@ from array import array
 from itertools import accumulate
 
 from floering.node.core.columnar import KERNEL, StateTable, hash_positions
-from floering.node.core.columnar.buffers import decode_key, decode_keys, encode_keys
+from floering.node.core.columnar.buffers import decode_key, encode_keys
 from floering.node.core.columns import Columns
 from floering.node.core.errors import InvalidArgument, InvalidKey, inert
 from floering.node.core.pieces import RESERVED, is_fold_key
@@ -75,6 +75,30 @@ def key_columns(keys) -> tuple[bytes, bytes, array, array]:
     else:
         kinds, data, offsets = encode_keys(keys)
     return kinds, data, offsets, hash_positions(data, offsets)
+
+
+def keys_of(kinds, data: bytes, offsets, start: int = 0, end: int | None = None) -> list:
+    """The keys `start` to `end` of exported columns, decoded in bulk: str keys of one
+    ASCII buffer as slices of one decoded str, bytes keys as slices."""
+    end = len(kinds) if end is None else end
+    bounds = offsets[start:end + 1].tolist()
+    cuts = zip(bounds, bounds[1:])
+    part = kinds[start:end]
+    if part.count(0) == len(part):
+        lo, hi = bounds[0], bounds[-1]
+        if data[lo:hi].isascii():
+            text = data[lo:hi].decode("ascii")
+            return [text[a - lo:b - lo] for a, b in cuts]
+        return [data[a:b].decode("utf-8") for a, b in cuts]
+    if part.count(1) == len(part):
+        return [data[a:b] for a, b in cuts]
+    return [decode_key(kind, data[a:b]) for kind, (a, b) in zip(part, cuts)]
+
+
+def pairs_of(buffers) -> dict:
+    """An export's {key: state}."""
+    kinds, data, offsets, _, values = buffers
+    return dict(zip(keys_of(kinds, data, offsets), values.tolist()))
 
 
 class _Spill(LayeredState):
@@ -135,7 +159,7 @@ class TableState:
     def items(self):
         """Each key once with its newest state, table keys in position order."""
         hidden = self._shadowed()
-        pairs = self.table.items()
+        pairs = pairs_of(self.table.export()).items()
         if hidden:
             pairs = [kv for kv in pairs if kv[0] not in hidden]
         yield from pairs
@@ -145,7 +169,7 @@ class TableState:
         return [key for key, _ in self.items()]
 
     def snapshot(self) -> dict:
-        full = dict(self.table.items())
+        full = pairs_of(self.table.export(ordered=False))
         full.update(self.spill.snapshot())
         return full
 
@@ -266,16 +290,14 @@ class TableState:
         return bool(self.table.dirty_count or self.spill.active)
 
     def _dirty(self) -> dict:
-        kinds, data, offsets, _, values = self.table.take_dirty()
-        return dict(zip(decode_keys(kinds, data, offsets), values))
+        return pairs_of(self.table.take_dirty())
 
     @property
     def active(self) -> dict:
         """The keys changed since the last swap, with their states (a copy)."""
         buffers = self.table.take_dirty()
         self.table.install(buffers, mark_dirty=True)         # still dirty
-        kinds, data, offsets, _, values = buffers
-        out = dict(zip(decode_keys(kinds, data, offsets), values))
+        out = pairs_of(buffers)
         out.update(self.spill.active)
         return out
 
@@ -362,9 +384,8 @@ class ExportView:
 
     def __iter__(self):
         kinds, data, offsets = self.buffers[:3]
-        view = memoryview(data)
-        for i in range(len(kinds)):
-            yield decode_key(kinds[i], bytes(view[offsets[i]:offsets[i + 1]]))
+        for start in range(0, len(kinds), 8192):
+            yield from keys_of(kinds, data, offsets, start, min(start + 8192, len(kinds)))
 
     def values(self):
         return iter(self.buffers[4])
