@@ -95,7 +95,8 @@ cdef int _grow_entries(Part *p) noexcept:
 
 
 cdef int _grow_index(Part *p) noexcept:
-    """Twice the slots (at least 4 per entry capacity's half), entries placed again."""
+    """Twice the slots (at least two per entry the part has room for), the entries
+    placed again."""
     cdef uint64_t slots = (p.mask + 1) * 2 if p.mask else 128
     while slots < <uint64_t>(2 * p.cap):
         slots *= 2
