@@ -195,6 +195,8 @@ class Simulation(DurableNodes):
         self.log: list[str] = []
         self.declared: list[tuple[float, str, str]] = []   # (when, by whom, whom)
         self.forged_removals: list[tuple[float, str, tuple]] = []  # (when, to whom, whom)
+        self.rogue, self.rogue_until = "", 0.0     # a member answering forged views
+        self.forged_answers: list[tuple[float, str, str]] = []  # (when, to whom, other)
 
     def _incarnation(self) -> int:
         self.incarnations += 1
@@ -397,12 +399,26 @@ class Simulation(DurableNodes):
         def serve(server, ring=ring):
             authenticate(proc, me)
             self.handle(server, SignOfLife(me))
-            self.handle(server, RingSeen(ring))
-            return server.core.ring
+            self.handle(server, RingSeen(ring, sender=base_name(me)))   # its certificate
+            return self.answer_view(server, me)
 
+        names = {a: n for n, a in ring.addresses}
         for target in targets:
-            self.call(proc, target, serve, lambda r: self.handle(proc, RingSeen(r, pulled=True)),
-                      _ignore)
+            self.call(proc, target, serve,
+                      lambda r, t=names.get(target, f"@{target}"): self.handle(
+                          proc, RingSeen(r, pulled=True, sender=t)), _ignore)
+
+    def answer_view(self, server: SimProcess, caller: str) -> Ring:
+        """The view `server` answers `caller`'s exchange with: its own ring, or, while
+        it is the rogue member, one removing the caller and another live member."""
+        ring = server.core.ring
+        if self.rogue != server.name or self.now >= self.rogue_until:
+            return ring
+        others = sorted(n for n in ring.nodes if n not in (caller, server.name))
+        if caller not in ring.nodes or not others:
+            return ring
+        self.forged_answers.append((self.now, caller, others[0]))
+        return ring.without([caller, others[0]])
 
     def _heartbeat(self, proc: SimProcess, e: SendHeartbeat) -> None:
         me, incarnation = proc.name, proc.machine.incarnation
@@ -422,28 +438,29 @@ class Simulation(DurableNodes):
 
         self.call(proc, e.address, serve, answered, failed, timeout=4 * HEARTBEAT)
 
-    def _answer(self, asker: str, address: str, sent: float) -> tuple[str, float | None, int]:
+    def _answer(self, asker: str, address: str,
+                sent: float) -> tuple[str, float | None, int, str]:
         """How and when the process at `address` answers a call `asker` sends at
         `sent`, as the real transport behaves: a dead process refuses at once; a cut
         link or a paused process never answers in time (the call times out); a starved
-        one answers late. Also the incarnation it answers with."""
+        one answers late. Also the incarnation it answers with, and the member it is."""
         if frozenset((asker, address)) in self.cut:
-            return TIMED_OUT, None, 0
+            return TIMED_OUT, None, 0, ""
         target = self.listening.get(address)
         if target is None or not target.alive or target.core.fenced:
-            return REFUSED, sent + self.rng.uniform(*LATENCY), 0
+            return REFUSED, sent + self.rng.uniform(*LATENCY), 0, ""
         start = max(sent, target.paused_until)
         asking = self.listening.get(asker)
         return ALIVE, (start + 2 * self.rng.uniform(*LATENCY) + self._starved(target)
-                       + self._starved(asking)), target.machine.incarnation
+                       + self._starved(asking)), target.machine.incarnation, target.name
 
     def _probe(self, proc: SimProcess, e: StartProbe) -> None:
         """One probe round, direct and through every member named, as the runtime runs
         it: the round ends once every answer is in or timed out."""
         sent, deadline = self.now, e.probe.deadline
-        kind, when, incarnation = self._answer(proc.address, e.address, sent)
+        kind, when, incarnation, member = self._answer(proc.address, e.address, sent)
         if when is None or when > sent + deadline:
-            direct, direct_at, incarnation = TIMED_OUT, sent + deadline, 0
+            direct, direct_at, incarnation, member = TIMED_OUT, sent + deadline, 0, ""
         else:
             direct, direct_at = kind, when
         answers, ends = [], [direct_at]
@@ -453,7 +470,8 @@ class Simulation(DurableNodes):
             ends.append(at)
         failure = ": connection refused" if direct == REFUSED else ""
         self.on(proc, max(ends), self.handle, proc,
-                ProbeFinished(e.probe, direct, tuple(answers), e.epoch, incarnation, failure))
+                ProbeFinished(e.probe, direct, tuple(answers), e.epoch, incarnation, failure,
+                              member))
 
     def _ask_via(self, proc: SimProcess, via_address: str, suspect: str, sent: float,
                  deadline: float) -> tuple[str, float]:
@@ -461,17 +479,17 @@ class Simulation(DurableNodes):
         reaches `suspect`, and when the answer is in: ALIVE, TIMED_OUT (it cannot),
         or UNASKED (it did not answer us in time, or refused the call)."""
         limit = sent + 2 * deadline                    # the outer call's deadline
-        kind, reached, _ = self._answer(proc.address, via_address, sent)
+        kind, reached, _, _ = self._answer(proc.address, via_address, sent)
         if kind == REFUSED:
             return UNASKED, reached
         if reached is None or reached > limit:
             return UNASKED, limit
         via = self.listening[via_address]
         where = via.machine.address_of(suspect)
-        seen, seen_at, theirs = (self._answer(via_address, where, reached)
-                                 if where else (TIMED_OUT, None, 0))
+        seen, seen_at, theirs, member = (self._answer(via_address, where, reached)
+                                         if where else (TIMED_OUT, None, 0, ""))
         if (seen == ALIVE and seen_at <= reached + deadline
-                and via.machine.is_process_of(suspect, theirs)):
+                and via.machine.is_process_of(suspect, theirs, member)):
             return ALIVE, min(limit, seen_at)
         if where:       # the member asked could not reach it: its own evidence
             self.on(via, reached + deadline, self.handle, via, ProbedFor(suspect))
@@ -1047,6 +1065,23 @@ class Simulation(DurableNodes):
             self.log.append(f"{self.now:.3f} {proc.name} holds a forged view removing "
                             f"{','.join(others[:2])}")
             self.forged_removals.append((self.now, proc.name, tuple(others[:2])))
+
+    def turn_rogue(self, name: str, victim: str, duration: float) -> None:
+        """`name`'s certificate answers every exchange for `duration` with a view
+        removing the caller and another live member (answer_view), and pushes `victim`
+        a view removing it, which makes it ask every peer. Nobody is fenced while more
+        members answer the truth."""
+        rogue, target = self.process(name), self.process(victim)
+        if rogue is None or target is None or rogue is target or not (
+                self._usable(rogue) and self._usable(target)) or target.core.starting:
+            return
+        self.rogue, self.rogue_until = rogue.name, self.now + duration
+        self.log.append(f"{self.now:.3f} {rogue.name} answers forged views until "
+                        f"{self.rogue_until:.3f}")
+        ring = rogue.core.ring
+        if target.name in ring.nodes and len(ring.nodes) > 2:
+            self.handle(target, RingSeen(ring.without([target.name]),
+                                         sender=base_name(rogue.name)))
 
     def forge_checkpoint(self, name: str, kind: str) -> None:
         """`name` is sent a whole checkpoint that would replace its copy of a range it

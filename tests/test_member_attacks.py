@@ -1,9 +1,10 @@
 """What one member's certificate can do to the ring with ring views the protocol could
 have produced: not split it (a version far ahead is absorbed a step at a time, so
 every node converges), not erase it (a removal of live members waits for the
-receiver's own probe, which finds them answering; a removal of the receiver itself
-counts only as the answer of a member it called). Pure rules, the seeded simulation,
-and real TLS processes."""
+receiver's own probe, which finds them answering as themselves; a removal of the
+receiver itself counts only as the answers of members it called, more than half of
+them, and removes it alone), not crowd out another's held view. Pure rules, the
+seeded simulation, and real TLS processes."""
 
 import os
 from collections import Counter
@@ -11,7 +12,8 @@ from collections import Counter
 import pytest
 
 from floering.node.core.detector import ALIVE, REFUSED, TIMED_OUT
-from floering.node.core.evidence import MAX_PENDING, ViewGuard, removal_claims
+from floering.node.core.evidence import (MAX_PENDING, MAX_PER_SENDER, SETTLE, ViewGuard,
+                                         removal_claims)
 from floering.node.core.machine_io import (Gossip, MonitorDue, ProbedFor, ProbeFinished, Record,
                                           RingSeen, StartProbe)
 from floering.node.core.ring import Ring
@@ -112,14 +114,94 @@ def test_a_removal_our_probe_confirms_is_adopted_at_once():
 
 
 def test_our_own_removal_counts_only_as_an_answer_we_asked_for():
-    m = machine()
-    pushed = m.handle(RingSeen(m.core.ring.without(["n0"])), 1.0)
+    m = machine()                                  # n0 of n0..n3
+    removed = m.core.ring.without(["n0"])
+    pushed = m.handle(RingSeen(removed, sender="n1"), 1.0)
     assert m.node_id == "n0" and not m.core.fenced
     assert Gossip() in pushed and kinds(pushed) == ["removal_refused"]
-    assert kinds(m.handle(RingSeen(m.core.ring.without(["n0"])), 1.1)) == []  # said once
+    assert kinds(m.handle(RingSeen(removed, sender="n1"), 1.1)) == []  # said once
     assert m.guard.counters["own_removal_refused"] == 2
-    m.handle(RingSeen(m.core.ring.without(["n0"]), pulled=True), 2.0)
-    assert m.node_id == "n0#1" and m.rejoined == 1
+    m.handle(RingSeen(removed, pulled=True, sender="n1"), 2.0)
+    assert m.node_id == "n0"                       # one of three members
+    m.handle(RingSeen(removed, pulled=True, sender="n2"), 2.01)
+    assert m.node_id == "n0#1" and m.rejoined == 1  # more than half of them
+
+
+def test_one_members_answer_removing_us_fences_nobody_while_others_hold_us_live():
+    m = machine()
+    ring = m.core.ring
+    forged = ring.without(["n0", "n1"])
+    assert Gossip() in m.handle(RingSeen(forged, sender="n2"), 1.0)     # pushed: ask all
+    out = m.handle(RingSeen(forged, pulled=True, sender="n2"), 1.01)    # its answer first
+    assert m.node_id == "n0" and not m.core.fenced and kinds(out) == ["removal_refused"]
+    m.handle(RingSeen(ring, pulled=True, sender="n1"), 1.02)            # the others' after
+    m.handle(RingSeen(ring, pulled=True, sender="n3"), 1.03)
+    t = 1.03
+    while t < 7.0:       # contested: we ask every peer again each second
+        t += 0.5
+        again = m.handle(MonitorDue(t), t)
+        m.handle(RingSeen(forged, pulled=True, sender="n2"), t + 0.01)
+        m.handle(RingSeen(ring, pulled=True, sender="n1"), t + 0.02)
+        assert m.node_id == "n0" and not m.core.fenced
+    assert Gossip() in again or Gossip() in m.handle(MonitorDue(t + 0.5), t + 0.5)
+    assert {"n0", "n1"} <= set(m.core.ring.nodes) and not m.core.ring.removed
+    assert m.guard.counters["own_removal_refused"] >= 8
+
+
+def test_a_majority_removing_us_fences_us_alone_and_the_rest_waits_for_our_probes():
+    m = machine()
+    ring = m.core.ring
+    honest = ring.without(["n0", "n1"])            # n0 and n1 were cut off, say
+    m.handle(RingSeen(honest, pulled=True, sender="n2"), 1.0)
+    m.handle(RingSeen(ring, pulled=True, sender="n1"), 1.01)
+    assert m.node_id == "n0"
+    out = m.handle(RingSeen(honest, pulled=True, sender="n3"), 1.02)
+    assert m.node_id == "n0#1" and "fenced" in kinds(out) and Gossip() in out
+    assert "n0" in m.core.ring.removed and "n1" in m.core.ring.nodes   # not on their word
+    # as n0#1, their views wait for our probe of n1's address
+    (probe,) = verifying(m, m.handle(RingSeen(honest, pulled=True, sender="n2"), 1.03))
+    inc = m.core.ring.incarnation_of("n1")
+    assert probe.probe.node == "n1"
+    m.handle(ProbeFinished(probe.probe, ALIVE, (), m.epoch, inc, "", "n1"), 1.04)
+    assert "n1" in m.core.ring.nodes               # it answers as n1: refused
+    # the process there rejoined as n1#1 (same incarnation): n1 is gone
+    (probe,) = verifying(m, m.handle(MonitorDue(2.1), 2.1))
+    m.handle(ProbeFinished(probe.probe, ALIVE, (), m.epoch, inc, "", "n1#1"), 2.11)
+    assert {"n0", "n1"} <= m.core.ring.removed and m.node_id == "n0#1"
+
+
+def test_an_accusation_nobody_contests_stands():
+    m = machine()
+    removed = m.core.ring.without(["n0"])
+    m.handle(RingSeen(removed, pulled=True, sender="n1"), 1.0)
+    m.handle(MonitorDue(1.0 + SETTLE / 2), 1.0 + SETTLE / 2)
+    assert m.node_id == "n0"                       # the others may still answer
+    m.handle(MonitorDue(1.1 + SETTLE), 1.1 + SETTLE)
+    assert m.node_id == "n0#1"                     # nobody else answered: it stands
+    # an accuser answering us live again made it up
+    m2 = machine()
+    m2.handle(RingSeen(removed, pulled=True, sender="n1"), 1.0)
+    m2.handle(RingSeen(m2.core.ring, pulled=True, sender="n1"), 1.1)
+    assert not m2.guard.accusers
+    m2.handle(MonitorDue(2 + SETTLE), 2 + SETTLE)
+    assert m2.node_id == "n0"
+
+
+def test_a_probe_answer_counts_as_the_member_it_names():
+    m = machine("n1")
+    ring = m.core.ring
+    inc = ring.incarnation_of("n0")
+    # a made-up n9 given n0's incarnation: the process answering as n0 is still n0
+    forged = ring.without(["n0"]).add_node("n9", "a:9", (), inc)
+    (probe,) = verifying(m, m.handle(RingSeen(forged, sender="n2"), 1.0))
+    out = m.handle(ProbeFinished(probe.probe, ALIVE, (), m.epoch, inc, "", "n0"), 1.01)
+    assert kinds(out) == ["removal_refused"] and "n0" in m.core.ring.nodes
+    (probe,) = verifying(m, m.handle(MonitorDue(2.1), 2.1))
+    m.handle(ProbeFinished(probe.probe, ALIVE, (), m.epoch, inc, "", "n0"), 2.11)
+    assert "n0" in m.core.ring.nodes
+    # the failure detector too: a member answering at a suspect's address under
+    # another name means the suspect is gone
+    assert not m.is_process_of("n0", inc, "n0#1") and m.is_process_of("n0", inc, "n0")
 
 
 def test_held_views_are_bounded():
@@ -128,6 +210,40 @@ def test_held_views_are_bounded():
     for v in range(3 * MAX_PENDING):
         guard.hold(ring.without(["n1"]).with_version(10 + v), frozenset({"n1"}))
     assert len(guard.pending) == MAX_PENDING
+
+
+def test_a_member_pushing_many_views_cannot_evict_anothers_held_view():
+    guard = ViewGuard()
+    ring = Ring.initial(MEMBERS, 1, 2)
+    honest = ring.without(["n2"]).with_version(5)
+    guard.hold(honest, frozenset({"n2"}), "n0")
+    for v in range(3 * MAX_PENDING):                 # n1 pushes view after view
+        guard.hold(ring.without(["n0"]).with_version(10 + v), frozenset({"n0"}), "n1")
+    assert honest.stamp in guard.pending
+    assert [s for *_, s in guard.pending.values()].count("n1") == MAX_PER_SENDER
+    # when full, a view already refused (its member answered) goes first
+    guard.hold(ring.without(["n0"]).with_version(50), frozenset({"n0"}), "n3")
+    guard.verified("n0", True, 1.0)                  # n0 answers: those views refused
+    guard.hold(ring.without(["n1"]).with_version(51), frozenset({"n1"}), "n4")
+    assert honest.stamp in guard.pending and len(guard.pending) == MAX_PENDING
+    assert sorted(s for *_, s in guard.pending.values()) == ["n0", "n1", "n3", "n4"]
+
+
+def test_refused_views_from_one_member_leave_an_honest_held_view_in_place():
+    m = machine()                                  # n0 of n0..n3
+    ring = m.core.ring
+    honest = ring.without(["n2"])                  # n3 saw n2 die
+    (p2,) = verifying(m, m.handle(RingSeen(honest, sender="n3"), 1.0))
+    t = 1.0
+    for v in range(2 * MAX_PENDING):               # n1 pushes views removing n3
+        t += 0.01
+        for e in verifying(m, m.handle(RingSeen(ring.without(["n3"]).with_version(
+                ring.version + 2 + v), sender="n1"), t)):
+            inc = ring.incarnation_of("n3")
+            m.handle(ProbeFinished(e.probe, ALIVE, (), m.epoch, inc, "", "n3"), t)
+    assert "n3" in m.core.ring.nodes and m.guard.counters["removals_refused"] >= 2
+    m.handle(ProbeFinished(p2.probe, REFUSED, (), m.epoch), t + 0.01)   # n2 is dead
+    assert "n2" in m.core.ring.removed and "n3" in m.core.ring.nodes
 
 
 def test_a_far_ahead_view_is_reported_and_absorbed_by_the_machine():
@@ -176,6 +292,48 @@ def test_member_forgery_seed(seed):
     for _, _, whom in sim.forged_removals:        # never adopted on the forger's word
         assert not (set(whom) - faulted) & ring.removed, (seed, whom, sim.log)
     assert any("forged view" in line for line in sim.log)
+
+
+ROGUE_SEEDS = int(os.environ.get("FLOE_SIM_ROGUE_SEEDS", "30"))
+
+
+def rogue_scenario(seed: int):
+    """A member that answers every exchange for a while with a view removing the
+    caller and another live member, and pushes one node its removal (so that node
+    asks every peer at once), while tuples flow, around a kill, pause or partition
+    of another node."""
+    pick, sim, names = random_cluster(seed, 611953)
+    rogue, victim = pick.sample(range(len(names)), 2)
+    faults = [(pick.uniform(0.1, 1.2), sim.turn_rogue,
+               (names[rogue], names[victim], pick.uniform(0.5, 2.5)))]
+    kind = pick.choice(["kill", "pause", "partition", "none"])
+    hit = pick.choice([i for i in range(len(names)) if i not in (rogue, victim)])
+    from tests.test_simulation import one_fault
+    faults += one_fault(pick, sim, names, kind, hit, pick.uniform(0.2, 1.3))
+    sim.run(until=7.0, emit_until=1.5, faults=faults)
+    return sim
+
+
+@pytest.mark.parametrize("seed", range(ROGUE_SEEDS))
+def test_rogue_answer_seed(seed):
+    sim = rogue_scenario(seed)
+    check(sim, seed)                              # exact counts, nothing lost
+    from tests.test_simulation import assert_forgery_changed_no_verdict
+    assert_forgery_changed_no_verdict(sim.log)    # nobody fenced but a fault's victim
+    live = [p for p in sim.procs if p.alive and not p.core.fenced]
+    assert len({p.core.ring.stamp for p in live}) == 1, (seed, sim.log)   # converged
+    faulted = {line.split(" ")[2] for line in sim.log
+               if line.split(" ")[1] in ("kill", "pause", "cut")}
+    removed = live[0].core.ring.removed
+    named = {n for _, caller, other in sim.forged_answers for n in (caller, other)}
+    assert not (named - faulted) & removed, (seed, sim.forged_answers, sim.log)
+    assert sim.forged_answers or not any("forged views" in x for x in sim.log), seed
+
+
+def test_rogue_answers_reach_their_victims():
+    """The seeds above exercise the forged answers (not only their absence)."""
+    answered = sum(bool(rogue_scenario(seed).forged_answers) for seed in range(4))
+    assert answered >= 3
 
 
 # ------------------------------------------------------------ real processes
@@ -249,3 +407,101 @@ def test_a_members_certificate_can_neither_split_nor_erase_a_tls_ring(tmp_path):
         wait_for(converged, 30, "the restarted ring is one ring")
         assert scan() == want
         assert all(node.alive() for node in cluster.nodes)
+
+
+def _rogue_servicer(name: str, incarnation: int):
+    """A member's certificate serving at that member's address: heartbeats answered
+    as the member the ring knows, every exchange answered with the caller's ring less
+    every member but itself (one forged answer once fenced the caller and spread its
+    other removals), every indirect probe answered "alive"."""
+    from floering.v1 import floe_pb2, floe_pb2_grpc
+
+    class Rogue(floe_pb2_grpc.ControlPlaneServicer):
+        forged: Counter = Counter()
+
+        def ExchangeRing(self, request, context):
+            theirs = Ring.from_wire(request.ring)
+            view = theirs.without([n for n in theirs.nodes if n != name])
+            self.forged[request.sender] += 1
+            return floe_pb2.RingView(version=view.version, ring=view.to_wire(),
+                                     reducer=request.reducer, sender=name)
+
+        def Heartbeat(self, request, context):      # another stamp: callers ask it
+            return floe_pb2.HeartbeatReply(sender=name, ring_stamp=1,
+                                           incarnation=incarnation)
+
+        def Probe(self, request, context):
+            return floe_pb2.ProbeReply(alive=True)
+
+    return Rogue()
+
+
+@pytest.mark.multiprocess
+def test_a_members_forged_answers_fence_nobody_on_real_tls_processes(tmp_path):
+    import json
+    import time
+    from concurrent import futures
+
+    import grpc
+
+    from floering.chaos.cluster import LocalCluster
+    from floering.mapper import RingClient
+    from floering.node.transport.tls import node_files
+    from floering.v1 import floe_pb2, floe_pb2_grpc
+    from tests.test_identity import wait_for
+    want = Counter()
+    with LocalCluster.up(3, 1, workdir=tmp_path) as cluster:
+
+        def feed(words):
+            with RingClient(cluster.seeds, tls=cluster.tls("client"), timeout=20.0) as c:
+                c.emit_many(words)
+                c.flush()
+            want.update(words)
+
+        def scan():
+            with RingClient(cluster.seeds, tls=cluster.tls("client"), timeout=20.0) as c:
+                return Counter(dict(c.scan()))
+
+        feed(WORDS)
+        view = _ring_of(cluster, "n0")
+        rogue = _rogue_servicer("n2", view.incarnation_of("n2"))
+        server = grpc.server(futures.ThreadPoolExecutor(4),
+                             options=[("grpc.so_reuseport", 0)])
+        floe_pb2_grpc.add_ControlPlaneServicer_to_server(rogue, server)
+        address = cluster.node("n2").address
+        credentials = node_files(cluster.tls_dir, "n2").server_credentials()
+        cluster.kill("n2")                  # its certificate now answers at its address
+        deadline = time.monotonic() + 2
+        while not server.add_secure_port(address, credentials):
+            assert time.monotonic() < deadline, "n2's port stayed bound"
+            time.sleep(0.005)
+        server.start()
+        try:
+            for victim in ("n0", "n1"):     # pushed its removal: it asks every peer
+                with cluster.channel(cluster.node(victim).address, "n2") as ch:
+                    removed = view.without([victim])
+                    floe_pb2_grpc.ControlPlaneStub(ch).ExchangeRing(floe_pb2.RingView(
+                        version=removed.version, ring=removed.to_wire(), sender="n2"),
+                        timeout=10)
+            wait_for(lambda: rogue.forged["n0"] >= 3 and rogue.forged["n1"] >= 3, 30,
+                     "both members asked the rogue, again and again")
+            for node in ("n0", "n1"):
+                ring = _ring_of(cluster, node)
+                assert {"n0", "n1", "n2"} <= set(ring.nodes), (node, ring.describe())
+        finally:
+            server.stop(0)                  # gone: refused, declared dead, taken over
+
+        def settled():
+            rings = [_ring_of(cluster, n) for n in ("n0", "n1")]
+            return (len({r.stamp for r in rings}) == 1
+                    and set(rings[0].nodes) == {"n0", "n1"})
+        wait_for(settled, 30, "n0 and n1 hold one ring without n2")
+        assert scan() == want
+        feed(WORDS[::5])
+        assert scan() == want
+        events = [json.loads(line) for n in ("n0", "n1")
+                  for line in open(cluster.node(n).events)]
+        seen = Counter(e["kind"] for e in events)
+        refused = [e for e in events if e["kind"] == "removal_refused"
+                   and e.get("accusers") == ["n2"]]
+        assert refused and not seen["fenced"] and not seen["lost"], seen

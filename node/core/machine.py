@@ -253,8 +253,8 @@ class NodeMachine(ViewChecks):
             return   # a stale incarnation must not declare anyone
         node = probe.node
         direct, failure = event.direct, event.failure
-        if direct == ALIVE and restarted(self.core.ring, node, event.incarnation):
-            direct, failure = REFUSED, ": another process answers at its address"
+        if direct == ALIVE and not self.is_process_of(node, event.incarnation, event.member):
+            direct, failure = REFUSED, f": {event.member or 'another process'} answers there"
         members = len(self.core.ring.nodes)
         outcome, step = self.isolation.judge(combine(direct, event.indirect, members))
         if step:    # a quorum again: views first, suspicions after (or: no quorum)

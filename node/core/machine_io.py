@@ -21,10 +21,13 @@ from floering.node.core.ring import Ring
 @dataclass(frozen=True)
 class RingSeen:
     """A ring view from anywhere (a peer's exchange, an answer, a refusal). `pulled`:
-    the answer of a member we called at its address (only such a view may remove us)."""
+    the answer of a member we called at its address (only such views may remove us).
+    `sender`: the member that pushed it (its certificate's name) or that we called;
+    a pulled view without one is our own start-up decision."""
 
     ring: Ring
     pulled: bool = False
+    sender: str = ""
 
 
 @dataclass(frozen=True)
@@ -68,7 +71,8 @@ class ProbeFinished:
     asked said, in the order of StartProbe.vias (ALIVE, TIMED_OUT: it cannot reach
     the suspect either, UNASKED: no answer from it). `epoch` is the machine's when the
     round began: a round begun before this process rejoined under a new name is
-    discarded."""
+    discarded. `member`: the member the process at the address answered as (empty:
+    not known, or it answered with an error)."""
 
     probe: Probe
     direct: str
@@ -76,6 +80,7 @@ class ProbeFinished:
     epoch: int
     incarnation: int = 0
     failure: str = ""
+    member: str = ""
 
 
 @dataclass(frozen=True)

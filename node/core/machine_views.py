@@ -1,7 +1,8 @@
 """How the node machine takes ring views from elsewhere (node.core.evidence): a view
 far ahead is absorbed a step at a time, a removal of a member we hold live waits for
-our own probe of it, and a removal of us counts only as an answer we asked for. Pure:
-a part of NodeMachine (node.core.machine), split out to keep each module small."""
+our own probe of it, and a removal of us counts only as the answers we asked for of
+more than half of the other members (or of all that answer). Pure: a part of
+NodeMachine (node.core.machine), split out to keep each module small."""
 
 from __future__ import annotations
 
@@ -12,15 +13,17 @@ from floering.node.core.evidence import removal_claims
 from floering.node.core.machine_io import (Gossip, Note, ProbedFor, ProbeFinished, RingSeen,
                                           StartProbe)
 from floering.node.core.membership import restarted
-from floering.node.core.ring_merge import MAX_VERSION_STEP
+from floering.node.core.ring_merge import MAX_VERSION_STEP, check_compatible
 
 
 class ViewChecks:
     """Mixed into NodeMachine: uses its core, detector, guard, isolation and epoch."""
 
-    def is_process_of(self, node: str, incarnation: int) -> bool:
-        """Is the process that answered for `node` the member the ring knows?"""
-        return not restarted(self.core.ring, node, incarnation)
+    def is_process_of(self, node: str, incarnation: int, member: str = "") -> bool:
+        """Is the process that answered for `node` (as `member`, when known) the
+        member the ring knows? Not if it answers as another member (it rejoined under
+        a new name) or as another incarnation (it restarted)."""
+        return member in ("", node) and not restarted(self.core.ring, node, incarnation)
 
     def address_of(self, node: str) -> str | None:
         try:
@@ -37,21 +40,16 @@ class ViewChecks:
                 f"by later exchanges ({guard.counters['views_absorbed']} such views so far)",
                 logging.WARNING, version=view.version, ours=ring.version))
         claims = removal_claims(ring, view)
-        if me in claims and not event.pulled:
-            # Only a member we ask at its address tells us we were removed.
-            guard.counters["own_removal_refused"] += 1
-            if guard.report("own", now):
-                out.append(self._record(
-                    "removal_refused", f"a ring view pushed to {me} removes it: not taken "
-                    "on the sender's word; asking every peer for its ring", logging.WARNING,
-                    about=[me], count=guard.counters["own_removal_refused"]))
-            out.append(Gossip())
+        if me in claims and (event.sender or not event.pulled):
+            self._removes_us(event, now, out)
             return
-        # Removed (by a view we asked for), we rejoin empty: whom else it removes
-        # is no longer ours to judge.
-        waiting = guard.unverified(claims - {me}, now) if me not in claims else ()
+        if event.pulled and event.sender and me in view.nodes:
+            guard.answered_us(event.sender, False, now)       # it holds us live
+        # Removed by our own start-up decision, we rejoin empty: whom else it
+        # removes is no longer ours to judge.
+        waiting = guard.unverified(claims, now) if me not in claims else ()
         if waiting:
-            guard.hold(view, claims - {me})
+            guard.hold(view, claims, event.sender)
             out.append(Note(f"a ring view removes {','.join(sorted(waiting))}: probing "
                             "before it is adopted"))
             self._verify(waiting, now, out)
@@ -60,19 +58,63 @@ class ViewChecks:
         if self.isolation.view_seen():     # had we been removed, we would be fenced now
             out.append(Note("a peer's ring view reached us: our suspicions count again"))
 
+    def _removes_us(self, event: RingSeen, now: float, out: list) -> None:
+        """A view removes us. Pushed, it is only its sender's word: we ask every peer.
+        The answer of a member we called makes it one of our accusers."""
+        me, guard = self.core.node_id, self.guard
+        if event.pulled:
+            check_compatible(self.core.ring, event.ring)   # refused as a merge refuses it
+            guard.answered_us(event.sender, True, now)
+            self._own_removal(now, out)
+            return
+        guard.counters["own_removal_refused"] += 1
+        if guard.report("own", now):
+            out.append(self._record(
+                "removal_refused", f"a ring view pushed to {me} removes it: not taken "
+                "on the sender's word; asking every peer for its ring", logging.WARNING,
+                about=[me], count=guard.counters["own_removal_refused"]))
+        out.append(Gossip())
+
+    def _own_removal(self, now: float, out: list, answered: bool = True) -> bool:
+        """Are we removed, by the answers we asked for? Then we are fenced against our
+        own ring less us (one forged answer cannot remove the members it names beside
+        us; the views removing them are judged by the member we rejoin as, when it asks
+        every peer). Else the removal is refused while the others hold us live."""
+        ring, me, guard = self.core.ring, self.core.node_id, self.guard
+        if guard.removal_backed(set(ring.nodes) - {me}, now):
+            self._adopt(ring.without([me]), now, out)
+            return True
+        if guard.ask_again(now):
+            out.append(Gossip())        # every peer's answer, before we judge
+        if not (guard.accusers and answered):
+            return False
+        guard.counters["own_removal_refused"] += 1
+        if guard.report("own_pulled", now):
+            accusers, live = sorted(guard.accusers), sorted(guard.vouchers)
+            out.append(self._record(
+                "removal_refused", f"{','.join(accusers)} answer that {me} was removed, "
+                f"{','.join(live) or 'no other member yet'} that it is live: not taken on "
+                "a minority's word", logging.WARNING, about=[me], accusers=accusers,
+                count=guard.counters["own_removal_refused"]))
+        return False
+
     def _probed_for(self, event: ProbedFor, now: float, out: list) -> None:
         if event.node in self.core.ring.nodes:
             self.guard.seen_gone(event.node, now)
 
     def _retry_views(self, now: float, out: list) -> None:
         """Probe again the members of held views (a member declared honestly answers
-        as fenced once it learns it)."""
-        if not self.guard.pending:
+        as fenced, or as the member it rejoined as, once it learns it); while our own
+        removal is contested, judge it again and ask every peer again."""
+        guard = self.guard
+        if guard.accusers and self._own_removal(now, out, answered=False):
             return
-        due = self.guard.due(now)
+        if not guard.pending:
+            return
+        due = guard.due(now)
         for node in sorted(n for n in due if n not in self.core.ring.nodes):
-            for view in self.guard.verified(node, False, now)[0]:   # removed meanwhile
-                self._ring_seen(RingSeen(view), now, out)
+            for view, sender in guard.verified(node, False, now)[0]:   # removed meanwhile
+                self._ring_seen(RingSeen(view, sender=sender), now, out)
         self._verify(due, now, out)
 
     def _verify(self, nodes, now: float, out: list) -> None:
@@ -87,18 +129,16 @@ class ViewChecks:
 
     def _answered(self, event: ProbeFinished) -> bool:
         """Did the member itself answer a verification probe? Not if it left our ring
-        meanwhile, nor if the process at its address is another one: one the ring knows
-        as another incarnation, or that a held view knows as another member (a restart
-        that joined under a new name)."""
-        ring, node = self.core.ring, event.probe.node
-        if node not in ring.nodes:
+        meanwhile, nor if the process at its address answers as another member (it
+        rejoined under a new name) or another incarnation (it restarted). Only the
+        answer judges: a held view is the claim being checked."""
+        node = event.probe.node
+        if node not in self.core.ring.nodes:
             return False
         if ALIVE in event.indirect:
             return True
-        others = {i for view, _ in self.guard.pending.values()
-                  for n, i in view.incarnations if n != node}
-        return event.direct == ALIVE and not restarted(ring, node, event.incarnation) \
-            and event.incarnation not in others
+        return event.direct == ALIVE and self.is_process_of(node, event.incarnation,
+                                                            event.member)
 
     def _verification_finished(self, event: ProbeFinished, now: float, out: list) -> bool:
         """Was this probe one verifying a removal? Then act on it here."""
@@ -114,6 +154,6 @@ class ViewChecks:
                 "removal_refused", f"refused {refused} ring views removing {node}: it "
                 f"answers our probe ({self.guard.counters['removals_refused']} refused so "
                 "far)", logging.WARNING, about=[node], count=refused))
-        for view in views:
-            self._ring_seen(RingSeen(view), now, out)
+        for view, sender in views:
+            self._ring_seen(RingSeen(view, sender=sender), now, out)
         return True

@@ -145,9 +145,10 @@ class NodeRuntime:
         return not (self.starting or self.left.is_set() or self.core.fenced
                     or self.machine.rejoined > self._rejoins_seen)
 
-    def adopt(self, ring: Ring, pulled: bool = False) -> None:
-        """A ring view from a peer (`pulled`: its answer to our call)."""
-        self._handle(RingSeen(ring, pulled))
+    def adopt(self, ring: Ring, pulled: bool = False, sender: str = "") -> None:
+        """A ring view from a peer (`pulled`: its answer to our call; `sender`: the
+        member that pushed it, or that we called)."""
+        self._handle(RingSeen(ring, pulled, sender))
         if self.core.node_id in ring.nodes:
             self._rejoins_seen = self.machine.rejoined     # a peer knows who we are now
 
@@ -400,13 +401,15 @@ class NodeRuntime:
         core = self.core
         targets = [address] if address else [a for n, a in core.ring.addresses
                                              if n != core.node_id]
+        names = {a: n for n, a in core.ring.addresses}
 
         async def exchange(target):
             try:
                 wire = await self.peers.exchange_ring(
                     target, sender=self.core.node_id, ring_wire=self.core.ring.to_wire(),
                     version=self.core.ring.version, reducer=self.reducer.name)
-                self.adopt(Ring.from_wire(wire), pulled=True)
+                self.adopt(Ring.from_wire(wire), pulled=True,   # "@addr": no member
+                           sender=names.get(target, f"@{target}"))
             except FloeError as exc:
                 if isinstance(exc, InvalidArgument):
                     log.warning("ring view from %s refused: %s", target, exc)
@@ -420,7 +423,7 @@ class NodeRuntime:
 
     async def _heartbeat(self, e: SendHeartbeat) -> None:
         try:
-            theirs, incarnation = await self.peers.heartbeat(
+            theirs, incarnation, _ = await self.peers.heartbeat(
                 e.address, sender=self.machine.node_id, ring_stamp=e.ring_stamp,
                 incarnation=self.incarnation, timeout=self.config.heartbeat_interval * 4)
         except FloeError as exc:

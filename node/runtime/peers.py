@@ -90,8 +90,8 @@ class InMemoryPeers:
         return need_full, seq
 
     async def heartbeat(self, address, *, sender, ring_stamp, incarnation=0, timeout=None):
-        return await self._call(address, timeout,
-                                lambda s: s.heartbeat(sender, ring_stamp, incarnation))
+        return await self._call(address, timeout, lambda s: (
+            *s.heartbeat(sender, ring_stamp, incarnation), s.node_id))
 
     async def probe(self, address, target, timeout):
         return await self._call(address, 2 * timeout, lambda s: s.probe(target, timeout))

@@ -18,16 +18,16 @@ async def probe_round(runtime, e: StartProbe) -> None:
 
     async def direct():
         try:
-            _, incarnation = await runtime.peers.heartbeat(
+            _, incarnation, member = await runtime.peers.heartbeat(
                 e.address, sender=me, ring_stamp=e.ring_stamp,
                 incarnation=runtime.incarnation, timeout=probe.deadline)
         except (Refused, Fenced) as exc:
-            return REFUSED, 0, f": {exc}"   # nothing listens, or it knows it was removed
+            return REFUSED, 0, f": {exc}", ""   # nothing listens, or it knows it was removed
         except Unavailable:
-            return TIMED_OUT, 0, ""          # a deadline or a stalled handshake
+            return TIMED_OUT, 0, "", ""          # a deadline or a stalled handshake
         except FloeError:
-            return ALIVE, 0, ""              # it answered, if only with an error
-        return ALIVE, incarnation, ""
+            return ALIVE, 0, "", ""              # it answered, if only with an error
+        return ALIVE, incarnation, "", member   # and which member it is now
 
     async def indirect(via_address: str):
         try:
@@ -39,12 +39,13 @@ async def probe_round(runtime, e: StartProbe) -> None:
         return ALIVE if alive else TIMED_OUT
 
     try:
-        (answer, incarnation, failure), *seen = await asyncio.gather(
+        (answer, incarnation, failure, member), *seen = await asyncio.gather(
             direct(), *(indirect(a) for a in e.via_addresses))
     except BaseException:
         runtime._handle(ProbeAbandoned(probe))    # cancelled: a later tick probes again
         raise
-    runtime._handle(ProbeFinished(probe, answer, tuple(seen), e.epoch, incarnation, failure))
+    runtime._handle(ProbeFinished(probe, answer, tuple(seen), e.epoch, incarnation, failure,
+                                  member))
 
 async def probe_for(runtime, target: str, timeout: float) -> bool:
     """Serve an indirect probe: can we reach `target`?"""
@@ -52,13 +53,13 @@ async def probe_for(runtime, target: str, timeout: float) -> bool:
     if address is None:
         return False
     try:
-        _, incarnation = await runtime.peers.heartbeat(
+        _, incarnation, member = await runtime.peers.heartbeat(
             address, sender=runtime.core.node_id, ring_stamp=runtime.core.ring.stamp,
             incarnation=runtime.incarnation, timeout=timeout)
     except FloeError:
         runtime._handle(ProbedFor(target))    # our own evidence the target is gone
         return False
-    if not runtime.machine.is_process_of(target, incarnation):
+    if not runtime.machine.is_process_of(target, incarnation, member):
         runtime._handle(ProbedFor(target))
         return False
     runtime.sign_of_life(target)

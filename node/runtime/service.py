@@ -70,11 +70,13 @@ class NodeService:
                                   f"expects {inert(expect_reducer)}")
         return self.ring, False
 
-    def exchange_ring(self, sender: str, ring: Ring) -> Ring:
+    def exchange_ring(self, sender: str, ring: Ring, caller: str = "") -> Ring:
+        """Take a peer's view; answer with ours. `caller`: the name its certificate
+        gives (a sender's word is not checked in the clear)."""
         self._check_started()
         if sender:
             self.runtime.sign_of_life(sender)
-        self.runtime.adopt(ring)
+        self.runtime.adopt(ring, sender=caller or sender)
         return self.ring
 
     def heartbeat(self, sender: str, ring_stamp: int, incarnation: int) -> tuple[int, int]:

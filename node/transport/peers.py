@@ -249,8 +249,9 @@ class PeerPool:
         self.moved_bytes += len(batch.payload)
 
     async def heartbeat(self, address: str, *, sender: str, ring_stamp: int,
-                        incarnation: int = 0, timeout: float | None = None) -> tuple[int, int]:
-        """Returns the peer's ring stamp and its process incarnation."""
+                        incarnation: int = 0,
+                        timeout: float | None = None) -> tuple[int, int, str]:
+        """Returns the peer's ring stamp, its process incarnation and the member it is."""
         try:
             reply = await self._control(address).Heartbeat(
                 floe_pb2.HeartbeatRequest(sender=sender, ring_stamp=ring_stamp,
@@ -258,7 +259,7 @@ class PeerPool:
                 timeout=timeout or self.timeout)
         except grpc.RpcError as exc:
             raise error_from_rpc(exc) from None
-        return reply.ring_stamp, reply.incarnation
+        return reply.ring_stamp, reply.incarnation, reply.sender
 
     async def probe(self, address: str, target: str, timeout: float) -> bool:
         """Ask the node at `address` whether it can reach `target`."""

@@ -198,7 +198,9 @@ class ControlPlane(floe_pb2_grpc.ControlPlaneServicer):
 
     async def ExchangeRing(self, request, context):
         try:
-            ring = self.service.exchange_ring(request.sender, Ring.from_wire(request.ring))
+            who = peer_identity(context)
+            ring = self.service.exchange_ring(request.sender, Ring.from_wire(request.ring),
+                                              who[1] if who else "")
         except FloeError as exc:
             await abort(context, exc)
         return self._view(ring)
