@@ -284,8 +284,8 @@ class LocalCluster:
         return added
 
     def remove(self, node_id: str, timeout: float = 60.0, *, forget: bool = True) -> None:
-        """Scale-in: the node hands every range to its first replica, leaves the ring
-        and exits by itself; we wait for the exit and forget it. Durable, it is dropped
+        """Scale-in: the node spreads its ranges over the other members, leaves the
+        ring and exits by itself; we wait for the exit and forget it. Durable, it is dropped
         from the layout and its data directory (which holds nothing the ring needs any
         more) is deleted, so `up` does not start it again; `forget=False` keeps both,
         for a restart."""

@@ -1,11 +1,12 @@
 """Restart nodes of a local cluster, one at a time, without losing anything.
 
 A restarted process holds no state (without a data dir), so it never comes back as
-the member it was: each restart is a graceful leave (every range handed to its first
-replica), a new process that joins empty under a new name, and a scale-out that hands
-it its share back. The next node restarts only once every range is on r+1 nodes
-again, so a rolling restart never leaves a range with fewer copies than one crash
-would.
+the member it was: each restart is a graceful leave (its ranges spread over the other
+members), a new process that joins empty under a new name, and the ring giving it
+its share back by itself (the new member pulls ranges from the members holding the
+most, node.core.shares). The next node restarts only once the new member holds its
+share and every range is on r+1 nodes again, so a rolling restart never leaves a
+range with fewer copies than one crash would.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import time
 
 from floering.chaos.cluster import LocalCluster
-from floering.mapper.admin import carry_out, plan_scale_out
 
 
 def member_at(address: str, seeds: list[str], timeout: float, tls=None) -> str:
@@ -53,25 +53,35 @@ def wait_replicated(seeds: list[str], timeout: float, tls=None) -> None:
             time.sleep(0.1)
 
 
+def wait_share(seeds: list[str], name: str, timeout: float, tls=None):
+    """Until `name` owns its share (it pulls no more ranges: node.core.shares) and no
+    handoff is under way; returns that ring."""
+    from floering.mapper import RingClient
+    from floering.node.core.shares import pull_plan
+    deadline = time.monotonic() + timeout
+    with RingClient(seeds, timeout=timeout, rpc_timeout=1.0, tls=tls) as client:
+        while True:
+            ring = client.refresh_ring()
+            if ring.tokens_of(name) and not ring.extras and not pull_plan(ring, name)[1]:
+                return ring
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{name} was given no ranges within {timeout:.0f}s")
+            time.sleep(0.1)
+
+
 def restart_node(cluster: LocalCluster, node_id: str, *, graceful: bool = True,
                  timeout: float = 60.0) -> list[str]:
-    """Restart one node and give it its share of the ring back; returns what was done."""
+    """Restart one node and wait until the ring gave it its share back; returns what
+    was done."""
     process = cluster.restart(node_id, graceful=graceful, timeout=timeout)
     seeds = [n.address for n in cluster.nodes if n.alive()]
     client_tls = cluster.tls("client")
     name = member_at(process.address, seeds, timeout, client_tls)
-    # When the leave left owners without replicas (n <= r+1), they refill the new
-    # member by themselves: plan the rest only from the ring that refill made.
+    ring = wait_share(seeds, name, timeout, client_tls)
     wait_replicated(seeds, timeout, client_tls)
-    from floering.mapper import RingClient
-    with RingClient(seeds, timeout=timeout, tls=client_tls) as client:
-        ring = client.refresh_ring()
     how = "left the ring and restarted" if graceful else "was killed and restarted"
-    lines = [f"{node_id} {how} (pid {process.pid}); it serves as {name}"]
-    lines += carry_out(ring, plan_scale_out(ring, [name]), timeout=timeout,
-                       tls=cluster.tls("operator"))
-    wait_replicated(seeds, timeout, client_tls)
-    return lines
+    return [f"{node_id} {how} (pid {process.pid}); it serves as {name}, holding "
+            f"{len(ring.tokens_of(name))} ranges ({ring.share_of(name):.0%} of the ring)"]
 
 
 def rolling_restart(cluster: LocalCluster, node_ids: list[str] | None = None, *,

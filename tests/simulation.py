@@ -43,6 +43,7 @@ from floering.node.core.reducers import load_reducer
 from floering.node.core.ring import Ring
 from floering.chaos.hostile import forged_views
 from floering.node.core.ring_merge import MAX_VERSION_STEP
+from floering.node.core.shares import PullRanges
 from floering.node.core.shedding import PeerLoad, cut_positions, shed_reach
 from floering.mapper.sharing import chooser_for
 from floering.node.core.balancers import balancer
@@ -55,6 +56,7 @@ HEARTBEAT = 0.05
 CHECKPOINT = 0.2
 HANDOFF_ROUND = 0.01        # rounds while a handoff runs (the runtime's hand_off loop)
 HANDOFF_TIMEOUT = 2.0
+PULL_SETTLE = 5.0      # seconds past the end a pull's handoff may take to settle
 CALL_TIMEOUT = 0.5          # node-to-node calls (checkpoints, ring exchanges)
 ACK_TIMEOUT = 0.4
 LATENCY = (0.0005, 0.005)   # one-way delay of a message on a healthy link
@@ -193,6 +195,7 @@ class Simulation(DurableNodes):
         self.sent = Counter()
         self.pieces_sent: set = set()      # the pieces of shared keys tuples went to
         self.log: list[str] = []
+        self.pulled = False     # a member short of its share was handed ranges
         self.declared: list[tuple[float, str, str]] = []   # (when, by whom, whom)
         self.forged_removals: list[tuple[float, str, tuple]] = []  # (when, to whom, whom)
         self.rogue, self.rogue_until = "", 0.0     # a member answering forged views
@@ -380,6 +383,8 @@ class Simulation(DurableNodes):
                     proc.alive = False
                 case StartShed():
                     self.shed_load(proc, e.reason, 0)
+                case PullRanges():
+                    self._pull(proc, e)
                 case _:
                     raise TypeError(f"unknown effect {e!r}")
 
@@ -674,6 +679,7 @@ class Simulation(DurableNodes):
             self.log.append(f"{self.now:.3f} {proc.name} leave refused: {exc}")
             return
         self.log.append(f"{self.now:.3f} {proc.name} leaves")
+        proc.machine.begin_leaving()
         proc.leave_by = self.now + HANDOFF_TIMEOUT
         if not moves:
             proc.leaving = "waiting"
@@ -687,6 +693,13 @@ class Simulation(DurableNodes):
             return
         if proc.machine.copy_in_use() and self.now < proc.leave_by:
             self._gossip(proc, None)
+            return
+        if proc.core.ring.tokens_of(proc.name) and self.now < proc.leave_by:
+            # a range came back to us (its new owner died, we held its copy): on again
+            proc.leaving = "handing"
+            if not self.request_handoff(proc, proc.machine.leave_moves(), "hands on "
+                                        "ranges that came back while leaving"):
+                proc.leaving = "waiting"
             return
         proc.leaving = ""
         self.handle(proc, LeaveRing())
@@ -935,6 +948,16 @@ class Simulation(DurableNodes):
         if not reach:
             plan_now()
 
+    def _pull(self, proc: SimProcess, e: PullRanges) -> None:
+        """As the runtime's pull: the donor hands what the rule names from its ring."""
+        def serve(server: SimProcess) -> bool:
+            moves = server.machine.share_moves_for(proc.name)
+            self.pulled |= bool(moves)
+            return bool(moves) and self.request_handoff(
+                server, moves, f"hands {len(moves)} ranges to {proc.name}, short of its share")
+
+        self.call(proc, e.address, serve, _ignore, _ignore)
+
     def _shed_moves(self, proc: SimProcess, moves: dict, then) -> None:
         if not self.request_handoff(proc, moves, f"sheds {len(moves)} ranges to "
                                                  f"{','.join(sorted(set(moves.values())))}"):
@@ -964,7 +987,9 @@ class Simulation(DurableNodes):
             t += self.rng.uniform(0.005, 0.03)
         for when, action, args in faults:
             self.at(when, action, *args)
-        while self.events and self.events[0][0] <= until:
+        # A pull begun near the end is followed until the ring is whole again.
+        while self.events and (self.events[0][0] <= until or self.pulled and self._unsettled()
+                               and self.events[0][0] <= until + PULL_SETTLE):
             self.now, _, action, args = heapq.heappop(self.events)
             action(*args)
             self.check_invariants()
@@ -1193,6 +1218,11 @@ class Simulation(DurableNodes):
                 for token in p.core.primaries:
                     if latest.owner_of_token(token) != p.name:
                         raise AssertionError(f"{p.name} applies token {token} it does not own")
+
+    def _unsettled(self) -> bool:
+        usable = [p for p in self.procs if self._usable(p)]
+        return bool(self.under_replicated()) or len({p.core.ring.stamp for p in usable}) > 1 \
+            or any(p.machine.handoff is not None for p in usable)
 
     def under_replicated(self) -> dict[str, list[int]]:
         """Ranges of usable owners not yet on all their replicas."""

@@ -28,6 +28,7 @@ from enum import StrEnum
 
 from floering.node.core.errors import InvalidArgument, Overloaded, TooLarge, inert
 from floering.node.core.ring import Ring
+from floering.node.core.shares import spread_leave
 
 
 class HandoffState(StrEnum):
@@ -237,12 +238,12 @@ def retired_extras(core, busy=()) -> Ring | None:
 
 
 def leave_moves(ring: Ring, me: str) -> dict[int, str]:
-    """Scale-in: every range of `me` to its first replica (with no replica, to another
-    member). Refused for the last member, which would leave no ring behind."""
-    others = [n for n in ring.nodes if n != me]
-    if not others:
+    """Scale-in: `me`'s ranges spread over the other members, each to its first replica
+    while that one stays within the mean share (node.core.shares.spread_leave).
+    Refused for the last member, which would leave no ring behind."""
+    if not [n for n in ring.nodes if n != me]:
         raise InvalidArgument("the last node cannot leave the ring")
-    return {t: ring.heir(t) or others[0] for t in ring.tokens_of(me)}
+    return spread_leave(ring, me)
 
 
 def split_ring(ring: Ring, me: str, position: int, fenced: bool = False) -> tuple[int, Ring]:

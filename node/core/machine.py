@@ -35,6 +35,7 @@ from floering.node.core.machine_io import (
 from floering.node.core.membership import refill_moves, rejoin_name, removal_losses, restarted
 from floering.node.core.node_core import NodeCore, RingChange
 from floering.node.core.ring import Ring
+from floering.node.core.shares import SharePulling
 from floering.node.core.shedding import PeerLoad, ShedPlan, plan_shed, with_split_tail
 
 # Checkpoint rounds a replica may fail in a row (5 s at the default interval: longer
@@ -47,7 +48,7 @@ FAILING_ROUNDS = 25
 SETTLE_SECONDS = 5.0
 
 
-class NodeMachine(ViewChecks):
+class NodeMachine(ViewChecks, SharePulling):
     def __init__(self, core: NodeCore, incarnation: int, detector: FailureDetector,
                  load: LoadMonitor, make_core: Callable[[str, Ring], NodeCore],
                  listen: str = "", balance: bool = False, max_tokens: int = 4096,
@@ -356,6 +357,8 @@ class NodeMachine(ViewChecks):
             to = ",".join(sorted(set(moves.values())))
             out.append(Note(f"refilling {to} with {len(moves)} ranges: ours lack replicas"))
             out.append(StartHandoff(moves, f"refill {to}"))
+        else:
+            self._pull_due(now, out)    # a member short of its share asks for ranges
 
     # --------------------------------------------------------------- handoffs
 
@@ -459,7 +462,7 @@ class NodeMachine(ViewChecks):
     # ---------------------------------------------------------------- leaving
 
     def leave_moves(self) -> dict[int, str]:
-        """Scale-in: every range to its first replica (refused for the last member)."""
+        """Scale-in: our ranges spread over the others (refused for the last member)."""
         if self.core.fenced:
             raise InvalidArgument(f"{self.core.node_id} was removed from the ring")
         return leave_moves(self.core.ring, self.core.node_id)

@@ -17,7 +17,7 @@ import msgpack
 from floering.node.config import NodeConfig
 from floering.node.core.detector import DetectorConfig, FailureDetector
 from floering.node.core.errors import Fenced, FloeError, InvalidArgument, StaleRing, inert
-from floering.node.core.handoff import Handoff, HandoffState
+from floering.node.core.handoff import Handoff
 from floering.node.core.load import LoadConfig, LoadMonitor
 from floering.node.core.machine import NodeMachine
 from floering.node.core.machine_io import (
@@ -30,7 +30,8 @@ from floering.node.core.membership import founding_ring
 from floering.node.core.node_core import NodeCore
 from floering.node.core.reducers import Reducer
 from floering.node.core.ring import Ring
-from floering.node.runtime.balancing import ShedOutcome, shed_load
+from floering.node.runtime.balancing import (PullRanges, ShedOutcome, hand_all_away, pull_share,
+                                             shed_load)
 from floering.node.runtime.durability import Durability, open_data_dir, restore
 from floering.node.runtime.events import EventLog
 from floering.node.runtime.folds import send_folds
@@ -197,6 +198,8 @@ class NodeRuntime:
                         self._handoff_done.set_result(effect.handoff)
                 case StartShed():
                     self._spawn(self.shed_load(reason=effect.reason))
+                case PullRanges():
+                    self._spawn(pull_share(self, effect))
                 case Farewell():
                     awaitable.append(self._spawn(self._farewell(effect.ring)))
                 case Exit():
@@ -467,21 +470,9 @@ class NodeRuntime:
             return split.position, split.token
 
     async def leave(self, timeout: float | None = None) -> None:
-        """Scale-in: hand every range to its first replica, wait until the new owners
-        no longer need our copies, leave the ring (removed for good) and stop."""
-        timeout = timeout or 30.0
-        deadline = self.clock() + timeout
-        moves = self.machine.leave_moves()
-        if moves:
-            h = await self.hand_off(moves, timeout)
-            if h.state != HandoffState.COMMITTED:
-                raise InvalidArgument(f"cannot leave: {h.reason}")
-        while self.machine.copy_in_use():
-            if self.clock() > deadline:
-                log.warning("leaving while other ranges still use our copy")
-                break
-            self.sync_ring()
-            await asyncio.sleep(0.05)
+        """Scale-in: hand every range away (node.runtime.balancing.hand_all_away),
+        leave the ring (removed for good) and stop."""
+        await hand_all_away(self, timeout or 30.0)
         for task in self._handle(LeaveRing()):
             await task
         self.left.set()
@@ -493,8 +484,8 @@ class NodeRuntime:
 
     # --------------------------------------------------------- load balancing
 
-    async def shed_load(self, reason: str, depth: int = 0) -> ShedOutcome:
-        return await shed_load(self, reason, depth)
+    async def shed_load(self, reason: str, depth: int = 0, sender: str = "") -> ShedOutcome:
+        return await shed_load(self, reason, depth, sender)
 
     # --------------------------------------------------------------- queries
 

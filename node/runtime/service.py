@@ -132,7 +132,8 @@ class NodeService:
         await self.runtime.leave(self._timeout(timeout))
 
     async def shed(self, sender: str, depth: int) -> ShedOutcome:
-        return await self.runtime.shed_load(f"asked by {inert(sender)}", depth=depth)
+        return await self.runtime.shed_load(f"asked by {inert(sender)}", depth=depth,
+                                            sender=sender)
 
     # ------------------------------------------------------------ queries
 

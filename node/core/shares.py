@@ -1,0 +1,161 @@
+"""Ring shares back to even after a membership change, decided from the ring alone
+(pure: the same ring gives every node the same answer).
+
+- A member with no range pulls (a crashed node back as a new, empty incarnation, a
+  node that joined and was given nothing, any member left with nothing): it asks the
+  member with the largest share of the ring for ranges, and that member hands over
+  whole ranges until the two are as close to the mean share as whole ranges allow.
+  Under a policy that does not move ranges by load (`none`, and the key-grouping
+  ones) it goes on asking the largest member while it is below the mean share and a
+  range brings it closer; under `floe`, `halving` and `doubling` it pulls once, as
+  their load shedding makes uneven shares on purpose. A member that held ranges all
+  along never pulls, so an operator's `floe move` is not undone.
+- A leaving member spreads its ranges (`spread_leave`): each goes to its first
+  replica (which already holds it) while that one stays within the mean share the
+  ring will have without the leaver, otherwise to the member with the smallest share
+  (filled in the background first, as in a scale-out), so no neighbour ends with a
+  double share.
+
+The pull is the receiver's to start, since only it knows it is not leaving (a member
+on its way out neither pulls nor gives: `begin_leaving`); the donor recomputes the
+plan from its own ring and hands over only what the rule names.
+Nothing is planned while any handoff is under way (the ring has extra destinations):
+an operator's moves, a refill or another pull go first, and the next plan sees them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from floering.node.core.balancers import balancer
+from floering.node.core.hashing import HASH_SPACE
+from floering.node.core.ring import Ring
+
+# Seconds a member stays short before it pulls: an operator who just added it
+# (`floe scale --add`) hands it ranges first.
+PULL_GRACE = 3.0
+# Seconds between two pulls of one member (a handoff shows in the ring well before).
+PULL_INTERVAL = 2.0
+
+
+def _size(ring: Ring, token: int) -> float:
+    return Ring.range_size(ring.range_of_token(token)) / HASH_SPACE
+
+
+def short_of_share(ring: Ring, node: str, filling: bool = True) -> bool:
+    """Does `node` own too little of the ring? With no range, always; `filling` (it
+    had none when it started pulling), while below the mean share, under a policy
+    that does not move ranges by load."""
+    if node not in ring.nodes or len(ring.nodes) < 2:
+        return False
+    if not ring.tokens_of(node):
+        return True
+    if not filling or balancer(ring.balancer).moves_ranges:
+        return False
+    return ring.share_of(node) < 1 / len(ring.nodes) - 1e-12
+
+
+def pull_plan(ring: Ring, node: str, filling: bool = True) -> tuple[str, dict[int, str]]:
+    """(donor, {token: node}): the ranges the member with the largest share hands to
+    `node`, which is short of its share; ("", {}) when there is nothing to pull.
+    Largest ranges first, each only if it brings `node` closer to the mean share and
+    keeps the donor at the mean at least; when no range does, one that narrows the
+    pair's larger distance from the mean (whole ranges are coarse). Either way every
+    pull lowers the sum of squared shares, so pulls end. The donor keeps a range."""
+    if ring.extras or not short_of_share(ring, node, filling):
+        return "", {}
+    shares = {n: ring.share_of(n) for n in ring.nodes}
+    donor = max((n for n in ring.nodes if n != node), key=lambda n: (shares[n], n))
+    moves = _take(ring, donor, shares[node], shares[donor], strict=True) or \
+        _take(ring, donor, shares[node], shares[donor], strict=False)
+    return (donor, dict.fromkeys(moves, node)) if moves else ("", {})
+
+
+def _take(ring: Ring, donor: str, mine: float, theirs: float, strict: bool) -> list[int]:
+    mean = 1 / len(ring.nodes)
+    owned = ring.tokens_of(donor)
+    taken = []
+    for token in sorted((t for t in owned if t not in ring.lost),
+                        key=lambda t: (-_size(ring, t), t)):
+        if len(taken) + 1 >= len(owned):
+            break
+        size = _size(ring, token)
+        if abs(mine + size - mean) >= abs(mine - mean):
+            continue
+        worst = max(abs(mine - mean), abs(theirs - mean))
+        if theirs - size >= mean - 1e-12 if strict else \
+                max(abs(mine + size - mean), abs(theirs - size - mean)) < worst - 1e-12:
+            taken.append(token)
+            mine, theirs = mine + size, theirs - size
+    return taken
+
+
+def spread_leave(ring: Ring, me: str) -> dict[int, str]:
+    """{token: member}: where each of `me`'s ranges goes when `me` leaves. Largest
+    first; to its first replica while that one stays within the mean share of the
+    ring without `me`, else to the member with the smallest share (ties: by name)."""
+    others = [n for n in ring.nodes if n != me]
+    if not others:
+        return {}
+    mean = 1 / len(others)
+    shares = {n: ring.share_of(n) for n in others}
+    moves = {}
+    for token in sorted(ring.tokens_of(me), key=lambda t: (-_size(ring, t), t)):
+        size, heir = _size(ring, token), ring.heir(token)
+        if heir in shares and shares[heir] + size <= mean + 1e-12:
+            to = heir
+        else:
+            to = min(others, key=lambda n: (shares[n], n))
+        moves[token] = to
+        shares[to] += size
+    return moves
+
+
+@dataclass(frozen=True)
+class PullRanges:
+    """Effect: ask `donor` (at `address`) for ranges; it hands what the rule names."""
+
+    donor: str
+    address: str
+    ranges: int
+
+
+class SharePulling:
+    """The node machine's part (a mixin of NodeMachine): when a member short of its
+    share pulls, and what a donor hands to a member that asks."""
+
+    short_since: float | None = None     # first seen short (None: not short)
+    pull_after: float = 0.0              # no new pull before this time
+    filling = False                      # had no range when it began pulling
+    departing = False                    # handing everything away to leave
+
+    def begin_leaving(self) -> None:
+        """A member on its way out neither pulls nor hands ranges to one that asks."""
+        self.departing = True
+
+    def _pull_due(self, now: float, out: list) -> None:
+        core = self.core
+        if self.departing:
+            return
+        ring, me = core.ring, core.node_id
+        self.filling = not ring.tokens_of(me) or (self.filling and short_of_share(ring, me))
+        donor, moves = pull_plan(ring, me, self.filling)
+        if not moves:
+            self.short_since = None
+            return
+        if self.short_since is None:
+            self.short_since = now
+        if now < self.short_since + PULL_GRACE or now < self.pull_after:
+            return
+        self.pull_after = now + PULL_INTERVAL
+        out.append(PullRanges(donor, core.ring.address(donor), len(moves)))
+
+    def share_moves_for(self, sender: str) -> dict[int, str] | None:
+        """What we hand to `sender`, which asked us to shed: None when it is not short
+        of its share (an ordinary shedding request), else the ranges the rule names
+        from us (empty: another member is the donor, or a handoff runs somewhere)."""
+        core = self.core
+        if self.leaving or core.fenced or not short_of_share(core.ring, sender):
+            return None
+        donor, moves = pull_plan(core.ring, sender)
+        return moves if donor == core.node_id and not self.departing else {}

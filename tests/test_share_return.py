@@ -1,0 +1,74 @@
+"""Shares come back without an operator, real processes under a streaming mapper: a
+crashed node started again on its data directory rejoins as a new, empty member and
+pulls ranges from the member holding the most; a scale-in spreads the leaver's ranges
+over the members instead of doubling one neighbour. Each time every member is within
+25% of the mean share within 30 s, and the counts equal what flush() confirmed."""
+
+import time
+
+import pytest
+
+from floering.chaos.cluster import LocalCluster
+from floering.chaos.restart import member_at, wait_replicated
+from floering.mapper import RingClient
+from tests.helpers import Feeder, finish_exact
+
+pytestmark = pytest.mark.multiprocess
+
+BAND = 0.25          # a member's share may be this far from the mean
+WITHIN = 30.0        # seconds
+
+
+def ring_of(cluster):
+    with RingClient([n.address for n in cluster.nodes if n.alive()], timeout=10,
+                    rpc_timeout=2.0, tls=cluster.tls()) as client:
+        return client.refresh_ring()
+
+
+def uneven(ring) -> dict[str, float]:
+    """Members further than BAND from the mean share, with their share of the mean."""
+    mean = 1 / len(ring.nodes)
+    shares = {n: ring.share_of(n) / mean for n in ring.nodes}
+    return {n: round(s, 2) for n, s in shares.items() if abs(s - 1) > BAND}
+
+
+def seconds_to_even(cluster, members: int) -> float:
+    started = time.monotonic()
+    while True:
+        ring = ring_of(cluster)
+        if len(ring.nodes) == members and not uneven(ring) and not ring.extras:
+            return time.monotonic() - started
+        if time.monotonic() - started > WITHIN:
+            pytest.fail(f"shares not within {BAND:.0%} of the mean after {WITHIN:.0f} s: "
+                        f"{uneven(ring)} ({ring.describe()})")
+        time.sleep(0.2)
+
+
+def test_a_rejoined_member_and_a_scale_in_get_even_shares_back_under_load(tmp_path):
+    with LocalCluster.up(4, 1, workdir=tmp_path, data_dir=tmp_path / "data") as cluster:
+        feeder = Feeder(cluster.seeds, tls=cluster.tls())
+        feeder.start()
+        time.sleep(1.0)
+        cluster.kill("n2")
+        deadline = time.monotonic() + WITHIN
+        while "n2" not in ring_of(cluster).removed:      # its ranges went to its heir
+            assert time.monotonic() < deadline, "n2's death was never declared"
+            time.sleep(0.1)
+        doubled = ring_of(cluster)
+        assert max(doubled.share_of(n) for n in doubled.nodes) >= 0.4, doubled.describe()
+
+        fresh = cluster.restart("n2", graceful=False)    # a crash: started again
+        name = member_at(fresh.address, cluster.seeds, WITHIN, cluster.tls())
+        assert name == "n2#1"
+        rejoin = seconds_to_even(cluster, 4)
+        assert ring_of(cluster).share_of(name) > 0
+
+        cluster.remove("n0")                              # scale-in, under load
+        leave = seconds_to_even(cluster, 3)
+        time.sleep(0.5)
+        ring = finish_exact(feeder)                       # exact counts throughout
+        assert not ring.lost and not uneven(ring), ring.describe()
+        wait_replicated([n.address for n in cluster.nodes], WITHIN, cluster.tls())
+        log = open(fresh.log).read()
+        assert "owns too little of the ring" in log, log[-2000:]
+        print(f"even again {rejoin:.1f} s after the rejoin, {leave:.1f} s after the leave")

@@ -1,0 +1,163 @@
+"""Ring shares back to even after a membership change: the pure rule
+(node.core.shares), on rings built as crashes, rejoins and leaves leave them."""
+
+import random
+
+import pytest
+
+from floering.node.core.handoff import leave_moves
+from floering.node.core.shares import (PULL_GRACE, PULL_INTERVAL, PullRanges, pull_plan,
+                                       short_of_share, spread_leave)
+from floering.node.core.ring import Ring
+
+MEMBERS = {f"n{i}": f"h:{i}" for i in range(4)}
+
+
+def shares(ring: Ring) -> dict[str, float]:
+    return {n: ring.share_of(n) for n in ring.nodes}
+
+
+def within(ring: Ring, band: float = 0.25) -> bool:
+    mean = 1 / len(ring.nodes)
+    return all(abs(s - mean) <= band * mean + 1e-12 for s in shares(ring).values())
+
+
+def rejoined(balancer: str = "none") -> Ring:
+    """n2 crashed (its ranges went to n3, its heir) and came back empty as n2#1."""
+    ring = Ring.initial(MEMBERS, 1, 8, balancer=balancer).without(["n2"])
+    return ring.add_node("n2#1", "h:5", (), incarnation=7)
+
+
+def test_a_crash_then_rejoin_leaves_one_member_double_and_one_empty():
+    ring = rejoined()
+    assert shares(ring)["n3"] == pytest.approx(0.5) and shares(ring)["n2#1"] == 0
+    assert not within(ring)
+
+
+def test_an_empty_member_pulls_from_the_largest_share_back_to_the_mean():
+    ring = rejoined()
+    donor, moves = pull_plan(ring, "n2#1")
+    assert donor == "n3" and len(moves) == 8 and set(moves.values()) == {"n2#1"}
+    after = ring.with_owners(moves)
+    assert shares(after)["n2#1"] == pytest.approx(0.25) and within(after, 0.0001)
+    assert pull_plan(after, "n2#1") == ("", {})      # settled: nothing more to pull
+
+
+def test_members_at_their_share_do_not_pull_and_nothing_is_planned_during_a_handoff():
+    ring = rejoined()
+    assert all(pull_plan(ring, n) == ("", {}) for n in ("n0", "n1", "n3"))
+    token = ring.tokens_of("n0")[0]
+    busy = ring.with_extras({token: ["n2#1"]})
+    assert pull_plan(busy, "n2#1") == ("", {})
+
+
+@pytest.mark.parametrize("policy", ["floe", "halving", "doubling"])
+def test_policies_that_shed_by_load_pull_only_for_a_member_with_no_range(policy):
+    ring = rejoined(policy)
+    assert short_of_share(ring, "n2#1")
+    one = ring.with_owners({ring.tokens_of("n3")[0]: "n2#1"})
+    assert not short_of_share(one, "n2#1")          # uneven on purpose: load decides
+    assert short_of_share(rejoined("none").with_owners(
+        {rejoined().tokens_of("n3")[0]: "n2#1"}), "n2#1")
+
+
+def test_a_leave_spreads_over_every_member_instead_of_one_neighbour():
+    ring = Ring.initial(MEMBERS, 1, 8)
+    old = {t: ring.heir(t) for t in ring.tokens_of("n0")}
+    assert set(old.values()) == {"n1"}              # every range's heir: one neighbour
+    moves = leave_moves(ring, "n0")
+    assert moves == spread_leave(ring, "n0") and set(moves) == set(ring.tokens_of("n0"))
+    assert set(moves.values()) == {"n1", "n2", "n3"}
+    after = ring.with_owners(moves).without(["n0"])
+    assert within(after) and max(shares(after).values()) < 0.35
+
+
+def test_a_leave_fills_an_empty_member_first():
+    ring = rejoined()
+    moves = spread_leave(ring, "n3")               # n3 holds half the ring
+    after = ring.with_owners(moves).without(["n3"])
+    assert within(after), shares(after)
+
+
+def settle(ring: Ring) -> Ring:
+    """Pulls as the members' machines make them, until none is planned: a member that
+    had no range pulls while it is short (`filling`)."""
+    filling = {n for n in ring.nodes if not ring.tokens_of(n)}
+    for _ in range(4 * len(ring.nodes)):
+        filling = {n for n in filling if n in ring.nodes and short_of_share(ring, n)}
+        pulls = [pull_plan(ring, n) for n in sorted(filling)]
+        pulls = [moves for _, moves in pulls if moves]
+        if not pulls:
+            return ring
+        ring = ring.with_owners(pulls[0])
+    pytest.fail(f"pulls never settled: {shares(ring)}")
+
+
+def test_random_rings_settle_within_the_band_after_rejoins_and_leaves():
+    """Crashes followed by a rejoin, and leaves, at random; after each, pulls run
+    until none is planned: every member ends within 25% of the mean share."""
+    for seed in range(150):
+        rng = random.Random(seed)
+        ring = Ring.initial({f"n{i}": f"h:{i}" for i in range(rng.randint(3, 7))}, 1,
+                            rng.choice([4, 8, 16]))
+        for serial in range(6):
+            victim = rng.choice(sorted(ring.nodes))
+            if rng.random() < 0.5 and len(ring.nodes) > 2:
+                ring = ring.with_owners(spread_leave(ring, victim)).without([victim])
+            else:
+                ring = ring.without([victim]).add_node(f"x{serial}", f"h:x{serial}", ())
+            ring = settle(ring)
+            assert within(ring), (seed, serial, shares(ring))
+
+
+def test_a_member_that_kept_ranges_never_pulls_so_operator_moves_stay():
+    ring = Ring.initial(MEMBERS, 1, 8)
+    moved = ring.with_owners({t: "n1" for t in ring.tokens_of("n0")[:6]})   # n0: 2 of 8
+    m = Machine(moved, "n0")
+    assert all(m.due(t) == [] for t in (0.0, 10.0, 20.0))
+    emptied = ring.with_owners({t: "n1" for t in ring.tokens_of("n0")})
+    m = Machine(emptied, "n0")
+    assert m.due(0.0) == [] and m.due(PULL_GRACE) == [PullRanges("n1", "h:1", 8)]
+
+
+class Machine:
+    """The machine's side of the rule, on a bare ring (the mixin reads only these)."""
+
+    def __init__(self, ring, me):
+        from floering.node.core.shares import SharePulling
+        self.mixin = type("M", (SharePulling,), {})()
+        self.mixin.core = type("C", (), {"ring": ring, "node_id": me, "fenced": False})()
+        self.mixin.leaving = False
+
+    def due(self, now):
+        out = []
+        self.mixin._pull_due(now, out)
+        return out
+
+
+def test_a_short_member_waits_out_the_grace_then_pulls_at_most_once_per_interval():
+    m = Machine(rejoined(), "n2#1")
+    assert m.due(10.0) == []                        # first seen short
+    assert m.due(10.0 + PULL_GRACE - 0.01) == []
+    [pull] = m.due(10.0 + PULL_GRACE)
+    assert pull == PullRanges("n3", "h:3", 8)
+    assert m.due(10.0 + PULL_GRACE + PULL_INTERVAL / 2) == []
+    assert len(m.due(10.0 + PULL_GRACE + PULL_INTERVAL)) == 1
+
+
+def test_the_donor_hands_only_what_its_own_ring_names():
+    ring = rejoined()
+    donor = Machine(ring, "n3").mixin
+    assert donor.share_moves_for("n2#1") == pull_plan(ring, "n2#1")[1]
+    assert Machine(ring, "n0").mixin.share_moves_for("n2#1") == {}   # not the donor
+    assert donor.share_moves_for("n1") is None       # not short: ordinary shedding
+    assert donor.share_moves_for("nobody") is None
+
+
+def test_a_member_on_its_way_out_neither_pulls_nor_gives():
+    leaver = Machine(rejoined(), "n2#1")
+    leaver.mixin.begin_leaving()
+    assert leaver.due(0.0) == [] and leaver.due(PULL_GRACE + 1) == []
+    donor = Machine(rejoined(), "n3").mixin
+    donor.begin_leaving()
+    assert donor.share_moves_for("n2#1") == {}       # the ring spreads its ranges anyway
