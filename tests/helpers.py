@@ -137,6 +137,12 @@ def diff(got, expect):
         f"{k}: {got.get(k)} != {expect.get(k)}" for k in sorted(keys)[:5])
 
 
+def came_back_fresh(stats: dict, members: int) -> bool:
+    """A fenced process's new member: still empty, or holding no more than a fair share
+    that the ring handed it since (what it held before was given up at the fence)."""
+    if stats["ring_share"] == 0:
+        return stats["keys"] == 0
+    return stats["ring_share"] <= 1.25 / members and not stats["fenced"]
 
 
 def events_of(cluster, node_id: str) -> list[dict]:

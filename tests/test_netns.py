@@ -27,6 +27,7 @@ from floering.chaos import netns
 from floering.chaos.cluster import node_env
 from floering.chaos.harness import run_scenario
 from floering.chaos.scenarios import BUILTIN
+from tests.helpers import came_back_fresh
 
 NODES = ["n0", "n1", "n2"]
 VOCAB = [f"w{i}" for i in range(300)]
@@ -418,14 +419,14 @@ def check_network_fault(name: str, result: dict) -> None:
         assert d["acked_during"] > 0                          # the feed went on
         return
     # the cut-off nodes were declared by the majority, fenced once healed, and came
-    # back empty; nobody else was declared
+    # back as new members (empty, then pulling a fair share: node.core.shares); nobody
+    # else was declared
     assert declared == victims
     assert all(row["by"] not in victims for v in victims for row in d["declared"][v])
     assert set(d["fenced_after_heal_ms"]) == victims
     assert all(ms >= 0 for ms in d["fenced_after_heal_ms"].values())
     assert set(members) == others | {f"{v}#1" for v in victims}
-    assert all(members[f"{v}#1"]["ring_share"] == 0 and members[f"{v}#1"]["keys"] == 0
-               for v in victims)
+    assert all(came_back_fresh(members[f"{v}#1"], len(members)) for v in victims)
     check_timelines(rnd)
     assert {t["victim"] for t in rnd["timelines"]} == victims
     assert all(t["fenced"] >= inj["resumed"] for t in rnd["timelines"])
