@@ -54,7 +54,8 @@ def read_from(path: str, offset: int) -> str:
 
 def handoff_state(text: str, receiver: str) -> str:
     """Where the giver's events (since the handoff was requested) say its handoff to
-    `receiver` is: 'requested', 'in flight', 'committed' or 'aborted'."""
+    `receiver` is: 'requested', 'in flight', 'committed' or 'aborted'. A leave hands
+    its ranges to several members in one handoff; `receiver` is then one of them."""
     return _scan(text, receiver)[0]
 
 
@@ -63,7 +64,8 @@ def _scan(text: str, receiver: str) -> tuple[str, dict]:
     state = "requested"
     for e in event_lines(text):   # a line still being written is skipped
         kind = e.get("kind")
-        if kind == "handoff_prepared" and state == "requested" and e.get("to") == [receiver]:
+        if kind == "handoff_prepared" and state == "requested" \
+                and receiver in (e.get("to") or ()):
             state = "in flight"
         elif state == "in flight" and kind == "handoff_committed":
             return "committed", e

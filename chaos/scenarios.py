@@ -432,8 +432,9 @@ def plan_handoff(scenario: Scenario, fault: Fault, live: list[str], ring: Ring,
     scale-out: a new node (the next free id, as LocalCluster.add_nodes names it)
     joins and takes ranges by mapper.admin.plan_scale_out; the giver is one of the
     donors, the receiver is the new node.
-    scale-in: the giver leaves, handing every range to its first replica (the
-    receiver), exactly as Node.leave does."""
+    scale-in: the giver leaves, spreading its ranges as a leave does (each to its
+    first replica while that one stays within the mean share, else to the smallest
+    member; node.core.shares); the receiver is its first replica, one of them."""
     from floering.mapper.admin import plan_scale_out
     if scenario.replicas < 1:
         raise ValueError(f"{scenario.name}: a kill during a handoff needs r >= 1, or the "
@@ -632,9 +633,9 @@ BUILTIN: dict[str, Scenario] = {s.name: s for s in [
     mid_handoff("kill-donor-mid-scale-out", "scale out 4 -> 5; SIGKILL a donor while it is "
                 "handing ranges to the new node", "scale-out", "giver"),
     mid_handoff("kill-leaver-mid-scale-in", "scale in: SIGKILL the leaving node while it "
-                "hands its ranges to its first replica", "scale-in", "giver"),
-    mid_handoff("kill-heir-mid-scale-in", "scale in: SIGKILL the first replica receiving "
-                "the leaving node's ranges", "scale-in", "receiver"),
+                "hands its ranges over", "scale-in", "giver"),
+    mid_handoff("kill-heir-mid-scale-in", "scale in: SIGKILL the first replica while it "
+                "receives some of the leaving node's ranges", "scale-in", "receiver"),
     Scenario("fast-restart", "SIGKILL one node and start it again at once, under load, "
              "before its peers' detector could notice (peers suspect silence only after "
              "3 s): the new process declares its old self dead and joins empty; every "
