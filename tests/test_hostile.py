@@ -358,7 +358,7 @@ def test_hostile_text_in_statuses_is_escaped_and_cut():
     from floering.node.runtime.service import NodeService
     reasons = []
 
-    async def shed_load(reason, depth=0):
+    async def shed_load(reason, depth=0, sender=""):
         reasons.append(reason)
     asyncio.run(NodeService(SimpleNamespace(shed_load=shed_load)).shed(sender, 1))
     inert_text(reasons[0])
