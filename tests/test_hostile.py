@@ -364,6 +364,23 @@ def test_hostile_text_in_statuses_is_escaped_and_cut():
     inert_text(reasons[0])
 
 
+
+def test_a_share_is_asked_for_only_by_the_member_the_certificate_names():
+    # A member short of its share is handed ranges by name; another member's
+    # certificate asking in its name makes an ordinary shedding request.
+    import asyncio
+    from types import SimpleNamespace
+    from floering.node.runtime.service import NodeService
+    asked = []
+
+    async def shed_load(reason, depth=0, sender=""):
+        asked.append(sender)
+    service = NodeService(SimpleNamespace(shed_load=shed_load))
+    asyncio.run(service.shed("n2#1", 0, identity="n2"))
+    asyncio.run(service.shed("n2#1", 0, identity="n3"))
+    asyncio.run(service.shed("n2", 0, identity="n2"))
+    assert asked == ["n2#1", "", "n2"]
+
 @pytest.mark.multiprocess
 def test_splits_stop_at_the_token_limit_and_timeouts_are_checked(tmp_path):
     with LocalCluster.up(2, 1, workdir=tmp_path, tokens_per_node=2, tls=False,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 
 from floering.node.core.batch import Batch
+from floering.node.core.membership import base_name
 from floering.node.core.errors import (Fenced, InvalidArgument, ReducerMismatch, StaleRing, Starting,
                               TooLarge, inert)
 from floering.node.core.handoff import Handoff
@@ -131,9 +132,13 @@ class NodeService:
     async def leave(self, timeout: float = 0.0) -> None:
         await self.runtime.leave(self._timeout(timeout))
 
-    async def shed(self, sender: str, depth: int) -> ShedOutcome:
+    async def shed(self, sender: str, depth: int, identity: str = "") -> ShedOutcome:
+        # A member short of its share is handed ranges by name: only a caller whose
+        # certificate names that member may ask for it (another member's request is
+        # an ordinary shedding request).
+        member = sender if not identity or base_name(sender) == identity else ""
         return await self.runtime.shed_load(f"asked by {inert(sender)}", depth=depth,
-                                            sender=sender)
+                                            sender=member)
 
     # ------------------------------------------------------------ queries
 

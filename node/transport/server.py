@@ -299,7 +299,8 @@ class ControlPlane(floe_pb2_grpc.ControlPlaneServicer):
         return self._reply(True, "left the ring")
 
     async def RequestShed(self, request, context):
-        shed = await self.service.shed(request.sender, request.depth)
+        who = peer_identity(context)
+        shed = await self.service.shed(request.sender, request.depth, who[1] if who else "")
         return self._reply(shed.moved, shed.detail)
 
 
