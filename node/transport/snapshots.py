@@ -64,15 +64,11 @@ class Snapshots(floe_pb2_grpc.SnapshotsServicer):
         runtime = self.service.runtime
         try:
             self.service.check_started()
-            entries, marks = request.entries, request.watermarks
-            if len(entries) > MAX_SECTION or len(marks) > MAX_WATERMARK_BYTES:
-                raise InvalidArgument(f"a chunk's entries are at most {MAX_SECTION} bytes, "
-                                      f"its watermarks {MAX_WATERMARK_BYTES}")
-            keys, states = unpack_columns(entries)
+            keys, states, marks = chunk_columns(request)
             held = import_chunk(runtime.core, request.reducer, request.ring_stamp,
                                 request.token, request.snapshot, request.chunk,
                                 request.chunks, keys, states,
-                                unpack(marks) if marks else {}, request.into_state,
+                                marks, request.into_state,
                                 runtime.clock())
         except FloeError as exc:
             await abort(context, exc)
@@ -98,15 +94,10 @@ class Snapshots(floe_pb2_grpc.SnapshotsServicer):
         runtime = self.service.runtime
         try:
             self.service.check_started()
-            entries, marks = request.entries, request.watermarks
-            if len(entries) > MAX_SECTION or len(marks) > MAX_WATERMARK_BYTES:
-                raise InvalidArgument(f"a chunk's entries are at most {MAX_SECTION} bytes, "
-                                      f"its watermarks {MAX_WATERMARK_BYTES}")
-            keys, states = unpack_columns(entries)
+            keys, states, marks = chunk_columns(request)
             held_now = restore_chunk(runtime.core, request.ring_stamp, request.token,
                                      request.member, request.retired, request.chunk,
-                                     request.chunks, keys, states,
-                                     unpack(marks) if marks else {}, runtime.clock())
+                                     request.chunks, keys, states, marks, runtime.clock())
         except FloeError as exc:
             await abort(context, exc)
         return floe_pb2.ImportAck(chunks_held=held_now)
@@ -150,3 +141,13 @@ class RetiredCalls:
 
     def restore(self, address: str, **fields):
         return restore_range(self.peers._channel(address), self.timeout, **fields)
+
+
+def chunk_columns(request) -> tuple[list, list, dict]:
+    """A range chunk's keys, states and watermarks, its sizes checked before decoding."""
+    entries, marks = request.entries, request.watermarks
+    if len(entries) > MAX_SECTION or len(marks) > MAX_WATERMARK_BYTES:
+        raise InvalidArgument(f"a chunk's entries are at most {MAX_SECTION} bytes, "
+                              f"its watermarks {MAX_WATERMARK_BYTES}")
+    keys, states = unpack_columns(entries)
+    return keys, states, unpack(marks) if marks else {}
