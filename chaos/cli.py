@@ -11,7 +11,8 @@
     floe scale --add N | --remove NODE  add nodes (they take ranges) or remove one
     floe scale --auto SECONDS           add/remove nodes by load, within --min/--max-nodes
     floe restart NODE... | --rolling    restart nodes one at a time, losing nothing
-    floe up                             after `floe down`: the same cluster, as it was
+    floe up                             after `floe down`: the same cluster, as it was;
+                                        while it runs: starts only the nodes that are gone
     floe up --memory                    nodes without a data directory: state in memory only
     floe up --data-dir DIR              keep the data in DIR instead
     floe down [--kill] [--wipe]         stop exactly the processes `up` started
@@ -76,6 +77,9 @@ def _wipe_command(args) -> str:
 
 
 def cmd_up(args) -> int:
+    running = _running(args)
+    if running is not None:
+        return _up_missing(args, running)
     extra = []
     if args.checkpoint_interval:
         extra += ["--checkpoint-interval", str(args.checkpoint_interval)]
@@ -114,6 +118,49 @@ def cmd_up(args) -> int:
           f"balancer {cluster.balancer}, "
           + ("no TLS" if args.insecure else f"mutual TLS ({cluster.tls().ca.parent})")
           + f"; {how}; recorded in {cluster.state_file}")
+    return 0
+
+
+def _running(args) -> LocalCluster | None:
+    """The cluster the cluster file records, if any of its nodes is running."""
+    if not Path(args.cluster_file).exists():
+        return None
+    cluster = LocalCluster.load(args.cluster_file)
+    return cluster if any(n.alive() for n in cluster.nodes) else None
+
+
+# `floe up`'s settings, which a running cluster's missing members cannot take
+UP_SETTINGS = {"nodes": "--nodes", "replicas": "--replicas", "base_port": "--base-port",
+               "reducer": "--reducer", "tokens_per_node": "--tokens-per-node",
+               "balancer": "--balancer", "checkpoint_interval": "--checkpoint-interval",
+               "metrics_port": "--metrics-port", "insecure": "--insecure",
+               "memory": "--memory", "node_flags": "--"}
+
+
+def _up_missing(args, cluster: LocalCluster) -> int:
+    """`floe up` while the recorded cluster runs: start again, each on its own data
+    directory, only the nodes whose process is gone (chaos.restart.start_missing)."""
+    where = Path(args.cluster_file).resolve()
+    alive = sorted(n.node_id for n in cluster.nodes if n.alive())
+    missing = sorted(n.node_id for n in cluster.nodes if not n.alive())
+    if not missing:
+        raise RuntimeError(f"the cluster recorded in {where} is still running, every node "
+                           f"of it ({', '.join(alive)}): nothing to start; `floe status` "
+                           f"shows it, `floe down` stops it")
+    given = [flag for key, flag in UP_SETTINGS.items() if getattr(args, key, None)]
+    if args.data_dir and (cluster.data_dir is None or
+                          Path(args.data_dir).resolve() != Path(cluster.data_dir)):
+        given.append("--data-dir")
+    if given:
+        raise ValueError(f"the cluster recorded in {where} is running ({', '.join(alive)}); "
+                         f"`floe up` starts its missing members ({', '.join(missing)}) as "
+                         f"they were, without {', '.join(given)} (`floe scale --add` adds "
+                         f"nodes)")
+    from floering.chaos.restart import start_missing
+    start_missing(cluster, timeout=args.timeout)
+    print(f"started {', '.join(missing)} again; {', '.join(alive)} "
+          f"{'was' if len(alive) == 1 else 'were'} running and left alone; "
+          f"{sum(n.alive() for n in cluster.nodes)} nodes running")
     return 0
 
 
@@ -455,7 +502,11 @@ def _up_command(sub) -> None:
                     "copies in floe-cluster/data/<node-id> beside the cluster file "
                     "(--data-dir to choose), and the cluster's layout is kept there, so "
                     "`floe up` after `floe down` (or a crash, or `floe down --kill`) brings "
-                    "the same nodes back with what they held. Against a kept cluster, "
+                    "the same nodes back with what they held. While the recorded "
+                    "cluster runs, `floe up` starts again only its nodes whose process is "
+                    "gone, each on its own data directory, leaves the others alone and "
+                    "waits until each has its share of the ring back. Against a kept "
+                    "cluster, "
                     "--nodes, --replicas, --reducer, --tokens-per-node, --balancer and "
                     "--base-port "
                     "may be left out; given and different, they are refused: "

@@ -72,16 +72,40 @@ def wait_share(seeds: list[str], name: str, timeout: float, tls=None):
 def restart_node(cluster: LocalCluster, node_id: str, *, graceful: bool = True,
                  timeout: float = 60.0) -> list[str]:
     """Restart one node and wait until the ring gave it its share back; returns what
-    was done."""
+    was done. A node whose process is gone is only started again (on its data
+    directory, if the cluster is durable)."""
+    running = cluster.node(node_id).alive()
     process = cluster.restart(node_id, graceful=graceful, timeout=timeout)
     seeds = [n.address for n in cluster.nodes if n.alive()]
     client_tls = cluster.tls("client")
     name = member_at(process.address, seeds, timeout, client_tls)
     ring = wait_share(seeds, name, timeout, client_tls)
     wait_replicated(seeds, timeout, client_tls)
-    how = "left the ring and restarted" if graceful else "was killed and restarted"
-    return [f"{node_id} {how} (pid {process.pid}); it serves as {name}, holding "
+    if not running:
+        how = "was not running and was started again" + (
+            " on its data directory" if cluster.data_dir else "")
+    else:
+        how = "left the ring and restarted" if graceful else "was killed and restarted"
+    same = ("as the same member, with what it held" if name == node_id else
+            "as a new member (the ring had declared it dead, or it kept no data)")
+    return [f"{node_id} {how} (pid {process.pid}); it serves as {name}, {same}, holding "
             f"{len(ring.tokens_of(name))} ranges ({ring.share_of(name):.0%} of the ring)"]
+
+
+def start_missing(cluster: LocalCluster, *, timeout: float = 60.0,
+                  report=print) -> list[str]:
+    """`floe up` against a running cluster: start again each recorded node whose
+    process is gone, one at a time, with its own command line (so on its own data
+    directory); the running nodes are left alone. Each comes back as the member it
+    was if the ring has not declared it dead meanwhile and its data is intact, else
+    as a new member that pulls its share back (node.core.shares); the next starts once
+    the ring gave it its share and every range is on r+1 nodes. Returns the nodes
+    started."""
+    missing = [n.node_id for n in cluster.nodes if not n.alive()]
+    for node_id in missing:
+        for line in restart_node(cluster, node_id, graceful=False, timeout=timeout):
+            report(line)
+    return missing
 
 
 def rolling_restart(cluster: LocalCluster, node_ids: list[str] | None = None, *,
