@@ -310,21 +310,20 @@ async def test_chunks_of_several_shipments_go_and_are_taken_in_one_per_turn_of_t
     # packs or takes in several chunks keeps a read or a heartbeat waiting behind all
     # of them. Four ranges shipped at once, each with a window of four, still go (are
     # packed) one per turn and are taken in one per turn, four at most on their way.
-    from floering.node.transport import peers as peers_module
+    from floering.node.core.state_wire import Piece
     replica, plane, address = await flaky_replica(fail=set(), delay=0.01)
     turn, turns_of_adds, turns_of_packs = 0, [], []
-    add, pack = plane.chunks.add, peers_module.pack
+    add, encode = plane.chunks.add, Piece.encode
 
     def counted_add(*args, **kw):
         turns_of_adds.append(turn)
         return add(*args, **kw)
     plane.chunks.add = counted_add
 
-    def counted_pack(value):
-        if isinstance(value, tuple):               # a chunk's [keys, states]
-            turns_of_packs.append(turn)
-        return pack(value)
-    monkeypatch.setattr(peers_module, "pack", counted_pack)
+    def counted_encode(piece):                     # a chunk's frame
+        turns_of_packs.append(turn)
+        return encode(piece)
+    monkeypatch.setattr(Piece, "encode", counted_encode)
 
     async def turns():
         nonlocal turn

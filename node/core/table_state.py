@@ -25,6 +25,7 @@ from floering.node.core.errors import InvalidArgument, InvalidKey, inert
 from floering.node.core.pieces import RESERVED, is_fold_key
 from floering.node.core.reducers import Count, Max, Min, Reducer, Sum
 from floering.node.core.state_store import MISSING, LayeredState, ReplicaState
+from floering.node.core.state_wire import StateColumns, layers_of
 
 TABLE_REDUCERS = {Count: "count", Sum: "sum", Min: "min", Max: "max"}
 _INT64 = (-(1 << 63), 1 << 63)
@@ -264,7 +265,20 @@ class TableState:
 
     def install(self, states, mark_dirty: bool) -> None:
         """Set the states of `states`' keys (the table's where they are int64 and
-        spill does not hold the key)."""
+        spill does not hold the key): received column states (node.core.state_wire)
+        in one call of the table per frame while spill holds nothing."""
+        for layer in layers_of(states):
+            if isinstance(layer, StateColumns) and not self.spill.holds():
+                try:
+                    self.table.install((layer.kinds, layer.key_data, layer.offsets,
+                                        hash_positions(layer.key_data, layer.offsets),
+                                        layer.values), mark_dirty=mark_dirty)
+                except ValueError as exc:
+                    raise InvalidArgument(f"column states: {exc}") from None
+                layer = layer.rest()
+            self._install_pairs(layer, mark_dirty)
+
+    def _install_pairs(self, states, mark_dirty: bool) -> None:
         keys, vals, rest = [], [], {}
         hidden = self._shadowed() if self.spill.holds() else ()
         for key, state in states.items():
@@ -342,11 +356,12 @@ class TableCopy:
     def replace(self, full) -> None:
         """The whole range: a mapping (copied in), or a range's TableState (taken over
         as it is: its owner drops it)."""
+        state = TableState(self.state.reducer)
         if isinstance(full, TableState):
-            self.state = TableState(full.reducer)
-            self.state.adopt(full)
+            state.adopt(full)
         else:
-            self.state.replace(full)
+            state.replace(full)         # all or nothing: the copy stays as it was
+        self.state = state
 
     @property
     def master(self) -> dict:

@@ -19,7 +19,9 @@ from typing import NamedTuple
 from floering.node.core.chunks import CHUNK_BYTES, column_slices, packed_chunks
 from floering.node.core.codec import entry_columns
 from floering.node.core.errors import InvalidArgument, Overloaded, Unavailable
+from floering.node.core.state_wire import StateColumns, StateRun
 
+COLUMNS = object()           # fill's key for the frames of column states kept as they are
 CHUNK_ENTRIES = 16_384       # entries per chunk: each takes a few ms of the event loop
 MIN_RATE = 4 << 20           # bytes/s a chunk's deadline allows on top of the base one
 MAX_CHUNKS = 1 << 20         # a range of 68 G entries: anything beyond is not a checkpoint
@@ -99,7 +101,10 @@ def fill(states: dict, parts: list, step: int | None = None) -> Iterator[None]:
     steps leaves the rest of `parts` as it was: a later fill goes on."""
     while parts:
         part = parts[0]
-        if isinstance(part, Columns):
+        if isinstance(part, StateColumns):      # kept as columns: a table takes them
+            states.setdefault(COLUMNS, []).append(part)
+            done = True
+        elif isinstance(part, Columns):
             keys, values, at = part.column_keys, part.column_states, part.at
             end = len(keys) if step is None else min(len(keys), at + step)
             # zip hands dict.update one pair at a time: no tuple per entry is kept
@@ -115,11 +120,21 @@ def fill(states: dict, parts: list, step: int | None = None) -> Iterator[None]:
             yield
 
 
-def whole_states(done: Completed) -> dict:
+def whole_states(done: Completed):
     """A completed range's states, what was still to go in put in at once."""
     for _ in fill(done.states, done.parts):
         pass
-    return done.states
+    return received(done.states)
+
+
+def received(states: dict):
+    """What `fill` made of a range's chunks: the dict, or, when frames of column
+    states came, a StateRun (the dict of any other entries, then the frames, in
+    order). Never a key of the range: COLUMNS is an object of its own."""
+    frames = states.pop(COLUMNS, None)
+    if frames is None:
+        return states
+    return StateRun([states, *frames] if states else frames)
 
 
 @dataclass

@@ -9,11 +9,13 @@ import weakref
 import grpc
 
 from floering.v1 import floe_pb2, floe_pb2_grpc
+from floering.node.core.chunks import CHUNK_BYTES
 from floering.node.core.codec import (SLICE, entry_count, pack, pack_entries, pack_entries_sliced,
                              unpack_columns, unpack_entries, unpack_entries_sliced)
+from floering.node.core.state_wire import decode as decode_frame, is_frame, plan
 from floering.node.transport.channels import ChannelPool, ServerNames, open_channel
 from floering.node.transport.chunking import (CHUNK_ENTRIES, WINDOW, Columns, SendWindow,
-                                              chunk_deadline, chunks_at, planned_counts)
+                                              chunk_deadline)
 from floering.node.transport.status import error_from_rpc
 
 CHUNK_RETRIES = 3     # sends of one chunk that may fail in a row before the shipment does
@@ -41,15 +43,22 @@ async def pack_entries_async(items) -> bytes:
 
 
 async def unpack_chunk(data: bytes):
-    """A full checkpoint chunk's entries: decoded in one go into Columns when it is no
-    larger than an honest chunk, else in steps into a dict as any large payload is."""
+    """A full checkpoint chunk's entries: a frame of column states (node.core.
+    state_wire) checked and kept as columns; older msgpack entries decoded in one go
+    into Columns when no larger than an honest chunk, else in steps into a dict as
+    any large payload is."""
+    if is_frame(data):
+        return decode_frame(data)
     if len(data) <= CHUNK_BYTES_AT_ONCE:
         return Columns(*unpack_columns(data))
     return await unpack_entries_async(data)
 
 
 async def unpack_entries_async(data: bytes) -> dict:
-    """unpack_entries(data), yielding to the event loop between steps."""
+    """unpack_entries(data), yielding to the event loop between steps; a frame of
+    column states checked and kept as columns (a copy of its buffers, no step)."""
+    if is_frame(data):
+        return decode_frame(data)
     if len(data) <= SLICED_BYTES:
         return unpack_entries(data)
     out: dict = {}
@@ -120,23 +129,23 @@ class PeerPool:
 
     async def ship_checkpoint(self, address: str, *, sender: str, ring_stamp: int,
                               checkpoint, base_seq: int, incarnation: int = 0) -> tuple[bool, int]:
-        # In one message when it fits one chunk, else in chunks: planned first (the
-        # entries of each, encoded once and let go), then sent chunk by chunk.
-        plan = planned_counts(checkpoint.states, self.chunk_entries)
-        counts: list[int] = []
+        # As frames of column states (node.core.state_wire): in one message when it
+        # fits one, else in chunks. Planned first (a table's export is cut by its
+        # offsets; a dict's entries are encoded to learn their size, and let go),
+        # then sent chunk by chunk, each encoded as it goes.
+        pieces = plan(checkpoint.states, self.chunk_entries, CHUNK_BYTES)
+        planned: list = []
         while True:
-            async with self._one_chunk:       # one chunk encoded per turn, node-wide
-                step = next(plan, None)
-            if step is None:
+            async with self._one_chunk:       # one chunk planned per turn, node-wide
+                piece = next(pieces, None)
+            if piece is None:
                 break
-            if not counts:
-                states = step[1]
-            counts.append(step[0])
+            planned.append(piece)
             await asyncio.sleep(0)
-        if len(counts) > 1:
-            del states
+        if len(planned) > 1:
             return await self._ship_in_chunks(address, sender, ring_stamp, incarnation,
-                                              checkpoint, base_seq, counts)
+                                              checkpoint, base_seq, planned)
+        states = planned[0].encode()
         request = floe_pb2.CheckpointFragment(
             sender=sender, ring_stamp=ring_stamp, incarnation=incarnation,
             token=checkpoint.token,
@@ -155,31 +164,26 @@ class PeerPool:
 
     async def _ship_in_chunks(self, address: str, sender: str, ring_stamp: int,
                               incarnation: int, checkpoint, base_seq: int,
-                              counts: list[int]) -> tuple[bool, int]:
+                              planned: list) -> tuple[bool, int]:
         """A full checkpoint chunk by chunk (node.transport.chunking), up to
         `chunk_window` chunks on their way at once: each with a deadline for its own
         bytes; a chunk that fails is sent again (up to CHUNK_RETRIES failures in a row),
         and when the receiver says it did not keep one, the run goes on from what it
         holds."""
-        total = len(counts)
+        total = len(planned)
         run = SendWindow(total, self.chunk_window, CHUNK_RETRIES,
                          what=f"{address} (token {checkpoint.token})")
         watermarks = pack(checkpoint.watermarks)
         control = self._control(address)
         slots = self._to_peer.setdefault(address, asyncio.Semaphore(self.chunk_window))
         flying: dict[asyncio.Future, tuple[int, int]] = {}    # call -> (chunk, bytes)
-        parts, position = chunks_at(checkpoint.states, counts), 1
 
         def request_for(chunk: int) -> floe_pb2.CheckpointFragment:
-            nonlocal parts, position
-            if chunk != position:             # sent again: from that chunk on
-                parts = chunks_at(checkpoint.states, counts, chunk - 1)
-            position = chunk + 1
             return floe_pb2.CheckpointFragment(
                 sender=sender, ring_stamp=ring_stamp, incarnation=incarnation,
                 token=checkpoint.token, checkpoint_seq=checkpoint.seq,
                 full=checkpoint.full, base_seq=base_seq,
-                states=pack(next(parts)), chunk=chunk, chunks=total,   # in one go
+                states=planned[chunk - 1].encode(), chunk=chunk, chunks=total,
                 watermarks=watermarks if chunk == total else b"")
         try:
             while True:

@@ -27,7 +27,7 @@ from floering.node.runtime.node import NodeRuntime
 from floering.node.runtime.service import NodeService
 from floering.node.transport.binding import SERVER_OPTIONS, claim_port
 from floering.node.transport.budget import ByteBudget
-from floering.node.transport.chunking import CHUNK_ENTRIES, Reassembly, fill
+from floering.node.transport.chunking import CHUNK_ENTRIES, Reassembly, fill, received
 from floering.node.transport.intercept import CallLimiter
 from floering.node.transport.metrics import NodeMetrics
 from floering.node.transport.peers import channel_options, unpack_chunk, unpack_entries_async
@@ -265,7 +265,7 @@ class ControlPlane(floe_pb2_grpc.ControlPlaneServicer):
                 if whole is None else fill(whole.states, whole.parts, FILL_STEP)
             for _ in steps:
                 await asyncio.sleep(0)
-        return held, None if whole is None else (whole.states, whole.tail)
+        return held, None if whole is None else (received(whole.states), whole.tail)
 
     def _reply(self, accepted: bool, detail: str) -> floe_pb2.HandoffReply:
         return floe_pb2.HandoffReply(accepted=accepted, detail=detail,

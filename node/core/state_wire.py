@@ -1,0 +1,346 @@
+"""State that moves between nodes as column buffers: a handoff's or a new replica's
+full copy of a range, and a checkpoint's delta, in frames of column states.
+
+A frame (little-endian throughout):
+
+    header   b"\\xc1FS", version (1 byte), count n (uint32), key bytes K (uint64),
+             rest bytes R (uint32)                                      20 bytes
+    kinds    n bytes: 0 str, 1 bytes, 2 int (as node.core.columnar.buffers)
+    offsets  n + 1 uint64: key i is keys[offsets[i]:offsets[i + 1]]; 0 first, K last
+    keys     K bytes: each key as hashing.key_bytes gives it, end to end
+    values   n int64: each key's state
+    rest     R bytes: msgpack [keys, states] of the entries whose key or state is
+             not a table's (a float, None, a big int, a tuple key), over the columns
+
+0xc1 is a byte msgpack never writes: a frame never reads as the older msgpack
+[keys, states] entries (node.core.codec), which a receiver still takes. Every field
+is the sender's: `decode` checks the sizes add up to the frame's exactly, the count
+(bounded by the frame's bytes), the kinds, the offsets (0 first, K last, never
+decreasing) and the rest before anything reads them; a key's bytes are checked when
+it is decoded or installed (a table checks them in its own pass). Encoding is pure
+Python over buffers (no hash, no kernel): the compiled and the pure nodes write the
+same bytes for the same entries.
+"""
+
+from __future__ import annotations
+
+import struct
+import sys
+from array import array
+from bisect import bisect_right
+from collections.abc import Mapping
+from itertools import accumulate, islice
+from operator import le
+from typing import Iterator, NamedTuple
+
+from floering.node.core.codec import pack, unpack_columns
+from floering.node.core.columnar.buffers import KIND_INT, encode_keys, valid_key
+from floering.node.core.errors import InvalidArgument
+
+MAGIC = b"\xc1FS"
+VERSION = 1
+_HEAD = struct.Struct("<3sBIQI")
+HEADER_BYTES = _HEAD.size
+ENTRY_BYTES = 17                  # kind, offset, value
+MAX_COUNT = (1 << 32) - 1
+_BIG_ENDIAN = sys.byteorder == "big"
+_INT64 = (-(1 << 63), 1 << 63)
+_KEY_TYPES = frozenset((str, bytes, int))
+
+
+def is_frame(data) -> bool:
+    """Whether `data` is a frame of column states (else older msgpack entries)."""
+    return bytes(data[:3]) == MAGIC
+
+
+def _le(arr: array) -> bytes:
+    if _BIG_ENDIAN:
+        arr = array(arr.typecode, arr)
+        arr.byteswap()
+    return arr.tobytes()
+
+
+def _from_le(code: str, view) -> array:
+    out = array(code)
+    out.frombytes(view)
+    if _BIG_ENDIAN:
+        out.byteswap()
+    return out
+
+
+def encode_frame(kinds: bytes, keys: bytes, offsets: array, values: array,
+                 rest: bytes = b"") -> bytes:
+    """A frame of the columns (offsets from 0) and the rest, msgpack [keys, states]."""
+    n = len(kinds)
+    return b"".join((_HEAD.pack(MAGIC, VERSION, n, len(keys), len(rest)), kinds,
+                     _le(offsets), keys, _le(values), rest))
+
+
+def frame_bytes(n: int, key_bytes: int, rest: int = 0) -> int:
+    return HEADER_BYTES + ENTRY_BYTES * n + 8 + key_bytes + rest
+
+
+def key_blob(keys) -> tuple[bytes, bytes, array]:
+    """kinds, key bytes and offsets of str, bytes or int keys (ASCII str keys in one
+    join, no bytes object per key)."""
+    try:
+        text = "".join(keys)
+    except TypeError:
+        text = None
+    if text is not None and text.isascii():
+        offsets = array("Q", [0])
+        offsets.extend(accumulate(map(len, keys)))
+        return bytes(len(keys)), text.encode("ascii"), offsets
+    return encode_keys(keys)
+
+
+def encode_pairs(keys: list, states: list) -> bytes:
+    """A frame of entries (two lists of equal length): int64 states of str, bytes or
+    int keys in the columns, the others in the rest."""
+    if set(map(type, keys)) <= _KEY_TYPES and set(map(type, states)) == {int}:
+        try:
+            values = array("q", states)
+        except OverflowError:
+            values = None
+        if values is not None:
+            return encode_frame(*key_blob(keys), values)
+    fixed_keys, fixed, rest_keys, rest = [], [], [], []
+    for key, state in zip(keys, states):
+        if type(state) is int and _INT64[0] <= state < _INT64[1] and type(key) in _KEY_TYPES:
+            fixed_keys.append(key)
+            fixed.append(state)
+        else:
+            rest_keys.append(key)
+            rest.append(state)
+    return encode_frame(*key_blob(fixed_keys), array("q", fixed),
+                        pack((rest_keys, rest)) if rest_keys else b"")
+
+
+# ------------------------------------------------------------------ decoding
+
+
+def _refuse(why: str) -> InvalidArgument:
+    return InvalidArgument(f"column states: {why}")
+
+
+def decode(data) -> "StateColumns":
+    """A frame's entries, checked (InvalidArgument naming what is wrong); the
+    columns are copied out of `data` once, the keys decoded only when read."""
+    view = memoryview(data).cast("B")
+    size = len(view)
+    if size < HEADER_BYTES:
+        raise _refuse(f"{size} bytes, shorter than the {HEADER_BYTES}-byte header")
+    magic, version, n, nkeys, nrest = _HEAD.unpack_from(view)
+    if magic != MAGIC:
+        raise _refuse("not a frame of column states")
+    if version != VERSION:
+        raise _refuse(f"frame version {version}: this node reads version {VERSION} only")
+    if frame_bytes(n, nkeys, nrest) != size:
+        raise _refuse(f"the header says {n} entries, {nkeys} key bytes and {nrest} rest "
+                      f"bytes ({frame_bytes(n, nkeys, nrest)} bytes): the frame has {size}")
+    at = HEADER_BYTES
+    kinds = bytes(view[at:at + n])
+    if kinds.translate(None, b"\x00\x01\x02"):
+        raise _refuse("a kind other than 0 (str), 1 (bytes) or 2 (int)")
+    at += n
+    offsets = _from_le("Q", view[at:at + 8 * (n + 1)])
+    at += 8 * (n + 1)
+    if offsets[0] != 0 or offsets[n] != nkeys or \
+            not all(map(le, offsets, islice(offsets, 1, None))):
+        raise _refuse(f"offsets must go from 0 to {nkeys} without decreasing")
+    keys = bytes(view[at:at + nkeys])
+    at += nkeys
+    values = _from_le("q", view[at:at + 8 * n])
+    at += 8 * n
+    rest_keys, rest = unpack_columns(bytes(view[at:])) if nrest else ((), ())
+    return StateColumns(kinds, keys, offsets, values, rest_keys, rest)
+
+
+class _Materialised(Mapping):
+    """A mapping read as one dict, made (and checked) when first read as one."""
+
+    _dict: dict | None = None
+
+    def to_dict(self) -> dict:
+        raise NotImplementedError
+
+    def _mapping(self) -> dict:
+        if self._dict is None:
+            self._dict = self.to_dict()
+        return self._dict
+
+    def __getitem__(self, key):
+        return self._mapping()[key]
+
+    def __iter__(self):
+        return iter(self._mapping())
+
+    def __len__(self) -> int:
+        return len(self._mapping())
+
+    def items(self):
+        return self._mapping().items()
+
+
+class StateColumns(_Materialised):
+    """A frame's entries: the columns (a table installs them in one call), then the
+    rest over them. Read as a mapping, every key is decoded and checked once."""
+
+    def __init__(self, kinds: bytes, key_data: bytes, offsets: array, values: array,
+                 rest_keys=(), rest_states=()) -> None:
+        self.kinds, self.key_data, self.offsets, self.values = kinds, key_data, offsets, values
+        self.rest_keys, self.rest_states = rest_keys, rest_states
+
+    @property
+    def count(self) -> int:
+        """Entries in the frame (a key in the columns and the rest counts twice)."""
+        return len(self.kinds) + len(self.rest_keys)
+
+    def column_keys(self) -> list:
+        """The columns' keys, decoded and checked (InvalidArgument for a key that is
+        not what its kind encodes)."""
+        from floering.node.core.table_state import keys_of
+        kinds, data, offsets = self.kinds, self.key_data, self.offsets
+        try:
+            keys = keys_of(kinds, data, offsets)
+        except (UnicodeDecodeError, ValueError):
+            raise _refuse("a str key is not UTF-8, or an int key not a decimal") from None
+        if KIND_INT in kinds:
+            for i in (i for i, kind in enumerate(kinds) if kind == KIND_INT):
+                if not valid_key(KIND_INT, data[offsets[i]:offsets[i + 1]]):
+                    raise _refuse(f"key {i} is not what kind 2 (int) encodes")
+        return keys
+
+    def to_dict(self) -> dict:
+        out = dict(zip(self.column_keys(), self.values.tolist()))
+        out.update(zip(self.rest_keys, self.rest_states))
+        return out
+
+    def rest(self) -> dict:
+        return dict(zip(self.rest_keys, self.rest_states))
+
+
+class StateRun(_Materialised):
+    """A full copy's chunks as they arrived: layers (dicts and StateColumns), each
+    over the ones before it."""
+
+    def __init__(self, layers: list) -> None:
+        self.layers = layers
+
+    def to_dict(self) -> dict:
+        out: dict = {}
+        for layer in self.layers:
+            out.update(layer.to_dict() if isinstance(layer, StateColumns) else layer)
+        return out
+
+
+def layers_of(states) -> list:
+    """The layers of received states, in order (a dict: itself)."""
+    if isinstance(states, StateRun):
+        return list(states.layers)
+    return [states]
+
+
+# ------------------------------------------------------------------ encoding
+
+
+class Piece(NamedTuple):
+    """One frame of a shipment: entries start to end of a segment."""
+
+    segment: object
+    start: int
+    end: int
+
+    def encode(self) -> bytes:
+        return self.segment.encode(self.start, self.end)
+
+    @property
+    def count(self) -> int:
+        return self.end - self.start
+
+
+class ExportSegment:
+    """A table's export (kinds, key_data, offsets, positions, values): cut by its
+    offsets, each frame's bytes known without encoding it."""
+
+    def __init__(self, buffers) -> None:
+        self.kinds, self.data, self.offsets, _, self.values = buffers
+
+    def __len__(self) -> int:
+        return len(self.kinds)
+
+    def nbytes(self, start: int, end: int) -> int:
+        return frame_bytes(end - start, self.offsets[end] - self.offsets[start])
+
+    def encode(self, start: int, end: int) -> bytes:
+        offsets = self.offsets
+        base = offsets[start]
+        part = offsets[start:end + 1]
+        if base:
+            part = array("Q", map(base.__rsub__, part))
+        return encode_frame(self.kinds[start:end], self.data[base:offsets[end]], part,
+                            self.values[start:end])
+
+    def pieces(self, max_entries: int, max_bytes: int) -> Iterator[Piece]:
+        start, n = 0, len(self)
+        while start < n:
+            stop = min(n, start + max_entries)
+            fits = bisect_right(range(start + 1, stop + 1), max_bytes,
+                                key=lambda end, s=start: self.nbytes(s, end))
+            end = start + max(1, fits)
+            yield Piece(self, start, end)
+            start = end
+
+
+class PairSegment:
+    """Entries as two lists (a dict's keys and states as the plan was made): a frame
+    is encoded to learn its bytes."""
+
+    def __init__(self, keys: list, states: list) -> None:
+        self.keys, self.states = keys, states
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def encode(self, start: int, end: int) -> bytes:
+        return encode_pairs(self.keys[start:end], self.states[start:end])
+
+    def pieces(self, max_entries: int, max_bytes: int) -> Iterator[Piece]:
+        start, n = 0, len(self)
+        while start < n:
+            end = min(n, start + max_entries)
+            while end - start > 1 and len(self.encode(start, end)) > max_bytes:
+                end = start + (end - start) // 2
+            yield Piece(self, start, end)
+            start = end
+
+
+def segments(states) -> list:
+    """The segments of a checkpoint's states: a table's export as it is, each dict
+    layer's keys and states as two lists (a copy as of now), anything else by its
+    items."""
+    from floering.node.core.table_state import ExportView
+    layers = states.layers if hasattr(states, "layers") else (states,)
+    out: list = []
+    for layer in layers:
+        if isinstance(layer, ExportView):
+            out.append(ExportSegment(layer.buffers))
+        elif isinstance(layer, dict):
+            out.append(PairSegment(list(layer), list(layer.values())))
+        else:
+            pairs = list(layer.items())
+            out.append(PairSegment([k for k, _ in pairs], [s for _, s in pairs]))
+    return [s for s in out if len(s)]
+
+
+def plan(states, max_entries: int, max_bytes: int) -> Iterator[Piece]:
+    """The frames of a checkpoint's states, in order, each of at most `max_entries`
+    entries and `max_bytes` bytes (an entry larger alone in its frame); at least one
+    (empty when there are no entries)."""
+    any_piece = False
+    for segment in segments(states):
+        for piece in segment.pieces(max_entries, max_bytes):
+            any_piece = True
+            yield piece
+    if not any_piece:
+        yield Piece(PairSegment([], []), 0, 0)
