@@ -70,10 +70,42 @@ def test_doubling_moves_exactly_the_keys_the_papers_doubled_tokens_take_from_us(
     assert moved["n0"] < sum(moved.values()) and len(moved) == 4
 
 
-def test_doubling_keeps_the_ring_within_its_token_bound():
+def test_doubling_keeps_the_ring_within_its_token_bound_whole_doublings_only():
     ring = ring_of(4, 8, "doubling")
-    assert len(doubling_cuts(ring, "n0", max_tokens=len(ring.tokens) + 2)) == 2
-    assert doubling_cuts(ring, "n0", max_tokens=len(ring.tokens)) == ()
+    first = doubling_cuts(ring, "n0", max_tokens=10_000)
+    assert doubling_cuts(ring, "n0", max_tokens=len(ring.tokens) + len(first)) == first
+    assert doubling_cuts(ring, "n0", max_tokens=len(ring.tokens) + len(first) - 1) == ()
+
+
+def test_a_second_doubling_round_cuts_at_the_next_generation_instead_of_stalling():
+    ring = ring_of(4, 8, "doubling")
+    seen = set()
+    for _ in range(3):
+        cuts = doubling_cuts(ring, "n0", max_tokens=10_000, start=8)
+        assert cuts and not seen & {pos for pos, _ in cuts}      # new positions each round
+        seen |= {pos for pos, _ in cuts}
+        ring = carried_out(ring, "n0", [p for p, _ in cuts],
+                           lambda r: {p: n for p, n in cuts if r.owner_of_token(p) == "n0"})
+        ring.check_invariants()
+
+
+def test_doubling_with_a_measured_load_moves_the_hot_keys_and_never_raises_the_top():
+    ring = ring_of(4, 8, "doubling")
+    hot = [k for k in KEYS if ring.owner(k) == "n0"][:6]
+    load = {position(k): 100.0 for k in hot}
+    others = {"n1": 50.0, "n2": 50.0, "n3": 50.0}
+    cuts = doubling_cuts(ring, "n0", max_tokens=256, start=8, load=load, others=others)
+    after = carried_out(ring, "n0", [p for p, _ in cuts],
+                        lambda r: {p: n for p, n in cuts if r.owner_of_token(p) == "n0"})
+    per_node = Counter(others)
+    for k in hot:
+        per_node[after.owner(k)] += 100.0
+    assert max(per_node.values()) < 600.0 and per_node["n0"] < 600.0
+    # a single key hotter than everything else moves only to a node no busier than we were
+    one = {position(hot[0]): 1000.0}
+    cuts = doubling_cuts(ring, "n0", max_tokens=256, start=8, load=one,
+                         others={"n1": 10.0, "n2": 10.0, "n3": 10.0})
+    assert cuts == ()
 
 
 def test_the_floe_ring_plans_as_before():

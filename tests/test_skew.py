@@ -60,9 +60,9 @@ def test_the_read_cost_run_reads_a_key_spread_over_every_node_exactly():
     assert all(0 < row[f"{read} p50 ms"] <= row[f"{read} p99 ms"] for read in READS)
 
 
-def test_the_ray_table_replay_matches_the_papers_halving_and_doubling_lowers_skew():
+def test_the_ray_table_replay_matches_the_papers_halving_and_doubling_reaches_its_s():
     from floering.chaos.ray_table import START_TOKENS, replay, table
-    rows = {(r["workload"], r["method"]): r for r in table()}
+    rows = {(r["workload"], r["method"]): r for r in table(seeds=range(1, 4))}
     for (name, method), r in rows.items():
         # the letters sit on the layout the paper starts that method from
         ring = Ring.initial({f"n{i}": f"h:{i}" for i in range(4)}, 1, START_TOKENS[method])
@@ -71,8 +71,10 @@ def test_the_ray_table_replay_matches_the_papers_halving_and_doubling_lowers_ske
         assert r["before"] == pytest.approx(r["paper"][0], abs=0.01)
         assert r["after"] <= r["before"], r                 # never worse
     assert rows[("wl4-h", "halving")]["after"] == pytest.approx(0.52, abs=0.005)
-    for name in ("wl1-d", "wl4-d", "wl5-d"):
-        assert rows[(name, "doubling")]["after"] < rows[(name, "doubling")]["before"] - 0.15
+    for name in ("wl1-d", "wl4-d", "wl5-d"):                # where the items land
+        assert rows[(name, "doubling")]["after"] <= rows[(name, "doubling")]["paper"][1]
+    for name in ("wl1-d", "wl2", "wl3", "wl4-d", "wl5-d"):  # the paper's own measure
+        assert rows[(name, "doubling")]["processed_p20"] <= rows[(name, "doubling")]["paper"][1]
     assert replay("wl2", "halving") == (0.0, 0.0, 0)        # no skew: no trigger
 
 

@@ -21,11 +21,20 @@ state, its watermarks and its replicas' copies (`floering.node.core.handoff`).
 
 from __future__ import annotations
 
+from bisect import bisect_left
+from collections.abc import Mapping
+
 from floering.node.core.hashing import position
 from floering.node.core.ring import Ring
 
-# Doubling stops cutting once the ring holds this many times the tokens it started with.
+# Doubling stops cutting once the ring holds this many times the tokens it started with,
+# or DOUBLING_FLOOR tokens if that is more (a ring started from one token a node).
 DOUBLING_GROWTH = 8
+DOUBLING_FLOOR = 256
+# Doublings one round may take at most (the ring's token bound stops it first).
+GENERATIONS = 12
+# A round leaves out the cuts that do not help while it weighs at most this many.
+PRUNED = 24
 
 
 def halving_moves(ring: Ring, me: str) -> dict[int, str]:
@@ -50,18 +59,91 @@ def _next_kept_owner(ring: Ring, token: int, given: set[int]) -> str:
     return ring.owner_of_token(token)
 
 
-def doubling_cuts(ring: Ring, me: str, max_tokens: int) -> tuple[tuple[int, str], ...]:
-    """(position, node): where the other nodes' doubled tokens fall inside our ranges,
-    in position order, as many as keep the ring within `max_tokens`."""
-    room = max(0, max_tokens - len(ring.tokens))
+def generation(ring: Ring, me: str, start: int, g: int) -> list[tuple[int, str]]:
+    """(position, node): the cuts the ring's g-th doubling (g >= 1) makes in our ranges:
+    every other node's tokens k in [start * 2^(g-1), start * 2^g), at the hash of
+    "token-<node>-<k>", where they fall inside a range of ours and are not made yet."""
     cuts = []
     for node in ring.nodes:
         if node == me:
             continue
-        have = len(ring.tokens_of(node))
-        for k in range(have, 2 * have):
+        for k in range(start << (g - 1), start << g):
             pos = position(f"token-{node}-{k}")
             token = ring.token_for_position(pos)
             if pos != token and ring.owner_of_token(token) == me:
                 cuts.append((pos, node))
-    return tuple(sorted(cuts)[:room])
+    return cuts
+
+
+def doubling_cuts(ring: Ring, me: str, max_tokens: int, start: int = 0,
+                  load: Mapping[int, float] | None = None,
+                  others: Mapping[str, float] | None = None) -> tuple[tuple[int, str], ...]:
+    """(position, node): the cuts of this round's doublings, in position order, whole
+    generations only, as many as keep the ring within `max_tokens`.
+
+    A doubling is a generation of every other node's tokens (`generation`), numbered
+    from `start` tokens a node (the ring's tokens per node; 0: the mean the ring holds
+    now). The paper doubles every node but the overloaded one each round, wherever the
+    new tokens fall; only those falling in our ranges take keys from us, and only those
+    are made, so a generation whose cuts are all made (or fall elsewhere) is passed
+    over: a round never repeats the cuts of the last (which stalled the ring).
+
+    Without a measure of where our load lies (`load`: position -> rate, our sampled
+    keys; `others`: node -> rate) a round is the next generation with a cut. With one,
+    it takes as many generations (within the ring's bound) as bring the ring's highest
+    load lowest, counting what each cut's head carries to its node: the fewest that
+    reach that, and none if no doubling lowers it, but a hot key that moves whole to a
+    node that ends no busier than we were now is moved."""
+    room = max(0, max_tokens - len(ring.tokens))
+    start = start or max(1, len(ring.tokens) // max(1, len(ring.nodes)))
+    taken, best = [], []
+    best_top = max([sum(load.values()) if load else 0.0, *(others or {}).values()])
+    for g in range(1, GENERATIONS + 1):
+        cuts = generation(ring, me, start, g)
+        if not cuts:
+            continue
+        if len(taken) + len(cuts) > room:
+            break
+        taken = sorted(set(taken) | set(cuts))
+        if not load:
+            return tuple(taken)
+        kept = _pruned(ring, me, taken, load, others or {}) if len(taken) <= PRUNED else taken
+        top, moved = _highest_after(ring, me, kept, load, others or {})
+        if moved > 0 and (top < best_top or (not best and top == best_top)):
+            best, best_top = kept, top
+    return tuple(best)
+
+
+def _highest_after(ring: Ring, me: str, cuts: list[tuple[int, str]],
+                   load: Mapping[int, float], others: Mapping[str, float]) -> tuple[float, float]:
+    """(the highest load once `cuts` are made, the load they move off us): a sampled
+    key goes with the first cut at or after it inside its range, else stays ours."""
+    at = sorted(cuts)
+    where = [pos for pos, _ in at]
+    gained: dict[str, float] = {}
+    for pos, rate in load.items():
+        token = ring.token_for_position(pos)
+        if ring.owner_of_token(token) != me:
+            continue
+        i = bisect_left(where, pos)
+        if i < len(where) and ring.token_for_position(where[i]) == token and where[i] != token:
+            gained[at[i][1]] = gained.get(at[i][1], 0.0) + rate
+    moved = sum(gained.values())
+    mine = sum(load.values()) - moved
+    return max([mine] + [others.get(n, 0.0) + r for n, r in gained.items()]), moved
+
+
+def _pruned(ring: Ring, me: str, cuts: list[tuple[int, str]], load: Mapping[int, float],
+            others: Mapping[str, float]) -> list[tuple[int, str]]:
+    """`cuts` less those whose leaving out lowers the highest load, one at a time,
+    the best first (a cut left out leaves its head with the range after it)."""
+    cuts = sorted(cuts)
+    top = _highest_after(ring, me, cuts, load, others)[0]
+    while len(cuts) > 1:
+        trials = [(_highest_after(ring, me, cuts[:i] + cuts[i + 1:], load, others)[0], i)
+                  for i in range(len(cuts))]
+        best, i = min(trials)
+        if best >= top:
+            return cuts
+        top, cuts = best, cuts[:i] + cuts[i + 1:]
+    return cuts

@@ -16,7 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from floering.node.core.load import choose_shed, clockwise_nodes
-from floering.node.core.redistribution import DOUBLING_GROWTH, doubling_cuts, halving_moves
+from floering.node.core.redistribution import (DOUBLING_FLOOR, DOUBLING_GROWTH, doubling_cuts,
+                                               halving_moves)
 from floering.node.core.ring import Ring
 from floering.node.core.split_point import plan_split
 
@@ -44,7 +45,10 @@ class ShedPlan:
 
 
 def shed_reach(ring: Ring, me: str, reach: int) -> list[str]:
-    """The nodes whose load a shedding round of `me` needs."""
+    """The nodes whose load a shedding round of `me` needs (under `doubling` every
+    other node: each may get new tokens)."""
+    if ring.balancer == "doubling":
+        return [n for n in ring.nodes if n != me]
     return sorted({n for t in ring.tokens_of(me) for n in clockwise_nodes(ring, t, reach)})
 
 
@@ -56,8 +60,11 @@ def plan_shed(ring: Ring, me: str, rates: dict[int, float], peers: dict[str, Pee
     if ring.balancer == "halving":
         return ShedPlan(halving_moves(ring, me))
     if ring.balancer == "doubling":
-        return ShedPlan(cuts=doubling_cuts(ring, me, DOUBLING_GROWTH * tokens_per_node
-                                           * len(ring.nodes)))
+        return ShedPlan(cuts=doubling_cuts(
+            ring, me, max(DOUBLING_FLOOR, DOUBLING_GROWTH * tokens_per_node * len(ring.nodes)),
+            tokens_per_node,
+            _sampled_load(rates, samples),
+            {n: p.apply_rate for n, p in peers.items() if p is not None}))
     rates_of, busy = {}, set()
     for node, peer in peers.items():
         if peer is None:
@@ -72,6 +79,20 @@ def plan_shed(ring: Ring, me: str, rates: dict[int, float], peers: dict[str, Pee
     heirs = sorted({h for t in ring.tokens_of(me) if (h := ring.heir(t))} & busy)
     ask = heirs[0] if relieved is None and heirs and depth < len(ring.nodes) else ""
     return ShedPlan(moves, split, ask, rates_of, tuple(sorted(busy)))
+
+
+def _sampled_load(rates: dict[int, float],
+                  samples: dict[int, dict[int, float]]) -> dict[int, float]:
+    """position -> rate: each of our ranges' rate spread over its sampled keys in
+    proportion to their weights (empty where nothing was sampled)."""
+    load: dict[int, float] = {}
+    for token, rate in rates.items():
+        table = samples.get(token) or {}
+        total = sum(table.values())
+        for pos, weight in table.items():
+            if total > 0 and rate > 0:
+                load[pos] = load.get(pos, 0.0) + rate * weight / total
+    return load
 
 
 def cut_positions(plan: ShedPlan) -> list[int]:
