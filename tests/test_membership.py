@@ -6,8 +6,8 @@ from hypothesis import given, settings, strategies as st
 
 from floering.node.core.batch import Batch
 from floering.node.core.errors import RangeLost, Starting
-from floering.node.core.membership import (decide_start, idle_members, ready_to_decide, refill_moves,
-                                  rejoin_name, restarted)
+from floering.node.core.membership import (DONOR_QUIET, RecentDonors, decide_start, idle_members,
+                                  ready_to_decide, refill_moves, rejoin_name, restarted)
 from floering.node.core.node_core import NodeCore
 from floering.node.core.reducers import load_reducer
 from floering.node.core.ring import Ring
@@ -183,6 +183,26 @@ def test_no_refill_while_replication_is_whole_or_a_handoff_runs():
     token = alone.tokens[0]
     pinned = alone.with_extras({token: ["n0#1"]})
     assert refill_moves(pinned, "n2") == {}
+
+
+def test_a_member_that_handed_us_its_ranges_is_no_refill_target_for_a_while():
+    """A leaver of a two-member ring at r=1 empties itself into the other member, whose
+    ranges then lack a replica: refilling the leaver would bounce them back and forth
+    until the leave ended."""
+    pair = {n: MEMBERS[n] for n in ("n0", "n1")}
+    ring = Ring.initial(pair, 1, 4)
+    theirs = {t: "n1" for t in ring.tokens_of("n0")}
+    emptied = ring.with_owners(theirs)
+    assert idle_members(emptied) == ["n0"] and refill_moves(emptied, "n1")   # the old rule
+    donors = RecentDonors()
+    donors.saw(emptied, ["n0"], now=100.0)
+    assert refill_moves(emptied, "n1", donors.quiet(emptied, 100.0 + DONOR_QUIET / 2)) == {}
+    # once quiet long enough (an operator's move, not a leave) it is refilled again
+    later = donors.quiet(emptied, 100.0 + DONOR_QUIET)
+    assert later == frozenset() and set(refill_moves(emptied, "n1", later).values()) == {"n0"}
+    donors.saw(emptied, ["n0"], now=200.0)
+    gone = emptied.without(["n0"])
+    assert donors.quiet(gone, 201.0) == frozenset() and donors.since == {}   # bounded
 
 
 def test_when_a_starting_process_may_decide():

@@ -12,7 +12,7 @@ from floering.chaos.restart import (member_at, restart_node, rolling_restart, wa
                                     wait_share)
 from floering.mapper import RingClient
 from floering.node.core.errors import RangeLost
-from tests.helpers import Feeder, diff
+from tests.helpers import Feeder, diff, events_of
 
 pytestmark = pytest.mark.multiprocess
 
@@ -116,6 +116,25 @@ def test_rolling_restart_under_load_is_exact_and_ends_fully_replicated(tmp_path)
         assert {"n0", "n1", "n2"} <= ring.removed and not ring.lost
         assert all(len(ring.tokens_of(n)) >= 6 for n in ring.nodes), lines
         assert all(r["under_replicated"] == 0 for r in rows)
+
+
+def test_a_leave_from_a_pair_hands_its_ranges_over_once_under_load(tmp_path):
+    """Two members at r=1: the leaver empties itself into the other member, whose ranges
+    then lack a replica. That member used to refill the leaver with them, which handed
+    them straight back, several times a second until the leave ended."""
+    with LocalCluster.up(2, 1, workdir=tmp_path) as cluster:
+        feeder = Feeder(cluster.seeds, tls=cluster.tls())
+        feeder.start()
+        time.sleep(0.5)
+        cluster.remove("n0")
+        time.sleep(1.0)                    # the survivor feeds on alone
+        client = feeder.finish_exact()
+        client.close()
+        events = events_of(cluster, "n1")
+        prepared = [e for e in events if e["kind"] == "handoff_prepared"]
+        taken = [e for e in events if e["kind"] == "taken_over"]
+        assert not prepared, prepared      # it never handed a range back to the leaver
+        assert len(taken) == 1 and taken[0]["previous"] == ["n0"], taken
 
 
 def test_restart_by_sigterm_with_leave_on_sigterm_hands_everything_over(tmp_path):

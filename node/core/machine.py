@@ -32,7 +32,7 @@ from floering.node.core.machine_io import (
     HeardFrom, HeartbeatDue, HeartbeatFailed, LeaveRing, LoadSampled, MapperAhead, MonitorDue,
     Note, ProbeAbandoned, ProbedFor, ProbeFinished, Record, RefillDue, RingSeen, SendFolds, SendHeartbeat,
     ShipCheckpoints, SignOfLife, Split, SplitRequested, StartHandoff, StartProbe, StartShed)
-from floering.node.core.membership import refill_moves, rejoin_name, removal_losses, restarted
+from floering.node.core.membership import (RecentDonors, refill_moves, rejoin_name, removal_losses, restarted)
 from floering.node.core.node_core import NodeCore, RingChange
 from floering.node.core.ring import Ring
 from floering.node.core.shares import SharePulling
@@ -74,6 +74,7 @@ class NodeMachine(ViewChecks, SharePulling):
         # Ranges taken over whose first new tuples are not applied yet: token -> the
         # dead owner. Recorded once applied, so recovery can be timed to that moment.
         self.resuming: dict[int, str] = {}
+        self.donors = RecentDonors()     # members that handed us ranges: no refill target
         self.failing: dict[tuple[int, str], int] = {}   # (token, replica) -> failed rounds
         self.isolation = Isolation()     # were we cut off? then views first, suspicions after
         self.guard = ViewGuard()         # views held until our own probes back their removals
@@ -151,6 +152,7 @@ class NodeMachine(ViewChecks, SharePulling):
                                f"from {','.join(olds)}: tokens {','.join(map(str, tokens))}",
                                previous=olds, tokens=tokens))
             self.resuming.update(previous)
+            self.donors.saw(new, olds, now)
         for token in change.lost:
             out.append(self._record("lost", f"range of token {token} LOST: every copy died; "
                                "its queries will fail", logging.ERROR, token=token))
@@ -352,7 +354,7 @@ class NodeMachine(ViewChecks, SharePulling):
         core = self.core
         if self.handoff is not None or self.leaving or core.fenced or core.starting:
             return
-        moves = refill_moves(core.ring, core.node_id)
+        moves = refill_moves(core.ring, core.node_id, self.donors.quiet(core.ring, now))
         if moves:
             to = ",".join(sorted(set(moves.values())))
             out.append(Note(f"refilling {to} with {len(moves)} ranges: ours lack replicas"))

@@ -113,15 +113,40 @@ def idle_members(ring: Ring) -> list[str]:
     return sorted(n for n in ring.nodes if n not in busy)
 
 
-def refill_moves(ring: Ring, me: str) -> dict[int, str]:
+# Seconds a member that handed us ranges is no refill target: it is emptying itself
+# (a leave, an operator's move), and a refill would hand them straight back; a
+# leaver of a ring of r+1 members would bounce its ranges until its leave ended.
+DONOR_QUIET = 10.0
+
+
+class RecentDonors:
+    """Members still in the ring that handed us ranges, and when (bounded by the
+    ring's members: an entry goes once it is DONOR_QUIET old)."""
+
+    def __init__(self) -> None:
+        self.since: dict[str, float] = {}
+
+    def saw(self, ring: Ring, previous_owners, now: float) -> None:
+        for node in previous_owners:
+            if node in ring.nodes:
+                self.since[node] = now
+
+    def quiet(self, ring: Ring, now: float) -> frozenset[str]:
+        self.since = {n: t for n, t in self.since.items()
+                      if n in ring.nodes and now - t < DONOR_QUIET}
+        return frozenset(self.since)
+
+
+def refill_moves(ring: Ring, me: str, quiet: frozenset[str] = frozenset()) -> dict[int, str]:
     """The ranges `me` hands to an idle member because the ring has too few owners
     to keep r replicas of `me`'s ranges (a restarted node comes back empty, and a
     member with no range backs up none). Empty when replication is whole, when a
     handoff is under way anywhere (wait for it: it may be the refill), or when `me`
     owns a single range. Each owner gives an equal share; the first idle member
-    takes it, so owners that decide at once agree on the target."""
+    takes it, so owners that decide at once agree on the target. Members in `quiet`
+    (RecentDonors) are never the target."""
     mine = [t for t in ring.tokens_of(me) if t not in ring.lost]
-    idle = idle_members(ring)
+    idle = [n for n in idle_members(ring) if n not in quiet]
     if len(mine) < 2 or not idle or ring.extras:
         return {}
     want = min(ring.replication, len(ring.nodes) - 1)
