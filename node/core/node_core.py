@@ -154,10 +154,11 @@ class NodeCore:
                 # A key outside the old range (only a mis-routed batch holds one)
                 # stays where it was.
                 return part if part in inside else token
+            bounds = {t: new.range_of_token(t) for t in parts}
             rng = self.primaries.pop(token, None)
             if rng is not None:
-                self.primaries.update(rng.split(parts, part_of))
-            self.replicas.split(token, parts, part_of)
+                self.primaries.update(rng.split(parts, part_of, bounds))
+            self.replicas.split(token, parts, part_of, bounds)
             self.positions.split(token, lambda pos, t=token, inside=inside: (
                 new.token_for_position(pos) if new.token_for_position(pos) in inside else t))
             if token in self.lost_tokens:

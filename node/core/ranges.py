@@ -214,18 +214,23 @@ class PrimaryRange:
             self._freeze_full(unless_over=self.state.inactive)
         self.state.merge_inactive()
 
-    def split(self, parts, part_of) -> dict[int, "PrimaryRange"]:
-        """The range cut into `parts` (tokens): each key goes to `part_of(key)`; every
-        part keeps the whole watermark map (seqs are per source, so "everything of s up
-        to w sent to this range was applied" stays true of each part). Replicas hold
-        copies of the old range only: every part's next checkpoint to them is full."""
-        groups: dict[int, dict] = {t: {} for t in parts}
-        for key, state in self.state.snapshot().items():
-            groups[part_of(key)][key] = state
+    def split(self, parts, part_of, bounds: dict | None = None) -> dict[int, "PrimaryRange"]:
+        """The range cut into `parts` (tokens): each key goes to `part_of(key)` (a
+        table's keys chosen by their positions in the parts' `bounds`, token ->
+        (lo, hi], where it can); every part keeps the whole watermark map (seqs are
+        per source, so "everything of s up to w sent to this range was applied" stays
+        true of each part). Replicas hold copies of the old range only: every part's
+        next checkpoint to them is full."""
+        tables = _split_by_position(self.state, bounds)
+        if tables is None:
+            groups = _split_by_key(self.state.snapshot(), parts, part_of)
         out = {}
         for token in parts:
             rng = PrimaryRange(token, self.state.reducer)
-            rng.state.replace(groups[token])
+            if tables is not None:
+                rng.state = tables[token]
+            else:
+                rng.state.replace(groups[token])
             rng.watermarks = dict(self.watermarks)
             rng.last_seen = dict(self.last_seen)
             rng.cut_at = self.cut_at
@@ -350,7 +355,7 @@ class ReplicaSide:
         state.master.update(state.active)        # our own copy: merged in place
         return state.master, replay.watermarks
 
-    def split(self, token: int, parts, part_of) -> None:
+    def split(self, token: int, parts, part_of, bounds: dict | None = None) -> None:
         """The range was cut into `parts`: split our copy and its backups by key. Each
         part keeps the watermarks and completeness; its checkpoint numbering is left
         behind the primary's, so the next checkpoint it takes is a full one."""
@@ -358,12 +363,15 @@ class ReplicaSide:
         rng = self.ranges.pop(token, None)
         if rng is None:
             return
-        groups: dict[int, dict] = {t: {} for t in parts}
-        for key, state in rng.copy.master.items():
-            groups[part_of(key)][key] = state
+        copies = _split_by_position(rng.copy, bounds)
+        if copies is None:
+            groups = _split_by_key(rng.copy.master, parts, part_of)
         for part in parts:
-            copy = new_copy(self.reducer)
-            copy.master = groups[part]
+            if copies is not None:
+                copy = copies[part]
+            else:
+                copy = new_copy(self.reducer)
+                copy.master = groups[part]
             self.ranges[part] = ReplicaRange(part, rng.primary, copy, dict(rng.watermarks),
                                              checkpoint_seq=-1, complete=rng.complete)
 
@@ -389,3 +397,18 @@ class ReplicaSide:
     def drop(self, token: int) -> None:
         self.ranges.pop(token, None)
         self.backups.drop_token(token)
+
+
+def _split_by_position(state, bounds: dict | None):
+    """A table-backed range (or copy) cut by the table over its positions: token ->
+    its part, or None (no bounds, not a table, or not every key in a part)."""
+    if bounds is None or not hasattr(state, "split_ranges"):
+        return None
+    return state.split_ranges(bounds)
+
+
+def _split_by_key(states: dict, parts, part_of) -> dict[int, dict]:
+    groups: dict[int, dict] = {t: {} for t in parts}
+    for key, state in states.items():
+        groups[part_of(key)][key] = state
+    return groups

@@ -263,6 +263,22 @@ class TableState:
         self.spill = _Spill(self.reducer, self.table)
         self.spill.master = other.spill.snapshot()
 
+    def split_ranges(self, bounds: dict) -> dict | None:
+        """The range cut by position: token -> a TableState of the keys whose positions
+        are in its (lo, hi] of `bounds`, each chosen by the table over its positions
+        (no key decoded). None when that cannot be the whole of it (spill holds keys,
+        a checkpoint is being cut, or some key lies in none of the parts): the caller
+        cuts key by key."""
+        if self.spill.holds() or self.inactive is not None:
+            return None
+        out, taken = {}, 0
+        for token, (lo, hi) in bounds.items():
+            buffers = self.table.export(lo, hi, ordered=False)
+            part = out[token] = TableState(self.reducer, self.table_class)
+            part.table.install(buffers, mark_dirty=False)
+            taken += len(buffers[0])
+        return out if taken == len(self.table) else None
+
     def install(self, states, mark_dirty: bool) -> None:
         """Set the states of `states`' keys (the table's where they are int64 and
         spill does not hold the key): received column states (node.core.state_wire)
@@ -304,7 +320,12 @@ class TableState:
         return bool(self.table.dirty_count or self.spill.active)
 
     def _dirty(self) -> dict:
-        return pairs_of(self.table.take_dirty())
+        """The keys changed, in the order each first changed: as a dict's active
+        layer holds them, so a delta's frames are a dict node's, byte for byte."""
+        try:
+            return pairs_of(self.table.take_dirty(ordered=False))
+        except TypeError:               # a table built before take_dirty took `ordered`
+            return pairs_of(self.table.take_dirty())
 
     @property
     def active(self) -> dict:
@@ -374,6 +395,17 @@ class TableCopy:
 
     def get(self, key, default=None):
         return self.state.get(key, default)
+
+    def split_ranges(self, bounds: dict) -> dict | None:
+        """As TableState.split_ranges, into copies."""
+        parts = self.state.split_ranges(bounds)
+        if parts is None:
+            return None
+        out = {}
+        for token, state in parts.items():
+            out[token] = TableCopy(self.state.reducer)
+            out[token].state = state
+        return out
 
     def __len__(self) -> int:
         return len(self.state)

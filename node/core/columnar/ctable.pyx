@@ -547,12 +547,13 @@ cdef class StateTable:
         offsets, positions, values)."""
         return self._export_where(True, NULL, 0, lo, hi, ordered)
 
-    def take_dirty(self):
-        """The keys changed since the previous take, as export gives them; from now on
-        none is changed (the fragment of an incremental checkpoint)."""
+    def take_dirty(self, bint ordered=True):
+        """The keys changed since the previous take, as export gives them (not
+        ordered: in the order each first changed); from now on none is changed (the
+        fragment of an incremental checkpoint)."""
         if self.busy:
             raise RuntimeError("the state table is in use by another call")
-        out = self._export_where(False, self.dirty, self.ndirty, 0, 0)
+        out = self._export_where(False, self.dirty, self.ndirty, 0, 0, ordered)
         cdef Py_ssize_t t
         for t in range(self.ndirty):
             self.ent[self.dirty[t]].meta &= ~(<uint64_t>DIRTY)

@@ -127,8 +127,9 @@ class StateTable:
         return self._export([key for key, entry in self._d.items()
                              if in_range(entry[0], lo, hi)])
 
-    def take_dirty(self) -> tuple:
-        """The keys changed since the previous take; from now on none is changed."""
+    def take_dirty(self, ordered: bool = True) -> tuple:
+        """The keys changed since the previous take (in position order: `ordered`
+        is taken for the compiled table's interface); from now on none is changed."""
         out = self._export(self._dirty)
         self._dirty = set()
         return out
