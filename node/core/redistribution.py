@@ -34,7 +34,7 @@ DOUBLING_FLOOR = 256
 # Doublings one round may take at most (the ring's token bound stops it first).
 GENERATIONS = 12
 # A round leaves out the cuts that do not help while it weighs at most this many.
-PRUNED = 24
+PRUNED = 16
 
 
 def halving_moves(ring: Ring, me: str) -> dict[int, str]:
@@ -78,8 +78,8 @@ def generation(ring: Ring, me: str, start: int, g: int) -> list[tuple[int, str]]
 def doubling_cuts(ring: Ring, me: str, max_tokens: int, start: int = 0,
                   load: Mapping[int, float] | None = None,
                   others: Mapping[str, float] | None = None) -> tuple[tuple[int, str], ...]:
-    """(position, node): the cuts of this round's doublings, in position order, whole
-    generations only, as many as keep the ring within `max_tokens`.
+    """(position, node): the cuts of this round's doublings, in position order, within
+    `max_tokens` (without a measured load: whole generations).
 
     A doubling is a generation of every other node's tokens (`generation`), numbered
     from `start` tokens a node (the ring's tokens per node; 0: the mean the ring holds
@@ -91,13 +91,16 @@ def doubling_cuts(ring: Ring, me: str, max_tokens: int, start: int = 0,
     Without a measure of where our load lies (`load`: position -> rate, our sampled
     keys; `others`: node -> rate) a round is the next generation with a cut. With one,
     it takes as many generations (within the ring's bound) as bring the ring's highest
-    load lowest, counting what each cut's head carries to its node: the fewest that
-    reach that, and none if no doubling lowers it, but a hot key that moves whole to a
-    node that ends no busier than we were now is moved."""
+    load lowest, counting what each cut's head carries to its node, and of their new
+    tokens only those that carry measured load and lower the top (`_carrying`,
+    `_pruned`): the fewest cuts within 5% of the lowest top, none if no doubling lowers
+    it, but a hot key that moves whole to a node ending no busier than the busiest now
+    is moved."""
     room = max(0, max_tokens - len(ring.tokens))
     start = start or max(1, len(ring.tokens) // max(1, len(ring.nodes)))
-    taken, best = [], []
-    best_top = max([sum(load.values()) if load else 0.0, *(others or {}).values()])
+    taken: list[tuple[int, str]] = []
+    found: list[tuple[float, list]] = []
+    now = max([sum(load.values()) if load else 0.0, *(others or {}).values()])
     for g in range(1, GENERATIONS + 1):
         cuts = generation(ring, me, start, g)
         if not cuts:
@@ -107,11 +110,33 @@ def doubling_cuts(ring: Ring, me: str, max_tokens: int, start: int = 0,
         taken = sorted(set(taken) | set(cuts))
         if not load:
             return tuple(taken)
-        kept = _pruned(ring, me, taken, load, others or {}) if len(taken) <= PRUNED else taken
+        kept = _carrying(ring, me, taken, load)
+        if len(kept) <= PRUNED:
+            kept = _pruned(ring, me, kept, load, others or {})
         top, moved = _highest_after(ring, me, kept, load, others or {})
-        if moved > 0 and (top < best_top or (not best and top == best_top)):
-            best, best_top = kept, top
-    return tuple(best)
+        if moved > 0 and top <= now:
+            found.append((top, kept))
+    if not found:
+        return ()
+    lowest = min(top for top, _ in found)
+    # the fewest cuts that come within 5% of the lowest top: every cut is a split
+    return tuple(min((cuts for top, cuts in found if top <= lowest * 1.05), key=len))
+
+
+def _carrying(ring: Ring, me: str, cuts: list[tuple[int, str]],
+              load: Mapping[int, float]) -> list[tuple[int, str]]:
+    """`cuts` less those whose head carries none of our measured load (leaving one out
+    hands its head to the range after it, which moves nothing measured)."""
+    where = [pos for pos, _ in cuts]
+    used = set()
+    for pos in load:
+        token = ring.token_for_position(pos)
+        if ring.owner_of_token(token) != me:
+            continue
+        i = bisect_left(where, pos)
+        if i < len(where) and ring.token_for_position(where[i]) == token and where[i] != token:
+            used.add(i)
+    return [cuts[i] for i in sorted(used)]
 
 
 def _highest_after(ring: Ring, me: str, cuts: list[tuple[int, str]],
