@@ -23,6 +23,12 @@ Workloads:
 - one key only (WL3 at scale);
 - the bundled corpus (King James Bible);
 - a shifting Zipf 1.1 whose hot keys change half-way;
+- `drifting` (Dalton, Holon): a Zipf 1.1 over 10,000 keys whose hot keys change every
+  25,000 tuples (each period its own shuffle of the ranks);
+- `merge-cost` (FlexD): 32 keys, 4 of them carrying 80% of the tuples, a new 4 every
+  10,000 tuples, so every key is hot again and again and a policy that splits hot keys
+  leaves it more and more pieces, each a partial state a read must merge (reported per
+  pair: pieces per key, mean and most, and the merges a whole scan makes);
 - the corpus with one word at every other position (`every-other`), or at half of
   the positions, shuffled (`hot-half`).
 
@@ -49,7 +55,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 
 from floering.chaos.cluster import LocalCluster, unwind_on_sigterm
-from floering.chaos.skew_measures import distribution_cost, imbalance, load_std_percent, skew
+from floering.chaos.skew_measures import (distribution_cost, imbalance, load_std_percent,
+                                         piece_counts, skew)
 from floering.v1 import floe_pb2, floe_pb2_grpc
 from floering.mapper import RingClient
 from floering.node.core.balancers import BALANCERS
@@ -66,7 +73,9 @@ PAPER_S = {"wl1-h": ("halving", 0.00, 0.08), "wl1-d": ("doubling", 1.00, 0.20),
            "wl4-h": ("halving", 0.80, 0.52), "wl4-d": ("doubling", 0.49, 0.11),
            "wl5-h": ("halving", 0.20, 0.20), "wl5-d": ("doubling", 0.55, 0.12)}
 WORKLOADS = [*RAY, "zipf-0.8", "zipf-1.1", "zipf-1.5", "one-key", "corpus", "shifting",
-             "every-other", "hot-half"]
+             "drifting", "merge-cost", "every-other", "hot-half"]
+DRIFT_EVERY = 25_000        # drifting: the hot keys change every this many tuples
+MERGE_KEYS, MERGE_HOT, MERGE_EVERY = 32, 4, 10_000   # merge-cost: 4 of 32 keys hot at a time
 HOT = "floe"                # the hot word of every-other and hot-half (not in the corpus)
 TOKENS_PER_NODE = 8
 
@@ -90,6 +99,9 @@ class Outcome:
     loads: list
     failure: str = ""           # why the counts could not be read back, if they could not
     moved_bytes: int = 0        # state bytes shipped between nodes: full copies, folds
+    pieces_mean: float = 1.0    # partial states a key is held as (pieces, outgoing keys)
+    pieces_max: int = 1
+    merges: int = 0             # merges a whole scan makes: sum over keys of pieces - 1
 
 
 def nodes_for(workload: str) -> int:
@@ -136,6 +148,10 @@ def workload(name: str, tuples: int, seed: int = 1) -> list:
             pick.shuffle(items)
             out += items
         return out
+    if name == "drifting":
+        return _drifting(pick, tuples)
+    if name == "merge-cost":
+        return _merge_cost(pick, tuples)
     if name.startswith("zipf-") or name == "shifting":
         s = 1.1 if name == "shifting" else float(name.split("-")[1])
         cumulative = list(itertools.accumulate(k ** -s for k in range(1, 10_001)))
@@ -162,8 +178,35 @@ def workload(name: str, tuples: int, seed: int = 1) -> list:
     raise ValueError(f"unknown workload {name!r}: one of {', '.join(WORKLOADS)}")
 
 
-def raw_holders(cluster: LocalCluster) -> dict:
-    """{key: nodes holding a piece of it}, from every node's own (unmerged) scan."""
+def _drifting(pick: random.Random, tuples: int) -> list:
+    """Zipf 1.1 over 10,000 keys, the ranks shuffled anew every DRIFT_EVERY tuples."""
+    cumulative = list(itertools.accumulate(k ** -1.1 for k in range(1, 10_001)))
+    ranks = pick.choices(range(10_000), cum_weights=cumulative, k=tuples)
+    keys, order = [], list(range(10_000))
+    for at in range(0, tuples, DRIFT_EVERY):
+        pick.shuffle(order)
+        keys += [f"k{order[r]}" for r in ranks[at:at + DRIFT_EVERY]]
+    return keys
+
+
+def _merge_cost(pick: random.Random, tuples: int) -> list:
+    """MERGE_HOT of MERGE_KEYS keys carry 80% of the tuples, a new set every MERGE_EVERY:
+    the keys in a shuffled order, MERGE_HOT at a time, shuffled again once all were hot."""
+    names = [f"m{i}" for i in range(MERGE_KEYS)]
+    keys, order = [], []
+    for at in range(0, tuples, MERGE_EVERY):
+        if not order:
+            order = pick.sample(names, MERGE_KEYS)
+        hot, order = order[:MERGE_HOT], order[MERGE_HOT:]
+        n = min(MERGE_EVERY, tuples - at)
+        keys += [pick.choice(hot) if pick.random() < 0.8 else pick.choice(names)
+                 for _ in range(n)]
+    return keys
+
+
+def raw_holders(cluster: LocalCluster, pieces: dict | None = None) -> dict:
+    """{key: nodes holding a piece of it}, from every node's own (unmerged) scan;
+    `pieces` gets {key: the pieces (and outgoing keys) of it held anywhere}."""
     holders: dict = {}
     for node in cluster.nodes:
         if not node.alive():
@@ -173,6 +216,8 @@ def raw_holders(cluster: LocalCluster) -> dict:
                     floe_pb2.ScanRequest(), timeout=60):
                 for key in unpack_entries(chunk.entries):
                     holders.setdefault(base_of(key), set()).add(node.node_id)
+                    if pieces is not None:
+                        pieces.setdefault(base_of(key), set()).add(key)
     return holders
 
 
@@ -224,8 +269,10 @@ def run_one(policy: str, name: str, tuples: int, seed: int = 1,
             except FloeError as exc:      # e.g. a range reported lost: shown, not hidden
                 got, failure = None, f"{type(exc).__name__}: {exc}"
         loads = [r["applied"] - before.get(r["node_id"], 0) for r in rows]
-        holders = {} if failure else raw_holders(cluster)
+        pieces: dict = {}
+        holders = {} if failure else raw_holders(cluster, pieces)
     dist = distribution_cost({k: holders.get(k, ()) for k in counts})
+    mean_pieces, most_pieces, merges = piece_counts({k: pieces.get(k, ()) for k in counts})
     exact = got == dict(counts)
     if not exact and not failure:
         failure = _difference(got, counts, rows)
@@ -233,7 +280,8 @@ def run_one(policy: str, name: str, tuples: int, seed: int = 1,
                    round(1 + imbalance(loads), 3), round(load_std_percent(loads), 2),
                    round(dist, 3), sum(r["handed_off"] for r in rows), round(elapsed, 2),
                    round(sent / elapsed), _ms(latencies, 0.5), _ms(latencies, 0.99),
-                   loads, failure, _moved(rows, moved_before))
+                   loads, failure, _moved(rows, moved_before), round(mean_pieces, 3),
+                   most_pieces, merges)
 
 
 def run_spark_one(policy: str, name: str, tuples: int, seed: int = 1) -> Outcome:
@@ -321,7 +369,7 @@ def _ms(sorted_seconds: list[float], q: float) -> float:
 
 NAMES = {"wl1-h": "WL1-h", "wl1-d": "WL1-d", "wl2": "WL2", "wl3": "WL3", "wl4-h": "WL4-h",
          "wl4-d": "WL4-d", "wl5-h": "WL5-h", "wl5-d": "WL5-d", "zipf-0.8": "Zipf 0.8",
-         "zipf-1.1": "Zipf 1.1", "zipf-1.5": "Zipf 1.5", "one-key": "one key"}
+         "zipf-1.1": "Zipf 1.1", "zipf-1.5": "Zipf 1.5", "one-key": "one key"}  # others as named
 
 
 def _bytes(n: int) -> str:
@@ -347,16 +395,17 @@ def markdown(outcomes: list[Outcome]) -> str:
                          else f"{o.skew:.3f}")
         nodes = next(o.nodes for o in outcomes if o.workload == n)
         lines.append(f"| {NAMES.get(n, n)} | {nodes} | " + " | ".join(cells) + " |")
-    lines += ["", "| workload | policy | S | max/mean | DIST_COST | tuples/s | ranges moved "
-              "| bytes moved | exact |", "| --- | --- | --- | --- | --- | --- | --- | --- "
-              "| --- |"]
+    lines += ["", "| workload | policy | S | max/mean | DIST_COST | pieces a key: mean / most "
+              "| merges a scan | tuples/s | ranges moved | bytes moved | exact |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for n in names:
         for p in policies:
             o = by.get((n, p))
             if o is None:
                 continue
             lines.append(f"| {NAMES.get(n, n)} | {p} | {o.skew:.3f} | {o.max_over_mean:.2f} "
-                         f"| {o.dist_cost:.2f} | {o.throughput / 1e6:.2f} M | {o.handed_off} "
+                         f"| {o.dist_cost:.2f} | {o.pieces_mean:.2f} / {o.pieces_max} "
+                         f"| {o.merges} | {o.throughput / 1e6:.2f} M | {o.handed_off} "
                          f"| {_bytes(o.moved_bytes)} | "
                          + ("yes" if o.exact else f"**no**: {o.failure[:80]}") + " |")
     return "\n".join(lines)

@@ -6,7 +6,10 @@
 - imbalance max/mean - 1 and the load's standard deviation in % of all tuples per
   reducer (partial and dynamic key grouping);
 - distribution cost: reducers holding a piece of each key, averaged over keys
-  (dynamic key grouping's DIST_COST; 1.0 when no key is shared).
+  (dynamic key grouping's DIST_COST; 1.0 when no key is shared);
+- merge cost: partial states a key is held as (its pieces and outgoing keys, wherever
+  they are), mean and most over keys, and the merges reading every key makes (sum of
+  pieces - 1): FlexD's, whose merge cost grows with a key's pieces.
 """
 
 from __future__ import annotations
@@ -46,3 +49,11 @@ def distribution_cost(holders: Mapping[object, Iterable[str]]) -> float:
     if not holders:
         return 0.0
     return sum(len(set(nodes)) for nodes in holders.values()) / len(holders)
+
+
+def piece_counts(pieces: Mapping[object, Iterable[object]]) -> tuple[float, int, int]:
+    """(mean partial states a key is held as, the most, merges to read every key)."""
+    counts = [max(1, len(set(p))) for p in pieces.values()]
+    if not counts:
+        return 0.0, 0, 0
+    return sum(counts) / len(counts), max(counts), sum(c - 1 for c in counts)
