@@ -48,6 +48,9 @@ def test_entries_of_every_kind_go_round_the_frame():
     got = decode(frame)
     assert got.to_dict() == dict(zip(keys, states))
     assert len(got.kinds) == 6 and len(got.rest_keys) == 4    # rest: tuple key, float, big, None
+    for width, value in ((1, -128), (2, 300), (4, -(1 << 31)), (8, 1 << 40)):
+        frame = encode_pairs(["a", "b"], [0, value])
+        assert frame[4] == width and decode(frame).to_dict() == {"a": 0, "b": value}
     assert decode(encode_pairs([], [])).to_dict() == {}
 
 
@@ -99,18 +102,20 @@ def test_a_full_copy_in_msgpack_chunks_is_still_taken():
 
 # ------------------------------------------------------------------ hostile frames
 
-def _header(n, nkeys, nrest, version=1):
-    return struct.pack("<3sBIQI", MAGIC, version, n, nkeys, nrest)
+def _header(n, nkeys, nrest, version=1, width=8):
+    return struct.pack("<3sBBIQI", MAGIC, version, width, n, nkeys, nrest)
 
 
-def _frame(kinds, keys, offsets, values, rest=b"", version=1):
-    body = bytes(kinds) + struct.pack(f"<{len(offsets)}Q", *offsets) + keys + \
+def _frame(kinds, keys, offsets, values, rest=b"", version=1, width=8):
+    body = bytes(kinds) + struct.pack(f"<{len(offsets)}I", *offsets) + keys + \
         struct.pack(f"<{len(values)}q", *values) + rest
-    return _header(len(kinds), len(keys), len(rest), version) + body
+    return _header(len(kinds), len(keys), len(rest), version, width) + body
 
 
 @pytest.mark.parametrize("frame, says", [
-    (b"\xc1FS", "shorter than the 20-byte header"),
+    (b"\xc1FS", "shorter than the 21-byte header"),
+    (_frame([0], b"ab", [0, 2], [1], width=3), "value width 3"),
+    (_frame([0], b"ab", [0, 2], [1], width=4), "the header says"),  # 8 bytes, not 4
     (_frame([0], b"ab", [0, 2], [1], version=2), "version 2"),
     (_header(1 << 31, 0, 0), "the header says"),                 # a huge count
     (_header(3, 1 << 62, 0) + b"\x00" * 40, "the header says"),   # huge key bytes
@@ -234,4 +239,4 @@ def test_a_tables_split_by_position_is_the_split_by_key():
     rng.state.put("float", 1.5)                 # spill holds a key: cut key by key
     assert rng.state.split_ranges(bounds) is None
     assert StateColumns  # exported for the decoder's readers
-    assert HEADER_BYTES == 20 and encode_frame
+    assert HEADER_BYTES == 21 and encode_frame

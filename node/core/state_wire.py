@@ -3,12 +3,13 @@ full copy of a range, and a checkpoint's delta, in frames of column states.
 
 A frame (little-endian throughout):
 
-    header   b"\\xc1FS", version (1 byte), count n (uint32), key bytes K (uint64),
-             rest bytes R (uint32)                                      20 bytes
+    header   b"\\xc1FS", version (1 byte), value width W (1 byte: 1, 2, 4 or 8),
+             count n (uint32), key bytes K (uint64), rest bytes R (uint32)   21 bytes
     kinds    n bytes: 0 str, 1 bytes, 2 int (as node.core.columnar.buffers)
-    offsets  n + 1 uint64: key i is keys[offsets[i]:offsets[i + 1]]; 0 first, K last
+    offsets  n + 1 uint32: key i is keys[offsets[i]:offsets[i + 1]]; 0 first, K last
     keys     K bytes: each key as hashing.key_bytes gives it, end to end
-    values   n int64: each key's state
+    values   n signed integers of W bytes: each key's state (W the least that holds
+             the frame's states, so small counts cost a byte or two)
     rest     R bytes: msgpack [keys, states] of the entries whose key or state is
              not a table's (a float, None, a big int, a tuple key), over the columns
 
@@ -39,10 +40,11 @@ from floering.node.core.errors import InvalidArgument
 
 MAGIC = b"\xc1FS"
 VERSION = 1
-_HEAD = struct.Struct("<3sBIQI")
+_HEAD = struct.Struct("<3sBBIQI")
 HEADER_BYTES = _HEAD.size
-ENTRY_BYTES = 17                  # kind, offset, value
-MAX_COUNT = (1 << 32) - 1
+ENTRY_BYTES = 5                   # kind, offset (a value's width aside)
+_WIDTHS = {1: "b", 2: "h", 4: "i", 8: "q"}
+_CODES = ((1, "b", 1 << 7), (2, "h", 1 << 15), (4, "i", 1 << 31), (8, "q", 1 << 63))
 _BIG_ENDIAN = sys.byteorder == "big"
 _INT64 = (-(1 << 63), 1 << 63)
 _KEY_TYPES = frozenset((str, bytes, int))
@@ -68,16 +70,29 @@ def _from_le(code: str, view) -> array:
     return out
 
 
-def encode_frame(kinds: bytes, keys: bytes, offsets: array, values: array,
+def value_width(values) -> tuple[int, str]:
+    """The least width (bytes, array code) that holds every value."""
+    if not values:
+        return 1, "b"
+    low, high = min(values), max(values)
+    return next((w, code) for w, code, bound in _CODES if -bound <= low and high < bound)
+
+
+def encode_frame(kinds: bytes, keys: bytes, offsets, values: array,
                  rest: bytes = b"") -> bytes:
-    """A frame of the columns (offsets from 0) and the rest, msgpack [keys, states]."""
-    n = len(kinds)
-    return b"".join((_HEAD.pack(MAGIC, VERSION, n, len(keys), len(rest)), kinds,
-                     _le(offsets), keys, _le(values), rest))
+    """A frame of the columns (offsets from 0, K below 2**32) and the rest, msgpack
+    [keys, states]."""
+    n, (width, code) = len(kinds), value_width(values)
+    if len(keys) >= 1 << 32:
+        raise OverflowError("a frame's keys are 4 GiB or more: cut it smaller")
+    packed = values if code == "q" else array(code, values)
+    return b"".join((_HEAD.pack(MAGIC, VERSION, width, n, len(keys), len(rest)), kinds,
+                     _le(offsets if getattr(offsets, "typecode", "") == "I"
+                         else array("I", offsets)), keys, _le(packed), rest))
 
 
-def frame_bytes(n: int, key_bytes: int, rest: int = 0) -> int:
-    return HEADER_BYTES + ENTRY_BYTES * n + 8 + key_bytes + rest
+def frame_bytes(n: int, key_bytes: int, rest: int = 0, width: int = 8) -> int:
+    return HEADER_BYTES + (ENTRY_BYTES + width) * n + 4 + key_bytes + rest
 
 
 def key_blob(keys) -> tuple[bytes, bytes, array]:
@@ -130,28 +145,32 @@ def decode(data) -> "StateColumns":
     size = len(view)
     if size < HEADER_BYTES:
         raise _refuse(f"{size} bytes, shorter than the {HEADER_BYTES}-byte header")
-    magic, version, n, nkeys, nrest = _HEAD.unpack_from(view)
+    magic, version, width, n, nkeys, nrest = _HEAD.unpack_from(view)
     if magic != MAGIC:
         raise _refuse("not a frame of column states")
     if version != VERSION:
         raise _refuse(f"frame version {version}: this node reads version {VERSION} only")
-    if frame_bytes(n, nkeys, nrest) != size:
+    if width not in _WIDTHS:
+        raise _refuse(f"value width {width}: 1, 2, 4 or 8 bytes")
+    expect = frame_bytes(n, nkeys, nrest, width)
+    if expect != size:
         raise _refuse(f"the header says {n} entries, {nkeys} key bytes and {nrest} rest "
-                      f"bytes ({frame_bytes(n, nkeys, nrest)} bytes): the frame has {size}")
+                      f"bytes ({expect} bytes): the frame has {size}")
     at = HEADER_BYTES
     kinds = bytes(view[at:at + n])
     if kinds.translate(None, b"\x00\x01\x02"):
         raise _refuse("a kind other than 0 (str), 1 (bytes) or 2 (int)")
     at += n
-    offsets = _from_le("Q", view[at:at + 8 * (n + 1)])
-    at += 8 * (n + 1)
+    offsets = array("Q", _from_le("I", view[at:at + 4 * (n + 1)]))
+    at += 4 * (n + 1)
     if offsets[0] != 0 or offsets[n] != nkeys or \
             not all(map(le, offsets, islice(offsets, 1, None))):
         raise _refuse(f"offsets must go from 0 to {nkeys} without decreasing")
     keys = bytes(view[at:at + nkeys])
     at += nkeys
-    values = _from_le("q", view[at:at + 8 * n])
-    at += 8 * n
+    values = _from_le(_WIDTHS[width], view[at:at + width * n])
+    values = values if width == 8 else array("q", values)
+    at += width * n
     rest_keys, rest = unpack_columns(bytes(view[at:])) if nrest else ((), ())
     return StateColumns(kinds, keys, offsets, values, rest_keys, rest)
 
@@ -270,6 +289,7 @@ class ExportSegment:
         return len(self.kinds)
 
     def nbytes(self, start: int, end: int) -> int:
+        """At most the frame's bytes (its values as int64)."""
         return frame_bytes(end - start, self.offsets[end] - self.offsets[start])
 
     def encode(self, start: int, end: int) -> bytes:
@@ -277,7 +297,7 @@ class ExportSegment:
         base = offsets[start]
         part = offsets[start:end + 1]
         if base:
-            part = array("Q", map(base.__rsub__, part))
+            part = array("I", map(base.__rsub__, part))
         return encode_frame(self.kinds[start:end], self.data[base:offsets[end]], part,
                             self.values[start:end])
 

@@ -105,6 +105,9 @@ class PeerPool:
         # left the ring leave nothing behind.
         self._to_peer: weakref.WeakValueDictionary[str, asyncio.Semaphore] = \
             weakref.WeakValueDictionary()
+        # How a checkpoint's states are cut into messages: frames of column states
+        # (node.core.state_wire.plan: states, entries, bytes -> pieces to encode).
+        self.plan = plan
         self.checkpoint_bytes = 0               # shipped and acknowledged (/metrics)
         # State moved from one node to another, acknowledged: full copies of ranges (a
         # handoff's or split's new holders, new replicas) and pieces merged back.
@@ -133,7 +136,7 @@ class PeerPool:
         # fits one, else in chunks. Planned first (a table's export is cut by its
         # offsets; a dict's entries are encoded to learn their size, and let go),
         # then sent chunk by chunk, each encoded as it goes.
-        pieces = plan(checkpoint.states, self.chunk_entries, CHUNK_BYTES)
+        pieces = self.plan(checkpoint.states, self.chunk_entries, CHUNK_BYTES)
         planned: list = []
         while True:
             async with self._one_chunk:       # one chunk planned per turn, node-wide
