@@ -19,6 +19,8 @@ On a ring whose balancer shares keys, a file's words go to pieces by a routing p
 (floering.mapper.plans) made from its first chunk and kept beside the key
 (`feed-plans/<source>.plan`, 0600) before its first word goes out: a rerun reads it,
 so every seq goes to the piece it first went to, whatever the ring became meanwhile.
+A plan unused for the nodes' default --source-expiry goes (a rerun then counts anew),
+and past MAX_PLANS the least recently used (floering.mapper.kept_plans).
 
 A word longer than MAX_WORD_BYTES (no word of any language; a run of letters in a
 file that is not text) is refused alone, named on standard error, and the rest of the
@@ -46,6 +48,8 @@ MAX_WORD_BYTES = 1024      # a batch of --batch-size such words stays far below 
 KEY_FILE = "feed.key"
 KEY_BYTES = 32
 SHOWN_REFUSALS = 10        # refused words named one by one; past that, counted
+PLAN_IDLE = 7 * 86400.0    # a file's plan unused this long goes (the nodes' --source-expiry)
+MAX_PLANS = 10_000         # and past this many, the least recently used
 
 
 class FeedRefused(ValueError):
@@ -213,13 +217,17 @@ def file_plan(client, item: Input, first: list[str], plans: Path | None):
         return plan_of_keys(policy, ring, first)
     if plans is None:
         return None
+    from floering.mapper.kept_plans import mark_used, prune_idle
     path = Path(plans) / f"{item.source}.plan"
     try:
-        return Plan.decode(path.read_bytes())
+        plan = Plan.decode(path.read_bytes())
+        mark_used(path)
+        return plan
     except FileNotFoundError:
         pass
     plan = plan_of_keys(policy, ring, first)
     _keep(path, plan.encode())
+    prune_idle(Path(plans), PLAN_IDLE, MAX_PLANS)
     return plan
 
 

@@ -7,6 +7,8 @@ under the checkpoint (`<checkpoint>/floe-plans/<batch id>`, fsynced and renamed
 into place) before any task runs. A batch replayed after a retry or a driver restart
 reads the plan it was first sent with, so every seq goes to the piece it went to
 before: the ring's dedup by (source, seq) holds whatever the plans decided since.
+Spark replays no batch its commit log holds: once a batch is planned, the plans of
+the committed batches before it are removed (floering.mapper.kept_plans).
 
 Only for tuples sent one by one (--no-combine): a combining task sends one total per
 key, which needs no spreading. A checkpoint that is not a local directory records no
@@ -19,11 +21,13 @@ import os
 from collections import Counter
 from pathlib import Path
 
+from floering.mapper.kept_plans import prune_batches
 from floering.mapper.plans import History, shares_keys
 
 SAMPLE = 0.05          # of a batch's rows read to measure its keys before it is sent
 KEEP = 256             # hottest keys a sampled partition reports
-KEPT_PLANS = 200       # plans of batches this far behind the newest are removed
+KEPT_PLANS = 200       # plans of batches this far behind the newest are removed, and
+                       # those of committed batches behind it (mapper/kept_plans.py)
 
 
 class BatchPlans:
@@ -59,7 +63,7 @@ class BatchPlans:
         data = self.history.plan(ring).encode()
         record(path, data)
         self.planned += 1
-        forget_older(self.directory, batch_id - KEPT_PLANS)
+        prune_batches(self.directory, batch_id, self.directory.parent / "commits", KEPT_PLANS)
         return data
 
 
@@ -102,11 +106,3 @@ def record(path: Path, data: bytes) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def forget_older(directory: Path, below: int) -> None:
-    if below < 0:
-        return
-    for entry in directory.iterdir():
-        if entry.name.isdigit() and int(entry.name) < below:
-            entry.unlink(missing_ok=True)

@@ -170,3 +170,66 @@ def test_the_driver_records_a_batchs_plan_before_it_runs_and_a_new_driver_reads_
     assert not (tmp_path / "floe-plans" / "3").exists()          # far behind: removed
     assert driver_plans.BatchPlans.usable("file:///x") and not \
         driver_plans.BatchPlans.usable("hdfs://nn/x")
+
+
+def test_a_batchs_plan_goes_once_spark_committed_it_and_a_later_batch_was_planned(tmp_path):
+    import os
+    from floering.mapper.kept_plans import STALE_TMP, prune_batches
+    plans, commits = tmp_path / "floe-plans", tmp_path / "commits"
+    plans.mkdir()
+    commits.mkdir()
+    for batch in range(6):
+        (plans / str(batch)).write_bytes(b"p")
+    for batch in (0, 1, 2, 4):                 # 3 never committed (a zombie's), 5 running
+        (commits / str(batch)).write_text("v1")
+    (plans / ".7.tmp").write_bytes(b"half")   # a crash's leftover, old
+    (plans / ".8.tmp").write_bytes(b"half")   # being written now
+    os.utime(plans / ".7.tmp", (0, 0))
+    assert prune_batches(plans, 5, commits, keep=200) == [0, 1, 2, 4]
+    assert sorted(p.name for p in plans.iterdir()) == [".8.tmp", "3", "5"]
+    # uncommitted, but far behind: no attempt replays it
+    assert prune_batches(plans, 203, commits, keep=200) == [3]
+    assert prune_batches(plans, 5, None, keep=200) == []          # no commit log: kept
+    assert prune_batches(tmp_path / "none", 5, commits, keep=200) == []
+    assert STALE_TMP > 0
+
+
+def test_a_files_plan_goes_when_unused_past_the_source_expiry_and_past_the_bound(tmp_path):
+    import os
+    from floering.mapper.kept_plans import mark_used, prune_idle
+    now = 1_000_000.0
+    for i in range(6):
+        path = tmp_path / f"s{i}.plan"
+        path.write_bytes(b"p")
+        os.utime(path, (now - 100 * i, now - 100 * i))     # s0 used last, s5 first
+    (tmp_path / "feed.key").write_bytes(b"k")             # not a plan: never touched
+    assert prune_idle(tmp_path, idle=450, most=10, now=now) == ["s5.plan"]
+    assert prune_idle(tmp_path, idle=450, most=3, now=now) == ["s3.plan", "s4.plan"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["feed.key", "s0.plan", "s1.plan",
+                                                          "s2.plan"]
+    os.utime(tmp_path / "s2.plan", (now - 1000, now - 1000))
+    mark_used(tmp_path / "s2.plan")                        # read by a rerun: used now
+    assert prune_idle(tmp_path, idle=450, most=3) == ["s0.plan", "s1.plan"]
+    assert (tmp_path / "s2.plan").exists()
+
+
+def test_floe_feed_keeps_a_files_plan_marks_it_used_and_prunes_the_idle(tmp_path):
+    import os
+    from floering.chaos import feed
+    ring = ring_of(4, "pkg")
+
+    class Client:
+        pass
+    client = Client()
+    client.ring = ring
+    item = feed.Input("words.txt", 10, "src-a")
+    plans = tmp_path / "feed-plans"
+    plans.mkdir()
+    old = plans / "src-old.plan"
+    old.write_bytes(b"x")
+    os.utime(old, (1, 1))                                  # unused for decades
+    first = feed.file_plan(client, item, ["a", "b", "a"], plans)
+    assert (plans / "src-a.plan").exists() and not old.exists()
+    os.utime(plans / "src-a.plan", (2, 2))
+    again = feed.file_plan(client, item, ["zzz"], plans)   # a rerun reads it back
+    assert again == first and (plans / "src-a.plan").stat().st_mtime > 2
