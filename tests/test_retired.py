@@ -6,6 +6,7 @@ from collections import Counter
 
 import pytest
 
+from floering.node.core.batch import Batch
 from floering.node.core.errors import RangeLost
 from floering.node.core.reducers import load_reducer
 from floering.node.core.restore import DiskCopy
@@ -216,8 +217,9 @@ def test_two_members_removed_at_r1_give_back_every_lost_range_exactly():
     assert all(held(n0, a.token, a.want).holds for a in kept.asks(ring) if a.node == "n0")
 
 
-def test_a_lost_range_that_applied_a_source_of_the_copy_is_not_merged():
-    c = cluster()
+def lost_after_resend(c: CoreCluster):
+    """n1 and n2 removed at r=1; n0's lost range of `token` then applied a resend of
+    a batch n1 had applied (the same seqs) and a new batch of the same source."""
     c.push("s1", WORDS)
     ring = c.ring.without(["n1", "n2"])
     n1 = c.cores["n1"]
@@ -227,14 +229,67 @@ def test_a_lost_range_that_applied_a_source_of_the_copy_is_not_merged():
     c.ring = ring
     token = sorted(n0.lost_tokens)[0]
     keys = [w for w in WORDS if ring.token_for_key(w) == token]
-    c.push("s1", keys[:3], first_seq=10_000)  # the same source, resent after the loss
+    (resend,) = [f for t, f in c.batches("s1", WORDS) if t == token]
+    assert n0.receive_batch(Batch(**resend)).applied == len(keys)   # lost: applied again
+    c.push("s1", keys[:3], first_seq=10_000)
     r = next(r for r in n1.retired if token in pieces(ring, r.lo, r.token))
     part = {k: v for k, v in r.states.items() if ring.token_for_key(k) == token}
-    before = Counter(dict(n0.items()))
+    return n0, token, r, part, keys
+
+
+def test_a_lost_range_that_applied_a_resend_merges_the_copy_exactly():
+    c = cluster()
+    n0, token, r, part, keys = lost_after_resend(c)
+    restore_chunk(n0, c.ring.stamp, token, "n1", r.token, 1, 1, list(part),
+                  list(part.values()), r.watermarks, 1.0)
+    assert token not in n0.lost_tokens
+    assert Counter(dict(n0.primaries[token].state.snapshot())) == Counter(keys + keys[:3])
+    assert held(n0, token, r.watermarks).holds
+
+
+def test_a_lost_range_that_no_longer_keeps_its_batches_is_not_merged():
+    c = cluster()
+    n0, token, r, part, _ = lost_after_resend(c)
+    n0.lost_log_bytes -= n0.lost_logs[token].drop()       # past LOST_LOG_BYTES
+    before = Counter(dict(n0.primaries[token].state.snapshot()))
     with pytest.raises(HoldsState):
-        restore_chunk(n0, ring.stamp, token, "n1", r.token, 1, 1, list(part),
+        restore_chunk(n0, c.ring.stamp, token, "n1", r.token, 1, 1, list(part),
                       list(part.values()), r.watermarks, 1.0)
-    assert Counter(dict(n0.items())) == before and token in n0.lost_tokens
+    assert Counter(dict(n0.primaries[token].state.snapshot())) == before
+    assert token in n0.lost_tokens
+
+
+def test_the_fuller_of_two_retired_copies_replaces_the_older_one_exactly():
+    """n1 removed: n2 takes its range over from its copy and applies more; then n2 is
+    removed too, and the range is lost on n3. n1's copy (older) and n2's (fuller)
+    both come back, in either order: the range ends up holding n2's, exactly."""
+    for order in ((0, 1), (1, 0)):
+        c = CoreCluster(nodes=4, replication=1)
+        c.cores = {n: RetainingCore(n, c.ring, load_reducer("count")) for n in c.cores}
+        c.push("s1", WORDS)
+        c.checkpoint()
+        token = next(t for t in c.ring.tokens if c.ring.destinations(t) == ("n1", "n2"))
+        copies = [fence(c, "n1").retired]
+        keys = [w for w in WORDS if c.ring.token_for_key(w) == token]
+        c.push("s1", keys, first_seq=5_000)          # applied by n2 only
+        copies.append(fence(c, "n2").retired)
+        owner = c.cores[c.ring.owner_of_token(token)]
+        assert token in owner.lost_tokens
+        # the lost range goes on: n2's last batch again (applied, never acknowledged)
+        # and a new one
+        c.push("s1", keys, first_seq=5_000)
+        c.push("s1", keys[:2], first_seq=9_000)
+        for i in order:
+            r = next(r for r in copies[i] if r.token == token)
+            answer = held(owner, token, r.watermarks)
+            if answer.lost:
+                restore_chunk(owner, c.ring.stamp, token, r.member, r.token, 1, 1,
+                              list(r.states), list(r.states.values()), r.watermarks, 1.0)
+        assert Counter(dict(owner.primaries[token].state.snapshot())) == \
+            Counter(keys + keys + keys[:2]), order
+        assert token not in owner.lost_tokens
+        assert all(held(owner, token, next(r for r in rs if r.token == token).watermarks).holds
+                   for rs in copies)
 
 
 def test_a_restored_range_is_taken_over_from_its_copy_not_as_lost():

@@ -160,13 +160,13 @@ class NodeMachine(ViewChecks, SharePulling):
         return change
 
     def _rejoin_empty(self, ring: Ring, now: float, out: list) -> None:
-        """We were declared dead (paused or cut off too long): everything we hold is
-        stale. Come back as a new member with no state and no tokens; the ring gives
-        it ranges only through a handoff, like any new node."""
-        old = self.core.node_id
+        """We were declared dead: rejoin as a new member with no state and no tokens (a
+        RetainingCore kept what it held as retired ranges), given ranges by handoffs."""
+        old, kept = self.core.node_id, getattr(self.core, "retired", None)
         node_id = rejoin_name(old, ring)
+        what = "dropping its ranges" if kept is None else f"keeping its {len(kept)} ranges retired"
         out.append(self._record("fenced", f"{old} was declared dead in ring v{ring.version}: "
-                           f"dropping all state, rejoining empty as {node_id}",
+                           f"{what}, rejoining empty as {node_id}",
                            logging.ERROR, ring_version=ring.version, rejoins_as=node_id))
         self.core = self.make_core(node_id, ring.add_node(node_id, self.listen, (),
                                                           self.incarnation))

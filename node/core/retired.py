@@ -20,9 +20,10 @@ A current range its primary holds as lost (every copy went with removed members:
 two members removed at r=1) is handed the retired copy's part of it
 (`restore_chunk`), in chunks, as a snapshot import merges one: each chunk once (the
 range keeps an `import:retired/...` mark, which never expires), the first bringing
-the watermarks. The merge is exact only if the range has applied no tuple of a
-source the copy holds (the dedup watermarks cannot tell which of a source's tuples
-both hold), so a range that has is refused and stays lost. Once the last chunk is
+the watermarks. A range that applied tuples meanwhile (a resend of what the removed
+member applied, unacknowledged) is rebuilt from the batches it kept since it was lost
+(node.core.lost_log): the copy, then the batches past its watermarks; one that no
+longer keeps them is refused and stays lost. Once the last chunk is
 merged the range is served again and carries the mark RESTORED among its
 watermarks, which checkpoints, copies, takeovers and the data directory carry as
 any watermark: the ring keeps the range marked lost, but a member holding it with
@@ -40,7 +41,9 @@ from dataclasses import dataclass, field
 from floering.node.core.codec import pack, unpack
 from floering.node.core.epochs import effective_mark
 from floering.node.core.errors import Fenced, InvalidArgument, StaleRing
-from floering.node.core.node_core import NodeCore, RingChange
+from floering.node.core.lost_log import (LOST_LOG_BYTES, RESTORE_WINDOW, LostLog, batch_size, install, predates,
+                                         rebuilt, replaces)
+from floering.node.core.node_core import NodeCore, PushResult, RingChange
 from floering.node.core.restore import restored_core
 from floering.node.core.ring import Ring
 from floering.node.core.snapshot_format import IMPORT_SOURCE, MAX_CHUNKS
@@ -86,6 +89,13 @@ def held(core: NodeCore, token: int, want: dict) -> Held:
         return Held("", False)
     rng = core.primaries.get(token)
     if rng is not None:
+        log = getattr(core, "lost_logs", {}).get(token)
+        if log is not None and log.base is not None and predates(log, want):
+            # a copy from before the loss: held if what restored the range holds it,
+            # else handed over once more if it holds all of that and more
+            if replaces(log, want, core.clock):
+                return Held("primary", False, True)
+            return Held("primary", covers(log.base, want))
         lost = token in core.lost_tokens
         return Held("primary", not lost and covers(rng.watermarks, want), lost)
     copy = core.replicas.ranges.get(token)
@@ -153,6 +163,40 @@ class RetainingCore(NodeCore):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.lost_tokens &= set(self.primaries)
+        self.lost_logs: dict[int, LostLog] = {}    # node.core.lost_log
+        self.lost_log_bytes = 0
+        self.clock = 0.0                            # the latest time a batch came
+
+    def _receive_batch(self, ring_version, token, source, first_seq, last_seq, count,
+                       payload, seqs, now) -> PushResult:
+        result = super()._receive_batch(ring_version, token, source, first_seq, last_seq,
+                                        count, payload, seqs, now)
+        self.clock = max(self.clock, now)
+        log = self.lost_logs.get(token)
+        if result.applied and log is not None and log.replayable and token in self.primaries:
+            size = batch_size(source, payload, seqs)
+            if self.lost_log_bytes + size > LOST_LOG_BYTES:
+                self.lost_log_bytes -= log.drop()
+            else:
+                log.batches.append((source, first_seq, last_seq, count, payload, seqs))
+                log.size += size
+                self.lost_log_bytes += size
+        return result
+
+    def _track_lost(self) -> None:
+        """Start a log for each lost range of ours still empty; forget those of ranges
+        no longer ours or cut since, and the batches of restores past their window."""
+        ring = self.ring
+        for token, log in list(self.lost_logs.items()):
+            expired = log.restored_at is not None and self.clock - log.restored_at > RESTORE_WINDOW
+            if token not in self.primaries or ring.range_of_token(token) != log.bounds:
+                self.lost_log_bytes -= self.lost_logs.pop(token).drop()
+            elif expired and log.replayable:
+                self.lost_log_bytes -= log.drop()
+        for token in self.lost_tokens - self.lost_logs.keys():
+            rng = self.primaries.get(token)
+            if rng is not None and not rng.watermarks:
+                self.lost_logs[token] = LostLog(ring.range_of_token(token))
 
     def adopt_ring(self, other: Ring) -> RingChange | None:
         before, primaries, replicas = self.ring, dict(self.primaries), self.replicas
@@ -175,6 +219,7 @@ class RetainingCore(NodeCore):
                 rng.watermarks = dict(marks)
                 rng.force_checkpoint()
         self.lost_tokens = {t for t in self.lost_tokens if t in self.primaries} - self.restored
+        self._track_lost()
         return change
 
     @property
@@ -199,8 +244,10 @@ def restore_chunk(core: RetainingCore, ring_stamp: int, token: int, member: str,
                   now: float) -> int:
     """Merge chunk `chunk` of `chunks` of `member`'s retired range of token `retired`
     into our lost range of `token`; returns the chunks merged so far. A chunk merged
-    already changes nothing; the first brings the watermarks and is refused
-    (HoldsState) by a range that applied tuples of any source they name."""
+    already changes nothing; the first brings the watermarks (a range that applied
+    tuples of a source they name is rebuilt from the batches it kept, else refused:
+    HoldsState), or replaces a copy merged before with a fuller one
+    (node.core.lost_log)."""
     if core.fenced:
         raise Fenced(f"node {core.node_id} was removed from the ring")
     if ring_stamp != core.ring.stamp:
@@ -215,34 +262,55 @@ def restore_chunk(core: RetainingCore, ring_stamp: int, token: int, member: str,
     done = rng.watermarks.get(mark, 0)
     if chunk <= done:
         return done
-    if token not in core.lost_tokens:
+    log = getattr(core, "lost_logs", {}).get(token)
+    again = chunk == 1 and replaces(log, watermarks, now)
+    if token not in core.lost_tokens and not again:
         raise HoldsState(f"the range of token {token} is not lost: nothing to restore")
     if chunk != done + 1:
         raise InvalidArgument(f"chunk {chunk}: the range holds {done}, the next is {done + 1}")
-    if chunk == 1:
-        both = sorted(s for s in watermarks if effective_mark(rng.watermarks, s) > 0)
-        if both:
-            raise HoldsState(f"the lost range of token {token} applied tuples of {len(both)} "
-                             "sources the retired copy holds too: merging could count some "
-                             "twice; it stays lost")
     for key in keys:
         if core.ring.token_for_key(key) != token:
             raise InvalidArgument(f"a key of the chunk belongs to token "
                                   f"{core.ring.token_for_key(key)}, not {token}")
-    if keys:
-        rng.state.merge_in(keys, states)          # checks every state first: all or nothing
     if chunk == 1:
-        for source, seq in watermarks.items():
-            rng.watermarks[source] = max(seq, rng.watermarks.get(source, 0))
-            rng.last_seen[source] = now
+        _first_chunk(core, rng, token, log, keys, states, watermarks, now)
+    elif keys:
+        rng.state.merge_in(keys, states)          # checks every state first: all or nothing
     rng.watermarks[mark] = chunk
     rng.last_seen[mark] = now
     rng.force_checkpoint()
+    if log is not None:
+        log.marks.add(mark)
+        core.clock = max(core.clock, now)
     if chunk == chunks:
         rng.watermarks[RESTORED] = 1
         rng.last_seen[RESTORED] = now
         core.lost_tokens.discard(token)
     return chunk
+
+
+def _first_chunk(core, rng, token: int, log, keys, states, watermarks: dict,
+                 now: float) -> None:
+    """Merge a retired copy's first chunk, with its watermarks. A range that applied
+    tuples of a source the copy holds is rebuilt: the copy, then the batches it
+    applied since it was lost replayed past the copy's marks (node.core.lost_log);
+    without them (too many, or none kept) it is refused and stays lost."""
+    both = sorted(s for s in watermarks if effective_mark(rng.watermarks, s) > 0)
+    if log is not None and log.replayable and (both or log.base is not None):
+        install(rng, rebuilt(rng, core.reducer, log, watermarks, keys, states, now), now)
+        core.lost_tokens.add(token)         # not served until its last chunk
+    elif both:
+        raise HoldsState(f"the lost range of token {token} applied tuples of {len(both)} "
+                         "sources the retired copy holds too, and no longer keeps the "
+                         "batches to merge it exactly: it stays lost")
+    else:
+        if keys:
+            rng.state.merge_in(keys, states)      # checks every state first: all or nothing
+        for source, seq in watermarks.items():
+            rng.watermarks[source] = max(seq, rng.watermarks.get(source, 0))
+            rng.last_seen[source] = now
+    if log is not None:
+        log.base, log.restored_at = dict(watermarks), now
 
 
 # ------------------------------------------------------------- confirming
