@@ -179,12 +179,13 @@ cut = rng.cut_checkpoint()
 full = rng.full_checkpoint(cut)
 frames = [p.encode() for p in plan(full.states, 64, 1 << 20)]
 delta = [p.encode() for p in plan(cut.states, 64, 1 << 20)]
+small = [p.encode() for p in plan(full.states, 1000, 300)]
 other = {}
 for f in json.loads(sys.argv[2]):
     other.update(decode(bytes.fromhex(f)).to_dict())
 print(json.dumps([KERNEL, hashlib.sha256(b"|".join(frames)).hexdigest(),
                   hashlib.sha256(b"|".join(delta)).hexdigest(), len(frames),
-                  sorted(other.items())]))
+                  sorted(other.items()), hashlib.sha256(b"|".join(small)).hexdigest()]))
 """
 
 
@@ -205,7 +206,9 @@ def test_the_pure_node_writes_and_reads_the_bytes_the_compiled_one_does():
                           json.dumps([f.hex() for f in frames])], env=env,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    kernel, full_sha, delta_sha, count, other = json.loads(out.stdout)
+    kernel, full_sha, delta_sha, count, other, small_sha = json.loads(out.stdout)
+    small = [p.encode() for p in plan(full.states, 1000, 300)]      # cut by bytes
+    assert len(small) > len(frames) and small_sha == hashlib.sha256(b"|".join(small)).hexdigest()
     assert kernel == "python" and count == len(frames) > 1
     assert full_sha == hashlib.sha256(b"|".join(frames)).hexdigest()
     assert delta_sha == hashlib.sha256(b"|".join(delta)).hexdigest()

@@ -35,7 +35,7 @@ from operator import le
 from typing import Iterator, NamedTuple
 
 from floering.node.core.codec import pack, unpack_columns
-from floering.node.core.columnar.buffers import KIND_INT, encode_keys, valid_key
+from floering.node.core.columnar.buffers import KIND_INT, decode_key, encode_keys, valid_key
 from floering.node.core.errors import InvalidArgument
 
 MAGIC = b"\xc1FS"
@@ -218,7 +218,6 @@ class StateColumns(_Materialised):
     def column_keys(self) -> list:
         """The columns' keys, decoded and checked (InvalidArgument for a key that is
         not what its kind encodes)."""
-        from floering.node.core.table_state import keys_of
         kinds, data, offsets = self.kinds, self.key_data, self.offsets
         try:
             keys = keys_of(kinds, data, offsets)
@@ -258,6 +257,78 @@ def layers_of(states) -> list:
     if isinstance(states, StateRun):
         return list(states.layers)
     return [states]
+
+# ------------------------------------------------------------ a table's columns
+
+
+def keys_of(kinds, data: bytes, offsets, start: int = 0, end: int | None = None) -> list:
+    """The keys `start` to `end` of exported columns, decoded in bulk: str keys of one
+    ASCII buffer as slices of one decoded str, bytes keys as slices."""
+    end = len(kinds) if end is None else end
+    bounds = offsets[start:end + 1].tolist()
+    cuts = zip(bounds, bounds[1:])
+    part = kinds[start:end]
+    if part.count(0) == len(part):
+        lo, hi = bounds[0], bounds[-1]
+        if data[lo:hi].isascii():
+            text = data[lo:hi].decode("ascii")
+            return [text[a - lo:b - lo] for a, b in cuts]
+        return [data[a:b].decode("utf-8") for a, b in cuts]
+    if part.count(1) == len(part):
+        return [data[a:b] for a, b in cuts]
+    return [decode_key(kind, data[a:b]) for kind, (a, b) in zip(part, cuts)]
+
+
+class ExportView:
+    """An export's (key, state)s read as a mapping, keys decoded as they are read (an
+    encoder reads them in slices); a lookup decodes them all once."""
+
+    def __init__(self, buffers) -> None:
+        self.buffers = buffers
+        self._dict: dict | None = None
+
+    def __len__(self) -> int:
+        return len(self.buffers[0])
+
+    def __iter__(self):
+        kinds, data, offsets = self.buffers[:3]
+        for start in range(0, len(kinds), 8192):
+            yield from keys_of(kinds, data, offsets, start, min(start + 8192, len(kinds)))
+
+    def values(self):
+        return iter(self.buffers[4])
+
+    def items(self):
+        return zip(self, self.values())
+
+    def _mapping(self) -> dict:
+        if self._dict is None:
+            self._dict = dict(self.items())
+        return self._dict
+
+    def __contains__(self, key) -> bool:
+        return key in self._mapping()
+
+    def __getitem__(self, key):
+        return self._mapping()[key]
+
+    def keys(self):
+        return iter(self)
+
+
+class Layers(_Materialised):
+    """Mappings (an ExportView, dicts) each laid over the ones before it: a table's
+    checkpoint delta. The encoder reads the layers as they are; read as a mapping
+    it is one dict, made once."""
+
+    def __init__(self, *layers) -> None:
+        self.layers = layers
+
+    def to_dict(self) -> dict:
+        out: dict = {}
+        for layer in self.layers:
+            out.update(layer.items() if isinstance(layer, ExportView) else layer)
+        return out
 
 
 # ------------------------------------------------------------------ encoding
@@ -326,11 +397,22 @@ class PairSegment:
         return encode_pairs(self.keys[start:end], self.states[start:end])
 
     def pieces(self, max_entries: int, max_bytes: int) -> Iterator[Piece]:
+        """Cut as a table's export is (the most entries whose frame, values as int64,
+        fits) while every entry fits the columns: the same entries in the same frames,
+        byte for byte; else halved until the frame fits."""
         start, n = 0, len(self)
         while start < n:
             end = min(n, start + max_entries)
-            while end - start > 1 and len(self.encode(start, end)) > max_bytes:
-                end = start + (end - start) // 2
+            keys, states = self.keys[start:end], self.states[start:end]
+            if set(map(type, keys)) <= _KEY_TYPES and set(map(type, states)) == {int} \
+                    and _INT64[0] <= min(states) and max(states) < _INT64[1]:
+                offsets = key_blob(keys)[2]
+                fits = bisect_right(range(1, end - start + 1), max_bytes,
+                                    key=lambda j: frame_bytes(j, offsets[j]))
+                end = start + max(1, fits)
+            else:
+                while end - start > 1 and len(self.encode(start, end)) > max_bytes:
+                    end = start + (end - start) // 2
             yield Piece(self, start, end)
             start = end
 
@@ -339,7 +421,6 @@ def segments(states) -> list:
     """The segments of a checkpoint's states: a table's export as it is, each dict
     layer's keys and states as two lists (a copy as of now), anything else by its
     items."""
-    from floering.node.core.table_state import ExportView
     layers = states.layers if hasattr(states, "layers") else (states,)
     out: list = []
     for layer in layers:

@@ -25,7 +25,7 @@ from floering.node.core.errors import InvalidArgument, InvalidKey, inert
 from floering.node.core.pieces import RESERVED, is_fold_key
 from floering.node.core.reducers import Count, Max, Min, Reducer, Sum
 from floering.node.core.state_store import MISSING, LayeredState, ReplicaState
-from floering.node.core.state_wire import StateColumns, layers_of
+from floering.node.core.state_wire import ExportView, Layers, StateColumns, keys_of, layers_of
 
 TABLE_REDUCERS = {Count: "count", Sum: "sum", Min: "min", Max: "max"}
 _INT64 = (-(1 << 63), 1 << 63)
@@ -78,24 +78,6 @@ def key_columns(keys) -> tuple[bytes, bytes, array, array]:
     return kinds, data, offsets, hash_positions(data, offsets)
 
 
-def keys_of(kinds, data: bytes, offsets, start: int = 0, end: int | None = None) -> list:
-    """The keys `start` to `end` of exported columns, decoded in bulk: str keys of one
-    ASCII buffer as slices of one decoded str, bytes keys as slices."""
-    end = len(kinds) if end is None else end
-    bounds = offsets[start:end + 1].tolist()
-    cuts = zip(bounds, bounds[1:])
-    part = kinds[start:end]
-    if part.count(0) == len(part):
-        lo, hi = bounds[0], bounds[-1]
-        if data[lo:hi].isascii():
-            text = data[lo:hi].decode("ascii")
-            return [text[a - lo:b - lo] for a, b in cuts]
-        return [data[a:b].decode("utf-8") for a, b in cuts]
-    if part.count(1) == len(part):
-        return [data[a:b] for a, b in cuts]
-    return [decode_key(kind, data[a:b]) for kind, (a, b) in zip(part, cuts)]
-
-
 def pairs_of(buffers) -> dict:
     """An export's {key: state}."""
     kinds, data, offsets, _, values = buffers
@@ -127,7 +109,7 @@ class TableState:
         self.table = table_class(self.op)
         self.spill = _Spill(reducer, self.table)
         self.shadow = False        # some key in spill may also be in a batch
-        self.inactive: dict | None = None
+        self.inactive: Layers | None = None
 
     # ------------------------------------------------------------------ reads
 
@@ -319,13 +301,13 @@ class TableState:
         """Whether anything changed since the last swap."""
         return bool(self.table.dirty_count or self.spill.active)
 
-    def _dirty(self) -> dict:
-        """The keys changed, in the order each first changed: as a dict's active
-        layer holds them, so a delta's frames are a dict node's, byte for byte."""
+    def _dirty(self) -> tuple:
+        """The keys changed as columns, in the order each first changed: as a dict's
+        active layer holds them, so a delta's frames are a dict node's, byte for byte."""
         try:
-            return pairs_of(self.table.take_dirty(ordered=False))
+            return self.table.take_dirty(ordered=False)
         except TypeError:               # a table built before take_dirty took `ordered`
-            return pairs_of(self.table.take_dirty())
+            return self.table.take_dirty()
 
     @property
     def active(self) -> dict:
@@ -336,13 +318,12 @@ class TableState:
         out.update(self.spill.active)
         return out
 
-    def swap(self) -> dict:
-        """Start a checkpoint: the keys changed since the previous one, readable as
-        `inactive` until merge_inactive."""
+    def swap(self) -> "Layers":
+        """Start a checkpoint: the keys changed since the previous one (the table's as
+        columns, spill's over them), readable as `inactive` until merge_inactive."""
         if self.inactive is not None:
             raise RuntimeError("the previous checkpoint has not been merged yet")
-        fragment = self._dirty()
-        fragment.update(self.spill.swap())
+        fragment = Layers(ExportView(self._dirty()), self.spill.swap())
         self.inactive = fragment
         return fragment
 
@@ -416,43 +397,6 @@ def new_copy(reducer: Reducer):
     if table_op(reducer) and KERNEL == "compiled":
         return TableCopy(reducer)
     return ReplicaState()
-
-
-class ExportView:
-    """An export's (key, state)s read as a mapping, keys decoded as they are read (an
-    encoder reads them in slices); a lookup decodes them all once."""
-
-    def __init__(self, buffers) -> None:
-        self.buffers = buffers
-        self._dict: dict | None = None
-
-    def __len__(self) -> int:
-        return len(self.buffers[0])
-
-    def __iter__(self):
-        kinds, data, offsets = self.buffers[:3]
-        for start in range(0, len(kinds), 8192):
-            yield from keys_of(kinds, data, offsets, start, min(start + 8192, len(kinds)))
-
-    def values(self):
-        return iter(self.buffers[4])
-
-    def items(self):
-        return zip(self, self.values())
-
-    def _mapping(self) -> dict:
-        if self._dict is None:
-            self._dict = dict(self.items())
-        return self._dict
-
-    def __contains__(self, key) -> bool:
-        return key in self._mapping()
-
-    def __getitem__(self, key):
-        return self._mapping()[key]
-
-    def keys(self):
-        return iter(self)
 
 
 def _in_table(table, key) -> bool:
