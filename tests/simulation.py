@@ -1111,15 +1111,19 @@ class Simulation(DurableNodes):
     def forge_checkpoint(self, name: str, kind: str) -> None:
         """`name` is sent a whole checkpoint that would replace its copy of a range it
         backs up: claimed by a member that does not own the range, or by the owner
-        under a ring stamp that is not the current one. Refused; the copy is unchanged."""
-        proc = self.process(name)
-        if proc is None or not self._usable(proc) or proc.core.starting or proc.core.fenced:
+        under a ring stamp that is not the current one. Refused; the copy is unchanged.
+        When `name` is down or backs up nothing, the forger sends it to the first member
+        that does (its pick was random anyway), so every scenario forges one."""
+        targets = [p for p in [self.process(name), *self.procs] if p is not None
+                   and self._usable(p) and not p.core.starting and not p.core.fenced
+                   and self._backed(p)]
+        if not targets:
+            self.log.append(f"{self.now:.3f} no member backs up a range: no checkpoint "
+                            f"to forge ({kind})")
             return
+        proc = targets[0]
         ring = proc.core.ring
-        backed = [t for t in ring.tokens if ring.role_of(proc.name, t) == "replica"]
-        if not backed:
-            return
-        token = backed[0]
+        token = self._backed(proc)[0]
         owner = ring.owner_of_token(token)
         sender, stamp = ((next((n for n in ring.nodes if n != owner), owner), ring.stamp)
                          if kind == "not the owner" else (owner, ring.stamp ^ 1))
@@ -1135,6 +1139,11 @@ class Simulation(DurableNodes):
             self.log.append(f"{self.now:.3f} {proc.name} refused a forged checkpoint ({kind})")
             return
         raise AssertionError(f"{proc.name} took a forged checkpoint ({kind})")
+
+    @staticmethod
+    def _backed(proc) -> list[int]:
+        ring = proc.core.ring
+        return [t for t in ring.tokens if ring.role_of(proc.name, t) == "replica"]
 
     def forge_heartbeats(self, name: str, victim: str, seconds: float) -> None:
         """The member `name` sends heartbeats claiming to be `victim` to every other

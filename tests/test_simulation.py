@@ -357,7 +357,7 @@ def run_forged_seed(seed: int) -> None:
     sim = forged_scenario(seed)
     check(sim, seed)
     assert any("forged view" in line for line in sim.log), sim.log
-    assert any("forged checkpoint" in line for line in sim.log), sim.log
+    assert any("refused a forged checkpoint" in line for line in sim.log), sim.log
     assert any("forged heartbeat" in line for line in sim.log), sim.log
     assert_forgery_changed_no_verdict(sim.log)
 
