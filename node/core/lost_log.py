@@ -13,7 +13,8 @@ Two retired copies of one range (the member that held it before, and the member 
 took it over from that one before both were removed) are merged one at a time. The
 first fixes the range's `base`; a later copy whose watermarks are at or past the base
 for every source holds all the base holds and more: within RESTORE_WINDOW it replaces
-it (rebuilt again over the same batches). A copy made before the restore (it
+it (rebuilt again over the same batches), up to MAX_COPIES copies in all (each leaves
+its mark among the range's watermarks). A copy made before the restore (it
 lacks the restore's marks) counts as held only if the base covers it: the lost range's
 own marks say nothing of the tuples it never had.
 """
@@ -28,6 +29,8 @@ from floering.node.core.snapshot_format import IMPORT_SOURCE
 
 LOST_LOG_BYTES = 64 << 20      # batches kept by all the lost ranges of a node
 RESTORE_WINDOW = 120.0         # seconds after a restore a fuller copy may replace it
+MAX_COPIES = 3                 # retired copies merged into one lost range, at most
+PENDING_WAIT = 30.0            # seconds another copy waits while one's chunks come
 BATCH_OVERHEAD = 96            # bytes counted per batch besides its payload
 
 
@@ -40,6 +43,7 @@ class LostLog:
     size: int = 0
     marks: set = field(default_factory=set)    # the restore marks of the copies merged
     base: dict | None = None                # watermarks of the retired copy merged
+    pending: tuple[str, float] | None = None   # a copy's mark, while its chunks come
     restored_at: float | None = None
 
     @property
@@ -50,6 +54,12 @@ class LostLog:
         """Forget the batches (the base and marks stay); returns the bytes freed."""
         freed, self.batches, self.size = self.size, None, 0
         return freed
+
+
+def busy(log: LostLog | None, mark: str, now: float) -> bool:
+    """Is another copy's merge under way (its next chunk due within PENDING_WAIT)?"""
+    return (log is not None and log.pending is not None and log.pending[0] != mark
+            and now - log.pending[1] < PENDING_WAIT)
 
 
 def batch_size(source: str, payload: bytes, seqs: bytes) -> int:
@@ -73,6 +83,7 @@ def replaces(log: LostLog | None, want: dict, now: float) -> bool:
     range (it holds all of it and more, and the batches are still kept)?"""
     return (log is not None and log.replayable and log.base is not None
             and log.restored_at is not None and now - log.restored_at <= RESTORE_WINDOW
+            and len(log.marks) < MAX_COPIES
             and want != log.base and predates(log, want) and dominates(want, log.base))
 
 

@@ -36,13 +36,14 @@ here, with the owner's answer `held`.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from floering.node.core.codec import pack, unpack
 from floering.node.core.epochs import effective_mark
 from floering.node.core.errors import Fenced, InvalidArgument, StaleRing
-from floering.node.core.lost_log import (LOST_LOG_BYTES, RESTORE_WINDOW, LostLog, batch_size, install, predates,
-                                         rebuilt, replaces)
+from floering.node.core.lost_log import (LOST_LOG_BYTES, RESTORE_WINDOW, LostLog, batch_size,
+                                         busy, install, predates, rebuilt, replaces)
 from floering.node.core.node_core import NodeCore, PushResult, RingChange
 from floering.node.core.restore import restored_core
 from floering.node.core.ring import Ring
@@ -51,6 +52,27 @@ from floering.node.core.snapshots import HoldsState
 
 FORMAT = 1
 RESTORED = f"{IMPORT_SOURCE}restored"     # a lost range whole again from a retired copy
+MEMBER = re.compile(r"[A-Za-z0-9_-]{1,64}(#[0-9]{1,9})?")    # a node id (node.config)
+MAX_SEQ = (1 << 63) - 1
+MORE_MARKS = 64            # import marks a range may hold besides its sources' watermarks
+
+
+def checked_marks(marks, limits) -> dict:
+    """`marks` if they are watermarks a range can hold: a map of at most
+    --max-sources-per-range (and a few import marks) sources, each a name within
+    --max-source-bytes and a seq in 0..2^63-1; else InvalidArgument."""
+    if not isinstance(marks, dict):
+        raise InvalidArgument("watermarks are a map of source to seq")
+    if len(marks) > limits.max_sources_per_range + MORE_MARKS:
+        raise InvalidArgument(f"{len(marks)} watermarks: a range tracks at most "
+                              f"{limits.max_sources_per_range} sources")
+    for source, seq in marks.items():
+        if not isinstance(source, str) or len(source.encode()) > limits.max_source_bytes:
+            raise InvalidArgument(f"a watermark's source is text of at most "
+                                  f"{limits.max_source_bytes} bytes")
+        if type(seq) is not int or not 0 <= seq <= MAX_SEQ:
+            raise InvalidArgument("a watermark's seq is a number in 0..2^63-1")
+    return marks
 
 
 @dataclass(frozen=True)
@@ -84,7 +106,9 @@ def covers(have: dict, want: dict) -> bool:
 
 
 def held(core: NodeCore, token: int, want: dict) -> Held:
-    """How this member holds the range of `token` of its ring, against `want`."""
+    """How this member holds the range of `token` of its ring, against `want`
+    (InvalidArgument for watermarks no range can hold)."""
+    checked_marks(want, core.limits)
     if core.fenced or core.starting or not core.ring.has_token(token):
         return Held("", False)
     rng = core.primaries.get(token)
@@ -257,7 +281,12 @@ def restore_chunk(core: RetainingCore, ring_stamp: int, token: int, member: str,
     if rng is None:
         raise StaleRing(f"node {core.node_id} is not the primary of token {token}")
     if not 1 <= chunk <= chunks <= MAX_CHUNKS:
-        raise InvalidArgument(f"chunk {chunk} of {chunks}: chunks are 1..chunks")
+        raise InvalidArgument(f"chunk {chunk} of {chunks}: chunks are 1..chunks, at most "
+                              f"{MAX_CHUNKS}")
+    if not isinstance(member, str) or not MEMBER.fullmatch(member):
+        raise InvalidArgument("the member a retired copy is of is a node id: 1 to 64 "
+                              "letters, digits, _ or -, and #N after a restart")
+    checked_marks(watermarks, core.limits)
     mark = restore_mark(member, retired, core.ring.range_of_token(token))
     done = rng.watermarks.get(mark, 0)
     if chunk <= done:
@@ -268,6 +297,9 @@ def restore_chunk(core: RetainingCore, ring_stamp: int, token: int, member: str,
         raise HoldsState(f"the range of token {token} is not lost: nothing to restore")
     if chunk != done + 1:
         raise InvalidArgument(f"chunk {chunk}: the range holds {done}, the next is {done + 1}")
+    if busy(log, mark, now):
+        raise HoldsState(f"another retired copy is being merged into the range of token "
+                         f"{token}: one at a time")
     for key in keys:
         if core.ring.token_for_key(key) != token:
             raise InvalidArgument(f"a key of the chunk belongs to token "
@@ -281,6 +313,7 @@ def restore_chunk(core: RetainingCore, ring_stamp: int, token: int, member: str,
     rng.force_checkpoint()
     if log is not None:
         log.marks.add(mark)
+        log.pending = (mark, now) if chunk < chunks else None
         core.clock = max(core.clock, now)
     if chunk == chunks:
         rng.watermarks[RESTORED] = 1

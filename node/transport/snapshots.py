@@ -81,12 +81,10 @@ class Snapshots(floe_pb2_grpc.SnapshotsServicer):
             if len(request.watermarks) > MAX_WATERMARK_BYTES:
                 raise InvalidArgument(f"watermarks are at most {MAX_WATERMARK_BYTES} bytes")
             want = unpack(request.watermarks) if request.watermarks else {}
-            if not isinstance(want, dict):
-                raise InvalidArgument("watermarks are a map of source to seq")
+            answer = held(core, request.token, want) if request.ring_stamp == core.ring.stamp \
+                else Held("", False)
         except FloeError as exc:
             await abort(context, exc)
-        answer = held(core, request.token, want) if request.ring_stamp == core.ring.stamp \
-            else Held("", False)
         return floe_pb2.HeldReply(role=answer.role, holds=answer.holds, lost=answer.lost,
                                   ring_stamp=core.ring.stamp)
 

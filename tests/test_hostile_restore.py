@@ -1,0 +1,232 @@
+"""RangeHeld and RestoreRange, the members' calls about retired ranges
+(node.core.retired), fed hostile input: every field is refused with a clear status,
+in bounded memory, and nothing changes. Pure rules first, then a real TLS ring."""
+
+from collections import Counter
+
+import grpc
+import pytest
+
+from floering.node.core.codec import pack
+from floering.node.core.errors import FloeError, InvalidArgument, StaleRing
+from floering.node.core.retired import (Held, RetiredSet, held, pieces, restore_chunk)
+from floering.node.core.snapshot_format import MAX_CHUNKS
+from tests.test_retired import WORDS, cluster
+
+GOOD_MARKS = {"s1": 600}
+
+
+def lost(c):
+    """n1 and n2 removed at r=1: n0 owns lost ranges; n1's retired copy of one."""
+    c.push("s1", WORDS)
+    ring = c.ring.without(["n1", "n2"])
+    n1, n0 = c.cores["n1"], c.cores["n0"]
+    n1.adopt_ring(ring)
+    n0.adopt_ring(ring)
+    c.ring = ring
+    token = sorted(n0.lost_tokens)[0]
+    r = next(r for r in n1.retired if token in pieces(ring, r.lo, r.token))
+    part = {k: v for k, v in r.states.items() if ring.token_for_key(k) == token}
+    return n0, token, r, part
+
+
+def snapshot(core):
+    return ({t: dict(r.state.snapshot()) for t, r in core.primaries.items()},
+            {t: dict(r.watermarks) for t, r in core.primaries.items()},
+            set(core.lost_tokens), core.ring.stamp)
+
+
+HOSTILE_MARKS = [
+    ["s1", 1],                              # not a map
+    {"s1": "600"},                          # a seq that is not a number
+    {"s1": -1},                             # below zero
+    {"s1": 1 << 64},                        # past 64 bits
+    {7: 600},                               # a source that is not text
+    {"x" * 5000: 1},                        # a source past the limit
+    {f"s{i}": 1 for i in range(70_000)},    # more sources than any range tracks
+]
+
+
+@pytest.mark.parametrize("marks", HOSTILE_MARKS, ids=lambda m: type(m).__name__ + str(len(m)))
+def test_hostile_watermarks_are_refused_by_range_held_and_restore(marks):
+    c = cluster()
+    n0, token, r, part = lost(c)
+    before = snapshot(n0)
+    with pytest.raises(InvalidArgument):
+        held(n0, token, marks)
+    with pytest.raises(InvalidArgument):
+        restore_chunk(n0, c.ring.stamp, token, "n1", r.token, 1, 1, list(part),
+                      list(part.values()), marks, 1.0)
+    assert snapshot(n0) == before
+
+
+@pytest.mark.parametrize("fields, error", [
+    (dict(member="n" * 300), InvalidArgument),              # a name no member has
+    (dict(member=""), InvalidArgument),
+    (dict(chunk=0), InvalidArgument),
+    (dict(chunk=3, chunks=2), InvalidArgument),
+    (dict(chunk=2, chunks=3), InvalidArgument),             # not the next chunk
+    (dict(chunks=MAX_CHUNKS + 1), InvalidArgument),
+    (dict(token=12345), StaleRing),                         # no such range
+    (dict(ring_stamp=1), StaleRing),
+    (dict(keys="other token"), InvalidArgument),            # a key of another range
+    (dict(states="wrong type"), InvalidArgument),           # not a count's state
+])
+def test_a_hostile_restore_chunk_is_refused_and_changes_nothing(fields, error):
+    c = cluster()
+    n0, token, r, part = lost(c)
+    call = dict(ring_stamp=c.ring.stamp, token=token, member="n1", retired=r.token,
+                chunk=1, chunks=1, keys=list(part), states=list(part.values()),
+                watermarks=r.watermarks)
+    if fields.get("keys") == "other token":
+        other = next(w for w in WORDS if c.ring.token_for_key(w) != token)
+        fields = dict(keys=[*part, other], states=[*part.values(), 1])
+    elif fields.get("states") == "wrong type":
+        fields = dict(states=["x"] * len(part))
+    call.update(fields)
+    before = snapshot(n0)
+    with pytest.raises(error):
+        restore_chunk(n0, call["ring_stamp"], call["token"], call["member"], call["retired"],
+                      call["chunk"], call["chunks"], call["keys"], call["states"],
+                      call["watermarks"], 1.0)
+    assert snapshot(n0) == before
+
+
+def test_a_range_not_lost_takes_no_restore():
+    c = cluster()
+    c.push("s1", WORDS)
+    n0 = c.cores["n0"]
+    token = next(iter(n0.primaries))
+    before = snapshot(n0)
+    with pytest.raises(FloeError):
+        restore_chunk(n0, c.ring.stamp, token, "n1", token, 1, 1, ["w1"], [5], {"s9": 1}, 1.0)
+    assert snapshot(n0) == before
+
+
+def test_copies_merged_into_one_lost_range_are_bounded():
+    """Fuller copies may replace the one merged, a few times: not without end (each
+    leaves its mark among the range's watermarks)."""
+    c = cluster()
+    n0, token, r, part = lost(c)
+    marks = dict(r.watermarks)
+    merged = 0
+    for i in range(20):
+        marks = {s: seq + 1 for s, seq in marks.items()}
+        if not held(n0, token, marks).lost:
+            break
+        restore_chunk(n0, c.ring.stamp, token, "n1", r.token + i, 1, 1, [], [], marks, 1.0)
+        merged += 1
+    assert 1 <= merged <= 4
+    assert len(n0.primaries[token].watermarks) <= len(r.watermarks) + 6
+
+
+def test_a_member_lying_that_it_holds_a_range_cannot_confirm_it_alone():
+    """Deleting a retired range takes the answer of every member the ring places each
+    of its ranges on: one answering `holds` for everything (its own ranges, or ones
+    it does not hold) deletes nothing while another holder has not got it."""
+    c = cluster()
+    c.push("s1", WORDS)
+    ring = c.ring.without(["n2"])
+    gone = c.cores.pop("n2")
+    gone.adopt_ring(ring)
+    kept = RetiredSet()
+    kept.add(gone.retired)
+    c.ring = ring
+    # the survivors never adopted the ring: they hold nothing of n2's ranges yet
+    liar = Held("primary", True)
+    answers = {}
+    for a in kept.asks(ring):
+        answers[(a.key, a.token, a.node)] = (
+            Held(a.role, True) if a.node == "n1" else Held("", False))
+    assert not kept.confirmed_by(ring, answers)
+    assert len(kept.ranges) == len(gone.retired)
+    # an answer for a node the ring does not place the range on counts for nothing
+    forged = {(a.key, a.token, "n9"): liar for a in kept.asks(ring)}
+    assert not kept.confirmed_by(ring, {**answers, **forged})
+
+
+def test_one_copy_is_merged_at_a_time():
+    """While one copy's chunks come, another copy's first chunk is refused (merged
+    together they would mix two copies of the range)."""
+    c = cluster()
+    n0, token, r, part = lost(c)
+    keys, states = list(part), list(part.values())
+    half = len(keys) // 2
+    restore_chunk(n0, c.ring.stamp, token, "n1", r.token, 1, 2, keys[:half], states[:half],
+                  r.watermarks, 1.0)
+    before = snapshot(n0)
+    with pytest.raises(StaleRing):                   # HoldsState
+        restore_chunk(n0, c.ring.stamp, token, "n2", r.token, 1, 1, keys, states,
+                      r.watermarks, 2.0)
+    assert snapshot(n0) == before
+    assert restore_chunk(n0, c.ring.stamp, token, "n1", r.token, 2, 2, keys[half:],
+                         states[half:], {}, 3.0) == 2
+    assert token not in n0.lost_tokens
+    assert Counter(dict(n0.primaries[token].state.snapshot())) == Counter(part)
+
+
+# ------------------------------------------------------------ a real TLS ring
+
+
+@pytest.mark.multiprocess
+def test_hostile_range_held_and_restore_calls_are_refused_on_a_real_ring(tmp_path):
+    import psutil
+    from floering.chaos.cluster import LocalCluster
+    from floering.v1 import floe_pb2, floe_pb2_grpc
+    from tests.test_retired_ring import feed, ring_of, scan, stats_of
+    want = Counter()
+    with LocalCluster.up(3, 1, workdir=tmp_path) as cluster:
+        feed(cluster, WORDS, want)
+        ring = ring_of(cluster, "n0")
+        mine = ring.tokens_of("n0")[0]
+        node = cluster.node("n0")
+        rss = psutil.Process(node.pid).memory_info().rss
+
+        def call(name, method, **fields):
+            with cluster.channel(node.address, name) as ch:
+                stub = floe_pb2_grpc.SnapshotsStub(ch)
+                request = (floe_pb2.HeldRequest if method == "RangeHeld"
+                           else floe_pb2.RestoreChunk)(**fields)
+                try:
+                    return getattr(stub, method)(request, timeout=20), None
+                except grpc.RpcError as exc:
+                    return None, exc
+
+        good = dict(ring_stamp=ring.stamp, token=mine)
+        restore = dict(good, member="n1", retired=mine, chunk=1, chunks=1,
+                       entries=pack([["w1"], [1]]), watermarks=pack({"s1": 1}))
+        # not a member: refused whatever it sends
+        for method, fields in (("RangeHeld", good), ("RestoreRange", restore)):
+            _, exc = call("client", method, **fields)
+            assert exc is not None and exc.code() == grpc.StatusCode.PERMISSION_DENIED
+        refused = [
+            ("RangeHeld", dict(good, watermarks=pack({"s1": "x"}))),
+            ("RangeHeld", dict(good, watermarks=pack({f"s{i}": 1 for i in range(70_000)}))),
+            ("RangeHeld", dict(good, watermarks=b"\xc1\xc1")),
+            ("RangeHeld", dict(good, watermarks=b"\x00" * (5 << 20))),
+            ("RestoreRange", dict(restore, member="n" * 100_000)),
+            ("RestoreRange", dict(restore, entries=pack([["w1", "w2"], [1]]))),
+            ("RestoreRange", dict(restore, entries=b"\xc1" * 1000)),
+            ("RestoreRange", dict(restore, chunk=0)),
+            ("RestoreRange", dict(restore, chunks=1 << 30)),
+            ("RestoreRange", dict(restore, watermarks=pack({"s1": -5}))),
+        ]
+        for method, fields in refused:
+            _, exc = call("n2", method, **fields)
+            assert exc is not None and exc.code() == grpc.StatusCode.INVALID_ARGUMENT, (
+                method, exc and exc.code())
+            assert exc.details(), method
+        # well formed, but nothing to restore: a range that is not lost, a made-up token
+        for fields in (restore, dict(restore, token=12345)):
+            _, exc = call("n2", "RestoreRange", **fields)
+            assert exc is not None and exc.code() == grpc.StatusCode.FAILED_PRECONDITION, (
+                exc and exc.code())
+        reply, exc = call("n2", "RangeHeld", **dict(good, token=12345))
+        assert exc is None and (reply.role, reply.holds, reply.lost) == ("", False, False)
+        reply, _ = call("n2", "RangeHeld", **dict(good, watermarks=pack({"s9": 1 << 40})))
+        assert (reply.role, reply.holds, reply.lost) == ("primary", False, False)
+        # nothing changed, and nothing stays held
+        assert ring_of(cluster, "n0").content() == ring.content()
+        assert stats_of(cluster, "n0").lost_ranges == 0
+        assert scan(cluster) == want
+        assert psutil.Process(node.pid).memory_info().rss - rss < 64 << 20
