@@ -23,8 +23,8 @@ Workloads:
 - one key only (WL3 at scale);
 - the bundled corpus (King James Bible);
 - a shifting Zipf 1.1 whose hot keys change half-way;
-- `drifting` (Dalton, Holon): a Zipf 1.1 over 10,000 keys whose hot keys change every
-  25,000 tuples (each period its own shuffle of the ranks);
+- `drifting` (Dalton, Holon): a Zipf 1.1 over 10,000 keys on 8 nodes whose hot keys
+  change every 25,000 tuples (each period its own shuffle of the ranks);
 - `merge-cost` (FlexD): 32 keys, 4 of them carrying 80% of the tuples, a new 4 every
   10,000 tuples, so every key is hot again and again and a policy that splits hot keys
   leaves it more and more pieces, each a partial state a read must merge (reported per
@@ -105,7 +105,7 @@ class Outcome:
 
 
 def nodes_for(workload: str) -> int:
-    return 8 if workload.startswith("zipf") else 4
+    return 8 if workload.startswith("zipf") or workload == "drifting" else 4
 
 
 def letters_by_node(nodes: int, tokens: int = TOKENS_PER_NODE) -> dict[str, list[str]]:
