@@ -14,6 +14,10 @@ itself overloaded (`floering.node.core.load`) redistributes its own share.
   position, the head handed to its node). New tokens that land in other nodes'
   ranges would only reshuffle keys between nodes that are not overloaded, which the
   paper names doubling's downside; their owners did not ask, so they are not made.
+  A round's doublings are counted in generations, so a round never repeats the last
+  one's positions; with the node's measured load it takes as many as lower the
+  ring's top load most, and makes only the new tokens that carry that load
+  (`doubling_cuts`).
 
 Both are exact for the same reason as every move: a handoff moves a range with its
 state, its watermarks and its replicas' copies (`floering.node.core.handoff`).
