@@ -1,0 +1,73 @@
+"""How many bytes of requests a node holds before its handlers run: bounded by calls
+(its call slots) times the message limit, not by bytes (docs/security.md, *Bytes of
+requests in flight*). One connection of a client's certificate fires large malformed
+calls at once; the node's RSS is sampled while they are in flight."""
+
+import threading
+import time
+
+import grpc
+import psutil
+import pytest
+
+from floering.chaos.cluster import LocalCluster
+from floering.v1 import floe_pb2, floe_pb2_grpc
+
+pytestmark = pytest.mark.multiprocess
+
+
+def peak_rss_growth(tmp_path, calls: int, mib: int) -> tuple[int, dict]:
+    """(peak RSS growth in MiB, status codes) of n0 under `calls` Get calls of a
+    `mib` MiB key at once on one connection."""
+    with LocalCluster.up(3, 1, workdir=tmp_path) as cluster:
+        node = cluster.node("n0")
+        proc = psutil.Process(node.pid)
+        base = peak = proc.memory_info().rss
+        done = threading.Event()
+
+        def watch():
+            nonlocal peak
+            while not done.is_set():
+                peak = max(peak, proc.memory_info().rss)
+                time.sleep(0.02)
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        codes: dict = {}
+        with cluster.channel(node.address, "client", options=[
+                ("grpc.max_send_message_length", 64 << 20)]) as ch:
+            stub = floe_pb2_grpc.QueryPlaneStub(ch)
+            futures = [stub.Get.future(floe_pb2.GetRequest(key=b"\x01" * (mib << 20)),
+                                       timeout=120) for _ in range(calls)]
+            for f in futures:
+                try:
+                    f.result()
+                    code = "OK"
+                except grpc.RpcError as exc:
+                    code = exc.code().name
+                codes[code] = codes.get(code, 0) + 1
+        done.set()
+        watcher.join()
+        assert stats_ok(cluster)
+    return (peak - base) >> 20, codes
+
+
+def stats_ok(cluster) -> bool:
+    with cluster.channel(cluster.node("n0").address) as ch:
+        return floe_pb2_grpc.QueryPlaneStub(ch).Stats(floe_pb2.StatsRequest(),
+                                                      timeout=10).node_id == "n0"
+
+
+def test_large_calls_at_once_on_one_connection_hold_at_most_calls_times_their_size(tmp_path):
+    grown, codes = peak_rss_growth(tmp_path, 16, 4)
+    assert codes == {"INVALID_ARGUMENT": 16}
+    assert grown < 2 * 16 * 4 + 64, grown
+
+
+@pytest.mark.slow
+def test_two_hundred_calls_of_7_mib_on_one_connection(tmp_path):
+    """The figure docs/security.md gives: the node buffers them all (about 1.9 GiB),
+    within the bound of 250 calls of 8 MiB one identity may have in flight."""
+    grown, codes = peak_rss_growth(tmp_path, 200, 7)
+    assert codes == {"INVALID_ARGUMENT": 200}
+    assert grown < 250 * 8 * 2, grown
+    print(f"200 calls x 7 MiB on one connection: peak RSS +{grown} MiB")
