@@ -146,3 +146,64 @@ def test_a_mapper_closes_its_channel_to_a_killed_node_and_counts_stay_exact(
             assert "n2" not in client.ring.nodes
             assert all(seed in channels for seed in seeds)
             assert dict(client.scan()) == sent
+
+
+async def test_a_dropped_channel_is_replaced_at_once_and_closed_once_idle():
+    now = [0.0]
+    pool = ChannelPool(FakeChannel, idle=60.0, clock=lambda: now[0])
+    a = pool.get("a:1")
+    await pool.drop("a:1")
+    fresh = pool.get("a:1")
+    assert fresh is not a and not a.closed          # calls still on it end by deadline
+    now[0] = 30.0
+    assert await pool.retire({"a:1"}) == [] and not a.closed
+    now[0] = 61.0
+    await pool.retire({"a:1"})
+    assert a.closed and not fresh.closed and pool.get("a:1") is fresh
+    for _ in range(channels_module.MAX_DROPPED + 5):  # bounded however often asked
+        await pool.drop("a:1")
+        pool.get("a:1")
+    assert len(pool._dropped) == channels_module.MAX_DROPPED
+    await pool.close()
+    assert not pool._dropped
+
+
+async def test_a_refused_probe_asks_again_on_a_new_connection_before_it_counts():
+    """A channel in reconnect backoff repeats the refusal it saw before a member's new
+    process bound the address; the probe takes a refusal only from a new connection."""
+    from floering.node.core.detector import ALIVE, REFUSED, Probe
+    from floering.node.core.errors import Refused
+    from floering.node.core.machine_io import StartProbe
+    from floering.node.runtime.probing import probe_round
+
+    class Peers:
+        def __init__(self, answers):
+            self.answers, self.reconnected = list(answers), []
+
+        async def heartbeat(self, address, **_):
+            answer = self.answers.pop(0)
+            if isinstance(answer, Exception):
+                raise answer
+            return answer
+
+        async def reconnect(self, address):
+            self.reconnected.append(address)
+
+    class Runtime:
+        incarnation = 1
+        machine = type("M", (), {"node_id": "n1"})()
+
+        def __init__(self, peers):
+            self.peers, self.finished = peers, []
+
+        def _handle(self, event):
+            self.finished.append(event)
+
+    start = StartProbe(Probe("n0#4", 0.2, 0.0, 0, 0.0), "127.0.0.1:9", (), (), 5, 0)
+    stale = Runtime(Peers([Refused("connection refused"), (5, 7, "n0#4")]))
+    await probe_round(stale, start)
+    assert stale.peers.reconnected == ["127.0.0.1:9"]
+    assert (stale.finished[0].direct, stale.finished[0].member) == (ALIVE, "n0#4")
+    gone = Runtime(Peers([Refused("connection refused")] * 2))
+    await probe_round(gone, start)
+    assert gone.finished[0].direct == REFUSED and gone.peers.reconnected == ["127.0.0.1:9"]

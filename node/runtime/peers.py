@@ -40,6 +40,8 @@ class Peers(Protocol):
 
     async def push(self, address: str, batch) -> None: ...
 
+    async def reconnect(self, address: str) -> None: ...
+
     async def retire_channels(self, named) -> list[str]: ...
 
     async def close(self) -> None: ...
@@ -118,6 +120,9 @@ class InMemoryPeers:
         async def submit(service):
             return await service.submit([batch], StreamState())
         await self._call(address, None, submit)
+
+    async def reconnect(self, address: str) -> None:
+        pass                            # no connection is kept per address here
 
     async def retire_channels(self, named) -> list[str]:
         return []                       # nothing is held per address here

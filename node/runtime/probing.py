@@ -16,13 +16,20 @@ async def probe_round(runtime, e: StartProbe) -> None:
     probe = e.probe
     me = runtime.machine.node_id
 
-    async def direct():
+    async def direct(fresh: bool = False):
         try:
             _, incarnation, member = await runtime.peers.heartbeat(
                 e.address, sender=me, ring_stamp=e.ring_stamp,
                 incarnation=runtime.incarnation, timeout=probe.deadline)
-        except (Refused, Fenced) as exc:
-            return REFUSED, 0, f": {exc}", ""   # nothing listens, or it knows it was removed
+        except Fenced as exc:
+            return REFUSED, 0, f": {exc}", ""   # it knows it was removed
+        except Refused as exc:
+            if fresh:
+                return REFUSED, 0, f": {exc}", ""       # nothing listens
+            # Our channel may be in reconnect backoff, repeating a refusal from before
+            # a new process bound the address: only a new connection tells.
+            await runtime.peers.reconnect(e.address)
+            return await direct(fresh=True)
         except Unavailable:
             return TIMED_OUT, 0, "", ""          # a deadline or a stalled handshake
         except FloeError:

@@ -25,6 +25,7 @@ import grpc
 from floering.node.transport.tls import NODE_ROLE_NAME, server_name
 
 IDLE = 60.0     # seconds: far past any call's deadline, so no call is cut short
+MAX_DROPPED = 64   # channels dropped for a fresh connection, not yet closed
 
 
 def server_options(name: str | None = None) -> list[tuple[str, str]]:
@@ -90,6 +91,9 @@ class ChannelPool:
         self._names = names
         self._open: dict[tuple[str, str | None], grpc.aio.Channel] = {}
         self._taken: dict[tuple[str, str | None], float] = {}   # when a call last took it
+        # Channels dropped for a fresh connection, with when: calls still on them end
+        # by their deadlines, so each is closed at the first retire `idle` later.
+        self._dropped: list[tuple[float, grpc.aio.Channel]] = []
 
     def _name(self, address: str) -> str | None:
         return None if self._names is None else self._names(address)
@@ -103,6 +107,17 @@ class ChannelPool:
             channel = self._open[key] = (self._make(address) if name is None
                                          else self._make(address, name))
         return channel
+
+    async def drop(self, address: str) -> None:
+        """The next call to `address` opens a new channel. A channel in reconnect
+        backoff fails calls at once with the last error it saw, which may predate the
+        process now listening there (a member restarted on its port)."""
+        now = self._clock()
+        for key in [k for k in self._open if k[0] == address]:
+            del self._taken[key]
+            self._dropped.append((now, self._open.pop(key)))
+        while len(self._dropped) > MAX_DROPPED:         # bounded: close the oldest now
+            await self._dropped.pop(0)[1].close()
 
     def __len__(self) -> int:
         return len(self._open)
@@ -126,13 +141,16 @@ class ChannelPool:
         closing = [self._open.pop(key) for key in gone]
         for key in gone:
             del self._taken[key]
+        closing += [channel for at, channel in self._dropped if at <= cutoff]
+        self._dropped = [(at, channel) for at, channel in self._dropped if at > cutoff]
         for channel in closing:
             await channel.close()
         return [address for address, _ in gone]
 
     async def close(self) -> None:
-        channels = list(self._open.values())
+        channels = [*self._open.values(), *(channel for _, channel in self._dropped)]
         self._open.clear()
+        self._dropped.clear()
         self._taken.clear()
         for channel in channels:
             await channel.close()

@@ -123,6 +123,10 @@ class PeerPool:
     def _channel(self, address: str) -> grpc.aio.Channel:
         return self._channels.get(address)
 
+    async def reconnect(self, address: str) -> None:
+        """The next call to `address` connects anew (node.transport.channels.drop)."""
+        await self._channels.drop(address)
+
     async def retire_channels(self, named) -> list[str]:
         """Close channels to addresses the ring (`named`) left and nobody calls."""
         return await self._channels.retire(named)
