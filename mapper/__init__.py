@@ -11,6 +11,16 @@ from floering.node.core.errors import (FloeError, InvalidArgument, InvalidKey, R
 from floering.node.core.reducers import Reducer
 from floering.node.transport.tls import TlsFiles
 
+# The node's shared vocabulary only: the wire (batches, codec, errors, epochs, ring,
+# hashing, TLS files, channels, statuses), the ring's balancer, shared keys' pieces,
+# the hot-key sketch and the reducers (a read of a shared key merges its pieces).
+__may_import__ = (
+    "floering.mapper", "floering.v1", "floering.node.core.ring", "floering.node.core.hashing",
+    "floering.node.core.batch", "floering.node.core.codec", "floering.node.core.errors",
+    "floering.node.core.epochs", "floering.node.core.balancers", "floering.node.core.pieces",
+    "floering.node.core.reducers", "floering.node.core.sketch", "floering.node.transport.status",
+    "floering.node.transport.tls", "floering.node.transport.channels", "*")
+
 # What a user needs, in one place: the clients (sync and asyncio), the errors they raise,
 # their credentials on a TLS ring, the reducer base class (it lives in the node's core, which runs it),
 # and the (source, seq) numbering of epoch sources that makes Spark's retries

@@ -1,5 +1,9 @@
-"""The package layering, checked on the source: the pure core does no I/O, the mapper
-uses only the node's shared vocabulary, the Spark driver only the mapper."""
+"""The package layering, checked on the source by allow-lists: each package declares
+in its __init__.py (`__may_import__`) the project's modules it may import, and, for the
+pure core, every other module too ("*": any module outside the project). An import
+counts however it is written: at any depth, relative, aliased, or through importlib
+with a constant name; an importlib call with a computed name is allowed only where
+DYNAMIC_IMPORTS says why."""
 
 import ast
 from pathlib import Path
@@ -8,31 +12,78 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# No clock, randomness, threads, processes or network in the protocol core: it is
-# driven with an explicit `now` by the runtime and by the simulation alike.
-CORE_FORBIDDEN = ("asyncio", "grpc", "grpc_health", "floering.v1", "socket", "subprocess",
-                  "threading", "time", "random", "floering.node.runtime",
-                  "floering.node.transport", "floering.node.app", "floering.mapper",
-                  "floering.chaos", "floering.spark_driver")
-# What the mapper may use of the node: the shared wire vocabulary.
-# The wire's vocabulary, plus the ring's balancer, the pieces of shared keys, the
-# sketch that finds hot keys, and the reducers (whose merge a read of a shared key needs).
-MAPPER_ALLOWED_NODE = tuple(f"floering.node.{m}" for m in (
-    "core.ring", "core.hashing", "core.batch", "core.codec", "core.errors", "core.epochs",
-    "transport.status", "transport.tls", "transport.channels", "core.balancers", "core.pieces", "core.reducers",
-    "core.sketch"))
+# Where each package of `floering` lives in the checkout.
+PACKAGES = {"floering.node": "node", "floering.mapper": "mapper", "floering.chaos": "chaos",
+            "floering.spark_driver": "spark_driver", "floering.v1": "proto/floering/v1"}
+# Packages with their own declaration, innermost first.
+DECLARED = ("floering.node.core", "floering.node.runtime", "floering.node.transport",
+            "floering.node.storage", "floering.node", "floering.mapper",
+            "floering.spark_driver", "floering.chaos")
+# Files that import a module whose name they compute, and why.
+DYNAMIC_IMPORTS = {
+    "node/core/reducers.py": "a user's reducer is loaded by the name an operator gives",
+    "spark_driver/maps.py": "a user's map function is loaded by the name given to the driver",
+}
 
 
-def imports(path: Path) -> list[str]:
-    """Every module a file imports, at any depth (lazy imports count too)."""
+def path_of(module: str) -> Path | None:
+    """The file or package directory of a `floering` module in the checkout."""
+    for package, folder in PACKAGES.items():
+        if module == package or module.startswith(package + "."):
+            rel = module[len(package):].lstrip(".").replace(".", "/")
+            base = ROOT / folder / rel if rel else ROOT / folder
+            for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+                if candidate.exists():
+                    return candidate
+    return None
+
+
+def module_of(path: Path) -> str:
+    for package, folder in PACKAGES.items():
+        try:
+            rel = path.relative_to(ROOT / folder).with_suffix("")
+        except ValueError:
+            continue
+        parts = [p for p in rel.parts if p != "__init__"]
+        return ".".join([package, *parts])
+    return ".".join(path.relative_to(ROOT).with_suffix("").parts)     # tests/
+
+
+def _absolute(path: Path, node: ast.ImportFrom, module: str) -> str:
+    if not node.level:
+        return node.module or ""
+    package = module.split(".")
+    if path.name != "__init__.py":
+        package = package[:-1]
+    base = package[:len(package) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def imports(path: Path, module: str | None = None) -> list[str]:
+    """Every module a file imports, at any depth (lazy imports count too): `from a
+    import b` is `a.b` when that is a module of the project, else `a`; relative
+    imports are resolved; importlib calls with a constant name count, and one with a
+    computed name is "<computed>"."""
     tree = ast.parse(path.read_text(), str(path))
+    here = module or module_of(path)
     out = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             out += [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            out.append(node.module)
+        elif isinstance(node, ast.ImportFrom):
+            base = _absolute(path, node, here)
+            out += [f"{base}.{a.name}" if path_of(f"{base}.{a.name}") else base
+                    for a in node.names]
+        elif isinstance(node, ast.Call) and _called(node.func) in ("import_module",
+                                                                  "__import__"):
+            first = node.args[0] if node.args else None
+            out.append(first.value if isinstance(first, ast.Constant)
+                       and isinstance(first.value, str) else "<computed>")
     return out
+
+
+def _called(func: ast.expr) -> str:
+    return func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
 
 
 def within(module: str, packages) -> bool:
@@ -43,25 +94,75 @@ def files(package: str) -> list[Path]:
     return sorted((ROOT / package).rglob("*.py"))
 
 
-@pytest.mark.parametrize("path", files("node/core"), ids=lambda p: p.name)
-def test_the_core_imports_no_io(path):
-    bad = [m for m in imports(path) if within(m, CORE_FORBIDDEN)]
-    assert not bad, f"{path.name} imports {bad}"
+def declared(package: str) -> tuple[str, ...]:
+    """A package's `__may_import__` (a literal in its __init__.py)."""
+    tree = ast.parse(path_of(package).read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "__may_import__"
+                                                for t in node.targets):
+            return ast.literal_eval(node.value)
+    raise AssertionError(f"{package} declares no __may_import__")
 
 
-@pytest.mark.parametrize("path", files("mapper"), ids=lambda p: p.name)
-def test_the_mapper_uses_only_the_nodes_wire_vocabulary(path):
-    bad = [m for m in imports(path)
-           if within(m, ("floering.node",)) and not within(m, MAPPER_ALLOWED_NODE)]
-    bad += [m for m in imports(path) if within(m, ("floering.chaos", "floering.spark_driver"))]
-    assert not bad, f"{path.name} imports {bad}"
+def refused(path: Path, module: str | None = None) -> list[str]:
+    """The imports of `path` (the module `module`, by default the one its place in
+    the checkout names) its package does not declare."""
+    module = module or module_of(path)
+    package = next(p for p in DECLARED if within(module, (p,)))
+    allowed = declared(package)
+    inside = [a for a in allowed if a.startswith("floering")]
+    bad = []
+    for name in imports(path, module):
+        if name == "<computed>":
+            if not path.is_relative_to(ROOT) or \
+                    str(path.relative_to(ROOT)) not in DYNAMIC_IMPORTS:
+                bad.append(name)
+        elif within(name, ("floering",)):
+            if not within(name, inside):
+                bad.append(name)
+        elif "*" not in allowed and name.split(".")[0] not in allowed:
+            bad.append(name)
+    return bad
 
 
-@pytest.mark.parametrize("path", files("spark_driver"), ids=lambda p: p.name)
-def test_the_spark_driver_imports_only_the_mapper(path):
-    bad = [m for m in imports(path)
-           if within(m, ("floering.node", "floering.chaos", "floering.v1"))]
-    assert not bad, f"{path.name} imports {bad}"
+SOURCES = [p for package in ("node", "mapper", "chaos", "spark_driver") for p in files(package)]
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_each_module_imports_only_what_its_package_declares(path):
+    bad = refused(path)
+    assert not bad, f"{path.relative_to(ROOT)} imports {bad}"
+
+
+def test_the_core_declares_no_io():
+    allowed = declared("floering.node.core")
+    assert "*" not in allowed
+    assert not set(allowed) & {"asyncio", "grpc", "socket", "subprocess", "threading", "time",
+                               "random", "selectors", "multiprocessing", "signal"}
+    assert [a for a in allowed if a.startswith("floering")] == ["floering.node.core"]
+
+
+def test_every_dynamic_import_is_where_its_reason_says():
+    for name in DYNAMIC_IMPORTS:
+        assert "<computed>" in imports(ROOT / name), f"{name} imports nothing by a computed name"
+
+
+def test_the_checker_sees_relative_aliased_and_importlib_imports(tmp_path):
+    sample, module = tmp_path / "sample.py", "floering.node.core.sample"
+    sample.write_text("def f(name):\n"
+                      "    import grpc as g\n"
+                      "    from ..runtime import node\n"
+                      "    from . import ring\n"
+                      "    from floering.node import transport as t\n"
+                      "    import importlib\n"
+                      "    importlib.import_module('floering.mapper.client')\n"
+                      "    __import__(name)\n")
+    assert imports(sample, module) == [
+        "grpc", "floering.node.runtime.node", "floering.node.core.ring",
+        "floering.node.transport", "importlib", "floering.mapper.client", "<computed>"]
+    assert refused(sample, module) == ["grpc", "floering.node.runtime.node",
+                                       "floering.node.transport", "floering.mapper.client",
+                                       "<computed>"]
 
 
 def test_no_private_names_imported_across_modules():
@@ -75,12 +176,6 @@ def test_no_private_names_imported_across_modules():
                     bad += [f"{path.relative_to(ROOT)}: {node.module}.{a.name}"
                             for a in node.names if a.name.startswith("_")]
     assert not bad, bad
-
-
-def test_the_checker_sees_a_forbidden_import(tmp_path):
-    sample = tmp_path / "x.py"
-    sample.write_text("def f():\n    import grpc\n    from floering.node.runtime.node import X\n")
-    assert [m for m in imports(sample) if within(m, CORE_FORBIDDEN)] == ["grpc", "floering.node.runtime.node"]
 
 
 # The protocol's decisions: only the node machine (node.core.machine) and durable
@@ -116,12 +211,17 @@ def test_the_simulation_drives_the_production_machine_and_outbox():
     assert "floering.node.core.machine" in imported and "floering.mapper.outbox" in imported
 
 
-MAX_MODULE_LINES, MAX_FUNCTION_LINES = 520, 60
+# A ceiling, not a steering rule: where code goes follows what it does. An exception
+# names its file and why.
+MAX_MODULE_LINES, MAX_FUNCTION_LINES = 900, 100
+SIZE_EXCEPTIONS: dict[str, str] = {}
 
 
 @pytest.mark.parametrize("path", [*files("node"), *files("mapper")],
                          ids=lambda p: str(p.relative_to(ROOT)))
 def test_modules_and_functions_stay_small(path):
+    if str(path.relative_to(ROOT)) in SIZE_EXCEPTIONS:
+        return
     source = path.read_text()
     assert source.count("\n") <= MAX_MODULE_LINES, f"{path.name}: split it"
     long = [f"{n.name} ({n.end_lineno - n.lineno + 1} lines)" for n in ast.walk(ast.parse(source))

@@ -1,0 +1,11 @@
+"""The protocol: pure, driven with an explicit `now` by the runtime and the
+simulation alike, so it does no I/O and keeps no clock."""
+
+# Nothing that touches the clock, randomness, threads, processes or the network.
+# importlib: a user's reducer is loaded by the name an operator gives (module:Class);
+# os: FLOE_PURE selects the pure-Python state table.
+__may_import__ = (
+    "floering.node.core",
+    "__future__", "array", "ast", "bisect", "collections", "dataclasses", "enum", "hashlib",
+    "heapq", "importlib", "io", "itertools", "logging", "math", "mmh3", "msgpack",
+    "operator", "os", "re", "struct", "sys", "typing", "weakref", "zlib")

@@ -1,0 +1,3 @@
+"""The durable node's embedded store and segment log."""
+
+__may_import__ = ("floering.node.storage", "floering.node.core", "floering.node.files", "*")
