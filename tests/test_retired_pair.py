@@ -77,3 +77,36 @@ def test_two_members_paused_and_woken_together_converge_exactly(tmp_path):
         # the ranges only n2 held when it was removed (n1's, taken over) were lost,
         # and a retired copy gave them back
         assert sum(len(events(cluster, n, "retired_handed_over")) for n in ("n1", "n2"))
+
+
+@pytest.mark.slow
+def test_two_of_five_members_paused_at_once_and_woken_together_converge_exactly(tmp_path):
+    """Paused together (the other three are a quorum), both are declared dead, the
+    ranges only they held lost; woken together, both are fenced and their retired
+    copies give those ranges back: every count exact."""
+    data = tmp_path / "data"
+    with LocalCluster.up(5, 1, workdir=tmp_path, extra_args=[
+            "--data-dir", str(data / "{node}")]) as cluster:
+        feeder = PatientFeeder(cluster.seeds, cluster.tls("client"))
+        feeder.start()
+        time.sleep(1.0)
+        try:
+            for node in ("n1", "n2"):
+                cluster.kill(node, signal.SIGSTOP)
+            wait_for(lambda: {"n1", "n2"} <= ring_of(cluster, "n0").removed, 60,
+                     "n0 removes the paused n1 and n2")
+        finally:
+            for node in ("n1", "n2"):
+                cluster.kill(node, signal.SIGCONT)
+        processes = ("n0", "n1", "n2", "n3", "n4")
+        members = ["n0", "n3", "n4", "n1#1", "n2#1"]
+        wait_for(lambda: settled(cluster, members, processes), 90, "the ring converges")
+        feeder.stop.set()
+        feeder.join(150)
+        client = feeder.finish()
+        got = client.scan_all()
+        assert got == feeder.acked, diff(got, feeder.acked)
+        client.close()
+        for node in ("n1", "n2"):
+            assert events(cluster, node, "fenced") and events(cluster, node, "retired")
+        assert sum(len(events(cluster, n, "retired_handed_over")) for n in ("n1", "n2"))
