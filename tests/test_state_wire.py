@@ -125,6 +125,7 @@ def _frame(kinds, keys, offsets, values, rest=b"", version=1, width=8):
     (_frame([3], b"ab", [0, 2], [1]), "kind"),
     (_frame([0], b"ab", [0, 2], [1], rest=b"\x92\x91"), "msgpack"),
     (_frame([0], b"ab", [0, 2], [1], rest=b"\x92\x91\x01\x90"), "equal length"),
+    (_frame([0], b"ab", [0, 2], [1], rest=b"\x92\x91\x81\x01\x02\x91\x03"), "a map"),
 ])
 def test_a_hostile_frame_is_refused_naming_what_is_wrong(frame, says):
     with pytest.raises(InvalidArgument, match=says):

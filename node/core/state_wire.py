@@ -172,6 +172,10 @@ def decode(data) -> "StateColumns":
     values = values if width == 8 else array("q", values)
     at += width * n
     rest_keys, rest = unpack_columns(bytes(view[at:])) if nrest else ((), ())
+    try:
+        frozenset(rest_keys)
+    except TypeError:
+        raise _refuse("a key of the rest is a map (not a key)") from None
     return StateColumns(kinds, keys, offsets, values, rest_keys, rest)
 
 
