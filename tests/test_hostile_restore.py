@@ -42,7 +42,7 @@ HOSTILE_MARKS = [
     {"s1": -1},                             # below zero
     {"s1": 1 << 64},                        # past 64 bits
     {7: 600},                               # a source that is not text
-    {"x" * 5000: 1},                        # a source past the limit
+    {"x" * 5000: 1},                        # a source past any limit
     {f"s{i}": 1 for i in range(70_000)},    # more sources than any range tracks
 ]
 

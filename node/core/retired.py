@@ -59,17 +59,17 @@ MORE_MARKS = 64            # import marks a range may hold besides its sources' 
 
 def checked_marks(marks, limits) -> dict:
     """`marks` if they are watermarks a range can hold: a map of at most
-    --max-sources-per-range (and a few import marks) sources, each a name within
-    --max-source-bytes and a seq in 0..2^63-1; else InvalidArgument."""
+    --max-sources-per-range (at least 4,096) sources and 64 import marks, each a name
+    within --max-source-bytes (at least 512: an import's mark) and a seq in
+    0..2^63-1; else InvalidArgument."""
     if not isinstance(marks, dict):
         raise InvalidArgument("watermarks are a map of source to seq")
-    if len(marks) > limits.max_sources_per_range + MORE_MARKS:
-        raise InvalidArgument(f"{len(marks)} watermarks: a range tracks at most "
-                              f"{limits.max_sources_per_range} sources")
+    most, longest = max(limits.max_sources_per_range, 4096), max(limits.max_source_bytes, 512)
+    if len(marks) > most + MORE_MARKS:
+        raise InvalidArgument(f"{len(marks)} watermarks: a range tracks at most {most} sources")
     for source, seq in marks.items():
-        if not isinstance(source, str) or len(source.encode()) > limits.max_source_bytes:
-            raise InvalidArgument(f"a watermark's source is text of at most "
-                                  f"{limits.max_source_bytes} bytes")
+        if not isinstance(source, str) or len(source.encode()) > longest:
+            raise InvalidArgument(f"a watermark's source is text of at most {longest} bytes")
         if type(seq) is not int or not 0 <= seq <= MAX_SEQ:
             raise InvalidArgument("a watermark's seq is a number in 0..2^63-1")
     return marks

@@ -198,9 +198,9 @@ class Retiring:
         return len(done)
 
     async def _answer(self, core, ring: Ring, ask) -> Held:
-        if ask.node == core.node_id:
-            return held(core, ask.token, ask.want)
         try:
+            if ask.node == core.node_id:
+                return held(core, ask.token, ask.want)
             return await self.calls.held(ring.address(ask.node), ask.token, ring.stamp,
                                          ask.want)
         except (FloeError, ValueError):
