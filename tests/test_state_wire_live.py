@@ -78,3 +78,37 @@ def test_state_moves_as_frames_through_a_split_and_two_kills_with_exact_counts(t
         assert nodes["n0"]["moved_bytes"] > moved
         assert sum(n["takeovers"] for k, n in nodes.items() if k in ("n0", "n3")) >= 2
         assert all(nodes[k]["lost_ranges"] == 0 for k in ("n0", "n3"))
+
+
+def test_a_pure_node_among_compiled_ones_takes_and_gives_state_as_frames(tmp_path,
+                                                                         monkeypatch):
+    """A node with FLOE_PURE=1 (dicts, no table) joins compiled nodes: it pulls its
+    share (full copies as frames from tables, read into dicts), checkpoints to its
+    compiled replicas (frames from dicts, installed into tables), then is killed and
+    its ranges come back from those copies. Counts exact throughout."""
+    from pathlib import Path
+    from floering.mapper import RingClient
+    monkeypatch.delenv("FLOE_PURE", raising=False)
+    with LocalCluster.up(3, 1, workdir=tmp_path, tokens_per_node=2) as cluster:
+        feeder = Feeder(cluster.seeds, tls=cluster.tls())
+        feeder.start()
+        time.sleep(0.5)
+        monkeypatch.setenv("FLOE_PURE", "1")
+        (pure,) = cluster.add_nodes(1, tokens_per_node=2)
+        monkeypatch.delenv("FLOE_PURE")
+        assert b"FLOE_PURE=1" in Path(f"/proc/{pure.pid}/environ").read_bytes()
+
+        def ring():
+            with RingClient([n.address for n in cluster.nodes if n.alive()], timeout=10,
+                            rpc_timeout=2.0, tls=cluster.tls()) as client:
+                return client.refresh_ring()
+        wait_for(lambda: ring().share_of(pure.node_id) > 0 and not ring().extras,
+                 timeout=60, what="the pure node's share")
+        wait_for(lambda: replicated(tmp_path, set()), timeout=60, what="replicated")
+        assert status(tmp_path)[pure.node_id]["keys"] > 0
+        time.sleep(1.0)             # a few checkpoint rounds from the pure node
+        cluster.kill(pure.node_id)
+        wait_for(lambda: replicated(tmp_path, {pure.node_id}), timeout=60,
+                 what="re-replicated")
+        final = finish_exact(feeder)
+        assert pure.node_id not in final.nodes or not final.tokens_of(pure.node_id)
