@@ -244,3 +244,25 @@ def test_a_tables_split_by_position_is_the_split_by_key():
     assert rng.state.split_ranges(bounds) is None
     assert StateColumns  # exported for the decoder's readers
     assert HEADER_BYTES == 21 and encode_frame
+
+
+@compiled
+def test_a_delta_with_spill_goes_as_frames_and_a_bad_full_copy_changes_nothing():
+    rng = PrimaryRange(1, load_reducer("sum"))
+    copy = TableCopy(load_reducer("sum"))
+    rng.state.apply(["a", "b", "c"], [1, 2, 3])
+    cut = rng.cut_checkpoint()
+    copy.replace(read_back(frames_of(rng.full_checkpoint(cut).states)))
+    rng.checkpoint_shipped()
+    rng.state.apply(["b", "d"], [0.5, 4])            # b leaves the table for spill
+    delta = rng.cut_checkpoint().states
+    assert delta == {"b": 2.5, "d": 4}
+    for frame in frames_of(delta):
+        copy.apply_fragment(decode(frame))
+    rng.checkpoint_shipped()
+    assert copy.master == rng.state.snapshot() == {"a": 1, "b": 2.5, "c": 3, "d": 4}
+    good = decode(encode_pairs(["x"], [1]))
+    bad = decode(_frame([0], b"\xff", [0, 1], [1]))     # not UTF-8: the table refuses it
+    with pytest.raises(InvalidArgument):
+        copy.replace(StateRun([good, bad]))
+    assert copy.master == {"a": 1, "b": 2.5, "c": 3, "d": 4}
