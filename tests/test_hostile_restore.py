@@ -230,3 +230,19 @@ def test_hostile_range_held_and_restore_calls_are_refused_on_a_real_ring(tmp_pat
         assert stats_of(cluster, "n0").lost_ranges == 0
         assert scan(cluster) == want
         assert psutil.Process(node.pid).memory_info().rss - rss < 64 << 20
+
+
+def test_too_many_watermarks_are_refused_from_the_header_before_any_is_built():
+    import time
+    from floering.node.core.batch import Limits
+    from floering.node.core.retired import check_marks_header
+    data = pack({f"{i:x}": 1 for i in range(700_000)})      # ~4.6 MiB
+    started = time.perf_counter()
+    with pytest.raises(InvalidArgument):
+        check_marks_header(data, Limits())
+    assert time.perf_counter() - started < 0.01
+    for bad in (pack([1, 2]), b"\xc1", b"\xde\x00"):
+        with pytest.raises(InvalidArgument):
+            check_marks_header(bad, Limits())
+    check_marks_header(pack(GOOD_MARKS), Limits())
+    check_marks_header(pack({f"s{i}": i for i in range(4000)}), Limits())

@@ -57,6 +57,23 @@ MAX_SEQ = (1 << 63) - 1
 MORE_MARKS = 64            # import marks a range may hold besides its sources' watermarks
 
 
+def check_marks_header(data: bytes, limits) -> None:
+    """Refuse encoded watermarks that are not a msgpack map, or hold more entries than
+    `checked_marks` takes, from the map's header alone: a 4 MiB map of short names
+    costs ~100 MiB and ~2 s to build, which must not be spent on a refused one."""
+    if not data:
+        return
+    first, most = data[0], max(limits.max_sources_per_range, 4096) + MORE_MARKS
+    if 0x80 <= first <= 0x8F:
+        count = first & 0x0F
+    elif first in (0xDE, 0xDF) and len(data) >= (3 if first == 0xDE else 5):
+        count = int.from_bytes(data[1:3] if first == 0xDE else data[1:5], "big")
+    else:
+        raise InvalidArgument("watermarks are a msgpack map of source to seq")
+    if count > most:
+        raise InvalidArgument(f"{count} watermarks: a range tracks at most {most} sources")
+
+
 def checked_marks(marks, limits) -> dict:
     """`marks` if they are watermarks a range can hold: a map of at most
     --max-sources-per-range (at least 4,096) sources and 64 import marks, each a name
@@ -66,7 +83,8 @@ def checked_marks(marks, limits) -> dict:
         raise InvalidArgument("watermarks are a map of source to seq")
     most, longest = max(limits.max_sources_per_range, 4096), max(limits.max_source_bytes, 512)
     if len(marks) > most + MORE_MARKS:
-        raise InvalidArgument(f"{len(marks)} watermarks: a range tracks at most {most} sources")
+        raise InvalidArgument(f"{len(marks)} watermarks: a range tracks at most "
+                              f"{most + MORE_MARKS} sources")
     for source, seq in marks.items():
         if not isinstance(source, str) or len(source.encode()) > longest:
             raise InvalidArgument(f"a watermark's source is text of at most {longest} bytes")

@@ -15,7 +15,7 @@ from floering.v1 import floe_pb2, floe_pb2_grpc
 from floering.node.core.chunks import CHUNK_BYTES, column_slices, packed_chunks
 from floering.node.core.codec import pack, unpack, unpack_columns
 from floering.node.core.errors import FloeError, InvalidArgument, Unavailable
-from floering.node.core.retired import Held, held, restore_chunk
+from floering.node.core.retired import Held, check_marks_header, held, restore_chunk
 from floering.node.core.snapshot_format import MAX_SECTION
 from floering.node.core.snapshots import export_range, import_chunk
 from floering.node.transport.status import abort, error_from_rpc
@@ -80,6 +80,7 @@ class Snapshots(floe_pb2_grpc.SnapshotsServicer):
             self.service.check_started()
             if len(request.watermarks) > MAX_WATERMARK_BYTES:
                 raise InvalidArgument(f"watermarks are at most {MAX_WATERMARK_BYTES} bytes")
+            check_marks_header(request.watermarks, core.limits)
             want = unpack(request.watermarks) if request.watermarks else {}
             answer = held(core, request.token, want) if request.ring_stamp == core.ring.stamp \
                 else Held("", False)
@@ -92,6 +93,7 @@ class Snapshots(floe_pb2_grpc.SnapshotsServicer):
         runtime = self.service.runtime
         try:
             self.service.check_started()
+            check_marks_header(request.watermarks, runtime.core.limits)
             keys, states, marks = chunk_columns(request)
             held_now = restore_chunk(runtime.core, request.ring_stamp, request.token,
                                      request.member, request.retired, request.chunk,
