@@ -70,6 +70,7 @@ def test_the_drifting_and_merge_cost_workloads_run_exact(policy, name):
     assert outcome.exact and outcome.tuples == 30_000 and sum(outcome.loads) == 30_000
     assert outcome.pieces_max >= 2 and outcome.merges >= 1
     assert outcome.pieces_mean > 1.0
+    assert 1.0 <= outcome.period_max_over_mean <= outcome.period_worst <= outcome.nodes
 
 
 @pytest.mark.multiprocess
