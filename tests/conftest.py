@@ -44,3 +44,52 @@ def pytest_sessionfinish(session, exitstatus):
         "stray processes left running by the tests (now killed): "
         + "; ".join(f"{pid}: {cmd[:120]}" for pid, cmd in strays), red=True)
     session.exitstatus = 1
+
+
+# ------------------------------------------------------------------- test tiers
+#
+# The fast tier (`./scripts/test.sh`, `-m fast`): every in-process test (unit,
+# property, the simulation) with a rotating share of the seeded simulation runs, plus
+# a few real-cluster smoke tests. The whole suite (`./scripts/test-all.sh`, what CI
+# runs) is everything but the long variants marked `slow`.
+
+# One seeded run in SEED_SHARE runs in the fast tier: those whose seed is the day's
+# rotation modulo SEED_SHARE, so every seed runs within SEED_SHARE days. FLOE_ROTATION
+# picks a rotation (to re-run a failure the tier found on another day).
+SEED_SHARE = 4
+# Real processes, real TLS, real Spark: one test of each path a user takes first.
+SMOKE = (
+    "tests/test_cluster.py::test_corpus_counts_are_exact_and_resends_are_not_counted",
+    "tests/test_cluster.py::test_cli_up_feed_query_status_down",
+    "tests/test_failover.py::test_sigkill_one_node_under_load",
+    "tests/test_restart.py::test_a_leave_from_a_pair_hands_its_ranges_over_once_under_load",
+    "tests/test_spark_driver.py::test_a_node_killed_mid_stream_loses_and_doubles_nothing",
+)
+
+
+def rotation() -> int:
+    import time
+    chosen = os.environ.get("FLOE_ROTATION")
+    return int(chosen) % SEED_SHARE if chosen else int(time.time() // 86400) % SEED_SHARE
+
+
+def in_fast_tier(item, turn: int) -> bool:
+    if item.nodeid.split("[")[0] in SMOKE:
+        return True
+    if any(item.get_closest_marker(m) for m in ("multiprocess", "spark", "chaos", "slow")):
+        return False
+    seed = getattr(getattr(item, "callspec", None), "params", {}).get("seed")
+    return not isinstance(seed, int) or seed % SEED_SHARE == turn
+
+
+def pytest_collection_modifyitems(config, items):
+    import pytest
+    turn = rotation()
+    for item in items:
+        if in_fast_tier(item, turn):
+            item.add_marker(pytest.mark.fast)
+
+
+def pytest_report_header(config):
+    return (f"fast tier: seeded simulation runs with seed % {SEED_SHARE} == {rotation()} "
+            f"(FLOE_ROTATION picks another)")
