@@ -98,7 +98,7 @@ class Receiver:
 
 class PeakRss:
     """The highest resident size of this process while the block runs, sampled with
-    psutil every 5 ms (the kernel's own high-water mark is reset only through /proc)."""
+    psutil every 5 ms (the kernel's own high-water mark cannot be reset through psutil)."""
 
     def __enter__(self) -> "PeakRss":
         import threading
