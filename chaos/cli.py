@@ -220,17 +220,18 @@ def cmd_status(args) -> int:
                           "verdict": line, "nodes": rows}, indent=2))
         return check_exit(line) if args.check else 0
     cells = [("node", "state", "address", "pid", "share", "tokens", "rate/s", "busy", "load",
-              "keys", "queue", "backup", "under", "lost", "ring")]
+              "keys", "queue", "backup", "under", "lost", "kernel", "lag", "ring")]
     for r in rows:
         if "ring_share" not in r:
             cells.append((r["node_id"], r["state"], r["address"], str(r.get("pid", "-")),
-                          *["-"] * 10, r.get("error", "")))
+                          *["-"] * 12, r.get("error", "")))
             continue
         cells.append((r["node_id"], r["state"], r["address"], str(r["pid"]),
                       f"{r['ring_share']:.1%}", str(r["tokens"]), f"{r['apply_rate']:,.0f}",
                       f"{r['busy']:.0%}", "HIGH" if r["overloaded"] else "ok", str(r["keys"]),
                       str(r["queue_length"]), str(r["backup_tuples"]),
                       str(r["under_replicated"]), str(r["lost_ranges"]),
+                      r.get("state_kernel") or "-", f"{r.get('loop_lag_ms', 0):.0f} ms",
                       f"v{r['ring_version']}"))
     print(describe_ring(ring))
     print("\n".join(table(cells)))

@@ -10,6 +10,8 @@ import signal
 from floering.node.config import NodeConfig
 from floering.node.core.balancers import balancer, check_reducer
 from floering.node.core.reducers import load_reducer, parse_reducer_args
+from floering.node.core.table_state import state_kernel
+from floering.node.loop_lag import LoopLag
 from floering.node.runtime.events import EventLog
 from floering.node.runtime.node import NodeRuntime
 from floering.node.runtime.retiring import Retiring
@@ -24,9 +26,10 @@ log = logging.getLogger("floe.node")
 class RunningNode:
     """A started node; `stop()` is the graceful shutdown SIGTERM triggers."""
 
-    def __init__(self, runtime, server, health, port, metrics=None, retiring=None):
+    def __init__(self, runtime, server, health, port, metrics=None, retiring=None,
+                 lag=None):
         self.runtime, self.server, self.health, self.port = runtime, server, health, port
-        self.metrics, self.retiring = metrics, retiring
+        self.metrics, self.retiring, self.lag = metrics, retiring, lag
         self.address = runtime.config.advertise     # where peers and clients reach it
         self._reporting = asyncio.create_task(self._report_health())
 
@@ -50,6 +53,8 @@ class RunningNode:
             await self.retiring.stop()
         if self.metrics is not None:
             self.metrics.close()
+        if self.lag is not None:
+            self.lag.close()
         self.runtime.events.record("stopped", self.runtime.core.node_id)
         self.runtime.events.close()
 
@@ -66,6 +71,13 @@ def with_view_and_retired_stats(runtime, retiring: Retiring) -> None:
                     views_refused=views["removals_refused"] + views["own_removal_refused"],
                     views_held=views["views_held"])
     runtime.stats = stats
+
+
+def with_kernel_and_lag(runtime, lag: LoopLag) -> None:
+    """The node's stats also say what holds its built-in reducers' states (the compiled
+    state table or dicts) and the longest event-loop lag of the last seconds."""
+    base, kernel = runtime.stats, state_kernel(runtime.reducer)
+    runtime.stats = lambda: dict(base(), state_kernel=kernel, loop_lag_ms=lag.worst_ms())
 
 
 def configured_reducer(config: NodeConfig):
@@ -110,6 +122,9 @@ async def start_node(config: NodeConfig) -> RunningNode:
     retiring = Retiring.attach(runtime, RetiredCalls(peers, config.rpc_timeout))
     runtime.retiring = retiring
     with_view_and_retired_stats(runtime, retiring)
+    lag = LoopLag()
+    with_kernel_and_lag(runtime, lag)
+    lag.start()
     try:
         if metrics is not None:       # up while the node waits to join: that shows too
             await metrics.serve(listen_host(config.listen), config.metrics_port)
@@ -121,9 +136,10 @@ async def start_node(config: NodeConfig) -> RunningNode:
     except BaseException:
         if metrics is not None:
             metrics.close()
+        lag.close()
         await server.stop(0)
         raise
-    return RunningNode(runtime, server, health, port, metrics, retiring)
+    return RunningNode(runtime, server, health, port, metrics, retiring, lag)
 
 
 async def serve(config: NodeConfig) -> None:

@@ -105,7 +105,14 @@ def test_a_pure_node_among_compiled_ones_takes_and_gives_state_as_frames(tmp_pat
         wait_for(lambda: ring().share_of(pure.node_id) > 0 and not ring().extras,
                  timeout=60, what="the pure node's share")
         wait_for(lambda: replicated(tmp_path, set()), timeout=60, what="replicated")
-        assert status(tmp_path)[pure.node_id]["keys"] > 0
+        rows = status(tmp_path)
+        assert rows[pure.node_id]["keys"] > 0
+        # floe status says what holds each node's states
+        assert {n: r["state_kernel"] for n, r in rows.items()} == {
+            n: "dict" if n == pure.node_id else "compiled" for n in rows}
+        assert all(0 <= r["loop_lag_ms"] < 10_000 for r in rows.values())
+        table = floe(tmp_path, "status")
+        assert "kernel" in table and " dict " in table and " compiled " in table
         time.sleep(1.0)             # a few checkpoint rounds from the pure node
         cluster.kill(pure.node_id)
         wait_for(lambda: replicated(tmp_path, {pure.node_id}), timeout=60,
