@@ -72,3 +72,28 @@ def test_a_rejoined_member_and_a_scale_in_get_even_shares_back_under_load(tmp_pa
         log = open(fresh.log).read()
         assert "owns too little of the ring" in log, log[-2000:]
         print(f"even again {rejoin:.1f} s after the rejoin, {leave:.1f} s after the leave")
+
+
+def test_a_crash_with_no_restart_evens_shares_out_under_load(tmp_path):
+    """A member SIGKILLed and not started again is a scale-in from the ring's point of
+    view: its heir took its ranges over (a double share); the members below the mean
+    pull from it until every member is within 25% of the mean, and nothing is lost."""
+    with LocalCluster.up(4, 1, workdir=tmp_path, data_dir=tmp_path / "data") as cluster:
+        feeder = Feeder(cluster.seeds, tls=cluster.tls())
+        feeder.start()
+        time.sleep(1.0)
+        cluster.kill("n2")
+        deadline = time.monotonic() + WITHIN
+        while "n2" not in ring_of(cluster).removed:
+            assert time.monotonic() < deadline, "n2's death was never declared"
+            time.sleep(0.1)
+        taken = ring_of(cluster)
+        assert max(taken.share_of(n) for n in taken.nodes) >= 0.4, taken.describe()
+        even = seconds_to_even(cluster, 3)
+        time.sleep(0.5)
+        ring = finish_exact(feeder)                       # exact counts throughout
+        assert not ring.lost and not uneven(ring), ring.describe()
+        assert sorted(ring.nodes) == ["n0", "n1", "n3"], ring.describe()
+        wait_replicated([n.address for n in cluster.nodes if n.alive()], WITHIN,
+                        cluster.tls())
+        print(f"even again {even:.1f} s after n2's death was declared")

@@ -9,7 +9,11 @@
   ones) it goes on asking the largest member while it is below the mean share and a
   range brings it closer; under `floe`, `halving` and `doubling` it pulls once, as
   their load shedding makes uneven shares on purpose. A member that held ranges all
-  along never pulls, so an operator's `floe move` is not undone.
+  along never pulls, so an operator's `floe move` is not undone, except after a
+  member was removed from the ring (`short_after_removal`): a crash with no restart
+  is a scale-in whose heirs took the dead member's ranges over (one may hold a
+  double share), so a member then below the mean while the ring is uneven pulls as
+  an empty one does, while below the mean.
 - A leaving member spreads its ranges (`spread_leave`): each goes to its first
   replica (which already holds it) while that one stays within the mean share the
   ring will have without the leaver, otherwise to the member with the smallest share
@@ -36,6 +40,9 @@ from floering.node.core.ring import Ring
 PULL_GRACE = 3.0
 # Seconds between two pulls of one member (a handoff shows in the ring well before).
 PULL_INTERVAL = 2.0
+# After a member is removed, a member below the mean share pulls when it or the
+# largest member is further than this part of the mean from it.
+REMOVAL_SLACK = 0.1
 
 
 def _size(ring: Ring, token: int) -> float:
@@ -53,6 +60,19 @@ def short_of_share(ring: Ring, node: str, filling: bool = True) -> bool:
     if not filling or balancer(ring.balancer).moves_ranges:
         return False
     return ring.share_of(node) < 1 / len(ring.nodes) - 1e-12
+
+
+def short_after_removal(ring: Ring, node: str) -> bool:
+    """Asked when a member was just removed from the ring: is `node` below the mean
+    share while the ring is uneven (`node` below the mean by more than REMOVAL_SLACK
+    of it, or the largest share above it by more)? Then it pulls, as a member with no
+    range does."""
+    if node not in ring.nodes or len(ring.nodes) < 2:
+        return False
+    mean, mine = 1 / len(ring.nodes), ring.share_of(node)
+    largest = max(ring.share_of(n) for n in ring.nodes)
+    return mine < mean - 1e-12 and (mine < (1 - REMOVAL_SLACK) * mean
+                                    or largest > (1 + REMOVAL_SLACK) * mean)
 
 
 def pull_plan(ring: Ring, node: str, filling: bool = True) -> tuple[str, dict[int, str]]:
@@ -80,7 +100,7 @@ def _take(ring: Ring, donor: str, mine: float, theirs: float, strict: bool) -> l
         if len(taken) + 1 >= len(owned):
             break
         size = _size(ring, token)
-        if abs(mine + size - mean) >= abs(mine - mean):
+        if strict and abs(mine + size - mean) >= abs(mine - mean):
             continue
         worst = max(abs(mine - mean), abs(theirs - mean))
         if theirs - size >= mean - 1e-12 if strict else \
@@ -126,7 +146,9 @@ class SharePulling:
 
     short_since: float | None = None     # first seen short (None: not short)
     pull_after: float = 0.0              # no new pull before this time
-    filling = False                      # had no range when it began pulling
+    filling = False                      # had no range, or a member was removed,
+                                         # when it began pulling
+    members_seen = 0                     # members of the ring at the last look
     departing = False                    # handing everything away to leave
 
     def begin_leaving(self) -> None:
@@ -138,7 +160,9 @@ class SharePulling:
         if self.departing:
             return
         ring, me = core.ring, core.node_id
-        self.filling = not ring.tokens_of(me) or (self.filling and short_of_share(ring, me))
+        shrank, self.members_seen = len(ring.nodes) < self.members_seen, len(ring.nodes)
+        self.filling = (not ring.tokens_of(me) or (shrank and short_after_removal(ring, me))
+                        or (self.filling and short_of_share(ring, me)))
         donor, moves = pull_plan(ring, me, self.filling)
         if not moves:
             self.short_since = None
