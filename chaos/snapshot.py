@@ -7,10 +7,11 @@ watermarks covering them, read at one point) into a snapshot file
 
 Import checks the whole file first (every checksum and field, the trailer), then the
 target: the same reducer, and no keys anywhere unless asked (--into-state; --resume
-continues a stopped import of the same file). Keys are re-cut to the target's ranges
-by position; each source's watermark, the highest any range of the snapshot had,
-goes to every range (as a checkpoint carries watermarks), so a mapper resending
-batches it had sent before the export has them dropped as duplicates. Each range
+continues a stopped import of the same file). The target ring is split at every
+boundary of the snapshot it lacks, keys are re-cut to its ranges by position, and
+each range takes the watermarks of the snapshot range it lies in, so a mapper
+resending its stream has dropped exactly what the snapshot holds of each range, even
+of an export taken under a running feed (docs/operations.md). Each range
 takes its chunks in order and marks how many it holds: a chunk sent twice is merged
 once, and a stopped import resumes where each range stopped."""
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import os
 import time
+from bisect import bisect_left
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -212,6 +214,10 @@ def import_ring(seeds: list[str], path: str, tls: TlsFiles | None, *,
         check_states(header.reducer, ranges)
         if attempt == 1 and not (into_state or resume):
             _check_empty(ring, tls)
+        if cut_at_boundaries(ring, header.tokens, tls):
+            ring = _ring_cut(seeds, tls, header.tokens)
+            header, snapshot_id, ranges, _ = load_recut(path, ring, snapshot)
+        marks = range_marks(snapshot[1], ring)
         loaded = sum(map(len, ranges.values()))
         try:
             calls += _send(ring, tls, header.reducer, snapshot_id, ranges, marks, into_state)
@@ -220,8 +226,48 @@ def import_ring(seeds: list[str], path: str, tls: TlsFiles | None, *,
             if _holds_state(exc) or attempt == IMPORT_TRIES:
                 raise
     return dict(file=path, snapshot=snapshot_id, keys=loaded, ranges=len(ring.tokens),
-                chunks=calls, sources=len(marks), ring_version=ring.version,
+                chunks=calls, sources=len({s for m in marks.values() for s in m}), ring_version=ring.version,
                 seconds=round(time.monotonic() - began, 3))
+
+
+def cut_at_boundaries(ring: Ring, boundaries, tls: TlsFiles | None) -> int:
+    """Split the target ring at every range boundary of the snapshot it lacks, so each
+    of its ranges lies inside one range of the snapshot and takes that range's
+    watermarks (`range_marks`). Returns the splits made."""
+    from floering.mapper.admin import split
+    cuts = [b for b in boundaries if not ring.has_token(b)]
+    for position in cuts:
+        split(ring, position, timeout=CALL_TIMEOUT, tls=tls)
+    return len(cuts)
+
+
+def _ring_cut(seeds: list[str], tls: TlsFiles | None, boundaries) -> Ring:
+    """The ring once a seed's view has every boundary of the snapshot."""
+    deadline = time.monotonic() + CALL_TIMEOUT
+    while True:
+        ring, _ = read_ring(seeds, tls)
+        if all(ring.has_token(b) for b in boundaries) or time.monotonic() > deadline:
+            return ring         # else a stale stamp on a send reads the ring again
+        time.sleep(0.05)
+
+
+def range_marks(parts, ring: Ring) -> dict[int, dict[str, int]]:
+    """{target token: watermarks}: each target range, inside one range of the snapshot
+    (`cut_at_boundaries`), takes that range's per-source watermarks, so a mapper
+    sending again what it sent before the export has exactly what the snapshot holds
+    of each range dropped, and nothing else. The export reads one range after
+    another, not every range at one instant: a range read later may hold more of a
+    source than one read earlier, and one watermark for the whole ring would drop
+    what the earlier range never held."""
+    snapshot_tokens = sorted({s.token for s in parts})
+    by_range = {s.token: {src: q for src, q in s.watermarks.items()
+                          if not src.startswith(IMPORT_SOURCE)}
+                for s in parts if s.chunk == 1}
+    marks = {}
+    for token in ring.tokens:
+        index = bisect_left(snapshot_tokens, token) % len(snapshot_tokens)
+        marks[token] = by_range.get(snapshot_tokens[index], {})
+    return marks
 
 
 def _holds_state(error: FloeError) -> bool:
@@ -243,7 +289,8 @@ def _send(ring: Ring, tls, reducer: str, snapshot_id: str, ranges: dict[int, dic
                 request = floe_pb2.ImportChunk(
                     ring_stamp=ring.stamp, token=token, snapshot=snapshot_id,
                     reducer=reducer, chunk=n, chunks=len(chunks), entries=chunks[n - 1][1],
-                    watermarks=pack(marks) if n == 1 else b"", into_state=into_state)
+                    watermarks=pack(marks.get(token, {})) if n == 1 else b"",
+                    into_state=into_state)
                 try:
                     held = call.ImportRange(request, timeout=CALL_TIMEOUT).chunks_held
                 except grpc.RpcError as exc:

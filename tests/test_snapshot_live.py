@@ -93,7 +93,8 @@ def test_export_then_import_into_a_ring_of_another_size(tmp_path):
         assert held_keys(b) == 0                      # nothing was loaded
 
         loaded = import_ring(b.seeds, str(snapshot), operator)
-        assert loaded["keys"] == len(expect) and loaded["ranges"] == 10
+        assert loaded["keys"] == len(expect) and loaded["ranges"] == 20    # cut at the
+        # snapshot's 12 boundaries (2 shared): each range inside one of the snapshot's
         assert counts(b) == expect
 
         # a second import of the same file: refused (the ring holds state); resumed: no-op
@@ -212,3 +213,57 @@ def test_an_import_is_durable_and_replicated(tmp_path, monkeypatch):
                      "every range on its replica")
         c.kill("n0")
         wait_for(lambda: scanned(c) == expect, 30, "the counts after n0's takeover")
+
+
+def test_an_export_under_a_running_feed_replays_exactly_into_a_ring_of_another_size(
+        tmp_path):
+    """The export reads one range after another while a mapper feeds, so its ranges
+    hold the source up to different points (their watermarks differ). Imported into a
+    ring of another size, each range of which is cut to lie inside one range of the
+    snapshot and takes that range's watermarks, the mapper sending its whole stream
+    again under the same source ends with exactly the stream's counts: what a range
+    held is dropped as duplicates, nothing else."""
+    import threading
+    words = corpus_words()[:40_000]
+    sent: list[str] = []
+    snapshot = tmp_path / "live.snap"
+    with LocalCluster.up(4, 1, workdir=tmp_path / "a", tokens_per_node=4) as a:
+        stop = threading.Event()
+
+        def run():
+            with RingClient(a.seeds, source="live", combine=False, batch_size=100,
+                            tls=a.tls("client")) as client:
+                for i in range(0, len(words), 100):
+                    if stop.is_set():
+                        return
+                    client.emit_many(words[i:i + 100])
+                    client.flush(timeout=60)
+                    sent.extend(words[i:i + 100])
+
+        feeder = threading.Thread(target=run, daemon=True)
+        feeder.start()
+        wait_for(lambda: len(sent) >= 5_000, timeout=60, what="the feed to start")
+        export_ring(a.seeds, str(snapshot), a.tls("operator"))
+        wait_for(lambda: len(sent) >= len(snapshot_watermarks(snapshot)) and
+                 len(sent) > max(snapshot_watermarks(snapshot).values()) + 2_000,
+                 timeout=60, what="the feed to go on past the export")
+        stop.set()
+        feeder.join(60)
+        assert not feeder.is_alive()
+        assert counts(a) == Counter(sent)
+    marks = snapshot_watermarks(snapshot)
+    assert len(set(marks.values())) > 1, f"every range read at one point: {marks}"
+    with LocalCluster.up(3, 1, workdir=tmp_path / "b", tokens_per_node=5) as b:
+        import_ring(b.seeds, str(snapshot), b.tls("operator"))
+        with RingClient(b.seeds, source="live", combine=False, batch_size=100,
+                        tls=b.tls("client")) as client:
+            client.emit_many(sent)
+            client.flush(timeout=60)
+        assert counts(b) == Counter(sent)
+
+
+def snapshot_watermarks(path) -> dict[int, int]:
+    """{range token: the source `live`'s watermark} of a snapshot file."""
+    _, parts, _ = snapshot_mod.read_snapshot(str(path))
+    return {s.token: max((q for src, q in s.watermarks.items() if "live" in src), default=0)
+            for s in parts if s.chunk == 1}
