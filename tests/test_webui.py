@@ -212,3 +212,64 @@ def test_a_busy_port_is_one_line_naming_it(tmp_path):
     assert done.returncode == 1 and done.stdout == ""
     assert done.stderr == (f"floe ui: port {port} on 127.0.0.1 is in use: pick another "
                            f"--port (0: any free port)\n")
+
+
+KEYS = 600_000          # n2 holds a third: its handoff lasts past a read of the page
+
+# Every drawing of a handoff in flight the page makes, recorded by the page itself as
+# it draws (a handoff may last between two looks of the test): [arcs, their
+# receivers, the leaving member's state on the page].
+WATCH_HANDOFFS = """(window.handoffs = [], new MutationObserver(() => {
+    const arcs = Array.from(document.querySelectorAll('#extras path.handoff'));
+    const row = document.querySelector('#members tr[data-node="n2"]');
+    if (arcs.length) window.handoffs.push([arcs.length,
+        [...new Set(arcs.map(a => a.dataset.node))].sort().join(','),
+        row ? row.dataset.state : '']);
+}).observe(document.getElementById('extras'), {childList: true}), true)"""
+
+
+@pytest.mark.multiprocess
+@pytest.mark.skipif(chromium() is None, reason="chromium is not installed "
+                                              "(scripts/setup.sh installs it, as root)")
+def test_the_page_shows_a_real_leave_handing_its_ranges_over(tmp_path):
+    """`floe scale --remove n2` on a ring holding 600,000 keys: while n2 hands its
+    ranges over, the page draws the handoff in flight (dashed arcs outside the ranges,
+    to the members taking them) and n2 as leaving; afterwards no arc is left and n2's
+    ranges are drawn under the others."""
+    from floering.chaos.cluster import LocalCluster
+    from floering.mapper import RingClient
+    ui = browser = None
+    try:
+        floe(tmp_path, "up", "--nodes", "3", "--memory")
+        cluster = LocalCluster.load(tmp_path / "floe-cluster.json")
+        with RingClient(cluster.seeds, tls=cluster.tls()) as client:
+            client.emit_many(f"key{i}" for i in range(KEYS))
+            client.flush(timeout=120)
+        ui = subprocess.Popen([sys.executable, "-m", "floering.chaos.cli", "ui", "--port",
+                               "0", "--interval", "0.1"], cwd=tmp_path, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              env=dict(os.environ, PYTHONPATH=f"{ROOT}:{ROOT / 'proto'}"))
+        url = ui.stdout.readline().split()[2]
+        browser = Browser(url, tmp_path / "chromium")
+        until(lambda: browser.evaluate(MEMBERS) == [[f"n{i}", "serving"] for i in range(3)],
+              20, "3 serving members on the page")
+        assert browser.evaluate(WATCH_HANDOFFS) is True
+        floe(tmp_path, "scale", "--remove", "n2")
+        seen = browser.evaluate("window.handoffs")
+        assert seen, "no handoff was drawn while n2 left"
+        assert any(receivers and "n2" not in receivers.split(",")
+                   and state == "leaving" for _, receivers, state in seen), seen
+
+        def gone():
+            owners = {o for _, o, _ in browser.evaluate(OWNERS)}
+            return owners == {"n0", "n1"} and not browser.evaluate(
+                "document.querySelectorAll('#extras path.handoff').length")
+        until(gone, 20, "n2's ranges under n0 and n1, no handoff left", every=0.1)
+        print(f"{len(seen)} drawings of the handoff in flight, e.g. {seen[0]}")
+    finally:
+        if browser is not None:
+            browser.close()
+        if ui is not None:
+            stop(ui)
+        floe_run(tmp_path, "down", "--kill")
+    assert ui.returncode == 0, ui.stderr.read()

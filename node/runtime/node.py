@@ -495,7 +495,8 @@ class NodeRuntime:
         rates = load.token_rates()
         return dict(core.stats(), fenced=core.fenced, cpu=load.cpu(), busy=load.busy(),
                     apply_rate=sum(rates.values()), overloaded=load.overloaded,
-                    tokens=len(core.ring.tokens_of(core.node_id)), leaving=machine.leaving,
+                    tokens=len(core.ring.tokens_of(core.node_id)),
+                    leaving=machine.leaving or machine.departing,   # handing all away too
                     suspects=sorted(machine.detector.suspected),
                     load=msgpack.packb(dict(rates)), rejoined=machine.rejoined,
                     node_id=core.node_id, address=self.config.advertise,
