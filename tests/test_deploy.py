@@ -27,8 +27,7 @@ from floering.node.transport.tls import TlsFiles, generate
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy" / "systemd"
 UNIT = DEPLOY / "floe-node@.service"
 EXAMPLE = DEPLOY / "node.toml.example"
-FLOE = "/opt/floe-ring/.venv/bin/floe"
-LOCAL_FLOE = str(Path(sys.executable).with_name("floe"))     # this venv's floe command
+PYTHON = "/opt/floe-ring/.venv/bin/python"
 WORDS = "in the beginning god created the heaven and the earth and the earth".split()
 
 
@@ -43,8 +42,8 @@ def exec_start(instance: str, config_path: Path) -> list[str]:
     """The unit's ExecStart for `instance`, run by this interpreter on `config_path`."""
     line = unit()["Service"]["ExecStart"].replace("%i", instance)
     argv = shlex.split(line)
-    assert argv[:2] == [FLOE, "node"], argv
-    argv[0] = LOCAL_FLOE
+    assert argv[:3] == [PYTHON, "-m", "floering.node"], argv    # the node's own entry
+    argv[0] = sys.executable
     at = argv.index("--config")
     assert argv[at + 1] == f"/etc/floe-ring/{instance}.toml", argv
     argv[at + 1] = str(config_path)
@@ -68,7 +67,7 @@ def test_the_unit_stops_with_sigterm_and_does_not_retry_a_refused_configuration(
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None,
                     reason="systemd-analyze is not installed")
 def test_systemd_accepts_the_unit(tmp_path):
-    text = UNIT.read_text().replace(FLOE, LOCAL_FLOE)
+    text = UNIT.read_text().replace(PYTHON, sys.executable)
     (tmp_path / "floe-node@n0.service").write_text(text)
     done = subprocess.run(["systemd-analyze", "verify", "floe-node@n0.service"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=60)
@@ -172,7 +171,7 @@ def test_the_container_image_copies_every_package_and_runs_the_node():
     tops = {p.split(".")[0] for p in packages["packages"]}
     sources = {packages["package-dir"].get(t, t).split("/")[0] for t in tops}
     assert sources <= set(copied), sources - set(copied)
-    assert 'ENTRYPOINT ["floe", "node"]' in lines
+    assert 'ENTRYPOINT ["python", "-m", "floering.node"]' in lines
     assert "STOPSIGNAL SIGTERM" in lines
 
 
