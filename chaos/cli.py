@@ -583,13 +583,16 @@ def _cluster_commands(sub) -> None:
 
     restart = sub.add_parser(
         "restart", help="restart nodes one at a time: each leaves the ring (its ranges go "
-                        "to their replicas), starts again as a new empty member and takes "
-                        "its share back; the next waits until every range is on r+1 nodes")
+                        "over the other members), starts again as a new empty member and "
+                        "takes its share back; the next waits until every range is on r+1 "
+                        "nodes. A node whose process is gone starts again on its data "
+                        "directory: the same member if the ring has not declared it dead")
     restart.add_argument("nodes", nargs="*", metavar="NODE", help="node ids, as `floe up` named them")
     restart.add_argument("--rolling", action="store_true", help="restart every node in turn")
     restart.add_argument("--kill", action="store_true",
                          help="SIGKILL instead of leaving: the ranges are taken over as "
-                              "after a crash")
+                              "after a crash; a durable node back before the ring declares "
+                              "it dead is the same member")
     restart.set_defaults(func=cmd_restart)
 
     feed = sub.add_parser("feed", help="stream the words of text files, exactly once")
