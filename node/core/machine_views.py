@@ -7,17 +7,36 @@ NodeMachine (node.core.machine), split out to keep each module small."""
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
-from floering.node.core.detector import ALIVE, Probe
+from floering.node.core.detector import ALIVE, FailureDetector, Isolation, Probe
 from floering.node.core.evidence import removal_claims
 from floering.node.core.machine_io import (Gossip, Note, ProbedFor, ProbeFinished, RingSeen,
                                           StartProbe)
 from floering.node.core.membership import restarted
 from floering.node.core.ring_merge import MAX_VERSION_STEP, check_compatible
 
+if TYPE_CHECKING:
+    from floering.node.core.evidence import ViewGuard
+    from floering.node.core.machine_io import Record
+    from floering.node.core.node_core import NodeCore, RingChange
+    from floering.node.core.ring import Ring
+
 
 class ViewChecks:
     """Mixed into NodeMachine: uses its core, detector, guard, isolation and epoch."""
+
+    core: NodeCore
+    detector: FailureDetector
+    guard: ViewGuard
+    isolation: Isolation
+    epoch: int
+
+    if TYPE_CHECKING:
+        def _record(self, kind: str, text: str = "", level: int = logging.INFO,
+                    **fields: object) -> Record: ...
+
+        def _adopt(self, ring: Ring, now: float, out: list) -> RingChange | None: ...
 
     def is_process_of(self, node: str, incarnation: int, member: str = "") -> bool:
         """Is the process that answered for `node` (as `member`, when known) the

@@ -30,10 +30,14 @@ an operator's moves, a refill or another pull go first, and the next plan sees t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from floering.node.core.balancers import balancer
 from floering.node.core.hashing import HASH_SPACE
 from floering.node.core.ring import Ring
+
+if TYPE_CHECKING:
+    from floering.node.core.node_core import NodeCore
 
 # Seconds a member stays short before it pulls: an operator who just added it
 # (`floe scale --add`) hands it ranges first.
@@ -94,7 +98,7 @@ def pull_plan(ring: Ring, node: str, filling: bool = True) -> tuple[str, dict[in
 def _take(ring: Ring, donor: str, mine: float, theirs: float, strict: bool) -> list[int]:
     mean = 1 / len(ring.nodes)
     owned = ring.tokens_of(donor)
-    taken = []
+    taken: list[int] = []
     for token in sorted((t for t in owned if t not in ring.lost),
                         key=lambda t: (-_size(ring, t), t)):
         if len(taken) + 1 >= len(owned):
@@ -144,6 +148,8 @@ class SharePulling:
     """The node machine's part (a mixin of NodeMachine): when a member short of its
     share pulls, and what a donor hands to a member that asks."""
 
+    core: NodeCore                       # the machine's
+    leaving: bool                        # the machine's: on its way out of the ring
     short_since: float | None = None     # first seen short (None: not short)
     pull_after: float = 0.0              # no new pull before this time
     filling = False                      # had no range, or a member was removed,
