@@ -15,13 +15,12 @@ elsewhere are checked first (node.core.machine_views).
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from typing import Any, Callable
 
 from floering.node.core.detector import (ALIVE, DEAD, EXCHANGE, REFUSED, TIMED_OUT, FailureDetector,
                                 Isolation, combine, declaration, indirect_vias, suspicion_note)
 from floering.node.core.errors import InvalidArgument, inert
-from floering.node.core.handoff import (Handoff, HandoffState, SplitBudget, leave_moves,
-                               retired_extras, split_ring, unpinned)
+from floering.node.core.handoff import (Handoff, HandoffState, SplitBudget, leave_moves, retired_extras, split_ring, unpinned)
 from floering.node.core.folding import FOLDING_BALANCERS, routed
 from floering.node.core.evidence import ViewGuard
 from floering.node.core.load import LoadMonitor
@@ -78,7 +77,7 @@ class NodeMachine(ViewChecks, SharePulling):
         self.failing: dict[tuple[int, str], int] = {}   # (token, replica) -> failed rounds
         self.isolation = Isolation()     # were we cut off? then views first, suspicions after
         self.guard = ViewGuard()         # views held until our own probes back their removals
-        self._handlers = {
+        self._handlers: dict[type, Callable[[Any, float, list], None]] = {
             RingSeen: self._ring_seen, HeardFrom: self._heard_from,
             SignOfLife: self._sign_of_life, HeartbeatFailed: self._heartbeat_failed,
             HeartbeatDue: self._heartbeat_due, MonitorDue: self._monitor_due,
@@ -428,18 +427,19 @@ class NodeMachine(ViewChecks, SharePulling):
 
     def _abort_handoff(self, reason: str, out: list) -> None:
         h = self.handoff
-        if not h.finished:
+        if h is not None and not h.finished:
             h.abort(reason)
         self._end_handoff(None, out)
 
     def _end_handoff(self, now: float | None, out: list) -> None:
         h, self.handoff = self.handoff, None
+        if h is None:
+            raise InvalidArgument("no handoff to end")
         to = sorted(set(h.moves.values()))
-        if h.state == HandoffState.COMMITTED:
+        if h.state == HandoffState.COMMITTED and now is not None:
             ms = round(1000 * (now - h.prepared_at), 1)
             out.append(self._record("handoff_committed", f"handed off {len(h.moves)} ranges at "
-                               f"{{t}} in {ms:.0f} ms", to=to, tokens=sorted(h.moves),
-                               ms=ms))
+                                    f"{{t}} in {ms:.0f} ms", to=to, tokens=sorted(h.moves), ms=ms))
         else:
             out.append(self._record("handoff_aborted", f"handoff aborted: {h.reason}",
                                logging.WARNING, to=to, reason=h.reason))

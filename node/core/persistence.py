@@ -32,6 +32,7 @@ that it can crash between a write and its fsync.
 from __future__ import annotations
 
 from collections import deque
+from typing import Any, Callable
 from dataclasses import dataclass
 
 from floering.node.core.batch import Batch
@@ -88,7 +89,7 @@ class DiskPlan:
         self.rewrite = False                   # write every copy whole next
         self.held: frozenset = frozenset()     # (token, start, role) of the last whole write
         self.ring: Ring | None = None          # the ring last written
-        self._handlers = {
+        self._handlers: dict[type, Callable[[Any, list], None]] = {
             Began: self._began, BatchKept: self._kept, AckWanted: self._ack_wanted,
             SyncWanted: self._sync_wanted,
             LogSynced: self._synced, RoundCut: self._cut, CheckpointMerged: self._merged,
@@ -303,7 +304,7 @@ class DiskPlan:
         the ones they were logged for; forget those no range held overlaps. Returns
         the oldest record forgotten."""
         moved: dict[int, dict[str, set]] = {}
-        forgotten = None
+        forgotten: int | None = None
         for token, per_source in self.uncovered.items():
             targets = [t for t in overlapping(old, new, token) if t in keep]
             for source, queue in per_source.items():

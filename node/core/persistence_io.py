@@ -9,10 +9,14 @@ simulated disk.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Mapping
 
 from floering.node.core.batch import Batch
 from floering.node.core.ranges import Checkpoint
 from floering.node.core.ring import Ring
+
+if TYPE_CHECKING:
+    from floering.node.core.node_core import NodeCore
 
 
 @dataclass(frozen=True)
@@ -22,7 +26,7 @@ class CopyWrite:
 
     token: int
     primary: str
-    states: dict = field(hash=False)
+    states: Mapping = field(hash=False)
     watermarks: dict = field(hash=False)
     full: bool = False
     complete: bool = True
@@ -38,7 +42,7 @@ class Began:
     corrupt ones of `corrupt`. Another member's directory is wiped for this one;
     the same member's core was restored from it (`floering.node.core.restore`)."""
 
-    core: object = field(hash=False)
+    core: NodeCore = field(hash=False)
     disk_member: str | None
     disk_ring: Ring | None = field(default=None, hash=False)
     disk_tokens: frozenset[int] = frozenset()
@@ -98,7 +102,7 @@ class CheckpointMerged:
 class CoreSettled:
     """The core after a machine event: its member and the ranges it holds."""
 
-    core: object = field(hash=False)
+    core: NodeCore = field(hash=False)
 
 
 @dataclass(frozen=True)
