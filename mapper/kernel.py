@@ -5,9 +5,11 @@ or FLOE_PURE=1 asks for it."""
 from __future__ import annotations
 
 import os
+from types import ModuleType
 
 from floering.mapper import pycombine
 
+kernel: ModuleType
 try:
     if os.environ.get("FLOE_PURE", "") not in ("", "0"):
         raise ImportError("FLOE_PURE asks for the pure-Python combiner")

@@ -53,7 +53,7 @@ def write_private(path: str | os.PathLike, text: str, *, sync: bool = False) -> 
             os.fsync(fh.fileno())
 
 
-def exposed(root: str | os.PathLike) -> list[str]:
+def exposed(root: str | os.PathLike[str]) -> list[str]:
     """Everything under `root` (itself included) that its group or others may
     read, write or enter, with its mode: what should never be there."""
     found = []

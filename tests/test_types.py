@@ -9,8 +9,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# The goal is zero; the count may only go down.
-MOST_ERRORS = 320
+# The goal is zero errors; until then a ratchet: the count may only go down.
+MOST_ERRORS = 184
 
 
 def run_mypy() -> str:

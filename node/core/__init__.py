@@ -8,4 +8,4 @@ __may_import__ = (
     "floering.node.core",
     "__future__", "array", "ast", "bisect", "collections", "dataclasses", "enum", "hashlib",
     "heapq", "importlib", "io", "itertools", "logging", "math", "mmh3", "msgpack",
-    "operator", "os", "re", "struct", "sys", "typing", "weakref", "zlib")
+    "operator", "os", "re", "struct", "sys", "types", "typing", "weakref", "zlib")

@@ -25,6 +25,7 @@ from bisect import bisect_right
 from array import array
 from dataclasses import dataclass
 from itertools import accumulate
+from typing import Iterable
 
 import msgpack
 
@@ -128,7 +129,7 @@ def encode_columns(keys, values) -> bytes | None:
         use_bin_type=True)
 
 
-def _key_column(keys) -> tuple[bytes, object, bytes]:
+def _key_column(keys) -> tuple[bytes, Iterable[int], bytes]:
     """(key_data, the keys' byte lengths, kinds); TypeError for a key of another type."""
     try:
         text = "".join(keys)                 # all str: one join, no bytes per key
@@ -145,7 +146,7 @@ def _key_column(keys) -> tuple[bytes, object, bytes]:
     if not kinds <= {str, bytes}:
         raise TypeError("keys neither str nor bytes")
     data = [k.encode() if type(k) is str else k for k in keys]
-    return b"".join(data), map(len, data), bytes(map(key_kind, keys))
+    return b"".join(data), map(len, data), bytes(STR if type(k) is str else BYTES for k in keys)
 
 
 def is_versioned(payload) -> bool:

@@ -22,7 +22,7 @@ takeovers carry it without any change to the wire format.
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Protocol, TypeVar
 
 from floering.node.core.errors import InvalidArgument, inert
 
@@ -103,11 +103,19 @@ def raise_floor(watermarks: dict[str, int], source: str, first_seq: int) -> int:
     return len(covered)
 
 
-def replay_order(entries: Iterable[tuple[str, object]]) -> list[tuple[str, object]]:
+class Sequenced(Protocol):
+    @property
+    def first_seq(self) -> int: ...
+
+
+E = TypeVar("E", bound=Sequenced)
+
+
+def replay_order(entries: Iterable[tuple[str, E]]) -> list[tuple[str, E]]:
     """Backed-up batches in an order safe to replay: a batch of epoch e raises its
     group's floor, so every batch of an earlier epoch must be replayed before it.
     A stable sort by epoch keeps each source's batches in seq order."""
-    def epoch(item):
+    def epoch(item: tuple[str, E]) -> int:
         source, entry = item
         return epoch_of(entry.first_seq) if floor_key(source) is not None else 0
     return sorted(entries, key=epoch)

@@ -93,6 +93,8 @@ def rebuilt(rng: PrimaryRange, reducer, log: LostLog, watermarks: dict, keys, st
     and the batches the lost range applied make it: the copy first, each kept batch
     replayed over it past the copy's watermarks. `rng` is not changed (a chunk or
     batch refused leaves it as it was)."""
+    if log.batches is None:
+        raise ValueError(f"range {rng.token}: its lost batches were dropped, it cannot be replayed")
     out = PrimaryRange(rng.token, reducer)
     out.watermarks = dict(watermarks)
     if keys:

@@ -21,7 +21,7 @@ from floering.node.core.pieces import carries_states
 from floering.node.core.reducers import Reducer
 from floering.node.core.snapshot_format import is_import_mark
 from floering.node.core.state_store import LayeredState, ReplicaState
-from floering.node.core.table_state import TableCopy, new_copy, new_state
+from floering.node.core.table_state import TableCopy, TableState, new_copy, new_state
 
 
 @dataclass
@@ -43,8 +43,8 @@ class FullStates(Mapping):
     while master changes only by merging this delta: before it changes otherwise, the
     range freezes (copies) a FullStates still in use."""
 
-    def __init__(self, master: dict, delta: dict) -> None:
-        self.layers: tuple[dict, ...] = (master, delta)
+    def __init__(self, master: Mapping, delta: Mapping) -> None:
+        self.layers: tuple[Mapping, ...] = (master, delta)
 
     def freeze(self) -> None:
         full = dict(self.layers[0])
@@ -91,7 +91,7 @@ class PrimaryRange:
         # expiring idle ones. Not checkpointed: a new primary counts from its takeover.
         self.last_seen: dict[str, float] = {}
         self.cut_at = 0.0                 # when the last checkpoint was cut
-        self._full = None                 # weakref to the last FullStates handed out
+        self._full: weakref.ref[FullStates] | None = None   # the last FullStates handed out
 
     def force_checkpoint(self) -> None:
         """Cut a checkpoint next round even if nothing changed (a handoff's final one)."""
@@ -327,7 +327,7 @@ class ReplicaSide:
         return False, seq
 
     def rebuild(self, token: int, verify=None,
-                into: LayeredState | None = None) -> tuple[dict, dict[str, int]]:
+                into: LayeredState | TableState | None = None) -> tuple[dict, dict[str, int]]:
         """The range's state as the primary has it: checkpoint + backups past it.
         Backed-up batches the primary would have refused (`verify(keys)` raises for
         a key outside the range) are skipped: no mapper counted them delivered.
@@ -335,8 +335,11 @@ class ReplicaSide:
         copied: the checkpoint becomes its master as it is, the replay goes to its
         active layer, and what is returned is that layer, the keys it changed."""
         rng = self.ranges.get(token)
-        state = into if into is not None else LayeredState(self.reducer)   # a copy: dicts
+        own = LayeredState(self.reducer)                 # a copy: dicts, unless `into`
+        state = into if into is not None else own
         if into is not None and rng is not None and isinstance(rng.copy, TableCopy):
+            if not isinstance(into, TableState):
+                raise TypeError(f"range {token}: a table's copy goes into a table")
             into.adopt(rng.copy.state)            # the copy's table, as it is
         else:
             master = rng.copy.master if rng is not None else {}
@@ -352,8 +355,8 @@ class ReplicaSide:
                 continue
         if into is not None:
             return state.active, replay.watermarks
-        state.master.update(state.active)        # our own copy: merged in place
-        return state.master, replay.watermarks
+        own.master.update(own.active)            # our own copy: merged in place
+        return own.master, replay.watermarks
 
     def split(self, token: int, parts, part_of, bounds: dict | None = None) -> None:
         """The range was cut into `parts`: split our copy and its backups by key. Each

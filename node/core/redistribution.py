@@ -124,7 +124,8 @@ def doubling_cuts(ring: Ring, me: str, max_tokens: int, start: int = 0,
         return ()
     lowest = min(top for top, _ in found)
     # the fewest cuts that come within 5% of the lowest top: every cut is a split
-    return tuple(min((cuts for top, cuts in found if top <= lowest * 1.05), key=len))
+    fewest: list = min((c for top, c in found if top <= lowest * 1.05), key=len)
+    return tuple(fewest)
 
 
 def _carrying(ring: Ring, me: str, cuts: list[tuple[int, str]],

@@ -19,8 +19,8 @@ from operator import gt, lt
 from floering.node.core.errors import InvalidArgument, UnknownReducer, inert
 
 # Exact types: bool is an int subclass, but True is not a count.
-_INT = frozenset((int,))
-_NUMBER = frozenset((int, float))
+_INT: frozenset[type] = frozenset((int,))
+_NUMBER: frozenset[type] = frozenset((int, float))
 _INF = float("inf")
 
 
@@ -62,6 +62,8 @@ class Reducer:
         """Raise InvalidArgument for a state (from another node: a piece's state merged
         back into its key) that `merge` cannot take."""
         initial, merge = self.initial(), self.merge
+        if merge is None:
+            raise InvalidArgument(f"reducer {self.name or type(self).__name__} merges no state")
         for state in states:
             try:
                 merge(initial, state)
@@ -333,7 +335,9 @@ def reducer_from_identity(identity: str) -> Reducer:
         call = ast.parse(f"f({args}" if sep else "f()", mode="eval").body
         if not isinstance(call, ast.Call) or call.args:
             raise ValueError("positional arguments")
-        kwargs = {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords}
+        if any(kw.arg is None for kw in call.keywords):
+            raise ValueError("** arguments")
+        kwargs = {str(kw.arg): ast.literal_eval(kw.value) for kw in call.keywords}
     except (SyntaxError, ValueError, TypeError) as exc:
         raise UnknownReducer(f"reducer {identity!r}: arguments not readable: {exc}") from None
     return load_reducer(path, **kwargs)

@@ -87,7 +87,7 @@ def without_corrupt(ring: Ring, node_id: str, corrupt) -> Ring:
     primary's next checkpoint to us is a full one."""
     owned = [t for t in sorted(corrupt)
              if ring.has_token(t) and ring.owner_of_token(t) == node_id]
-    moves = {t: ring.heir(t) for t in owned if ring.heir(t) is not None}
+    moves = {t: heir for t in owned if (heir := ring.heir(t)) is not None}
     lost = [t for t in owned if t not in moves]
     if moves:
         ring = ring.with_owners(moves)
@@ -104,7 +104,7 @@ def covered_by_every_copy(ring: Ring, node_id: str, copies: dict[int, DiskCopy])
     held = [copies.get(t) for t in ring.tokens if ring.role_of(node_id, t) is not None]
     if any(c is None for c in held):
         return lambda b: False
-    marks = [c.watermarks for c in held]
+    marks = [c.watermarks for c in held if c is not None]
     return lambda b: all(b.last_seq <= effective_mark(w, b.source) for w in marks)
 
 

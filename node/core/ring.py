@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 import mmh3
 import msgpack
@@ -204,7 +204,7 @@ class Ring:
     # ------------------------------------------------------------- changes
 
     def _with(self, **changes) -> "Ring":
-        values = dict(version=self.version + 1, replication=self.replication,
+        values: dict[str, Any] = dict(version=self.version + 1, replication=self.replication,
                       tokens=self.tokens, owners=self.owners, addresses=self.addresses,
                       removed=self.removed, lost=self.lost, generations=self.generations,
                       extras=self.extras, retiring=self.retiring,
@@ -364,11 +364,11 @@ class Ring:
                 generations[self._index[token]] += 1
             if kept:
                 extras[token] = kept
-        retiring = frozenset((t, x) for t, x in self.retiring
-                             if x != node and x in extras.get(t, ()))
-        retiring -= {(t, x) for t, x in retiring if owners[self._index[t]] == x}
+        kept_retiring = frozenset((t, x) for t, x in self.retiring
+                                  if x != node and x in extras.get(t, ()))
+        kept_retiring -= {(t, x) for t, x in kept_retiring if owners[self._index[t]] == x}
         return self._with(owners=tuple(owners), generations=tuple(generations),
-                          extras=tuple(sorted(extras.items())), retiring=retiring,
+                          extras=tuple(sorted(extras.items())), retiring=kept_retiring,
                           addresses=tuple(a for a in self.addresses if a[0] != node),
                           removed=frozenset(gone), lost=frozenset(lost),
                           incarnations=tuple(p for p in self.incarnations if p[0] != node))

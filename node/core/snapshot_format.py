@@ -135,7 +135,7 @@ def parse_header(raw) -> Header:
     if list(tokens) != sorted(set(tokens)):
         raise SnapshotError("the header's tokens must be distinct and in order")
     created, identity = raw.get("created"), raw.get("reducer_identity", "")
-    if type(created) not in (int, float):
+    if not isinstance(created, (int, float)) or type(created) is bool:
         raise SnapshotError("the header's creation time must be a number")
     return Header(_name(raw.get("reducer"), "the reducer"),
                   _name(raw.get("balancer"), "the balancer"),
@@ -208,7 +208,7 @@ def _read(f: BinaryIO, n: int, what: str) -> bytes:
     return data
 
 
-def _walk(f: BinaryIO, digest) -> Iterator[tuple[str, object]]:
+def _walk(f: BinaryIO, digest) -> Iterator[tuple[str, Header | bytes | tuple[int, str]]]:
     """("header", Header), ("section", body bytes) ..., ("trailer", (sections, sha))."""
     start = _read(f, len(MAGIC) + 2, "the magic")
     if start[:len(MAGIC)] != MAGIC:
@@ -270,17 +270,22 @@ def entry_count(entries: bytes) -> int:
         raise SnapshotError("a section's entries are not msgpack [keys, states]") from None
 
 
-def _checked(f: BinaryIO) -> Iterator[tuple[str, object]]:
+def _checked(f: BinaryIO) -> Iterator[tuple[str, Header | Section | tuple[int, str]]]:
     """("header", Header), ("section", Section) ..., then ("trailer", (entries, id))
     once the whole file passed: every checksum and field, each range's chunks whole
     and in order, exactly the header's tokens, the trailer's count and sha256 of
     exactly the bytes read."""
-    header, seen, expect, total = None, set(), None, 0
+    header: Header | None = None
+    seen: set[int] = set()
+    expect: tuple[int, int, int] | None = None
+    total = 0
     for kind, value in _walk(f, hashlib.sha256()):
-        if kind == "header":
+        if isinstance(value, Header):
             header = value
             yield kind, value
-        elif kind == "section":
+        elif header is None:                  # _walk yields the header first
+            raise SnapshotError("no header before the ranges: corrupt")
+        elif isinstance(value, bytes):
             s = parse_section(value)
             total += entry_count(s.entries)
             if expect is None:
@@ -315,17 +320,18 @@ def read(f: BinaryIO, keep: bool = True) -> tuple[Header, list[Section], str, in
     stands, and checked whole (`_checked`) before any of it is returned: the sections
     are exactly the bytes the trailer's sha256 and the id cover, whatever happens to
     the file after (`keep=False`: the sections are not kept)."""
-    header, parts = None, []
-    for kind, value in _checked(f):
-        if kind == "header":
+    header: Header | None = None
+    parts: list[Section] = []
+    for _, value in _checked(f):
+        if isinstance(value, Header):
             header = value
-        elif kind == "section":
+        elif isinstance(value, Section):
             if keep:
                 parts.append(value)
-        else:
+        elif header is not None:
             entries, snapshot_id = value
             return header, parts, snapshot_id, entries
-    raise AssertionError("unreachable")
+    raise AssertionError("unreachable: _checked ends with the trailer after the header")
 
 
 def sections(f: BinaryIO) -> list[Section]:

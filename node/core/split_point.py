@@ -117,10 +117,10 @@ def plan_split(ring: Ring, me: str, rates: dict[int, float], heir_rates: dict[st
     mine = ring.tokens_of(me)
     load = dict(heir_rates)
     left = sum(rates.get(t, 0.0) for t in mine)
-    for token, heir in moves.items():
+    for token, taker in moves.items():
         r = rates.get(token, 0.0)
         left -= r
-        load[heir] = load.get(heir, 0.0) + r
+        load[taker] = load.get(taker, 0.0) + r
     best = None
     for token in mine:
         heir = ring.heir(token)

@@ -30,9 +30,10 @@ import sys
 from array import array
 from bisect import bisect_right
 from collections.abc import Mapping
+from dataclasses import dataclass
 from itertools import accumulate, islice
 from operator import le
-from typing import Iterator, NamedTuple
+from typing import Iterator
 
 from floering.node.core.codec import pack, unpack_columns
 from floering.node.core.columnar.buffers import KIND_INT, decode_key, encode_keys, valid_key
@@ -211,7 +212,9 @@ class StateColumns(_Materialised):
 
     def __init__(self, kinds: bytes, key_data: bytes, offsets: array, values: array,
                  rest_keys=(), rest_states=()) -> None:
-        self.kinds, self.key_data, self.offsets, self.values = kinds, key_data, offsets, values
+        # (value_column: `values` is the mapping's method)
+        self.kinds, self.key_data, self.offsets = kinds, key_data, offsets
+        self.value_column = values
         self.rest_keys, self.rest_states = rest_keys, rest_states
 
     @property
@@ -234,7 +237,7 @@ class StateColumns(_Materialised):
         return keys
 
     def to_dict(self) -> dict:
-        out = dict(zip(self.column_keys(), self.values.tolist()))
+        out = dict(zip(self.column_keys(), self.value_column.tolist()))
         out.update(zip(self.rest_keys, self.rest_states))
         return out
 
@@ -338,10 +341,11 @@ class Layers(_Materialised):
 # ------------------------------------------------------------------ encoding
 
 
-class Piece(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class Piece:
     """One frame of a shipment: entries start to end of a segment."""
 
-    segment: object
+    segment: ExportSegment | PairSegment
     start: int
     end: int
 
@@ -381,7 +385,7 @@ class ExportSegment:
         while start < n:
             stop = min(n, start + max_entries)
             fits = bisect_right(range(start + 1, stop + 1), max_bytes,
-                                key=lambda end, s=start: self.nbytes(s, end))
+                                key=lambda end: self.nbytes(start, end))
             end = start + max(1, fits)
             yield Piece(self, start, end)
             start = end

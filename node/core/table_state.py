@@ -270,7 +270,7 @@ class TableState:
                 try:
                     self.table.install((layer.kinds, layer.key_data, layer.offsets,
                                         hash_positions(layer.key_data, layer.offsets),
-                                        layer.values), mark_dirty=mark_dirty)
+                                        layer.value_column), mark_dirty=mark_dirty)
                 except ValueError as exc:
                     raise InvalidArgument(f"column states: {exc}") from None
                 layer = layer.rest()

@@ -71,8 +71,9 @@ def resolve_after(committed: asyncio.Future, done: asyncio.Future, acks) -> None
     """Resolve `done` with `acks` once `committed` did, or with its error."""
     def resolve(c: asyncio.Future) -> None:
         if not done.done():
-            if c.exception() is not None:
-                done.set_exception(c.exception())
+            exc = c.exception()
+            if exc is not None:
+                done.set_exception(exc)
             else:
                 done.set_result(acks)
     committed.add_done_callback(resolve)

@@ -113,14 +113,14 @@ class Retiring:
                                    ranges=len(fresh), keys=keys,
                                    tokens=sorted(r.token for r in fresh))
 
-    def _path(self, member: str) -> Path:
-        return self.dir / (member.encode().hex() + SUFFIX)
+    def _path(self, directory: Path, member: str) -> Path:
+        return directory / (member.encode().hex() + SUFFIX)
 
     def _write(self, member: str) -> None:
         """The file of `member`'s retired ranges now, synced (gone once none is left)."""
         if self.dir is None:
             return
-        ranges, path = self.kept.of(member), self._path(member)
+        ranges, path = self.kept.of(member), self._path(self.dir, member)
         if not ranges:
             if path.exists():
                 path.unlink()

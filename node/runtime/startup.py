@@ -54,7 +54,7 @@ async def decide_membership(config, peers, incarnation: int, initial: Ring,
     # A member back from its data directory (`me`, `members`) asks the members its
     # ring names; a fresh process the peers it was configured with.
     members = members or config.peers
-    targets = seeds if joining else [a for n, a in members if n != me]
+    targets = seeds if seeds is not None else [a for n, a in members if n != me]
     started = clock()
     log_at = started + WAIT_LOG_SECONDS
     timeout = min(config.rpc_timeout, 1.0)

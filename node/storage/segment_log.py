@@ -69,7 +69,8 @@ def _segment_name(first_seq: int) -> str:
 def scan(data: bytes) -> tuple[list[bytes], int, str]:
     """The valid records at the start of `data`, where they end, and why the rest (if
     any) is not a record."""
-    records, offset = [], 0
+    records: list[bytes] = []
+    offset = 0
     while offset < len(data):
         if offset + HEADER.size > len(data):
             return records, offset, "a record header cut short"
@@ -172,6 +173,8 @@ class SegmentLog:
     def _write(self, seq: int, payload: bytes) -> None:
         if self._file is None or self._size >= self.segment_bytes:
             self._roll(seq)
+        if self._file is None:
+            raise OSError(f"{self.directory}: no segment open to write to")
         self._file.write(HEADER.pack(len(payload), zlib.crc32(payload)) + payload)
         self._size += HEADER.size + len(payload)
 

@@ -303,6 +303,8 @@ class MetricsServer:
 
     @property
     def port(self) -> int:
+        if self._server is None:
+            raise RuntimeError("the metrics endpoint is not started")
         return self._server.sockets[0].getsockname()[1]
 
     def _admit(self, writer: asyncio.StreamWriter) -> bool:

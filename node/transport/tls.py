@@ -160,8 +160,9 @@ def _certificate(subject, issuer, public_key, signing_key, *, ca: bool, hosts=()
                               critical=False)
                .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(
                    signing_key.public_key()), critical=False))
-    names = [x509.DNSName(server_name(server)), x509.DNSName(NODE_ROLE_NAME)] \
-        if server is not None else []
+    names: list[x509.GeneralName] = []
+    if server is not None:
+        names = [x509.DNSName(server_name(server)), x509.DNSName(NODE_ROLE_NAME)]
     for host in hosts:
         try:
             names.append(x509.IPAddress(ipaddress.ip_address(host)))
@@ -225,7 +226,12 @@ def _still_good(d: Path, name: str, role: str, hosts, trusted) -> bool:
 
 def _role(cert: x509.Certificate) -> str | None:
     ou = cert.subject.get_attributes_for_oid(NameOID.ORGANIZATIONAL_UNIT_NAME)
-    return ou[0].value if ou else None
+    return _text(ou[0].value) if ou else None
+
+
+def _text(value: str | bytes) -> str:
+    """A name attribute's value: text for every attribute these certificates carry."""
+    return value if isinstance(value, str) else value.decode("utf-8", "replace")
 
 
 def _signed_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
@@ -322,7 +328,10 @@ def reissue(directory: str | Path, names=None) -> list[str]:
     ca = _issuer(d)
     for name in names:
         old = x509.load_pem_x509_certificate((d / f"{name}.pem").read_bytes())
-        issue(d, name, _role(old), _hosts(old), *ca)
+        role = _role(old)
+        if role is None:
+            raise ValueError(f"{d / name}.pem names no role (organizational unit)")
+        issue(d, name, role, _hosts(old), *ca)
     return names
 
 
@@ -396,7 +405,10 @@ def served_certificate(address: str, tls: TlsFiles) -> x509.Certificate:
     context.set_alpn_protocols(["h2"])
     with socket.create_connection((host, int(port)), timeout=5) as raw:
         with context.wrap_socket(raw, server_hostname=host) as conn:
-            return x509.load_der_x509_certificate(conn.getpeercert(binary_form=True))
+            der = conn.getpeercert(binary_form=True)
+            if der is None:
+                raise ssl.SSLError(f"{host}:{port} presented no certificate")
+            return x509.load_der_x509_certificate(der)
 
 
 # ------------------------------------------------------------- checking
@@ -418,7 +430,7 @@ def _identity_of(pem: bytes) -> tuple[str, str] | None:
     name = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
     if not role or not name:
         return None
-    return role[0].value, name[0].value
+    return _text(role[0].value), _text(name[0].value)
 
 
 # Who may call each method (by its last path element); anything not listed: nobody.
@@ -482,6 +494,7 @@ def _guarded(handler, method: str):
         who = peer_identity(context)
         if who is None:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "no client certificate")
+            return                            # (abort raises)
         role, name = who
         if not may_call(role, method):
             await context.abort(grpc.StatusCode.PERMISSION_DENIED,

@@ -8,9 +8,11 @@ KERNEL names the implementation in use: "compiled" (the Cython extension ctable)
 from __future__ import annotations
 
 import os
+from types import ModuleType
 
 from floering.node.core.columnar import pytable
 
+_compiled: ModuleType | None
 try:
     if os.environ.get("FLOE_PURE", "") not in ("", "0"):
         raise ImportError("FLOE_PURE asks for the pure-Python table")

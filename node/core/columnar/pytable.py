@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 from array import array
+from typing import Any
 
 import mmh3
 
@@ -33,10 +34,11 @@ OPS = ("count", "sum", "min", "max")
 _LOW, _HIGH = -2 ** 63, 2 ** 63
 
 
-def _five(buffers):
+def _five(buffers) -> tuple[Any, Any, Any, Any, Any]:
     if not isinstance(buffers, (tuple, list)) or len(buffers) != 5:
         raise TypeError("buffers must be (kinds, key_data, offsets, positions, values)")
-    return buffers
+    kinds, key_data, offsets, positions, values = buffers
+    return kinds, key_data, offsets, positions, values
 
 
 def _error(at: int, what: str) -> ValueError:
@@ -63,7 +65,8 @@ class StateTable:
             raise ValueError(f"start {start} is outside the batch of {m}")
         data, offs = bytes(dv), ov.cast("Q")
         poss, vals = pv.cast("Q"), vv.cast("q")
-        table, code, new, changed = self._d, self._code, {}, []
+        table, code, changed = self._d, self._code, []
+        new: dict = {}
         hash64 = mmh3.hash64
         for t in range(start, m):
             kind, a, b = kv[t], offs[t], offs[t + 1]
