@@ -214,7 +214,7 @@ def handoff_outcome(injected: Injected, logs: dict[str, str], events: list[Event
         else:
             row["outcome"] = state         # never finished: a hang the harness reports
         moved = set(move["tokens"])
-        takes = {}
+        takes: dict = {}
         for e in sorted(events, key=lambda e: e.t):
             if e.kind == "taken_over" and e.t >= injected.at - 0.001:
                 for t in moved.intersection(e.tokens):

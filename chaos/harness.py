@@ -237,7 +237,7 @@ def _run_round(scenario: Scenario, seed: int, index: int, planned: list[PlannedF
         paused: dict[int, Injected] = {}
         broken: dict[int, Injected] = {}      # network faults not healed yet
         end = t0 + scenario.round_seconds
-        generations = Counter()
+        generations: Counter = Counter()
         for at, step, p in actions:
             _sleep_until(t0 + at, progress, f"{scenario.name} {tag}", t0, end, result)
             if p.kind == "kill":

@@ -441,7 +441,7 @@ def judge(injected, events: list[dict], members: dict[str, dict], journals: list
     d = dict(injected.detail)
     healed = injected.resumed
     victims = set(injected.victims)
-    declared = {}
+    declared: dict = {}
     for e in events:
         if e.get("kind") == "detected" and e["t"] >= injected.at - 0.001:
             for about in e.get("about", []):

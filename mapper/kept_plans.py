@@ -42,7 +42,7 @@ def prune_batches(directory: Path, current: int, commits: Path | None, keep: int
     directory) holds, and of any batch `keep` or more behind `current`; returns the
     batch ids removed."""
     now = time.time() if now is None else now
-    removed = []
+    removed: list = []
     try:
         entries = list(directory.iterdir())
     except FileNotFoundError:

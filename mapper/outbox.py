@@ -103,7 +103,7 @@ class Outbox:
 
     def merge(self, a: PendingBatch, b: PendingBatch, ring: Ring) -> PendingBatch:
         """One batch holding the tuples of both (a tuple in both once), seqs sorted."""
-        tuples = {}
+        tuples: dict = {}
         for batch in (a, b):
             keys, values = decode_payload(batch.payload, batch.count)
             seqs = decode_seqs(batch.first_seq, batch.last_seq, batch.count, batch.seqs)

@@ -239,7 +239,7 @@ def fill(items: list, nodes: list, whole_from: int | None = None) -> list[dict]:
         units = max(1, round(mass * UNITS))
         order += [((k + 0.5) / units, i, mass / units) for k in range(units)]
     order.sort()
-    out = [dict() for _ in items]
+    out: list[dict] = [dict() for _ in items]
     for _, i, mass in order:
         index, node = min(items[i][1], key=lambda c: load[c[1]])
         load[node] += mass

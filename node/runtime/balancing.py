@@ -52,7 +52,7 @@ async def _shed_once(runtime, reason: str, depth: int,
     reach = shed_reach(ring, machine.node_id, runtime.config.balance_reach)
     answers = await asyncio.gather(*(runtime.peers.stats(ring.address(n)) for n in reach),
                                    return_exceptions=True)
-    loads = {}
+    loads: dict = {}
     for node, st in zip(reach, answers):
         if isinstance(st, BaseException):
             log.info("load: no stats from %s: %r", node, st)
