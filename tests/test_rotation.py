@@ -136,8 +136,8 @@ def test_reissued_certificates_are_served_after_a_rolling_restart_and_counts_sta
             fresh = on_disk(cluster, node_id)
             assert cert == fresh and cert.serial_number != before[node_id].serial_number
         # one line a node, each back as a new member holding its share again
-        assert len(lines) == 3 and all("#1, holding" in line and "holding 0 " not in line
-                                       for line in lines), lines
+        assert len(lines) == 3 and all("serves as n" in line and "#1, " in line
+                                       and "holding 0 " not in line for line in lines), lines
         check_ring_intact(cluster, expected)
 
 

@@ -150,8 +150,13 @@ class PeerPool:
             planned.append(piece)
             await asyncio.sleep(0)
         if len(planned) > 1:
-            return await self._ship_in_chunks(address, sender, ring_stamp, incarnation,
-                                              checkpoint, base_seq, planned)
+            try:
+                return await self._ship_in_chunks(address, sender, ring_stamp, incarnation,
+                                                  checkpoint, base_seq, planned)
+            finally:
+                # A failure's traceback holds this frame, however long the error lives:
+                # it must not hold the range's states (see _ship_in_chunks).
+                del checkpoint, pieces, planned
         states = planned[0].encode()
         request = floe_pb2.CheckpointFragment(
             sender=sender, ring_stamp=ring_stamp, incarnation=incarnation,
@@ -220,6 +225,7 @@ class PeerPool:
             # keep the range's states alive till the cyclic collector ran. States still
             # alive when the range's master next changes are copied whole then.
             error = call = done = None
+            del checkpoint, planned         # and request_for's cells with them
 
     async def _start_chunk(self, control, slots: asyncio.Semaphore, request_for,
                            chunk: int) -> tuple[asyncio.Future, int]:
