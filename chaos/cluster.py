@@ -364,11 +364,13 @@ class LocalCluster:
                 _reap(node.pid)
                 time.sleep(0.005)
 
-    def takeover_times(self) -> list[float]:
-        """Wall-clock times at which any node took ranges over (its events)."""
+    def applying_again_times(self, dead: str) -> list[float]:
+        """Wall-clock times at which a range `dead` owned applied its first tuple at its
+        heir (the nodes' `applying_again` events). Not the ring's takeovers: a handoff
+        logs one too, and the ring may hand the heir's new ranges on soon after."""
         from floering.chaos.timeline import read_events
         return [e.t for node in self.nodes for e in read_events(node.node_id, node.events)
-                if e.kind == "taken_over"]
+                if e.kind == "applying" and dead in e.about]
 
     # ------------------------------------------------------------ records
 

@@ -88,7 +88,8 @@ def main(argv=None) -> int:
                 print(f"driver stopped (exit {rc}); its processes are gone")
             if killed is not None:
                 victim, killed_at = killed
-                taken = [t - killed_at for t in cluster.takeover_times() if t >= killed_at]
+                taken = [t - killed_at for t in cluster.applying_again_times(victim)
+                         if t >= killed_at]
                 if taken:
                     print(f"recovery: {victim}'s ranges applied again by their heir "
                           f"{max(taken) * 1e3:.0f} ms after the SIGKILL")
