@@ -43,14 +43,7 @@ def prune_batches(directory: Path, current: int, commits: Path | None, keep: int
     batch ids removed."""
     now = time.time() if now is None else now
     removed: list = []
-    try:
-        entries = list(directory.iterdir())
-    except FileNotFoundError:
-        return removed
-    for entry in entries:
-        if _stale_tmp(entry, now):
-            entry.unlink(missing_ok=True)
-            continue
+    for entry in _entries(directory, now):
         if not entry.name.isdigit():
             continue
         batch = int(entry.name)
@@ -59,6 +52,18 @@ def prune_batches(directory: Path, current: int, commits: Path | None, keep: int
             entry.unlink(missing_ok=True)
             removed.append(batch)
     return sorted(removed)
+
+
+def _entries(directory: Path, now: float) -> list[Path]:
+    """The directory's entries, once temporary files a crash left are removed."""
+    try:
+        entries = list(directory.iterdir())
+    except FileNotFoundError:
+        return []
+    for entry in entries:
+        if _stale_tmp(entry, now):
+            entry.unlink(missing_ok=True)
+    return [e for e in entries if e.exists()]
 
 
 def mark_used(path: Path) -> None:
@@ -75,14 +80,7 @@ def prune_idle(directory: Path, idle: float, most: int, suffix: str = ".plan",
     used beyond `most`; returns the names removed."""
     now = time.time() if now is None else now
     kept, removed = [], []
-    try:
-        entries = list(directory.iterdir())
-    except FileNotFoundError:
-        return removed
-    for entry in entries:
-        if _stale_tmp(entry, now):
-            entry.unlink(missing_ok=True)
-            continue
+    for entry in _entries(directory, now):
         if not entry.name.endswith(suffix) or entry.name.startswith("."):
             continue
         try:
