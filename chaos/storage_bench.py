@@ -1,6 +1,12 @@
 """Which embedded store keeps a node's per-key state on disk best? Measured side by side.
 
     python -m floering.chaos.storage_bench [--keys 5000000] [--delta 50000] [--dir /var/tmp]
+    python -m floering.chaos.storage_bench --node [--keys 1000000] [--delta 100000]
+
+`--node` measures the node's own store (node.storage.node_store) instead: a full
+write of every range, a checkpoint round's write of `--delta` changed keys (the
+median of five), and a restart's load, in the store's format and, for comparison,
+in the earlier format of one RocksDB entry per key.
 
 For each engine (SQLite in WAL mode, LMDB, RocksDB through rocksdict), on the same keys
 and states as a word-count node holds (msgpack-encoded, as checkpoints carry them):
@@ -167,12 +173,83 @@ def measure(engine_class, root: Path, data, delta_size: int) -> dict:
                 load=load, cold=cold, size=size, keys=len(loaded))
 
 
+RANGES = 16                         # a node's ranges the keys are spread over
+
+
+def node_states(keys: int) -> dict[int, dict]:
+    """Word-count states of `keys` keys spread over RANGES ranges, as a node holds them."""
+    step = (1 << 64) // RANGES
+    tokens = [step * (i + 1) - 1 for i in range(RANGES)]
+    out: dict[int, dict] = {t: {} for t in tokens}
+    for i in range(keys):
+        out[tokens[i % RANGES]][f"w{i}"] = i % 1000 + 1
+    return out
+
+
+def measure_node(root: Path, states: dict[int, dict], delta_size: int, per_key: bool) -> dict:
+    """The node store's full write, checkpoint delta and load of `states`."""
+    from floering.node.storage import node_store
+    from floering.node.storage.node_store import CopyWrite, NodeStore
+    path = root / ("per-key" if per_key else "segments")
+    store = NodeStore(path)
+    store.save_identity("n0", 1)
+    write = (lambda copies: node_store.write_per_key(store, copies)) if per_key else store.write
+    started = time.perf_counter()
+    write([CopyWrite(t, "n0", s, {"s": 1}, True) for t, s in states.items()])
+    full = time.perf_counter() - started
+    deltas = []
+    tokens = list(states)
+    for round_ in range(5):
+        changed: dict[int, dict] = {t: {} for t in tokens}
+        for i, (k, v) in enumerate(delta(sum(map(len, states.values())), delta_size, round_)):
+            changed[tokens[i % len(tokens)]][msgpack.unpackb(k)] = msgpack.unpackb(v)
+        for t, c in changed.items():
+            states[t].update(c)
+        started = time.perf_counter()
+        write([CopyWrite(t, "n0", c, {"s": round_ + 2}) for t, c in changed.items()])
+        deltas.append(time.perf_counter() - started)
+    store.close()
+    cold = drop_caches()
+    started = time.perf_counter()
+    store = NodeStore(path)
+    loaded = store.load()
+    load = time.perf_counter() - started
+    store.close()
+    if {t: c.states for t, c in loaded.copies.items()} != states or loaded.corrupt:
+        raise AssertionError("the store read back other states than it was given")
+    size = disk_bytes(path / "state")
+    shutil.rmtree(path)
+    return dict(full=full, delta=statistics.median(deltas), load=load, cold=cold, size=size)
+
+
+def node_main(args) -> int:
+    states = node_states(args.keys)
+    print(f"node store: {args.keys:,} keys in {RANGES} ranges, checkpoint deltas of "
+          f"{args.delta:,} keys (half new); under {args.dir}")
+    formats = [("one frame a segment", False)]
+    if hasattr(__import__("floering.node.storage.node_store", fromlist=["x"]), "write_per_key"):
+        formats.insert(0, ("one entry a key (earlier)", True))
+    with tempfile.TemporaryDirectory(dir=args.dir) as root:
+        for name, per_key in formats:
+            row = measure_node(Path(root), {t: dict(s) for t, s in states.items()},
+                               args.delta, per_key)
+            print(f"{name:28s} full write {row['full']:6.2f} s  checkpoint "
+                  f"{1000 * row['delta']:7.1f} ms  load {row['load']:6.2f} s"
+                  f"{' (cold)' if row['cold'] else ' (warm)'}  "
+                  f"{row['size'] / 1e6:7.1f} MB on disk", flush=True)
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keys", type=int, default=5_000_000)
     parser.add_argument("--delta", type=int, default=50_000)
     parser.add_argument("--dir", default="/var/tmp", help="where the stores are written")
+    parser.add_argument("--node", action="store_true",
+                        help="the node's own store: its format against one entry a key")
     args = parser.parse_args(argv)
+    if args.node:
+        return node_main(args)
     data = dataset(args.keys)
     print(f"{args.keys:,} keys (word count, msgpack), deltas of {args.delta:,} keys; "
           f"stores under {args.dir}")
