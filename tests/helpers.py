@@ -101,6 +101,7 @@ class Feeder(threading.Thread):
         self.stop = threading.Event()
         self.error = None
         self.rounds = rounds
+        self.done = 0                 # rounds flush() confirmed
 
     def run(self):
         try:
@@ -112,8 +113,18 @@ class Feeder(threading.Thread):
                 self.client.flush()
                 self.acked.update(chunk)
                 i += 1
+                self.done = i
         except Exception as exc:   # surfaced by the test
             self.error = exc
+
+    def wait_rounds(self, rounds=3, timeout=30.0):
+        """Wait until `rounds` more rounds than now are flushed: the stream is flowing
+        (data on the ring before a fault, or still going after one)."""
+        target = self.done + rounds
+        wait_for(lambda: self.done >= target or self.error is not None or not self.is_alive(),
+                 timeout, f"{rounds} flushed feeder rounds")
+        assert self.error is None, f"feeder failed: {self.error!r}"
+        assert self.done >= target, "feeder stopped"
 
     def finish(self):
         self.stop.set()
@@ -143,6 +154,22 @@ def came_back_fresh(stats: dict, members: int) -> bool:
     if stats["ring_share"] == 0:
         return stats["keys"] == 0
     return stats["ring_share"] <= 1.25 / members and not stats["fenced"]
+
+
+def live_ring(cluster):
+    """The ring as a client of the cluster's live processes reads it."""
+    from floering.mapper import RingClient
+    with RingClient([n.address for n in cluster.nodes if n.alive()], timeout=10,
+                    rpc_timeout=2.0, tls=cluster.tls()) as client:
+        return client.refresh_ring()
+
+
+def ring_seen_by(cluster, node_id: str):
+    """The ring as one member of the cluster holds it (GetRing on that member)."""
+    from floering.v1 import floe_pb2, floe_pb2_grpc
+    with cluster.channel(cluster.node(node_id).address) as ch:
+        return Ring.from_wire(floe_pb2_grpc.ControlPlaneStub(ch).GetRing(
+            floe_pb2.GetRingRequest(), timeout=5).ring)
 
 
 def events_of(cluster, node_id: str) -> list[dict]:

@@ -9,7 +9,7 @@ import pytest
 from floering.chaos.cluster import LocalCluster
 from floering.mapper.admin import request_handoff
 from floering.chaos.timeline import node_events
-from tests.helpers import Feeder, diff, finish_exact, floe, status
+from tests.helpers import Feeder, diff, finish_exact, floe, live_ring, status, wait_for
 
 pytestmark = pytest.mark.multiprocess
 
@@ -19,16 +19,16 @@ def test_floe_move_under_a_streaming_mapper(tmp_path):
     with LocalCluster.up(3, 1, workdir=tmp_path, tokens_per_node=4) as cluster:
         feeder = Feeder(cluster.seeds, tls=cluster.tls())
         feeder.start()
-        time.sleep(0.5)
+        feeder.wait_rounds(3)
         ring = feeder.client.refresh_ring()
         to_heir = ring.tokens_of("n0")[0]                 # n0's first replica takes it
         heir = ring.heir(to_heir)
         other = next(n for n in ring.nodes if n not in ("n0", heir))
         to_other = ring.tokens_of("n0")[1]                # delayed transition via extras
         out1 = floe(tmp_path, "move", heir, "--to", hex(to_heir))
-        time.sleep(0.3)
+        feeder.wait_rounds(2)                             # the stream goes on between moves
         out2 = floe(tmp_path, "move", other, "--to", str(to_other - 5))
-        time.sleep(0.5)
+        feeder.wait_rounds(2)
         ring = finish_exact(feeder)
         assert "handed the range" in out1 and "handed the range" in out2
         assert ring.owner_of_token(to_heir) == heir and ring.owner_of_token(to_other) == other
@@ -42,18 +42,18 @@ def test_scale_out_3_to_5_and_back_to_3_under_load(tmp_path):
     with LocalCluster.up(3, 1, workdir=tmp_path, tokens_per_node=4) as cluster:
         feeder = Feeder(cluster.seeds, tls=cluster.tls())
         feeder.start()
-        time.sleep(0.5)
+        feeder.wait_rounds(3)
         out = floe(tmp_path, "scale", "--add", "2")
         cluster.nodes[:] = LocalCluster.load(cluster.state_file).nodes   # stopped on exit
         assert "added n3, n4" in out
         grown = status(tmp_path)
         assert set(grown) == {"n0", "n1", "n2", "n3", "n4"}
         assert grown["n3"]["tokens"] >= 2 and grown["n4"]["tokens"] >= 2
-        time.sleep(0.5)
+        feeder.wait_rounds(2)                             # the grown ring takes the stream
         for node in ("n3", "n4"):
             floe(tmp_path, "scale", "--remove", node)
         cluster.nodes[:] = LocalCluster.load(cluster.state_file).nodes
-        time.sleep(0.3)
+        feeder.wait_rounds(2)
         ring = finish_exact(feeder)
         assert set(ring.nodes) == {"n0", "n1", "n2"} and {"n3", "n4"} <= ring.removed
         shrunk = status(tmp_path)
@@ -70,7 +70,7 @@ def test_a_kill_in_the_middle_of_a_move_loses_nothing(tmp_path, victim):
     with LocalCluster.up(4, 1, workdir=tmp_path, tokens_per_node=4) as cluster:
         feeder = Feeder(cluster.seeds, tls=cluster.tls())
         feeder.start()
-        time.sleep(0.5)
+        feeder.wait_rounds(3)
         ring = feeder.client.refresh_ring()
         tokens = ring.tokens_of("n0")[:2]
         target = "n2"                                     # not n0's neighbour: extras first
@@ -84,12 +84,14 @@ def test_a_kill_in_the_middle_of_a_move_loses_nothing(tmp_path, victim):
                 result["error"] = exc
         mover = threading.Thread(target=move)
         mover.start()
-        time.sleep(0.05)
-        cluster.kill("n0" if victim == "owner" else target)
+        time.sleep(0.05)                                  # the kill lands while the move runs
+        dead = "n0" if victim == "owner" else target
+        cluster.kill(dead)
         mover.join(30)
-        time.sleep(1.5)
+        wait_for(lambda: dead in live_ring(cluster).removed, 30, f"{dead} declared dead")
+        feeder.wait_rounds(2)                             # the stream goes on without it
         ring = finish_exact(feeder)
-        assert ("n0" if victim == "owner" else target) in ring.removed
+        assert dead in ring.removed
         nodes = status(tmp_path)
         assert all(n["lost_ranges"] == 0 for n in nodes.values() if "error" not in n)
 
@@ -128,7 +130,7 @@ def test_autoscale_adds_a_node_under_load_and_removes_it_when_idle(tmp_path):
         deadline = time.monotonic() + 20
         while not any("added" in c for _, c in changes) and time.monotonic() < deadline:
             time.sleep(0.2)
-        time.sleep(1.0)
+        time.sleep(1.0)                                 # the grown ring runs loaded a while
         feeder.stop.set()                               # now idle: the extra node goes
         feeder.join(120)
         assert feeder.error is None, feeder.error
