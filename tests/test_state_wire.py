@@ -266,3 +266,27 @@ def test_a_delta_with_spill_goes_as_frames_and_a_bad_full_copy_changes_nothing()
     with pytest.raises(InvalidArgument):
         copy.replace(StateRun([good, bad]))
     assert copy.master == {"a": 1, "b": 2.5, "c": 3, "d": 4}
+
+
+def test_planning_a_range_of_large_states_encodes_their_bytes_a_few_times_not_per_halving(
+        monkeypatch):
+    """18 states of 4 MiB planned into frames of 1 MiB: each frame is sized from a
+    few encodes of its own entries, so the plan encodes a small multiple of the
+    range's bytes (it once encoded the whole rest of the range per halving: 209 ms
+    of the event loop for the first frame alone)."""
+    from floering.node.core import state_wire
+    encoded = []
+    real = state_wire.PairSegment.encode
+    monkeypatch.setattr(state_wire.PairSegment, "encode",
+                        lambda self, a, b: encoded.append(len(out := real(self, a, b))) or out)
+    pad = b"\0" * (4 << 20)
+    states = {f"k{i}": (i, bytes(pad)) for i in range(18)}
+    pieces = list(state_wire.plan(states, 4096, 1 << 20))
+    assert [p.end - p.start for p in pieces] == [1] * 18
+    assert sum(encoded) <= 3 * 18 * len(pad)
+    small = {f"key{i}": (i, "x" * 100) for i in range(50_000)}
+    encoded.clear()
+    pieces = list(state_wire.plan(small, 16_384, 1 << 20))
+    assert sum(p.end - p.start for p in pieces) == 50_000
+    assert all(len(p.encode()) <= 1 << 20 for p in pieces)
+    assert sum(encoded) <= 4 * sum(len(p.encode()) for p in pieces)
