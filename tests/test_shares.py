@@ -203,3 +203,23 @@ def test_a_member_on_its_way_out_neither_pulls_nor_gives():
     donor = Machine(rejoined(), "n3").mixin
     donor.begin_leaving()
     assert donor.share_moves_for("n2#1") == {}       # the ring spreads its ranges anyway
+
+
+def test_a_member_that_pulled_after_a_removal_leaves_a_later_operator_move_alone():
+    """n0 crashed out of a 3-member ring: n2, below the mean, pulls until whole ranges
+    bring it no closer (4 of 9 ninths), and stops pulling there, so an operator's
+    move of one of its ranges stays (it went on pulling while below the mean, and
+    took the moved range straight back)."""
+    ring = Ring.initial({f"n{i}": f"h:{i}" for i in range(3)}, 1, 3)
+    m = Machine(ring, "n2")
+    m.due(0.0)
+    ring = ring.without(["n0"])
+    m.mixin.core.ring = ring
+    assert m.due(1.0) == [] and len(m.due(1.0 + PULL_GRACE)) == 1
+    while (plan := pull_plan(ring, "n2")[1]):
+        ring = ring.with_owners(plan)
+    m.mixin.core.ring = ring
+    assert short_of_share(ring, "n2") and m.due(10.0) == []
+    moved = ring.with_owners({ring.tokens_of("n2")[0]: "n1"})
+    m.mixin.core.ring = moved
+    assert all(m.due(t) == [] for t in (20.0, 40.0, 80.0))

@@ -13,7 +13,8 @@
   member was removed from the ring (`short_after_removal`): a crash with no restart
   is a scale-in whose heirs took the dead member's ranges over (one may hold a
   double share), so a member then below the mean while the ring is uneven pulls as
-  an empty one does, while below the mean.
+  an empty one does, while below the mean and until no whole range brings it
+  closer; from then on a later `floe move` stays too.
 - A leaving member spreads its ranges (`spread_leave`): each goes to its first
   replica (which already holds it) while that one stays within the mean share the
   ring will have without the leaver, otherwise to the member with the smallest share
@@ -171,6 +172,9 @@ class SharePulling:
                         or (self.filling and short_of_share(ring, me)))
         donor, moves = pull_plan(ring, me, self.filling)
         if not moves:
+            # Filled as far as whole ranges allow: from now on only an empty ring
+            # share or another removal makes it pull, so an operator's move stays.
+            self.filling = self.filling and bool(ring.extras)
             self.short_since = None
             return
         if self.short_since is None:
