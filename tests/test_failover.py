@@ -10,20 +10,38 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 
 from floering.chaos.cluster import LocalCluster
-from tests.helpers import Feeder, came_back_fresh, events_of
+from tests.helpers import Feeder, came_back_fresh, events_of, ring_seen_by, wait_for
 
 pytestmark = pytest.mark.multiprocess
 
-def run_with_faults(cluster, inject, settle=1.0):
+def run_with_faults(cluster, inject, settled=None, quiet=0.0):
+    """Feed, inject the fault, wait until the ring shows `settled(ring)` (as a member
+    still in it sees it), or `quiet` seconds for what must NOT happen; the stream goes
+    on after it, and the counts are exact."""
     feeder = Feeder(cluster.seeds, tls=cluster.tls())
     feeder.start()
-    time.sleep(0.5)
+    feeder.wait_rounds(3)
     inject()
-    time.sleep(settle)
+    if settled is not None:
+        wait_for(lambda: settled(ring_seen_by(cluster, "n0")), 30, "the ring settles")
+    time.sleep(quiet)                   # time for a false declaration, were there one
+    feeder.wait_rounds(2)
     client = feeder.finish_exact()
     stats = client.stats()
     client.close()
     return stats
+
+
+def gone(*dead):
+    """The ring settled: every one of `dead` declared dead and removed."""
+    return lambda ring: set(dead) <= ring.removed
+
+
+def applying_again(cluster, dead: str) -> list[float]:
+    """When each heir of `dead` applied its first tuple of a range taken over."""
+    return [e["t"] for n in cluster.nodes if n.node_id != dead
+            for e in events_of(cluster, n.node_id)
+            if e["kind"] == "applying_again" and e["previous"] == dead]
 
 
 def live(stats):
@@ -45,7 +63,7 @@ def floe_status(tmp_path) -> dict:
 
 def test_sigkill_one_node_under_load(tmp_path):
     with LocalCluster.up(4, 1, workdir=tmp_path) as cluster:
-        run_with_faults(cluster, lambda: cluster.kill("n1"))
+        run_with_faults(cluster, lambda: cluster.kill("n1"), gone("n1"))
         status = floe_status(tmp_path)              # what an operator sees
     stats = status["nodes"]
     assert status["ring_version"] >= 2
@@ -61,7 +79,7 @@ def test_sigkill_two_non_adjacent_nodes_at_once(tmp_path):
         def inject():
             cluster.kill("n1")
             cluster.kill("n4")
-        stats = run_with_faults(cluster, inject)
+        stats = run_with_faults(cluster, inject, gone("n1", "n4"))
     alive = live(stats)
     assert len(alive) == 4 and all(s["lost_ranges"] == 0 for s in alive)
     assert max(s["ring_version"] for s in alive) >= 2
@@ -72,7 +90,7 @@ def test_sigkill_two_adjacent_nodes_with_r2(tmp_path):
         def inject():
             cluster.kill("n1")
             cluster.kill("n2")
-        stats = run_with_faults(cluster, inject)
+        stats = run_with_faults(cluster, inject, gone("n1", "n2"))
     assert all(s["lost_ranges"] == 0 for s in live(stats))
 
 
@@ -81,15 +99,16 @@ def test_sigstop_past_detection_then_sigcont_is_fenced_and_rejoins_empty(tmp_pat
     with LocalCluster.up(4, 1, workdir=tmp_path) as cluster:
         def inject():
             cluster.kill("n2", signal.SIGSTOP)
-            time.sleep(2.5)                      # well past detection (~1.2 s for a pause)
+            # past detection, and the mapper re-routed to the heirs
+            wait_for(lambda: applying_again(cluster, "n2"), 30,
+                     "n2's heirs apply its ranges' tuples while it is paused")
             resumed.append(time.time())
             cluster.kill("n2", signal.SIGCONT)
-        stats = run_with_faults(cluster, inject, settle=1.5)
+        stats = run_with_faults(cluster, inject, lambda ring: "n2#1" in ring.nodes)
         by_id = {s["node_id"]: s for s in stats}
         # the mapper re-routed to the heirs while n2 was still stopped: a paused node
         # holds no stream (and no flush) until it wakes up
-        applying = [e["t"] for n in ("n0", "n1", "n3") for e in events_of(cluster, n)
-                    if e["kind"] == "applying_again" and e["previous"] == "n2"]
+        applying = applying_again(cluster, "n2")
         assert applying and min(applying) < resumed[0], (applying, resumed)
         # counts stayed exact (checked above); the old incarnation is out of the ring and
         # the process came back as a new member: empty, or pulling a fair share after
@@ -120,7 +139,7 @@ def test_a_stuttering_node_that_keeps_answering_is_never_declared_dead(tmp_path)
                     time.sleep(0.15)
             finally:
                 cluster.kill("n2", signal.SIGCONT)
-        stats = run_with_faults(cluster, inject)
+        stats = run_with_faults(cluster, inject, quiet=1.0)
         events = [e for n in cluster.nodes for e in events_of(cluster, n.node_id)]
     declared = [e for e in events if e["kind"] == "detected"]
     assert not declared, declared

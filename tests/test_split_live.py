@@ -10,7 +10,7 @@ import pytest
 from floering.chaos.cluster import LocalCluster
 from floering.mapper.admin import request_handoff
 from floering.node.core.ring import Ring
-from tests.helpers import Feeder, finish_exact, floe, middle, status
+from tests.helpers import Feeder, finish_exact, floe, live_ring, middle, status, wait_for
 
 pytestmark = pytest.mark.multiprocess
 
@@ -27,7 +27,7 @@ def test_floe_split_hands_the_tail_to_the_neighbour_under_a_streaming_mapper(tmp
     with LocalCluster.up(3, 1, workdir=tmp_path, tokens_per_node=2) as cluster:
         feeder = Feeder(cluster.seeds, tls=cluster.tls())
         feeder.start()
-        time.sleep(0.5)
+        feeder.wait_rounds(3)
         ring = feeder.client.refresh_ring()
         token = ring.tokens_of("n0")[0]
         heir = ring.heir(token)
@@ -35,11 +35,11 @@ def test_floe_split_hands_the_tail_to_the_neighbour_under_a_streaming_mapper(tmp
         moved = status(tmp_path)["n0"]["moved_bytes"]
         out = floe(tmp_path, "split", hex(at), "--to", heir)
         assert "handed the tail" in out
-        time.sleep(0.3)
+        feeder.wait_rounds(2)                   # the stream goes on between the cuts
         # a second cut of the head, kept by n0 (split only)
         second = middle(ring.split_token(token, at), at)
         assert "split the range" in floe(tmp_path, "split", str(second))
-        time.sleep(0.5)
+        feeder.wait_rounds(2)
         ring = finish_exact(feeder)
         assert ring.owner_of_token(token) == heir
         assert ring.owner_of_token(at) == "n0" and ring.owner_of_token(second) == "n0"
@@ -57,7 +57,7 @@ def test_the_owner_killed_right_after_a_split_loses_nothing(tmp_path, when):
     with LocalCluster.up(3, 1, workdir=tmp_path, tokens_per_node=2) as cluster:
         feeder = Feeder(cluster.seeds, tls=cluster.tls())
         feeder.start()
-        time.sleep(0.5)
+        feeder.wait_rounds(3)
         ring = feeder.client.refresh_ring()
         token = ring.tokens_of("n0")[1]
         at = middle(ring, token)
@@ -83,10 +83,11 @@ def test_the_owner_killed_right_after_a_split_loses_nothing(tmp_path, when):
                     result["error"] = exc
             mover = threading.Thread(target=split_and_move)
             mover.start()
-            time.sleep(0.05)
+            time.sleep(0.05)                  # the kill lands while the split and move run
             cluster.kill("n0")
             mover.join(30)
-        time.sleep(1.5)
+        wait_for(lambda: "n0" in live_ring(cluster).removed, 30, "n0 declared dead")
+        feeder.wait_rounds(2)                 # the stream goes on without it
         ring = finish_exact(feeder)
         assert "n0" in ring.removed
         if when == "after the split":
