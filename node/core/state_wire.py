@@ -18,24 +18,23 @@ A frame (little-endian throughout):
 is the sender's: `decode` checks the sizes add up to the frame's exactly, the count
 (bounded by the frame's bytes), the kinds, the offsets (0 first, K last, never
 decreasing) and the rest before anything reads them; a key's bytes are checked when
-it is decoded or installed (a table checks them in its own pass). Encoding is pure
-Python over buffers (no hash, no kernel): the compiled and the pure nodes write the
-same bytes for the same entries.
+it is decoded or installed (a table checks them in its own pass). The columns are
+packed and checked in one pass by the state table's kernel (node.core.columnar:
+compiled, or its pure-Python fallback): both write and read the same bytes.
 """
 
 from __future__ import annotations
 
 import struct
-import sys
 from array import array
 from bisect import bisect_right
 from collections.abc import Mapping
 from dataclasses import dataclass
-from itertools import accumulate, islice
-from operator import le
+from itertools import accumulate
 from typing import Iterator
 
 from floering.node.core.codec import pack, unpack_columns
+from floering.node.core.columnar import pack_frame_columns, unpack_frame_columns
 from floering.node.core.columnar.buffers import KIND_INT, decode_key, encode_keys, valid_key
 from floering.node.core.errors import InvalidArgument
 
@@ -46,7 +45,6 @@ HEADER_BYTES = _HEAD.size
 ENTRY_BYTES = 5                   # kind, offset (a value's width aside)
 _WIDTHS = {1: "b", 2: "h", 4: "i", 8: "q"}
 _CODES = ((1, "b", 1 << 7), (2, "h", 1 << 15), (4, "i", 1 << 31), (8, "q", 1 << 63))
-_BIG_ENDIAN = sys.byteorder == "big"
 _INT64 = (-(1 << 63), 1 << 63)
 _KEY_TYPES = frozenset((str, bytes, int))
 
@@ -54,21 +52,6 @@ _KEY_TYPES = frozenset((str, bytes, int))
 def is_frame(data) -> bool:
     """Whether `data` is a frame of column states (else older msgpack entries)."""
     return bytes(data[:3]) == MAGIC
-
-
-def _le(arr: array) -> bytes:
-    if _BIG_ENDIAN:
-        arr = array(arr.typecode, arr)
-        arr.byteswap()
-    return arr.tobytes()
-
-
-def _from_le(code: str, view) -> array:
-    out = array(code)
-    out.frombytes(view)
-    if _BIG_ENDIAN:
-        out.byteswap()
-    return out
 
 
 def value_width(values) -> tuple[int, str]:
@@ -83,13 +66,17 @@ def encode_frame(kinds: bytes, keys: bytes, offsets, values: array,
                  rest: bytes = b"") -> bytes:
     """A frame of the columns (offsets from 0, K below 2**32) and the rest, msgpack
     [keys, states]."""
-    n, (width, code) = len(kinds), value_width(values)
-    if len(keys) >= 1 << 32:
-        raise OverflowError("a frame's keys are 4 GiB or more: cut it smaller")
-    packed = values if code == "q" else array(code, values)
-    return b"".join((_HEAD.pack(MAGIC, VERSION, width, n, len(keys), len(rest)), kinds,
-                     _le(offsets if getattr(offsets, "typecode", "") == "I"
-                         else array("I", offsets)), keys, _le(packed), rest))
+    return encode_slice(kinds, keys, offsets, values, 0, len(kinds), rest)
+
+
+def encode_slice(kinds, keys, offsets, values, start: int, end: int,
+                 rest: bytes = b"") -> bytes:
+    """A frame of entries start to end of columns (offsets of n + 1 into `keys`),
+    packed by the state table's kernel in one pass, and the rest."""
+    width, body = pack_frame_columns(kinds, keys, offsets, values, start, end)
+    nkeys = len(body) - (ENTRY_BYTES + width) * (end - start) - 4
+    return b"".join((_HEAD.pack(MAGIC, VERSION, width, end - start, nkeys, len(rest)),
+                     body, rest))
 
 
 def frame_bytes(n: int, key_bytes: int, rest: int = 0, width: int = 8) -> int:
@@ -157,21 +144,12 @@ def decode(data) -> "StateColumns":
     if expect != size:
         raise _refuse(f"the header says {n} entries, {nkeys} key bytes and {nrest} rest "
                       f"bytes ({expect} bytes): the frame has {size}")
-    at = HEADER_BYTES
-    kinds = bytes(view[at:at + n])
-    if kinds.translate(None, b"\x00\x01\x02"):
-        raise _refuse("a kind other than 0 (str), 1 (bytes) or 2 (int)")
-    at += n
-    offsets = array("Q", _from_le("I", view[at:at + 4 * (n + 1)]))
-    at += 4 * (n + 1)
-    if offsets[0] != 0 or offsets[n] != nkeys or \
-            not all(map(le, offsets, islice(offsets, 1, None))):
-        raise _refuse(f"offsets must go from 0 to {nkeys} without decreasing")
-    keys = bytes(view[at:at + nkeys])
-    at += nkeys
-    values = _from_le(_WIDTHS[width], view[at:at + width * n])
-    values = values if width == 8 else array("q", values)
-    at += width * n
+    try:
+        kinds, keys, offsets, values = unpack_frame_columns(view, HEADER_BYTES, n, nkeys,
+                                                            width)
+    except ValueError as exc:
+        raise _refuse(str(exc)) from None
+    at = size - nrest
     rest_keys, rest = unpack_columns(bytes(view[at:])) if nrest else ((), ())
     try:
         frozenset(rest_keys)
@@ -372,13 +350,7 @@ class ExportSegment:
         return frame_bytes(end - start, self.offsets[end] - self.offsets[start])
 
     def encode(self, start: int, end: int) -> bytes:
-        offsets = self.offsets
-        base = offsets[start]
-        part = offsets[start:end + 1]
-        if base:
-            part = array("I", map(base.__rsub__, part))
-        return encode_frame(self.kinds[start:end], self.data[base:offsets[end]], part,
-                            self.values[start:end])
+        return encode_slice(self.kinds, self.data, self.offsets, self.values, start, end)
 
     def pieces(self, max_entries: int, max_bytes: int) -> Iterator[Piece]:
         start, n = 0, len(self)

@@ -20,14 +20,15 @@ try:
 except ImportError:
     _compiled = None
 
-if _compiled is not None:
-    KERNEL = "compiled"
-    hash_positions, StateTable = _compiled.hash_positions, _compiled.StateTable
-else:
-    KERNEL = "python"
-    hash_positions, StateTable = pytable.hash_positions, pytable.StateTable
+_kernel: ModuleType = pytable if _compiled is None else _compiled
+KERNEL = "python" if _compiled is None else "compiled"
+hash_positions, StateTable = _kernel.hash_positions, _kernel.StateTable
+# A frame of column states' columns (node.core.state_wire), packed and checked
+pack_frame_columns = _kernel.pack_frame_columns
+unpack_frame_columns = _kernel.unpack_frame_columns
 
 # The reducers whose states a table holds (int64 states; None for min/max is "absent").
 TABLE_OPS = ("count", "sum", "min", "max")
 
-__all__ = ["KERNEL", "StateTable", "TABLE_OPS", "hash_positions"]
+__all__ = ["KERNEL", "StateTable", "TABLE_OPS", "hash_positions", "pack_frame_columns",
+           "unpack_frame_columns"]

@@ -87,6 +87,131 @@ def hash_positions(key_data, offsets):
     return out
 
 
+# -- frames of column states (node.core.state_wire): the columns' part of a frame --------
+
+cdef inline void _put_le(unsigned char *p, uint64_t x, int w) noexcept nogil:
+    cdef int b
+    for b in range(w):
+        p[b] = <unsigned char>(x >> (8 * b))
+
+
+cdef inline uint64_t _get_le(const unsigned char *p, int w) noexcept nogil:
+    cdef uint64_t x = 0
+    cdef int b
+    for b in range(w):
+        x |= (<uint64_t>p[b]) << (8 * b)
+    return x
+
+
+def pack_frame_columns(kinds, key_data, offsets, values, Py_ssize_t start, Py_ssize_t end):
+    """(width, body) of entries start to end of columns (kinds, key_data, offsets of
+    n + 1, values): body is the kinds, the offsets from 0 as uint32, the key bytes and
+    the values in `width` bytes each (the least of 1, 2, 4, 8 that holds them), all
+    little-endian, as a frame of column states lays them out."""
+    cdef const unsigned char[::1] kv = octets(kinds, "kinds")
+    cdef const unsigned char[::1] dv = octets(key_data, "key_data")
+    cdef const unsigned char[::1] ov = words(offsets, "offsets", signed=False)
+    cdef const unsigned char[::1] vv = words(values, "values", signed=True)
+    cdef Py_ssize_t n = kv.shape[0]
+    if ov.shape[0] // 8 != n + 1 or vv.shape[0] // 8 != n:
+        raise ValueError(f"offsets must hold n + 1 = {n + 1} entries and values n")
+    if not 0 <= start <= end <= n:
+        raise ValueError(f"entries {start} to {end} are outside the columns of {n}")
+    cdef const uint64_t *off = <const uint64_t *>_ptr(ov)
+    cdef const int64_t *val = <const int64_t *>_ptr(vv)
+    cdef Py_ssize_t m = end - start, t
+    cdef uint64_t base = off[start], dlen = dv.shape[0]
+    cdef int64_t low = 0, high = 0
+    cdef int bad = 0, width = 1
+    with nogil:
+        for t in range(start, end):
+            if off[t] > off[t + 1]:
+                bad = 1
+                break
+            if val[t] < low:
+                low = val[t]
+            elif val[t] > high:
+                high = val[t]
+    if bad or off[end] > dlen:
+        raise ValueError("offsets must not decrease nor pass the end of key_data")
+    cdef uint64_t nkeys = off[end] - base
+    if nkeys >= (<uint64_t>1) << 32:
+        raise OverflowError("a frame's keys are 4 GiB or more: cut it smaller")
+    if low < -2147483648LL or high > 2147483647LL:
+        width = 8
+    elif low < -32768 or high > 32767:
+        width = 4
+    elif low < -128 or high > 127:
+        width = 2
+    body = PyBytes_FromStringAndSize(NULL, m + 4 * (m + 1) + nkeys + width * m)
+    cdef unsigned char *w = <unsigned char *>PyBytes_AS_STRING(body)
+    cdef const unsigned char *k = _ptr(kv)
+    cdef const unsigned char *d = _ptr(dv)
+    with nogil:
+        memcpy(w, k + start, m)
+        w += m
+        for t in range(start, end + 1):
+            _put_le(w, off[t] - base, 4)
+            w += 4
+        memcpy(w, d + base, nkeys)
+        w += nkeys
+        for t in range(start, end):
+            _put_le(w, <uint64_t>val[t], width)
+            w += width
+    return width, body
+
+
+def unpack_frame_columns(frame, Py_ssize_t at, Py_ssize_t n, uint64_t nkeys, int width):
+    """The columns of a frame whose header says `n` entries, `nkeys` key bytes and
+    values `width` bytes wide, read from byte `at`: (kinds, key_data, offsets as uint64
+    n + 1, values as int64), checked (ValueError: a kind other than 0, 1, 2; offsets
+    not 0 first, nkeys last, never decreasing; a frame too short) before any is read."""
+    cdef const unsigned char[::1] fv = octets(frame, "frame")
+    if width not in (1, 2, 4, 8):
+        raise ValueError(f"value width {width}: 1, 2, 4 or 8 bytes")
+    cdef uint64_t size = fv.shape[0]
+    if n < 0 or at < 0 or <uint64_t>n > size or nkeys > size or \
+            size < <uint64_t>at + (5 + <uint64_t>width) * <uint64_t>n + 4 + nkeys:
+        raise ValueError(f"the frame is shorter than its {n} entries and {nkeys} key bytes")
+    cdef const unsigned char *f = _ptr(fv) + at
+    cdef const unsigned char *o = f + n
+    cdef Py_ssize_t t
+    cdef int bad = 0
+    cdef uint64_t prev = 0, x
+    with nogil:
+        for t in range(n):
+            if f[t] > 2:
+                bad = 1
+                break
+        if not bad:
+            if _get_le(o, 4) != 0 or _get_le(o + 4 * n, 4) != nkeys:
+                bad = 2
+            for t in range(n + 1):
+                x = _get_le(o + 4 * t, 4)
+                if x < prev:
+                    bad = 2
+                    break
+                prev = x
+    if bad == 1:
+        raise ValueError("a kind other than 0 (str), 1 (bytes) or 2 (int)")
+    if bad == 2:
+        raise ValueError(f"offsets must go from 0 to {nkeys} without decreasing")
+    kinds = PyBytes_FromStringAndSize(<const char *>f, n)
+    keys = PyBytes_FromStringAndSize(<const char *>(o + 4 * (n + 1)), nkeys)
+    cdef carray.array offsets = carray.clone(_U64, n + 1, zero=False)
+    cdef carray.array values = carray.clone(_I64, n, zero=False)
+    cdef uint64_t *op = <uint64_t *>offsets.data.as_voidptr
+    cdef int64_t *vp = <int64_t *>values.data.as_voidptr
+    cdef const unsigned char *v = o + 4 * (n + 1) + nkeys
+    cdef int shift = 64 - 8 * width
+    with nogil:
+        for t in range(n + 1):
+            op[t] = _get_le(o + 4 * t, 4)
+        for t in range(n):
+            vp[t] = (<int64_t>(_get_le(v + width * t, width) << shift)) >> shift
+    return kinds, keys, offsets, values
+
+
 ctypedef struct Entry:
     uint64_t pos
     int64_t val

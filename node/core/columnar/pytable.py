@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import sys
 from array import array
+from itertools import islice
+from operator import le
 from typing import Any
 
 import mmh3
@@ -28,6 +30,81 @@ def hash_positions(key_data, offsets) -> array:
             raise ValueError(f"offsets must not decrease nor pass the end of key_data (key {i})")
         out[i] = hash64(data[a:b], seed=0, x64arch=True, signed=False)[0]
     return out
+
+
+# -- frames of column states (node.core.state_wire): the columns' part of a frame --------
+
+_CODES = ((1, "b", 1 << 7), (2, "h", 1 << 15), (4, "i", 1 << 31), (8, "q", 1 << 63))
+_WIDTHS = {1: "b", 2: "h", 4: "i", 8: "q"}
+_BIG_ENDIAN = sys.byteorder == "big"
+
+
+def _le(arr: array) -> bytes:
+    if _BIG_ENDIAN:
+        arr = array(arr.typecode, arr)
+        arr.byteswap()
+    return arr.tobytes()
+
+
+def _from_le(code: str, view) -> array:
+    out = array(code)
+    out.frombytes(view)
+    if _BIG_ENDIAN:
+        out.byteswap()
+    return out
+
+
+def pack_frame_columns(kinds, key_data, offsets, values, start: int,
+                       end: int) -> tuple[int, bytes]:
+    """(width, body) of entries start to end of columns (kinds, key_data, offsets of
+    n + 1, values): body is the kinds, the offsets from 0 as uint32, the key bytes and
+    the values in `width` bytes each (the least of 1, 2, 4, 8 that holds them), all
+    little-endian, as a frame of column states lays them out."""
+    kv, dv = octets(kinds, "kinds"), octets(key_data, "key_data")
+    offs = words(offsets, "offsets", signed=False).cast("Q")
+    vals = words(values, "values", signed=True).cast("q")
+    n = len(kv)
+    if len(offs) != n + 1 or len(vals) != n:
+        raise ValueError(f"offsets must hold n + 1 = {n + 1} entries and values n")
+    if not 0 <= start <= end <= n:
+        raise ValueError(f"entries {start} to {end} are outside the columns of {n}")
+    part = offs[start:end + 1].tolist()
+    if not all(map(le, part, islice(part, 1, None))) or offs[end] > len(dv):
+        raise ValueError("offsets must not decrease nor pass the end of key_data")
+    base = part[0]
+    if part[-1] - base >= 1 << 32:
+        raise OverflowError("a frame's keys are 4 GiB or more: cut it smaller")
+    chosen = vals[start:end].tolist()
+    low, high = min(chosen, default=0), max(chosen, default=0)
+    width, code = next((w, c) for w, c, bound in _CODES if -bound <= low and high < bound)
+    return width, b"".join((bytes(kv[start:end]), _le(array("I", [o - base for o in part])),
+                            bytes(dv[base:part[-1]]), _le(array(code, chosen))))
+
+
+def unpack_frame_columns(frame, at: int, n: int, nkeys: int,
+                         width: int) -> tuple[bytes, bytes, array, array]:
+    """The columns of a frame whose header says `n` entries, `nkeys` key bytes and
+    values `width` bytes wide, read from byte `at`: (kinds, key_data, offsets as uint64
+    n + 1, values as int64), checked (ValueError: a kind other than 0, 1, 2; offsets
+    not 0 first, nkeys last, never decreasing; a frame too short) before any is read."""
+    view = octets(frame, "frame")
+    if width not in _WIDTHS:
+        raise ValueError(f"value width {width}: 1, 2, 4 or 8 bytes")
+    if n < 0 or at < 0 or len(view) < at + (5 + width) * n + 4 + nkeys:
+        raise ValueError(f"the frame is shorter than its {n} entries and {nkeys} key bytes")
+    kinds = bytes(view[at:at + n])
+    if kinds.translate(None, b"\x00\x01\x02"):
+        raise ValueError("a kind other than 0 (str), 1 (bytes) or 2 (int)")
+    at += n
+    offsets = array("Q", _from_le("I", view[at:at + 4 * (n + 1)]))
+    at += 4 * (n + 1)
+    if offsets[0] != 0 or offsets[n] != nkeys or \
+            not all(map(le, offsets, islice(offsets, 1, None))):
+        raise ValueError(f"offsets must go from 0 to {nkeys} without decreasing")
+    keys = bytes(view[at:at + nkeys])
+    at += nkeys
+    values = _from_le(_WIDTHS[width], view[at:at + width * n])
+    return kinds, keys, offsets, values if width == 8 else array("q", values)
 
 
 OPS = ("count", "sum", "min", "max")
