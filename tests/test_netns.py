@@ -347,7 +347,7 @@ def test_a_primary_cut_off_with_the_mapper_acknowledges_nothing_alone(ring3):
     ring3.hosts.partition(["n0", "m0"], ["n1", "n2"])
     stuck = ring3.feed(ring3.seeds, "stuck")
     ring3.declared_dead("n0")
-    time.sleep(1.5)
+    time.sleep(1.5)                                 # time for a flush to return, were it to
     assert stuck.poll() is None, "a flush returned with acknowledgements from n0 alone"
     n0 = ring3.stats_of("n0")                       # still serving in its own view
     assert not n0.fenced and n0.applied > applied_before

@@ -85,11 +85,11 @@ def test_a_kill_and_restart_inside_the_detection_window_under_load_is_exact(tmp_
     with LocalCluster.up(4, 1, workdir=tmp_path, extra_args=slow) as cluster:
         feeder = Feeder(cluster.seeds, tls=cluster.tls())
         feeder.start()
-        time.sleep(0.5)
+        feeder.wait_rounds(3)
         fresh = restart_in_place(cluster, "n1", signal.SIGKILL)
         name = member_at(fresh.address, [n.address for n in cluster.nodes], 30,
                          cluster.tls())
-        time.sleep(0.5)
+        feeder.wait_rounds(2)              # the stream goes on with the new member
         client = feeder.finish_exact()
         ring = client.refresh_ring()
         client.close()
@@ -105,7 +105,7 @@ def test_rolling_restart_under_load_is_exact_and_ends_fully_replicated(tmp_path)
     with LocalCluster.up(3, 1, workdir=tmp_path) as cluster:
         feeder = Feeder(cluster.seeds, tls=cluster.tls())
         feeder.start()
-        time.sleep(0.3)
+        feeder.wait_rounds(3)
         lines = []
         rolling_restart(cluster, graceful=True, timeout=60, report=lines.append)
         client = feeder.finish_exact()
@@ -125,9 +125,12 @@ def test_a_leave_from_a_pair_hands_its_ranges_over_once_under_load(tmp_path):
     with LocalCluster.up(2, 1, workdir=tmp_path) as cluster:
         feeder = Feeder(cluster.seeds, tls=cluster.tls())
         feeder.start()
-        time.sleep(0.5)
+        feeder.wait_rounds(3)
         cluster.remove("n0")
-        time.sleep(1.0)                    # the survivor feeds on alone
+        # the survivor feeds on alone, for long enough that a range handed back to the
+        # leaver (its refill, several times a second) would show
+        time.sleep(1.0)
+        feeder.wait_rounds(2)
         client = feeder.finish_exact()
         client.close()
         events = events_of(cluster, "n1")

@@ -50,7 +50,7 @@ def test_up_starts_only_the_killed_members_and_their_shares_come_back(tmp_path):
         assert everyone.returncode == 1 and "still running" in everyone.stderr
         feeder = Feeder(cluster.seeds, tls=cluster.tls())
         feeder.start()
-        time.sleep(1.0)
+        feeder.wait_rounds(3)
 
         cluster.kill("n2")                            # back before it is declared dead
         refused = floe_run(tmp_path, "up", "--nodes", "5")
@@ -70,7 +70,7 @@ def test_up_starts_only_the_killed_members_and_their_shares_come_back(tmp_path):
         assert "serves as n1#1, as a new member" in out, out
         assert "started n1 again; n0, n2, n3 were running and left alone" in out, out
 
-        time.sleep(0.5)
+        feeder.wait_rounds(2)                         # the stream goes on after it
         ring = finish_exact(feeder)                   # exact counts throughout
         assert not ring.lost and not uneven(ring), ring.describe()
         assert sorted(ring.nodes) == ["n0", "n1#1", "n2", "n3"], ring.describe()

@@ -10,8 +10,7 @@ import pytest
 
 from floering.chaos.cluster import LocalCluster
 from floering.chaos.restart import member_at, wait_replicated
-from floering.mapper import RingClient
-from tests.helpers import Feeder, finish_exact
+from tests.helpers import Feeder, finish_exact, live_ring
 
 pytestmark = pytest.mark.multiprocess
 
@@ -19,10 +18,7 @@ BAND = 0.25          # a member's share may be this far from the mean
 WITHIN = 30.0        # seconds
 
 
-def ring_of(cluster):
-    with RingClient([n.address for n in cluster.nodes if n.alive()], timeout=10,
-                    rpc_timeout=2.0, tls=cluster.tls()) as client:
-        return client.refresh_ring()
+ring_of = live_ring
 
 
 def uneven(ring) -> dict[str, float]:
@@ -48,7 +44,7 @@ def test_a_rejoined_member_and_a_scale_in_get_even_shares_back_under_load(tmp_pa
     with LocalCluster.up(4, 1, workdir=tmp_path, data_dir=tmp_path / "data") as cluster:
         feeder = Feeder(cluster.seeds, tls=cluster.tls())
         feeder.start()
-        time.sleep(1.0)
+        feeder.wait_rounds(3)
         cluster.kill("n2")
         deadline = time.monotonic() + WITHIN
         while "n2" not in ring_of(cluster).removed:      # its ranges went to its heir
@@ -65,7 +61,7 @@ def test_a_rejoined_member_and_a_scale_in_get_even_shares_back_under_load(tmp_pa
 
         cluster.remove("n0")                              # scale-in, under load
         leave = seconds_to_even(cluster, 3)
-        time.sleep(0.5)
+        feeder.wait_rounds(2)                             # the even ring takes the stream
         ring = finish_exact(feeder)                       # exact counts throughout
         assert not ring.lost and not uneven(ring), ring.describe()
         wait_replicated([n.address for n in cluster.nodes], WITHIN, cluster.tls())
@@ -81,7 +77,7 @@ def test_a_crash_with_no_restart_evens_shares_out_under_load(tmp_path):
     with LocalCluster.up(4, 1, workdir=tmp_path, data_dir=tmp_path / "data") as cluster:
         feeder = Feeder(cluster.seeds, tls=cluster.tls())
         feeder.start()
-        time.sleep(1.0)
+        feeder.wait_rounds(3)
         cluster.kill("n2")
         deadline = time.monotonic() + WITHIN
         while "n2" not in ring_of(cluster).removed:
@@ -90,7 +86,7 @@ def test_a_crash_with_no_restart_evens_shares_out_under_load(tmp_path):
         taken = ring_of(cluster)
         assert max(taken.share_of(n) for n in taken.nodes) >= 0.4, taken.describe()
         even = seconds_to_even(cluster, 3)
-        time.sleep(0.5)
+        feeder.wait_rounds(2)                             # the even ring takes the stream
         ring = finish_exact(feeder)                       # exact counts throughout
         assert not ring.lost and not uneven(ring), ring.describe()
         assert sorted(ring.nodes) == ["n0", "n1", "n3"], ring.describe()
