@@ -45,7 +45,7 @@ def test_two_members_paused_and_woken_together_converge_exactly(tmp_path):
             "--data-dir", str(data / "{node}")]) as cluster:
         feeder = PatientFeeder(cluster.seeds, cluster.tls("client"))
         feeder.start()
-        time.sleep(1.0)
+        feeder.wait_rounds(3)
         # two of four paused at once leave no quorum to declare them: one is paused
         # until the ring removes it, then the other, and both wake together
         try:
@@ -89,7 +89,7 @@ def test_two_of_five_members_paused_at_once_and_woken_together_converge_exactly(
             "--data-dir", str(data / "{node}")]) as cluster:
         feeder = PatientFeeder(cluster.seeds, cluster.tls("client"))
         feeder.start()
-        time.sleep(1.0)
+        feeder.wait_rounds(3)
         try:
             for node in ("n1", "n2"):
                 cluster.kill(node, signal.SIGSTOP)
