@@ -451,8 +451,8 @@ def test_a_corrupt_data_dir_is_set_aside_and_its_ranges_come_from_replicas(tmp_p
 @pytest.mark.multiprocess
 def test_a_corrupt_copy_of_one_range_goes_to_its_heir_and_the_member_keeps_the_rest(tmp_path):
     """The whole cluster is killed; on one node's disk the copy of a range it owns
-    has a value that no longer decodes (RocksDB's own checksums are tested above,
-    on the store). That node comes back as itself with every other range it held;
+    has a segment whose checksum no longer matches (RocksDB's own checksums are
+    tested above, on the store). That node comes back as itself with every other range it held;
     the damaged range is taken over by its heir from its own copy, as after a
     death, and every count is exact."""
     import json
@@ -469,8 +469,10 @@ def test_a_corrupt_copy_of_one_range_goes_to_its_heir_and_the_member_keeps_the_r
             store = NodeStore(tmp_path / "data" / "n0")
             owned = [t for t in store.load().copies if ring.owner_of_token(t) == "n0"]
             damaged["token"] = token = owned[0]
-            store._write([(node_store.KEYS + node_store.TOKEN.pack(token) + b"\xa1q",
-                           b"\xc1")], [], sync=True)      # 0xc1 is never msgpack
+            prefix = node_store._key_prefix(token) + node_store.SEGMENT
+            key, value = next((k, v) for k, v in store.db.items(from_key=prefix)
+                              if k.startswith(prefix))
+            store._write([(key, value[:-1] + bytes([value[-1] ^ 0xFF]))], [], sync=True)
             store.close()
         restart_all(cluster, damage)
         token, heir = damaged["token"], ring.heir(damaged["token"])
@@ -482,6 +484,7 @@ def test_a_corrupt_copy_of_one_range_goes_to_its_heir_and_the_member_keeps_the_r
                                                            if t != token)
         logs = {n.node_id: open(n.log).read() for n in cluster.nodes}
         assert f"range of token {token} is corrupt" in logs["n0"]
+        assert "checksum does not match" in logs["n0"]
         assert "joins empty" not in logs["n0"] and not list((tmp_path / "data").glob("n0.corrupt-*"))
         taken = [e for e in events_of(cluster, heir) if e.get("kind") == "taken_over"]
         assert any(token in e.get("tokens", ()) for e in taken), json.dumps(taken)[:500]

@@ -10,8 +10,18 @@ disk: the copy plus the batches past its watermarks (`NodeCore.restored`).
 - `log/`: a SegmentLog of the raw batches accepted, in order, each a checksummed
   record. A batch is acknowledged only once its record is synced (group commit:
   one fsync for every batch appended meanwhile).
-- `state/`: RocksDB. `I` the identity (node id, incarnation), `G` the ring, and per
-  token `M<token>` (primary, watermarks) and `K<token><key>` -> state.
+- `state/`: RocksDB. `V` the store's format, `I` the identity (node id,
+  incarnation), `G` the ring, and per token `M<token>` (primary, watermarks) and its
+  states in segments: `K<token>\\xc1<generation><part>` -> CRC32 and a frame of
+  column states (node.core.state_wire), up to 65,536 entries a part. A write of
+  a whole range is generation 0; a checkpoint's changed keys are the next
+  generation, laid over the ones before it. Once a range's later generations hold
+  more entries than its first (or 32 of them), the write folds them into a new
+  generation 0 (read back from the store on the disk thread).
+  Format 1 (no `V`) kept one `K<token><msgpack key>` -> msgpack state per key: such
+  entries are still read, under any segment of their range (0xc1 is a byte msgpack
+  never writes, so a reader of format 1 finds a range with segments corrupt,
+  never empty).
 
 Log segments are dropped once every batch in them is covered by the watermarks of
 a copy written to RocksDB: the backup store's eviction, on disk.
@@ -22,6 +32,7 @@ from __future__ import annotations
 import os
 import struct
 import time
+import zlib
 from bisect import bisect_left
 from dataclasses import dataclass, field
 from itertools import islice
@@ -35,12 +46,21 @@ from floering.node.core.batch import Batch
 from floering.node.core.codec import pack, unpack
 from floering.node.core.persistence_io import CopyWrite
 from floering.node.core.restore import DiskCopy, batch_from_record, batch_record
+from floering.node.core.state_wire import decode as decode_frame, plan as frame_plan
 from floering.node.files import private_dir
 from floering.node.storage.segment_log import CorruptLog, SegmentLog
 
 TOKEN = struct.Struct(">Q")
-IDENTITY, RING = b"I", b"G"
+IDENTITY, RING, VERSION = b"I", b"G", b"V"
 META, KEYS = b"M", b"K"
+FORMAT = 2                       # the format this store writes (1: an entry a key)
+SEGMENT = b"\xc1"                # after K<token>: a segment, not a key (never msgpack)
+_PART = struct.Struct(">QI")     # a segment's generation, its part
+_CRC = struct.Struct("<I")
+SEGMENT_ENTRIES = 1 << 16        # entries of one part at most
+SEGMENT_BYTES = 4 << 20          # bytes of one part's frame at most (a lone entry aside)
+FOLD_GENERATIONS = 32            # later generations of a range that fold it
+FOLD_ENTRIES = 1 << 16           # ... or their entries past max(this, the first's)
 
 
 def _meta_key(token: int) -> bytes:
@@ -55,13 +75,74 @@ def _prefix_end(token: int) -> bytes:
     return KEYS + TOKEN.pack(token + 1) if token < (1 << 64) - 1 else b"L"
 
 
+def segment_key(token: int, generation: int, part: int) -> bytes:
+    return _key_prefix(token) + SEGMENT + _PART.pack(generation, part)
+
+
+def _is_segment(key: bytes) -> bool:
+    return key[9:10] == SEGMENT
+
+
+def _generation(key: bytes) -> int:
+    return _PART.unpack_from(key, 10)[0]
+
+
+def segment_value(frame: bytes) -> bytes:
+    return _CRC.pack(zlib.crc32(frame)) + frame
+
+
+def segment_states(key: bytes, value: bytes) -> dict:
+    """A segment's (key, state)s; ValueError naming it when its checksum fails or its
+    frame does not decode."""
+    generation, part = _PART.unpack_from(key, 10) if len(key) == 22 else (-1, -1)
+    where = f"segment {part} of generation {generation}"
+    if generation < 0 or len(value) < 4:
+        raise ValueError(f"a segment's key or value is cut short ({len(key)}, "
+                         f"{len(value)} bytes)")
+    if _CRC.unpack_from(value)[0] != zlib.crc32(memoryview(value)[4:]):
+        raise ValueError(f"{where}: its checksum does not match")
+    try:
+        return decode_frame(memoryview(value)[4:]).to_dict()
+    except Exception as exc:
+        raise ValueError(f"{where} does not decode: {exc}") from None
+
+
+@dataclass
+class Segments:
+    """What the store holds of one range's states: the generation its next write
+    takes, the entries of generation 0 (and of format 1), and of the later ones."""
+
+    next_generation: int = 1
+    first: int = 0
+    later: int = 0
+    generations: int = 0
+
+    def folds(self) -> bool:
+        return self.generations >= FOLD_GENERATIONS or \
+            self.later > max(self.first, FOLD_ENTRIES)
+
+
+def _frames(states) -> list[tuple[bytes, int]]:
+    """The frames (bytes, entries) of a copy's states, each at most SEGMENT_ENTRIES
+    entries and SEGMENT_BYTES bytes (a lone larger entry aside); none when empty."""
+    return [(piece.encode(), piece.count)
+            for piece in frame_plan(states, SEGMENT_ENTRIES, SEGMENT_BYTES) if piece.count]
+
+
+def _as_dict(states) -> dict:
+    return states if isinstance(states, dict) else dict(states.items())
+
+
+_VERSION_PUT = (VERSION, FORMAT.to_bytes(1, "big"))
 RUN = 1 << 15                    # entries read from RocksDB at a time at load
 
 
-def _take_states(run: list, copies: dict[int, DiskCopy], corrupt: dict[int, str]) -> bool:
+def _take_states(run: list, copies: dict[int, DiskCopy], corrupt: dict[int, str],
+                 segments: dict[int, list]) -> bool:
     """Decode a run of `K` entries (sorted, so each token's are together) into their
-    copies; False once past the last `K` entry. A token whose values do not decode
-    leaves `copies` for `corrupt`."""
+    copies, keeping each token's segments (in order) in `segments` for later; False
+    once past the last `K` entry. A token whose format-1 values do not decode leaves
+    `copies` for `corrupt`."""
     i = 0
     while i < len(run):
         first = run[i][0]
@@ -71,13 +152,51 @@ def _take_states(run: list, copies: dict[int, DiskCopy], corrupt: dict[int, str]
         end = bisect_left(run, (_prefix_end(token),), i)
         copy = copies.get(token)
         if copy is not None:
+            part = run[i:end]
+            kept = [kv for kv in part if _is_segment(kv[0])]
+            if kept:
+                segments.setdefault(token, []).extend(kept)
+                part = [kv for kv in part if not _is_segment(kv[0])]
             try:
-                copy.states.update(_decoded(run[i:end]))
+                copy.states.update(_decoded(part))
             except Exception as exc:
                 corrupt[token] = f"a value does not decode: {exc}"
                 del copies[token]
         i = end
     return True
+
+
+def _lay_segments(copies: dict[int, DiskCopy], corrupt: dict[int, str],
+                  segments: dict[int, list]) -> dict[int, Segments]:
+    """Lay each copy's segments over its format-1 entries, generation by generation;
+    a token one of whose segments fails leaves `copies` for `corrupt`. Returns what
+    the store holds of each copy's states."""
+    held = {t: Segments(first=len(c.states)) for t, c in copies.items()}
+    for token, entries in segments.items():
+        copy = copies.get(token)
+        if copy is None:
+            continue
+        count, generations = held[token], set()
+        try:
+            for key, value in entries:
+                part = segment_states(key, value)
+                generation = _generation(key)
+                if generation:
+                    count.later += len(part)
+                    generations.add(generation)
+                else:
+                    count.first += len(part)
+                if copy.states:
+                    copy.states.update(part)
+                else:
+                    copy.states = part
+        except ValueError as exc:
+            corrupt[token] = f"{exc}"
+            del copies[token], held[token]
+            continue
+        count.generations = len(generations)
+        count.next_generation = _generation(entries[-1][0]) + 1
+    return held
 
 
 def _decoded(entries: list) -> zip:
@@ -122,6 +241,26 @@ class CorruptState(Exception):
     that fails RocksDB's checksums or does not decode): what and where."""
 
 
+def write_per_key(store: "NodeStore", copies: Iterable[CopyWrite]) -> None:
+    """Copies written as format 1 did, one entry a key (no `V`): how a directory of
+    an earlier floe looks, for its tests and the storage benchmark."""
+    puts, ranges = [], []
+    for c in copies:
+        if c.full:
+            ranges.append((_key_prefix(c.token), _prefix_end(c.token)))
+        prefix = _key_prefix(c.token)
+        puts.extend((prefix + pack(k), pack(v)) for k, v in c.states.items())
+        puts.append((_meta_key(c.token), pack((c.primary, c.watermarks, c.complete))))
+    store._write(puts, ranges, sync=True)
+    store.db.delete(VERSION)
+    store.segments = {}
+
+
+class NewerFormat(Exception):
+    """A data directory written in a store format this floe does not read: not
+    damaged, so never moved aside; the node refuses to start on it."""
+
+
 def open_store(data_dir: str | os.PathLike) -> tuple["NodeStore", Loaded | None, str]:
     """Open a data directory and read it back. A corrupt one is never served, in
     part or whole: it is moved aside (kept for inspection) and an empty one takes
@@ -151,11 +290,28 @@ class NodeStore:
         self.dir = Path(data_dir)
         private_dir(self.dir)
         self.log = SegmentLog(self.dir / "log", segment_bytes)   # CorruptLog: nothing open
+        self.segments: dict[int, Segments] = {}   # per token; one missing is looked up
         try:
             self.db = self._open_db()
+            self._check_format()
         except BaseException:
             self.log.close()
+            if getattr(self, "db", None) is not None:
+                self.db.close()
             raise
+
+    def _check_format(self) -> None:
+        try:
+            raw = self.db.get(VERSION)
+        except Exception as exc:          # RocksDB's checksums
+            raise CorruptState(f"{self.dir / 'state'}: the format: {exc}") from None
+        version = 1 if raw is None else int.from_bytes(raw, "big")
+        if not 1 <= version <= FORMAT:
+            raise NewerFormat(
+                f"data directory {self.dir} is in store format {version}; this floe reads "
+                f"formats 1 to {FORMAT}. Start a floe that reads it, or let this one start "
+                f"the member afresh on an empty directory (floe down --wipe, or delete "
+                f"{self.dir}): the ring recovers its ranges from their replicas")
 
     def _open_db(self):
         from rocksdict import DBRecoveryMode, Options, Rdict   # only durable nodes need it
@@ -199,8 +355,9 @@ class NodeStore:
         """A new member in this directory: the copies and the ring belonged to another
         and go, in the same synced write that names the new one (`reset_log` empties
         the log)."""
-        self._write([(IDENTITY, pack((node_id, incarnation)))], [(b"\x00", b"\xff")],
-                    sync=True)
+        self._write([(IDENTITY, pack((node_id, incarnation))), _VERSION_PUT],
+                    [(b"\x00", b"\xff")], sync=True)
+        self.segments = {}
 
     def reset_log(self) -> None:
         """Empty the log (the records belonged to another member); record numbers go
@@ -245,23 +402,83 @@ class NodeStore:
     def write(self, copies: Iterable[CopyWrite], dropped: Iterable[int] = (),
               ring_wire: bytes | None = None, replace_all: bool = False) -> None:
         """One atomic, synced write: copies changed (with `replace_all`, the only
-        copies left), copies gone, and the ring. Run on a worker thread: `states`
-        must not change meanwhile (checkpoint fragments and copies taken on the event
-        loop never do)."""
-        puts: list[tuple[bytes, bytes]] = []
+        copies left), copies gone, and the ring. A copy's states go as segments: a
+        whole one as generation 0, changed keys as the range's next generation (or,
+        past the fold's bound, with the range read back, as a new generation 0). Run
+        on a worker thread: `states` must not change meanwhile (checkpoint fragments
+        and copies taken on the event loop never do)."""
+        puts: list[tuple[bytes, bytes]] = [_VERSION_PUT]
         ranges = [(KEYS, b"N")] if replace_all else []   # every K and M key
+        held = {} if replace_all else dict(self.segments)
         for c in copies:
-            if c.full and not replace_all:
-                ranges.append((_key_prefix(c.token), _prefix_end(c.token)))
-            prefix = _key_prefix(c.token)
-            puts.extend((prefix + pack(k), pack(v)) for k, v in c.states.items())
+            states, whole = c.states, c.full or replace_all
+            count = None if whole else (held.get(c.token) or self._segments_of(c.token))
+            if count is not None and count.folds() and len(states):
+                folded = self._read_range(c.token)
+                if folded is not None:
+                    folded.update(_as_dict(states))
+                    states, whole = folded, True
+            if whole:
+                if not replace_all:
+                    ranges.append((_key_prefix(c.token), _prefix_end(c.token)))
+                count = Segments(next_generation=0)
+            frames = _frames(states)
+            generation = count.next_generation
+            puts.extend((segment_key(c.token, generation, n), segment_value(frame))
+                        for n, (frame, _) in enumerate(frames))
+            entries = sum(n for _, n in frames)
+            if frames:
+                held[c.token] = Segments(generation + 1,
+                                         count.first + entries * (not generation),
+                                         count.later + entries * (generation > 0),
+                                         count.generations + (generation > 0))
+            else:
+                held[c.token] = Segments() if whole else count
             puts.append((_meta_key(c.token), pack((c.primary, c.watermarks, c.complete))))
         for token in dropped:
             ranges.append((_key_prefix(token), _prefix_end(token)))
             ranges.append((_meta_key(token), _meta_key(token) + b"\x00"))
+            held.pop(token, None)
         if ring_wire is not None:
             puts.append((RING, ring_wire))
-        self._write(puts, ranges, sync=True)
+        try:
+            self._write(puts, ranges, sync=True)
+        except BaseException:
+            self.segments = {}        # whether it landed is not known: looked up again
+            raise
+        self.segments = held
+
+    def _segments_of(self, token: int) -> Segments:
+        """What the store holds of a range not read or written by this process yet:
+        its last generation, looked up (its entries are not counted)."""
+        it = self.db.iter()
+        it.seek_for_prev(segment_key(token, (1 << 64) - 1, (1 << 32) - 1))
+        if it.valid() and it.key().startswith(_key_prefix(token) + SEGMENT):
+            last = _generation(it.key())
+            return Segments(last + 1, generations=last)
+        return Segments(next_generation=1)
+
+    def _read_range(self, token: int) -> dict | None:
+        """A range's states as the store holds them, to fold; None when they do not
+        read back whole (then the write adds a generation, and the load names what
+        fails)."""
+        prefix, entries = _key_prefix(token), []
+        copies = {token: DiskCopy(token, "", {})}
+        corrupt: dict[int, str] = {}
+        try:
+            for k, v in self.db.items(from_key=prefix):
+                if not k.startswith(prefix):
+                    break
+                entries.append((k, v))
+            else:      # the iteration ends at a damaged block too: only its status says
+                if self._stopped_by(prefix, entries[-1][0] if entries else None):
+                    return None
+            segments: dict[int, list] = {}
+            _take_states(entries, copies, corrupt, segments)
+            _lay_segments(copies, corrupt, segments)
+        except Exception:
+            return None
+        return None if corrupt else copies[token].states
 
     def _write(self, puts, ranges, sync: bool) -> None:
         from rocksdict import WriteBatch, WriteOptions
@@ -314,6 +531,15 @@ class NodeStore:
         if why := self._stopped_by(META, last):
             raise CorruptState(f"the list of copies: {why}")
         corrupt: dict[int, str] = {}
+        segments: dict[int, list] = {}
+        self._read_states(copies, corrupt, segments)
+        self.segments = _lay_segments(copies, corrupt, segments)
+        return copies, corrupt
+
+    def _read_states(self, copies: dict[int, DiskCopy], corrupt: dict[int, str],
+                     segments: dict[int, list]) -> None:
+        """Every `K` entry into `copies` (format 1) or `segments`; a token whose
+        entries RocksDB's checksums fail leaves `copies` for `corrupt`."""
         unread = sorted(copies)            # tokens whose entries are not all read yet
         start = KEYS
         while True:
@@ -321,17 +547,17 @@ class NodeStore:
             entries, last = self.db.items(from_key=start), None
             while run := list(islice(entries, RUN)):
                 last = run[-1][0]
-                if not _take_states(run, copies, corrupt):
-                    return copies, corrupt          # past the last K entry
+                if not _take_states(run, copies, corrupt, segments):
+                    return                          # past the last K entry
             why = self._stopped_by(start, last)
             if why is None:
-                return copies, corrupt
+                return
             # A damaged block: the token being read goes, and reading goes on past it.
             if last is not None:
                 at = TOKEN.unpack_from(last, 1)[0]
                 unread = [t for t in unread if t >= at]
             if not unread:
-                return copies, corrupt
+                return
             token = unread.pop(0)
             copies.pop(token, None)
             corrupt[token] = f"{self.dir / 'state'}: {why}"
