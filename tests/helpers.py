@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import json
 import os
 import subprocess
@@ -187,12 +188,17 @@ def wait_for(condition, timeout=10.0, what="condition"):
 
 
 async def wait_until(condition, timeout=10.0, what="condition"):
-    """wait_for inside an event loop: the loop keeps running while we wait."""
+    """wait_for inside an event loop: the loop keeps running while we wait. The
+    condition may be a coroutine function (an RPC asked again each time)."""
     deadline = time.monotonic() + timeout
-    while not condition():
+    while not await _truth(condition()):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         await asyncio.sleep(0.02)
+
+
+async def _truth(value):
+    return await value if inspect.isawaitable(value) else value
 
 
 # ------------------------------------------------------------ handoffs, in-process

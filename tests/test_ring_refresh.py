@@ -15,6 +15,7 @@ from floering.mapper import AsyncRingClient, FloeError
 from floering.node.core.codec import pack, unpack
 from floering.node.core.ring import Ring
 from floering.v1 import floe_pb2, floe_pb2_grpc
+from tests.helpers import wait_until
 
 
 READS = 64
@@ -40,6 +41,7 @@ class FakeNode(floe_pb2_grpc.ControlPlaneServicer, floe_pb2_grpc.QueryPlaneServi
                                  reducer="count", sender=self.node_id)
 
     async def Get(self, request, context):
+        self.cluster["gets"] += 1
         await asyncio.sleep(self.cluster["get_delay"])
         key, ring = unpack(request.key), self.cluster["ring"]
         if ring.owner(key) != self.node_id:
@@ -51,7 +53,7 @@ class FakeNode(floe_pb2_grpc.ControlPlaneServicer, floe_pb2_grpc.QueryPlaneServi
 async def cluster():
     servers, addresses = [], {}
     shared = {"delays": [], "delay": 0.0, "ring_calls": 0, "fail_ring": False,
-              "get_delay": 0.0}
+              "get_delay": 0.0, "gets": 0}
     for node_id in ("n0", "n1"):
         server = grpc.aio.server()
         addresses[node_id] = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
@@ -73,8 +75,10 @@ async def test_a_slow_refresh_begun_before_a_newer_ring_landed_does_not_roll_it_
         delivery = client._delivery
         assert client.ring.version == old.version
         cluster["delays"] = [0.3, 0.3]            # the first refresh's two calls are slow
+        asked = cluster["ring_calls"] + 2
         slow = asyncio.ensure_future(delivery.fetch_ring())
-        await asyncio.sleep(0.05)                  # both its calls have taken the old ring
+        await wait_until(lambda: cluster["ring_calls"] >= asked, 5,
+                         "both its calls have taken the old ring")
         new = old.with_owners({t: "n1" for t in old.tokens})   # a takeover, one version on
         cluster["ring"] = new
         assert (await delivery.fetch_ring()).version == new.version
@@ -136,8 +140,10 @@ async def test_a_read_refused_after_a_fetch_began_waits_for_one_of_its_own(clust
     async with client_of(cluster, timeout=5) as client:
         delivery = client._delivery
         cluster["delays"] = [0.3, 0.3]            # a fetch holding the old ring, slow
+        asked = cluster["ring_calls"] + 2
         early = asyncio.ensure_future(delivery.fetch_ring_after(time.monotonic()))
-        await asyncio.sleep(0.05)
+        await wait_until(lambda: cluster["ring_calls"] >= asked, 5,
+                         "both its calls have taken the old ring")
         new = take_over(cluster)
         # the read is refused now, after the slow fetch took its view: that view is
         # the ring it was refused at, so it fetches again rather than wait for it
@@ -167,8 +173,9 @@ async def test_a_read_refused_after_the_client_moved_on_tries_the_new_ring_at_on
         key = next(f"key-{i}" for i in range(1000)
                    if cluster["ring"].owner(f"key-{i}") == "n0")
         cluster["get_delay"] = 0.2             # n0 answers late: the read is out...
+        gets = cluster["gets"] + 1
         read = asyncio.ensure_future(client.get(key))
-        await asyncio.sleep(0.05)
+        await wait_until(lambda: cluster["gets"] >= gets, 5, "the read reached n0")
         take_over(cluster)
         cluster["ring_calls"] = 0
         await client._delivery.fetch_ring()    # ...when the client learns the new ring
