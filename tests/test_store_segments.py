@@ -141,3 +141,23 @@ def test_a_directory_of_a_newer_format_is_refused_naming_the_way_out(tmp_path):
     with pytest.raises(NewerFormat, match=r"store format 3.*--wipe"):
         open_store(tmp_path)
     assert not list(tmp_path.parent.glob(f"{tmp_path.name}.corrupt-*"))   # not moved aside
+
+
+def test_a_node_on_a_directory_of_a_newer_format_stops_saying_why(tmp_path):
+    import socket
+    import subprocess
+    import sys
+    store = NodeStore(tmp_path / "d")
+    store.save_identity("n0", 1)
+    store._write([(node_store.VERSION, bytes([node_store.FORMAT + 1]))], [], sync=True)
+    store.close()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    done = subprocess.run([sys.executable, "-m", "floering.node", "--node-id", "n0",
+                           "--listen", f"127.0.0.1:{port}", "--peers", f"n0=127.0.0.1:{port}",
+                           "--replication", "0", "--insecure", "--data-dir",
+                           str(tmp_path / "d")], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "store format 3" in done.stderr and "floe down --wipe" in done.stderr
+    assert "Traceback" not in done.stderr

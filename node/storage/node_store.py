@@ -44,6 +44,7 @@ import msgpack
 
 from floering.node.core.batch import Batch
 from floering.node.core.codec import pack, unpack
+from floering.node.core.errors import InvalidArgument
 from floering.node.core.persistence_io import CopyWrite
 from floering.node.core.restore import DiskCopy, batch_from_record, batch_record
 from floering.node.core.state_wire import decode as decode_frame, plan as frame_plan
@@ -256,7 +257,7 @@ def write_per_key(store: "NodeStore", copies: Iterable[CopyWrite]) -> None:
     store.segments = {}
 
 
-class NewerFormat(Exception):
+class NewerFormat(InvalidArgument):
     """A data directory written in a store format this floe does not read: not
     damaged, so never moved aside; the node refuses to start on it."""
 
