@@ -17,8 +17,13 @@ from floering.mapper import AsyncRingClient, FloeError, RingClient, split_words
 from floering.mapper.scanning import RingScan
 from floering.node.core.codec import pack_entries
 from floering.node.core.pieces import merge_pieces, piece_key, pieces_first
+from tests.helpers import wait_for, wait_until
 
 WORDS = [w for line in kjv_lines(4000) for w in split_words(line)]
+
+
+async def equals(answer, value) -> bool:
+    return await answer == value
 
 
 @pytest.mark.multiprocess
@@ -73,13 +78,12 @@ async def test_async_client_on_a_sharing_ring_reads_keys_whole(tmp_path):
             # a new sequence on the same connections: the lingering tuples get delivered
             await client.rebind("second", first_seq=1)
             await client.emit("rebound")
-            await asyncio.sleep(0.5)            # no flush: the linger task seals it
-            assert await client.get("rebound") == 1
+            # no flush: the linger task seals it
+            await wait_until(lambda: equals(client.get("rebound"), 1), 10, "the lingering tuple")
         with RingClient(cluster.seeds, tls=cluster.tls()) as sync:
             sync.rebind("third")
             sync.emit("rebound")
-            time.sleep(0.5)
-            assert sync.get("rebound") == 2
+            wait_for(lambda: sync.get("rebound") == 2, 10, "the lingering tuple")
             assert dict(sync.scan(chunk=50)) == expect + Counter(["rebound"] * 2)
     assert not any(node.alive() for node in cluster.nodes)
 

@@ -16,7 +16,7 @@ from floering.node.runtime import node as node_module
 from floering.node.transport import channels as channels_module
 from floering.node.transport.channels import ChannelPool
 from floering.node.transport.peers import PeerPool
-from tests.helpers import wait_for
+from tests.helpers import wait_for, wait_until
 from tests.test_event_loop import replica_server  # noqa: F401 (a fixture)
 from tests.test_runtime import MemoryCluster, WORDS
 
@@ -106,8 +106,8 @@ async def test_a_runtime_retires_its_channels_against_the_ring_without_the_crash
     await cluster.start()
     try:
         await cluster.push(WORDS[:50])
-        await asyncio.sleep(0.2)
-        assert named and named[-1] == set(cluster.members.values())
+        await wait_until(lambda: named and named[-1] == set(cluster.members.values()), 5,
+                         "a retire against every member's address")
         cluster.crash("n2")
         for _ in range(200):
             if "n2" not in survivor.core.ring.nodes and named[-1] == {"mem:0", "mem:1"}:

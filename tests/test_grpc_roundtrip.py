@@ -98,7 +98,7 @@ async def test_batches_after_a_refused_one_on_the_stream_are_not_applied(node):
                                batch(node.runtime.core.ring.stamp, token, encode_payload(["b"], [1]), 1, first=3, id=3)]
     with pytest.raises(grpc.aio.AioRpcError):
         await push(node.address, *good_then_bad_then_good)
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.05)                # time to apply "b", were it to be applied
     assert dict(node.runtime.core.items()) == {"a": 1}
 
 

@@ -5,6 +5,7 @@ import time
 
 from floering.node import loop_lag
 from floering.node.loop_lag import LoopLag
+from tests.helpers import wait_until
 
 
 async def test_a_blocked_loop_shows_as_its_lag_and_old_samples_age_out(monkeypatch):
@@ -16,9 +17,8 @@ async def test_a_blocked_loop_shows_as_its_lag_and_old_samples_age_out(monkeypat
         await asyncio.sleep(0.1)
         assert lag.worst_ms() < 100
         time.sleep(0.3)                                # a step that holds the loop
-        await asyncio.sleep(0.05)
-        assert lag.worst_ms() >= 250
-        await asyncio.sleep(0.3)                       # five samples later it is gone
-        assert lag.worst_ms() < 100
+        await wait_until(lambda: lag.worst_ms() >= 250, 5, "the blocked step's lag")
+        # five samples later it is gone
+        await wait_until(lambda: lag.worst_ms() < 100, 5, "the lag aged out")
     finally:
         lag.close()
