@@ -17,7 +17,7 @@ import urllib.request
 import pytest
 
 from tests.devtools import Browser, chromium
-from tests.helpers import ROOT, floe, floe_run
+from tests.helpers import ROOT, floe, floe_run, wait_until
 
 MEMBERS = """Array.from(document.querySelectorAll('#members tr.member'))
                 .map(r => [r.dataset.node, r.dataset.state])"""
@@ -166,7 +166,11 @@ async def test_the_server_bounds_its_connections_and_answers_the_snapshot():
         assert (await ask(b"GET /api/state HTTP/1.1\r\n" + host + b"\r\n")
                 ).startswith(b"HTTP/1.1 503")
         streams.pop()[1].close()            # a stream closed by its reader frees its place
-        await asyncio.sleep(0.1)
+
+        async def served() -> bool:
+            return (await ask(b"GET /api/state HTTP/1.1\r\n" + host + b"\r\n")
+                    ).startswith(b"HTTP/1.1 200")
+        await wait_until(served, 5, "the closed stream's place freed")
         answer = await ask(b"GET /api/state HTTP/1.1\r\n" + host + b"\r\n")
         assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(watcher.body)
         page = await ask(b"GET / HTTP/1.1\r\nHost: localhost:%d\r\n\r\n" % server.port)
