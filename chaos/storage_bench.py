@@ -1,12 +1,13 @@
 """Which embedded store keeps a node's per-key state on disk best? Measured side by side.
 
     python -m floering.chaos.storage_bench [--keys 5000000] [--delta 50000] [--dir /var/tmp]
-    python -m floering.chaos.storage_bench --node [--keys 1000000] [--delta 100000]
+    python -m floering.chaos.storage_bench --node [--keys 1000000] [--delta 100000] [--rounds 5]
 
 `--node` measures the node's own store (node.storage.node_store) instead: a full
 write of every range, a checkpoint round's write of `--delta` changed keys (the
-median of five), and a restart's load, in the store's format and, for comparison,
-in the earlier format of one RocksDB entry per key.
+median and the worst of `--rounds`), and a restart's load after them, in the
+store's format and, for comparison, in the earlier format of one RocksDB entry
+per key.
 
 For each engine (SQLite in WAL mode, LMDB, RocksDB through rocksdict), on the same keys
 and states as a word-count node holds (msgpack-encoded, as checkpoints carry them):
@@ -186,7 +187,8 @@ def node_states(keys: int) -> dict[int, dict]:
     return out
 
 
-def measure_node(root: Path, states: dict[int, dict], delta_size: int, per_key: bool) -> dict:
+def measure_node(root: Path, states: dict[int, dict], delta_size: int, per_key: bool,
+                 rounds: int = 5) -> dict:
     """The node store's full write, checkpoint delta and load of `states`."""
     from floering.node.storage import node_store
     from floering.node.storage.node_store import CopyWrite, NodeStore
@@ -199,7 +201,7 @@ def measure_node(root: Path, states: dict[int, dict], delta_size: int, per_key: 
     full = time.perf_counter() - started
     deltas = []
     tokens = list(states)
-    for round_ in range(5):
+    for round_ in range(rounds):
         changed: dict[int, dict] = {t: {} for t in tokens}
         for i, (k, v) in enumerate(delta(sum(map(len, states.values())), delta_size, round_)):
             changed[tokens[i % len(tokens)]][msgpack.unpackb(k)] = msgpack.unpackb(v)
@@ -219,22 +221,22 @@ def measure_node(root: Path, states: dict[int, dict], delta_size: int, per_key: 
         raise AssertionError("the store read back other states than it was given")
     size = disk_bytes(path / "state")
     shutil.rmtree(path)
-    return dict(full=full, delta=statistics.median(deltas), load=load, cold=cold, size=size)
+    return dict(full=full, delta=statistics.median(deltas), worst=max(deltas), load=load,
+                cold=cold, size=size)
 
 
 def node_main(args) -> int:
     states = node_states(args.keys)
     print(f"node store: {args.keys:,} keys in {RANGES} ranges, checkpoint deltas of "
           f"{args.delta:,} keys (half new); under {args.dir}")
-    formats = [("one frame a segment", False)]
-    if hasattr(__import__("floering.node.storage.node_store", fromlist=["x"]), "write_per_key"):
-        formats.insert(0, ("one entry a key (earlier)", True))
+    formats = [("one entry a key (format 1)", True), ("segments (format 2)", False)]
     with tempfile.TemporaryDirectory(dir=args.dir) as root:
         for name, per_key in formats:
             row = measure_node(Path(root), {t: dict(s) for t, s in states.items()},
-                               args.delta, per_key)
+                               args.delta, per_key, args.rounds)
             print(f"{name:28s} full write {row['full']:6.2f} s  checkpoint "
-                  f"{1000 * row['delta']:7.1f} ms  load {row['load']:6.2f} s"
+                  f"{1000 * row['delta']:7.1f} ms (worst {1000 * row['worst']:.1f})  "
+                  f"load {row['load']:6.2f} s"
                   f"{' (cold)' if row['cold'] else ' (warm)'}  "
                   f"{row['size'] / 1e6:7.1f} MB on disk", flush=True)
     return 0
@@ -245,6 +247,8 @@ def main(argv=None) -> int:
     parser.add_argument("--keys", type=int, default=5_000_000)
     parser.add_argument("--delta", type=int, default=50_000)
     parser.add_argument("--dir", default="/var/tmp", help="where the stores are written")
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="checkpoint rounds written (--node; the median is shown)")
     parser.add_argument("--node", action="store_true",
                         help="the node's own store: its format against one entry a key")
     args = parser.parse_args(argv)

@@ -161,3 +161,26 @@ def test_a_node_on_a_directory_of_a_newer_format_stops_saying_why(tmp_path):
     assert done.returncode == 2
     assert "store format 3" in done.stderr and "floe down --wipe" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_one_write_folds_ranges_up_to_its_budget_and_the_rest_in_later_writes(tmp_path,
+                                                                            monkeypatch):
+    monkeypatch.setattr(node_store, "FOLD_GENERATIONS", 2)
+    monkeypatch.setattr(node_store, "FOLD_BUDGET", 5)
+    store = NodeStore(tmp_path)
+    store.save_identity("p", 1)
+    expect = {t: {f"k{t}-{i}": i for i in range(8)} for t in (1, 2, 3)}
+    store.write([CopyWrite(t, "p", dict(s), {}, True) for t, s in expect.items()])
+
+    def round_(n):
+        for t in expect:
+            expect[t][f"k{t}-0"] = n
+        store.write([CopyWrite(t, "p", {f"k{t}-0": n}, {}) for t in expect])
+        return [max(node_store._generation(k) for k, _ in segments_of(store, t)) for t in expect]
+
+    assert round_(1) == [1, 1, 1] and round_(2) == [2, 2, 2]
+    assert round_(3) == [0, 3, 3]          # the first's 8 entries spend the budget of 5
+    assert round_(4) == [1, 0, 4]
+    assert round_(5) == [2, 1, 0]
+    assert {t: c.states for t, c in store.load().copies.items()} == expect
+    store.close()

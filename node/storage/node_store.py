@@ -62,6 +62,7 @@ SEGMENT_ENTRIES = 1 << 16        # entries of one part at most
 SEGMENT_BYTES = 4 << 20          # bytes of one part's frame at most (a lone entry aside)
 FOLD_GENERATIONS = 32            # later generations of a range that fold it
 FOLD_ENTRIES = 1 << 16           # ... or their entries past max(this, the first's)
+FOLD_BUDGET = 1 << 18            # entries one write folds at most (one range at least)
 
 
 def _meta_key(token: int) -> bytes:
@@ -411,14 +412,16 @@ class NodeStore:
         puts: list[tuple[bytes, bytes]] = [_VERSION_PUT]
         ranges = [(KEYS, b"N")] if replace_all else []   # every K and M key
         held = {} if replace_all else dict(self.segments)
+        budget = FOLD_BUDGET                 # ranges' folds spread over writes
         for c in copies:
             states, whole = c.states, c.full or replace_all
             count = None if whole else (held.get(c.token) or self._segments_of(c.token))
-            if count is not None and count.folds() and len(states):
+            if count is not None and count.folds() and budget > 0 and len(states):
                 folded = self._read_range(c.token)
                 if folded is not None:
                     folded.update(_as_dict(states))
                     states, whole = folded, True
+                    budget -= len(folded)
             if whole:
                 if not replace_all:
                     ranges.append((_key_prefix(c.token), _prefix_end(c.token)))
