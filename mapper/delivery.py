@@ -19,6 +19,7 @@ import grpc
 
 from floering.v1 import floe_pb2, floe_pb2_grpc
 from floering.mapper.outbox import Outbox, PendingBatch
+from floering.mapper.ring_watch import RETIRE_EVERY, Look, ProgressWatch, choose_ring
 from floering.node.core.batch import formats_said
 from floering.node.core.errors import FloeError, Unavailable
 from floering.node.core.ring import Ring
@@ -30,7 +31,6 @@ log = logging.getLogger("floe.mapper")
 STREAM_IDLE = 5.0           # seconds an idle Push stream stays open
 MESSAGE_BYTES = 2 << 20     # batches are packed into one message up to about this size
 RING_PATIENCE = 0.2         # seconds a ring refresh waits for slow nodes once one answered
-RETIRE_EVERY = 10.0         # seconds between looks for channels to nodes the ring has left
 
 
 class NodeSender:
@@ -56,12 +56,6 @@ class NodeSender:
         self.queue.clear()
         self.waiting_since = None
         return batches
-
-    def stalled(self, now: float, stall: float) -> bool:
-        """Batches sent and nothing acknowledged for `stall` seconds: the node may be
-        paused (a stopped process neither answers nor refuses)."""
-        return bool(self.inflight) and self.waiting_since is not None \
-            and now - self.waiting_since > stall
 
     async def _run(self) -> None:
         backoff = 0.02
@@ -181,7 +175,7 @@ class Delivery:
         # with TLS, each node must present its own certificate (node.transport.channels)
         self.channels = ChannelPool(self._new_channel, names=ServerNames(
             lambda: self.ring) if credentials is not None else None)
-        self._retired_at = time.monotonic()
+        self.watch = ProgressWatch(time.monotonic(), retire_every=RETIRE_EVERY)
         self._retiring: asyncio.Task | None = None
         self.closing = False                   # close() began: nothing new starts
         self.senders: dict[str, NodeSender] = {}
@@ -195,7 +189,6 @@ class Delivery:
         self.on_ring_change = None             # set by the client (router update)
         # (seconds from first emit to the last destination's ack, tuples) per batch
         self.latencies: deque[tuple[float, int]] = deque(maxlen=100_000)
-        self.last_progress = time.monotonic()
         self._streams = 0
         self._wire = b""                             # our ring as a node sent it
         self.last_errors: dict[str, str] = {}        # node -> why its stream last failed
@@ -291,17 +284,12 @@ class Delivery:
             raise Unavailable(f"no ring node reachable at {', '.join(addresses)}: "
                               f"{errors[0] if errors else 'no reply'}")
         best = max(views, key=lambda v: v.version)
-        ring = Ring.from_wire(best.ring)
-        # A ring that no reachable node holds any more (its only holder died before
-        # telling anyone, e.g. right after a split or a commit) must not pin us, even
-        # when the survivors' ring has the same version number.
-        # Only a fetch begun at our ring can say so: one begun before a fetch beside
-        # it adopted a newer ring holds views older than ours, and would roll us back.
-        orphaned = self.ring is not None and ring.stamp != self.ring.stamp and all(
-            v.ring != self._wire for v in views) and self.ring is began_at
-        if self.ring is None or ring.version > self.ring.version or orphaned:
-            self.adopt(ring)
-            self._wire = best.ring
+        chosen = choose_ring(self.ring, self._wire,
+                             [(Ring.from_wire(v.ring), v.ring) for v in views],
+                             began_at_current=self.ring is began_at)
+        if chosen is not None:
+            self.adopt(chosen[0])
+            self._wire = chosen[1]
         self.reducer = best.reducer
         self.formats = frozenset.intersection(*spoken.values()) if spoken else self.formats
         return self.ring
@@ -339,25 +327,20 @@ class Delivery:
         self.senders.clear()
         self._send(self.outbox.reroute(ring))
 
-    def check_progress(self, stall: float = 0.5) -> None:
-        """Called periodically: batches waiting with no ack for `stall` seconds make
-        the client look for a newer ring, whatever path the failure took. One node
-        that stops acknowledging while the others go on (a paused process) makes the
-        client watch the ring, so it re-routes as soon as the node is declared dead
-        rather than after the ack timeout."""
-        now = time.monotonic()
-        if self.undelivered and now - self.last_progress > stall:
-            self.last_progress = now
+    def check_progress(self) -> None:
+        """Called periodically: carries out what the ring watch (mapper/ring_watch.py)
+        decides from the acks' progress."""
+        looks = self.watch.tick(time.monotonic(), bool(self.undelivered),
+                                [s.waiting_since if s.inflight else None
+                                 for s in self.senders.values()])
+        if Look.REFRESH in looks:
             if self._refreshing is None or self._refreshing.done():
                 self._refreshing = asyncio.create_task(self._refresh())
             for sender in self.senders.values():
                 sender.wakeup.set()
-        if any(s.stalled(now, stall) for s in self.senders.values()) and (
-                self._watching is None or self._watching.done()):
+        if Look.WATCH in looks and (self._watching is None or self._watching.done()):
             self._watching = asyncio.create_task(self._watch_ring(interval=0.05))
-        if now - self._retired_at > RETIRE_EVERY and (
-                self._retiring is None or self._retiring.done()):
-            self._retired_at = now
+        if Look.RETIRE in looks and (self._retiring is None or self._retiring.done()):
             self._retiring = asyncio.create_task(self.retire_channels())
             self._retiring.add_done_callback(lambda t: t.cancelled() or t.exception())
 
@@ -427,7 +410,7 @@ class Delivery:
         return f"waiting for {', '.join(parts) or 'nobody'} at ring v{version}"
 
     def acked(self, batch: PendingBatch, node: str) -> None:
-        self.last_progress = time.monotonic()
+        self.watch.progressed(time.monotonic())
         self.last_errors.pop(node, None)
         if self.outbox.acked(batch, node):
             self.latencies.append((time.monotonic() - batch.born, batch.inputs or batch.count))

@@ -23,6 +23,7 @@ from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, replace
 
 from floering.mapper.outbox import Outbox, PendingBatch
+from floering.mapper.ring_watch import choose_ring
 from floering.node.core.batch import Batch, Limits, decode_payload, encode_payload, encode_seqs
 from floering.node.core.pieces import COMBINED_SOURCE
 from floering.node.core.detector import (ALIVE, REFUSED, TIMED_OUT, UNASKED, DetectorConfig,
@@ -110,6 +111,7 @@ class SimMapper:
         self.address = name
         self.name = COMBINED_SOURCE + name if combining else name
         self.ring = ring
+        self.wire = ring.to_wire()           # the ring as the nodes sent it
         # The production piece chooser of the ring's balancer (None: keys not shared).
         self.chooser = chooser_for(balancer(ring.balancer))
         self.next_seq = 1
@@ -857,16 +859,18 @@ class Simulation(DurableNodes):
                     raise AssertionError(f"{key} acknowledged more often than sent")
 
     def refresh_mapper(self, mapper: SimMapper) -> None:
-        """As the client does: newest ring among reachable nodes; the outbox fits and
-        re-routes everything undelivered."""
-        views = [p.core.ring for p in self.procs if self._usable(p)]
-        if not views:
-            return
-        best = max(views, key=lambda r: r.version)
+        """The client's own rule (mapper/ring_watch.choose_ring) over the views of the
+        reachable nodes: a newer ring, or the newest when none holds ours any more;
+        the outbox fits and re-routes everything undelivered."""
+        views = [(p.core.ring, p.core.ring.to_wire()) for p in self.procs if self._usable(p)]
         for address in list(self.listening):
             self.reconnect(mapper, address)
-        mapper.ring = best
-        self._send_batches(mapper, mapper.outbox.reroute(best))
+        chosen = choose_ring(mapper.ring, mapper.wire, views, began_at_current=True)
+        if chosen is None:
+            self._send_batches(mapper, mapper.outbox.reroute(mapper.ring))
+            return
+        mapper.ring, mapper.wire = chosen
+        self._send_batches(mapper, mapper.outbox.reroute(mapper.ring))
 
     def mapper_tick(self, mapper: SimMapper) -> None:
         self.at(self.now + 0.1, self.mapper_tick, mapper)
