@@ -107,3 +107,63 @@ def test_a_frame_of_a_million_keys_decodes_to_what_was_encoded():
         damaged = bytearray(frame)
         damaged[HEADER_BYTES + n + 4 * 1000] = 0xFF     # offset 1000 jumps past 1001
         decode(bytes(damaged))
+
+
+# ------------------------------------------------------------ install in one call
+
+POOL = ["a", b"a", "b", 0, -7, 10 ** 30, "\u00e9t\u00e9", b"", "", "\x00i5", 5, b"\xff"]
+pair = st.tuples(st.sampled_from(POOL), value)
+
+
+def part_of(pairs):
+    from floering.node.core.columnar.buffers import encode_keys
+    kinds, data, offsets = encode_keys([k for k, _ in pairs])
+    return kinds, data, offsets, array("q", [v for _, v in pairs])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(pair, max_size=8), st.lists(st.lists(pair, max_size=10), max_size=5),
+       st.booleans())
+def test_install_parts_is_install_of_each_part_in_turn_in_both_kernels(before, parts, mark):
+    from floering.node.core.columnar.buffers import encode_keys
+    from floering.node.core.hashing import position
+    tables = [ctable.StateTable("sum"), pytable.StateTable("sum"), ctable.StateTable("sum")]
+    for table in tables:
+        table.install((*part_of(before)[:3], array("Q", [position(k) for k, _ in before]),
+                       part_of(before)[3]), mark_dirty=True)
+    tables[0].install_parts([part_of(p) for p in parts], mark_dirty=mark)
+    tables[1].install_parts([part_of(p) for p in parts], mark_dirty=mark)
+    for p in parts:
+        kinds, data, offsets = encode_keys([k for k, _ in p])
+        tables[2].install((kinds, data, offsets, array("Q", [position(k) for k, _ in p]),
+                           array("q", [v for _, v in p])), mark_dirty=mark)
+    model = dict(before)
+    for p in parts:
+        model.update(p)
+    for table in tables:
+        assert dict(table.items()) == model
+    dirty = [t.take_dirty() for t in tables]
+    assert dirty[0] == dirty[1] == dirty[2]
+
+
+@pytest.mark.parametrize("bad, says", [
+    ((b"\x03", b"ab", array("Q", [0, 2]), array("q", [1])), "kind"),
+    ((b"\x00", b"ab", array("Q", [0, 3]), array("q", [1])), "offsets"),
+    ((b"\x00\x00", b"abc", array("Q", [0, 2, 1]), array("q", [1, 2])), "offsets"),
+    ((b"\x00", b"\xff\xfe", array("Q", [0, 2]), array("q", [1])), "what its kind"),
+    ((b"\x02", b"\x00i012", array("Q", [0, 5]), array("q", [1])), "what its kind"),
+    ((b"\x00", b"ab", array("Q", [0, 2]), array("q", [1, 2])), "n \\+ 1 offsets"),
+    ((b"\x00", b"ab", array("Q", [0, 2])), "a part must be"),
+])
+@pytest.mark.parametrize("kernel", ["ctable", "pytable"])
+def test_install_parts_refuses_a_bad_part_and_changes_nothing(kernel, bad, says):
+    module = ctable if kernel == "ctable" else pytable
+    table = module.StateTable("count")
+    good = part_of([("x", 1), ("y", 2), (b"z", 3)])
+    table.install_parts([good], mark_dirty=True)
+    before, dirty = table.items(), table.dirty_count
+    with pytest.raises((ValueError, TypeError), match=says):
+        table.install_parts([part_of([("x", 9), ("new", 4)] * 300), bad,
+                             part_of([("later", 5)])], mark_dirty=True)
+    assert table.items() == before and table.dirty_count == dirty
+    assert table.get("new") is None and table.get("x") == 1

@@ -263,18 +263,28 @@ class TableState:
 
     def install(self, states, mark_dirty: bool) -> None:
         """Set the states of `states`' keys (the table's where they are int64 and
-        spill does not hold the key): received column states (node.core.state_wire)
-        in one call of the table per frame while spill holds nothing."""
+        spill does not hold the key): received column states (node.core.state_wire),
+        a full copy's frames in one call of the table while spill holds nothing."""
+        parts: list = []
         for layer in layers_of(states):
             if isinstance(layer, StateColumns) and not self.spill.holds():
-                try:
-                    self.table.install((layer.kinds, layer.key_data, layer.offsets,
-                                        hash_positions(layer.key_data, layer.offsets),
-                                        layer.value_column), mark_dirty=mark_dirty)
-                except ValueError as exc:
-                    raise InvalidArgument(f"column states: {exc}") from None
-                layer = layer.rest()
+                parts.append((layer.kinds, layer.key_data, layer.offsets, layer.value_column))
+                if not layer.rest_keys:
+                    continue
+                layer = layer.rest()        # laid over the columns up to here
+            self._install_parts(parts, mark_dirty)
+            parts = []
             self._install_pairs(layer, mark_dirty)
+        self._install_parts(parts, mark_dirty)
+
+    def _install_parts(self, parts: list, mark_dirty: bool) -> None:
+        """Frames' columns into the table in one call (positions hashed there, room
+        made once): all or nothing, InvalidArgument for a bad one."""
+        if parts:
+            try:
+                self.table.install_parts(parts, mark_dirty=mark_dirty)
+            except ValueError as exc:
+                raise InvalidArgument(f"column states: {exc}") from None
 
     def _install_pairs(self, states, mark_dirty: bool) -> None:
         keys, vals, rest = [], [], {}

@@ -296,6 +296,42 @@ cdef int _sort(Sorted *sel, Py_ssize_t k) noexcept nogil:
     return OK
 
 
+ctypedef struct Part:
+    const uint8_t *kinds
+    const unsigned char *data
+    uint64_t dlen
+    const uint64_t *off
+    const int64_t *val
+    Py_ssize_t base     # the part's first entry, counted across the parts
+
+
+cdef int _hash_parts(const Part *ps, Py_ssize_t nparts, uint64_t *pos,
+                     Py_ssize_t *at) noexcept nogil:
+    """Each entry's position, after checking its kind and offsets."""
+    cdef Py_ssize_t j, i, n
+    cdef uint64_t a, b
+    for j in range(nparts):
+        n = ps[j + 1].base - ps[j].base
+        for i in range(n):
+            a, b = ps[j].off[i], ps[j].off[i + 1]
+            if ps[j].kinds[i] > 2:
+                at[0] = ps[j].base + i
+                return E_KIND
+            if a > b or b > ps[j].dlen or b - a >= 0xFFFFFFFFUL:
+                at[0] = ps[j].base + i
+                return E_OFFSETS
+            pos[ps[j].base + i] = floe_murmur3_64(ps[j].data + a, b - a, 0)
+    return OK
+
+
+cdef size_t _key_bytes(const Part *ps, Py_ssize_t nparts) noexcept nogil:
+    cdef size_t total = 0
+    cdef Py_ssize_t j
+    for j in range(nparts):
+        if ps[j + 1].base > ps[j].base:
+            total += ps[j].off[ps[j + 1].base - ps[j].base] - ps[j].off[0]
+    return total
+
 cdef inline bint _in_range(uint64_t p, uint64_t lo, uint64_t hi) noexcept nogil:
     if lo < hi:
         return lo < p and p <= hi
@@ -610,6 +646,106 @@ cdef class StateTable:
         restored); all or nothing as apply."""
         k, d, o, p, v = _five(buffers)
         self._run(k, d, o, p, v, 0, True, mark_dirty)
+
+    def install_parts(self, parts, bint mark_dirty=False):
+        """Set the states of the keys of `parts`, each (kinds, key_data, offsets of
+        n + 1, values), as install does, in one call: the positions hashed here, room
+        made once for all of them (the index grown once, not at each doubling as frames
+        come one by one). A key given twice takes its later state. All or nothing: ValueError naming the entry (counted
+        across the parts) for a bad kind, offsets, or key bytes."""
+        if self.busy:
+            raise RuntimeError("the state table is in use by another call")
+        held = []
+        cdef Py_ssize_t m = 0, j, nparts = len(parts)
+        for part in parts:
+            if not isinstance(part, (tuple, list)) or len(part) != 4:
+                raise TypeError("a part must be (kinds, key_data, offsets, values)")
+            k, d = octets(part[0], "kinds"), octets(part[1], "key_data")
+            o = words(part[2], "offsets", signed=False)
+            v = words(part[3], "values", signed=True)
+            if len(o) != 8 * (len(k) + 1) or len(v) != 8 * len(k):
+                raise ValueError(f"a part of {len(k)} keys must hold n + 1 offsets and n "
+                                 f"values, got {len(o) // 8} and {len(v) // 8}")
+            held.append((k, d, o, v))
+            m += len(k)
+        if self.n + m >= <Py_ssize_t>4294967295UL:
+            raise MemoryError("the state table could not grow")
+        cdef Part *ps = <Part *>PyMem_RawMalloc((nparts + 1) * sizeof(Part))
+        cdef uint64_t *pos = <uint64_t *>PyMem_RawMalloc((m + 1) * sizeof(uint64_t))
+        cdef int64_t *old = <int64_t *>PyMem_RawMalloc((m + 1) * sizeof(int64_t))
+        cdef uint32_t *idx = <uint32_t *>PyMem_RawMalloc((m + 1) * sizeof(uint32_t))
+        cdef const unsigned char[::1] kv, dv, ov, vv
+        cdef Py_ssize_t base = 0, at = 0
+        cdef int err = OK
+        try:
+            if ps == NULL or pos == NULL or old == NULL or idx == NULL:
+                raise MemoryError()
+            for j in range(nparts):
+                kv, dv, ov, vv = held[j]
+                ps[j].kinds, ps[j].data, ps[j].dlen = _ptr(kv), _ptr(dv), dv.shape[0]
+                ps[j].off = <const uint64_t *>_ptr(ov)
+                ps[j].val = <const int64_t *>_ptr(vv)
+                ps[j].base = base
+                base += kv.shape[0]
+            ps[nparts].base = m
+            self.busy = True
+            with nogil:
+                err = _hash_parts(ps, nparts, pos, &at)
+                if err == OK:
+                    err = self._grow_dense(self.n + m)
+                if err == OK:
+                    err = self._grow_arena(self.alen + _key_bytes(ps, nparts) + 4 * <size_t>m)
+                if err == OK:
+                    err = self._rebuild_index(self.n + m, False)
+                if err == OK:
+                    err = self._install_in(ps, nparts, pos, mark_dirty, old, idx, &at)
+        finally:
+            self.busy = False
+            PyMem_RawFree(ps)
+            PyMem_RawFree(pos)
+            PyMem_RawFree(old)
+            PyMem_RawFree(idx)
+        if err != OK:
+            _raise(err, at, self.op)
+
+    cdef int _install_in(self, const Part *ps, Py_ssize_t nparts, const uint64_t *pos,
+                         bint mark, int64_t *old, uint32_t *idx,
+                         Py_ssize_t *at) noexcept nogil:
+        """Set the parts' keys' states, part after part (`pos`: their positions, counted
+        across the parts); on an error undo what was done and say where in at[0]."""
+        cdef Py_ssize_t n0 = self.n, nd0 = self.ndirty, m = ps[nparts].base
+        cdef Py_ssize_t g = 0, i, j, e, done = 0
+        cdef uint64_t a, b, p, slot
+        cdef uint8_t kind
+        cdef int err = OK
+        cdef const Part *q
+        for j in range(nparts):
+            q = &ps[j]
+            for g in range(q.base, ps[j + 1].base):
+                self._prefetch(pos, g, m)
+                i = g - q.base
+                kind, a, b, p = q.kinds[i], q.off[i], q.off[i + 1], pos[g]
+                e = self._find(kind, q.data + a, <uint32_t>(b - a), p, &slot)
+                if e < 0:
+                    if not floe_valid_key(kind, q.data + a, b - a):
+                        err = E_KEY
+                        break
+                    err = self._insert(kind, q.data + a, <uint32_t>(b - a), p, slot, &e)
+                    if err != OK:
+                        break
+                old[g], idx[g] = self.ent[e].val, <uint32_t>e
+                done = g + 1
+                self.ent[e].val = q.val[i]
+                if mark:
+                    err = self._mark(e)
+                    if err != OK:
+                        break
+            if err != OK:
+                break
+        if err != OK:
+            at[0] = g
+            self._unwind(n0, nd0, old, idx, done)
+        return err
 
     # -- reading ---------------------------------------------------------------------
 

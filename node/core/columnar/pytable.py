@@ -189,6 +189,38 @@ class StateTable:
         """Set the states of the buffers' keys to theirs; all or nothing as apply."""
         self._run(*_five(buffers), 0, True, mark_dirty)
 
+    def install_parts(self, parts, mark_dirty: bool = False) -> None:
+        """Set the states of the keys of `parts`, each (kinds, key_data, offsets of
+        n + 1, values), as install does, in one call (positions hashed here); a key
+        given twice takes its later state; all or nothing (ValueError naming the
+        entry, counted across the parts)."""
+        kinds, data, offsets, values, end = bytearray(), [], array("Q", [0]), array("q"), 0
+        for part in parts:
+            if not isinstance(part, (tuple, list)) or len(part) != 4:
+                raise TypeError("a part must be (kinds, key_data, offsets, values)")
+            kv, dv = octets(part[0], "kinds"), octets(part[1], "key_data")
+            ov = words(part[2], "offsets", signed=False).cast("Q")
+            vv = words(part[3], "values", signed=True).cast("q")
+            if len(ov) != len(kv) + 1 or len(vv) != len(kv):
+                raise ValueError(f"a part of {len(kv)} keys must hold n + 1 offsets and n "
+                                 f"values, got {len(ov)} and {len(vv)}")
+            for i, kind in enumerate(kv):
+                a, b = ov[i], ov[i + 1]
+                if kind > 2:
+                    raise _error(len(kinds) + i, "has a kind other than 0 (str), 1 (bytes) "
+                                                 "or 2 (int)")
+                if a > b or b > len(dv) or b - a >= 0xFFFFFFFF:
+                    raise _error(len(kinds) + i, "has offsets that decrease or pass the end "
+                                                 "of key_data")
+                data.append(bytes(dv[a:b]))
+                end += b - a
+                offsets.append(end)
+            kinds += kv
+            values.extend(vv)
+        key_data = b"".join(data)
+        self._run(bytes(kinds), key_data, offsets, hash_positions(key_data, offsets), values,
+                  0, True, mark_dirty)
+
     def _export(self, keys) -> tuple:
         table = self._d
         rows = sorted((table[key][0], key[0], key[1], table[key][1]) for key in keys)
