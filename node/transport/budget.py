@@ -7,6 +7,7 @@ one larger than the whole budget goes alone."""
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from contextlib import asynccontextmanager
 
 from floering.node.core.errors import Overloaded
@@ -41,3 +42,112 @@ class ByteBudget:
             async with room:
                 self.held -= n
                 room.notify_all()
+
+
+# Bytes of requests read at once for one caller, and for all callers but the members,
+# in messages of the largest size a node takes (a request's size is known only once
+# read: it reserves the largest, then keeps what it took).
+READS_PER_CALLER = 4
+READS_IN_ALL = 16
+READ_WAIT = 30.0             # seconds a call waits for room to read its request
+
+
+class Held:
+    """Bytes reserved for one call's request: the largest message until it is read,
+    then its own size, until the call ends."""
+
+    __slots__ = ("identity", "size")
+
+    def __init__(self, identity: str, size: int) -> None:
+        self.identity, self.size = identity, size
+
+
+class RequestBytes:
+    """Bytes of the requests a node holds for callers other than its members, bounded
+    per caller identity and in all. A call reserves the largest message (`message`
+    bytes) before gRPC reads its request, so no more requests are read at once than
+    there is room for; once read, it keeps only the request's own bytes until it
+    ends. A call that finds no room waits its turn (first come, first served among a
+    caller's calls; another caller's are not held back by this one's), up to `wait`
+    seconds, then is refused Overloaded (RESOURCE_EXHAUSTED, which a caller retries).
+    A request not yet read is held back by HTTP/2 flow control (the stream's initial
+    window, node.transport.server)."""
+
+    def __init__(self, message: int, per_identity: int | None = None,
+                 total: int | None = None, wait: float = READ_WAIT) -> None:
+        self.message = max(1, message)
+        self.per_identity = max(self.message, per_identity or READS_PER_CALLER * self.message)
+        self.total = max(self.per_identity, total or READS_IN_ALL * self.message)
+        self.wait = wait
+        self.held = 0
+        self.by_identity: dict[str, int] = {}     # one entry per caller holding bytes
+        self.refused = 0
+        # Calls waiting for room, in order: at most one per call being served.
+        self._waiting: deque[tuple[str, asyncio.Future]] = deque()
+
+    def _fits(self, identity: str) -> bool:
+        return (self.held + self.message <= self.total
+                and self.by_identity.get(identity, 0) + self.message <= self.per_identity)
+
+    async def reserve(self, identity: str) -> Held:
+        """Room to read one request of `identity`'s, or Overloaded after `wait`."""
+        if self._fits(identity) and not any(who == identity for who, _ in self._waiting):
+            self._add(identity, self.message)
+            return Held(identity, self.message)
+        turn = asyncio.get_running_loop().create_future()
+        entry = (identity, turn)
+        self._waiting.append(entry)
+        try:
+            await asyncio.wait_for(asyncio.shield(turn), self.wait)
+        except BaseException as exc:
+            if turn.done() and not turn.cancelled():        # granted meanwhile
+                self.release(Held(identity, self.message))
+            else:
+                turn.cancel()
+                self._waiting.remove(entry)
+            if not isinstance(exc, asyncio.TimeoutError):
+                raise
+            self.refused += 1
+            raise Overloaded(
+                f"{self.by_identity.get(identity, 0)} bytes of this caller's requests and "
+                f"{self.held} in all are held, the most are {self.per_identity} and "
+                f"{self.total}: retry later") from None
+        return Held(identity, self.message)
+
+    def _add(self, identity: str, n: int) -> None:
+        self.held += n
+        left = self.by_identity.get(identity, 0) + n
+        if left:
+            self.by_identity[identity] = left
+        else:
+            self.by_identity.pop(identity, None)
+
+    def keep(self, held: Held, size: int) -> None:
+        """The request is read: `size` of its reserved bytes stay held."""
+        size = min(max(size, 0), held.size)
+        self._add(held.identity, size - held.size)
+        held.size = size
+        self._grant()
+
+    def release(self, held: Held) -> None:
+        self._add(held.identity, -held.size)
+        held.size = 0
+        self._grant()
+
+    def _grant(self) -> None:
+        """Room handed to the waiting calls that now fit, in order."""
+        if not self._waiting:
+            return
+        blocked: set[str] = set()          # a caller's calls keep their order
+        for entry in list(self._waiting):
+            identity, turn = entry
+            if identity in blocked:
+                continue
+            if not self._fits(identity):
+                blocked.add(identity)
+                if self.held + self.message > self.total:
+                    return
+                continue
+            self._waiting.remove(entry)
+            self._add(identity, self.message)
+            turn.set_result(None)

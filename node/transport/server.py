@@ -26,7 +26,7 @@ from floering.node.runtime.inbound import StreamState
 from floering.node.runtime.node import NodeRuntime
 from floering.node.runtime.service import NodeService
 from floering.node.transport.binding import SERVER_OPTIONS, claim_port
-from floering.node.transport.budget import ByteBudget
+from floering.node.transport.budget import ByteBudget, RequestBytes
 from floering.node.transport.chunking import CHUNK_ENTRIES, Reassembly, fill, received
 from floering.node.transport.intercept import CallLimiter
 from floering.node.transport.metrics import NodeMetrics
@@ -386,6 +386,24 @@ def message_bytes(config) -> int:
     return min(config.max_message_bytes, max(8 << 20, 2 * config.max_batch_bytes))
 
 
+STREAM_WINDOW = 64 << 10     # bytes a call's stream takes in before its request is read
+
+
+def flow_options() -> list[tuple[str, int]]:
+    """HTTP/2 settings that keep a request gRPC has not been asked to read out of the
+    node (docs/security.md, *Bytes of requests in flight*): each stream's initial
+    window is STREAM_WINDOW, not grown by BDP probing (which opens it to 4 MiB per
+    stream when memory is plentiful, so a request arrives whole before any handler
+    asks for it); a stream's window opens to its message only once its call is
+    admitted and reads it (node.transport.intercept.read_inside). No per-connection
+    stream limit (SETTINGS_MAX_CONCURRENT_STREAMS): gRPC clients open a new stream as
+    soon as they see one end, before the server has let it go, so a busy connection
+    at the limit has streams refused (UNAVAILABLE, not retried); the call slots
+    bound the calls of a connection instead."""
+    return [("grpc.http2.bdp_probe", 0),
+            ("grpc.http2.lookahead_bytes", STREAM_WINDOW)]
+
+
 async def start_server(runtime: NodeRuntime, metrics: NodeMetrics | None = None
                        ) -> tuple[grpc.aio.Server, health_aio.HealthServicer, int]:
     """Serve on runtime.config.listen; returns (server, health, bound port). With
@@ -394,12 +412,14 @@ async def start_server(runtime: NodeRuntime, metrics: NodeMetrics | None = None
     config = runtime.config
     tls = node_tls(config)
     interceptors = [metrics.rpc_timer] if metrics else []
-    interceptors.append(CallLimiter(config.max_concurrent_rpcs))
+    interceptors.append(CallLimiter(config.max_concurrent_rpcs,
+                                    RequestBytes(message_bytes(config))))
     if tls:
         interceptors.append(Authorizer())
     claim_port(config.listen)       # a port another process holds: one clear line
     server = grpc.aio.server(options=[*channel_options(message_bytes(config)),
-                                      *SERVER_OPTIONS],         # the port is ours alone
+                                      *SERVER_OPTIONS,          # the port is ours alone
+                                      *flow_options()],
                              interceptors=interceptors)
     floe_pb2_grpc.add_DataPlaneServicer_to_server(DataPlane(service), server)
     floe_pb2_grpc.add_ControlPlaneServicer_to_server(ControlPlane(service), server)
