@@ -62,7 +62,7 @@ SEGMENT_ENTRIES = 1 << 16        # entries of one part at most
 SEGMENT_BYTES = 4 << 20          # bytes of one part's frame at most (a lone entry aside)
 FOLD_GENERATIONS = 32            # later generations of a range that fold it
 FOLD_ENTRIES = 1 << 16           # ... or their entries past max(this, the first's)
-FOLD_BUDGET = 1 << 18            # entries one write folds at most (one range at least)
+FOLD_BUDGET = 1 << 17            # entries one write folds at most (one range at least)
 
 
 def _meta_key(token: int) -> bytes:
@@ -246,7 +246,8 @@ class CorruptState(Exception):
 def write_per_key(store: "NodeStore", copies: Iterable[CopyWrite]) -> None:
     """Copies written as format 1 did, one entry a key (no `V`): how a directory of
     an earlier floe looks, for its tests and the storage benchmark."""
-    puts, ranges = [], []
+    puts: list[tuple[bytes, bytes]] = []
+    ranges: list[tuple[bytes, bytes]] = []
     for c in copies:
         if c.full:
             ranges.append((_key_prefix(c.token), _prefix_end(c.token)))
@@ -415,8 +416,9 @@ class NodeStore:
         budget = FOLD_BUDGET                 # ranges' folds spread over writes
         for c in copies:
             states, whole = c.states, c.full or replace_all
-            count = None if whole else (held.get(c.token) or self._segments_of(c.token))
-            if count is not None and count.folds() and budget > 0 and len(states):
+            count = Segments(next_generation=0) if whole else \
+                (held.get(c.token) or self._segments_of(c.token))
+            if not whole and count.folds() and budget > 0 and len(states):
                 folded = self._read_range(c.token)
                 if folded is not None:
                     folded.update(_as_dict(states))
