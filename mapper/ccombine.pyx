@@ -14,7 +14,7 @@ a key that is not str, not UTF-8 or too long (the caller's checks say what is wr
 The pure-Python module pycombine has the same interface.
 """
 
-from libc.stdint cimport uint32_t, uint64_t, int64_t
+from libc.stdint cimport uint32_t, uint64_t, int64_t, int32_t
 from libc.string cimport memcmp, memcpy, memset
 from cpython.mem cimport PyMem_Malloc, PyMem_Realloc, PyMem_Free
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
@@ -295,6 +295,54 @@ cdef inline size_t _uint(unsigned char *w, uint64_t u) noexcept:
     return 1 + size
 
 
+cdef object _bytes_view(obj):
+    """A byte view of a buffer (bytes, an Arrow buffer; None: no bytes)."""
+    if obj is None:
+        return b""
+    view = memoryview(obj)
+    return view if view.format == "B" else view.cast("B")
+
+
+cdef object _int64_view(obj):
+    """An int64 view of a buffer of native int64s (bytes as take_columns gives them)."""
+    view = memoryview(obj)
+    return view if view.format in ("q", "l") else view.cast("B").cast("q")
+
+
+cdef inline bint _utf8_ok(const unsigned char *s, Py_ssize_t n) noexcept:
+    """Whether s[:n] is UTF-8 as Python's strict decoder takes it (no surrogates, no
+    overlong forms, nothing past U+10FFFF)."""
+    cdef Py_ssize_t i = 0
+    cdef unsigned char c, c1
+    while i < n:
+        c = s[i]
+        if c < 0x80:
+            i += 1
+            continue
+        if c < 0xC2 or c > 0xF4:
+            return 0
+        if c < 0xE0:
+            if i + 1 >= n or (s[i + 1] & 0xC0) != 0x80:
+                return 0
+            i += 2
+            continue
+        if i + 1 >= n:
+            return 0
+        c1 = s[i + 1]
+        if (c1 & 0xC0) != 0x80 or (c == 0xE0 and c1 < 0xA0) or (c == 0xED and c1 > 0x9F) \
+                or (c == 0xF0 and c1 < 0x90) or (c == 0xF4 and c1 > 0x8F):
+            return 0
+        if c < 0xF0:
+            if i + 2 >= n or (s[i + 2] & 0xC0) != 0x80:
+                return 0
+            i += 3
+            continue
+        if i + 3 >= n or (s[i + 2] & 0xC0) != 0x80 or (s[i + 3] & 0xC0) != 0x80:
+            return 0
+        i += 4
+    return 1
+
+
 cdef class Combiner:
     """Open partial states per token of `tokens` (the ring's, sorted) for reducer `op`.
 
@@ -428,6 +476,120 @@ cdef class Combiner:
             if p.n >= size or p.inputs >= most:
                 return i + 1, t, FULL
         return n, -1, DONE
+
+    def fold_utf8(self, data, offsets, int width, Py_ssize_t start, Py_ssize_t stop,
+                  int64_t value, values, Py_ssize_t size, int64_t most, uint64_t seq0=0):
+        """fold() over keys given as UTF-8 bytes, as an Arrow string array holds them:
+        key i is data[offsets[i]:offsets[i + 1]], `offsets` little-endian integers of
+        `width` bytes (4: Arrow's string, 8: large_string), keys start..stop-1 folded.
+        No Python object per key. Returns (i, t, status) as fold does (NOT_STR never;
+        BAD_KEY also for offsets that leave the data); values[i] (an int64 buffer) or
+        `value` for key i; "append": tuple i's seq seq0 + i."""
+        cdef const unsigned char[::1] d = _bytes_view(data)
+        cdef const unsigned char[::1] o = _bytes_view(offsets)
+        cdef const int64_t[::1] vals
+        cdef const int64_t *vp = NULL
+        if width != 4 and width != 8:
+            raise ValueError("offsets are 4 or 8 bytes wide")
+        if start < 0 or stop < start or <size_t>o.shape[0] < <size_t>(stop + 1) * width:
+            raise ValueError(f"{o.shape[0]} bytes of offsets for keys {start}..{stop}")
+        if values is not None:
+            vals = _int64_view(values)
+            if vals.shape[0] < stop:
+                raise ValueError(f"{stop} keys but {vals.shape[0]} values")
+            if stop:
+                vp = &vals[0]
+        if stop == start:
+            return stop, -1, DONE
+        return self._fold_utf8(&d[0] if d.shape[0] else NULL, d.shape[0], &o[0], width,
+                               start, stop, value, vp, size, most, seq0)
+
+    cdef tuple _fold_utf8(self, const unsigned char *data, Py_ssize_t dlen,
+                          const unsigned char *offs, int width, Py_ssize_t start,
+                          Py_ssize_t stop, int64_t value, const int64_t *vp,
+                          Py_ssize_t size, int64_t most, uint64_t seq0):
+        cdef const unsigned char *s
+        cdef Py_ssize_t ln, i, t, e
+        cdef int64_t a, b, v, r
+        cdef int32_t a32, b32
+        cdef uint64_t h, slot
+        cdef Part *p
+        cdef int op = self.op
+        for i in range(start, stop):
+            if width == 4:
+                memcpy(&a32, offs + 4 * i, 4)
+                memcpy(&b32, offs + 4 * (i + 1), 4)
+                a, b = a32, b32
+            else:
+                memcpy(&a, offs + 8 * i, 8)
+                memcpy(&b, offs + 8 * (i + 1), 8)
+            if a < 0 or b < a or b > dlen:
+                return i, -1, BAD_KEY
+            s = data + a
+            ln = b - a
+            if <size_t>ln > self.max_key_bytes:
+                return i, -1, LONG_KEY
+            if not _utf8_ok(s, ln):
+                return i, -1, BAD_KEY
+            h = floe_murmur3_64(s, ln, 0)
+            t = _token_index(self.tok, self.ntok, self.bucket, h)
+            p = &self.parts[t]
+            v = vp[i] if vp != NULL else value
+            if op == APPEND:
+                if not p.opened:
+                    p.opened = 1
+                    self.opened.append(t)
+                if _push(p, h, s, ln, v, seq0 + i) < 0:
+                    raise MemoryError()
+                p.inputs += 1
+                if p.n >= size:
+                    return i + 1, t, FULL
+                continue
+            if p.index == NULL and _grow_index(p) < 0:
+                raise MemoryError()
+            e = _find(p, h, s, ln, &slot)
+            if e >= 0:
+                if op <= 1:
+                    if floe_add_overflow64(p.ent[e].val, v, &r):
+                        return i, t, OVERFLOW
+                    p.ent[e].val = r
+                elif op == 2:
+                    if v < p.ent[e].val:
+                        p.ent[e].val = v
+                elif v > p.ent[e].val:
+                    p.ent[e].val = v
+            else:
+                if not p.opened:
+                    p.opened = 1
+                    self.opened.append(t)
+                if _add(p, h, s, ln, v, slot) < 0:
+                    raise MemoryError()
+            p.inputs += 1
+            if p.n >= size or p.inputs >= most:
+                return i + 1, t, FULL
+        return stop, -1, DONE
+
+    def take_columns(self, Py_ssize_t t):
+        """Token index t's entries, first-seen order, as (key data, offsets, values):
+        bytes, little-endian int64 offsets (one more than the keys), int64 values (what
+        fold_utf8 takes back with width 8); the part is emptied."""
+        if not 0 <= t < self.ntok:
+            raise IndexError(t)
+        cdef Part *p = &self.parts[t]
+        cdef Py_ssize_t n = p.n, i
+        data = PyBytes_FromStringAndSize(<const char *>p.data if p.dlen else NULL, p.dlen)
+        offsets = PyBytes_FromStringAndSize(NULL, 8 * (n + 1))
+        vals = PyBytes_FromStringAndSize(NULL, 8 * n)
+        cdef unsigned char *w = <unsigned char *>PyBytes_AS_STRING(offsets)
+        cdef unsigned char *x = <unsigned char *>PyBytes_AS_STRING(vals)
+        cdef uint64_t word = 0
+        memcpy(w, &word, 8)
+        for i in range(n):
+            word = <uint64_t>p.ent[i].off + p.ent[i].len
+            memcpy(w + 8 * (i + 1), &word, 8)
+            memcpy(x + 8 * i, &p.ent[i].val, 8)
+        _reset(p)
+        return data, offsets, vals
 
     def take_seqs(self, Py_ssize_t t):
         """(append) The first and last seqs of token index t's part and its seqs as a

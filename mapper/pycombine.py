@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import sys
 from array import array
 from bisect import bisect_left
 
@@ -121,6 +122,57 @@ class Combiner:
             if len(part.states) >= size or part.inputs >= most:
                 return i + 1, t, FULL
         return len(keys), -1, DONE
+
+    def fold_utf8(self, data, offsets, width: int, start: int, stop: int, value: int,
+                  values, size: int, most: int, seq0: int = 0):
+        """fold() over UTF-8 keys data[offsets[i]:offsets[i + 1]] (see ccombine)."""
+        if width not in (4, 8):
+            raise ValueError("offsets are 4 or 8 bytes wide")
+        raw = bytes(memoryview(data).cast("B")) if data is not None else b""
+        offs = memoryview(offsets).cast("B")
+        if start < 0 or stop < start or len(offs) < (stop + 1) * width:
+            raise ValueError(f"{len(offs)} bytes of offsets for keys {start}..{stop}")
+        at = array("i" if width == 4 else "q", offs[:(stop + 1) * width].tobytes())
+        if sys.byteorder != "little":
+            at.byteswap()
+        vals = None
+        if values is not None:
+            vals = array("q", memoryview(values).cast("B").tobytes())
+            if len(vals) < stop:
+                raise ValueError(f"{stop} keys but {len(vals)} values")
+        keys: list = []
+        for i in range(start, stop):
+            a, b = at[i], at[i + 1]
+            if a < 0 or b < a or b > len(raw):
+                break
+            try:
+                keys.append(raw[a:b].decode())
+            except UnicodeDecodeError:
+                break
+        bad = start + len(keys) < stop
+        # fold() indexes keys and values from 0: shift them by `start`
+        i, t, status = self.fold(keys, 0, value,
+                                 None if vals is None else vals[start:start + len(keys)],
+                                 size, most, seq0 + start)
+        if status == NOT_STR or (status == DONE and bad):
+            return start + i, -1, BAD_KEY
+        return start + i, t, status
+
+    def take_columns(self, t: int):
+        """Token index t's entries as (key data, int64 offsets, int64 values)."""
+        part = self.parts[t]
+        if self.op == APPEND:
+            self.parts[t] = _Appended()
+            data, values = part.data, part.values
+        else:
+            self.parts[t] = _Part()
+            data, values = list(part.data.values()), [s for _, s in part.states.values()]
+        offsets = array("q", [0])
+        total = 0
+        for raw in data:
+            total += len(raw)
+            offsets.append(total)
+        return b"".join(data), offsets.tobytes(), array("q", values).tobytes()
 
     def _append(self, keys: list, start: int, value: int, values, size: int, seq0: int):
         routes, parts = self.routes, self.parts

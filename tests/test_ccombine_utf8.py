@@ -1,0 +1,114 @@
+"""The combiner kernels folding keys straight from UTF-8 buffers (an Arrow string
+array's data and offsets): the same parts, byte for byte, as folding the str keys, in
+the compiled kernel and the pure-Python one."""
+
+from __future__ import annotations
+
+import random
+from array import array
+
+import pytest
+
+from floering.mapper import pycombine
+from floering.mapper.batching import MAX_KEY_BYTES
+
+try:
+    from floering.mapper import ccombine
+except ImportError:
+    ccombine = None
+
+KERNELS = [pycombine] + ([ccombine] if ccombine is not None else [])
+WORDS = [f"w{i}" for i in range(200)] + ["héllo", "日本語", "", "ß" * 40, "don't"]
+_RNG = random.Random(3)
+TOKENS = tuple(sorted({_RNG.getrandbits(64) for _ in range(7)}))
+
+
+def buffers(keys: list[str], width: int) -> tuple[bytes, bytes]:
+    raw = [k.encode() for k in keys]
+    offsets, total = [0], 0
+    for r in raw:
+        total += len(r)
+        offsets.append(total)
+    return b"".join(raw), array("i" if width == 4 else "q", offsets).tobytes()
+
+
+def drain(kernel, combiner, step, append: bool):
+    """Fold with `step(combiner, i)` until done, taking parts as they fill: [(t, payload,
+    keys, tuples, seqs)] in the order taken."""
+    out, i = [], 0
+
+    def take(t):
+        seqs = combiner.take_seqs(t) if append else None
+        out.append((t, *combiner.take(t, 2), seqs))
+
+    while True:
+        i, t, status = step(combiner, i)
+        if status == kernel.DONE:
+            break
+        assert status == kernel.FULL
+        take(t)
+    for t in combiner.opened:
+        if combiner.count(t)[0]:
+            take(t)
+    return out
+
+
+@pytest.mark.parametrize("kernel", KERNELS, ids=lambda k: k.__name__.rsplit(".", 1)[-1])
+@pytest.mark.parametrize("op", ["count", "sum", "min", "max", "append"])
+@pytest.mark.parametrize("width", [4, 8])
+def test_folding_utf8_buffers_gives_the_parts_folding_the_str_keys_gives(kernel, op, width):
+    rng = random.Random(width)
+    keys = [rng.choice(WORDS) for _ in range(5000)]
+    values = array("q", [rng.randrange(-1000, 1000) for _ in keys])
+    data, offsets = buffers(keys, width)
+    start = 17                       # the first keys are not folded (a sliced array)
+    as_str = kernel.Combiner(op, TOKENS, MAX_KEY_BYTES)
+    as_utf8 = kernel.Combiner(op, TOKENS, MAX_KEY_BYTES)
+    got = drain(kernel, as_utf8, lambda c, i: c.fold_utf8(
+        data, offsets, width, max(i, start), len(keys), 0, values, 50, 400, 100),
+        op == "append")
+    want = drain(kernel, as_str, lambda c, i: c.fold(
+        keys, max(i, start), 0, values, 50, 400, 100), op == "append")
+    assert got == want and got
+
+
+@pytest.mark.parametrize("kernel", KERNELS, ids=lambda k: k.__name__.rsplit(".", 1)[-1])
+def test_bad_utf8_out_of_range_offsets_and_long_keys_stop_the_fold_at_their_key(kernel):
+    combiner = kernel.Combiner("count", (0,), 8)
+    for bad in (b"\xed\xa0\x80", b"\xc0\xaf", b"\xff", b"\xe2\x82"):
+        data, offsets = buffers(["ab", "c"], 4)
+        data += bad
+        offsets += array("i", [len(data)]).tobytes()
+        assert combiner.fold_utf8(data, offsets, 4, 0, 3, 1, None, 100, 1 << 40) == \
+            (2, -1, kernel.BAD_KEY)
+    data, offsets = buffers(["ab", "c"], 4)
+    wrong = array("i", [0, 2, 9]).tobytes()                 # past the data
+    assert combiner.fold_utf8(data, wrong, 4, 0, 2, 1, None, 100, 1 << 40)[2] == kernel.BAD_KEY
+    data, offsets = buffers(["ab", "x" * 9], 8)
+    assert combiner.fold_utf8(data, offsets, 8, 0, 2, 1, None, 100, 1 << 40)[::2] == \
+        (1, kernel.LONG_KEY)
+    with pytest.raises(ValueError):
+        combiner.fold_utf8(data, offsets, 8, 0, 3, 1, None, 100, 1 << 40)   # too few offsets
+
+
+@pytest.mark.parametrize("kernel", KERNELS, ids=lambda k: k.__name__.rsplit(".", 1)[-1])
+def test_take_columns_gives_the_totals_back_as_buffers_fold_utf8_takes(kernel):
+    keys = ["b", "a", "b", "日本", "a", "b"]
+    totals = kernel.Combiner("count", (0,), MAX_KEY_BYTES)
+    assert totals.fold_utf8(*buffers(keys, 4), 4, 0, len(keys), 1, None, 100, 1 << 40) == \
+        (len(keys), -1, kernel.DONE)
+    data, offsets, values = totals.take_columns(0)
+    assert data == "ba日本".encode()
+    assert array("q", offsets).tolist() == [0, 1, 2, 8]
+    assert array("q", values).tolist() == [3, 2, 1]
+    assert totals.count(0) == (0, 0)                        # emptied
+    again = kernel.Combiner("append", TOKENS, MAX_KEY_BYTES)
+    assert again.fold_utf8(data, offsets, 8, 0, 3, 0, values, 100, 0, 10)[2] == kernel.DONE
+    sent = {}
+    for t in again.opened:
+        first, last, _ = again.take_seqs(t)
+        sent[t] = (first, last, again.take(t, 1)[0])
+    import msgpack
+    pairs = {k: v for _, _, payload in sent.values()
+             for k, v in zip(*msgpack.unpackb(payload))}
+    assert pairs == {"b": 3, "a": 2, "日本": 1}
