@@ -211,6 +211,61 @@ class Batcher:
             finally:
                 self.next_seq = seq0 + i
 
+    def emit_utf8(self, data, offsets, width: int, count: int, value: int = 1,
+                  values=None, due: float | None = None) -> bool:
+        """emit_many for `count` str keys given as UTF-8 bytes, key i
+        data[offsets[i]:offsets[i + 1]] (`width`-byte little-endian offsets: an Arrow
+        string array's buffers), each with `value` or values[i] (an int64 buffer);
+        seqs one each, in order. Routed, buffered and encoded by the append kernel
+        without a Python object per key. A key the nodes would refuse raises
+        InvalidKey once the keys before it are buffered. Where keys are placed tuple
+        by tuple (a sharing balancer) or combined, the keys are decoded and emitted."""
+        born = due or time.monotonic()
+        if self.chooser is not None or getattr(self, "combining", False) or not self.kernels:
+            return self._emit_decoded(data, offsets, width, count, value, values, born)
+        if values is None:
+            if not kernel_value(value):
+                raise InvalidArgument(f"value {value!r} is not an int64")
+        with self.lock:
+            tokens, _, full, _ = self._routing_locked()
+            self._seal_kind_locked(Buffer)
+            appender = self.appender
+            if appender is None or appender.tokens != tokens:
+                appender = self.appender = kernel.Combiner("append", tokens, MAX_KEY_BYTES)
+            buffers, seq0, i = self.buffers, self.next_seq, 0
+            try:
+                while True:
+                    i, t, status = appender.fold_utf8(data, offsets, width, i, count, value,
+                                                      values, self.batch_size, 0, seq0)
+                    for index in appender.opened:
+                        buffers[tokens[index]] = AppendBuffer(born, tokens, index)
+                    appender.opened.clear()
+                    if status == kernel.DONE:
+                        return full
+                    if status != kernel.FULL:
+                        raise InvalidKey(f"key {i} of the buffer is not UTF-8 or over "
+                                         f"{MAX_KEY_BYTES} bytes")
+                    self._seal_locked(tokens[t])
+                    full = True
+            finally:
+                self.next_seq = seq0 + i
+
+    def _emit_decoded(self, data, offsets, width: int, count: int, value, values,
+                      born: float) -> bool:
+        raw = bytes(memoryview(data).cast("B")) if data is not None else b""
+        at = memoryview(offsets).cast("B").cast("i" if width == 4 else "q")
+        try:
+            keys = [raw[at[i]:at[i + 1]].decode() for i in range(count)]
+        except UnicodeDecodeError as exc:
+            raise InvalidKey(f"str key is not valid UTF-8: {exc.reason}") from None
+        if values is None:
+            return self.emit_many(keys, value, born)
+        vals = memoryview(values).cast("B").cast("q")
+        full = False
+        for i, key in enumerate(keys):
+            full |= self.emit(key, vals[i], born)
+        return full
+
     def _seal_kind_locked(self, kind) -> None:
         if self.buffers:
             for token in [t for t, b in self.buffers.items() if type(b) is kind]:

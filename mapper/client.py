@@ -134,6 +134,16 @@ class RingClient(ClientBase):
         if batcher.emit_many(keys, value, due) or batcher.seal_if_idle(self._delivery):
             self._hand_over()
 
+    def emit_utf8(self, data, offsets, width: int, count: int, value=1, values=None, *,
+                  due: float | None = None) -> None:
+        """emit_many for `count` str keys given as UTF-8 buffers (an Arrow string
+        array's data and offsets, `width` 4 or 8 bytes each; Batcher.emit_utf8), each
+        with `value` or values[i] (int64s), without a Python object per key."""
+        batcher = self._batcher
+        if batcher.emit_utf8(data, offsets, width, count, value, values, due) or \
+                batcher.seal_if_idle(self._delivery):
+            self._hand_over()
+
     def _drain(self) -> None:
         """On the loop: submit sealed batches in seal order."""
         self._batcher.drain(self._delivery.submit)

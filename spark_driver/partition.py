@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from floering.mapper import MAX_POSITION, epoch_seq, epoch_source
 
 COMBINE_KEYS = 100_000      # distinct keys a combining task holds before it sends them
-COMBINE_CHUNK = 65_536      # the Arrow path folds words in chunks of this many, at most
 
 
 @dataclass(frozen=True)
@@ -263,60 +262,63 @@ class _Emitter(_Counting):
 
 
 class _WordEmitter(_Counting):
-    """The Arrow path: each array of words goes out with one emit_many. Combining folds
-    the words in chunks of a fixed number of words (pyarrow's value_counts, in C++),
-    chunk boundaries counted from the partition's first word, so they fall in the same
-    places whatever the Arrow batch sizes; the totals go out at the first chunk boundary
-    where they hold `max_keys` keys or more (so at most max_keys + chunk keys are held)."""
+    """The Arrow path, on the mapper's combiner kernels (mapper/kernel.py) with no
+    Python object per word: each Arrow array of words goes to the ring as its UTF-8
+    buffers (RingClient.emit_utf8: hashed, routed and encoded in bulk by the append
+    kernel, one seq each in order). Combining folds the words into one table of totals
+    (a kernel's part) and sends them whenever it holds `max_keys` keys, right after the
+    word that made it so, and at the end: where the flushes fall depends only on the
+    words, never on the Arrow batch sizes or the ring, and so do the totals' seqs (their
+    first-seen order)."""
 
     def __init__(self, client, combine: bool, max_keys: int = COMBINE_KEYS) -> None:
+        from floering.mapper.batching import MAX_KEY_BYTES
+        from floering.mapper.kernel import kernel
         self.client = client
         self.combine = combine
         self.max_keys = max(1, max_keys)
-        self.chunk = min(COMBINE_CHUNK, self.max_keys)
-        self.pending: list = []           # slices of the chunk being filled
-        self.pending_len = 0
-        self.totals: dict = {}
+        self.kernel = kernel
+        self.totals = kernel.Combiner("sum", (0,), MAX_KEY_BYTES) if combine else None
 
     def add(self, words) -> None:
         self.inputs += len(words)
-        if not self.combine:
-            self.position += len(words)
+        buffers = utf8_buffers(words)
+        if buffers is None:               # nulls, or not a string array: as Python keys
             keys = words.to_pylist()
-            self._count(len(keys))
-            self.client.emit_many(keys)
+            if self.combine:
+                keys = [_checked_word(k) for k in keys]
+                buffers = (*_encoded(keys), 8, len(keys))
+            else:
+                self.position += len(keys)
+                self._count(len(keys))
+                self.client.emit_many(keys)
+                return
+        data, offsets, width, n = buffers
+        if not self.combine:
+            self.position += n
+            self._count(n)
+            self.client.emit_utf8(data, offsets, width, n)
             return
-        while len(words):
-            take = min(len(words), self.chunk - self.pending_len)
-            self.pending.append(words.slice(0, take))
-            self.pending_len += take
-            self.position += take
-            words = words.slice(take)
-            if self.pending_len == self.chunk:
-                self._fold()
-                if len(self.totals) >= self.max_keys:
-                    self.send_totals()
-
-    def _fold(self) -> None:
-        if not self.pending:
-            return
-        import pyarrow as pa
-        import pyarrow.compute as pc
-        words = self.pending[0] if len(self.pending) == 1 else pa.concat_arrays(self.pending)
-        self.pending, self.pending_len = [], 0
-        counts = pc.value_counts(words)
-        totals = self.totals
-        get = totals.get
-        for key, n in zip(counts.field(0).to_pylist(), counts.field(1).to_pylist()):
-            totals[key] = get(key, 0) + n
+        kernel, totals, i = self.kernel, self.totals, 0
+        while i < n:
+            j, _, status = totals.fold_utf8(data, offsets, width, i, n, 1, None,
+                                            self.max_keys, _MOST)
+            self.position += j - i
+            i = j
+            if status in (kernel.FULL, kernel.OVERFLOW):
+                self.send_totals()
+            elif status != kernel.DONE:
+                from floering.mapper.batching import refuse_key
+                refuse_key(_word_at(data, offsets, width, i))
 
     def send_totals(self) -> None:
-        if self.totals:
-            self._count(len(self.totals))
-            emit = self.client.emit
-            for key, total in self.totals.items():
-                emit(key, total)
-            self.totals = {}
+        if self.totals is None:
+            return
+        data, offsets, values = self.totals.take_columns(0)
+        n = len(offsets) // 8 - 1
+        if n:
+            self._count(n)
+            self.client.emit_utf8(data, offsets, 8, n, values=values)
             if self.after_flush is not None:
                 self.after_flush(self.position)
 
@@ -324,5 +326,49 @@ class _WordEmitter(_Counting):
         pass                              # nothing is buffered here but the totals
 
     def drain(self) -> None:
-        self._fold()
         self.send_totals()
+
+
+_MOST = 1 << 62        # tuples a table of totals takes: no bound but its keys
+
+
+def utf8_buffers(words):
+    """(data, offsets, offset width, length) of an Arrow string or large_string array
+    without nulls (the offsets from the array's own first, a slice's included); None
+    for anything else."""
+    import pyarrow as pa
+    if words.null_count:
+        return None
+    if pa.types.is_string(words.type):
+        width = 4
+    elif pa.types.is_large_string(words.type):
+        width = 8
+    else:
+        return None
+    _, offsets, data = words.buffers()
+    if offsets is None:
+        return None
+    return data, offsets.slice(words.offset * width), width, len(words)
+
+
+def _checked_word(key):
+    if type(key) is not str:
+        from floering.node.core.errors import InvalidKey
+        raise InvalidKey(f"key must be str, not {type(key).__name__}")
+    return key
+
+
+def _encoded(keys: list) -> tuple[bytes, bytes]:
+    from array import array
+    raw = [k.encode() for k in keys]
+    offsets, total = array("q", [0]), 0
+    for r in raw:
+        total += len(r)
+        offsets.append(total)
+    return b"".join(raw), offsets.tobytes()
+
+
+def _word_at(data, offsets, width: int, i: int) -> str:
+    at = memoryview(offsets).cast("B").cast("i" if width == 4 else "q")
+    raw = bytes(memoryview(data).cast("B")[at[i]:at[i + 1]]) if data is not None else b""
+    return raw.decode(errors="surrogateescape")
