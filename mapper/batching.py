@@ -232,7 +232,8 @@ class Batcher:
             appender = self.appender
             if appender is None or appender.tokens != tokens:
                 appender = self.appender = kernel.Combiner("append", tokens, MAX_KEY_BYTES)
-            buffers, seq0, i = self.buffers, self.next_seq, 0
+            buffers: dict = self.buffers
+            seq0, i = self.next_seq, 0
             try:
                 while True:
                     i, t, status = appender.fold_utf8(data, offsets, width, i, count, value,

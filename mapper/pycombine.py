@@ -161,11 +161,10 @@ class Combiner:
     def take_columns(self, t: int):
         """Token index t's entries as (key data, int64 offsets, int64 values)."""
         part = self.parts[t]
-        if self.op == APPEND:
-            self.parts[t] = _Appended()
+        self.parts[t] = self._part()
+        if isinstance(part, _Appended):
             data, values = part.data, part.values
         else:
-            self.parts[t] = _Part()
             data, values = list(part.data.values()), [s for _, s in part.states.values()]
         offsets = array("q", [0])
         total = 0

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import os
 import threading
+from typing import Any
 
 _lock = threading.Lock()
 _pid = os.getpid()
-_idle: dict[tuple, object] = {}          # key -> the flushed RingClient nobody uses (<= 1)
+_idle: dict[tuple, Any] = {}          # key -> the flushed RingClient nobody uses (<= 1)
 
 
 def acquire(seeds: tuple[str, ...], *, source: str, first_seq: int,

@@ -300,6 +300,7 @@ class _WordEmitter(_Counting):
             self.client.emit_utf8(data, offsets, width, n)
             return
         kernel, totals, i = self.kernel, self.totals, 0
+        assert totals is not None
         while i < n:
             j, _, status = totals.fold_utf8(data, offsets, width, i, n, 1, None,
                                             self.max_keys, _MOST)
@@ -353,7 +354,7 @@ def utf8_buffers(words):
 
 def _checked_word(key):
     if type(key) is not str:
-        from floering.node.core.errors import InvalidKey
+        from floering.mapper import InvalidKey
         raise InvalidKey(f"key must be str, not {type(key).__name__}")
     return key
 
