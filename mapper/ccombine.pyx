@@ -691,3 +691,131 @@ cdef bytes _msgpack(const Part *p):
     for i in range(n):
         w += _int(w, p.ent[i].val)
     return out
+
+
+# The default map step (mapper/words.py: `[a-z]+(?:'[a-z]+)*` over the lower-cased
+# line) on UTF-8 bytes. Lower-casing maps only two non-ASCII characters to ASCII
+# letters: U+0130 to "i" + U+0307 (a letter, then a character no word holds) and the
+# Kelvin sign U+212A to "k"; every other non-ASCII character ends a word (a test checks
+# every code point against split_words).
+cdef inline int _unit(const unsigned char *s, Py_ssize_t n, Py_ssize_t *p,
+                      int *mark) noexcept:
+    """The next character of s lower-cased, at *p (advanced past it): its ASCII letter,
+    39 for an apostrophe, 0 for anything else."""
+    cdef unsigned char c
+    if mark[0]:
+        mark[0] = 0                 # the U+0307 after the "i" of a U+0130
+        return 0
+    c = s[p[0]]
+    if c < 0x80:
+        p[0] += 1
+        if 65 <= c <= 90:
+            return c + 32
+        if 97 <= c <= 122 or c == 39:
+            return c
+        return 0
+    if c == 0xC4 and p[0] + 1 < n and s[p[0] + 1] == 0xB0:
+        p[0] += 2
+        mark[0] = 1
+        return 105
+    if c == 0xE2 and p[0] + 2 < n and s[p[0] + 1] == 0x84 and s[p[0] + 2] == 0xAA:
+        p[0] += 3
+        return 107
+    p[0] += 1                       # a lead or continuation byte: never a letter
+    return 0
+
+
+cdef int _out_grow(unsigned char **out, size_t *cap, size_t need) noexcept:
+    cdef size_t c = cap[0] if cap[0] else 4096
+    while c < need:
+        c *= 2
+    cdef void *a = PyMem_Realloc(out[0], c)
+    if a == NULL:
+        return -1
+    out[0] = <unsigned char *>a
+    cap[0] = c
+    return 0
+
+
+def split_words(data, offsets, int width, Py_ssize_t start, Py_ssize_t stop,
+                validity=None, Py_ssize_t bit_offset=0):
+    """The words of lines start..stop-1 of an Arrow string array (data, `width`-byte
+    offsets; line i data[offsets[i]:offsets[i + 1]]; `validity` its null bitmap, line i
+    at bit bit_offset + i), in order, as mapper.words.split_words gives them: (word
+    data, int64 offsets, words), what fold_utf8 takes with width 8."""
+    cdef const unsigned char[::1] d = _bytes_view(data)
+    cdef const unsigned char[::1] o = _bytes_view(offsets)
+    cdef const unsigned char[::1] v
+    cdef const unsigned char *valid = NULL
+    if width != 4 and width != 8:
+        raise ValueError("offsets are 4 or 8 bytes wide")
+    if start < 0 or stop < start or <size_t>o.shape[0] < <size_t>(stop + 1) * width:
+        raise ValueError(f"{o.shape[0]} bytes of offsets for lines {start}..{stop}")
+    if validity is not None:
+        v = _bytes_view(validity)
+        if bit_offset < 0 or v.shape[0] * 8 < bit_offset + stop:
+            raise ValueError("the null bitmap is shorter than the lines")
+        valid = &v[0]
+    cdef const unsigned char *base = &d[0] if d.shape[0] else NULL
+    cdef const unsigned char *offs = &o[0]
+    cdef Py_ssize_t dlen = d.shape[0], i, p, n, q, bit
+    cdef int64_t a, b
+    cdef int32_t a32, b32
+    cdef unsigned char *out = NULL
+    cdef int64_t *ends = NULL
+    cdef size_t ocap = 0, ecap = 0, olen = 0, nwords = 0
+    cdef int u, mark, peek
+    cdef const unsigned char *s
+    try:
+        for i in range(start, stop):
+            bit = bit_offset + i
+            if valid != NULL and not (valid[bit >> 3] >> (bit & 7)) & 1:
+                continue
+            if width == 4:
+                memcpy(&a32, offs + 4 * i, 4)
+                memcpy(&b32, offs + 4 * (i + 1), 4)
+                a, b = a32, b32
+            else:
+                memcpy(&a, offs + 8 * i, 8)
+                memcpy(&b, offs + 8 * (i + 1), 8)
+            if a < 0 or b < a or b > dlen:
+                raise ValueError(f"line {i}'s offsets leave the data")
+            s = base + a
+            n = b - a
+            # a line of n bytes makes at most n bytes of words, n // 2 + 1 words
+            if olen + n > ocap and _out_grow(&out, &ocap, olen + n) < 0:
+                raise MemoryError()
+            if (nwords + n // 2 + 2) * 8 > ecap and \
+                    _out_grow(<unsigned char **>&ends, &ecap, (nwords + n // 2 + 2) * 8) < 0:
+                raise MemoryError()
+            p = 0
+            mark = 0
+            u = 0
+            while p < n or mark:
+                u = _unit(s, n, &p, &mark)
+                while u > 39:               # a word starts: its letters, then 'letters...
+                    out[olen] = <unsigned char>u
+                    olen += 1
+                    u = _unit(s, n, &p, &mark) if (p < n or mark) else 0
+                    if u == 39:
+                        q = p
+                        peek = mark
+                        if (p < n or mark) and _unit(s, n, &q, &peek) > 39:
+                            out[olen] = 39
+                            olen += 1
+                            u = _unit(s, n, &p, &mark)
+                        else:
+                            u = 0           # the apostrophe ends the word (as a non-letter)
+                    if u <= 39:
+                        ends[nwords] = <int64_t>olen
+                        nwords += 1
+        words = PyBytes_FromStringAndSize(<const char *>out if olen else NULL, olen)
+        offsets_out = PyBytes_FromStringAndSize(NULL, 8 * (nwords + 1))
+        w = <unsigned char *>PyBytes_AS_STRING(offsets_out)
+        memset(w, 0, 8)
+        if nwords:
+            memcpy(w + 8, ends, 8 * nwords)
+        return words, offsets_out, nwords
+    finally:
+        PyMem_Free(out)
+        PyMem_Free(ends)

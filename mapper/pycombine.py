@@ -248,3 +248,34 @@ def _little(arr: array) -> bytes:
         arr = array(arr.typecode, arr)
         arr.byteswap()
     return arr.tobytes()
+
+
+def split_words(data, offsets, width: int, start: int, stop: int, validity=None,
+                bit_offset: int = 0) -> tuple[bytes, bytes, int]:
+    """The words of lines start..stop-1 of an Arrow string array as
+    mapper.words.split_words gives them: (word data, int64 offsets, words) (see
+    ccombine)."""
+    from floering.mapper.words import split_words as split
+    if width not in (4, 8):
+        raise ValueError("offsets are 4 or 8 bytes wide")
+    raw = bytes(memoryview(data).cast("B")) if data is not None else b""
+    offs = memoryview(offsets).cast("B")
+    if start < 0 or stop < start or len(offs) < (stop + 1) * width:
+        raise ValueError(f"{len(offs)} bytes of offsets for lines {start}..{stop}")
+    at = array("i" if width == 4 else "q", offs[:(stop + 1) * width].tobytes())
+    bits = bytes(memoryview(validity).cast("B")) if validity is not None else None
+    words: list[bytes] = []
+    for i in range(start, stop):
+        bit = bit_offset + i
+        if bits is not None and not (bits[bit >> 3] >> (bit & 7)) & 1:
+            continue
+        a, b = at[i], at[i + 1]
+        if a < 0 or b < a or b > len(raw):
+            raise ValueError(f"line {i}'s offsets leave the data")
+        words.extend(w.encode() for w in split(raw[a:b].decode(errors="replace")))
+    ends = array("q", [0])
+    total = 0
+    for w in words:
+        total += len(w)
+        ends.append(total)
+    return b"".join(words), ends.tobytes(), len(words)

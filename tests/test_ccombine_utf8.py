@@ -11,6 +11,7 @@ import pytest
 
 from floering.mapper import pycombine
 from floering.mapper.batching import MAX_KEY_BYTES
+from floering.mapper.words import split_words
 
 try:
     from floering.mapper import ccombine
@@ -112,3 +113,44 @@ def test_take_columns_gives_the_totals_back_as_buffers_fold_utf8_takes(kernel):
     pairs = {k: v for _, _, payload in sent.values()
              for k, v in zip(*msgpack.unpackb(payload))}
     assert pairs == {"b": 3, "a": 2, "日本": 1}
+
+
+def split_lines(kernel, lines: list) -> list[str]:
+    pa = pytest.importorskip("pyarrow")
+    arr = pa.array(lines, pa.string())
+    arr = arr.slice(1) if len(arr) > 1 else arr          # a slice: offsets from 1 on
+    validity, offsets, data = arr.buffers()
+    words, ends, n = kernel.split_words(data, offsets, 4, arr.offset, arr.offset + len(arr),
+                                        validity, 0)
+    return pa.LargeStringArray.from_buffers(n, pa.py_buffer(ends),
+                                            pa.py_buffer(words)).to_pylist()
+
+
+def expected_words(lines: list) -> list[str]:
+    return [w for line in lines[1:] if line is not None for w in split_words(line)]
+
+
+@pytest.mark.parametrize("kernel", KERNELS, ids=lambda k: k.__name__.rsplit(".", 1)[-1])
+def test_the_kernels_split_lines_into_words_as_split_words_does(kernel):
+    lines = ["skip me", "Hello, World! don't 'quote' rock'n'roll ab'' x'", None, "",
+             "İstanbul ab'İx \u212aelvin KELVIN ǅemal ﬁne naïve 日本語 o'clock's",
+             "'' ' a'b'c' d''e 42abc \u0307i \t\n tail"]
+    assert split_lines(kernel, lines) == expected_words(lines)
+    rng = random.Random(5)
+    alphabet = list("aZ' -İKx\u0307é日") + ["\u212a", "''", "I", "\U0001F600"]
+    many = [None if rng.random() < 0.05 else
+            "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 14)))
+            for _ in range(3000)]
+    assert split_lines(kernel, many) == expected_words(many)
+
+
+@pytest.mark.skipif(ccombine is None, reason="the compiled kernel is not built")
+def test_the_compiled_split_agrees_with_split_words_on_every_code_point():
+    """Only U+0130 and U+212A lower-case into ASCII letters; every code point is tried
+    inside, before and after words and apostrophes."""
+    lines = [""]
+    for c in range(0x80, 0x110000):
+        if not 0xD800 <= c < 0xE000:
+            ch = chr(c)
+            lines += [f"a{ch}b", f"x'{ch}y", f"{ch}'a"]
+    assert split_lines(ccombine, lines) == expected_words(lines)
