@@ -4,6 +4,8 @@ as the next generation, folded back into one generation 0 past a bound. Read bac
 exact; a damaged segment is its range corrupt, named; a directory of the earlier
 format (one entry a key) is still read, and one of a newer format refused."""
 
+import time
+
 import pytest
 
 from floering.node.storage import node_store
@@ -184,3 +186,60 @@ def test_one_write_folds_ranges_up_to_its_budget_and_the_rest_in_later_writes(tm
     assert round_(5) == [2, 1, 0]
     assert {t: c.states for t, c in store.load().copies.items()} == expect
     store.close()
+
+
+def test_the_storage_bench_reads_back_what_it_wrote_in_both_formats(tmp_path, monkeypatch,
+                                                                    capsys):
+    from floering.chaos import storage_bench
+    monkeypatch.setattr(storage_bench, "drop_caches", lambda: False)
+    assert storage_bench.main(["--node", "--keys", "3000", "--delta", "400", "--rounds", "3",
+                               "--dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "one entry a key (format 1)" in out and "segments (format 2)" in out
+
+
+@pytest.mark.multiprocess
+def test_a_cluster_killed_on_directories_of_the_earlier_format_comes_back_exact(tmp_path):
+    """Every node's copies rewritten as format 1 left them (one entry a key, no `V`)
+    while the cluster is down: each node comes back as itself from them, exact, then
+    writes segments over them, and comes back exact again."""
+    from collections import Counter
+
+    from floering.mapper import RingClient
+    from tests.helpers import wait_for
+    from tests.test_durable import durable_cluster, restart_all
+    words = [f"w{i % 700}" for i in range(9000)]
+    more = [f"v{i % 300}" for i in range(3000)] + words[:2000]
+
+    def to_format_1():
+        for node in sorted((tmp_path / "data").iterdir()):
+            store = NodeStore(node)
+            loaded = store.load()
+            assert loaded.copies and store.db.get(node_store.VERSION) is not None
+            write_per_key(store, [CopyWrite(t, c.primary, c.states, c.watermarks, True,
+                                            c.complete) for t, c in loaded.copies.items()])
+            assert not any(node_store._is_segment(k) for k, _ in store.db.items())
+            store.close()
+
+    with durable_cluster(tmp_path) as cluster:
+        with RingClient(cluster.seeds, tls=cluster.tls()) as client:
+            client.emit_many(words)
+            client.flush()
+        time.sleep(1.5)                          # a checkpoint round writes the copies
+        restart_all(cluster, to_format_1)
+        with RingClient(cluster.seeds, tls=cluster.tls(), timeout=30) as client:
+            assert dict(client.scan()) == Counter(words)
+            client.emit_many(more)
+            client.flush()
+        time.sleep(1.5)
+        restart_all(cluster)
+        with RingClient(cluster.seeds, tls=cluster.tls(), timeout=30) as client:
+            wait_for(lambda: dict(client.scan()) == Counter(words + more), 30,
+                     "every count after the second restart")
+        logs = "".join(open(n.log).read() for n in cluster.nodes)
+        assert "corrupt" not in logs and "joins empty" not in logs
+    for node in sorted((tmp_path / "data").iterdir()):
+        store = NodeStore(node)                  # format 2 from the first write on
+        assert store.db.get(node_store.VERSION) == bytes([node_store.FORMAT])
+        assert any(node_store._is_segment(k) for k, _ in store.db.items())
+        store.close()
