@@ -180,11 +180,13 @@ def events_of(cluster, node_id: str) -> list[dict]:
 
 
 def wait_for(condition, timeout=10.0, what="condition"):
+    """Poll `condition` until it is true; returns its (true) value."""
     deadline = time.monotonic() + timeout
-    while not condition():
+    while not (value := condition()):
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(0.05)
+    return value
 
 
 async def wait_until(condition, timeout=10.0, what="condition"):

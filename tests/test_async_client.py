@@ -102,7 +102,7 @@ async def test_async_bad_input_linger_race_and_combining_over_tls(tmp_path):
             for start in range(0, len(words), 500):
                 for word in words[start:start + 500]:
                     await client.emit(word)
-                await asyncio.sleep(0.001)
+                await asyncio.sleep(0.001)              # the linger timer fires in between
             await client.flush()
             assert dict([kv async for kv in client.scan()]) == Counter(words)
         async with AsyncRingClient(cluster.seeds, tls=cluster.tls()) as client:

@@ -113,7 +113,7 @@ def test_linger_sealing_racing_full_batches_keeps_counts_exact(cluster):
         for start in range(0, len(words), 500):
             for word in words[start:start + 500]:
                 client.emit(word)
-            time.sleep(0.001)
+            time.sleep(0.001)                   # the linger timer fires in between
         client.flush()
         assert dict(client.scan()) == Counter(words)
 

@@ -82,7 +82,7 @@ async def test_a_full_checkpoint_of_a_million_keys_leaves_the_loop_free(replica_
     peers = PeerPool(timeout=120.0, max_message_bytes=1 << 28)
     lag = LoopLag()
     monitor = asyncio.create_task(lag.run())
-    await asyncio.sleep(10 * TICK)
+    await asyncio.sleep(10 * TICK)                   # the monitor's first ticks, idle
     try:
         delta = rng.cut_checkpoint(1.0)
         full = rng.full_checkpoint(delta)            # as a checkpoint round does, on the loop

@@ -2,7 +2,6 @@
 identity, source tables with a share per identity, sources bound to the identity that
 pushes them. Unit checks on the core, then real node processes with mutual TLS."""
 
-import time
 from collections import Counter
 
 import grpc
@@ -23,6 +22,7 @@ from floering.node.core.slots import (CLIENT, HEALTH, MEMBER, OPERATOR, CallSlot
 from floering.node.core.streams import StreamGuard
 from floering.node.transport import tls as tls_mod
 from floering.v1 import floe_pb2, floe_pb2_grpc
+from tests.helpers import wait_for
 
 
 # ------------------------------------------------------------- call slots
@@ -142,16 +142,6 @@ def test_the_stream_map_gives_an_identity_a_quarter_of_the_node():
 
 
 # ---------------------------------------------------- real processes, TLS
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"not within {timeout} s: {what}")
-
 
 @pytest.fixture
 def ring3(tmp_path):

@@ -3,7 +3,6 @@ certificate speaks only for that member, a certificate of another CA gets nowher
 and a fenced node says so in its health answer."""
 
 import signal
-import time
 from collections import Counter
 
 import grpc
@@ -20,6 +19,7 @@ from floering.node.core.pieces import PIECE_MARK, fold_key
 from floering.node.core.ring import Ring
 from floering.node.transport import tls
 from floering.node.transport.tls import TlsFiles
+from tests.helpers import wait_for
 from tests.test_tls import status_of
 from tests.test_hostile import rss_mib
 
@@ -43,16 +43,6 @@ def range_copy(cluster, node_id: str, token: int) -> tuple[str, dict]:
         chunks = list(floe_pb2_grpc.QueryPlaneStub(ch).InspectRange(
             floe_pb2.RangeRequest(token=token), timeout=5))
     return chunks[0].role, {k: s for c in chunks for k, s in unpack_entries(c.entries).items()}
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"not within {timeout} s: {what}")
 
 
 # ----------------------------------------------------- forged checkpoints

@@ -14,7 +14,7 @@ async def test_a_blocked_loop_shows_as_its_lag_and_old_samples_age_out(monkeypat
     lag._samples = type(lag._samples)(maxlen=5)       # a window of 5 samples
     lag.start()
     try:
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.1)                       # a window of idle samples
         assert lag.worst_ms() < 100
         time.sleep(0.3)                                # a step that holds the loop
         await wait_until(lambda: lag.worst_ms() >= 250, 5, "the blocked step's lag")
