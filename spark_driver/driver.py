@@ -4,8 +4,9 @@
         --source dir:PATH | rate:ROWS_PER_SECOND | socket:HOST:PORT \\
         [--map package.module:function] [--checkpoint DIR] [--available-now] [--no-combine]
 
-Each micro-batch goes through foreachBatch to one task per partition: the default word
-split runs in Spark SQL and the tasks get the words as Arrow batches (mapInArrow);
+Each micro-batch goes through foreachBatch to one task per partition: for the default
+word split the tasks get the lines as Arrow batches (mapInArrow) and split them with the
+mapper's compiled kernel (without it, Spark SQL splits and the tasks get the words);
 another map step runs in Python over the rows (mapPartitions). Every partition is a
 RingClient numbering its tuples from (query id, batch id, partition id, position), so a
 retried task or a batch replayed after a restart from --checkpoint is deduplicated by
@@ -157,8 +158,10 @@ def run(args) -> int:
         sink.plans = BatchPlans(checkpoint, ring, args.map_spec)
     plan = sink.choose(spark)
     print(f"map: {args.map_spec}, "
-          + ("split by Spark SQL, words to the tasks as Arrow batches"
-             if plan == "sql+arrow" else "in Python over the rows")
+          + ({"lines+arrow": "lines to the tasks as Arrow batches, split by the mapper's "
+                              "compiled kernel",
+              "sql+arrow": "split by Spark SQL, words to the tasks as Arrow batches"}
+             .get(plan, "in Python over the rows"))
           + (f"; combined per partition (totals sent every {args.combine_keys:,} keys)"
              if args.combine else "; every tuple sent"), flush=True)
     writer = (read_stream(spark, args).writeStream.foreachBatch(sink)

@@ -8,9 +8,11 @@ nodes. Tuples are numbered from (batch id, position) under the source
 `<query id>#<partition id>` (node.core.epochs): a retried task or a batch replayed
 after a driver restart resends the very same (source, seq)s and the ring drops them.
 
-Two ways in:
-- `write_words`: the default word split, done by Spark SQL in the JVM; the task gets
-  the partition's words as Arrow arrays (DataFrame.mapInArrow) and sends them in bulk.
+Three ways in:
+- `write_lines`: the default word split, done here by the mapper's kernel (in C, as
+  mapper.words.split_words) on the partition's lines, Arrow arrays (mapInArrow);
+- `write_words`: the same split done by Spark SQL in the JVM; the task gets the
+  partition's words as Arrow arrays and sends them in bulk;
 - `write_partition`: any other map step, run here in Python over the partition's rows.
 
 With `combine` (the default for the count and sum reducers) a task sums the values of
@@ -132,6 +134,41 @@ def feed_words(config: PartitionConfig, batch_id: int, partition_id: int,
         return emitter
 
     return _task(config, batch_id, partition_id, feed)
+
+
+def write_lines(config: PartitionConfig, batch_id: int, partition_id: int, arrays) -> int:
+    """Push the words of a partition's lines, Arrow string arrays in the partition's
+    order, to the ring, the word split done here by the mapper's kernel; return the
+    number of tuples sent."""
+    return feed_lines(config, batch_id, partition_id, arrays)[0]
+
+
+def feed_lines(config: PartitionConfig, batch_id: int, partition_id: int,
+               arrays) -> tuple[int, int]:
+    """write_lines, returning (tuples sent, words split): feed_words over each array's
+    words, split by the kernel (mapper.words.split_words in C: `words_of`)."""
+    return feed_words(config, batch_id, partition_id, (words_of(a) for a in arrays))
+
+
+def words_of(lines):
+    """The words of an Arrow string array of lines, in order, as split_words gives them
+    (a null line gives none): a large_string array split by the mapper's kernel from the
+    lines' UTF-8 buffers, no Python object per line or word."""
+    import pyarrow as pa
+    from floering.mapper.kernel import kernel
+    if pa.types.is_string(lines.type) or pa.types.is_large_string(lines.type):
+        width = 4 if pa.types.is_string(lines.type) else 8
+        validity, offsets, data = lines.buffers()
+        start = lines.offset
+        words, ends, n = kernel.split_words(data, offsets, width, start, start + len(lines),
+                                            validity if lines.null_count else None, 0)
+    else:
+        from floering.mapper.words import split_words
+        raw = [w.encode() for line in lines.to_pylist() if line is not None
+               for w in split_words(str(line))]
+        words, ends = _encoded_bytes(raw)
+        n = len(raw)
+    return pa.LargeStringArray.from_buffers(n, pa.py_buffer(ends), pa.py_buffer(words))
 
 
 def _task(config: PartitionConfig, batch_id: int, partition_id: int,
@@ -360,8 +397,11 @@ def _checked_word(key):
 
 
 def _encoded(keys: list) -> tuple[bytes, bytes]:
+    return _encoded_bytes([k.encode() for k in keys])
+
+
+def _encoded_bytes(raw: list) -> tuple[bytes, bytes]:
     from array import array
-    raw = [k.encode() for k in keys]
     offsets, total = array("q", [0]), 0
     for r in raw:
         total += len(r)

@@ -20,19 +20,27 @@ class RingSink:
     between the source and the tasks shuffles, so a replayed batch has the same
     partitions with the same rows in the same order.
 
-    Two plans, chosen once (`choose`):
-    - "sql+arrow" (the default word split, pyarrow and pandas installed): Spark SQL
+    Three plans, chosen once (`choose`):
+    - "lines+arrow" (the default word split, pyarrow and pandas installed, the mapper's
+      compiled kernel built): `mapInArrow` hands each task its lines as Arrow batches,
+      the kernel splits them into words in C (mapper.words.split_words on the UTF-8
+      bytes) and the words go on as below; the JVM only reads the lines;
+    - "sql+arrow" (the same, without the compiled kernel; `task_split=False`): Spark SQL
       splits each line into its array of words in the JVM (`regexp_extract_all(
       lower(line), WORD_PATTERN)`), `mapInArrow` hands each task its lines' word lists
       as Arrow batches (not exploded: one Arrow row per line costs the JVM far less
-      than one per word), the task flattens them into its words in order, and a
-      `collect()` of one row per partition (its id and the tuples it sent) runs the job;
+      than one per word), the task flattens them into its words in order;
     - "rows" (any other map step): `mapPartitions` over the input column, the map
-      step run in Python per row."""
+      step run in Python per row.
+    Either Arrow plan runs the job by a `collect()` of one row per partition (its id
+    and the tuples it sent)."""
 
-    def __init__(self, *, sql_split: bool | None = None, **fields) -> None:
+    def __init__(self, *, sql_split: bool | None = None, task_split: bool | None = None,
+                 **fields) -> None:
         self.fields = fields
-        self.sql_split = sql_split
+        self.sql_split = sql_split         # an Arrow plan (None: when it applies)
+        self.task_split = task_split       # ... splitting in the task (None: compiled)
+        self.plan_name: str | None = None
         self._bound = threading.Event()
         self.plans = None                  # spark_driver.plans.BatchPlans, if any
         self.query_id: str | None = None
@@ -43,12 +51,19 @@ class RingSink:
         self.acknowledged = self.inputs = self.batches = 0
 
     def choose(self, spark) -> str:
-        """Decide the plan (once) and name it: "sql+arrow" or "rows"."""
-        if self.sql_split is None:
+        """Decide the plan (once) and name it: "lines+arrow", "sql+arrow" or "rows"."""
+        if self.plan_name is None:
             from floering.spark_driver.maps import split_in_sql
-            self.sql_split = (split_in_sql(self.fields["map_spec"])
-                              and _jvm_lowercases_like_python(spark))
-        return "sql+arrow" if self.sql_split else "rows"
+            arrow = self.sql_split if self.sql_split is not None else \
+                split_in_sql(self.fields["map_spec"])
+            in_task = self.task_split if self.task_split is not None else _compiled_split()
+            if arrow and in_task:
+                self.plan_name = "lines+arrow"
+            elif arrow and (self.sql_split or _jvm_lowercases_like_python(spark)):
+                self.plan_name = "sql+arrow"
+            else:
+                self.plan_name = "rows"
+        return self.plan_name
 
     def bind(self, query_id: str) -> None:
         self.query_id = query_id
@@ -59,7 +74,12 @@ class RingSink:
             raise RuntimeError("RingSink used before bind(query.id)")
         plan = self.plans.plan_for(df, batch_id) if self.plans is not None else None
         config = PartitionConfig(query_id=self.query_id, plan=plan, **self.fields)
-        if self.choose(df.sparkSession) == "sql+arrow":
+        chosen = self.choose(df.sparkSession)
+        if chosen == "lines+arrow":
+            lines = df.select(df[df.columns[0]].cast("string").alias("line"))
+            rows = lines.mapInArrow(_lines_task(config, batch_id), SENT_SCHEMA).collect()
+            rows = [(r["partition"], r["tuples"], r["inputs"]) for r in rows]
+        elif chosen == "sql+arrow":
             from floering.spark_driver.maps import sql_word_arrays
             words = df.select(sql_word_arrays(df[df.columns[0]]).alias("words"))
             rows = words.mapInArrow(_arrow_task(config, batch_id), SENT_SCHEMA).collect()
@@ -90,6 +110,28 @@ def _arrow_task(config: PartitionConfig, batch_id: int):
              pa.array([inputs], pa.int64())],
             names=["partition", "tuples", "inputs"])
     return task
+
+
+def _lines_task(config: PartitionConfig, batch_id: int):
+    def task(batches):
+        import pyarrow as pa
+        from pyspark import TaskContext
+        from floering.spark_driver.partition import feed_lines
+        partition_id = TaskContext.get().partitionId()
+        sent, inputs = feed_lines(config, batch_id, partition_id,
+                                  (b.column(0) for b in batches))
+        yield pa.RecordBatch.from_arrays(
+            [pa.array([partition_id], pa.int32()), pa.array([sent], pa.int64()),
+             pa.array([inputs], pa.int64())],
+            names=["partition", "tuples", "inputs"])
+    return task
+
+
+def _compiled_split() -> bool:
+    """Whether this process has the mapper's compiled kernel (executors are assumed to
+    run the same build; one without it splits in pure Python, exactly but slower)."""
+    from floering.mapper.kernel import COMBINE_KERNEL
+    return COMBINE_KERNEL == "compiled"
 
 
 def _task(config: PartitionConfig, batch_id: int):

@@ -225,3 +225,31 @@ def test_combining_the_fault_falls_on_a_flush_so_a_rerun_without_it_is_exact(
     got, dups1 = state(ring)
     assert Counter(got) - Counter(before) == words(LINES[:600])
     assert dups1 > dups0
+
+
+# The lines path: the lines in Arrow arrays, split into words by the mapper's kernel.
+
+def line_arrays(lines, cut=500):
+    pa = pytest.importorskip("pyarrow")
+    return [pa.array(lines[i:i + cut], pa.string()) for i in range(0, len(lines), cut)]
+
+
+@pytest.mark.parametrize("combine", [False, True])
+def test_arrow_lines_split_by_the_kernel_retried_after_a_failure_count_once(
+        ring, tmp_path, combine):
+    from floering.spark_driver.partition import write_lines
+    before, dups0 = state(ring)
+    query = f"ql-{combine}"
+    faulty = config(ring, query, combine=combine, combine_keys=400,
+                    fail_once=str(tmp_path / "marker"))
+    parts = [LINES[:600] + [None, "", "İSTANBUL \u212aELVIN"], LINES[600:]]
+    with pytest.raises(InjectedFailure):
+        write_lines(faulty, 0, 0, line_arrays(parts[0]))      # half of it reaches the ring
+    sent = write_lines(faulty, 0, 0, line_arrays(parts[0], cut=77))   # the retry
+    assert sent > 0
+    assert write_lines(faulty, 0, 0, line_arrays(parts[0], cut=1000)) == sent   # a replay
+    write_lines(faulty, 0, 1, line_arrays(parts[1]))
+    got, dups1 = state(ring)
+    everything = [line for line in parts[0] + parts[1] if line is not None]
+    assert Counter(got) - Counter(before) == words(everything)
+    assert dups1 > dups0                                      # the retry's prefix was dropped
