@@ -10,7 +10,10 @@ receiver takes the copy as a replica does, into a table copy), then a delta of
 --delta changed keys. Each way runs in a fresh process: "msgpack" plans and packs
 [keys, states] chunks as nodes did before (node.core.chunks, the receiver unpacking
 them into a dict and the copy installing the dict), "frames" ships frames
-(node.core.state_wire; the copy installs each in one call). Printed per way: seconds
+(node.core.state_wire: columns packed and checked by the compiled kernel, the copy
+installing all of them in one call of the table), "frames-py" the same frames with the
+pure-Python codec and one install a frame (as frames moved before the kernel packed
+them). --repeat runs the ways in turn that many times. Printed per way: seconds
 for the full copy and the delta (end to end, both sides; wall and the process's CPU
 seconds), bytes on the wire, and the
 peak RSS the move added over the state held (VmHWM reset just before). Then a split
@@ -43,6 +46,7 @@ from floering.node.transport.server import ControlPlane
 from floering.v1 import floe_pb2_grpc
 
 BATCH = 65_536
+WAYS = ("msgpack", "frames-py", "frames")
 
 
 def key(i: int) -> str:
@@ -120,7 +124,23 @@ class PeakRss:
         self.peak = max(self.peak, self._process.memory_info().rss)
 
 
+def python_codec() -> None:
+    """Frames packed and read by the pure-Python kernel, installed one frame a call."""
+    from floering.node.core import state_wire, table_state
+    from floering.node.core.columnar import pytable
+
+    def one_by_one(self, parts, mark_dirty):
+        for kinds, data, offsets, values in parts:
+            self.table.install((kinds, data, offsets, hash_positions(data, offsets), values),
+                               mark_dirty=mark_dirty)
+    state_wire.pack_frame_columns = pytable.pack_frame_columns
+    state_wire.unpack_frame_columns = pytable.unpack_frame_columns
+    table_state.TableState._install_parts = one_by_one
+
+
 async def ship(way: str, keys: int, delta: int) -> dict:
+    if way == "frames-py":
+        python_codec()
     rng = build(keys)
     receiver = Receiver()
     server = grpc.aio.server(options=channel_options(1 << 26))
@@ -181,7 +201,8 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--keys", type=int, default=1_000_000)
     parser.add_argument("--delta", type=int, default=100_000)
-    parser.add_argument("--one", choices=("msgpack", "frames", "split"), help=argparse.SUPPRESS)
+    parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--one", choices=(*WAYS, "split"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if KERNEL != "compiled":
         raise SystemExit("the compiled table is not built here (KERNEL=python)")
@@ -191,11 +212,11 @@ def main(argv=None) -> None:
     if args.one:
         print(json.dumps(asyncio.run(ship(args.one, args.keys, args.delta))))
         return
-    print(f"{'way':8} {'keys':>9} {'full copy s':>11} {'cpu s':>6} {'wire MB':>8} "
+    print(f"{'way':9} {'keys':>9} {'full copy s':>11} {'cpu s':>6} {'wire MB':>8} "
           f"{'B/key':>6} {'peak RSS MiB':>12} {'delta s':>8} {'cpu s':>6} {'delta MB':>9}")
-    for way in ("msgpack", "frames"):
+    for way in [w for _ in range(args.repeat) for w in WAYS]:
         r = json.loads(_child(way, args))
-        print(f"{way:8} {r['keys']:>9,} {r['full_s']:>11.2f} {r['full_cpu']:>6.2f} "
+        print(f"{way:9} {r['keys']:>9,} {r['full_s']:>11.2f} {r['full_cpu']:>6.2f} "
               f"{r['full_bytes'] / 1e6:>8.1f} {r['full_bytes'] / r['keys']:>6.1f} "
               f"{r['peak_mib']:>12.0f} {r['delta_s']:>8.2f} {r['delta_cpu']:>6.2f} "
               f"{r['delta_bytes'] / 1e6:>9.2f}", flush=True)

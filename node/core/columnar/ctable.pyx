@@ -40,6 +40,7 @@ cdef extern from *:
     void floe_prefetch(const void *p) nogil
 
 cdef enum:
+    BLOCK = 4096        # keys install_parts hashes ahead of setting them
     DIRTY = 0x80
     KIND = 0x7F
     OK = 0
@@ -305,31 +306,13 @@ ctypedef struct Part:
     Py_ssize_t base     # the part's first entry, counted across the parts
 
 
-cdef int _hash_parts(const Part *ps, Py_ssize_t nparts, uint64_t *pos,
-                     Py_ssize_t *at) noexcept nogil:
-    """Each entry's position, after checking its kind and offsets."""
-    cdef Py_ssize_t j, i, n
-    cdef uint64_t a, b
-    for j in range(nparts):
-        n = ps[j + 1].base - ps[j].base
-        for i in range(n):
-            a, b = ps[j].off[i], ps[j].off[i + 1]
-            if ps[j].kinds[i] > 2:
-                at[0] = ps[j].base + i
-                return E_KIND
-            if a > b or b > ps[j].dlen or b - a >= 0xFFFFFFFFUL:
-                at[0] = ps[j].base + i
-                return E_OFFSETS
-            pos[ps[j].base + i] = floe_murmur3_64(ps[j].data + a, b - a, 0)
-    return OK
-
-
 cdef size_t _key_bytes(const Part *ps, Py_ssize_t nparts) noexcept nogil:
     cdef size_t total = 0
-    cdef Py_ssize_t j
+    cdef Py_ssize_t j, n
     for j in range(nparts):
-        if ps[j + 1].base > ps[j].base:
-            total += ps[j].off[ps[j + 1].base - ps[j].base] - ps[j].off[0]
+        n = ps[j + 1].base - ps[j].base     # (offsets are checked key by key later)
+        if n > 0 and ps[j].off[0] <= ps[j].off[n] and ps[j].off[n] <= ps[j].dlen:
+            total += ps[j].off[n] - ps[j].off[0]
     return total
 
 cdef inline bint _in_range(uint64_t p, uint64_t lo, uint64_t hi) noexcept nogil:
@@ -651,8 +634,10 @@ cdef class StateTable:
         """Set the states of the keys of `parts`, each (kinds, key_data, offsets of
         n + 1, values), as install does, in one call: the positions hashed here, room
         made once for all of them (the index grown once, not at each doubling as frames
-        come one by one). A key given twice takes its later state. All or nothing: ValueError naming the entry (counted
-        across the parts) for a bad kind, offsets, or key bytes."""
+        come one by one). A key given twice takes its later state. All or nothing:
+        ValueError naming the entry (counted across the parts) for a bad kind, offsets
+        or key bytes. Besides the table it holds a block's positions and, when the
+        table was not empty, 12 bytes a key (to undo the states of keys it had)."""
         if self.busy:
             raise RuntimeError("the state table is in use by another call")
         held = []
@@ -671,9 +656,10 @@ cdef class StateTable:
         if self.n + m >= <Py_ssize_t>4294967295UL:
             raise MemoryError("the state table could not grow")
         cdef Part *ps = <Part *>PyMem_RawMalloc((nparts + 1) * sizeof(Part))
-        cdef uint64_t *pos = <uint64_t *>PyMem_RawMalloc((m + 1) * sizeof(uint64_t))
-        cdef int64_t *old = <int64_t *>PyMem_RawMalloc((m + 1) * sizeof(int64_t))
-        cdef uint32_t *idx = <uint32_t *>PyMem_RawMalloc((m + 1) * sizeof(uint32_t))
+        cdef Py_ssize_t had = m if self.n else 0      # undo records: keys it had
+        cdef uint64_t *pos = <uint64_t *>PyMem_RawMalloc(BLOCK * sizeof(uint64_t))
+        cdef int64_t *old = <int64_t *>PyMem_RawMalloc((had + 1) * sizeof(int64_t))
+        cdef uint32_t *idx = <uint32_t *>PyMem_RawMalloc((had + 1) * sizeof(uint32_t))
         cdef const unsigned char[::1] kv, dv, ov, vv
         cdef Py_ssize_t base = 0, at = 0
         cdef int err = OK
@@ -690,9 +676,7 @@ cdef class StateTable:
             ps[nparts].base = m
             self.busy = True
             with nogil:
-                err = _hash_parts(ps, nparts, pos, &at)
-                if err == OK:
-                    err = self._grow_dense(self.n + m)
+                err = self._grow_dense(self.n + m)
                 if err == OK:
                     err = self._grow_arena(self.alen + _key_bytes(ps, nparts) + 4 * <size_t>m)
                 if err == OK:
@@ -708,42 +692,63 @@ cdef class StateTable:
         if err != OK:
             _raise(err, at, self.op)
 
-    cdef int _install_in(self, const Part *ps, Py_ssize_t nparts, const uint64_t *pos,
+    cdef int _install_in(self, const Part *ps, Py_ssize_t nparts, uint64_t *pos,
                          bint mark, int64_t *old, uint32_t *idx,
                          Py_ssize_t *at) noexcept nogil:
-        """Set the parts' keys' states, part after part (`pos`: their positions, counted
-        across the parts); on an error undo what was done and say where in at[0]."""
-        cdef Py_ssize_t n0 = self.n, nd0 = self.ndirty, m = ps[nparts].base
-        cdef Py_ssize_t g = 0, i, j, e, done = 0
+        """Set the parts' keys' states, part after part, a block at a time: its kinds
+        and offsets checked and positions hashed into `pos`, then its keys set. The
+        states of keys the table had before are kept in old/idx; on an error all is
+        undone and at[0] says where."""
+        cdef Py_ssize_t n0 = self.n, nd0 = self.ndirty, i, j, e, done = 0, lo, hi, t
         cdef uint64_t a, b, p, slot
         cdef uint8_t kind
         cdef int err = OK
         cdef const Part *q
         for j in range(nparts):
             q = &ps[j]
-            for g in range(q.base, ps[j + 1].base):
-                self._prefetch(pos, g, m)
-                i = g - q.base
-                kind, a, b, p = q.kinds[i], q.off[i], q.off[i + 1], pos[g]
-                e = self._find(kind, q.data + a, <uint32_t>(b - a), p, &slot)
-                if e < 0:
-                    if not floe_valid_key(kind, q.data + a, b - a):
-                        err = E_KEY
+            lo = 0
+            while lo < ps[j + 1].base - q.base:
+                hi = ps[j + 1].base - q.base
+                hi = lo + BLOCK if lo + BLOCK < hi else hi
+                for i in range(lo, hi):
+                    a, b = q.off[i], q.off[i + 1]
+                    if q.kinds[i] > 2:
+                        err, at[0] = E_KIND, q.base + i
                         break
-                    err = self._insert(kind, q.data + a, <uint32_t>(b - a), p, slot, &e)
-                    if err != OK:
+                    if a > b or b > q.dlen or b - a >= 0xFFFFFFFFUL:
+                        err, at[0] = E_OFFSETS, q.base + i
                         break
-                old[g], idx[g] = self.ent[e].val, <uint32_t>e
-                done = g + 1
-                self.ent[e].val = q.val[i]
-                if mark:
-                    err = self._mark(e)
-                    if err != OK:
-                        break
+                    pos[i - lo] = floe_murmur3_64(q.data + a, b - a, 0)
+                if err != OK:
+                    break
+                for i in range(lo, hi):
+                    t = i - lo
+                    self._prefetch(pos, t, hi - lo)
+                    kind, a, b, p = q.kinds[i], q.off[i], q.off[i + 1], pos[t]
+                    e = self._find(kind, q.data + a, <uint32_t>(b - a), p, &slot)
+                    if e < 0:
+                        if not floe_valid_key(kind, q.data + a, b - a):
+                            err, at[0] = E_KEY, q.base + i
+                            break
+                        err = self._insert(kind, q.data + a, <uint32_t>(b - a), p, slot, &e)
+                        if err != OK:
+                            at[0] = q.base + i
+                            break
+                    elif e < n0:                # a key the table had: its state kept
+                        old[done], idx[done] = self.ent[e].val, <uint32_t>e
+                        done += 1
+                    self.ent[e].val = q.val[i]
+                    if mark:
+                        err = self._mark(e)
+                        if err != OK:
+                            at[0] = q.base + i
+                            break
+                if err != OK:
+                    break
+                lo = hi
             if err != OK:
                 break
         if err != OK:
-            at[0] = g
             self._unwind(n0, nd0, old, idx, done)
         return err
 
