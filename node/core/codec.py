@@ -146,6 +146,42 @@ def _entries_in_slices(out: dict, data: bytes, size: int) -> Iterator[None]:
         raise InvalidArgument("not valid msgpack: extra data after the entries")
 
 
+def _columns_in_slices(out: list, data: bytes, size: int) -> Iterator[None]:
+    unpacker = msgpack.Unpacker(BytesIO(data), read_size=min(len(data), 1 << 20),
+                                use_list=False, strict_map_key=False, ext_hook=_ext_hook,
+                                max_buffer_size=len(data))
+    if unpacker.read_array_header() != 2:
+        raise InvalidArgument("entries must be msgpack [keys, states] of equal length")
+    n = unpacker.read_array_header()
+    columns: list[list] = []
+    for _ in range(2):
+        if columns and unpacker.read_array_header() != n:
+            raise InvalidArgument("entries must be msgpack [keys, states] of equal length")
+        column: list = []
+        while len(column) < n:
+            column += _take(unpacker, min(size, n - len(column)))
+            yield
+        columns.append(column)
+    if unpacker.tell() != len(data):
+        raise InvalidArgument("not valid msgpack: extra data after the entries")
+    out[:] = [tuple(columns[0]), tuple(columns[1])]
+
+
+def unpack_columns_sliced(out: list, data: bytes, size: int = SLICE) -> Iterator[None]:
+    """unpack_columns(data) into the empty list `out` ([keys, states] once done), at
+    most `size` entries per step: yields between two steps. Refuses what
+    unpack_columns refuses (a malformed column as not valid msgpack)."""
+    if not data:
+        out[:] = [(), ()]
+        return
+    try:
+        yield from _columns_in_slices(out, data, size)
+    except InvalidArgument:
+        raise
+    except Exception as exc:
+        raise InvalidArgument(f"not valid msgpack: {exc}") from None
+
+
 def unpack_entries_sliced(out: dict, data: bytes, size: int = SLICE) -> Iterator[None]:
     """unpack_entries(data) into the empty dict `out`, at most `size` entries per step:
     yields between two steps (the caller may do other work, leaving `out` alone).
