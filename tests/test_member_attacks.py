@@ -355,7 +355,7 @@ def test_a_members_certificate_can_neither_split_nor_erase_a_tls_ring(tmp_path):
     from floering.chaos.cluster import LocalCluster
     from floering.mapper import RingClient
     from floering.v1 import floe_pb2, floe_pb2_grpc
-    from tests.test_identity import wait_for
+    from tests.helpers import wait_for
     want = Counter()
     with LocalCluster.up(3, 1, workdir=tmp_path, extra_args=[
             "--data-dir", str(tmp_path / "data" / "{node}")]) as cluster:
@@ -448,7 +448,7 @@ def test_a_members_forged_answers_fence_nobody_on_real_tls_processes(tmp_path):
     from floering.mapper import RingClient
     from floering.node.transport.tls import node_files
     from floering.v1 import floe_pb2, floe_pb2_grpc
-    from tests.test_identity import wait_for
+    from tests.helpers import wait_for
     want = Counter()
     with LocalCluster.up(3, 1, workdir=tmp_path) as cluster:
 

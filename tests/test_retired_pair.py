@@ -9,7 +9,7 @@ import pytest
 
 from floering.chaos.cluster import LocalCluster
 from tests.helpers import Feeder, diff
-from tests.test_identity import wait_for
+from tests.helpers import wait_for
 from tests.test_retired_ring import events, ring_of, stats_of
 
 pytestmark = pytest.mark.multiprocess

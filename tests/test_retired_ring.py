@@ -14,7 +14,7 @@ from floering.mapper import RingClient
 from floering.node.core.ring import Ring
 from floering.node.core.retired import decode
 from floering.v1 import floe_pb2, floe_pb2_grpc
-from tests.test_identity import wait_for
+from tests.helpers import wait_for
 
 WORDS = [f"w{i % 173}" for i in range(5000)]
 
