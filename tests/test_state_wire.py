@@ -290,3 +290,20 @@ def test_planning_a_range_of_large_states_encodes_their_bytes_a_few_times_not_pe
     assert sum(p.end - p.start for p in pieces) == 50_000
     assert all(len(p.encode()) <= 1 << 20 for p in pieces)
     assert sum(encoded) <= 4 * sum(len(p.encode()) for p in pieces)
+
+
+@compiled
+def test_frames_with_a_bad_key_among_them_change_nothing_in_a_copy_that_holds_keys():
+    copy = TableCopy(load_reducer("count"))
+    held = {f"k{i}": i for i in range(5000)}
+    copy.replace(read_back(frames_of(held, entries=1000)))
+    changed = {**{f"k{i}": -i for i in range(0, 5000, 2)}, **{f"new{i}": i for i in range(4000)}}
+    frames = [decode(f) for f in frames_of(changed, entries=900)]
+    bad = decode(_frame([0, 2], b"ok\x00i-0", [0, 2, 6], [1, 2]))   # "-0": no int's key
+    for at in (0, len(frames) // 2, len(frames)):
+        with pytest.raises(InvalidArgument, match="is not what its kind encodes"):
+            copy.apply_fragment(StateRun(frames[:at] + [bad] + frames[at:]))
+        assert copy.master == held and len(copy.state.table) == 5000
+        assert copy.state.table.dirty_count == 0
+    copy.apply_fragment(StateRun(frames))
+    assert copy.master == {**held, **changed}
