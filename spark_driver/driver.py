@@ -72,6 +72,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--combine-keys", type=int, default=COMBINE_KEYS, metavar="N",
                    help=f"a combining task sends its totals whenever it holds N distinct keys "
                         f"(bounded memory; default {COMBINE_KEYS:,})")
+    p.add_argument("--word-split", choices=("auto", "task", "sql"), default="auto",
+                   help="the default map step's word split: in the tasks on the mapper's "
+                        "compiled kernel (task), in Spark SQL (sql); auto: task where the "
+                        "kernel is compiled")
     p.add_argument("--batch-size", type=int, default=2000, help="tuples per ring batch")
     p.add_argument("--progress", type=float, default=5.0,
                    help="seconds between progress lines (0: none)")
@@ -153,6 +157,7 @@ def run(args) -> int:
     sink = RingSink(seeds=tuple(args.seeds), map_spec=args.map_spec, reducer=args.reducer,
                     combine=args.combine, combine_keys=args.combine_keys,
                     batch_size=args.batch_size, tls_dir=args.tls_dir,
+                    task_split={"task": True, "sql": False}.get(args.word_split),
                     fail_once=args.inject_task_failure, hang_once=args.inject_hang)
     if not args.combine and BatchPlans.usable(checkpoint):
         sink.plans = BatchPlans(checkpoint, ring, args.map_spec)

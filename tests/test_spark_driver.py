@@ -139,10 +139,12 @@ def test_the_sql_word_split_equals_split_words_on_a_tricky_corpus(tmp_path):
     assert f"agree: {len(TRICKY) + 200} lines" in check.output()
 
 
-@pytest.mark.parametrize("combine", ["default", "--no-combine"])
-def test_available_now_counts_exactly(tmp_path, ring, combine):
+@pytest.mark.parametrize("combine,split", [("default", "auto"), ("--no-combine", "auto"),
+                                           ("default", "sql"), ("--no-combine", "sql")])
+def test_available_now_counts_exactly(tmp_path, ring, combine, split):
+    from floering.mapper.kernel import COMBINE_KERNEL
     expected = write_corpus(tmp_path / "in")
-    spark = run_driver(tmp_path, ring, "--available-now",
+    spark = run_driver(tmp_path, ring, "--available-now", "--word-split", split,
                        *([combine] if combine != "default" else []))
     assert finish(spark) == 0, spark.output()
     got, stats = ring_state(ring)
@@ -153,7 +155,11 @@ def test_available_now_counts_exactly(tmp_path, ring, combine):
     last = [line for line in out.splitlines() if "| ring: " in line][-1]
     assert f"ring: {sum(expected.values()):,} tuples from 3 batches held by the ring" in last
     assert ("sent as" in last) == (combine == "default"), last
-    assert "split by Spark SQL, words to the tasks as Arrow batches" in out
+    if split == "sql" or COMBINE_KERNEL != "compiled":
+        assert "split by Spark SQL, words to the tasks as Arrow batches" in out
+    else:
+        assert "lines to the tasks as Arrow batches, split by the mapper's compiled " \
+               "kernel" in out
     assert ("every tuple sent" if combine == "--no-combine" else "combined per partition") in out
     applied_tuples = sum(s["applied"] for s in stats)
     if combine == "--no-combine":
