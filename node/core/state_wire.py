@@ -44,7 +44,6 @@ _HEAD = struct.Struct("<3sBBIQI")
 HEADER_BYTES = _HEAD.size
 ENTRY_BYTES = 5                   # kind, offset (a value's width aside)
 _WIDTHS = {1: "b", 2: "h", 4: "i", 8: "q"}
-_CODES = ((1, "b", 1 << 7), (2, "h", 1 << 15), (4, "i", 1 << 31), (8, "q", 1 << 63))
 _INT64 = (-(1 << 63), 1 << 63)
 _KEY_TYPES = frozenset((str, bytes, int))
 
@@ -52,14 +51,6 @@ _KEY_TYPES = frozenset((str, bytes, int))
 def is_frame(data) -> bool:
     """Whether `data` is a frame of column states (else older msgpack entries)."""
     return bytes(data[:3]) == MAGIC
-
-
-def value_width(values) -> tuple[int, str]:
-    """The least width (bytes, array code) that holds every value."""
-    if not values:
-        return 1, "b"
-    low, high = min(values), max(values)
-    return next((w, code) for w, code, bound in _CODES if -bound <= low and high < bound)
 
 
 def encode_frame(kinds: bytes, keys: bytes, offsets, values: array,
