@@ -7,10 +7,11 @@ One SparkSession (local[2], 2 shuffle partitions, RocksDB state store with chang
 checkpointing) runs, on the same text files:
   spark    readStream.text -> explode(regexp_extract_all(lower(value))) ->
            groupBy(word).count(), complete mode into the memory sink
-  ring     readStream.text -> foreachBatch (the driver's RingSink): the same word split
-           in Spark SQL, the words to the tasks as Arrow batches (mapInArrow), into a
-           fresh 4-node ring (r=1): combined per partition first (the driver's default),
-           and every tuple sent (--no-combine)
+  ring     readStream.text -> foreachBatch (the driver's RingSink): the lines to the
+           tasks as Arrow batches (mapInArrow), the same word split done there by the
+           mapper's compiled kernel (in Spark SQL where it is not built), into a fresh
+           4-node ring (r=1): combined per partition first (the driver's default), and
+           every tuple sent (--no-combine)
   --row-path adds the same two with the split in Python over the rows (foreachPartition,
            the path of a custom map step).
 Throughput: available-now over the whole input (2 files per batch), words / wall time.
