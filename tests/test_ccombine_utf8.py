@@ -154,3 +154,49 @@ def test_the_compiled_split_agrees_with_split_words_on_every_code_point():
             ch = chr(c)
             lines += [f"a{ch}b", f"x'{ch}y", f"{ch}'a"]
     assert split_lines(ccombine, lines) == expected_words(lines)
+
+
+@pytest.mark.parametrize("columns", [False, True])
+@pytest.mark.parametrize("width", [4, 8])
+def test_emit_utf8_makes_the_batches_emit_and_emit_many_make(columns, width):
+    """Keys given as UTF-8 buffers (one value, or one value each) and the same keys as
+    str: the very same batches, seqs and payload bytes."""
+    from floering.mapper.batching import Batcher
+    from floering.mapper.routing import Router
+    from floering.node.core.ring import Ring
+
+    rng = random.Random(4)
+    ring = Ring.initial({"a": "h:1", "b": "h:2", "c": "h:3"}, 1, 8)
+    keys = [rng.choice(WORDS) for _ in range(3000)]
+    values = array("q", [rng.randrange(-5, 1 << 40) for _ in keys])
+    made = []
+    for as_buffers in (True, False):
+        batcher = Batcher(Router(ring), None, "m", 64, first_seq=7, columnar=columns)
+        for i in range(0, len(keys), 700):
+            part, vals = keys[i:i + 700], values[i:i + 700]
+            if as_buffers:
+                batcher.emit_utf8(*buffers(part, width), width, len(part), 3)
+                batcher.emit_utf8(*buffers(part, width), width, len(part), values=vals)
+            else:
+                batcher.emit_many(part, 3)
+                for key, value in zip(part, vals):
+                    batcher.emit(key, value)
+        batcher.seal_all()
+        made.append([(b.token, b.first_seq, b.last_seq, b.count, b.payload, b.seqs)
+                     for b in batcher.sealed])
+    assert made[0] == made[1] and made[0]
+
+
+def test_emit_utf8_refuses_a_bad_key_after_the_keys_before_it():
+    from floering.mapper.batching import Batcher
+    from floering.mapper.routing import Router
+    from floering.node.core.errors import InvalidKey
+    from floering.node.core.ring import Ring
+
+    batcher = Batcher(Router(Ring.initial({"a": "h:1"}, 0, 4)), None, "m", 64)
+    data, offsets = buffers(["ok", "fine"], 4)
+    data += b"\xff"
+    offsets += array("i", [len(data)]).tobytes()
+    with pytest.raises(InvalidKey):
+        batcher.emit_utf8(data, offsets, 4, 3)
+    assert batcher.next_seq == 3                    # seqs 1 and 2 are buffered
