@@ -250,12 +250,13 @@ def _run_round(scenario: Scenario, seed: int, index: int, planned: list[PlannedF
                 result.injected.append(fault_ops.resume_nodes(cluster, paused.pop(id(p))))
             elif p.kind == "partition" and step == 0:
                 broken[id(p)] = netns.partition_fault(
-                    hosts, p, [n.node_id for n in cluster.nodes],
+                    _net_hosts(hosts, p), p, [n.node_id for n in cluster.nodes],
                     [f"m{m}" for m in range(scenario.load.mappers)])
             elif p.kind == "lossy-link" and step == 0:
-                broken[id(p)] = netns.lossy_fault(hosts, p)
+                broken[id(p)] = netns.lossy_fault(_net_hosts(hosts, p), p)
             elif p.kind in NET_FAULTS:
-                result.injected.append(netns.heal_fault(hosts, broken.pop(id(p))))
+                result.injected.append(netns.heal_fault(_net_hosts(hosts, p),
+                                                         broken.pop(id(p))))
             elif p.kind == "kill-mid-handoff":
                 result.injected.append(handoff_faults.kill_mid_handoff(cluster, p))
             elif p.kind == "restart":
@@ -273,8 +274,8 @@ def _run_round(scenario: Scenario, seed: int, index: int, planned: list[PlannedF
                 # the outage ate into the load: keep it going a while after it
                 end = max(end, time.time() + scenario.settle)
             elif p.kind == "kill-mapper":
-                m = int(p.victims[0].split("-")[1])
-                victim = mappers[m]
+                which = int(p.victims[0].split("-")[1])
+                victim = mappers[which]
                 injected = fault_ops.kill_mapper_mid_chunk(victim)
                 result.injected.append(injected)
                 retired.append(victim)
@@ -282,12 +283,12 @@ def _run_round(scenario: Scenario, seed: int, index: int, planned: list[PlannedF
                 # as a restarted task would; the killed chunk is never resent.
                 state = victim.journal_state()
                 nxt = max(state["emitted"], default=victim.first_chunk - 1) + 1
-                generations[m] += 1
-                mappers[m] = start_mapper(m, nxt, generations[m])
+                generations[which] += 1
+                mappers[which] = start_mapper(which, nxt, generations[which])
         for fault in paused.values():     # a pause still running at the end
             result.injected.append(fault_ops.resume_nodes(cluster, fault))
         for fault in broken.values():
-            result.injected.append(netns.heal_fault(hosts, fault))
+            result.injected.append(netns.heal_fault(_net_hosts(hosts, fault), fault))
         _sleep_until(end, progress, f"{scenario.name} {tag}", t0, end, result)
         progress.update(f"{scenario.name} {tag}: stopping the load")
         for m in mappers:
@@ -394,12 +395,28 @@ def _judge_durable_rolling(injected: Injected, cluster: LocalCluster,
     return replace(injected, detail=d), errors
 
 
-def _durable_fault(cluster: LocalCluster, p: PlannedFault, data_dir: Path,
+class NotPrepared(RuntimeError):
+    """A fault was planned in a round that was not set up for it (a network fault
+    without the namespaced hosts, a durable fault without a data directory, a full disk
+    without the small disk): the scenario and the round's setup disagree."""
+
+
+def _net_hosts(hosts: netns.Hosts | None, fault: PlannedFault | Injected) -> netns.Hosts:
+    if hosts is None:
+        raise NotPrepared(f"{fault.kind}: the round runs without network namespaces")
+    return hosts
+
+
+def _durable_fault(cluster: LocalCluster, p: PlannedFault, data_dir: Path | None,
                    disk: durable_faults.SmallDisk | None, key: str) -> Injected:
     if p.kind == "disk-full":
+        if disk is None:
+            raise NotPrepared("disk-full: the round has no small disk (disk_mb)")
         return durable_faults.disk_full(cluster, disk.path, p.hold, key)
     if p.kind == "kill-during-replay":
         return durable_faults.kill_during_replay(cluster, p.again, p.lag)
+    if data_dir is None:
+        raise NotPrepared(f"{p.kind}: the scenario is not durable (no data directory)")
     return durable_faults.restart_all(cluster, data_dir, tear=p.kind == "power-loss")
 
 
@@ -498,26 +515,33 @@ def _settle(sampler: Sampler, cluster: LocalCluster, deadline: float,
             settled_at = None
 
 
-def _journals(scenario: Scenario, seed: int, handles: list[MapperHandle]):
+Tally = Counter[str] | dict[str, set[int]]
+
+
+def _journals(scenario: Scenario, seed: int,
+              handles: list[MapperHandle]) -> tuple[Tally, Tally, list[dict]]:
     """What was acknowledged and what was not, per key, rebuilt from the journals:
     counts, or with Load.ids the set of tuple ids."""
     ids = scenario.load.ids
-    acked = {} if ids else Counter()
-    unacked = {} if ids else Counter()
+    acked_ids: dict[str, set[int]] = {}
+    unacked_ids: dict[str, set[int]] = {}
+    acked_counts: Counter[str] = Counter()
+    unacked_counts: Counter[str] = Counter()
     summaries = []
     for h in handles:
         state = h.journal_state()
         emitted = state["emitted"]
         acknowledged = [i for i in emitted if i in state["acked"]]
         pending = [i for i in emitted if i not in state["acked"]]
-        for chunks, into in ((acknowledged, acked), (pending, unacked)):
+        for chunks, into_ids, into_counts in ((acknowledged, acked_ids, acked_counts),
+                                              (pending, unacked_ids, unacked_counts)):
             for i in chunks:
                 keys = chunk_keys(scenario.load, seed, h.mapper, i)
                 if ids:
                     for key, tid in zip(keys, chunk_ids(h.mapper, i, len(keys))):
-                        into.setdefault(key, set()).add(tid)
+                        into_ids.setdefault(key, set()).add(tid)
                 else:
-                    into.update(keys)
+                    into_counts.update(keys)
         summaries.append({"mapper": h.mapper, "pid": h.pid, "source": state["source"],
                           "chunks_acknowledged": len(acknowledged),
                           "chunks_unacknowledged": pending,
@@ -526,7 +550,9 @@ def _journals(scenario: Scenario, seed: int, handles: list[MapperHandle]):
                           # (when its flush began, when it returned) per acknowledged chunk
                           "flushes": sorted((state["flushing_at"].get(i, t), t)
                                             for i, t in state["acked"].items())})
-    return acked, unacked, summaries
+    if ids:
+        return acked_ids, unacked_ids, summaries
+    return acked_counts, unacked_counts, summaries
 
 
 def _verify(cluster: LocalCluster, acked, unacked, ids: bool) -> Verdict:
