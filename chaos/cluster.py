@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from typing import TypedDict
 from pathlib import Path
 
 import grpc
@@ -66,8 +67,9 @@ class NodeProcess:
         if flag(self.cmd, "--peers") is not None and tokens is not None:
             kept.update(peers=flag(self.cmd, "--peers"), join=flag(self.cmd, "--join") or "",
                         tokens_per_node=int(tokens))
-        if flag(self.cmd, "--metrics-port") is not None:     # BASE+i of `floe up`
-            kept["metrics_port"] = int(flag(self.cmd, "--metrics-port"))
+        metrics_port = flag(self.cmd, "--metrics-port")
+        if metrics_port is not None:     # BASE+i of `floe up`
+            kept["metrics_port"] = int(metrics_port)
         return kept
 
 
@@ -130,7 +132,7 @@ class LocalCluster:
         if data_dir is not None:
             data_dir = Path(data_dir).resolve()
         layout = _layout(data_dir) if data_dir is not None else None
-        if layout is not None:
+        if layout is not None and data_dir is not None:
             differ = layout_differences(layout, nodes=nodes, replicas=replicas,
                                         reducer=reducer, tokens_per_node=tokens_per_node,
                                         base_port=base_port, balancer=balancer,
@@ -140,10 +142,11 @@ class LocalCluster:
             ids = _layout_ids(data_dir, layout)
             ports = [int(a.rpartition(":")[2]) for _, a in layout["nodes"]]
             host = layout["nodes"][0][1].rpartition(":")[0]
-            replicas, tokens_per_node = layout["replicas"], layout["tokens_per_node"]
-            reducer = layout["reducer"]
-            balancer = layout.get("balancer", DEFAULT_LAYOUT["balancer"])
-            node_args = layout.get("node_args", [])
+            replicas = int(layout["replicas"])
+            tokens_per_node = int(layout["tokens_per_node"])
+            reducer = str(layout["reducer"])
+            balancer = str(layout.get("balancer", DEFAULT_LAYOUT["balancer"]))
+            node_args = [str(arg) for arg in layout.get("node_args", [])]
             base_port = layout.get("base_port")
             busy = [p for p in ports if not port_free(host, p)]
             if busy:
@@ -252,7 +255,8 @@ class LocalCluster:
         if not seeds:
             raise RuntimeError("no running node to join")
         taken = {n.node_id for n in self.nodes}
-        ids, i = [], 0
+        ids: list[str] = []
+        i = 0
         while len(ids) < count:
             if f"n{i}" not in taken:
                 ids.append(f"n{i}")
@@ -526,8 +530,16 @@ def node_env() -> dict:
 
 LAYOUT_FILE = "layout.json"
 # What a new cluster gets for what `up` was not given.
-DEFAULT_LAYOUT = {"nodes": 4, "replicas": 1, "reducer": "count", "tokens_per_node": 8,
-                  "balancer": "none"}
+class Defaults(TypedDict):
+    nodes: int
+    replicas: int
+    reducer: str
+    tokens_per_node: int
+    balancer: str
+
+
+DEFAULT_LAYOUT: Defaults = {"nodes": 4, "replicas": 1, "reducer": "count",
+                            "tokens_per_node": 8, "balancer": "none"}
 # The `floe up` flag of each setting a kept layout fixes.
 LAYOUT_FLAGS = {"nodes": "--nodes", "replicas": "--replicas", "reducer": "--reducer",
                 "tokens_per_node": "--tokens-per-node", "base_port": "--base-port",
@@ -637,11 +649,11 @@ def wipe(data_dir: str | Path) -> list[str]:
 
 def _free_ports(host: str, count: int, base: int | None) -> list[int]:
     if base is not None:
-        ports = list(range(base, base + count))
-        for port in ports:
+        given = list(range(base, base + count))
+        for port in given:
             if not port_free(host, port):
                 raise OSError(f"port {port} on {host} is in use; pick another --base-port")
-        return ports
+        return given
     ports: list[int] = []
     socks = []
     try:  # let the kernel pick, holding each until all are chosen
