@@ -21,16 +21,18 @@ def signal_nodes(cluster: LocalCluster, node_ids, sig: int) -> float:
     started); returns the wall-clock time just before the first signal. For SIGKILL,
     returns once every one of them is gone."""
     nodes = [cluster.node(n) for n in node_ids]
+    children = []
     for node in nodes:
         if node.popen is None or not node.alive():
             raise RuntimeError(f"node {node.node_id} (pid {node.pid}) is not a running "
                                f"process started by this harness")
+        children.append(node.popen)
     at = time.time()
     for node in nodes:
         os.kill(node.pid, sig)     # popen.poll() above: still our child, not reaped
     if sig == signal.SIGKILL:
         deadline = time.monotonic() + 10
-        while any(n.popen.poll() is None for n in nodes):
+        while any(child.poll() is None for child in children):
             if time.monotonic() > deadline:
                 raise RuntimeError("SIGKILLed nodes did not exit within 10 s")
             time.sleep(0.002)

@@ -444,9 +444,10 @@ def _wait_load_started(mappers: list[MapperHandle], timeout: float = 60.0) -> fl
     """The load starts when every mapper has emitted its first chunk."""
     deadline = time.monotonic() + timeout
     while True:
-        states = [m.journal_state() for m in mappers]
-        if all(s["first"] is not None for s in states):
-            return max(s["first"] for s in states)
+        firsts = [m.journal_state()["first"] for m in mappers]
+        started = [t for t in firsts if t is not None]
+        if len(started) == len(firsts):
+            return max(started)
         for m in mappers:
             if not m.alive():
                 raise RuntimeError(f"mapper-{m.mapper} exited at start: " + _tail(m.log))

@@ -25,6 +25,7 @@ import os
 import signal
 import sys
 import time
+from typing import TypedDict
 
 from floering.chaos.load import chunk_ids, chunk_keys
 from floering.chaos.scenarios import Load
@@ -38,12 +39,25 @@ class Journal:
         os.write(self.fd, (" ".join(str(f) for f in fields) + "\n").encode())
 
 
-def read_journal(path: str) -> dict:
+class JournalState(TypedDict):
+    """A mapper's journal read back (read_journal)."""
+    source: str | None
+    started: float | None
+    emitted: list[int]
+    flushing: list[int]
+    flushing_at: dict[int, float]
+    acked: dict[int, float]
+    failed: dict[int, str]
+    first: float | None
+    last_emitted_at: float | None
+
+
+def read_journal(path: str) -> JournalState:
     """{'source', 'emitted': [i...], 'acked': {i: t}, 'failed': {i: error},
     'first': t of the first emit, 'started': t}."""
-    out = {"source": None, "started": None, "emitted": [], "flushing": [], "flushing_at": {},
-           "acked": {},
-           "failed": {}, "first": None, "last_emitted_at": None}
+    out: JournalState = {"source": None, "started": None, "emitted": [], "flushing": [],
+                    "flushing_at": {}, "acked": {}, "failed": {}, "first": None,
+                    "last_emitted_at": None}
     try:
         text = open(path, encoding="utf-8").read()
     except FileNotFoundError:
@@ -173,5 +187,5 @@ class MapperHandle:
         self.signal(signal.SIGKILL)
         self.popen.wait(10)
 
-    def journal_state(self) -> dict:
+    def journal_state(self) -> JournalState:
         return read_journal(self.journal)
