@@ -56,6 +56,8 @@ class NodeConfig:
     max_scan_chunk: int = 50_000                 # keys per Scan chunk asked for, at most
     stream_window: int = 64                      # Push requests read ahead of the acks sent back
     max_concurrent_rpcs: int = 1000              # more at once are refused RESOURCE_EXHAUSTED
+    max_request_bytes: int = 0                   # requests read at once for non-members; 0: 16 messages
+    request_wait: float = 30.0                   # a call waits this long for room to read its request
     max_tokens: int = 4096                       # splits stop when the ring has this many tokens
     max_splits_per_minute: int = 60              # splits a node makes in a minute, at most
     max_handoff_timeout: float = 600.0           # a move, split or leave asks at most this long
@@ -139,6 +141,10 @@ class NodeConfig:
         self._check_observability()
         if not 0 <= self.fsync_interval <= 1:
             raise ValueError("fsync_interval must be 0 to 1 second")
+        if self.max_request_bytes < 0:
+            raise ValueError("max_request_bytes must be >= 0 (0: sixteen messages)")
+        if not 0 < self.request_wait <= 600:        # NaN fails too
+            raise ValueError("request_wait must be above 0 and at most 600 seconds")
         for name in ("max_splits_per_minute", "max_sources_per_node", "max_sources_per_range",
                      "checkpoint_chunk_entries"):
             if getattr(self, name) < 1:
@@ -362,6 +368,12 @@ def _add_limits(p: argparse.ArgumentParser) -> None:
                    help="most keys per Scan chunk a client may ask (default 50000)")
     p.add_argument("--max-concurrent-rpcs", type=int,
                    help="calls served at once; more are refused RESOURCE_EXHAUSTED (default 1000)")
+    p.add_argument("--max-request-bytes", type=int,
+                   help="bytes of requests read at once for all callers but members, "
+                        "at least four of the largest messages (default 0: sixteen)")
+    p.add_argument("--request-wait", type=float,
+                   help="seconds a call waits for room to read its request before it "
+                        "is refused RESOURCE_EXHAUSTED (default 30)")
     p.add_argument("--max-tokens", type=int,
                    help="no split once the ring has this many tokens (default 4096)")
     p.add_argument("--max-splits-per-minute", type=int,

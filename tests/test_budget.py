@@ -43,6 +43,12 @@ async def test_a_caller_reads_at_most_its_share_and_another_caller_is_not_held_b
     for h in (*held, *other, fifth.result(), third_b.result()):
         budget.release(h)
     assert budget.held == 0 and budget.by_identity == {}
+    stats = budget.stats()
+    assert 0.02 <= stats.pop("request_budget_wait_seconds") < 2
+    assert stats == dict(request_budget_refused=0, request_budget_waited=2,
+                         request_budget_waiting=0, request_budget_bytes=0,
+                         request_budget_peak_bytes=6 * MiB,
+                         request_budget_limit_bytes=6 * MiB)
 
 
 async def test_a_call_that_finds_no_room_is_refused_after_the_wait_and_leaves_nothing():
@@ -50,15 +56,19 @@ async def test_a_call_that_finds_no_room_is_refused_after_the_wait_and_leaves_no
     first = await budget.reserve("a")
     with pytest.raises(Overloaded):
         await budget.reserve("a")
-    assert budget.refused == 1
+    assert budget.refused == 1 and budget.waited == 1 and budget.wait_seconds >= 0.05
     waiting = asyncio.create_task(budget.reserve("a"))
     await asyncio.sleep(0.01)
+    assert budget.stats()["request_budget_waiting"] == 1
     waiting.cancel()                               # the caller went away
     with pytest.raises(asyncio.CancelledError):
         await waiting
     budget.release(first)
     assert budget.held == 0 and budget.by_identity == {} and not budget._waiting
+    # a cancelled wait is counted, not refused
+    assert budget.refused == 1 and budget.waited == 2 and budget.wait_seconds >= 0.06
     assert (await budget.reserve("a")).size == MiB
+    assert budget.stats()["request_budget_peak_bytes"] == MiB
 
 
 async def serve(handler, limit=1000, message=2 * MiB):

@@ -80,8 +80,11 @@ class RequestBytes:
         self.total = max(self.per_identity, total or READS_IN_ALL * self.message)
         self.wait = wait
         self.held = 0
+        self.peak = 0                             # the most bytes held at once, so far
         self.by_identity: dict[str, int] = {}     # one entry per caller holding bytes
-        self.refused = 0
+        self.refused = 0                          # calls refused after their wait
+        self.waited = 0                           # calls that found no room at once
+        self.wait_seconds = 0.0                   # their time waiting, ended waits
         # Calls waiting for room, in order: at most one per call being served.
         self._waiting: deque[tuple[str, asyncio.Future]] = deque()
 
@@ -94,9 +97,12 @@ class RequestBytes:
         if self._fits(identity) and not any(who == identity for who, _ in self._waiting):
             self._add(identity, self.message)
             return Held(identity, self.message)
-        turn = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        turn = loop.create_future()
         entry = (identity, turn)
         self._waiting.append(entry)
+        self.waited += 1
+        began = loop.time()
         try:
             await asyncio.wait_for(asyncio.shield(turn), self.wait)
         except BaseException as exc:
@@ -112,10 +118,26 @@ class RequestBytes:
                 f"{self.by_identity.get(identity, 0)} bytes of this caller's requests and "
                 f"{self.held} in all are held, the most are {self.per_identity} and "
                 f"{self.total}: retry later") from None
+        finally:
+            self.wait_seconds += loop.time() - began
         return Held(identity, self.message)
+
+    def stats(self) -> dict:
+        """What the budget did, for the node's stats (NodeStats) and metrics: calls
+        refused after their wait, calls that waited (refused ones included) and their
+        seconds waiting, calls waiting now, bytes held now, the most held at once and
+        the node-wide bound."""
+        return dict(request_budget_refused=self.refused,
+                    request_budget_waited=self.waited,
+                    request_budget_wait_seconds=self.wait_seconds,
+                    request_budget_waiting=len(self._waiting),
+                    request_budget_bytes=self.held,
+                    request_budget_peak_bytes=self.peak,
+                    request_budget_limit_bytes=self.total)
 
     def _add(self, identity: str, n: int) -> None:
         self.held += n
+        self.peak = max(self.peak, self.held)
         left = self.by_identity.get(identity, 0) + n
         if left:
             self.by_identity[identity] = left

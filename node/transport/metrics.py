@@ -60,6 +60,14 @@ COUNTERS = (
      "Ranges a removed member kept, deleted once r+1 others held them"),
     ("floe_retired_ranges_handed_over", "retired_handed_over",
      "Parts of kept ranges merged into ranges the ring had lost"),
+    ("floe_request_budget_refused", "request_budget_refused",
+     "Calls refused RESOURCE_EXHAUSTED after waiting for room to read their request "
+     "(the byte budget of callers other than members)"),
+    ("floe_request_budget_waited", "request_budget_waited",
+     "Calls that found no room at once to read their request and waited (refused ones "
+     "included)"),
+    ("floe_request_budget_wait_seconds", "request_budget_wait_seconds",
+     "Seconds those calls waited for room, in all"),
 )
 # (name, key of the node's stats, help): values now.
 GAUGES = (
@@ -82,6 +90,15 @@ GAUGES = (
     ("floe_retired_ranges", "retired_ranges",
      "Ranges a removed member of this process kept, until r+1 others hold them"),
     ("floe_retired_keys", "retired_keys", "Keys in those ranges"),
+    ("floe_request_budget_waiting", "request_budget_waiting",
+     "Calls waiting now for room to read their request"),
+    ("floe_request_budget_bytes", "request_budget_bytes",
+     "Bytes of requests held now for callers other than members: reserved until read, "
+     "then the request's own"),
+    ("floe_request_budget_peak_bytes", "request_budget_peak_bytes",
+     "The most bytes of requests held at once since the node started"),
+    ("floe_request_budget_limit_bytes", "request_budget_limit_bytes",
+     "The most bytes of requests that may be held at once (--max-request-bytes)"),
 )
 NO_RETIRED = dict(retired_ranges=0, retired_keys=0, retired_deleted=0, retired_handed_over=0)
 # Latency from well under a millisecond (a Get on loopback) to a handoff's seconds.

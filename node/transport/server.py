@@ -404,6 +404,13 @@ def flow_options() -> list[tuple[str, int]]:
             ("grpc.http2.lookahead_bytes", STREAM_WINDOW)]
 
 
+def with_request_budget_stats(runtime: NodeRuntime, requests: RequestBytes) -> None:
+    """The node's stats (NodeStats, `floe status --json`, the metrics) also say what
+    its budget of request bytes did: calls refused and waiting, bytes held."""
+    base = runtime.stats
+    runtime.stats = lambda: dict(base(), **requests.stats())    # type: ignore[method-assign]
+
+
 async def start_server(runtime: NodeRuntime, metrics: NodeMetrics | None = None
                        ) -> tuple[grpc.aio.Server, health_aio.HealthServicer, int]:
     """Serve on runtime.config.listen; returns (server, health, bound port). With
@@ -412,8 +419,10 @@ async def start_server(runtime: NodeRuntime, metrics: NodeMetrics | None = None
     config = runtime.config
     tls = node_tls(config)
     interceptors = [metrics.rpc_timer] if metrics else []
-    interceptors.append(CallLimiter(config.max_concurrent_rpcs,
-                                    RequestBytes(message_bytes(config))))
+    requests = RequestBytes(message_bytes(config), total=config.max_request_bytes or None,
+                            wait=config.request_wait)
+    with_request_budget_stats(runtime, requests)
+    interceptors.append(CallLimiter(config.max_concurrent_rpcs, requests))
     if tls:
         interceptors.append(Authorizer())
     claim_port(config.listen)       # a port another process holds: one clear line

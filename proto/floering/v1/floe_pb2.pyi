@@ -249,7 +249,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class NodeStats(_message.Message):
-    __slots__ = ("node_id", "address", "ring_version", "keys", "applied", "duplicates", "queue_length", "backup_tuples", "backup_bytes", "ring_share", "checkpoints_shipped", "lost_ranges", "reducer", "pid", "uptime", "refused", "backed_up", "checkpoints_received", "under_replicated", "takeovers", "fenced", "rejoined", "handed_off", "cpu", "apply_rate", "overloaded", "tokens", "load", "busy", "queued_bytes", "sources_expired", "backups_expired", "pieces_folded", "leaving", "suspects", "moved_bytes", "checkpoint_bytes", "checkpoint_rounds", "checkpoint_seconds", "fold_epoch", "views_absorbed", "views_refused", "views_held", "retired_ranges", "retired_keys", "retired_deleted", "retired_handed_over", "state_kernel", "loop_lag_ms")
+    __slots__ = ("node_id", "address", "ring_version", "keys", "applied", "duplicates", "queue_length", "backup_tuples", "backup_bytes", "ring_share", "checkpoints_shipped", "lost_ranges", "reducer", "pid", "uptime", "refused", "backed_up", "checkpoints_received", "under_replicated", "takeovers", "fenced", "rejoined", "handed_off", "cpu", "apply_rate", "overloaded", "tokens", "load", "busy", "queued_bytes", "sources_expired", "backups_expired", "pieces_folded", "leaving", "suspects", "moved_bytes", "checkpoint_bytes", "checkpoint_rounds", "checkpoint_seconds", "fold_epoch", "views_absorbed", "views_refused", "views_held", "retired_ranges", "retired_keys", "retired_deleted", "retired_handed_over", "state_kernel", "loop_lag_ms", "request_budget_refused", "request_budget_waited", "request_budget_wait_seconds", "request_budget_waiting", "request_budget_bytes", "request_budget_peak_bytes", "request_budget_limit_bytes")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     RING_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -299,6 +299,13 @@ class NodeStats(_message.Message):
     RETIRED_HANDED_OVER_FIELD_NUMBER: _ClassVar[int]
     STATE_KERNEL_FIELD_NUMBER: _ClassVar[int]
     LOOP_LAG_MS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_BUDGET_REFUSED_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_BUDGET_WAITED_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_BUDGET_WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_BUDGET_WAITING_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_BUDGET_PEAK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_BUDGET_LIMIT_BYTES_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     ring_version: int
@@ -348,7 +355,14 @@ class NodeStats(_message.Message):
     retired_handed_over: int
     state_kernel: str
     loop_lag_ms: float
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., ring_version: _Optional[int] = ..., keys: _Optional[int] = ..., applied: _Optional[int] = ..., duplicates: _Optional[int] = ..., queue_length: _Optional[int] = ..., backup_tuples: _Optional[int] = ..., backup_bytes: _Optional[int] = ..., ring_share: _Optional[float] = ..., checkpoints_shipped: _Optional[int] = ..., lost_ranges: _Optional[int] = ..., reducer: _Optional[str] = ..., pid: _Optional[int] = ..., uptime: _Optional[float] = ..., refused: _Optional[int] = ..., backed_up: _Optional[int] = ..., checkpoints_received: _Optional[int] = ..., under_replicated: _Optional[int] = ..., takeovers: _Optional[int] = ..., fenced: _Optional[bool] = ..., rejoined: _Optional[int] = ..., handed_off: _Optional[int] = ..., cpu: _Optional[float] = ..., apply_rate: _Optional[float] = ..., overloaded: _Optional[bool] = ..., tokens: _Optional[int] = ..., load: _Optional[bytes] = ..., busy: _Optional[float] = ..., queued_bytes: _Optional[int] = ..., sources_expired: _Optional[int] = ..., backups_expired: _Optional[int] = ..., pieces_folded: _Optional[int] = ..., leaving: _Optional[bool] = ..., suspects: _Optional[_Iterable[str]] = ..., moved_bytes: _Optional[int] = ..., checkpoint_bytes: _Optional[int] = ..., checkpoint_rounds: _Optional[int] = ..., checkpoint_seconds: _Optional[float] = ..., fold_epoch: _Optional[int] = ..., views_absorbed: _Optional[int] = ..., views_refused: _Optional[int] = ..., views_held: _Optional[int] = ..., retired_ranges: _Optional[int] = ..., retired_keys: _Optional[int] = ..., retired_deleted: _Optional[int] = ..., retired_handed_over: _Optional[int] = ..., state_kernel: _Optional[str] = ..., loop_lag_ms: _Optional[float] = ...) -> None: ...
+    request_budget_refused: int
+    request_budget_waited: int
+    request_budget_wait_seconds: float
+    request_budget_waiting: int
+    request_budget_bytes: int
+    request_budget_peak_bytes: int
+    request_budget_limit_bytes: int
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., ring_version: _Optional[int] = ..., keys: _Optional[int] = ..., applied: _Optional[int] = ..., duplicates: _Optional[int] = ..., queue_length: _Optional[int] = ..., backup_tuples: _Optional[int] = ..., backup_bytes: _Optional[int] = ..., ring_share: _Optional[float] = ..., checkpoints_shipped: _Optional[int] = ..., lost_ranges: _Optional[int] = ..., reducer: _Optional[str] = ..., pid: _Optional[int] = ..., uptime: _Optional[float] = ..., refused: _Optional[int] = ..., backed_up: _Optional[int] = ..., checkpoints_received: _Optional[int] = ..., under_replicated: _Optional[int] = ..., takeovers: _Optional[int] = ..., fenced: _Optional[bool] = ..., rejoined: _Optional[int] = ..., handed_off: _Optional[int] = ..., cpu: _Optional[float] = ..., apply_rate: _Optional[float] = ..., overloaded: _Optional[bool] = ..., tokens: _Optional[int] = ..., load: _Optional[bytes] = ..., busy: _Optional[float] = ..., queued_bytes: _Optional[int] = ..., sources_expired: _Optional[int] = ..., backups_expired: _Optional[int] = ..., pieces_folded: _Optional[int] = ..., leaving: _Optional[bool] = ..., suspects: _Optional[_Iterable[str]] = ..., moved_bytes: _Optional[int] = ..., checkpoint_bytes: _Optional[int] = ..., checkpoint_rounds: _Optional[int] = ..., checkpoint_seconds: _Optional[float] = ..., fold_epoch: _Optional[int] = ..., views_absorbed: _Optional[int] = ..., views_refused: _Optional[int] = ..., views_held: _Optional[int] = ..., retired_ranges: _Optional[int] = ..., retired_keys: _Optional[int] = ..., retired_deleted: _Optional[int] = ..., retired_handed_over: _Optional[int] = ..., state_kernel: _Optional[str] = ..., loop_lag_ms: _Optional[float] = ..., request_budget_refused: _Optional[int] = ..., request_budget_waited: _Optional[int] = ..., request_budget_wait_seconds: _Optional[float] = ..., request_budget_waiting: _Optional[int] = ..., request_budget_bytes: _Optional[int] = ..., request_budget_peak_bytes: _Optional[int] = ..., request_budget_limit_bytes: _Optional[int] = ...) -> None: ...
 
 class RangeRequest(_message.Message):
     __slots__ = ("token",)
