@@ -10,7 +10,7 @@ import time
 import grpc
 import pytest
 
-from tests.helpers import wait_for
+from tests.helpers import status, wait_for
 
 MESSAGE = 8 << 20          # the largest message a node takes with the default flags
 WAIT = 2.0                 # --request-wait
@@ -109,6 +109,13 @@ def test_refusals_waits_and_bytes_held_show_in_stats_and_metrics(tmp_path):
                 assert value(samples, "floe_request_budget_limit_bytes") == limit
                 assert value(samples, "floe_calls_refused_busy_total",
                              service="floering.v1.QueryPlane", method="Stats") == 1
+                # `floe status --json` asks as the client: one call at a time fits
+                row = status(tmp_path)["n0"]
+                assert (row["request_budget_refused"], row["request_budget_waited"],
+                        row["request_budget_waiting"], row["request_budget_bytes"],
+                        row["request_budget_peak_bytes"], row["request_budget_limit_bytes"]
+                        ) == (1, 2, 0, 3 * MESSAGE, limit, limit)
+                assert row["request_budget_wait_seconds"] == wait_seconds
             finally:
                 for hold in holds:
                     hold.send()
