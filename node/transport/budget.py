@@ -71,7 +71,8 @@ class RequestBytes:
     caller's calls; another caller's are not held back by this one's), up to `wait`
     seconds, then is refused Overloaded (RESOURCE_EXHAUSTED, which a caller retries).
     A request not yet read is held back by HTTP/2 flow control (the stream's initial
-    window, node.transport.server)."""
+    window, node.transport.server). What it did is counted (`stats`: the node's
+    NodeStats and metrics)."""
 
     def __init__(self, message: int, per_identity: int | None = None,
                  total: int | None = None, wait: float = READ_WAIT) -> None:
