@@ -114,9 +114,10 @@ def cmd_up(args) -> int:
         how = f"durable, brought back from {data_dir}"
     else:
         how = f"durable in {data_dir}"
+    tls = cluster.tls()
     print(f"{len(cluster.nodes)} nodes serving, r={cluster.replicas}, "
           f"balancer {cluster.balancer}, "
-          + ("no TLS" if args.insecure else f"mutual TLS ({cluster.tls().ca.parent})")
+          + ("no TLS" if tls is None else f"mutual TLS ({tls.ca.parent})")
           + f"; {how}; recorded in {cluster.state_file}")
     return 0
 
@@ -474,10 +475,8 @@ def build_parser() -> argparse.ArgumentParser:
     _global_options(parser, defaults=True)
     common = OneLineParser(add_help=False)
     _global_options(common, defaults=False)
-    sub = parser.add_subparsers(dest="command", required=True)
-    add_parser = sub.add_parser      # every command takes the global options too
-    sub.add_parser = lambda name, **kw: add_parser(name, parents=[common],
-                                                   formatter_class=DefaultsHelp, **kw)
+    commands = parser.add_subparsers(dest="command", required=True)
+    sub = _Commands(commands, common)   # every command takes the global options too
     _up_command(sub)
     _cluster_commands(sub)
     _query_commands(sub)
@@ -489,9 +488,21 @@ def build_parser() -> argparse.ArgumentParser:
     from floering.chaos.chaos_cli import add_chaos_command
     add_chaos_command(sub)
     # listed for --help only: main() hands `floe node ...` to the node's own parser
-    add_parser("node", help="run one node in this process, with the flags of `python -m "
+    commands.add_parser("node", help="run one node in this process, with the flags of `python -m "
                             "node` (floe node --help)", add_help=False)
     return parser
+
+
+class _Commands:
+    """Adds the `floe` commands, each with the global options and the defaults shown."""
+
+    def __init__(self, commands: argparse._SubParsersAction,
+                 common: argparse.ArgumentParser) -> None:
+        self._commands, self._common = commands, common
+
+    def add_parser(self, name: str, **kw) -> argparse.ArgumentParser:
+        return self._commands.add_parser(name, parents=[self._common],
+                                         formatter_class=DefaultsHelp, **kw)
 
 
 def _up_command(sub) -> None:

@@ -16,6 +16,8 @@ processes `floe up` recorded:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from floering.node.core.hashing import HASH_SPACE, position
 from floering.node.core.ring import Ring
 
@@ -167,7 +169,7 @@ def locate(ring: Ring, key, show=str) -> dict:
     return {"key": key, "position": show(pos), **row}
 
 
-def table(rows: list[tuple[str, ...]]) -> list[str]:
+def table(rows: Sequence[Sequence[str]]) -> list[str]:
     """Left-aligned columns, two spaces apart."""
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]

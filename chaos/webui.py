@@ -55,7 +55,7 @@ class UiServer:
                  max_connections: int = MAX_CONNECTIONS) -> None:
         self.watcher, self.page, self.max_connections = watcher, page, max_connections
         self._open: set[asyncio.StreamWriter] = set()
-        self._server: asyncio.AbstractServer | None = None
+        self._server: asyncio.Server | None = None
         self.refused = 0
         # Host headers answered (None: any); on the loopback only its own names, so a
         # site whose name resolves to 127.0.0.1 cannot read the ring from a browser.
@@ -69,6 +69,8 @@ class UiServer:
 
     @property
     def port(self) -> int:
+        if self._server is None:
+            raise RuntimeError("the page is not served yet: start() first")
         return self._server.sockets[0].getsockname()[1]
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -24,9 +24,14 @@ import os
 import time
 from collections import deque
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from floering.chaos.ringview import member_rows, range_rows, unlisted_processes, verdict
 from floering.node.core.hashing import HASH_SPACE
+
+if TYPE_CHECKING:
+    from floering.mapper.aclient import AsyncRingClient
+    from floering.node.core.ring import Ring
 
 MAX_EVENTS = 300            # timeline entries kept (and sent)
 PROCESS_CHECK = 0.1         # seconds between two looks at the recorded processes
@@ -205,15 +210,16 @@ class Watcher:
         self.snapshot: dict | None = None
         self.body = b"{}"
         self.seq = 0
-        self._ring = None                 # the last ring read, for a round that failed
+        self._ring: Ring | None = None    # the last ring read, for a round that failed
         self._published = asyncio.Event()
-        self._client = None
+        self._client: AsyncRingClient | None = None
         self._wake = asyncio.Event()
 
     async def run(self) -> None:
         from floering.mapper.aclient import AsyncRingClient
-        self._client = AsyncRingClient(self.seeds, tls=self.tls, timeout=self.timeout,
-                                       rpc_timeout=self.rpc_timeout)
+        client = self._client = AsyncRingClient(self.seeds, tls=self.tls,
+                                                timeout=self.timeout,
+                                                rpc_timeout=self.rpc_timeout)
         watch = asyncio.ensure_future(self._watch_processes())
         try:
             while True:
@@ -227,7 +233,7 @@ class Watcher:
                     pass
         finally:
             watch.cancel()
-            await self._client.close()
+            await client.close()
 
     async def _watch_processes(self) -> None:
         """A recorded process gone starts the next read at once, so a member killed
@@ -243,10 +249,14 @@ class Watcher:
     async def round(self) -> dict:
         recorded, event_files = self.recorded.processes()
         error = None
+        ring: Ring | None
         try:
-            ring = await asyncio.wait_for(self._client.refresh_ring(), self.timeout)
+            client = self._client
+            if client is None:
+                raise RuntimeError("the watcher reads the ring only while it runs")
+            ring = await asyncio.wait_for(client.refresh_ring(), self.timeout)
             stats = await asyncio.wait_for(
-                self._client.stats(also=unlisted_processes(ring, recorded)), self.timeout)
+                client.stats(also=unlisted_processes(ring, recorded)), self.timeout)
             self._ring = ring
         except Exception as exc:          # the ring does not answer: say so, keep polling
             error = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
@@ -262,7 +272,7 @@ class Watcher:
                                     "text": text})
         return self.build(ring, stats, recorded, error, now)
 
-    def build(self, ring, stats: list[dict], recorded: dict, error: str | None,
+    def build(self, ring: Ring | None, stats: list[dict], recorded: dict, error: str | None,
               now: float) -> dict:
         if ring is None:
             members = [{"node_id": n, "address": p["address"], "pid": p["pid"],
