@@ -20,6 +20,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from functools import partial
 from pathlib import Path
 
 from floering.chaos.cluster import LocalCluster
@@ -115,11 +116,11 @@ def kill_mid_handoff(cluster: LocalCluster, p: PlannedFault, timeout: float = 30
     for giver, (receiver, tokens) in givers.items():
         address = cluster.node(giver).address
         if p.handoff == "scale-in":
-            request = (lambda a=address: request_handoff(a, [], leave=True, timeout=timeout,
-                                                         tls=operator))
+            request = partial(request_handoff, address, [], leave=True, timeout=timeout,
+                              tls=operator)
         else:
-            request = (lambda a=address, t=tokens, r=receiver: request_handoff(
-                a, t, r, timeout=timeout, tls=operator))
+            request = partial(request_handoff, address, tokens, receiver, timeout=timeout,
+                              tls=operator)
         calls.append(_Call(request, giver))
     watched_call = next(c for c in calls if c.label == p.watch)
     receiver = givers[p.watch][0]

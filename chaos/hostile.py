@@ -188,7 +188,7 @@ class IdleStreams:
         self._stop: asyncio.Event | None = None
 
         async def hold():
-            self._stop = asyncio.Event()
+            stop = self._stop = asyncio.Event()
             channel = open_channel(address, tls.channel_credentials() if tls else None,
                                    list(options))
             data = floe_pb2_grpc.DataPlaneStub(channel)
@@ -214,7 +214,7 @@ class IdleStreams:
                             self.details.append(exc.details() or "")
             tasks = [asyncio.ensure_future(one(i)) for i in range(count)]
             self._ready.set()
-            await self._stop.wait()
+            await stop.wait()
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -226,6 +226,8 @@ class IdleStreams:
         self._ready.wait(30)
 
     def close(self) -> None:
+        if self._stop is None:
+            raise RuntimeError("the held calls never started: nothing to stop")
         self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(30)
         self._loop.close()

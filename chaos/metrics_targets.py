@@ -73,7 +73,8 @@ def next_metrics_ports(cluster, count: int, host: str = "127.0.0.1") -> list[int
     used = [p for n in cluster.nodes if (p := metrics_port(n.cmd)) is not None]
     if not used:
         return None
-    ports, port = [], max(used)
+    ports: list[int] = []
+    port = max(used)
     while len(ports) < count:
         port += 1
         if port > 65535:

@@ -39,6 +39,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 PORT = 7000
@@ -406,7 +407,8 @@ def heal_fault(hosts: Hosts, injected):
 def chunk_latencies(journal: str) -> list[tuple[float, float]]:
     """(emitted, acknowledged) wall-clock times of every acknowledged chunk of a
     mapper's journal (chaos.mapper_proc)."""
-    emitted, out = {}, []
+    emitted: dict[str, float] = {}
+    out: list[tuple[float, float]] = []
     try:
         text = Path(journal).read_text()
     except OSError:
@@ -422,7 +424,7 @@ def chunk_latencies(journal: str) -> list[tuple[float, float]]:
 
 
 def judge(injected, events: list[dict], members: dict[str, dict], journals: list[str],
-          errors: list[str], samples: list[dict] = ()):
+          errors: list[str], samples: Sequence[dict] = ()):
     """What a network fault must leave, read from every node's structured events
     (dicts, with `_node`: the node as started), the last stats of every member and
     the mappers' journals (and the harness's stats samples, for what a declared node

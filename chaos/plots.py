@@ -84,7 +84,7 @@ def plot_recovery(result: dict, path: Path, title: str, plt) -> Path:
                                                   ("taken over", "tab:orange", "x"))):
         xs, ys, p50, worst = [], [], [], []
         for k in ks:
-            vals = sorted(v[idx] for v in points[k] if v[idx] is not None)
+            vals = sorted(x for x in (v[idx] for v in points[k]) if x is not None)
             xs += [k + (idx - 0.5) * 0.12] * len(vals)
             ys += vals
             p50.append(vals[(len(vals) - 1) // 2] if vals else float("nan"))

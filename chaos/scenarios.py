@@ -370,7 +370,7 @@ def plan(scenario: Scenario, seed: int) -> list[list[PlannedFault]]:
                         ring.replicas_of_token(ring.tokens_of(victims[0])[0])
             else:
                 victims = _victims(scenario, fault, live, rng, seed)
-            ranges = ()
+            ranges: tuple[tuple[str, tuple[int, ...]], ...] = ()
             if (fault.kind in NODE_FAULTS and fault.kind != "rolling-restart") or \
                     (fault.kind == "partition" and fault.target != "from-replicas"):
                 # a paused node is declared dead and fenced too, and so is one cut
@@ -423,6 +423,13 @@ def _plan_durable(fault: Fault, live: list[str], rng: random.Random) -> dict:
     return {}
 
 
+def _heir(ring: Ring, token: int) -> str:
+    heir = ring.heir(token)
+    if heir is None:
+        raise ValueError(f"range {token} has no replica to pass to")
+    return heir
+
+
 def plan_handoff(scenario: Scenario, fault: Fault, live: list[str], ring: Ring,
                  rng: random.Random) -> dict:
     """The handoff a kill-mid-handoff disturbs, and its victim. Pure.
@@ -459,8 +466,8 @@ def plan_handoff(scenario: Scenario, fault: Fault, live: list[str], ring: Ring,
             if fault.count > len(tokens) - 1:
                 raise ValueError(f"{scenario.name}: {giver} owns {len(tokens)} ranges; a "
                                  f"move hands over at most all but one")
-            tokens = sorted(rng.sample(tokens, fault.count))
-        moves = tuple((giver, t, ring.heir(t)) for t in tokens)
+            tokens = tuple(sorted(rng.sample(tokens, fault.count)))
+        moves = tuple((giver, t, _heir(ring, t)) for t in tokens)
         if {m[2] for m in moves} != {receiver}:
             raise ValueError(f"{scenario.name}: {giver}'s ranges do not all pass to {receiver}")
     victim = giver if fault.target == "giver" else receiver

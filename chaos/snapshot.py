@@ -132,7 +132,8 @@ def _export_once(seeds: list[str], path: str, tls: TlsFiles | None) -> dict:
 
 def _export_one(stub, ring: Ring, token: int, writer: Writer) -> int:
     """One range's chunks, whole (the stream ended well), then written."""
-    chunks, marks = [], {}
+    chunks: list[bytes] = []
+    marks: dict[str, int] = {}
     try:
         for reply in stub.ExportRange(floe_pb2.ExportRangeRequest(
                 token=token, ring_stamp=ring.stamp), timeout=CALL_TIMEOUT):
@@ -205,7 +206,7 @@ def import_ring(seeds: list[str], path: str, tls: TlsFiles | None, *,
     snapshot = read_snapshot(path)        # once: every attempt sends those bytes
     for attempt in range(1, IMPORT_TRIES + 1):
         ring, reducer = read_ring(seeds, tls)
-        header, snapshot_id, ranges, marks = load_recut(path, ring, snapshot)
+        header, snapshot_id, ranges, _ = load_recut(path, ring, snapshot)
         if header.reducer != reducer or (header.reducer_identity and ring.reducer and
                                          header.reducer_identity != ring.reducer):
             raise ReducerMismatch(f"the snapshot's reducer is "

@@ -153,16 +153,17 @@ def _timeline(fault: Injected, victim: str, events: list[Event]) -> FailureTimel
     tokens = set(fault.tokens.get(victim, ()))
     if tokens:
         takes = _first_per_token(events, "taken_over", tokens)
-        applying = _first_per_token(events, "applying", tokens)
+        applying = list(_first_per_token(events, "applying", tokens).values())
         complete = len(takes) == len(tokens)
     else:   # no range map: trust the previous owner the heir logged
         takes = {i: e for i, e in enumerate(
             e for e in events if e.kind == "taken_over" and victim in e.about)}
-        applying = {e.tokens: e for e in events if e.kind == "applying" and victim in e.about}
+        applying = list({e.tokens: e for e in events
+                         if e.kind == "applying" and victim in e.about}.values())
         complete = bool(takes)
     if complete:
         tl.taken_over = max(e.t for e in takes.values())
-    tl.applying = max((e.t for e in applying.values()), default=None)
+    tl.applying = max((e.t for e in applying), default=None)
     tl.ranges_applying = len(applying)
     tl.heirs = tuple(sorted({e.node for e in takes.values()}))
     done = []
@@ -170,8 +171,9 @@ def _timeline(fault: Injected, victim: str, events: list[Event]) -> FailureTimel
         later = [e.t for e in events if e.kind == "re_replicated" and e.node == take.node
                  and e.t >= take.t]
         done.append(min(later, default=None))
-    if complete and None not in done:
-        tl.re_replicated = max(done)
+    finished = [t for t in done if t is not None]
+    if complete and len(finished) == len(done):
+        tl.re_replicated = max(finished)
     return tl
 
 
