@@ -260,9 +260,11 @@ def test_replicas_refuse_garbage_and_ranges_refuse_sources_past_the_limit(tmp_pa
                     push(channel, ring, token, f"garbage{i}", 1, [key], b"\xc1" * (1 << 20))
                 if i % 50 == 49:
                     sizes.append(rss_mib(pid[replica]))
-        # The allocator and gRPC keep buffers for reuse (about 90 MiB here, the same
-        # after 150 MiB as after 300): a plateau, not garbage kept.
-        assert sizes[-1] - before < 128 and sizes[-1] - sizes[2] < 32, (before, sizes)
+        # The allocator and gRPC keep buffers for reuse (about 90 MiB here, much the
+        # same after 150 MiB as after 300; a sample may dip when the allocator trims):
+        # a plateau, not garbage kept. Kept garbage would add the 150 MiB pushed
+        # between the first half's peak and the end; reuse adds at most a third.
+        assert sizes[-1] - before < 128 and sizes[-1] - max(sizes[:3]) < 50, (before, sizes)
         with grpc.secure_channel(address[owner], creds) as channel:
             # the client's source is one; three more fit its identity's share (a
             # quarter of 16), the next is refused

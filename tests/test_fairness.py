@@ -508,7 +508,9 @@ def test_in_the_clear_a_host_holds_a_quarter_of_the_slots_over_all_its_connectio
                 IdleStreams(node.address, None, 40, own) as two:
             refused = lambda: sum(one.refused.values()) + sum(two.refused.values())  # noqa: E731
             wait_for(lambda: refused() >= 30, 30, "the streams past the host's quarter refused")
-            assert {**one.refused, **two.refused} == {"RESOURCE_EXHAUSTED": refused()}
+            # both connections may have streams refused: their counts add up
+            assert Counter(one.refused) + Counter(two.refused) == \
+                {"RESOURCE_EXHAUSTED": refused()}
             assert refused() == 30, (one.refused, two.refused)   # 50 held, a quarter of 200
             assert any("'ipv4:127.0.0.1' holds 50 calls" in d
                        for d in one.details + two.details), one.details + two.details
