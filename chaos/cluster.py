@@ -376,6 +376,19 @@ class LocalCluster:
         return [e.t for node in self.nodes for e in read_events(node.node_id, node.events)
                 if e.kind == "applying" and dead in e.about]
 
+    def takeover_times(self, dead: str) -> list[float]:
+        """Wall-clock times at which each range `dead` owned was first taken over by
+        its heir (the first `taken_over` event naming `dead` for that range: later
+        handoffs of the heir's new ranges name the heir, not `dead`)."""
+        from floering.chaos.timeline import read_events
+        first: dict[int, float] = {}
+        for node in self.nodes:
+            for e in read_events(node.node_id, node.events):
+                if e.kind == "taken_over" and dead in e.about:
+                    for token in e.tokens:
+                        first[token] = min(first.get(token, e.t), e.t)
+        return list(first.values())
+
     # ------------------------------------------------------------ records
 
     def node(self, node_id: str) -> NodeProcess:
