@@ -188,6 +188,15 @@ class Batcher:
         emit_many gives them (one each, in order). A bad key is refused before any
         tuple is buffered."""
         check_str_keys(keys)
+        return self._append_with(
+            lambda appender, i, seq0: appender.fold(keys, i, value, None, self.batch_size,
+                                                    0, seq0),
+            lambda i: refuse_key(keys[i]), born)
+
+    def _append_with(self, fold, refuse, born: float) -> bool:
+        """The append kernel's loop: `fold(appender, i, seq0)` buffers keys from the
+        i-th until a buffer is full (sealed here) or the keys end; `refuse(i)` raises
+        for a key the kernel would not take. Seqs one a key, in order."""
         with self.lock:
             tokens, _, full, _ = self._routing_locked()
             self._seal_kind_locked(Buffer)
@@ -197,15 +206,14 @@ class Batcher:
             buffers, seq0, i = self.buffers, self.next_seq, 0
             try:
                 while True:
-                    i, t, status = appender.fold(keys, i, value, None, self.batch_size, 0,
-                                                 seq0)
+                    i, t, status = fold(appender, i, seq0)
                     for index in appender.opened:
                         buffers[tokens[index]] = AppendBuffer(born, tokens, index)
                     appender.opened.clear()
                     if status == kernel.DONE:
                         return full
                     if status != kernel.FULL:
-                        refuse_key(keys[i])
+                        refuse(i)
                     self._seal_locked(tokens[t])
                     full = True
             finally:
@@ -226,30 +234,14 @@ class Batcher:
         if values is None:
             if not kernel_value(value):
                 raise InvalidArgument(f"value {value!r} is not an int64")
-        with self.lock:
-            tokens, _, full, _ = self._routing_locked()
-            self._seal_kind_locked(Buffer)
-            appender = self.appender
-            if appender is None or appender.tokens != tokens:
-                appender = self.appender = kernel.Combiner("append", tokens, MAX_KEY_BYTES)
-            buffers: dict = self.buffers
-            seq0, i = self.next_seq, 0
-            try:
-                while True:
-                    i, t, status = appender.fold_utf8(data, offsets, width, i, count, value,
-                                                      values, self.batch_size, 0, seq0)
-                    for index in appender.opened:
-                        buffers[tokens[index]] = AppendBuffer(born, tokens, index)
-                    appender.opened.clear()
-                    if status == kernel.DONE:
-                        return full
-                    if status != kernel.FULL:
-                        raise InvalidKey(f"key {i} of the buffer is not UTF-8 or over "
-                                         f"{MAX_KEY_BYTES} bytes")
-                    self._seal_locked(tokens[t])
-                    full = True
-            finally:
-                self.next_seq = seq0 + i
+
+        def refuse(i: int) -> None:
+            raise InvalidKey(f"key {i} of the buffer is not UTF-8 or over "
+                             f"{MAX_KEY_BYTES} bytes")
+        return self._append_with(
+            lambda appender, i, seq0: appender.fold_utf8(data, offsets, width, i, count, value,
+                                                         values, self.batch_size, 0, seq0),
+            refuse, born)
 
     def _emit_decoded(self, data, offsets, width: int, count: int, value, values,
                       born: float) -> bool:
