@@ -124,15 +124,20 @@ def _take(unpacker: msgpack.Unpacker, n: int) -> list:
     return got
 
 
-def _entries_in_slices(out: dict, data: bytes, size: int) -> Iterator[None]:
-    # Read from the bytes as they are (fed, they would be copied first, in one go);
-    # the limits on lengths are those unpack() puts on `data`.
+def _pairs_reader(data: bytes) -> tuple[msgpack.Unpacker, int]:
+    """An unpacker over msgpack [keys, states] read past the keys' array header, and
+    the number of keys. Read from the bytes as they are (fed, they would be copied
+    first, in one go); the limits on lengths are those unpack() puts on `data`."""
     unpacker = msgpack.Unpacker(BytesIO(data), read_size=min(len(data), 1 << 20),
                                 use_list=False, strict_map_key=False, ext_hook=_ext_hook,
                                 max_buffer_size=len(data))
     if unpacker.read_array_header() != 2:
         raise InvalidArgument("entries must be msgpack [keys, states] of equal length")
-    n = unpacker.read_array_header()
+    return unpacker, unpacker.read_array_header()
+
+
+def _entries_in_slices(out: dict, data: bytes, size: int) -> Iterator[None]:
+    unpacker, n = _pairs_reader(data)
     keys: list = []
     while len(keys) < n:
         keys += _take(unpacker, min(size, n - len(keys)))
@@ -147,12 +152,7 @@ def _entries_in_slices(out: dict, data: bytes, size: int) -> Iterator[None]:
 
 
 def _columns_in_slices(out: list, data: bytes, size: int) -> Iterator[None]:
-    unpacker = msgpack.Unpacker(BytesIO(data), read_size=min(len(data), 1 << 20),
-                                use_list=False, strict_map_key=False, ext_hook=_ext_hook,
-                                max_buffer_size=len(data))
-    if unpacker.read_array_header() != 2:
-        raise InvalidArgument("entries must be msgpack [keys, states] of equal length")
-    n = unpacker.read_array_header()
+    unpacker, n = _pairs_reader(data)
     columns: list[list] = []
     for _ in range(2):
         if columns and unpacker.read_array_header() != n:
