@@ -147,15 +147,19 @@ def describe_ring(ring: Ring) -> str:
 
 def range_rows(ring: Ring, show=str) -> list[dict]:
     """One row per range, clockwise: (start, token] with its primary, replicas and
-    extra destinations of a handoff in flight."""
+    extra destinations: `extras` all of them, `keeping` those that hold a complete copy
+    (a former holder keeping it until the owner has filled its new replicas), so the
+    others are destinations of a handoff in flight, receiving their copy."""
     rows = []
     for token in ring.tokens:
         lo, hi = ring.range_of_token(token)
+        extras = ring.extras_of(token)
         rows.append({"token": show(token), "start": show(lo), "end": show(hi),
                      "share": Ring.range_size((lo, hi)) / HASH_SPACE,
                      "primary": ring.owner_of_token(token),
                      "replicas": list(ring.regular_replicas(token)),
-                     "extras": list(ring.extras_of(token)),
+                     "extras": list(extras),
+                     "keeping": [x for x in extras if (token, x) in ring.retiring],
                      "lost": token in ring.lost})
     return rows
 

@@ -103,3 +103,13 @@ def test_a_recorded_process_missing_from_the_ring_is_named():
                        _recorded())
     assert verdict(ring, rows) == ("DEGRADED: 3 of 4 members serving; every range on r+1 "
                                    "nodes; joining: n3 (missing from the ring)")
+
+
+def test_a_range_row_tells_a_receiving_destination_from_a_holder_keeping_its_copy():
+    ring = Ring.initial(MEMBERS, 1, 2)
+    token = ring.tokens[0]
+    others = sorted(set(MEMBERS) - set(ring.destinations(token)))
+    ring = ring.with_extras({token: others}, holding=[(token, others[0])])
+    row = next(r for r in range_rows(ring) if r["token"] == str(token))
+    assert row["extras"] == others and row["keeping"] == [others[0]]
+    assert all(r["keeping"] == [] for r in range_rows(ring) if r["token"] != str(token))

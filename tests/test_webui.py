@@ -25,13 +25,15 @@ OWNERS = """Array.from(document.querySelectorAll('#ranges path.range'))
                .map(p => [p.dataset.token, p.dataset.owner, p.dataset.lost])"""
 
 
-# A snapshot as /api/state gives it: n0 hands the first range to n2; the second is lost.
+# A snapshot as /api/state gives it: n0 hands the first range to n2; the second is lost,
+# and n0 keeps its former copy of it until n3's replicas are filled.
 DRAWN = {"t": 0, "verdict": "DATA LOST: x", "error": None,
          "ring": {"version": 9, "replication": 1, "reducer": "count", "balancer": "none"},
          "ranges": [{"token": "0x7fffffffffffffff", "start": 0.5, "end": 0.5, "share": 0.5,
                      "primary": "n0", "replicas": ["n3"], "extras": ["n2"], "lost": False},
                     {"token": "0xffffffffffffffff", "start": 0.5, "end": 1.0, "share": 0.5,
-                     "primary": "n3", "replicas": ["n0"], "extras": [], "lost": True}],
+                     "primary": "n3", "replicas": ["n0"], "extras": ["n0"], "keeping": ["n0"],
+                     "lost": True}],
          "members": [{"node_id": "n0", "state": "serving"},
                      {"node_id": "n3", "state": "leaving"}],
          "events": [{"t": 0, "kind": "handoff_prepared", "node": "n0", "text": "x"}]}
@@ -113,11 +115,12 @@ def test_the_page_shows_the_ring_and_a_killed_member_turning_dead(tmp_path):
         # and read at once (the next read of the ring redraws the real one)
         drawn = browser.evaluate(f"""(render({json.dumps(DRAWN)}),
             [document.querySelectorAll('#extras path.handoff').length,
-             document.querySelector('#extras path').dataset.node,
+             document.querySelector('#extras path.handoff').dataset.node,
+             document.querySelector('#extras path.keeping').dataset.node,
              document.querySelector('#ranges path[data-lost="1"]').getAttribute('stroke'),
              document.querySelectorAll('#replicas path').length,
              document.querySelector('#members tr[data-node="n3"]').dataset.state])""")
-        assert drawn == [1, "n2", "#000", 2, "leaving"]
+        assert drawn == [1, "n2", "n0", "#000", 2, "leaving"]
         print(f"n1 dead on the page {shown_dead * 1000:.0f} ms after its SIGKILL")
     finally:
         if browser is not None:
@@ -218,7 +221,11 @@ def test_a_busy_port_is_one_line_naming_it(tmp_path):
                            f"--port (0: any free port)\n")
 
 
-KEYS = 600_000          # n2 holds a third: its handoff lasts past a read of the page
+KEYS = 1_200_000        # n2 holds a third
+# The compiled table hands a third of 1,200,000 counts over in ~100 ms, within one read of
+# the page, which may never see them in flight; a top-k state per key takes the dict
+# path, and its handoff lasts ~0.5 s, several reads.
+SLOW_STATE = ("--reducer", "topk")
 
 # Every drawing of a handoff in flight the page makes, recorded by the page itself as
 # it draws (a handoff may last between two looks of the test): [arcs, their
@@ -236,7 +243,7 @@ WATCH_HANDOFFS = """(window.handoffs = [], new MutationObserver(() => {
 @pytest.mark.skipif(chromium() is None, reason="chromium is not installed "
                                               "(scripts/setup.sh installs it, as root)")
 def test_the_page_shows_a_real_leave_handing_its_ranges_over(tmp_path):
-    """`floe scale --remove n2` on a ring holding 600,000 keys: while n2 hands its
+    """`floe scale --remove n2` on a ring holding 1,200,000 keys: while n2 hands its
     ranges over, the page draws the handoff in flight (dashed arcs outside the ranges,
     to the members taking them) and n2 as leaving; afterwards no arc is left and n2's
     ranges are drawn under the others."""
@@ -244,7 +251,7 @@ def test_the_page_shows_a_real_leave_handing_its_ranges_over(tmp_path):
     from floering.mapper import RingClient
     ui = browser = None
     try:
-        floe(tmp_path, "up", "--nodes", "3", "--memory")
+        floe(tmp_path, "up", "--nodes", "3", "--memory", *SLOW_STATE)
         cluster = LocalCluster.load(tmp_path / "floe-cluster.json")
         with RingClient(cluster.seeds, tls=cluster.tls()) as client:
             client.emit_many(f"key{i}" for i in range(KEYS))
