@@ -47,10 +47,14 @@ class Held:
 @pytest.mark.multiprocess
 def test_refusals_waits_and_bytes_held_show_in_stats_and_metrics(tmp_path):
     from floering.chaos.cluster import LocalCluster
+    from floering.node.transport.budget import MEMBER_READS_IN_ALL
     from floering.v1 import floe_pb2, floe_pb2_grpc
     from tests.test_observability import scrape, value
     metrics = free_port()
     limit = 5 * MESSAGE           # the client's share (four messages) and one more
+    # the bound reported is of the three budgets together: the non-members' (the
+    # flag's), the members' and the Push messages' (the inbound queue's, 256 MiB)
+    bound = limit + MEMBER_READS_IN_ALL * MESSAGE + (256 << 20)
     with LocalCluster.up(1, 0, workdir=tmp_path, metrics_port=metrics,
                          extra_args=["--request-wait", str(WAIT),
                                      "--max-request-bytes", str(limit)]) as cluster:
@@ -65,7 +69,7 @@ def test_refusals_waits_and_bytes_held_show_in_stats_and_metrics(tmp_path):
             first = stats()
             assert (first.request_budget_refused, first.request_budget_waited,
                     first.request_budget_waiting, first.request_budget_bytes,
-                    first.request_budget_limit_bytes) == (0, 0, 0, 0, limit)
+                    first.request_budget_limit_bytes) == (0, 0, 0, 0, bound)
             assert first.request_budget_wait_seconds == 0
             # the operator's call reserved a message before its (empty) request was read
             assert first.request_budget_peak_bytes == MESSAGE
@@ -106,7 +110,7 @@ def test_refusals_waits_and_bytes_held_show_in_stats_and_metrics(tmp_path):
                 assert value(samples, "floe_request_budget_waiting") == 0
                 assert value(samples, "floe_request_budget_bytes") == 3 * MESSAGE
                 assert value(samples, "floe_request_budget_peak_bytes") == limit
-                assert value(samples, "floe_request_budget_limit_bytes") == limit
+                assert value(samples, "floe_request_budget_limit_bytes") == bound
                 assert value(samples, "floe_calls_refused_busy_total",
                              service="floering.v1.QueryPlane", method="Stats") == 1
                 # `floe status --json` asks as the client: one call at a time fits
@@ -114,7 +118,7 @@ def test_refusals_waits_and_bytes_held_show_in_stats_and_metrics(tmp_path):
                 assert (row["request_budget_refused"], row["request_budget_waited"],
                         row["request_budget_waiting"], row["request_budget_bytes"],
                         row["request_budget_peak_bytes"], row["request_budget_limit_bytes"]
-                        ) == (1, 2, 0, 3 * MESSAGE, limit, limit)
+                        ) == (1, 2, 0, 3 * MESSAGE, limit, bound)
                 assert row["request_budget_wait_seconds"] == wait_seconds
             finally:
                 for hold in holds:

@@ -50,6 +50,22 @@ class ByteBudget:
 READS_PER_CALLER = 4
 READS_IN_ALL = 16
 READ_WAIT = 30.0             # seconds a call waits for room to read its request
+# The members' own budget, larger: a checkpoint round sends a call per range and
+# replica at once, and a member's heartbeats wait behind its calls in its turn.
+MEMBER_READS_PER_CALLER = 16
+MEMBER_READS_IN_ALL = 64
+# Push messages read but not yet applied, per caller identity (every Push stream
+# of the caller's, members' too); in all, the inbound queue's bound in bytes.
+PUSH_READS_PER_CALLER = 8
+
+
+class Tally:
+    """Bytes held in several budgets together, and the most held at once."""
+
+    __slots__ = ("held", "peak")
+
+    def __init__(self) -> None:
+        self.held = self.peak = 0
 
 
 class Held:
@@ -75,11 +91,13 @@ class RequestBytes:
     NodeStats and metrics)."""
 
     def __init__(self, message: int, per_identity: int | None = None,
-                 total: int | None = None, wait: float = READ_WAIT) -> None:
+                 total: int | None = None, wait: float | None = READ_WAIT,
+                 tally: Tally | None = None) -> None:
         self.message = max(1, message)
         self.per_identity = max(self.message, per_identity or READS_PER_CALLER * self.message)
         self.total = max(self.per_identity, total or READS_IN_ALL * self.message)
-        self.wait = wait
+        self.wait = wait                          # None: a call waits its turn however long
+        self.tally = tally if tally is not None else Tally()
         self.held = 0
         self.peak = 0                             # the most bytes held at once, so far
         self.by_identity: dict[str, int] = {}     # one entry per caller holding bytes
@@ -139,6 +157,9 @@ class RequestBytes:
     def _add(self, identity: str, n: int) -> None:
         self.held += n
         self.peak = max(self.peak, self.held)
+        tally = self.tally
+        tally.held += n
+        tally.peak = max(tally.peak, tally.held)
         left = self.by_identity.get(identity, 0) + n
         if left:
             self.by_identity[identity] = left
@@ -174,3 +195,33 @@ class RequestBytes:
             self._waiting.remove(entry)
             self._add(identity, self.message)
             turn.set_result(None)
+
+
+class Budgets:
+    """A node's budgets of request bytes (docs/security.md, *Bytes of requests in
+    flight*): `callers` for the one-message requests of any caller but a member,
+    `members` for the members' (larger), `pushes` for the Push messages of every
+    caller read but not yet applied. Their stats are reported together."""
+
+    def __init__(self, message: int, total: int | None = None,
+                 wait: float = READ_WAIT, push_total: int | None = None) -> None:
+        self.tally = Tally()
+        self.callers = RequestBytes(message, total=total, wait=wait, tally=self.tally)
+        self.members = RequestBytes(message, MEMBER_READS_PER_CALLER * message,
+                                    MEMBER_READS_IN_ALL * message, wait, self.tally)
+        # a Push message waits for room as long as the applier takes (the inbound
+        # queue's own wait): never refused, its sender held back by flow control
+        self.pushes = RequestBytes(message, PUSH_READS_PER_CALLER * message,
+                                   push_total, None, self.tally)
+
+    def all(self) -> tuple[RequestBytes, ...]:
+        return self.callers, self.members, self.pushes
+
+    def stats(self) -> dict:
+        """RequestBytes.stats of the three together: counts summed, bytes held and the
+        most held at once over all three, the bound the sum of theirs."""
+        parts = [b.stats() for b in self.all()]
+        summed = {k: sum(p[k] for p in parts) for k in parts[0]}
+        summed.update(request_budget_bytes=self.tally.held,
+                      request_budget_peak_bytes=self.tally.peak)
+        return summed

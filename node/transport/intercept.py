@@ -4,6 +4,7 @@ bounds on calls served at once and on the bytes of their requests read at once."
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import inspect
 import logging
 import time
@@ -18,6 +19,9 @@ from floering.node.transport.status import abort
 
 log = logging.getLogger("floe.node")
 REPORT_EVERY = 10.0         # seconds between two log lines of ring views refused
+# The identity of the caller a call is served for (set once the call is admitted):
+# a Push stream's messages are counted against it (node.transport.server).
+CALLER: contextvars.ContextVar[str] = contextvars.ContextVar("floe_caller", default="?")
 
 
 def around(handler, enter):
@@ -141,16 +145,18 @@ class CallLimiter(grpc.aio.ServerInterceptor):
     clear its host, and per connection). A stream holds its slot until it ends.
 
     A call whose request is one message is admitted before gRPC reads it: its slot
-    taken, and for any caller but a member, room for its request in `inbound`
-    (node.transport.budget.RequestBytes), so one caller cannot make the node read
-    more requests at once than its share of bytes."""
+    taken, then room for its request in `inbound` (node.transport.budget.RequestBytes),
+    or for a member's in `members` (a budget of its own), so one caller cannot make
+    the node read more requests at once than its share of bytes. A stream's caller
+    identity is told to its handler (CALLER)."""
 
-    def __init__(self, limit: int, inbound: RequestBytes | None = None) -> None:
+    def __init__(self, limit: int, inbound: RequestBytes | None = None,
+                 members: RequestBytes | None = None) -> None:
         # (node.transport.tls imports this module: its names are taken here)
         from floering.node.transport.tls import NODE_ONLY, peer_identity
         self.limit = limit
         self.slots = CallSlots(limit)
-        self.inbound = inbound
+        self.inbound, self.members = inbound, members
         self.views = ViewRate()           # ring views pushed, per caller identity
         self._reported = -REPORT_EVERY
         self._node_only, self._identity = NODE_ONLY, peer_identity
@@ -178,7 +184,7 @@ class CallLimiter(grpc.aio.ServerInterceptor):
             return None
         method = details.method.rsplit("/", 1)[-1]
         node_only = method in self._node_only
-        slots, inbound = self.slots, self.inbound
+        slots, inbound, members = self.slots, self.inbound, self.members
         pushes_view = method == "ExchangeRing"
 
         @contextlib.asynccontextmanager
@@ -188,31 +194,34 @@ class CallLimiter(grpc.aio.ServerInterceptor):
                 ticket = slots.take(kind, identity, context.peer() or "?")
             except Busy as exc:
                 await abort(context, exc)
+            CALLER.set(identity)
+            budget = members if kind == MEMBER else inbound
             held = None
             try:
-                if reads and inbound is not None and kind != MEMBER:
+                if reads and budget is not None:
                     try:
-                        held = await inbound.reserve(identity)
+                        held = await budget.reserve(identity)
                     except Overloaded as exc:
                         await abort(context, exc)
-                yield (identity, named, held)
+                yield (identity, named, budget, held)
             finally:
                 if held is not None:
-                    inbound.release(held)
+                    budget.release(held)
                 slots.give(ticket)
 
         def read(admitted, request, size: int) -> None:
-            identity, named, held = admitted
+            identity, named, budget, held = admitted
             if held is not None:
-                inbound.keep(held, size)
+                budget.keep(held, size)
             if pushes_view and named:
                 self._take_view(identity, len(request.ring))
 
         if handler.request_streaming:
             @contextlib.asynccontextmanager
             async def slot(request, context):
-                # a stream's requests are bounded by its handler's window (Push:
-                # --stream-window), not here: an idle stream must not hold room
+                # a stream's requests are bounded by its handler (Push: its window
+                # and the pushes' budget per message), not here: an idle stream
+                # must not hold room
                 async with admit(context, reads=False):
                     yield
             return around(handler, slot)

@@ -26,9 +26,9 @@ from floering.node.runtime.inbound import StreamState
 from floering.node.runtime.node import NodeRuntime
 from floering.node.runtime.service import NodeService
 from floering.node.transport.binding import SERVER_OPTIONS, claim_port
-from floering.node.transport.budget import ByteBudget, RequestBytes
+from floering.node.transport.budget import Budgets, ByteBudget, RequestBytes
 from floering.node.transport.chunking import CHUNK_ENTRIES, Reassembly, fill, received
-from floering.node.transport.intercept import CallLimiter
+from floering.node.transport.intercept import CALLER, CallLimiter
 from floering.node.transport.metrics import NodeMetrics
 from floering.node.transport.peers import channel_options, unpack_chunk, unpack_entries_async
 from floering.node.transport.snapshots import Snapshots
@@ -124,8 +124,11 @@ def refused(exc: Exception) -> asyncio.Future:
 
 
 class DataPlane(floe_pb2_grpc.DataPlaneServicer):
-    def __init__(self, service: NodeService) -> None:
+    def __init__(self, service: NodeService, pushes: RequestBytes | None = None) -> None:
         self.service = service
+        # Push messages read but not yet applied, per caller identity and in all
+        self.pushes = pushes if pushes is not None else RequestBytes(
+            message_bytes(service.runtime.config), wait=None)
 
     async def Push(self, request_iterator, context):
         service = self.service
@@ -139,17 +142,39 @@ class DataPlane(floe_pb2_grpc.DataPlaneServicer):
 
         # A client's or operator's sources are its own: kept under its identity.
         owner = None if may_fold else f"{who[0]}:{who[1]}"
+        pushes, caller = self.pushes, CALLER.get()
+
         async def read():
+            messages = request_iterator.__aiter__()
             try:
-                async for request in request_iterator:
+                while True:
+                    # room for a message of the largest size before gRPC reads the
+                    # next: until then the sender is held back by flow control
+                    held = await pushes.reserve(caller)
+                    try:
+                        request = await messages.__anext__()
+                    except BaseException:            # the end, or the client went away
+                        pushes.release(held)
+                        raise
+                    pushes.keep(held, request.ByteSize())
                     if not may_fold and any(is_fold_source(b.source)
                                             for b in request.batches):
+                        pushes.release(held)
                         await pending.put(refused(InvalidArgument(
                             f"a {who[0]} may not push under a fold's source "
                             f"({FOLD_SOURCE}...): only nodes merge pieces back")))
                         return
-                    await pending.put(await service.submit(batches_of(request, owner),
-                                                           stream))
+                    try:
+                        done = await service.submit(batches_of(request, owner), stream)
+                    except BaseException:
+                        pushes.release(held)
+                        raise
+                    request = None
+                    # its bytes are held until the applier is done with it
+                    done.add_done_callback(lambda _, held=held: pushes.release(held))
+                    await pending.put(done)
+            except StopAsyncIteration:
+                pass
             finally:
                 await pending.put(None)
 
@@ -404,9 +429,10 @@ def flow_options() -> list[tuple[str, int]]:
             ("grpc.http2.lookahead_bytes", STREAM_WINDOW)]
 
 
-def with_request_budget_stats(runtime: NodeRuntime, requests: RequestBytes) -> None:
+def with_request_budget_stats(runtime: NodeRuntime, requests: RequestBytes | Budgets
+                              ) -> None:
     """The node's stats (NodeStats, `floe status --json`, the metrics) also say what
-    its budget of request bytes did: calls refused and waiting, bytes held."""
+    its budgets of request bytes did: calls refused and waiting, bytes held."""
     base = runtime.stats
     runtime.stats = lambda: dict(base(), **requests.stats())    # type: ignore[method-assign]
 
@@ -419,10 +445,11 @@ async def start_server(runtime: NodeRuntime, metrics: NodeMetrics | None = None
     config = runtime.config
     tls = node_tls(config)
     interceptors = [metrics.rpc_timer] if metrics else []
-    requests = RequestBytes(message_bytes(config), total=config.max_request_bytes or None,
-                            wait=config.request_wait)
-    with_request_budget_stats(runtime, requests)
-    interceptors.append(CallLimiter(config.max_concurrent_rpcs, requests))
+    budgets = Budgets(message_bytes(config), total=config.max_request_bytes or None,
+                      wait=config.request_wait, push_total=config.max_inbound_bytes)
+    with_request_budget_stats(runtime, budgets)
+    interceptors.append(CallLimiter(config.max_concurrent_rpcs, budgets.callers,
+                                    budgets.members))
     if tls:
         interceptors.append(Authorizer())
     claim_port(config.listen)       # a port another process holds: one clear line
@@ -430,7 +457,8 @@ async def start_server(runtime: NodeRuntime, metrics: NodeMetrics | None = None
                                       *SERVER_OPTIONS,          # the port is ours alone
                                       *flow_options()],
                              interceptors=interceptors)
-    floe_pb2_grpc.add_DataPlaneServicer_to_server(DataPlane(service), server)
+    floe_pb2_grpc.add_DataPlaneServicer_to_server(DataPlane(service, budgets.pushes),
+                                                server)
     floe_pb2_grpc.add_ControlPlaneServicer_to_server(ControlPlane(service), server)
     floe_pb2_grpc.add_QueryPlaneServicer_to_server(QueryPlane(service), server)
     floe_pb2_grpc.add_SnapshotsServicer_to_server(Snapshots(service), server)
