@@ -237,3 +237,67 @@ class IdleStreams:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class LargePushes:
+    """`streams` Push streams against the node at `address`, opened at once by one
+    caller on one connection, each sending `messages` requests of two batches near
+    `max_batch_bytes` each (about 7 MiB a request with the default flags): valid
+    tuples of one key, `key`, of a range the node owns, that take the applier about
+    a tenth of a second a request, so they arrive far faster than they are applied.
+    `acked` counts the tuples the node acknowledged as applied; `refused` the streams
+    refused, by status code name."""
+
+    KEY_BYTES = 30                # about 35 bytes a tuple: 100,000 tuples a batch
+
+    def __init__(self, address: str, streams: int, messages: int = 1,
+                 max_batch_bytes: int = 4 << 20) -> None:
+        import threading
+        self.address, self.streams, self.messages = address, streams, messages
+        self.acked = 0
+        self.refused: dict[str, int] = {}
+        self._lock = threading.Lock()
+        with grpc.insecure_channel(address) as channel:
+            ring = Ring.from_wire(floe_pb2_grpc.ControlPlaneStub(channel).GetRing(
+                floe_pb2.GetRingRequest(), timeout=10).ring)
+        me = next(n for n, a in ring.addresses if a == address)
+        self.token = ring.tokens_of(me)[0]
+        self.key = next(k for k in (f"{i:0{self.KEY_BYTES}d}" for i in range(100_000))
+                        if ring.token_for_key(k) == self.token)
+        self.ring_stamp = ring.stamp
+        tuples = 100_000
+        while len(encode_payload([self.key] * tuples, [1] * tuples)) > max_batch_bytes * 0.9:
+            tuples = tuples * 9 // 10
+        self.tuples = tuples
+        self.payload = encode_payload([self.key] * tuples, [1] * tuples)
+
+    def _requests(self, stream: int):
+        for m in range(self.messages):
+            batches = []
+            for b in range(2):
+                first = 1 + (2 * m + b) * self.tuples
+                batches.append(floe_pb2.Batch(
+                    ring_stamp=self.ring_stamp, token=self.token, source=f"large-{stream}",
+                    first_seq=first, last_seq=first + self.tuples - 1, count=self.tuples,
+                    id=2 * m + b + 1, payload=self.payload))
+            yield floe_pb2.PushRequest(batches=batches)
+
+    def run(self, timeout: float = 300) -> None:
+        """Every stream sent and answered (or refused)."""
+        from concurrent.futures import ThreadPoolExecutor
+        with grpc.insecure_channel(self.address, options=[
+                ("grpc.max_send_message_length", 64 << 20),
+                ("grpc.use_local_subchannel_pool", 1)]) as channel:
+            push = floe_pb2_grpc.DataPlaneStub(channel).Push
+
+            def one(stream: int) -> None:
+                try:
+                    for reply in push(self._requests(stream), timeout=timeout):
+                        with self._lock:
+                            self.acked += sum(a.applied for a in reply.acks)
+                except grpc.RpcError as exc:
+                    with self._lock:
+                        name = exc.code().name
+                        self.refused[name] = self.refused.get(name, 0) + 1
+            with ThreadPoolExecutor(self.streams) as pool:
+                list(pool.map(one, range(self.streams)))

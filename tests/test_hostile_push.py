@@ -1,0 +1,75 @@
+"""Bytes of Push messages a node has read but not yet applied are bounded per caller
+identity (docs/security.md, *Bytes of requests in flight*): a hostile caller opens
+many Push streams of large, valid requests at once, far faster than the applier
+takes them. The node's RSS is sampled meanwhile; an honest client pushing at the
+same time stays exact, and so do the hostile caller's own tuples."""
+
+import threading
+import time
+
+import psutil
+import pytest
+
+from floering.chaos.cluster import LocalCluster
+from floering.chaos.hostile import LargePushes
+from floering.node.transport.budget import PUSH_READS_PER_CALLER
+from tests.helpers import Feeder, diff, wait_for
+
+pytestmark = pytest.mark.multiprocess
+
+MESSAGE_MIB = 8          # the largest message a node takes with the default flags
+STREAMS, MESSAGES = 8, 12
+# What the node may hold for one caller identity (in the clear, a host: here every
+# process on loopback): PUSH_READS_PER_CALLER messages read and not yet applied,
+# and on each open stream the message gRPC's transport takes in before it is asked
+# for (it completes a message it has begun), each up to twice at once (the bytes
+# and the parsed request; the tuples of the one being applied).
+SHARE_MIB = 2 * (PUSH_READS_PER_CALLER + STREAMS) * MESSAGE_MIB
+
+
+class PeakRss:
+    """The most RSS a process had while sampled, above what it had at the start."""
+
+    def __init__(self, pid: int) -> None:
+        self.proc = psutil.Process(pid)
+        self.base = self.peak = self.proc.memory_info().rss
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._done.is_set():
+            self.peak = max(self.peak, self.proc.memory_info().rss)
+            time.sleep(0.02)
+
+    def stop(self) -> int:
+        self._done.set()
+        self._thread.join()
+        return (self.peak - self.base) >> 20
+
+
+def test_many_streams_of_large_pushes_hold_a_callers_share_and_stay_exact(tmp_path):
+    # Before the bound: +437-466 MiB (the inbound queue, 256 MiB, filled with one caller's
+    # requests, and one more read on every stream waiting for room); now +186.
+    with LocalCluster.up(3, 1, workdir=tmp_path, tls=False) as cluster:
+        node = cluster.node("n0")
+        feeder = Feeder([node.address])
+        feeder.start()
+        feeder.wait_rounds(3)
+        hostile = LargePushes(node.address, STREAMS, MESSAGES)
+        rss = PeakRss(node.pid)
+        began = time.monotonic()
+        hostile.run()
+        took = time.monotonic() - began
+        grown = rss.stop()
+        feeder.wait_rounds(3)
+        client = feeder.finish()
+        got = client.scan_all()
+        client.close()
+    print(f"hostile pushes: +{grown} MiB in {took:.1f} s, acked {hostile.acked}, "
+          f"refused {hostile.refused}")
+    assert hostile.refused == {}
+    assert hostile.acked == STREAMS * MESSAGES * 2 * hostile.tuples
+    assert got.pop(hostile.key) == hostile.acked
+    assert got == feeder.acked, diff(got, feeder.acked)
+    assert grown < SHARE_MIB, grown
