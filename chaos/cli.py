@@ -200,6 +200,17 @@ def _recorded(args) -> dict[str, dict]:
             for n in LocalCluster.load(args.cluster_file).nodes}
 
 
+def budget_cell(row: dict) -> str:
+    """Bytes of requests held / the bound (MiB), and the calls refused for want of
+    room if any: the node's budgets of request bytes (request_budget_*)."""
+    if not row.get("request_budget_limit_bytes"):
+        return "-"
+    cell = (f"{row.get('request_budget_bytes', 0) / (1 << 20):.0f}/"
+            f"{row['request_budget_limit_bytes'] >> 20} MiB")
+    refused = row.get("request_budget_refused", 0)
+    return f"{cell} {refused:,} refused" if refused else cell
+
+
 def cmd_status(args) -> int:
     from floering.chaos.ringview import (check_exit, describe_ring, member_rows, table,
                                          unlisted_processes, verdict)
@@ -221,11 +232,11 @@ def cmd_status(args) -> int:
                           "verdict": line, "nodes": rows}, indent=2))
         return check_exit(line) if args.check else 0
     cells = [("node", "state", "address", "pid", "share", "tokens", "rate/s", "busy", "load",
-              "keys", "queue", "backup", "under", "lost", "kernel", "lag", "ring")]
+              "keys", "queue", "backup", "under", "lost", "kernel", "lag", "requests", "ring")]
     for r in rows:
         if "ring_share" not in r:
             cells.append((r["node_id"], r["state"], r["address"], str(r.get("pid", "-")),
-                          *["-"] * 12, r.get("error", "")))
+                          *["-"] * 13, r.get("error", "")))
             continue
         cells.append((r["node_id"], r["state"], r["address"], str(r["pid"]),
                       f"{r['ring_share']:.1%}", str(r["tokens"]), f"{r['apply_rate']:,.0f}",
@@ -233,7 +244,7 @@ def cmd_status(args) -> int:
                       str(r["queue_length"]), str(r["backup_tuples"]),
                       str(r["under_replicated"]), str(r["lost_ranges"]),
                       r.get("state_kernel") or "-", f"{r.get('loop_lag_ms', 0):.0f} ms",
-                      f"v{r['ring_version']}"))
+                      budget_cell(r), f"v{r['ring_version']}"))
     print(describe_ring(ring))
     print("\n".join(table(cells)))
     print(line)
