@@ -20,10 +20,10 @@ pytestmark = pytest.mark.multiprocess
 MESSAGE_MIB = 8          # the largest message a node takes with the default flags
 STREAMS, MESSAGES = 8, 12
 # What the node may hold for one caller identity (in the clear, a host: here every
-# process on loopback): PUSH_READS_PER_CALLER messages read and not yet applied,
-# and on each open stream the message gRPC's transport takes in before it is asked
-# for (it completes a message it has begun), each up to twice at once (the bytes
-# and the parsed request; the tuples of the one being applied).
+# process on loopback): PUSH_READS_PER_CALLER messages read and not yet applied, and
+# a message a stream open (what grows with the streams open, bounded by the caller's
+# calls: +161 MiB with 16 streams of one request each, +511 with 96), each up to
+# twice at once (the bytes and the parsed request; the tuples of the one applied).
 SHARE_MIB = 2 * (PUSH_READS_PER_CALLER + STREAMS) * MESSAGE_MIB
 
 
