@@ -15,6 +15,7 @@ import ast
 import importlib
 from math import isfinite
 from operator import gt, lt
+from typing import Any, Callable
 
 from floering.node.core.errors import InvalidArgument, UnknownReducer, inert
 
@@ -26,7 +27,9 @@ _INF = float("inf")
 
 class Reducer:
     name: str = ""  # set by load_reducer to the spec it was loaded from
-    merge = None    # optional: merge(a, b) -> state, associative and commutative
+    # optional: merge(a, b) -> state, associative and commutative (states are whatever
+    # the reducer keeps)
+    merge: Callable[[Any, Any], Any] | None = None
     # True when a state is the initial 0 plus the sum of the values (merge is +):
     # a combining mapper then folds tuples with plain arithmetic.
     additive = False
