@@ -20,14 +20,13 @@ import functools
 import time
 from typing import AsyncIterator, Iterable
 
-from floering.mapper.batching import batcher_for, linger_loop
+from floering.mapper.batching import Batcher, batcher_for, linger_loop
 from floering.mapper.common import ClientBase
 from floering.mapper.queries import get_state, node_stats, query, top_entries, top_of
 from floering.mapper.scanning import FOLD_RETRIES, FoldDuringScan, open_scan
 from floering.node.core.errors import Unavailable
 from floering.node.core.ring import Ring
-from floering.mapper.credentials import FIND, find_tls, mismatch
-from floering.node.transport.tls import TlsFiles
+from floering.mapper.credentials import FIND, TlsChoice, find_tls, mismatch
 
 POLL = 0.005        # seconds between two looks at the delivery while waiting on it
 
@@ -43,36 +42,42 @@ class AsyncRingClient(ClientBase):
                  linger: float = 0.05, window: int = 64, max_pending_batches: int = 512,
                  timeout: float = 60.0, rpc_timeout: float = 5.0,
                  expect_reducer: str | None = None, first_seq: int = 1,
-                 tls: TlsFiles | str | None = FIND, combine: bool = True,
+                 tls: TlsChoice = FIND, combine: bool = True,
                  columnar: bool | None = None) -> None:
         self.tls = find_tls("client", tls)
         super().__init__(seeds, source, batch_size, linger, window, max_pending_batches,
                          timeout, rpc_timeout, expect_reducer, self.tls, combine)
         self._named = source is not None
         self._first_seq = first_seq
-        self._batcher = None
+        self._batcher: Batcher | None = None
         self._columnar = columnar
         self._linger_task: asyncio.Task | None = None
 
     async def connect(self) -> "AsyncRingClient":
         """Fetch the ring and start the linger task (the first emit does it too)."""
+        await self._connected()
+        return self
+
+    async def _connected(self) -> Batcher:
+        """connect(), then the batcher it made."""
         if self._closed:
             raise RuntimeError("the client is closed")
-        if self._batcher is None:
-            try:
-                await self._delivery.fetch_ring()
-            except Unavailable as exc:
-                told = await asyncio.to_thread(mismatch, exc, self._delivery.seeds, self.tls)
-                if told is exc:
-                    raise
-                raise told from None
-            self._batcher = batcher_for(self._delivery, self.source, self._named,
-                                        self.batch_size, self._first_seq, self.combine,
-                                        self._columnar)
-            self.source = self._batcher.source
-            self._linger_task = asyncio.create_task(
-                linger_loop(self._batcher, self._delivery, self.linger))
-        return self
+        if self._batcher is not None:
+            return self._batcher
+        try:
+            await self._delivery.fetch_ring()
+        except Unavailable as exc:
+            told = await asyncio.to_thread(mismatch, exc, self._delivery.seeds, self.tls)
+            if told is exc:
+                raise
+            raise told from None
+        batcher = self._batcher = batcher_for(self._delivery, self.source, self._named,
+                                              self.batch_size, self._first_seq,
+                                              self.combine, self._columnar)
+        self.source = batcher.source
+        self._linger_task = asyncio.create_task(
+            linger_loop(batcher, self._delivery, self.linger))
+        return batcher
 
     async def __aenter__(self) -> "AsyncRingClient":
         return await self.connect()
@@ -89,46 +94,42 @@ class AsyncRingClient(ClientBase):
 
     async def rebind(self, source: str, first_seq: int = 1, plan=None) -> None:
         """RingClient.rebind: a new sequence of tuples on the same connections."""
-        await self.connect()
-        if self._batcher.pending or self._delivery.undelivered:
+        batcher = await self._connected()
+        if batcher.pending or self._delivery.undelivered:
             raise RuntimeError("rebind() needs every tuple flushed first")
         if self._delivery.fatal is not None:
             raise self._delivery.fatal
         await self._delivery.reopen_streams()
         await self._delivery.fetch_ring()
-        self._batcher.rebind(source, first_seq, self.ring, plan)
+        batcher.rebind(source, first_seq, self.ring, plan)
         self.source = source
 
     # --------------------------------------------------------------- emit
 
     async def emit(self, key, value=1, *, due: float | None = None) -> None:
         """Queue one tuple; waits while too many batches are unacknowledged."""
-        if self._batcher is None:
-            await self.connect()
-        batcher = self._batcher
+        batcher = self._batcher if self._batcher is not None else await self._connected()
         if batcher.emit(key, value, due) or batcher.seal_if_idle(self._delivery):
-            await self._hand_over()
+            await self._hand_over(batcher)
 
     async def emit_many(self, keys: Iterable, value=1, *, due: float | None = None) -> None:
         """emit(key, value) for every key, several times faster than a loop of emit()."""
-        if self._batcher is None:
-            await self.connect()
-        batcher = self._batcher
+        batcher = self._batcher if self._batcher is not None else await self._connected()
         if batcher.emit_many(keys, value, due) or batcher.seal_if_idle(self._delivery):
-            await self._hand_over()
+            await self._hand_over(batcher)
 
-    async def _hand_over(self) -> None:
+    async def _hand_over(self, batcher: Batcher) -> None:
         d = self._delivery
         await self._wait(lambda: len(d.undelivered) < self.max_pending_batches, self.timeout,
                          lambda: f"{len(d.undelivered)} batches unacknowledged for "
                                  f"{self.timeout}s; the ring is not accepting tuples")
-        self._batcher.drain(d.submit)
+        batcher.drain(d.submit)
 
     async def flush(self, timeout: float | None = None) -> None:
         """Send every buffered tuple and wait until all are on their r+1 nodes."""
-        await self.connect()
-        self._batcher.seal_all()
-        await self._hand_over()
+        batcher = await self._connected()
+        batcher.seal_all()
+        await self._hand_over(batcher)
         d = self._delivery
         await self._wait(lambda: not d.undelivered,
                          self.timeout if timeout is None else timeout,
@@ -175,7 +176,8 @@ class AsyncRingClient(ClientBase):
         await self.connect()
         if self.shares_keys:
             for attempt in range(FOLD_RETRIES):
-                best, reducer = [], self._reducer()
+                best: list[tuple[object, object]] = []
+                reducer = self._reducer()
                 try:
                     async for items in self._chunks(0):
                         best = top_of(best + items, k, reducer)

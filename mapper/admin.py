@@ -15,13 +15,13 @@ from floering.node.core.hashing import HASH_SPACE
 from floering.node.core.ring import Ring
 from floering.node.transport.status import error_from_rpc
 from floering.node.transport.channels import server_options
-from floering.mapper.credentials import FIND, find_tls
-from floering.node.transport.tls import TlsFiles, server_name
+from floering.mapper.credentials import FIND, TlsChoice, find_tls
+from floering.node.transport.tls import server_name
 
 
 def request_handoff(address: str, tokens, target: str = "", *, leave: bool = False,
                     timeout: float = 30.0, split_at: int | None = None,
-                    tls: TlsFiles | str | None = FIND, node: str | None = None
+                    tls: TlsChoice = FIND, node: str | None = None
                     ) -> floe_pb2.HandoffReply:
     """Ask the node at `address` to hand `tokens` to `target` (or to leave, or to split
     its range at `split_at` and hand the tail to `target`); returns once the handoff
@@ -69,7 +69,7 @@ def parse_position(text: str) -> int:
 
 
 def move(ring: Ring, node: str, pos: int, timeout: float = 30.0,
-         tls: TlsFiles | str | None = FIND, show: Callable[[int], str] = hex_position) -> str:
+         tls: TlsChoice = FIND, show: Callable[[int], str] = hex_position) -> str:
     """`node` takes over the range containing `pos` from its current owner."""
     if node not in ring.nodes:
         raise InvalidArgument(f"{node!r} is not a member of ring v{ring.version}: "
@@ -87,7 +87,7 @@ def move(ring: Ring, node: str, pos: int, timeout: float = 30.0,
 
 
 def split(ring: Ring, pos: int, node: str | None = None, timeout: float = 30.0,
-          tls: TlsFiles | str | None = FIND, show: Callable[[int], str] = hex_position) -> str:
+          tls: TlsChoice = FIND, show: Callable[[int], str] = hex_position) -> str:
     """Cut the range holding `pos` at `pos`: its owner keeps (lo, pos] under the new
     token `pos`, the tail (pos, token] keeps the token; with `node`, the tail then goes
     to `node` live (to the owner's clockwise neighbour: "move my token back to pos")."""
@@ -136,7 +136,7 @@ def plan_scale_out(ring: Ring, newcomers: list[str],
 
 
 def carry_out(ring: Ring, plan: dict[str, dict[int, str]], timeout: float = 60.0,
-              tls: TlsFiles | str | None = FIND) -> list[str]:
+              tls: TlsChoice = FIND) -> list[str]:
     """Every donor hands its share at once (donors in parallel, one handoff each per
     target). Raises if any was aborted."""
     calls = []

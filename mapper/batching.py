@@ -15,11 +15,11 @@ import time
 import uuid
 from bisect import bisect_left
 from collections import deque
-from typing import Iterable
+from typing import Iterable, Protocol
 
 import msgpack
 
-from floering.mapper.kernel import KernelBuffer, kernel, kernel_value
+from floering.mapper.kernel import Combiner, KernelBuffer, kernel, kernel_value, new_combiner
 from floering.mapper.outbox import PendingBatch
 from floering.mapper.routing import Router
 from floering.mapper.sharing import check_key, chooser_for
@@ -36,6 +36,20 @@ COMBINED_INPUTS_PER_KEY = 64
 SEAL_TICK = 0.002     # seconds between two looks at which buffers may go
 BULK_ROUTE_MIN = 64   # keys not yet cached, from which a list is hashed in one call
 MAX_KEY_BYTES = DEFAULT_LIMITS.max_key_bytes      # what a node takes
+
+
+class OpenBuffer(Protocol):
+    """A token's open buffer, of any kind (a batcher holds one kind a token at a time):
+    when its first tuple was due, and the ring's tokens its keys were routed with."""
+    since: float
+    tokens: tuple
+
+
+def wrong_kind(token: int, buf: OpenBuffer, wanted: type) -> TypeError:
+    """The error for an open buffer of another kind than the one being filled (each
+    emit seals the other kinds first, so this is a bug)."""
+    return TypeError(f"token {token}'s open buffer is a {type(buf).__name__}, "
+                     f"not a {wanted.__name__}")
 
 
 class Buffer:
@@ -74,7 +88,7 @@ class Batcher:
         self.source = source
         self.batch_size = batch_size
         self.next_seq = first_seq
-        self.buffers: dict[int, Buffer] = {}
+        self.buffers: dict[int, OpenBuffer] = {}
         self.sealed: deque[PendingBatch] = deque()
         self.lock = threading.Lock()
         self.tokens = router.ring.tokens       # the ring tokens the open buffers were routed with
@@ -83,7 +97,7 @@ class Batcher:
         # and buffered by the append kernel (mapper/kernel.py): each token's keys,
         # values and seqs in C, sealed straight into a payload (`kernels` False: Python
         # lists, as before)
-        self.appender = None
+        self.appender: Combiner | None = None
         self.kernels = True
 
     def rebind(self, source: str, first_seq: int, ring, plan=None) -> None:
@@ -133,6 +147,8 @@ class Batcher:
             buf = self.buffers.get(token)
             if buf is None:
                 buf = self.buffers[token] = Buffer(due or time.monotonic(), tokens)
+            elif not isinstance(buf, Buffer):
+                raise wrong_kind(token, buf, Buffer)
             buf.keys.append(key)
             buf.values.append(value)
             buf.seqs.append(self.next_seq)
@@ -172,6 +188,8 @@ class Batcher:
                     buf = buffers.get(token)
                     if buf is None:
                         buf = buffers[token] = Buffer(born, tokens)
+                    elif not isinstance(buf, Buffer):
+                        raise wrong_kind(token, buf, Buffer)
                     buf.keys.append(key)
                     buf.values.append(value)
                     buf.seqs.append(seq)
@@ -202,7 +220,7 @@ class Batcher:
             self._seal_kind_locked(Buffer)
             appender = self.appender
             if appender is None or appender.tokens != tokens:   # (a new ring sealed all)
-                appender = self.appender = kernel.Combiner("append", tokens, MAX_KEY_BYTES)
+                appender = self.appender = new_combiner("append", tokens, MAX_KEY_BYTES)
             buffers, seq0, i = self.buffers, self.next_seq, 0
             try:
                 while True:
@@ -259,7 +277,7 @@ class Batcher:
             full |= self.emit(key, vals[i], born)
         return full
 
-    def _seal_kind_locked(self, kind) -> None:
+    def _seal_kind_locked(self, kind: type) -> None:
         if self.buffers:
             for token in [t for t, b in self.buffers.items() if type(b) is kind]:
                 self._seal_locked(token)
@@ -298,12 +316,18 @@ class Batcher:
     def _seal_locked(self, token: int) -> None:
         buf = self.buffers.pop(token)
         if type(buf) is AppendBuffer:
-            first, last, seqs = self.appender.take_seqs(buf.index)
-            payload, count, _ = self.appender.take(buf.index, 2 if self.columns() else 1)
+            appender = self.appender
+            if appender is None:
+                raise RuntimeError(f"token {token}'s buffer is in the append kernel, "
+                                   f"which this batcher has not opened")
+            first, last, packed = appender.take_seqs(buf.index)
+            payload, count, _ = appender.take(buf.index, 2 if self.columns() else 1)
             self.sealed.append(PendingBatch(next(self._batch_ids), token, self.source, first,
-                                            last, count, payload, seqs, buf.since,
+                                            last, count, payload, packed, buf.since,
                                             tokens=buf.tokens))
             return
+        if not isinstance(buf, Buffer):
+            raise wrong_kind(token, buf, Buffer)
         seqs = buf.seqs
         self.sealed.append(PendingBatch(
             next(self._batch_ids), token, self.source, seqs[0], seqs[-1], len(seqs),

@@ -16,7 +16,7 @@ by their owners (`floering.node.core.folding`)."""
 from __future__ import annotations
 
 import math
-from collections import Counter
+from collections import defaultdict
 
 from floering.node.core.pieces import piece_key
 from floering.node.core.ring import Ring
@@ -28,7 +28,8 @@ class ChoicesChooser:
                  capacity: int = 256, review_every: int = 1000, decay: float = 0.9) -> None:
         self.max_pieces, self.every_node, self.threshold = max_pieces, every_node, threshold
         self.sketch = SpaceSaving(capacity)
-        self.sent: Counter = Counter()            # tuples sent per node, by this mapper
+        # tuples sent per node by this mapper, decayed at each review
+        self.sent: defaultdict[str, float] = defaultdict(float)
         self.heads: dict = {}                     # head key -> number of candidates
         self.review_every, self.decay = review_every, decay
         self.total = 0

@@ -22,8 +22,7 @@ from floering.mapper.queries import get_state, node_stats, query, top_entries, t
 from floering.mapper.scanning import FOLD_RETRIES, FoldDuringScan, open_scan
 from floering.node.core.errors import Unavailable
 from floering.node.core.ring import Ring
-from floering.mapper.credentials import FIND, find_tls, mismatch
-from floering.node.transport.tls import TlsFiles
+from floering.mapper.credentials import FIND, TlsChoice, find_tls, mismatch
 
 _shared: tuple[int, asyncio.AbstractEventLoop, threading.Thread] | None = None
 _shared_lock = threading.Lock()
@@ -61,7 +60,7 @@ class RingClient(ClientBase):
                  batch_size: int = 1000, linger: float = 0.05, window: int = 64,
                  max_pending_batches: int = 512, timeout: float = 60.0,
                  rpc_timeout: float = 5.0, expect_reducer: str | None = None,
-                 first_seq: int = 1, tls: TlsFiles | str | None = FIND,
+                 first_seq: int = 1, tls: TlsChoice = FIND,
                  combine: bool = True, columnar: bool | None = None) -> None:
         self.tls = find_tls("client", tls)
         super().__init__(seeds, source, batch_size, linger, window, max_pending_batches,

@@ -27,17 +27,18 @@ from __future__ import annotations
 import itertools
 import time
 from collections import Counter
-from typing import Iterable
+from typing import Callable, Hashable, Iterable
 
 from floering.mapper.batching import (MAX_KEY_BYTES, PLAIN_VALUES, Batcher, check_str_keys,
-                                     check_value, refuse_key)
+                                     check_value, refuse_key, wrong_kind)
 from floering.mapper.outbox import PendingBatch
 from floering.mapper.sharing import check_key
 from floering.node.core.batch import encode_payload
 from floering.node.core.errors import FloeError
 from floering.node.core.pieces import COMBINED_SOURCE
 from floering.node.core.reducers import Count, Max, Min, Reducer, Sum, reducer_from_identity
-from floering.mapper.kernel import COMBINE_KERNEL, KernelBuffer, kernel, kernel_value  # noqa: F401
+from floering.mapper.kernel import (COMBINE_KERNEL, Combiner, KernelBuffer,  # noqa: F401
+                                    kernel, kernel_value, new_combiner)
 
 # The reducers the kernel combines: their states are int64 folded by +, min or max.
 KERNEL_OPS = {Count: "count", Sum: "sum", Min: "min", Max: "max"}
@@ -86,7 +87,7 @@ class CombiningBatcher(Batcher):
         self.combining = True
         self._tuples = itertools.count(1)   # numbers a sharing balancer chooses pieces by
         self.kernel_op = KERNEL_OPS.get(type(reducer))
-        self.combiner = None                # the kernel's parts, for the ring's tokens
+        self.combiner: Combiner | None = None   # the kernel's parts, for the ring's tokens
 
     def rebind(self, source: str, first_seq: int, ring, plan=None) -> None:
         # A named, replayable sequence: its batches must be rebuilt alike by whoever
@@ -119,18 +120,19 @@ class CombiningBatcher(Batcher):
                 check_key(key)
         with self.lock:
             tokens, route, sealed, place = self._routing_locked()
-            if place is None and only_str and self.kernel_op and self.kernels and \
-                    kernel_value(value):
-                return self._fold_kernel_locked(keys, value, born, tokens) or sealed
+            op = self.kernel_op
+            if place is None and only_str and op and self.kernels and kernel_value(value):
+                return self._fold_kernel_locked(keys, value, born, tokens, op) or sealed
             self._seal_kind_locked(ColumnBuffer)
             return self._fold_dict_locked(keys, value, born, tokens, route, place) or sealed
 
-    def _fold_kernel_locked(self, keys: list, value: int, born: float, tokens) -> bool:
+    def _fold_kernel_locked(self, keys: list, value: int, born: float, tokens: tuple,
+                            op: str) -> bool:
         check_str_keys(keys)
         self._seal_kind_locked(StateBuffer)
         combiner = self.combiner
         if combiner is None or combiner.tokens != tokens:   # (a new ring sealed them all)
-            combiner = self.combiner = kernel.Combiner(self.kernel_op, tokens, MAX_KEY_BYTES)
+            combiner = self.combiner = new_combiner(op, tokens, MAX_KEY_BYTES)
         buffers, size, most = self.buffers, self.batch_size, self.max_inputs
         sealed, i = False, 0
         while True:
@@ -150,6 +152,9 @@ class CombiningBatcher(Batcher):
                           place) -> bool:
         sealed = False
         reducer = self.reducer
+        # (key, tuples of it) with a router's cache, else (piece, token, tuples of it)
+        counted: Iterable[tuple]
+        cached: Callable[[Hashable], int | None] | None
         if place is None:
             counted = Counter(keys).items()     # one route and one fold per key
             cached = route.cached
@@ -163,6 +168,9 @@ class CombiningBatcher(Batcher):
         additive = reducer.additive
         low, high = LOWEST, HIGHEST
         combine, merge = reducer.combine, reducer.merge
+        if merge is None:
+            raise ValueError(f"reducer {reducer.name or type(reducer).__name__} has no "
+                             f"merge: its tuples cannot be combined")
         # The hot loop: one pass per distinct key, no call but dict methods where
         # the reducer is additive (a count or a sum).
         for item in counted:
@@ -176,6 +184,8 @@ class CombiningBatcher(Batcher):
             buf = buffers.get(token)
             if buf is None:
                 buf = buffers[token] = StateBuffer(born, tokens)
+            elif not isinstance(buf, StateBuffer):
+                raise wrong_kind(token, buf, StateBuffer)
             states = buf.states
             if additive:
                 total = states.get(key, 0) + n * value
@@ -200,25 +210,32 @@ class CombiningBatcher(Batcher):
         it goes as several tuples, each in a batch of its own sealing, every one but
         the last holding the most a value may; the last stays in the token's buffer,
         which is returned."""
-        buffers = self.buffers
         step = HIGHEST if total > 0 else LOWEST
         while not LOWEST <= total <= HIGHEST:
-            buf = buffers.get(token)
-            if buf is None:
-                buf = buffers[token] = StateBuffer(born, tokens)
-            buf.states[key] = step
+            self._state_buffer_locked(token, born, tokens).states[key] = step
             self._seal_locked(token)
             total -= step
-        buf = buffers.get(token)
-        if buf is None:
-            buf = buffers[token] = StateBuffer(born, tokens)
+        buf = self._state_buffer_locked(token, born, tokens)
         buf.states[key] = total
+        return buf
+
+    def _state_buffer_locked(self, token: int, born: float, tokens: tuple) -> StateBuffer:
+        """The token's open buffer of partial states (opened if none is)."""
+        buf = self.buffers.get(token)
+        if buf is None:
+            buf = self.buffers[token] = StateBuffer(born, tokens)
+        elif not isinstance(buf, StateBuffer):
+            raise wrong_kind(token, buf, StateBuffer)
         return buf
 
     def _seal_locked(self, token: int) -> None:
         buf = self.buffers[token]
         if type(buf) is ColumnBuffer:
-            payload, count, inputs = self.combiner.take(buf.index, 2 if self.columns() else 1)
+            combiner = self.combiner
+            if combiner is None:
+                raise RuntimeError(f"token {token}'s buffer is in the combiner kernel, "
+                                   f"which this batcher has not opened")
+            payload, count, inputs = combiner.take(buf.index, 2 if self.columns() else 1)
             del self.buffers[token]
             return self._sealed_locked(token, buf, payload, count, inputs)
         if not isinstance(buf, StateBuffer):
@@ -229,8 +246,8 @@ class CombiningBatcher(Batcher):
         del self.buffers[token]
         self._sealed_locked(token, buf, payload, len(buf.states), buf.inputs)
 
-    def _sealed_locked(self, token: int, buf, payload: bytes, count: int,
-                       inputs: int) -> None:
+    def _sealed_locked(self, token: int, buf: ColumnBuffer | StateBuffer, payload: bytes,
+                       count: int, inputs: int) -> None:
         first = self.next_seq
         self.next_seq += count
         self.sealed.append(PendingBatch(

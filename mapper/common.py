@@ -34,7 +34,8 @@ class ClientBase:
 
     @property
     def ring(self) -> Ring:
-        return self._delivery.ring
+        """The ring this client routes with (fetched when it connects)."""
+        return self._delivery.known_ring
 
     @property
     def reducer(self) -> str:

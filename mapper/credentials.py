@@ -36,6 +36,10 @@ class _Find:
 
 FIND = _Find()
 
+# What a `tls=` argument may be: credentials, their directory, None (in the clear) or
+# FIND (the order above).
+TlsChoice = TlsFiles | str | Path | _Find | None
+
 
 class TlsMismatch(Unavailable):
     """The ring and this client disagree about TLS: retrying cannot help."""
@@ -57,7 +61,7 @@ def cluster_tls_dir(cluster_file: str | Path | None = None) -> Path | None:
     return directory if (directory / "ca.pem").is_file() else None
 
 
-def find_tls_dir(given=FIND, *, cluster_file: str | Path | None = None) -> Path | None:
+def find_tls_dir(given: TlsChoice = FIND, *, cluster_file: str | Path | None = None) -> Path | None:
     """The directory holding the certificates, found in the order above (None: in the
     clear). For a caller that hands the directory on, as the Spark driver does to its
     executors."""
@@ -65,14 +69,14 @@ def find_tls_dir(given=FIND, *, cluster_file: str | Path | None = None) -> Path 
         return None
     if isinstance(given, TlsFiles):
         return given.ca.parent
-    if given is not FIND:
+    if not isinstance(given, _Find):
         return Path(given)
     if os.environ.get(TLS_ENV):
         return Path(os.environ[TLS_ENV])
     return cluster_tls_dir(cluster_file)
 
 
-def find_tls(name: str = "client", given=FIND, *,
+def find_tls(name: str = "client", given: TlsChoice = FIND, *,
              cluster_file: str | Path | None = None) -> TlsFiles | None:
     """`name`'s credentials (`client`, `operator`), found in the order above."""
     if isinstance(given, TlsFiles):

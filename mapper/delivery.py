@@ -70,7 +70,7 @@ class NodeSender:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                if asyncio.current_task().cancelling() or self.delivery.closing:
+                if self.task.cancelling() or self.delivery.closing:
                     # A cancel that gRPC turned into an error on the way out (the
                     # call cancelled under a write): still a cancel, or close() would
                     # wait on a sender that backs off and retries for ever.
@@ -108,7 +108,7 @@ class NodeSender:
                     while self.queue and len(self.inflight) < d.window and size < MESSAGE_BYTES:
                         batch = self.queue.popleft()
                         self.inflight.append(batch)
-                        batches.append(to_message(batch, d.ring.stamp, stream))
+                        batches.append(to_message(batch, d.known_ring.stamp, stream))
                         size += len(batch.payload) + len(batch.seqs)
                     await write(call, floe_pb2.PushRequest(batches=batches), self.node)
                 self.wakeup.clear()
@@ -194,6 +194,13 @@ class Delivery:
         self.last_errors: dict[str, str] = {}        # node -> why its stream last failed
 
     @property
+    def known_ring(self) -> Ring:
+        """The ring in use: there is one from the first fetch_ring() on."""
+        if self.ring is None:
+            raise RuntimeError("no ring yet: the client has not fetched one")
+        return self.ring
+
+    @property
     def undelivered(self) -> dict[int, PendingBatch]:
         return self.outbox.undelivered
 
@@ -258,7 +265,8 @@ class Delivery:
         # and not at all once a view newer than ours has come.
         began_at = self.ring
         tasks = [asyncio.ensure_future(ask(a)) for a in addresses]
-        pending, first_view = set(tasks), None
+        pending = set(tasks)
+        first_view: float | None = None       # when the first view came
         while pending:
             timeout = None if first_view is None else \
                 max(0.0, first_view + RING_PATIENCE - time.monotonic())
@@ -292,7 +300,7 @@ class Delivery:
             self._wire = chosen[1]
         self.reducer = best.reducer
         self.formats = frozenset.intersection(*spoken.values()) if spoken else self.formats
-        return self.ring
+        return self.known_ring
 
     def speaks_columns(self) -> bool:
         """Whether the nodes decode format 2 (columns)."""
@@ -360,9 +368,10 @@ class Delivery:
             self._refreshing = asyncio.create_task(self._refresh())
 
     async def _watch_ring(self, interval: float = 0.025, limit: float = 3.0) -> None:
-        version = self.ring.version
+        version = self.known_ring.version
         deadline = time.monotonic() + limit
-        while self.undelivered and self.ring.version == version and time.monotonic() < deadline:
+        while self.undelivered and self.known_ring.version == version and \
+                time.monotonic() < deadline:
             await self._refresh()
             await asyncio.sleep(interval)
 
@@ -385,10 +394,10 @@ class Delivery:
     # ------------------------------------------------------------- batches
 
     def submit(self, batch: PendingBatch) -> None:
-        self._send(self.outbox.add(batch, self.ring))
+        self._send(self.outbox.add(batch, self.known_ring))
 
     def _send(self, sends) -> None:
-        ring = self.ring
+        ring = self.known_ring
         for batch, destinations in sends:
             for node in destinations:
                 sender = self.senders.get(node)

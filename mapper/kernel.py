@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from types import ModuleType
+from typing import Protocol
 
 from floering.mapper import pycombine
 
@@ -18,6 +19,35 @@ except ImportError:
     kernel = pycombine
 COMBINE_KERNEL = "python" if kernel is pycombine else "compiled"
 INT64_LOW, INT64_HIGH = -(1 << 63), (1 << 63) - 1
+
+
+class Combiner(Protocol):
+    """What the batchers use of a kernel's Combiner (ccombine's or pycombine's): open
+    parts per token index of `tokens`, `opened` the indexes whose part went from empty
+    to holding a key since the caller last emptied it. A fold returns (the index of the
+    next key, the token index it stopped at or -1, DONE, FULL or why it stopped)."""
+
+    @property
+    def tokens(self) -> tuple: ...
+
+    @property
+    def opened(self) -> list[int]: ...
+
+    def fold(self, keys: list, start: int, value: int, values, size: int, most: int,
+             seq0: int = 0) -> tuple[int, int, int]: ...
+
+    def fold_utf8(self, data, offsets, width: int, start: int, stop: int, value: int,
+                  values, size: int, most: int, seq0: int = 0) -> tuple[int, int, int]: ...
+
+    def take_seqs(self, t: int) -> tuple[int, int, bytes]: ...
+
+    def take(self, t: int, form: int = 2) -> tuple[bytes, int, int]: ...
+
+
+def new_combiner(op: str, tokens: tuple, max_key_bytes: int) -> Combiner:
+    """The kernel's Combiner for reducer `op` ("count", "sum", "min", "max", "append")
+    over the ring's `tokens`."""
+    return kernel.Combiner(op, tokens, max_key_bytes)
 
 
 class KernelBuffer:

@@ -197,7 +197,8 @@ def make_plan(policy, ring: Ring, counts: Mapping, total: float,
             pair = (at, at) if single else (at, ring.owner(piece_key(k, 1)))
             known[pair] = known.get(pair, 0.0) + c / total
     rest = max(0.0, 1.0 - sum(heads.values()) - sum(known.values()))
-    items = []                    # (mass, candidates, pair) in the order filled
+    # (mass, candidates, pair) in the order filled; a head key's have no pair
+    items: list[tuple[float, list[tuple[int, str]], tuple[str, str] | None]] = []
     for a in nodes:
         for b in ([a] if single else nodes):
             mass = known.get((a, b), 0.0) + rest * share[a] * (1 if single else share[b])

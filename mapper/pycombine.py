@@ -64,7 +64,7 @@ class Combiner:
 
     def count(self, t: int) -> tuple[int, int]:
         part = self.parts[t]
-        return part.inputs if self.op == APPEND else len(part.states), part.inputs
+        return part.inputs if isinstance(part, _Appended) else len(part.states), part.inputs
 
     def _route(self, keys: list, i: int):
         """(token index, position, bytes) of keys[i], None for a key that is not a str,
@@ -196,7 +196,10 @@ class Combiner:
         return len(keys), -1, DONE
 
     def take_seqs(self, t: int) -> tuple[int, int, bytes]:
-        seqs = self.parts[t].seqs
+        part = self.parts[t]
+        if not isinstance(part, _Appended):
+            raise ValueError("only the append kernel keeps its tuples' seqs")
+        seqs = part.seqs
         if not seqs:
             raise ValueError("no tuple in this part")
         contiguous = seqs[-1] - seqs[0] + 1 == len(seqs)
@@ -213,7 +216,7 @@ class Combiner:
 
     def take(self, t: int, form: int = 2):
         part = self.parts[t]
-        if self.op == APPEND:
+        if isinstance(part, _Appended):
             self.parts[t] = _Appended()
             out = _columns_of(part.data, part.positions, part.values) if form == 2 else \
                 msgpack.packb((part.keys, part.values))

@@ -105,6 +105,12 @@ class RingScan:
         for call in self.calls:
             call.cancel()
 
+    def _shared(self) -> dict:
+        """The shared keys' pieces merged so far (handed on, and gone, at the end)."""
+        if self.shared is None:
+            raise RuntimeError("the scan is complete: its shared keys were handed on")
+        return self.shared
+
     async def _read(self, call, first_of: int | None = None) -> list | None:
         """A chunk's entries (None at the end); `first_of`: the index of the node
         whose first chunk this is (its fold epoch and marks are kept)."""
@@ -147,7 +153,7 @@ class RingScan:
                 return []
             if self.merge is None:
                 return items
-            shared, merge, plain = self.shared, self.merge, []
+            shared, merge, plain = self._shared(), self.merge, []
             for k, s in items:
                 if is_fold_key(k) and on_its_way(s):
                     self.on_way.append((k, s[0], s[1]))
@@ -160,7 +166,7 @@ class RingScan:
         """Count each fold seen on its way, unless a node shows it merged already."""
         for out, seq, state in self.on_way:
             if self.marks.get(fold_source(out), 0) < seq:
-                absorb_piece(self.shared, out, [seq, state], self.merge)
+                absorb_piece(self._shared(), out, [seq, state], self.merge)
         self.on_way = []
 
     async def _check_no_fold_ran(self) -> None:
@@ -184,7 +190,7 @@ class RingScan:
         """Of plain entries, those to hand on now; a shared key's are merged."""
         if self.merge is None:
             return items
-        shared, merge, out = self.shared, self.merge, []
+        shared, merge, out = self._shared(), self.merge, []
         for key, state in items:
             if is_piece(key) or is_fold_key(key):
                 raise Unavailable("a node sent a piece of a shared key after its plain "

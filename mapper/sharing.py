@@ -11,7 +11,7 @@ a piece is an ordinary key, and the pieces are merged on every read."""
 from __future__ import annotations
 
 import math
-from collections import Counter
+from collections import Counter, defaultdict
 
 from floering.mapper.choices import ChoicesChooser
 from floering.mapper.plans import EVEN, PlanChooser
@@ -85,7 +85,8 @@ class DynamicChooser:
         self.max_pieces = max_pieces
         self.sketch = SpaceSaving(capacity)
         self.pools: dict = {}                    # hot key -> its pieces, the key first
-        self.sent: Counter = Counter()           # tuples sent per node, by this mapper
+        # tuples sent per node by this mapper, decayed at each review
+        self.sent: defaultdict[str, float] = defaultdict(float)
         self.total = 0
         self.review_every, self.warm_up, self.decay = review_every, warm_up, decay
         self.slack = slack
