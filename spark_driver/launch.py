@@ -70,13 +70,15 @@ class SparkDriver:
                  script: Path = DRIVER) -> None:
         self.cmd = command(driver_args, master, conf=conf, script=script)
         self.log_path = Path(log) if log else None
-        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        out = open(self.log_path, "ab") if self.log_path else None
         try:
-            self.proc = subprocess.Popen(self.cmd, stdout=out, stderr=subprocess.STDOUT,
+            self.proc = subprocess.Popen(self.cmd,
+                                         stdout=subprocess.DEVNULL if out is None else out,
+                                         stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True,
                                          env=environment(), cwd=ROOT)
         finally:
-            if self.log_path:
+            if out is not None:
                 out.close()
         self.pid = self.proc.pid
         self._seen: dict[int, float] = {}  # pid -> its start time (a recycled pid differs)

@@ -221,6 +221,8 @@ def _inject(config: PartitionConfig, client, emitter) -> None:
     emitter.send()                        # buffered keys, in order: their seqs are fixed
     client.flush()                        # half the partition is on the ring now
     marker = config.fail_once or config.hang_once
+    if marker is None:
+        raise ValueError("a fault is injected with fail_once or hang_once set")
     try:
         os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
     except FileExistsError:

@@ -40,8 +40,9 @@ class BatchPlans:
 
     @staticmethod
     def usable(checkpoint: str | None) -> bool:
-        return bool(checkpoint) and ("://" not in checkpoint
-                                     or checkpoint.startswith("file://"))
+        if not checkpoint:
+            return False
+        return "://" not in checkpoint or checkpoint.startswith("file://")
 
     def plan_for(self, df, batch_id: int) -> bytes | None:
         """The batch's plan, encoded: the one recorded for it, or a new one recorded."""

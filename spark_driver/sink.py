@@ -7,8 +7,12 @@ import os
 import sys
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from floering.spark_driver.partition import PartitionConfig, feed_rows
+
+if TYPE_CHECKING:
+    from floering.spark_driver.plans import BatchPlans
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -42,7 +46,7 @@ class RingSink:
         self.task_split = task_split       # ... splitting in the task (None: compiled)
         self.plan_name: str | None = None
         self._bound = threading.Event()
-        self.plans = None                  # spark_driver.plans.BatchPlans, if any
+        self.plans: BatchPlans | None = None   # each batch's routing plan, if kept
         self.query_id: str | None = None
         self.sent: dict[int, int] = {}     # the last batch: partition id -> tuples sent
         # Since this driver started, over batches whose every task returned (so the ring
@@ -70,7 +74,7 @@ class RingSink:
         self._bound.set()
 
     def __call__(self, df, batch_id: int) -> None:
-        if not self._bound.wait(60):
+        if not self._bound.wait(60) or self.query_id is None:
             raise RuntimeError("RingSink used before bind(query.id)")
         plan = self.plans.plan_for(df, batch_id) if self.plans is not None else None
         config = PartitionConfig(query_id=self.query_id, plan=plan, **self.fields)
