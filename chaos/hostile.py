@@ -245,13 +245,15 @@ class LargePushes:
     `max_batch_bytes` each (about 7 MiB a request with the default flags): valid
     tuples of one key, `key`, of a range the node owns, that take the applier about
     a tenth of a second a request, so they arrive far faster than they are applied.
-    `acked` counts the tuples the node acknowledged as applied; `refused` the streams
-    refused, by status code name."""
+    With `garbage`, every batch's payload is undecodable instead (refused when its
+    turn to be applied comes, with the rest of its stream). `acked` counts the tuples
+    the node acknowledged as applied; `refused` the streams refused, by status code
+    name."""
 
     KEY_BYTES = 30                # about 35 bytes a tuple: 100,000 tuples a batch
 
     def __init__(self, address: str, streams: int, messages: int = 1,
-                 max_batch_bytes: int = 4 << 20) -> None:
+                 max_batch_bytes: int = 4 << 20, garbage: bool = False) -> None:
         import threading
         self.address, self.streams, self.messages = address, streams, messages
         self.acked = 0
@@ -270,6 +272,9 @@ class LargePushes:
             tuples = tuples * 9 // 10
         self.tuples = tuples
         self.payload = encode_payload([self.key] * tuples, [1] * tuples)
+        self.source = "large"
+        if garbage:
+            self.payload, self.source = b"\xc1" * len(self.payload), "garbage"
 
     def _requests(self, stream: int):
         for m in range(self.messages):
@@ -277,7 +282,8 @@ class LargePushes:
             for b in range(2):
                 first = 1 + (2 * m + b) * self.tuples
                 batches.append(floe_pb2.Batch(
-                    ring_stamp=self.ring_stamp, token=self.token, source=f"large-{stream}",
+                    ring_stamp=self.ring_stamp, token=self.token,
+                    source=f"{self.source}-{stream}",
                     first_seq=first, last_seq=first + self.tuples - 1, count=self.tuples,
                     id=2 * m + b + 1, payload=self.payload))
             yield floe_pb2.PushRequest(batches=batches)

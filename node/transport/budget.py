@@ -105,20 +105,22 @@ class RequestBytes:
         self.waited = 0                           # calls that found no room at once
         self.wait_seconds = 0.0                   # their time waiting, ended waits
         # Calls waiting for room, in order: at most one per call being served.
-        self._waiting: deque[tuple[str, asyncio.Future]] = deque()
+        self._waiting: deque[tuple[str, int, asyncio.Future]] = deque()
 
-    def _fits(self, identity: str) -> bool:
-        return (self.held + self.message <= self.total
-                and self.by_identity.get(identity, 0) + self.message <= self.per_identity)
+    def _fits(self, identity: str, n: int) -> bool:
+        return (self.held + n <= self.total
+                and self.by_identity.get(identity, 0) + n <= self.per_identity)
 
-    async def reserve(self, identity: str) -> Held:
-        """Room to read one request of `identity`'s, or Overloaded after `wait`."""
-        if self._fits(identity) and not any(who == identity for who, _ in self._waiting):
-            self._add(identity, self.message)
-            return Held(identity, self.message)
+    async def reserve(self, identity: str, nbytes: int | None = None) -> Held:
+        """Room to read one request of `identity`'s (or to keep one of `nbytes`
+        already read), or Overloaded after `wait`."""
+        n = self.message if nbytes is None else min(max(nbytes, 0), self.message)
+        if self._fits(identity, n) and not any(w[0] == identity for w in self._waiting):
+            self._add(identity, n)
+            return Held(identity, n)
         loop = asyncio.get_running_loop()
         turn = loop.create_future()
-        entry = (identity, turn)
+        entry = (identity, n, turn)
         self._waiting.append(entry)
         self.waited += 1
         began = loop.time()
@@ -126,7 +128,7 @@ class RequestBytes:
             await asyncio.wait_for(asyncio.shield(turn), self.wait)
         except BaseException as exc:
             if turn.done() and not turn.cancelled():        # granted meanwhile
-                self.release(Held(identity, self.message))
+                self.release(Held(identity, n))
             else:
                 turn.cancel()
                 self._waiting.remove(entry)
@@ -139,7 +141,7 @@ class RequestBytes:
                 f"{self.total}: retry later") from None
         finally:
             self.wait_seconds += loop.time() - began
-        return Held(identity, self.message)
+        return Held(identity, n)
 
     def stats(self) -> dict:
         """What the budget did, for the node's stats (NodeStats) and metrics: calls
@@ -184,16 +186,16 @@ class RequestBytes:
             return
         blocked: set[str] = set()          # a caller's calls keep their order
         for entry in list(self._waiting):
-            identity, turn = entry
+            identity, n, turn = entry
             if identity in blocked:
                 continue
-            if not self._fits(identity):
+            if not self._fits(identity, n):
                 blocked.add(identity)
-                if self.held + self.message > self.total:
+                if self.held + n > self.total:
                     return
                 continue
             self._waiting.remove(entry)
-            self._add(identity, self.message)
+            self._add(identity, n)
             turn.set_result(None)
 
 

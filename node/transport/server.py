@@ -145,18 +145,12 @@ class DataPlane(floe_pb2_grpc.DataPlaneServicer):
         pushes, caller = self.pushes, CALLER.get()
 
         async def read():
-            messages = request_iterator.__aiter__()
             try:
-                while True:
-                    # room for a message of the largest size before gRPC reads the
-                    # next: until then the sender is held back by flow control
-                    held = await pushes.reserve(caller)
-                    try:
-                        request = await messages.__anext__()
-                    except BaseException:            # the end, or the client went away
-                        pushes.release(held)
-                        raise
-                    pushes.keep(held, request.ByteSize())
+                async for request in request_iterator:
+                    # room for its bytes before it is queued, and before gRPC reads
+                    # the stream's next message: until then the sender is held back
+                    # by flow control (an idle stream holds no room)
+                    held = await pushes.reserve(caller, request.ByteSize())
                     if not may_fold and any(is_fold_source(b.source)
                                             for b in request.batches):
                         pushes.release(held)
@@ -173,8 +167,6 @@ class DataPlane(floe_pb2_grpc.DataPlaneServicer):
                     # its bytes are held until the applier is done with it
                     done.add_done_callback(lambda _, held=held: pushes.release(held))
                     await pending.put(done)
-            except StopAsyncIteration:
-                pass
             finally:
                 await pending.put(None)
 
