@@ -89,3 +89,24 @@ def test_many_streams_of_large_pushes_hold_a_callers_share_and_stay_exact(tmp_pa
     assert got.pop(hostile.key) == hostile.acked
     assert got == feeder.acked, diff(got, feeder.acked)
     assert grown < SHARE_MIB, grown
+
+
+def test_idle_push_streams_past_a_callers_share_hold_no_room(tmp_path):
+    """More idle Push streams than a caller's share of messages: its other streams
+    still flow (in the clear every process on loopback is one caller)."""
+    from floering.chaos.hostile import IdleStreams
+    with LocalCluster.up(2, 1, workdir=tmp_path, tls=False) as cluster:
+        node = cluster.node("n0")
+        with IdleStreams(node.address, None, 4 * PUSH_READS_PER_CALLER) as idle:
+            feeder = Feeder([node.address])
+            feeder.start()
+            feeder.wait_rounds(5)
+            client = feeder.finish()
+            got = client.scan_all()
+            client.close()
+            with grpc.insecure_channel(node.address) as ch:
+                held = floe_pb2_grpc.QueryPlaneStub(ch).Stats(
+                    floe_pb2.StatsRequest(), timeout=10).request_budget_bytes
+        assert idle.refused == {}
+    assert got == feeder.acked, diff(got, feeder.acked)
+    assert held == 0
