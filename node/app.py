@@ -114,9 +114,9 @@ async def start_node(config: NodeConfig) -> RunningNode:
         address = config.advertise
         if address.endswith(":0"):
             address = f"{address.rpartition(':')[0]}:{port}"
-        peers = tuple((n, address if n == config.node_id else a) for n, a in config.peers)
+        named = tuple((n, address if n == config.node_id else a) for n, a in config.peers)
         runtime.reconfigure(dataclasses.replace(config, listen=listen, advertise=address,
-                                                peers=peers))
+                                                peers=named))
     seeds = [s.strip() for s in config.join.split(",") if s.strip()] if config.join else None
     # What a member removed from the ring held is kept until r+1 others hold it.
     retiring = Retiring.attach(runtime, RetiredCalls(peers, config.rpc_timeout))

@@ -11,6 +11,7 @@ import asyncio
 import logging
 import os
 import time
+from typing import TYPE_CHECKING
 
 import msgpack
 
@@ -39,6 +40,9 @@ from floering.node.runtime.probing import probe_for, probe_round
 from floering.node.runtime.inbound import (Inbound, InboundQueue, StreamState, mark_seen,
                                           resolve_after)
 from floering.node.runtime.startup import decide_membership, record_start
+
+if TYPE_CHECKING:
+    from floering.node.runtime.retiring import Retiring
 
 log = logging.getLogger("floe.node")
 
@@ -74,6 +78,7 @@ class NodeRuntime:
         self._handoff_lock = asyncio.Lock()
         self._handoff_done: asyncio.Future | None = None
         self.left = asyncio.Event()             # set once we left the ring: the process exits
+        self.retiring: Retiring | None = None   # what removed members held (node.app)
         self._rejoins_seen = 0                  # rejoins a peer has answered for
 
     def _make_machine(self, config: NodeConfig) -> NodeMachine:
@@ -111,7 +116,8 @@ class NodeRuntime:
         decision = await decide_membership(self.config, self.peers, self.incarnation, initial,
                                            seeds, self.clock, self.me,
                                            initial.addresses if back else None)
-        if back and decision.node_id == self.me:       # the same member, with its state
+        # the same member, with its state
+        if back and disk is not None and decision.node_id == self.me:
             self.machine.begin(self.me, initial, restore(disk, self.core, self.clock()))
             self._handle(RingSeen(decision.ring, pulled=True))
         else:
