@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import Counter
 from itertools import chain, islice
-from typing import Iterable, Iterator
+from typing import Generator, Iterable, Iterator
 
 from floering.node.core.codec import entry_columns, pack
 from floering.node.core.errors import Overloaded
@@ -58,7 +58,7 @@ def pair_slices(pairs: Iterable):
 
 
 def packed_chunks(take, max_bytes: int = CHUNK_BYTES, max_entries: int = 1 << 30,
-                  keep: int = 1 << 62) -> Iterator[tuple[int, bytes]]:
+                  keep: int = 1 << 62) -> Generator[tuple[int, bytes], None, None]:
     """(entries, msgpack [keys, states]) per chunk of the entries take(n) gives (see
     column_slices), in order; at least one chunk (empty when there are no entries).
     The bytes are exactly pack_entries of the chunk's entries, for the first `keep`

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from typing import Iterable
 
 from floering.node.core.ring import Ring
 from floering.node.core.ring_merge import MAX_VERSION_STEP
@@ -123,7 +124,7 @@ class ViewGuard:
         if self.verifying.get(probe.node) is probe:
             del self.verifying[probe.node]
 
-    def to_verify(self, claims: set[str]) -> list[str]:
+    def to_verify(self, claims: Iterable[str]) -> list[str]:
         """Members to start a verification probe of (none is in flight for them)."""
         return sorted(n for n in claims if n not in self.verifying)
 

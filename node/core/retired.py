@@ -131,8 +131,9 @@ def held(core: NodeCore, token: int, want: dict) -> Held:
         return Held("", False)
     rng = core.primaries.get(token)
     if rng is not None:
-        log = getattr(core, "lost_logs", {}).get(token)
-        if log is not None and log.base is not None and predates(log, want):
+        # (only a RetainingCore logs its lost ranges)
+        if isinstance(core, RetainingCore) and (log := core.lost_logs.get(token)) is not None \
+                and log.base is not None and predates(log, want):
             # a copy from before the loss: held if what restored the range holds it,
             # else handed over once more if it holds all of that and more
             if replaces(log, want, core.clock):
@@ -181,6 +182,8 @@ def retire_directory(member: str, ring: Ring | None, reducer, limits, copies: di
         return []
     core = restored_core(member, ring, reducer, limits, copies, batches, now,
                          corrupt=corrupt, make=RetainingCore)
+    if not isinstance(core, RetainingCore):
+        raise TypeError(f"restored_core made a {type(core).__name__}, not a RetainingCore")
     return retire_core(member, core.ring, core.primaries, core.replicas,
                        core.lost_tokens - core.restored)
 
@@ -215,7 +218,8 @@ class RetainingCore(NodeCore):
                                         count, payload, seqs, now)
         self.clock = max(self.clock, now)
         log = self.lost_logs.get(token)
-        if result.applied and log is not None and log.replayable and token in self.primaries:
+        if result.applied and log is not None and log.batches is not None and \
+                token in self.primaries:       # (a replayable log)
             size = batch_size(source, payload, seqs)
             if self.lost_log_bytes + size > LOST_LOG_BYTES:
                 self.lost_log_bytes -= log.drop()

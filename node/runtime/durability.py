@@ -69,6 +69,8 @@ def open_data_dir(path: str) -> DataDir:
 def restore(disk: DataDir, template: NodeCore, now: float) -> NodeCore:
     """The core the directory held, as the member `template` names."""
     loaded = disk.loaded
+    if loaded is None:
+        raise ValueError("the data directory holds no member's state to restore")
     for token, why in sorted(loaded.corrupt.items()):
         log.error("data directory: the copy of the range of token %d is corrupt (%s): "
                   "not served; it comes back from a replica, or is reported lost", token, why)

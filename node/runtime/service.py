@@ -120,9 +120,9 @@ class NodeService:
         return asked or None
 
     async def hand_off(self, moves: dict[int, str], timeout: float = 0.0) -> Handoff:
-        timeout = self._timeout(timeout)
+        wait = self._timeout(timeout)
         try:
-            return await self.runtime.hand_off(moves, timeout)
+            return await self.runtime.hand_off(moves, wait)
         except ValueError as exc:
             raise InvalidArgument(str(exc)) from None
 
