@@ -10,7 +10,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 # The goal is zero errors; until then a ratchet: the count may only go down.
-MOST_ERRORS = 103
+MOST_ERRORS = 10
 
 
 def run_mypy() -> str:
