@@ -39,6 +39,22 @@ cdef extern from *:
     int floe_add_overflow(int64_t a, int64_t b, int64_t *r) nogil
     void floe_prefetch(const void *p) nogil
 
+cdef extern from *:
+    """
+    #ifdef __GLIBC__
+    #include <malloc.h>
+    /* Blocks of 256 KiB and more get pages of their own, given back when freed and
+       grown in place by mremap. glibc's default threshold rises to 32 MiB after the
+       first such block is freed, so a table's arrays, grown a quarter at a time, would
+       then be carved from the heap, whose freed holes stay resident (66 against 54 B
+       of node RSS per key copy at 5 M keys). */
+    static int floe_own_pages(void) { return mallopt(M_MMAP_THRESHOLD, 256 * 1024); }
+    #else
+    static int floe_own_pages(void) { return 0; }
+    #endif
+    """
+    int floe_own_pages()
+
 cdef enum:
     BLOCK = 4096        # keys install_parts hashes ahead of setting them
     DIRTY = 0x80
@@ -52,6 +68,7 @@ cdef enum:
     E_KIND = -6
 
 OPS = {"count": 0, "sum": 1, "min": 2, "max": 3}
+OWN_PAGES = bool(floe_own_pages())
 cdef carray.array _U64 = array("Q")
 cdef carray.array _I64 = array("q")
 
