@@ -32,8 +32,11 @@ from floering.node.core.errors import (FloeError, InvalidArgument, ReducerMismat
                                        Unavailable)
 from floering.node.core.reducers import BUILTINS
 from floering.node.core.ring import Ring
+from floering.node.core.state_wire import PairSegment, decode, is_frame
+from floering.node.core.table_state import TABLE_REDUCERS
 from floering.node.core.snapshot_format import (IMPORT_SOURCE, Header, SnapshotError, Writer,
-                                                check_keys, check_watermarks, read)
+                                                check_keys, check_watermarks, entry_count,
+                                                read)
 from floering.node.transport.channels import server_options
 from floering.node.transport.status import error_from_rpc
 from floering.node.transport.tls import TlsFiles, server_name
@@ -154,7 +157,7 @@ def _export_one(stub, ring: Ring, token: int, writer: Writer) -> int:
         raise Unavailable(f"token {token}: the export stream ended with no chunk")
     total = 0
     for n, entries in enumerate(chunks, 1):
-        count = len(unpack_columns(entries)[0])
+        count = entry_count(entries)
         writer.add(token, n, len(chunks), marks if n == 1 else {}, entries, count)
         total += count
     return total
@@ -183,7 +186,7 @@ def load_recut(path: str, ring: Ring, snapshot=None) -> tuple[Header, str, dict[
         for source, seq in s.watermarks.items():
             if not source.startswith(IMPORT_SOURCE) and seq > marks.get(source, -1):
                 marks[source] = seq
-        keys, states = unpack_columns(s.entries)
+        keys, states = entry_columns(s.entries)
         check_keys(keys)
         for key, state in zip(keys, states):
             held = ranges[ring.token_for_key(key)]
@@ -271,6 +274,31 @@ def range_marks(parts, ring: Ring) -> dict[int, dict[str, int]]:
     return marks
 
 
+FRAMED = frozenset(TABLE_REDUCERS.values())     # reducers whose states move as frames
+
+
+def entry_columns(entries: bytes) -> tuple[list, list]:
+    """A section's keys and states: msgpack [keys, states], or a frame of column
+    states checked whole (state_wire.decode) and its keys decoded in bulk."""
+    if not is_frame(entries):
+        keys, states = unpack_columns(entries)
+        return list(keys), list(states)
+    frame = decode(entries)
+    return (frame.column_keys() + list(frame.rest_keys),
+            frame.value_column.tolist() + list(frame.rest_states))
+
+
+def _chunks(reducer: str, states: dict):
+    """(entries, bytes) per chunk of a range to import: frames of column states for a
+    table reducer (count, sum, min, max), msgpack [keys, states] for any other."""
+    if reducer not in FRAMED or not states:
+        yield from packed_chunks(column_slices(states), CHUNK_BYTES)
+        return
+    for piece in PairSegment(list(states), list(states.values())).pieces(1 << 30,
+                                                                         CHUNK_BYTES):
+        yield piece.count, piece.encode()
+
+
 def _holds_state(error: FloeError) -> bool:
     return "HoldsState" in str(error)
 
@@ -283,7 +311,7 @@ def _send(ring: Ring, tls, reducer: str, snapshot_id: str, ranges: dict[int, dic
     calls = 0
     try:
         for token in sorted(ranges):
-            chunks = list(packed_chunks(column_slices(ranges.pop(token)), CHUNK_BYTES))
+            chunks = list(_chunks(reducer, ranges.pop(token)))
             call = stub(ring.owner_of_token(token))
             n = 1
             while n <= len(chunks):

@@ -6,7 +6,9 @@ values out, every field checked as hostile input and every size bounded.
     sections: "S", u32 length, msgpack [token, chunk, chunks, watermarks, entries],
               u32 CRC32 of the body. A range is chunks 1..chunks, in order; its first
               section carries its watermarks ({source: seq}), the others {};
-              entries are msgpack [keys, states] as the wire carries them.
+              entries are as the wire carries them: msgpack [keys, states], or
+              (format 2) a frame of column states (node.core.state_wire: a table
+              reducer's range as its checkpoints carry it).
     trailer:  "E", u32 sections, u64 entries, sha256 of every byte before the trailer
 
 The header names the reducer, the balancer and the ring the snapshot was read from
@@ -26,9 +28,11 @@ import msgpack
 from floering.node.core.batch import KEY_TYPES
 from floering.node.core.errors import InvalidArgument
 from floering.node.core.pieces import check_pushed_keys
+from floering.node.core.state_wire import decode, is_frame
 
 MAGIC = b"FLOESNAP"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE = (1, 2)               # format 1: entries are msgpack [keys, states] only
 MAX_HEADER = 1 << 20            # bytes of the header map
 MAX_SECTION = 64 << 20          # bytes of one section's body (a chunk is ~1 MiB)
 MAX_SECTIONS = 1 << 24
@@ -121,12 +125,18 @@ def check_keys(keys) -> None:
             raise SnapshotError(str(exc)) from None
 
 
+def _unreadable(version) -> str:
+    newer = type(version) is int and version > FORMAT_VERSION
+    return (f"snapshot format {version!r}; this floe reads formats "
+            f"{', '.join(map(str, READABLE))}"
+            + ("; the file was written by a newer floe: import it with that" if newer else ""))
+
+
 def parse_header(raw) -> Header:
     if not isinstance(raw, dict):
         raise SnapshotError("the header is not a map")
-    if raw.get("format") != FORMAT_VERSION:
-        raise SnapshotError(f"snapshot format {raw.get('format')!r}; this floe reads "
-                            f"format {FORMAT_VERSION}")
+    if raw.get("format") not in READABLE:
+        raise SnapshotError(_unreadable(raw.get("format")))
     nodes, tokens = raw.get("nodes"), raw.get("tokens")
     if not isinstance(nodes, (list, tuple)) or not isinstance(tokens, (list, tuple)) \
             or not 0 < len(tokens) <= MAX_RANGES or len(nodes) > MAX_RANGES:
@@ -214,8 +224,8 @@ def _walk(f: BinaryIO, digest) -> Iterator[tuple[str, Header | bytes | tuple[int
     if start[:len(MAGIC)] != MAGIC:
         raise SnapshotError("not a floe snapshot (no FLOESNAP magic)")
     (version,) = struct.unpack(">H", start[len(MAGIC):])
-    if version != FORMAT_VERSION:
-        raise SnapshotError(f"snapshot format {version}; this floe reads {FORMAT_VERSION}")
+    if version not in READABLE:
+        raise SnapshotError(_unreadable(version))
     (size,) = _U32.unpack(_read(f, 4, "the header"))
     if size > MAX_HEADER:
         raise SnapshotError(f"a header of {size} bytes, over {MAX_HEADER}")
@@ -259,7 +269,10 @@ def _walk(f: BinaryIO, digest) -> Iterator[tuple[str, Header | bytes | tuple[int
 
 
 def entry_count(entries: bytes) -> int:
-    """How many entries msgpack [keys, states] holds, from its array headers."""
+    """How many entries msgpack [keys, states] or a frame of column states holds,
+    from its headers (a frame is checked whole: `state_wire.decode`)."""
+    if is_frame(entries):
+        return decode(entries).count
     try:
         unpacker = msgpack.Unpacker(max_buffer_size=max(len(entries), 1))
         unpacker.feed(entries)

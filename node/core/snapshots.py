@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 
 from floering.node.core.errors import Fenced, InvalidArgument, ReducerMismatch, StaleRing
+from floering.node.core.state_wire import StateColumns
 from floering.node.core.snapshot_format import (IMPORT_SOURCE, MAX_CHUNKS, SnapshotError,
                                                 check_keys, check_watermarks)
 
@@ -51,11 +52,26 @@ def export_range(core, ring_stamp: int, token: int) -> tuple[dict, dict[str, int
     return rng.state.snapshot(), dict(rng.watermarks)
 
 
+def export_columns(core, ring_stamp: int, token: int):
+    """(columns, watermarks) of a range held whole in a state table (a table reducer's
+    range with nothing in spill): the table's export (kinds, key bytes, offsets,
+    positions, values), read at one point; (None, None) for any other range."""
+    rng = _primary(core, ring_stamp, token)
+    full = getattr(rng.state, "full_layers", None)
+    if full is None:
+        return None, None
+    view, spill = full()
+    if spill:
+        return None, None
+    return view.buffers, dict(rng.watermarks)
+
+
 def import_chunk(core, reducer: str, ring_stamp: int, token: int, snapshot: str,
                  chunk: int, chunks: int, keys, states, watermarks: dict,
                  into_state: bool, now: float) -> int:
     """Merge chunk `chunk` of `chunks` of a snapshot's states for `token` into the
-    range; returns the chunks of that snapshot the range holds now. A chunk held
+    range (`keys` a decoded frame of column states, StateColumns, `states` None: its
+    columns checked and merged into the range's table in one call, its rest as keys); returns the chunks of that snapshot the range holds now. A chunk held
     already changes nothing; one past the next is refused. The first chunk brings
     the watermarks (each source's raised to the snapshot's) and, unless `into_state`,
     is refused (HoldsState) by a range that holds any state or watermark."""
@@ -85,12 +101,22 @@ def import_chunk(core, reducer: str, ring_stamp: int, token: int, snapshot: str,
     marks = _first_chunk(core, rng, token, watermarks, into_state) if chunk == 1 else {}
     if chunk > 1 and watermarks:
         raise SnapshotError("only a range's first chunk carries its watermarks")
+    if isinstance(keys, StateColumns):          # a frame: sizes, kinds, offsets checked
+        frame = keys
+        keys, states = list(frame.rest_keys), list(frame.rest_states)
+        columns = _checked_columns(core, rng, token, frame) if len(frame.kinds) else None
+    else:
+        columns = None
     check_keys(keys)
     ring = core.ring
     for key in keys:
         if ring.token_for_key(key) != token:
             raise InvalidArgument(f"a key of the chunk belongs to token "
                                   f"{ring.token_for_key(key)}, not {token}")
+    if keys and columns is not None:
+        core.reducer.check_states(states)   # the rest's states, before the columns merge
+    if columns is not None:
+        _merge_columns(rng, columns, frame)
     if keys:
         rng.state.merge_in(keys, states)     # checks every state first: all or nothing
     for source, seq in marks.items():
@@ -101,6 +127,47 @@ def import_chunk(core, reducer: str, ring_stamp: int, token: int, snapshot: str,
     rng.last_seen[mark] = now
     rng.force_checkpoint()
     return chunk
+
+
+def _checked_columns(core, rng, token: int, frame):
+    """A frame's columns installed (install_parts: every key's bytes checked, its
+    position hashed) in a scratch table of the range's kind, then checked: every key
+    in the range of `token`, no key twice, every state one the reducer takes. The
+    scratch table's export, which the range merges in one call; InvalidArgument
+    (nothing changed) otherwise."""
+    state = rng.state
+    if getattr(state, "table_class", None) is None:
+        raise InvalidArgument(f"the ring's reducer {core.reducer.name!r} takes no frames "
+                              f"of column states: its entries are msgpack [keys, states]")
+    state.reducer.check_states(frame.value_column)
+    scratch = state.table_class(state.op)
+    try:
+        scratch.install_parts([(frame.kinds, frame.key_data, frame.offsets,
+                                frame.value_column)], mark_dirty=False)
+    except ValueError as exc:
+        raise InvalidArgument(f"column states: {exc}") from None
+    if len(scratch) != len(frame.kinds):
+        raise InvalidArgument(f"a frame of {len(frame.kinds)} entries holds "
+                              f"{len(frame.kinds) - len(scratch)} keys twice")
+    lo, hi = core.ring.range_of_token(token)
+    inside = scratch.export(lo, hi, ordered=False)
+    if len(inside[0]) != len(frame.kinds):
+        raise InvalidArgument(f"{len(frame.kinds) - len(inside[0])} keys of the chunk "
+                              f"belong to other ranges than token {token}'s")
+    return inside
+
+
+def _merge_columns(rng, columns, frame) -> None:
+    """Merge a checked frame's columns into the range: the table's merge in one call
+    while spill holds none of the range's keys, else key by key (merge_in)."""
+    state = rng.state
+    if not state.spill.holds():
+        try:
+            state.table.merge(columns, mark_dirty=True)
+            return
+        except OverflowError:
+            pass                            # past int64: the dict path holds big ints
+    state.merge_in(frame.column_keys(), frame.value_column.tolist())
 
 
 def _first_chunk(core, rng, token: int, watermarks, into_state: bool) -> dict[str, int]:

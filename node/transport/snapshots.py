@@ -8,6 +8,7 @@ with RangeHeld whether they hold a range a removed member kept (node.core.retire
 from __future__ import annotations
 
 import asyncio
+from typing import Generator
 
 import grpc
 
@@ -17,7 +18,8 @@ from floering.node.core.codec import pack, unpack, unpack_columns, unpack_column
 from floering.node.core.errors import FloeError, InvalidArgument, Unavailable
 from floering.node.core.retired import Held, check_marks_header, held, restore_chunk
 from floering.node.core.snapshot_format import MAX_SECTION
-from floering.node.core.snapshots import export_range, import_chunk
+from floering.node.core.snapshots import export_columns, export_range, import_chunk
+from floering.node.core.state_wire import ExportSegment, decode, encode_pairs, is_frame
 from floering.node.transport.status import abort, error_from_rpc
 from floering.node.transport.tls import peer_identity
 
@@ -38,13 +40,19 @@ class Snapshots(floe_pb2_grpc.SnapshotsServicer):
     async def ExportRange(self, request, context):
         service, caller = self.service, _caller(context)
         try:
-            states, marks = export_range(service.runtime.core, request.ring_stamp,
-                                         request.token)
+            columns, marks = export_columns(service.runtime.core, request.ring_stamp,
+                                            request.token)
+            if columns is None:
+                states, marks = export_range(service.runtime.core, request.ring_stamp,
+                                             request.token)
             service.scans.take(caller)
         except FloeError as exc:
             await abort(context, exc)
-        chunks = packed_chunks(column_slices(states), CHUNK_BYTES)
-        del states
+        if columns is not None:       # a table's range: frames of its columns
+            chunks = frame_chunks(columns)
+        else:
+            chunks = packed_chunks(column_slices(states), CHUNK_BYTES)
+            del states
         try:
             first = pack(marks)
             for n, (_, entries) in enumerate(chunks, 1):
@@ -65,7 +73,7 @@ class Snapshots(floe_pb2_grpc.SnapshotsServicer):
         runtime = self.service.runtime
         try:
             self.service.check_started()
-            keys, states, marks = await chunk_columns_async(request)
+            keys, states, marks = await chunk_columns_async(request, frames=True)
             held = import_chunk(runtime.core, request.reducer, request.ring_stamp,
                                 request.token, request.snapshot, request.chunk,
                                 request.chunks, keys, states,
@@ -144,21 +152,42 @@ class RetiredCalls:
         return restore_range(self.peers._channel(address), self.timeout, **fields)
 
 
-def chunk_columns(request) -> tuple[list, list, dict]:
-    """A range chunk's keys, states and watermarks, its sizes checked before decoding."""
+def frame_chunks(columns) -> Generator[tuple[int, bytes], None, None]:
+    """(entries, frame) per chunk of a table's export: frames of column states
+    (node.core.state_wire) of at most CHUNK_BYTES each; one empty frame for none."""
+    segment = ExportSegment(columns)
+    if not len(segment):
+        yield 0, encode_pairs([], [])
+        return
+    for piece in segment.pieces(1 << 30, CHUNK_BYTES):
+        yield piece.count, piece.encode()
+
+
+def chunk_columns(request, frames: bool = False) -> tuple:
+    """A range chunk's keys, states and watermarks, its sizes checked before decoding;
+    a frame of column states is checked (state_wire.decode: sizes, kinds, offsets)
+    and, with `frames`, given as it is (StateColumns, None, watermarks), else read as
+    its keys and states."""
     entries, marks = request.entries, request.watermarks
     check_chunk_sizes(entries, marks)
-    keys, states = unpack_columns(entries)
+    if is_frame(entries):
+        frame = decode(entries)
+        if frames:
+            return frame, None, unpack(marks) if marks else {}
+        keys = frame.column_keys() + list(frame.rest_keys)
+        states = frame.value_column.tolist() + list(frame.rest_states)
+    else:
+        keys, states = unpack_columns(entries)
     return keys, states, unpack(marks) if marks else {}
 
 
-async def chunk_columns_async(request) -> tuple[list, list, dict]:
+async def chunk_columns_async(request, frames: bool = False) -> tuple:
     """chunk_columns(request), a chunk's entries above AT_ONCE_BYTES decoded in steps
     between which the event loop runs (an 8 MiB chunk of small entries takes some
     50 ms; msgpack holds the GIL throughout, so a thread would not free the loop)."""
     entries = request.entries
-    if len(entries) <= AT_ONCE_BYTES:
-        return chunk_columns(request)
+    if len(entries) <= AT_ONCE_BYTES or is_frame(entries):
+        return chunk_columns(request, frames)
     marks = request.watermarks
     check_chunk_sizes(entries, marks)
     columns: list = []
