@@ -265,3 +265,126 @@ def test_an_import_uses_exactly_the_bytes_it_checked_when_the_file_changes(monke
     assert snapshot_id == verify(io.BytesIO(first))[1]
     assert {k: v for r in ranges.values() for k, v in r.items()} == {"a": 1, "b": 2, "c": 3}
     assert marks == {"s": 7, "t": 1}
+
+
+# ------------------------------------------------ frames of column states (format 2)
+
+def _frame(keys, states) -> bytes:
+    from floering.node.core.state_wire import encode_pairs
+    return encode_pairs(list(keys), list(states))
+
+
+def _columns(data: bytes):
+    from floering.node.core.state_wire import decode
+    return decode(data)
+
+
+def test_a_frame_merges_into_the_range_as_its_entries_do():
+    c, expect = fed()
+    core = c.cores["n0"]
+    ring = core.ring
+    target = CoreCluster(nodes=2, replication=1, tokens_per_node=3).cores["n1"]
+    token = target.ring.tokens_of("n1")[0]
+    mine = {k: v for k, v in expect.items() if target.ring.token_for_key(k) == token}
+    keys = list(mine)
+    args = (target, "count", target.ring.stamp, token, SNAP)
+    first = _columns(_frame(keys[:3], [mine[k] for k in keys[:3]]))
+    assert import_chunk(*args, 1, 2, first, None, {"src": 500}, False, 0.0) == 1
+    rest = _columns(_frame(keys[3:], [mine[k] for k in keys[3:]]))
+    assert import_chunk(*args, 2, 2, rest, None, {}, False, 0.0) == 2
+    assert import_chunk(*args, 2, 2, rest, None, {}, False, 0.0) == 2     # merged once
+    rng = target.primaries[token]
+    assert dict(rng.state.items()) == mine
+    # merged into state explicitly: the reducer's merge (a count adds)
+    other = (target, "count", target.ring.stamp, token, "cd" * 32)
+    assert import_chunk(*other, 1, 1, _columns(_frame(keys, [1] * len(keys))), None, {},
+                        True, 0.0) == 1
+    assert dict(rng.state.items()) == {k: v + 1 for k, v in mine.items()}
+    # an export of a table's range is frames of its columns, read back exactly
+    from floering.node.core.snapshots import export_columns
+    from floering.node.transport.snapshots import frame_chunks
+    for t in ring.tokens_of("n0"):
+        columns, marks = export_columns(core, ring.stamp, t)
+        states = export_range(core, ring.stamp, t)[0]
+        if columns is None:                  # FLOE_PURE=1: ranges of dicts, no table
+            assert marks is None
+            continue
+        frames = [data for _, data in frame_chunks(columns)]
+        got = {}
+        for data in frames:
+            got.update(_columns(data).to_dict())
+        assert got == dict(states) and marks.get("src")
+
+
+def fresh_state(state):
+    """An empty state of the same kind as `state`."""
+    if hasattr(state, "table_class"):
+        return type(state)(state.reducer, state.table_class)
+    return type(state)(state.reducer)
+
+
+def test_hostile_frames_are_refused_whole_changing_nothing():
+    c = CoreCluster(nodes=2, replication=1, tokens_per_node=3)
+    core = c.cores["n0"]
+    ring = core.ring
+    token = ring.tokens_of("n0")[0]
+    near = [f"k{i}" for i in range(10_000) if ring.token_for_key(f"k{i}") == token][:50]
+    far = next(f"k{i}" for i in range(10_000) if ring.token_for_key(f"k{i}") != token)
+    base = (core, "count", ring.stamp, token, SNAP)
+    good = _frame(near, [2] * len(near))
+    with pytest.raises(InvalidArgument, match="other ranges|belongs to token"):
+        import_chunk(*base, 1, 1, _columns(_frame(near + [far], [1] * 51)), None, {},
+                     False, 0.0)
+    if getattr(core.primaries[token].state, "table_class", None):   # a table: no key
+        with pytest.raises(InvalidArgument, match="twice"):         # twice in a frame
+            import_chunk(*base, 1, 1, _columns(_frame(near + near[:1], [1] * 51)), None,
+                         {}, False, 0.0)
+    with pytest.raises(InvalidArgument):        # a rest state a count does not take
+        import_chunk(*base, 1, 1, _columns(_frame(near, [1] * 49 + ["x"])), None, {},
+                     False, 0.0)
+    # every flipped byte of the header, the kinds and the offsets: refused or, where
+    # the frame still reads, its keys in the range; never half installed
+    for at in range(len(good) - 1):
+        bad = bytearray(good)
+        bad[at] ^= 0x5A
+        try:
+            import_chunk(*base, 1, 1, _columns(bytes(bad)), None, {}, False, 0.0)
+        except InvalidArgument:
+            assert len(core.primaries[token].state) == 0
+            continue
+        rng = core.primaries[token]
+        assert all(ring.token_for_key(k) == token for k, _ in rng.state.items())
+        rng.state = fresh_state(rng.state)
+        rng.watermarks.clear()
+    rng = core.primaries[token]
+    assert len(rng.state) == 0 and not rng.watermarks
+
+
+def test_a_format_1_file_reads_and_a_newer_one_is_refused_by_name(monkeypatch):
+    from floering.node.core import snapshot_format
+    monkeypatch.setattr(snapshot_format, "FORMAT_VERSION", 1)
+    old = good()
+    monkeypatch.undo()
+    assert old[8:10] == b"\x00\x01"
+    header, snapshot_id, entries = verify(io.BytesIO(old))
+    assert entries == sum(len(unpack_columns(s.entries)[0]) for s in sections(io.BytesIO(old)))
+    monkeypatch.setattr(snapshot_format, "FORMAT_VERSION", 3)
+    newer = good()
+    monkeypatch.undo()
+    with pytest.raises(SnapshotError, match="newer floe"):
+        verify(io.BytesIO(newer))
+
+
+def test_a_file_of_frames_counts_their_entries_and_refuses_a_bad_frame():
+    frame = _frame(["a", "b", "c"], [1, 2, 3])
+    out = io.BytesIO()
+    w = Writer(out, Header("count", "none", 1, 1, ("x",), (7,), 0.0))
+    w.add(7, 1, 1, {"s": 1}, frame, 3)
+    w.close()
+    assert verify(io.BytesIO(out.getvalue()))[2] == 3
+    out = io.BytesIO()
+    w = Writer(out, Header("count", "none", 1, 1, ("x",), (7,), 0.0))
+    w.add(7, 1, 1, {"s": 1}, frame[:-1], 3)         # its sizes no longer add up
+    w.close()
+    with pytest.raises(InvalidArgument):
+        verify(io.BytesIO(out.getvalue()))

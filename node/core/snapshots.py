@@ -70,8 +70,9 @@ def import_chunk(core, reducer: str, ring_stamp: int, token: int, snapshot: str,
                  chunk: int, chunks: int, keys, states, watermarks: dict,
                  into_state: bool, now: float) -> int:
     """Merge chunk `chunk` of `chunks` of a snapshot's states for `token` into the
-    range (`keys` a decoded frame of column states, StateColumns, `states` None: its
-    columns checked and merged into the range's table in one call, its rest as keys); returns the chunks of that snapshot the range holds now. A chunk held
+    range (`keys` may be a decoded frame of column states, StateColumns, `states`
+    None: its columns checked and merged into the range's table in one call, its
+    rest as keys); returns the chunks of that snapshot the range holds now. A chunk held
     already changes nothing; one past the next is refused. The first chunk brings
     the watermarks (each source's raised to the snapshot's) and, unless `into_state`,
     is refused (HoldsState) by a range that holds any state or watermark."""
@@ -103,8 +104,14 @@ def import_chunk(core, reducer: str, ring_stamp: int, token: int, snapshot: str,
         raise SnapshotError("only a range's first chunk carries its watermarks")
     if isinstance(keys, StateColumns):          # a frame: sizes, kinds, offsets checked
         frame = keys
-        keys, states = list(frame.rest_keys), list(frame.rest_states)
-        columns = _checked_columns(core, rng, token, frame) if len(frame.kinds) else None
+        if getattr(rng.state, "table_class", None) is None:     # a range of dicts
+            keys = frame.column_keys() + list(frame.rest_keys)
+            states = frame.value_column.tolist() + list(frame.rest_states)
+            columns = None
+        else:
+            keys, states = list(frame.rest_keys), list(frame.rest_states)
+            columns = _checked_columns(core, rng, token, frame) if len(frame.kinds) \
+                else None
     else:
         columns = None
     check_keys(keys)
@@ -136,10 +143,9 @@ def _checked_columns(core, rng, token: int, frame):
     scratch table's export, which the range merges in one call; InvalidArgument
     (nothing changed) otherwise."""
     state = rng.state
-    if getattr(state, "table_class", None) is None:
-        raise InvalidArgument(f"the ring's reducer {core.reducer.name!r} takes no frames "
-                              f"of column states: its entries are msgpack [keys, states]")
     state.reducer.check_states(frame.value_column)
+    if 1 in frame.kinds:                    # bytes keys: pieces only if well-formed
+        check_keys(frame.column_keys())
     scratch = state.table_class(state.op)
     try:
         scratch.install_parts([(frame.kinds, frame.key_data, frame.offsets,
