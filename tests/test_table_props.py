@@ -18,7 +18,8 @@ pytestmark = pytest.mark.skipif(columnar.KERNEL != "compiled", reason="extension
 if columnar.KERNEL == "compiled":
     from floering.node.core.columnar.ctable import StateTable as CTable
 
-POOL = ["a", b"a", "b", 0, -7, 10 ** 30, "\u00e9t\u00e9", b"", "", "\x00i5", 5, b"\xff"]
+POOL = ["a", b"a", "b", 0, -7, 10 ** 30, "\u00e9t\u00e9", b"", "", "\x00i5", 5, b"\xff",
+        "L" * 254, "L" * 255, b"L" * 256, "\u00e9" * 200]
 LIMIT = 2 ** 63
 small = st.integers(-5, 9)
 big = st.sampled_from([LIMIT - 1, -LIMIT, LIMIT // 2, -(LIMIT // 2)])
@@ -242,6 +243,36 @@ def test_large_exports_come_in_the_same_order_from_both_tables():
     c.discard(lo, hi)
     p.discard(lo, hi)
     assert c.export() == p.export() and 0 < len(c) < len(pairs)
+
+
+def test_keys_of_every_length_header_keep_their_bytes_through_every_operation():
+    """A key's length is one byte below 255 in the arena, else 255 and four bytes:
+    keys on both sides of that edge (and one of 70,000 bytes) are found, folded,
+    cut, exported and copied exactly, as the pure table keeps them."""
+    keys = ["", "a", "L" * 253, "L" * 254, "L" * 255, b"L" * 256, "\u00e9" * 200,
+            b"x" * 70_000, 10 ** 300]
+    keys += [f"k{i}" * (i % 90) for i in range(600)]
+    pairs = [(k, i + 1) for i, k in enumerate(keys)] * 2
+    c, p = CTable("sum"), pytable.StateTable("sum")
+    for table in (c, p):
+        table.apply(*columns_of(pairs))
+    expected = Counter()
+    for k, v in pairs:
+        expected[k] += v
+    assert dict(c.items()) == dict(expected) == dict(p.items())
+    assert c.take_dirty() == p.take_dirty()
+    lo, hi = 2 ** 62, 3 * 2 ** 62
+    c.discard(lo, hi)
+    p.discard(lo, hi)
+    assert c.export() == p.export() and 0 < len(c) < len(expected)
+    c.apply(*columns_of(pairs[:5]))
+    p.apply(*columns_of(pairs[:5]))
+    copies = CTable("sum"), pytable.StateTable("sum")
+    parts = [(b[0], b[1], b[2], b[4]) for b in (c.export(), c.export(lo, hi))]
+    for copy in copies:
+        copy.install_parts(parts)
+    assert copies[0].export() == copies[1].export() == p.export()
+    assert all(c.get(k) == p.get(k) for k in expected)
 
 
 def test_a_table_folding_in_another_thread_refuses_other_calls():

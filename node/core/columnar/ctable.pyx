@@ -5,7 +5,7 @@ min, max) in open addressing, a batch folded in one call with the GIL released.
 
 Keys are kept as (kind, key bytes, position) in dense 24-byte entries in insertion order
 (position, state, and the key's arena offset with its kind and dirty bit), each key's
-bytes in one arena after a uint32 length; an index of uint32 slots (0 empty, else entry
+bytes in one arena after its length (a byte below 255, else 255 and a uint32); an index of uint32 slots (0 empty, else entry
 index + 1) is probed linearly from position & mask. A batch prefetches the index slots
 and entries of the tuples a few ahead of the one it folds. A batch that cannot be folded whole (a sum
 beyond int64, a malformed key, a position that is not its key's hash) changes nothing:
@@ -246,9 +246,22 @@ cdef const unsigned char *_s_arena
 
 
 cdef inline uint32_t _klen(const unsigned char *arena, uint64_t meta) noexcept nogil:
+    cdef const unsigned char *h = arena + (meta >> 8)
     cdef uint32_t n
-    memcpy(&n, arena + (meta >> 8), 4)
+    if h[0] < 255:
+        return h[0]
+    memcpy(&n, h + 1, 4)
     return n
+
+
+cdef inline const unsigned char *_key(const unsigned char *arena, uint64_t meta) noexcept nogil:
+    cdef const unsigned char *h = arena + (meta >> 8)
+    return h + 1 if h[0] < 255 else h + 5
+
+
+cdef inline size_t _head(uint32_t klen) noexcept nogil:
+    """The bytes of a key's length in the arena."""
+    return 1 if klen < 255 else 5
 
 
 cdef int _order(const void *a, const void *b) noexcept nogil:
@@ -262,7 +275,7 @@ cdef int _order(const void *a, const void *b) noexcept nogil:
     if ki != kj:
         return ki - kj
     cdef uint32_t li = _klen(_s_arena, mi), lj = _klen(_s_arena, mj)
-    cdef int c = memcmp(_s_arena + (mi >> 8) + 4, _s_arena + (mj >> 8) + 4,
+    cdef int c = memcmp(_key(_s_arena, mi), _key(_s_arena, mj),
                         li if li < lj else lj)
     if c:
         return c
@@ -374,11 +387,11 @@ cdef class StateTable:
     # -- storage -------------------------------------------------------------------
 
     cdef int _grow_dense(self, Py_ssize_t need) noexcept nogil:
-        """Room for `need` keys; a quarter more at a time (realloc of a large block
+        """Room for `need` keys; an eighth more at a time (realloc of a large block
         remaps pages rather than copying them, so small steps are cheap)."""
         if need <= self.dcap:
             return OK
-        cdef Py_ssize_t cap = self.dcap + (self.dcap >> 2)
+        cdef Py_ssize_t cap = self.dcap + (self.dcap >> 3)
         if cap < need:
             cap = need
         if cap < 16:
@@ -406,7 +419,7 @@ cdef class StateTable:
             return OK
         if need >= (<size_t>1) << 55:
             return E_NOMEM
-        cdef size_t cap = self.acap + (self.acap >> 2)
+        cdef size_t cap = self.acap + (self.acap >> 3)
         if cap < need:
             cap = need
         if cap < 256:
@@ -455,7 +468,7 @@ cdef class StateTable:
             if x.pos == p:
                 meta = x.meta
                 if (meta & KIND) == kind and _klen(self.arena, meta) == klen \
-                        and memcmp(self.arena + (meta >> 8) + 4, k, klen) == 0:
+                        and memcmp(_key(self.arena, meta), k, klen) == 0:
                     return e - 1
             s = (s + 1) & self.mask
 
@@ -465,8 +478,9 @@ cdef class StateTable:
         cdef int err = OK
         if self.n == self.dcap:
             err = self._grow_dense(self.n + 1)
-        if err == OK and self.alen + 4 + klen > self.acap:
-            err = self._grow_arena(self.alen + 4 + klen)
+        cdef size_t head = _head(klen)
+        if err == OK and self.alen + head + klen > self.acap:
+            err = self._grow_arena(self.alen + head + klen)
         if err == OK and (self.n + 1) * 10 > <Py_ssize_t>((self.mask + 1) * 7):
             err = self._rebuild_index(self.n + 1, False)
             if err == OK:
@@ -476,9 +490,13 @@ cdef class StateTable:
         cdef Py_ssize_t i = self.n
         self.ent[i].pos, self.ent[i].val = p, 0
         self.ent[i].meta = (<uint64_t>self.alen << 8) | kind
-        memcpy(self.arena + self.alen, &klen, 4)
-        memcpy(self.arena + self.alen + 4, k, klen)
-        self.alen += 4 + klen
+        if head == 1:
+            self.arena[self.alen] = <unsigned char>klen
+        else:
+            self.arena[self.alen] = 255
+            memcpy(self.arena + self.alen + 1, &klen, 4)
+        memcpy(self.arena + self.alen + head, k, klen)
+        self.alen += head + klen
         self.index[slot] = <uint32_t>(i + 1)
         self.n = i + 1
         at[0] = i
@@ -618,7 +636,7 @@ cdef class StateTable:
                 if overwrite:       # a range taken over: room for all of it at once
                     err = self._grow_dense(self.n + m)
                     if err == OK:
-                        err = self._grow_arena(self.alen + dlen + 4 * <size_t>m)
+                        err = self._grow_arena(self.alen + dlen + <size_t>m)
                     if err == OK:
                         err = self._rebuild_index(self.n + m, False)
                 if err == OK:
@@ -695,7 +713,7 @@ cdef class StateTable:
             with nogil:
                 err = self._grow_dense(self.n + m)
                 if err == OK:
-                    err = self._grow_arena(self.alen + _key_bytes(ps, nparts) + 4 * <size_t>m)
+                    err = self._grow_arena(self.alen + _key_bytes(ps, nparts) + <size_t>m)
                 if err == OK:
                     err = self._rebuild_index(self.n + m, False)
                 if err == OK:
@@ -798,7 +816,7 @@ cdef class StateTable:
                 x = &self.ent[sel[t].i]
                 meta = x.meta
                 klen = _klen(self.arena, meta)
-                memcpy(dp + w, self.arena + (meta >> 8) + 4, klen)
+                memcpy(dp + w, _key(self.arena, meta), klen)
                 w += klen
                 kp[t], op[t + 1], pp[t], vp[t] = meta & KIND, w, x.pos, x.val
         return kinds, data, offsets, positions, values
@@ -860,7 +878,8 @@ cdef class StateTable:
             if _in_range(self.ent[i].pos, lo, hi):
                 continue
             a = self.ent[i].meta >> 8
-            size = 4 + _klen(self.arena, self.ent[i].meta)
+            size = _klen(self.arena, self.ent[i].meta)
+            size += _head(<uint32_t>size)
             memmove(self.arena + w, self.arena + a, size)
             self.ent[j] = self.ent[i]
             self.ent[j].meta = (w << 8) | (self.ent[i].meta & 0xFF)
