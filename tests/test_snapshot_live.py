@@ -267,3 +267,76 @@ def snapshot_watermarks(path) -> dict[int, int]:
     _, parts, _ = snapshot_mod.read_snapshot(str(path))
     return {s.token: max((q for src, q in s.watermarks.items() if "live" in src), default=0)
             for s in parts if s.chunk == 1}
+
+
+def frames_of(path) -> list[bool]:
+    """Whether each section of a snapshot file holds a frame of column states."""
+    from floering.node.core.snapshot_format import sections
+    from floering.node.core.state_wire import is_frame
+    with open(path, "rb") as f:
+        return [is_frame(s.entries) for s in sections(f)]
+
+
+@pytest.mark.multiprocess
+def test_frames_between_compiled_and_pure_rings_an_old_file_and_a_bad_frame(tmp_path,
+                                                                            monkeypatch):
+    """A compiled ring's export is frames of column states (format 2); imported into a
+    ring of FLOE_PURE=1 nodes (dicts) and exported from it again (msgpack entries, no
+    table), then into a compiled ring: counts exact each time. A format 1 file (msgpack
+    entries) still imports exactly; a chunk of a corrupt frame is refused with
+    INVALID_ARGUMENT, nothing loaded."""
+    from floering.node.core import snapshot_format
+    words = corpus_words()[:20_000]
+    expect = Counter(words)
+    compiled, pure, back = (tmp_path / f"{n}.snap" for n in ("compiled", "pure", "back"))
+    monkeypatch.delenv("FLOE_PURE", raising=False)
+    with LocalCluster.up(2, 1, workdir=tmp_path / "a", tokens_per_node=3) as a:
+        feed(a, words)
+        export_ring(a.seeds, str(compiled), a.tls("operator"))
+    assert frames_of(compiled) and all(frames_of(compiled))
+    with open(compiled, "rb") as f:
+        assert f.read(10)[8:] == b"\x00\x02"
+    monkeypatch.setenv("FLOE_PURE", "1")
+    with LocalCluster.up(2, 1, workdir=tmp_path / "b", tokens_per_node=2) as b:
+        import_ring(b.seeds, str(compiled), b.tls("operator"))
+        assert counts(b) == expect
+        export_ring(b.seeds, str(pure), b.tls("operator"))
+    monkeypatch.delenv("FLOE_PURE")
+    assert not any(frames_of(pure))
+    old = tmp_path / "old.snap"
+    monkeypatch.setattr(snapshot_format, "FORMAT_VERSION", 1)
+    written_snapshot(old, words)
+    monkeypatch.undo()
+    with open(old, "rb") as f:
+        assert f.read(10)[8:] == b"\x00\x01"
+    for path in (pure, old):
+        with LocalCluster.up(2, 1, workdir=tmp_path / path.stem, tokens_per_node=3) as c:
+            if path is old:
+                bad_frame_refused(c)
+            import_ring(c.seeds, str(path), c.tls("operator"))
+            assert counts(c) == expect
+            if path is pure:
+                export_ring(c.seeds, str(back), c.tls("operator"))
+    assert all(frames_of(back))
+
+
+def bad_frame_refused(cluster) -> None:
+    """ImportRange of a frame cut short, and of one holding a key of another range:
+    INVALID_ARGUMENT, and the ring holds nothing."""
+    from floering.node.core.state_wire import encode_pairs
+    ring, _ = snapshot_mod.read_ring(cluster.seeds, cluster.tls("operator"))
+    token = ring.tokens[0]
+    owner = ring.owner_of_token(token)
+    address = next(n.address for n in cluster.nodes if n.node_id == owner)
+    mine = [w for w in set(corpus_words()[:2_000]) if ring.token_for_key(w) == token][:20]
+    far = next(w for w in corpus_words()[:2_000] if ring.token_for_key(w) != token)
+    good = encode_pairs(mine, [1] * len(mine))
+    with cluster.channel(address, "operator") as channel:
+        stub = floe_pb2_grpc.SnapshotsStub(channel)
+        for entries in (good[:-3], encode_pairs(mine + [far], [1] * (len(mine) + 1))):
+            with pytest.raises(grpc.RpcError) as info:
+                stub.ImportRange(floe_pb2.ImportChunk(
+                    ring_stamp=ring.stamp, token=token, snapshot="ab" * 32,
+                    reducer="count", chunk=1, chunks=1, entries=entries), timeout=10)
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value
+    assert held_keys(cluster) == 0
