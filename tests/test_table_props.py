@@ -275,6 +275,37 @@ def test_keys_of_every_length_header_keep_their_bytes_through_every_operation():
     assert all(c.get(k) == p.get(k) for k in expected)
 
 
+def test_key_bytes_past_the_arena_limit_are_refused_and_change_nothing():
+    """An entry keeps its key's arena offset in 32 bits, so a table holds less than
+    4 GiB of key bytes: a batch or a copy that would pass that is refused whole with an
+    OverflowError, and the table goes on. The limit is lowered here to reach the edge
+    without allocating 4 GiB."""
+    from floering.node.core.columnar import ctable
+    old = ctable._set_arena_limit(4096)
+    try:
+        c = CTable("sum")
+        first = [(f"key{i}", 1) for i in range(100)]
+        c.apply(*columns_of(first))
+        before, dirty = c.export(), c.dirty_count
+        more = [(f"key{i}", 1) for i in range(50)] + [("x" * 200 + str(i), 1)
+                                                      for i in range(40)]
+        with pytest.raises(OverflowError, match="4 GiB"):
+            c.apply(*columns_of(more))
+        assert c.export() == before and c.dirty_count == dirty
+        with pytest.raises(OverflowError, match="4 GiB"):
+            CTable("sum").install(columns_of(more))
+        copy = CTable("sum")
+        with pytest.raises(OverflowError, match="4 GiB"):
+            copy.install_parts([(b[0], b[1], b[2], b[4]) for b in (before, before,
+                                                                   columns_of(more))])
+        assert len(copy) == 0
+        c.apply(*columns_of(first))
+        assert dict(c.items()) == {k: 2 for k, _ in first}
+    finally:
+        ctable._set_arena_limit(old)
+    assert ctable._set_arena_limit(old) == 0xFFFFFFFF
+
+
 def test_a_table_folding_in_another_thread_refuses_other_calls():
     """The GIL is released while a batch folds: a second call meanwhile is refused,
     not run over storage that may move. On a busy machine a fold may end before the

@@ -66,6 +66,7 @@ cdef enum:
     E_POSITION = -4
     E_OFFSETS = -5
     E_KIND = -6
+    E_ARENA = -7
 
 OPS = {"count": 0, "sum": 1, "min": 2, "max": 3}
 OWN_PAGES = bool(floe_own_pages())
@@ -73,6 +74,15 @@ cdef carray.array _U64 = array("Q")
 cdef carray.array _I64 = array("q")
 
 cdef const unsigned char _EMPTY = 0
+cdef size_t _arena_limit = 0xFFFFFFFF      # an entry keeps its key's offset in 32 bits
+
+
+def _set_arena_limit(size_t limit):
+    """The most key bytes (with their lengths) a table holds; 4 GiB - 1 unless a test
+    lowers it to reach the edge without allocating it. Returns the one it replaced."""
+    global _arena_limit
+    old, _arena_limit = _arena_limit, min(limit, 0xFFFFFFFF)
+    return old
 
 
 cdef inline const unsigned char *_ptr(const unsigned char[::1] view) noexcept:
@@ -230,10 +240,16 @@ def unpack_frame_columns(frame, Py_ssize_t at, Py_ssize_t n, uint64_t nkeys, int
     return kinds, keys, offsets, values
 
 
-ctypedef struct Entry:
+ctypedef packed struct Entry:
     uint64_t pos
     int64_t val
-    uint64_t meta       # arena offset << 8 | DIRTY | kind
+    uint32_t off        # of the key's length in the arena (so the arena is < 4 GiB)
+    uint8_t flags       # DIRTY | kind
+
+
+cdef inline uint64_t _meta(const Entry *x) noexcept nogil:
+    """arena offset << 8 | DIRTY | kind"""
+    return ((<uint64_t>x.off) << 8) | x.flags
 
 ctypedef struct Sorted:
     uint64_t pos
@@ -270,7 +286,7 @@ cdef int _order(const void *a, const void *b) noexcept nogil:
     cdef const Sorted *y = <const Sorted *>b
     if x.pos != y.pos:
         return -1 if x.pos < y.pos else 1
-    cdef uint64_t mi = _s_ent[x.i].meta, mj = _s_ent[y.i].meta
+    cdef uint64_t mi = _meta(&_s_ent[x.i]), mj = _meta(&_s_ent[y.i])
     cdef int ki = mi & KIND, kj = mj & KIND
     if ki != kj:
         return ki - kj
@@ -415,13 +431,15 @@ cdef class StateTable:
         return OK
 
     cdef int _grow_arena(self, size_t need) noexcept nogil:
+        if need > _arena_limit:
+            return E_ARENA
         if need <= self.acap:
             return OK
-        if need >= (<size_t>1) << 55:
-            return E_NOMEM
         cdef size_t cap = self.acap + (self.acap >> 3)
         if cap < need:
             cap = need
+        if cap > _arena_limit:
+            cap = _arena_limit
         if cap < 256:
             cap = 256
         cdef void *p = PyMem_RawRealloc(self.arena, cap)
@@ -466,7 +484,7 @@ cdef class StateTable:
                 return -1
             x = &self.ent[e - 1]
             if x.pos == p:
-                meta = x.meta
+                meta = _meta(x)
                 if (meta & KIND) == kind and _klen(self.arena, meta) == klen \
                         and memcmp(_key(self.arena, meta), k, klen) == 0:
                     return e - 1
@@ -489,7 +507,7 @@ cdef class StateTable:
             return err
         cdef Py_ssize_t i = self.n
         self.ent[i].pos, self.ent[i].val = p, 0
-        self.ent[i].meta = (<uint64_t>self.alen << 8) | kind
+        self.ent[i].off, self.ent[i].flags = <uint32_t>self.alen, kind
         if head == 1:
             self.arena[self.alen] = <unsigned char>klen
         else:
@@ -511,7 +529,7 @@ cdef class StateTable:
         for t in range(done - 1, -1, -1):
             self.ent[idx[t]].val = old[t]
         for t in range(nd0, self.ndirty):
-            self.ent[self.dirty[t]].meta &= ~(<uint64_t>DIRTY)
+            self.ent[self.dirty[t]].flags &= ~(<uint8_t>DIRTY)
         self.ndirty = nd0
         for i in range(self.n - 1, n0 - 1, -1):
             s = self.ent[i].pos & self.mask
@@ -519,14 +537,14 @@ cdef class StateTable:
                 s = (s + 1) & self.mask
             self.index[s] = 0
         if n0 < self.n:
-            self.alen = self.ent[n0].meta >> 8
+            self.alen = self.ent[n0].off
         self.n = n0
 
     cdef inline int _mark(self, Py_ssize_t i) noexcept nogil:
-        if not (self.ent[i].meta & DIRTY):
+        if not (self.ent[i].flags & DIRTY):
             if self.ndirty == self.dirtycap and self._grow_dirty() != OK:
                 return E_NOMEM
-            self.ent[i].meta |= DIRTY
+            self.ent[i].flags |= DIRTY
             self.dirty[self.ndirty] = <uint32_t>i
             self.ndirty += 1
         return OK
@@ -544,7 +562,7 @@ cdef class StateTable:
         if t + 4 < m:
             e = self.index[posn[t + 4] & self.mask]
             if e:
-                floe_prefetch(self.arena + (self.ent[e - 1].meta >> 8))
+                floe_prefetch(self.arena + self.ent[e - 1].off)
 
     cdef int _fold(self, const uint8_t *kinds, const unsigned char *data, uint64_t dlen,
                    const uint64_t *off, const uint64_t *posn, const int64_t *vals,
@@ -798,7 +816,7 @@ cdef class StateTable:
         cdef uint64_t total = 0, w = 0, meta
         cdef uint32_t klen
         for t in range(k):
-            total += _klen(self.arena, self.ent[sel[t].i].meta)
+            total += _klen(self.arena, _meta(&self.ent[sel[t].i]))
         kinds = PyBytes_FromStringAndSize(NULL, k)
         data = PyBytes_FromStringAndSize(NULL, total)
         cdef carray.array offsets = carray.clone(_U64, k + 1, zero=False)
@@ -814,7 +832,7 @@ cdef class StateTable:
         with nogil:
             for t in range(k):
                 x = &self.ent[sel[t].i]
-                meta = x.meta
+                meta = _meta(x)
                 klen = _klen(self.arena, meta)
                 memcpy(dp + w, _key(self.arena, meta), klen)
                 w += klen
@@ -857,7 +875,7 @@ cdef class StateTable:
         out = self._export_where(False, self.dirty, self.ndirty, 0, 0, ordered)
         cdef Py_ssize_t t
         for t in range(self.ndirty):
-            self.ent[self.dirty[t]].meta &= ~(<uint64_t>DIRTY)
+            self.ent[self.dirty[t]].flags &= ~(<uint8_t>DIRTY)
         self.ndirty = 0
         if self.dirtycap > 4096:        # a large fragment's list is not kept for the next
             PyMem_RawFree(self.dirty)
@@ -877,17 +895,17 @@ cdef class StateTable:
         for i in range(self.n):
             if _in_range(self.ent[i].pos, lo, hi):
                 continue
-            a = self.ent[i].meta >> 8
-            size = _klen(self.arena, self.ent[i].meta)
+            a = self.ent[i].off
+            size = _klen(self.arena, _meta(&self.ent[i]))
             size += _head(<uint32_t>size)
             memmove(self.arena + w, self.arena + a, size)
             self.ent[j] = self.ent[i]
-            self.ent[j].meta = (w << 8) | (self.ent[i].meta & 0xFF)
+            self.ent[j].off = <uint32_t>w
             w += size
             j += 1
         self.n, self.alen, self.ndirty = j, w, 0
         for i in range(j):
-            if self.ent[i].meta & DIRTY:
+            if self.ent[i].flags & DIRTY:
                 self.dirty[self.ndirty] = <uint32_t>i
                 self.ndirty += 1
         if self._rebuild_index(j, True) != OK:
@@ -934,6 +952,9 @@ def _five(buffers):
 cdef _raise(int err, Py_ssize_t at, str op):
     if err == E_NOMEM:
         raise MemoryError("the state table could not grow")
+    if err == E_ARENA:
+        raise OverflowError("the state table's key bytes would pass 4 GiB; the batch "
+                            "changed nothing (cut the range smaller)")
     if err == E_OVERFLOW:
         raise OverflowError(f"{op} of key {at} goes beyond int64; the batch changed nothing")
     what = {E_KEY: "is not what its kind encodes (str: UTF-8; int: \\0i and a decimal)",
