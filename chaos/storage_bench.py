@@ -217,12 +217,24 @@ def measure_node(root: Path, states: dict[int, dict], delta_size: int, per_key: 
     loaded = store.load()
     load = time.perf_counter() - started
     store.close()
-    if {t: c.states for t, c in loaded.copies.items()} != states or loaded.corrupt:
+    started = time.perf_counter()
+    tables = {t: _table_copy(c.states) for t, c in loaded.copies.items()}
+    install = time.perf_counter() - started
+    if {t: c.state.snapshot() for t, c in tables.items()} != states or loaded.corrupt:
         raise AssertionError("the store read back other states than it was given")
     size = disk_bytes(path / "state")
     shutil.rmtree(path)
     return dict(full=full, delta=statistics.median(deltas), worst=max(deltas), load=load,
-                cold=cold, size=size)
+                install=install, cold=cold, size=size)
+
+
+def _table_copy(states):
+    """A count's table copy of a range read back, as a restart installs it."""
+    from floering.node.core.reducers import Count
+    from floering.node.core.table_state import TableCopy
+    copy = TableCopy(Count())
+    copy.master = states
+    return copy
 
 
 def node_main(args) -> int:
@@ -237,7 +249,8 @@ def node_main(args) -> int:
             print(f"{name:28s} full write {row['full']:6.2f} s  checkpoint "
                   f"{1000 * row['delta']:7.1f} ms (worst {1000 * row['worst']:.1f})  "
                   f"load {row['load']:6.2f} s"
-                  f"{' (cold)' if row['cold'] else ' (warm)'}  "
+                  f"{' (cold)' if row['cold'] else ' (warm)'} + table install "
+                  f"{row['install']:5.2f} s  "
                   f"{row['size'] / 1e6:7.1f} MB on disk", flush=True)
     return 0
 

@@ -6,6 +6,7 @@ one replay path, deduplicated by the same watermarks."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from floering.node.core.backup_store import BackupEntry, split_entry
@@ -15,6 +16,8 @@ from floering.node.core.node_core import NodeCore
 from floering.node.core.ranges import ReplicaSide
 from floering.node.core.reducers import Reducer
 from floering.node.core.ring import Ring
+from floering.node.core.state_wire import StateRun
+from floering.node.core.table_state import TableCopy
 
 
 @dataclass
@@ -25,7 +28,7 @@ class DiskCopy:
     primary: str
     watermarks: dict[str, int]
     complete: bool = True
-    states: dict = field(default_factory=dict)
+    states: Mapping = field(default_factory=dict)   # a dict, or a StateRun of frames
 
 
 def restored_core(node_id: str, ring: Ring, reducer: Reducer, limits: Limits,
@@ -44,7 +47,12 @@ def restored_core(node_id: str, ring: Ring, reducer: Reducer, limits: Limits,
         if ring.has_token(token):
             # The copy read back becomes the range's, uncopied (`copies` are ours).
             side.adopt_copy(token, copy.primary, {}, copy.watermarks)
-            side.ranges[token].copy.master = copy.states
+            held = side.ranges[token].copy
+            # A table takes the frames read back in one call; a dict copy a dict.
+            states = copy.states
+            if not isinstance(held, TableCopy) and isinstance(states, StateRun):
+                states = states.to_dict()
+            held.master = states
             side.ranges[token].complete = copy.complete
     covered = covered_by_every_copy(ring, node_id, copies)
     for token, b in batches:

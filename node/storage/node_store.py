@@ -47,7 +47,7 @@ from floering.node.core.codec import pack, unpack
 from floering.node.core.errors import InvalidArgument
 from floering.node.core.persistence_io import CopyWrite
 from floering.node.core.restore import DiskCopy, batch_from_record, batch_record
-from floering.node.core.state_wire import decode as decode_frame, plan as frame_plan
+from floering.node.core.state_wire import StateRun, decode as decode_frame, plan as frame_plan
 from floering.node.files import private_dir
 from floering.node.storage.segment_log import CorruptLog, SegmentLog
 
@@ -93,9 +93,10 @@ def segment_value(frame: bytes) -> bytes:
     return _CRC.pack(zlib.crc32(frame)) + frame
 
 
-def segment_states(key: bytes, value: bytes) -> dict:
-    """A segment's (key, state)s; ValueError naming it when its checksum fails or its
-    frame does not decode."""
+def segment_states(key: bytes, value: bytes, columns: bool = False):
+    """A segment's (key, state)s (with `columns`, its frame's StateColumns, the keys
+    left undecoded); ValueError naming it when its checksum fails or its frame does
+    not decode."""
     generation, part = _PART.unpack_from(key, 10) if len(key) == 22 else (-1, -1)
     where = f"segment {part} of generation {generation}"
     if generation < 0 or len(value) < 4:
@@ -104,7 +105,8 @@ def segment_states(key: bytes, value: bytes) -> dict:
     if _CRC.unpack_from(value)[0] != zlib.crc32(memoryview(value)[4:]):
         raise ValueError(f"{where}: its checksum does not match")
     try:
-        return decode_frame(memoryview(value)[4:]).to_dict()
+        frame = decode_frame(memoryview(value)[4:])
+        return frame if columns else frame.to_dict()
     except Exception as exc:
         raise ValueError(f"{where} does not decode: {exc}") from None
 
@@ -169,26 +171,31 @@ def _take_states(run: list, copies: dict[int, DiskCopy], corrupt: dict[int, str]
 
 
 def _lay_segments(copies: dict[int, DiskCopy], corrupt: dict[int, str],
-                  segments: dict[int, list]) -> dict[int, Segments]:
+                  segments: dict[int, list], columns: bool = False) -> dict[int, Segments]:
     """Lay each copy's segments over its format-1 entries, generation by generation;
     a token one of whose segments fails leaves `copies` for `corrupt`. Returns what
-    the store holds of each copy's states."""
+    the store holds of each copy's states. With `columns` a copy's states become a
+    StateRun of its segments' frames as read (a table installs them in one call)."""
     held = {t: Segments(first=len(c.states)) for t, c in copies.items()}
     for token, entries in segments.items():
         copy = copies.get(token)
         if copy is None:
             continue
         count, generations = held[token], set()
+        layers: list = [copy.states] if copy.states else []
         try:
             for key, value in entries:
-                part = segment_states(key, value)
+                part = segment_states(key, value, columns)
                 generation = _generation(key)
+                size = part.count if columns else len(part)
                 if generation:
-                    count.later += len(part)
+                    count.later += size
                     generations.add(generation)
                 else:
-                    count.first += len(part)
-                if copy.states:
+                    count.first += size
+                if columns:
+                    layers.append(part)
+                elif copy.states:
                     copy.states.update(part)
                 else:
                     copy.states = part
@@ -196,6 +203,8 @@ def _lay_segments(copies: dict[int, DiskCopy], corrupt: dict[int, str],
             corrupt[token] = f"{exc}"
             del copies[token], held[token]
             continue
+        if columns:
+            copy.states = StateRun(layers)
         count.generations = len(generations)
         count.next_generation = _generation(entries[-1][0]) + 1
     return held
@@ -539,7 +548,7 @@ class NodeStore:
         corrupt: dict[int, str] = {}
         segments: dict[int, list] = {}
         self._read_states(copies, corrupt, segments)
-        self.segments = _lay_segments(copies, corrupt, segments)
+        self.segments = _lay_segments(copies, corrupt, segments, columns=True)
         return copies, corrupt
 
     def _read_states(self, copies: dict[int, DiskCopy], corrupt: dict[int, str],
