@@ -288,13 +288,15 @@ def entry_columns(entries: bytes) -> tuple[list, list]:
             frame.value_column.tolist() + list(frame.rest_states))
 
 
-def _chunks(reducer: str, states: dict):
+def import_chunks(reducer: str, states: dict):
     """(entries, bytes) per chunk of a range to import: frames of column states for a
     table reducer (count, sum, min, max), msgpack [keys, states] for any other."""
     if reducer not in FRAMED or not states:
         yield from packed_chunks(column_slices(states), CHUNK_BYTES)
         return
-    for piece in PairSegment(list(states), list(states.values())).pieces(1 << 30,
+    most = CHUNK_BYTES // 7       # entries a frame of CHUNK_BYTES can hold (7 bytes
+    #                               at least: kind, offset, a key byte, a value byte)
+    for piece in PairSegment(list(states), list(states.values())).pieces(most,
                                                                          CHUNK_BYTES):
         yield piece.count, piece.encode()
 
@@ -311,7 +313,7 @@ def _send(ring: Ring, tls, reducer: str, snapshot_id: str, ranges: dict[int, dic
     calls = 0
     try:
         for token in sorted(ranges):
-            chunks = list(_chunks(reducer, ranges.pop(token)))
+            chunks = list(import_chunks(reducer, ranges.pop(token)))
             call = stub(ring.owner_of_token(token))
             n = 1
             while n <= len(chunks):

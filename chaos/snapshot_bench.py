@@ -7,7 +7,7 @@ A count's range of --keys keys in the compiled state table (as chaos.move_bench
 builds it) goes through every step of `floe export` and `floe import` but the gRPC
 calls, in one process: the node's export cut into chunks (ExportRange), the file
 written (chaos.snapshot's Writer) and read back checked whole, the importer's recut
-into per-range chunks (chaos.snapshot.load_recut, _chunks), and the node's import of
+into per-range chunks (chaos.snapshot.load_recut, import_chunks), and the node's import of
 each chunk into an empty range (ImportRange: decoded, checked, merged). Printed per
 way and size: seconds for the export (node and file) and the import (file, importer
 and node; the node's part apart), the file's MiB; the imported range is checked against the exported one
@@ -23,7 +23,7 @@ import tempfile
 import time
 
 from floering.chaos.move_bench import build
-from floering.chaos.snapshot import _chunks, entry_columns
+from floering.chaos.snapshot import entry_columns, import_chunks
 from floering.node.core import snapshot_format
 from floering.node.core.batch import Limits
 from floering.node.core.chunks import CHUNK_BYTES, column_slices, packed_chunks
@@ -85,7 +85,7 @@ def _import(path: str, way: str) -> tuple[PrimaryRange, float]:
         keys, values = entry_columns(s.entries)
         states.update(zip(keys, values))
     reducer = "count" if way == "frames" else "user"      # "user": msgpack chunks
-    chunks = list(_chunks(reducer, states))
+    chunks = list(import_chunks(reducer, states))
     del states
     rng = PrimaryRange(TOKEN, load_reducer("count"))
     core = _Core(rng)

@@ -174,10 +174,10 @@ def chunk_columns(request, frames: bool = False) -> tuple:
         frame = decode(entries)
         if frames:
             return frame, None, unpack(marks) if marks else {}
-        keys = frame.column_keys() + list(frame.rest_keys)
-        states = frame.value_column.tolist() + list(frame.rest_states)
-    else:
-        keys, states = unpack_columns(entries)
+        return (frame.column_keys() + list(frame.rest_keys),
+                frame.value_column.tolist() + list(frame.rest_states),
+                unpack(marks) if marks else {})
+    keys, states = unpack_columns(entries)
     return keys, states, unpack(marks) if marks else {}
 
 
