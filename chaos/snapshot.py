@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import time
+from array import array
 from bisect import bisect_left
 from contextlib import contextmanager
 from pathlib import Path
@@ -32,7 +33,8 @@ from floering.node.core.errors import (FloeError, InvalidArgument, ReducerMismat
                                        Unavailable)
 from floering.node.core.reducers import BUILTINS
 from floering.node.core.ring import Ring
-from floering.node.core.state_wire import PairSegment, decode, is_frame
+from floering.node.core.state_wire import (ExportSegment, PairSegment, decode, is_frame,
+                                           key_blob)
 from floering.node.core.table_state import TABLE_REDUCERS
 from floering.node.core.snapshot_format import (IMPORT_SOURCE, Header, SnapshotError, Writer,
                                                 check_keys, check_watermarks, entry_count,
@@ -294,10 +296,17 @@ def import_chunks(reducer: str, states: dict):
     if reducer not in FRAMED or not states:
         yield from packed_chunks(column_slices(states), CHUNK_BYTES)
         return
+    keys, values = list(states), list(states.values())
+    segment: ExportSegment | PairSegment = PairSegment(keys, values)
+    if set(map(type, keys)) <= {str, bytes, int} and set(map(type, values)) == {int}:
+        try:                      # every entry in the columns: cut by their offsets
+            column = array("q", values)
+            segment = ExportSegment((*key_blob(keys), None, column))
+        except OverflowError:
+            pass
     most = CHUNK_BYTES // 7       # entries a frame of CHUNK_BYTES can hold (7 bytes
     #                               at least: kind, offset, a key byte, a value byte)
-    for piece in PairSegment(list(states), list(states.values())).pieces(most,
-                                                                         CHUNK_BYTES):
+    for piece in segment.pieces(most, CHUNK_BYTES):
         yield piece.count, piece.encode()
 
 
