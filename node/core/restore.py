@@ -6,8 +6,8 @@ one replay path, deduplicated by the same watermarks."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from floering.node.core.backup_store import BackupEntry, split_entry
 from floering.node.core.batch import Batch, Limits
@@ -28,7 +28,7 @@ class DiskCopy:
     primary: str
     watermarks: dict[str, int]
     complete: bool = True
-    states: Mapping = field(default_factory=dict)   # a dict, or a StateRun of frames
+    states: Any = field(default_factory=dict)   # a dict, or a StateRun of frames read back
 
 
 def restored_core(node_id: str, ring: Ring, reducer: Reducer, limits: Limits,
@@ -47,12 +47,12 @@ def restored_core(node_id: str, ring: Ring, reducer: Reducer, limits: Limits,
         if ring.has_token(token):
             # The copy read back becomes the range's, uncopied (`copies` are ours).
             side.adopt_copy(token, copy.primary, {}, copy.watermarks)
-            held = side.ranges[token].copy
+            taken = side.ranges[token].copy
             # A table takes the frames read back in one call; a dict copy a dict.
             states = copy.states
-            if not isinstance(held, TableCopy) and isinstance(states, StateRun):
+            if not isinstance(taken, TableCopy) and isinstance(states, StateRun):
                 states = states.to_dict()
-            held.master = states
+            taken.master = states
             side.ranges[token].complete = copy.complete
     covered = covered_by_every_copy(ring, node_id, copies)
     for token, b in batches:
