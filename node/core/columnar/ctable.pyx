@@ -3,7 +3,7 @@
 """The compiled state table: per key int64 states of a built-in reducer (count, sum,
 min, max) in open addressing, a batch folded in one call with the GIL released.
 
-Keys are kept as (kind, key bytes, position) in dense 24-byte entries in insertion order
+Keys are kept as (kind, key bytes, position) in dense 21-byte entries in insertion order
 (position, state, and the key's arena offset with its kind and dirty bit), each key's
 bytes in one arena after its length (a byte below 255, else 255 and a uint32); an index of uint32 slots (0 empty, else entry
 index + 1) is probed linearly from position & mask. A batch prefetches the index slots
