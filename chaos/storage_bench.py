@@ -188,7 +188,7 @@ def node_states(keys: int) -> dict[int, dict]:
 
 
 def measure_node(root: Path, states: dict[int, dict], delta_size: int, per_key: bool,
-                 rounds: int = 5) -> dict:
+                 rounds: int = 5, dicts: bool = False) -> dict:
     """The node store's full write, checkpoint delta and load of `states`."""
     from floering.node.storage import node_store
     from floering.node.storage.node_store import CopyWrite, NodeStore
@@ -211,6 +211,8 @@ def measure_node(root: Path, states: dict[int, dict], delta_size: int, per_key: 
         write([CopyWrite(t, "n0", c, {"s": round_ + 2}) for t, c in changed.items()])
         deltas.append(time.perf_counter() - started)
     store.close()
+    if dicts:
+        read_as_dicts(path, rounds=2)
     cold = drop_caches()
     started = time.perf_counter()
     store = NodeStore(path)
@@ -226,6 +228,23 @@ def measure_node(root: Path, states: dict[int, dict], delta_size: int, per_key: 
     shutil.rmtree(path)
     return dict(full=full, delta=statistics.median(deltas), worst=max(deltas), load=load,
                 install=install, cold=cold, size=size)
+
+
+def read_as_dicts(path: Path, rounds: int) -> None:
+    """The load and table install of the store at `path` with segments read as dicts
+    (as restarts read them before frames), printed, for comparison."""
+    from floering.node.storage.node_store import NodeStore
+    for _ in range(rounds):
+        started = time.perf_counter()
+        store = NodeStore(path)
+        store.columns = False
+        loaded = store.load()
+        store.close()
+        read = time.perf_counter()
+        tables = [_table_copy(c.states) for c in loaded.copies.values()]
+        print(f"{'  segments read as dicts':28s} load {read - started:6.2f} s + table install "
+              f"{time.perf_counter() - read:5.2f} s ({len(tables)} ranges)", flush=True)
+        del loaded, tables
 
 
 def _table_copy(states):
@@ -244,8 +263,10 @@ def node_main(args) -> int:
     formats = [("one entry a key (format 1)", True), ("segments (format 2)", False)]
     with tempfile.TemporaryDirectory(dir=args.dir) as root:
         for name, per_key in formats:
+            if per_key and not args.format1:
+                continue
             row = measure_node(Path(root), {t: dict(s) for t, s in states.items()},
-                               args.delta, per_key, args.rounds)
+                               args.delta, per_key, args.rounds, args.dicts and not per_key)
             print(f"{name:28s} full write {row['full']:6.2f} s  checkpoint "
                   f"{1000 * row['delta']:7.1f} ms (worst {1000 * row['worst']:.1f})  "
                   f"load {row['load']:6.2f} s"
@@ -262,6 +283,10 @@ def main(argv=None) -> int:
     parser.add_argument("--dir", default="/var/tmp", help="where the stores are written")
     parser.add_argument("--rounds", type=int, default=5,
                         help="checkpoint rounds written (--node; the median is shown)")
+    parser.add_argument("--no-format1", dest="format1", action="store_false",
+                        help="--node: the segments only")
+    parser.add_argument("--dicts", action="store_true",
+                        help="--node: also load the segments as dicts (as before frames)")
     parser.add_argument("--node", action="store_true",
                         help="the node's own store: its format against one entry a key")
     args = parser.parse_args(argv)

@@ -298,6 +298,8 @@ def _quarantine(path: Path, why: str) -> tuple["NodeStore", None, str]:
 
 
 class NodeStore:
+    columns = True     # a load keeps segments as frames (False: dicts, as before)
+
     def __init__(self, data_dir: str | os.PathLike, segment_bytes: int | None = None) -> None:
         self.dir = Path(data_dir)
         private_dir(self.dir)
@@ -548,7 +550,7 @@ class NodeStore:
         corrupt: dict[int, str] = {}
         segments: dict[int, list] = {}
         self._read_states(copies, corrupt, segments)
-        self.segments = _lay_segments(copies, corrupt, segments, columns=True)
+        self.segments = _lay_segments(copies, corrupt, segments, self.columns)
         return copies, corrupt
 
     def _read_states(self, copies: dict[int, DiskCopy], corrupt: dict[int, str],
