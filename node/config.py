@@ -80,6 +80,9 @@ class NodeConfig:
     probe_timeout: float = 0.15                  # first probe deadline of a suspicion (then doubled)
     suspicion: float = 1.0                       # a suspect whose probes only time out is declared after this
     repair_delay: float = 1.0                    # seconds after a member left before new replicas get full copies
+    lossy_suspicion: float = 30.0                # ... after this when declaring it would lose ranges
+    share_pull_grace: float = 3.0                # a member short of its share waits this long before pulling
+    share_pull_interval: float = 2.0             # seconds between two pulls of one member
     balance: bool = False                        # given: balancer = "floe"; then: whether ranges move
     balancer: str = "none"                       # the ring's load-balancing policy, chosen at founding
     high_queue: float = 8.0                      # overloaded: queue above this AND cpu above high_cpu
@@ -129,6 +132,11 @@ class NodeConfig:
             raise ValueError("startup_grace must be >= 0")
         if not 0 <= self.repair_delay <= 60:
             raise ValueError("repair_delay must be 0 to 60 seconds")
+        if not 0 <= self.lossy_suspicion <= 3600:      # the detector waits at least `suspicion`
+            raise ValueError("lossy_suspicion must be 0 to 3600 seconds")
+        if not 0 <= self.share_pull_grace <= 3600 or not 0.05 <= self.share_pull_interval <= 3600:
+            raise ValueError("share_pull_grace must be 0 to 3600 seconds, "
+                             "share_pull_interval 0.05 to 3600")
         if self.queue_batches < 1 or self.max_batch_bytes < 1:
             raise ValueError("queue_batches and max_batch_bytes must be >= 1")
         if self.max_inbound_bytes < self.max_batch_bytes:
@@ -297,6 +305,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds after a member leaves the ring (or is declared dead) before "
                         "this node sends new replicas their full copies: the takeover and "
                         "the reads it redirects get the cores first (0: at once)")
+    p.add_argument("--lossy-suspicion", type=float,
+                   help="seconds (default 30) a suspect stays suspected when declaring it dead "
+                        "would lose ranges (this node holds no complete copy of one it would "
+                        "take over): it may be starved, not gone; never less than --suspicion")
+    p.add_argument("--share-pull-grace", type=float,
+                   help="seconds (default 3) a member short of its share of the ring waits "
+                        "before it pulls ranges from a donor (an operator adding it moves "
+                        "ranges first)")
+    p.add_argument("--share-pull-interval", type=float,
+                   help="seconds (default 2) between two pulls of one member")
     _add_balancing(p)
     p.add_argument("--join", help="seed addresses host:port,... of a running ring to join "
                                   "(as a member with no ranges; --peers names only this node)")
