@@ -157,6 +157,8 @@ class SharePulling:
                                          # when it began pulling
     members_seen = 0                     # members of the ring at the last look
     departing = False                    # handing everything away to leave
+    pull_grace = PULL_GRACE              # the node's --share-pull-grace
+    pull_interval = PULL_INTERVAL        # the node's --share-pull-interval
 
     def begin_leaving(self) -> None:
         """A member on its way out neither pulls nor hands ranges to one that asks."""
@@ -179,9 +181,9 @@ class SharePulling:
             return
         if self.short_since is None:
             self.short_since = now
-        if now < self.short_since + PULL_GRACE or now < self.pull_after:
+        if now < self.short_since + self.pull_grace or now < self.pull_after:
             return
-        self.pull_after = now + PULL_INTERVAL
+        self.pull_after = now + self.pull_interval
         out.append(PullRanges(donor, core.ring.address(donor), len(moves)))
 
     def share_moves_for(self, sender: str) -> dict[int, str] | None:

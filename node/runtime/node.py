@@ -89,15 +89,19 @@ class NodeRuntime:
         core.starting = True
         detector = FailureDetector(DetectorConfig(
             min_timeout=config.suspect_min, max_timeout=config.suspect_max,
-            probe_timeout=config.probe_timeout, suspicion=config.suspicion))
+            probe_timeout=config.probe_timeout, suspicion=config.suspicion,
+            lossy_suspicion=config.lossy_suspicion))
         load = LoadMonitor(LoadConfig(
             high_queue=config.high_queue, high_cpu=config.high_cpu, low_queue=config.low_queue,
             low_cpu=config.low_cpu, cooldown=config.balance_cooldown))
-        return NodeMachine(core, self.incarnation, detector, load, self._new_core,
-                           listen=config.advertise, balance=config.balance,
-                           max_tokens=config.max_tokens,
-                           max_splits_per_minute=config.max_splits_per_minute,
-                           repair_delay=config.repair_delay)
+        machine = NodeMachine(core, self.incarnation, detector, load, self._new_core,
+                              listen=config.advertise, balance=config.balance,
+                              max_tokens=config.max_tokens,
+                              max_splits_per_minute=config.max_splits_per_minute,
+                              repair_delay=config.repair_delay)
+        machine.pull_grace = config.share_pull_grace
+        machine.pull_interval = config.share_pull_interval
+        return machine
 
     def _initial_ring(self, config: NodeConfig) -> Ring:
         """The configured founders' ring, or the one the data directory held."""
