@@ -16,6 +16,9 @@ pytestmark = pytest.mark.multiprocess
 
 BAND = 0.25          # a member's share may be this far from the mean
 WITHIN = 30.0        # seconds
+# a short member pulls after --share-pull-grace, pulls again after --share-pull-interval
+# (3 s and 2 s by default): shorter here, the same pulls
+PULLS = ["--share-pull-grace", "0.5", "--share-pull-interval", "0.5"]
 
 
 ring_of = live_ring
@@ -41,7 +44,8 @@ def seconds_to_even(cluster, members: int) -> float:
 
 
 def test_a_rejoined_member_and_a_scale_in_get_even_shares_back_under_load(tmp_path):
-    with LocalCluster.up(4, 1, workdir=tmp_path, data_dir=tmp_path / "data") as cluster:
+    with LocalCluster.up(4, 1, workdir=tmp_path, data_dir=tmp_path / "data",
+                          extra_args=PULLS) as cluster:
         feeder = Feeder(cluster.seeds, tls=cluster.tls())
         feeder.start()
         feeder.wait_rounds(3)
@@ -74,7 +78,8 @@ def test_a_crash_with_no_restart_evens_shares_out_under_load(tmp_path):
     """A member SIGKILLed and not started again is a scale-in from the ring's point of
     view: its heir took its ranges over (a double share); the members below the mean
     pull from it until every member is within 25% of the mean, and nothing is lost."""
-    with LocalCluster.up(4, 1, workdir=tmp_path, data_dir=tmp_path / "data") as cluster:
+    with LocalCluster.up(4, 1, workdir=tmp_path, data_dir=tmp_path / "data",
+                          extra_args=PULLS) as cluster:
         feeder = Feeder(cluster.seeds, tls=cluster.tls())
         feeder.start()
         feeder.wait_rounds(3)
