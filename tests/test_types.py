@@ -9,8 +9,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# The goal is zero errors; until then a ratchet: the count may only go down.
-MOST_ERRORS = 10
+# No error: a change that adds one fixes it (no ignore, no Any to silence it).
+MOST_ERRORS = 0
 
 
 def run_mypy() -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, Mapping
 
 from floering.node.core.backup_store import BackupEntry
 from floering.node.core.batch import Batch, Limits, check_header
@@ -355,7 +355,7 @@ class NodeCore:
             rng.checkpoint_shipped()
 
     def receive_checkpoint(self, sender: str, ring_version: int, token: int, seq: int,
-                           base_seq: int, full: bool, states: dict,
+                           base_seq: int, full: bool, states: Mapping,
                            watermarks: dict[str, int], now: float = 0.0) -> tuple[bool, int]:
         ring = self.ring
         self._check_started()

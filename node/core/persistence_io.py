@@ -92,7 +92,7 @@ class CheckpointMerged:
 
     token: int
     primary: str
-    states: dict = field(hash=False)
+    states: Mapping = field(hash=False)
     watermarks: dict = field(hash=False)
     full: bool = False
     ticket: int = 0

@@ -308,7 +308,7 @@ class ReplicaSide:
         return entry.count, 0
 
     def apply_checkpoint(self, token: int, primary: str, seq: int, base_seq: int, full: bool,
-                         states: dict, watermarks: dict[str, int], now: float = 0.0,
+                         states: Mapping, watermarks: dict[str, int], now: float = 0.0,
                          backup_expiry: float = float("inf")) -> tuple[bool, int]:
         """Merge a checkpoint; return (need_full, latest seq held). Batches received
         `backup_expiry` seconds before it that it still does not cover are dropped."""

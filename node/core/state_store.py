@@ -8,7 +8,7 @@ master, so they always see the newest state.
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Iterator, Mapping
 
 from floering.node.core.reducers import Reducer
 
@@ -129,10 +129,10 @@ class ReplicaState:
     def __init__(self) -> None:
         self.master: dict = {}
 
-    def apply_fragment(self, fragment: dict) -> None:
+    def apply_fragment(self, fragment: Mapping) -> None:
         self.master.update(fragment)
 
-    def replace(self, full: dict) -> None:
+    def replace(self, full: Mapping) -> None:
         # Copied: one full checkpoint may be handed to several replicas in-process.
         self.master = dict(full)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
@@ -139,7 +140,7 @@ class Durability:
     def after(self, core: NodeCore) -> None:
         self._do(self.plan.after(core))
 
-    def checkpoint(self, token: int, primary: str, states: dict, watermarks: dict,
+    def checkpoint(self, token: int, primary: str, states: Mapping, watermarks: dict,
                    full: bool) -> asyncio.Future:
         """A checkpoint was merged into our copy: resolves once the copy is on disk."""
         ticket, future = self._ticket()

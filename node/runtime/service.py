@@ -6,6 +6,7 @@ call. Each method raises a FloeError the transports turn into a status code.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 
 from floering.node.core.batch import Batch
 from floering.node.core.membership import base_name
@@ -92,7 +93,7 @@ class NodeService:
         return await self.runtime.probe_for(target, min(max(timeout, 0.01), 5.0))
 
     async def receive_checkpoint(self, sender: str, ring_stamp: int, incarnation: int,
-                                 token: int, seq: int, base_seq: int, full: bool, states: dict,
+                                 token: int, seq: int, base_seq: int, full: bool, states: Mapping,
                                  watermarks) -> tuple[bool, int, int]:
         """(whether we need a full copy, the seq we hold, our ring stamp); a durable
         node answers once the merged copy is on its disk."""

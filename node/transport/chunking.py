@@ -127,7 +127,7 @@ def whole_states(done: Completed):
     return received(done.states)
 
 
-def received(states: dict):
+def received(states: dict) -> dict | StateRun:
     """What `fill` made of a range's chunks: the dict, or, when frames of column
     states came, a StateRun (the dict of any other entries, then the frames, in
     order). Never a key of the range: COLUMNS is an object of its own."""

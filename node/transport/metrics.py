@@ -312,7 +312,7 @@ class MetricsServer:
         self.registry, self.max_connections = registry, max_connections
         self.read_timeout = read_timeout
         self._open: dict[asyncio.StreamWriter, bool] = {}   # writer -> its request came
-        self._server: asyncio.AbstractServer | None = None
+        self._server: asyncio.Server | None = None
         self.accepted = self.refused = 0                    # connections; answered 503
 
     async def start(self, host: str, port: int) -> None:

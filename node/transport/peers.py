@@ -12,7 +12,8 @@ from floering.v1 import floe_pb2, floe_pb2_grpc
 from floering.node.core.chunks import CHUNK_BYTES
 from floering.node.core.codec import (SLICE, entry_count, pack, pack_entries, pack_entries_sliced,
                              unpack_columns, unpack_entries, unpack_entries_sliced)
-from floering.node.core.state_wire import decode as decode_frame, is_frame, plan
+from floering.node.core.errors import FloeError
+from floering.node.core.state_wire import StateColumns, decode as decode_frame, is_frame, plan
 from floering.node.transport.channels import ChannelPool, ServerNames, open_channel
 from floering.node.transport.chunking import (CHUNK_ENTRIES, WINDOW, Columns, SendWindow,
                                               chunk_deadline)
@@ -54,7 +55,7 @@ async def unpack_chunk(data: bytes):
     return await unpack_entries_async(data)
 
 
-async def unpack_entries_async(data: bytes) -> dict:
+async def unpack_entries_async(data: bytes) -> dict | StateColumns:
     """unpack_entries(data), yielding to the event loop between steps; a frame of
     column states checked and kept as columns (a copy of its buffers, no step)."""
     if is_frame(data):
@@ -189,6 +190,9 @@ class PeerPool:
         control = self._control(address)
         slots = self._to_peer.setdefault(address, asyncio.Semaphore(self.chunk_window))
         flying: dict[asyncio.Future, tuple[int, int]] = {}    # call -> (chunk, bytes)
+        error: FloeError | None = None
+        call: asyncio.Future | None = None
+        done: set[asyncio.Future] = set()
 
         def request_for(chunk: int) -> floe_pb2.CheckpointFragment:
             return floe_pb2.CheckpointFragment(
@@ -224,7 +228,8 @@ class PeerPool:
             # (error) or a failed call holding it (call, done): a cycle, which would
             # keep the range's states alive till the cyclic collector ran. States still
             # alive when the range's master next changes are copied whole then.
-            error = call = done = None
+            error = call = None
+            done = set()
             del checkpoint, planned         # and request_for's cells with them
 
     async def _start_chunk(self, control, slots: asyncio.Semaphore, request_for,

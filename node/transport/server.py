@@ -7,6 +7,7 @@ import asyncio
 import ipaddress
 import logging
 import time
+from collections.abc import Mapping
 
 import grpc
 import msgpack
@@ -245,6 +246,7 @@ class ControlPlane(floe_pb2_grpc.ControlPlaneServicer):
 
     async def _ship_checkpoint(self, request, data: bytes) -> floe_pb2.CheckpointAck:
         held = 0
+        states: Mapping
         # A full checkpoint may hold millions of keys: decoded in steps, so that
         # heartbeats and probes are answered meanwhile.
         if request.chunk or request.chunks:
@@ -262,7 +264,7 @@ class ControlPlane(floe_pb2_grpc.ControlPlaneServicer):
         return floe_pb2.CheckpointAck(need_full=need_full, checkpoint_seq=seq, ring_stamp=stamp,
                                       chunks_held=held)
 
-    async def _take_chunk(self, request, data: bytes) -> tuple[int, tuple[dict, bytes] | None]:
+    async def _take_chunk(self, request, data: bytes) -> tuple[int, tuple[Mapping, bytes] | None]:
         """(chunks held in a row, (the whole states, watermarks) once this chunk
         completed the range). One chunk taken in (decoded and put into its range's
         dict) per turn of the event loop: the gRPC server accepts one new call per
@@ -282,7 +284,12 @@ class ControlPlane(floe_pb2_grpc.ControlPlaneServicer):
                 if whole is None else fill(whole.states, whole.parts, FILL_STEP)
             for _ in steps:
                 await asyncio.sleep(0)
-        return held, None if whole is None else (received(whole.states), whole.tail)
+        if whole is None:
+            return held, None
+        if not isinstance(whole.tail, bytes):       # the last chunk's watermarks
+            raise InvalidArgument(f"chunks of token {request.token} completed without "
+                                  f"their watermarks")
+        return held, (received(whole.states), whole.tail)
 
     def _reply(self, accepted: bool, detail: str) -> floe_pb2.HandoffReply:
         return floe_pb2.HandoffReply(accepted=accepted, detail=detail,
