@@ -27,15 +27,19 @@ from pathlib import Path
 import grpc
 
 from floering.v1 import floe_pb2, floe_pb2_grpc
+from floering.node.core.batch import KEY_TYPES
 from floering.node.core.chunks import CHUNK_BYTES, column_slices, packed_chunks
 from floering.node.core.codec import pack, unpack, unpack_columns
 from floering.node.core.errors import (FloeError, InvalidArgument, ReducerMismatch, StaleRing,
                                        Unavailable)
+from floering.node.core.columnar import StateTable
+from floering.node.core.columnar.buffers import KIND_BYTES
+from floering.node.core.pieces import RESERVED
 from floering.node.core.reducers import BUILTINS
 from floering.node.core.ring import Ring
 from floering.node.core.state_wire import (ExportSegment, PairSegment, decode, is_frame,
                                            key_blob)
-from floering.node.core.table_state import TABLE_REDUCERS
+from floering.node.core.table_state import TABLE_REDUCERS, pairs_of
 from floering.node.core.snapshot_format import (IMPORT_SOURCE, Header, SnapshotError, Writer,
                                                 check_keys, check_watermarks, entry_count,
                                                 read)
@@ -176,18 +180,28 @@ def read_snapshot(path: str) -> tuple[Header, list, str]:
     return header, parts, snapshot_id
 
 
-def load_recut(path: str, ring: Ring, snapshot=None) -> tuple[Header, str, dict[int, dict],
+def load_recut(path: str, ring: Ring, snapshot=None) -> tuple[Header, str, dict,
                                                              dict[str, int]]:
-    """(header, snapshot id, {target token: {key: state}}, watermarks) of a file
-    checked whole first (`snapshot`: what read_snapshot read of it already);
-    SnapshotError for a truncated, corrupt or inconsistent one."""
+    """(header, snapshot id, {target token: its entries}, watermarks) of a file checked
+    whole first (`snapshot`: what read_snapshot read of it already); SnapshotError for
+    a truncated, corrupt or inconsistent one. A table reducer's frames are re-cut by
+    key position (`recut_frames`: each range a ColumnRange); else, and for a format-1
+    file, each range is a {key: state}."""
     header, parts, snapshot_id = snapshot or read_snapshot(path)
-    ranges: dict[int, dict] = {t: {} for t in ring.tokens}
     marks: dict[str, int] = {}
     for s in parts:
         for source, seq in s.watermarks.items():
             if not source.startswith(IMPORT_SOURCE) and seq > marks.get(source, -1):
                 marks[source] = seq
+    if header.reducer in FRAMED and parts and all(is_frame(s.entries) for s in parts):
+        return header, snapshot_id, recut_frames(parts, ring, header.reducer), marks
+    return header, snapshot_id, recut_entries(parts, ring), marks
+
+
+def recut_entries(parts, ring: Ring) -> dict[int, dict]:
+    """{target token: {key: state}}: the sections' entries placed key by key."""
+    ranges: dict[int, dict] = {t: {} for t in ring.tokens}
+    for s in parts:
         keys, states = entry_columns(s.entries)
         check_keys(keys)
         for key, state in zip(keys, states):
@@ -195,7 +209,58 @@ def load_recut(path: str, ring: Ring, snapshot=None) -> tuple[Header, str, dict[
             if key in held:
                 raise SnapshotError(f"key {key!r:.60} is in two ranges of the snapshot")
             held[key] = state
-    return header, snapshot_id, ranges, marks
+    return ranges
+
+
+class ColumnRange:
+    """A target range's entries re-cut from frames: a table's export of the keys whose
+    positions are in its (lo, hi] (kinds, key_data, offsets, positions, values; no
+    Python object per key), and `rest`, the frames' entries outside the columns."""
+
+    def __init__(self, buffers, rest: dict) -> None:
+        self.buffers, self.rest = buffers, rest
+
+    def __len__(self) -> int:
+        return len(self.buffers[0]) + len(self.rest)
+
+    def to_dict(self) -> dict:
+        out = pairs_of(self.buffers)
+        out.update(self.rest)
+        return out
+
+
+def recut_frames(parts, ring: Ring, reducer: str) -> dict[int, ColumnRange]:
+    """{target token: ColumnRange}: every frame's columns installed into one scratch
+    state table (compiled, or the pure-Python one under FLOE_PURE=1: the same entries),
+    each target range exported by position as the node's split does; the frames'
+    rest entries (a float, None, a big int) placed key by key. A key twice in the
+    snapshot, a key that is not what its kind encodes, or a reserved bytes key that
+    is not a piece: SnapshotError."""
+    table = StateTable(reducer)
+    columns, rest = 0, {}
+    frames = [decode(s.entries) for s in parts]
+    for frame in frames:
+        if KIND_BYTES in frame.kinds and RESERVED in frame.key_data:
+            check_keys(frame.column_keys())
+        check_keys(frame.rest_keys)
+        columns += len(frame.kinds)
+    try:
+        table.install_parts([(f.kinds, f.key_data, f.offsets, f.value_column)
+                             for f in frames], mark_dirty=False)
+    except (ValueError, InvalidArgument) as exc:
+        raise SnapshotError(f"column states: {exc}") from None
+    if len(table) != columns:
+        raise SnapshotError(f"{columns - len(table)} keys are in two ranges of the snapshot")
+    for frame in frames:
+        for key, state in zip(frame.rest_keys, frame.rest_states):
+            if key in rest or (type(key) in KEY_TYPES and key in table):
+                raise SnapshotError(f"key {key!r:.60} is in two ranges of the snapshot")
+            rest[key] = state
+    by_token: dict[int, dict] = {t: {} for t in ring.tokens}
+    for key, state in rest.items():
+        by_token[ring.token_for_key(key)][key] = state
+    return {t: ColumnRange(table.export(*ring.range_of_token(t)), by_token[t])
+            for t in ring.tokens}
 
 
 IMPORT_TRIES = 3          # rings read again when the ring changed under an import
@@ -290,9 +355,20 @@ def entry_columns(entries: bytes) -> tuple[list, list]:
             frame.value_column.tolist() + list(frame.rest_states))
 
 
-def import_chunks(reducer: str, states: dict):
+def import_chunks(reducer: str, states):
     """(entries, bytes) per chunk of a range to import: frames of column states for a
-    table reducer (count, sum, min, max), msgpack [keys, states] for any other."""
+    table reducer (count, sum, min, max), msgpack [keys, states] for any other. A
+    ColumnRange's columns are cut by their offsets, its rest after them."""
+    most = CHUNK_BYTES // 7       # entries a frame of CHUNK_BYTES can hold (7 bytes
+    #                               at least: kind, offset, a key byte, a value byte)
+    if isinstance(states, ColumnRange):
+        segments: list[ExportSegment | PairSegment] = [ExportSegment(states.buffers)]
+        if states.rest:
+            segments.append(PairSegment(list(states.rest), list(states.rest.values())))
+        for segment in segments:
+            for piece in segment.pieces(most, CHUNK_BYTES):
+                yield piece.count, piece.encode()
+        return
     if reducer not in FRAMED or not states:
         yield from packed_chunks(column_slices(states), CHUNK_BYTES)
         return
@@ -304,8 +380,6 @@ def import_chunks(reducer: str, states: dict):
             segment = ExportSegment((*key_blob(keys), None, column))
         except OverflowError:
             pass
-    most = CHUNK_BYTES // 7       # entries a frame of CHUNK_BYTES can hold (7 bytes
-    #                               at least: kind, offset, a key byte, a value byte)
     for piece in segment.pieces(most, CHUNK_BYTES):
         yield piece.count, piece.encode()
 
@@ -314,7 +388,7 @@ def _holds_state(error: FloeError) -> bool:
     return "HoldsState" in str(error)
 
 
-def _send(ring: Ring, tls, reducer: str, snapshot_id: str, ranges: dict[int, dict],
+def _send(ring: Ring, tls, reducer: str, snapshot_id: str, ranges: dict,
           marks: dict, into_state: bool) -> int:
     """Every range's chunks to its primary, in order; a range holding some of them
     already (an import resumed) skips to the first it lacks. Returns the calls made."""
@@ -346,7 +420,7 @@ def _send(ring: Ring, tls, reducer: str, snapshot_id: str, ranges: dict[int, dic
     return calls
 
 
-def check_states(spec: str, ranges: dict[int, dict]) -> None:
+def check_states(spec: str, ranges: dict) -> None:
     """A built-in reducer's checks on every state, before the first write (a custom
     reducer's states are checked by the nodes, chunk by chunk, as they merge them)."""
     cls = BUILTINS.get(spec)
@@ -357,8 +431,9 @@ def check_states(spec: str, ranges: dict[int, dict]) -> None:
     if reducer is None or reducer.merge is None:
         return
     for states in ranges.values():
-        try:
-            reducer.check_states(list(states.values()))
+        try:                          # a ColumnRange's columns hold int64 states only
+            reducer.check_states(list(states.rest.values()) if isinstance(states, ColumnRange)
+                                 else list(states.values()))
         except InvalidArgument as exc:
             raise SnapshotError(f"{exc}: nothing was loaded") from None
 
