@@ -362,11 +362,11 @@ def import_chunks(reducer: str, states):
     most = CHUNK_BYTES // 7       # entries a frame of CHUNK_BYTES can hold (7 bytes
     #                               at least: kind, offset, a key byte, a value byte)
     if isinstance(states, ColumnRange):
-        segments: list[ExportSegment | PairSegment] = [ExportSegment(states.buffers)]
+        parts: list[ExportSegment | PairSegment] = [ExportSegment(states.buffers)]
         if states.rest:
-            segments.append(PairSegment(list(states.rest), list(states.rest.values())))
-        for segment in segments:
-            for piece in segment.pieces(most, CHUNK_BYTES):
+            parts.append(PairSegment(list(states.rest), list(states.rest.values())))
+        for part in parts:
+            for piece in part.pieces(most, CHUNK_BYTES):
                 yield piece.count, piece.encode()
         return
     if reducer not in FRAMED or not states:

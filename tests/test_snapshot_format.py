@@ -388,3 +388,76 @@ def test_a_file_of_frames_counts_their_entries_and_refuses_a_bad_frame():
     w.close()
     with pytest.raises(InvalidArgument):
         verify(io.BytesIO(out.getvalue()))
+
+
+def framed_file(reducer: str, ranges: dict[int, dict]) -> tuple:
+    """(header, sections, id) of a format-2 file: each range's entries one frame."""
+    from floering.node.core.snapshot_format import read
+    from floering.node.core.state_wire import encode_pairs
+    out = io.BytesIO()
+    w = Writer(out, Header(reducer, "none", 1, 1, ("n0",), tuple(sorted(ranges)), 0.0))
+    for token in sorted(ranges):
+        keys = list(ranges[token])
+        w.add(token, 1, 1, {"s": token % 97}, encode_pairs(keys, [ranges[token][k] for k in keys]),
+              len(keys))
+    w.close()
+    out.seek(0)
+    header, parts, snapshot_id, _ = read(out)
+    return header, parts, snapshot_id
+
+
+def test_frames_are_recut_by_position_into_a_ring_of_other_tokens_exactly():
+    """A format-2 file of three ranges into a ring of seven other tokens: each target
+    range holds exactly the keys whose positions it covers, with their counts (a
+    Counter over the words), the states outside the columns (a big int, a float)
+    beside them; the chunks sent carry the same entries; the pure table (FLOE_PURE=1)
+    gives the same."""
+    import random
+
+    from floering.chaos.snapshot import ColumnRange, import_chunks, load_recut
+    from floering.node.core.ring import Ring
+    from floering.node.core.state_wire import decode
+    rnd = random.Random(7)
+    vocabulary = ["w%d" % i for i in range(3000)] + ["é%d" % i for i in range(50)]
+    words = [rnd.choice(vocabulary) for _ in range(40_000)] + \
+        [b"raw%d" % i for i in range(40)] + list(range(30))
+    expect: dict = dict(Counter(words))
+    expect.update({"big": 1 << 70, "half": 2.5, -1 << 63: 3})
+    source = Ring(1, 1, (1 << 62, 1 << 63, 3 << 62), ("n0",) * 3, (("n0", "a:1"),))
+    by_source: dict = {t: {} for t in source.tokens}
+    for key, state in expect.items():
+        by_source[source.token_for_key(key)][key] = state
+    snapshot = framed_file("sum", by_source)
+    target = Ring(1, 1, tuple(sorted(rnd.getrandbits(64) for _ in range(7))), ("n0",) * 7,
+                  (("n0", "a:1"),))
+    assert not set(target.tokens) & set(source.tokens)
+    _, _, ranges, marks = load_recut("unused", target, snapshot)
+    assert marks == {"s": max(t % 97 for t in source.tokens)}
+    assert set(ranges) == set(target.tokens)
+    got: dict = {}
+    for token, held in ranges.items():
+        assert isinstance(held, ColumnRange)
+        mine = {k: s for k, s in expect.items() if target.token_for_key(k) == token}
+        assert held.to_dict() == mine and len(held) == len(mine)
+        sent: dict = {}
+        for count, entries in import_chunks("sum", held):
+            frame = decode(entries)
+            assert frame.count == count
+            sent.update(frame.to_dict())
+        assert sent == mine
+        got.update(mine)
+    assert got == expect
+
+
+def test_frames_recut_refuses_a_key_twice_a_bad_key_or_state_before_the_first_write():
+    from floering.chaos.snapshot import check_states, load_recut
+    from floering.node.core.ring import Ring
+    ring = Ring(1, 1, (5, 1 << 63), ("n0",) * 2, (("n0", "a:1"),))
+    for ranges, why in (({10: {"a": 1, "b": 2}, 20: {"a": 4}}, "two ranges"),
+                        ({10: {"a": 1, "x": 2.5}, 20: {"x": 1.5}}, "two ranges"),
+                        ({10: {"a": 1}, 20: {b"\x00floe:x": 1}}, "reserved mark")):
+        with pytest.raises(SnapshotError, match=why):
+            load_recut("unused", ring, framed_file("sum", ranges))
+    _, _, ranges, _ = load_recut("unused", ring, framed_file("count", {10: {"a": 1, "b": 0.5}}))
+    with pytest.raises(SnapshotError, match="nothing was loaded"):
+        check_states("count", ranges)

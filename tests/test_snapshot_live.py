@@ -304,9 +304,9 @@ def test_frames_between_compiled_and_pure_rings_an_old_file_and_a_bad_frame(tmp_
     monkeypatch.delenv("FLOE_PURE")
     assert not any(frames_of(pure))
     old = tmp_path / "old.snap"
-    monkeypatch.setattr(snapshot_format, "FORMAT_VERSION", 1)
-    written_snapshot(old, words)
-    monkeypatch.undo()
+    with monkeypatch.context() as patch:  # (undo() would bring an outer FLOE_PURE back)
+        patch.setattr(snapshot_format, "FORMAT_VERSION", 1)
+        written_snapshot(old, words)
     with open(old, "rb") as f:
         assert f.read(10)[8:] == b"\x00\x01"
     for path in (pure, old):
