@@ -179,6 +179,20 @@ def events_of(cluster, node_id: str) -> list[dict]:
     return node_events(cluster.node(node_id).events)
 
 
+def outcome_codes(futures) -> dict[str, int]:
+    """How many of the gRPC call `futures` ended with each status code, by name."""
+    import grpc
+    codes: dict[str, int] = {}
+    for f in futures:
+        try:
+            f.result()
+            code = "OK"
+        except grpc.RpcError as exc:
+            code = exc.code().name
+        codes[code] = codes.get(code, 0) + 1
+    return codes
+
+
 def wait_for(condition, timeout=10.0, what="condition"):
     """Poll `condition` until it is true; returns its (true) value."""
     deadline = time.monotonic() + timeout

@@ -7,13 +7,13 @@ are in flight, and the node must stay the member it was."""
 import threading
 import time
 
-import grpc
 import psutil
 import pytest
 
 from floering.chaos.cluster import LocalCluster
 from floering.node.transport.budget import READS_PER_CALLER
 from floering.v1 import floe_pb2, floe_pb2_grpc
+from tests.helpers import outcome_codes
 
 pytestmark = pytest.mark.multiprocess
 
@@ -34,19 +34,12 @@ def peak_rss_growth(tmp_path, calls: int, mib: int) -> tuple[int, dict, str]:
                 time.sleep(0.02)
         watcher = threading.Thread(target=watch, daemon=True)
         watcher.start()
-        codes: dict = {}
         with cluster.channel(node.address, "client", options=[
                 ("grpc.max_send_message_length", 64 << 20)]) as ch:
             stub = floe_pb2_grpc.QueryPlaneStub(ch)
             futures = [stub.Get.future(floe_pb2.GetRequest(key=b"\x01" * (mib << 20)),
                                        timeout=120) for _ in range(calls)]
-            for f in futures:
-                try:
-                    f.result()
-                    code = "OK"
-                except grpc.RpcError as exc:
-                    code = exc.code().name
-                codes[code] = codes.get(code, 0) + 1
+            codes = outcome_codes(futures)
         done.set()
         watcher.join()
         member = member_of(cluster)

@@ -4,14 +4,13 @@ one member firing large checkpoints at once makes the node read sixteen messages
 worth at most, not its calls times the message limit. In the clear a checkpoint is
 a member's call whoever makes it, so a caller on loopback plays the member."""
 
-import threading
-
 import grpc
 import pytest
 
 from floering.chaos.cluster import LocalCluster
 from floering.node.transport.budget import MEMBER_READS_PER_CALLER
 from floering.v1 import floe_pb2, floe_pb2_grpc
+from tests.helpers import outcome_codes
 from tests.test_hostile_push import PeakRss
 
 pytestmark = pytest.mark.multiprocess
@@ -27,23 +26,13 @@ BOUND_MIB = 4 * MEMBER_READS_PER_CALLER * 8 + 64
 def flood(address: str) -> dict:
     """CALLS checkpoints of MIB MiB of garbage at once on one connection: the status
     codes they got, by name."""
-    codes: dict = {}
-    lock = threading.Lock()
     with grpc.insecure_channel(address, options=[
             ("grpc.max_send_message_length", 64 << 20)]) as channel:
         ship = floe_pb2_grpc.ControlPlaneStub(channel).ShipCheckpoint
         futures = [ship.future(floe_pb2.CheckpointFragment(
             sender="n1", token=1, checkpoint_seq=i + 1, full=True,
             states=b"\x01" * (MIB << 20)), timeout=120) for i in range(CALLS)]
-        for f in futures:
-            try:
-                f.result()
-                code = "OK"
-            except grpc.RpcError as exc:
-                code = exc.code().name
-            with lock:
-                codes[code] = codes.get(code, 0) + 1
-    return codes
+        return outcome_codes(futures)
 
 
 def test_a_members_flood_of_large_checkpoints_is_read_a_share_at_a_time(tmp_path):
