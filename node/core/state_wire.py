@@ -30,7 +30,7 @@ from array import array
 from bisect import bisect_right
 from collections.abc import Mapping
 from dataclasses import dataclass
-from itertools import accumulate
+from itertools import accumulate, islice
 from typing import Iterator
 
 from floering.node.core.codec import pack, unpack_columns
@@ -191,16 +191,17 @@ class StateColumns(_Materialised):
         """Entries in the frame (a key in the columns and the rest counts twice)."""
         return len(self.kinds) + len(self.rest_keys)
 
-    def column_keys(self) -> list:
-        """The columns' keys, decoded and checked (InvalidArgument for a key that is
-        not what its kind encodes)."""
+    def column_keys(self, start: int = 0, end: int | None = None) -> list:
+        """The columns' keys (`start` to `end`), decoded and checked (InvalidArgument
+        for a key that is not what its kind encodes)."""
         kinds, data, offsets = self.kinds, self.key_data, self.offsets
+        end = len(kinds) if end is None else end
         try:
-            keys = keys_of(kinds, data, offsets)
+            keys = keys_of(kinds, data, offsets, start, end)
         except (UnicodeDecodeError, ValueError):
             raise _refuse("a str key is not UTF-8, or an int key not a decimal") from None
-        if KIND_INT in kinds:
-            for i in (i for i, kind in enumerate(kinds) if kind == KIND_INT):
+        if KIND_INT in kinds[start:end]:
+            for i in (i for i in range(start, end) if kinds[i] == KIND_INT):
                 if not valid_key(KIND_INT, data[offsets[i]:offsets[i + 1]]):
                     raise _refuse(f"key {i} is not what kind 2 (int) encodes")
         return keys
@@ -226,6 +227,30 @@ class StateRun(_Materialised):
         for layer in self.layers:
             out.update(layer.to_dict() if isinstance(layer, StateColumns) else layer)
         return out
+
+
+def into_dict(out: dict, states, step: int) -> Iterator[None]:
+    """Put received states (a StateRun, StateColumns or a dict) into `out` as
+    to_dict() makes them, `step` entries at a time, yielding after each: a caller
+    lets its event loop run in between (a full copy of a range of millions of keys
+    is a second's work). Keys are checked as column_keys checks them; `out` is the
+    caller's own until the generator ends."""
+    for layer in layers_of(states):
+        if isinstance(layer, StateColumns):
+            n, values = len(layer.kinds), layer.value_column
+            for start in range(0, n, step):
+                end = min(n, start + step)
+                out.update(zip(layer.column_keys(start, end), values[start:end].tolist()))
+                yield
+            keys, rest = layer.rest_keys, layer.rest_states
+            for start in range(0, len(keys), step):
+                out.update(zip(keys[start:start + step], rest[start:start + step]))
+                yield
+        else:
+            pairs = iter(layer.items())
+            while part := list(islice(pairs, step)):
+                out.update(part)
+                yield
 
 
 def layers_of(states) -> list:

@@ -402,9 +402,14 @@ class TableCopy:
         return len(self.state)
 
 
+def copies_in_tables(reducer: Reducer) -> bool:
+    """Whether a replica's copy of a range is a table (new_copy), else a dict."""
+    return bool(table_op(reducer)) and KERNEL == "compiled"
+
+
 def new_copy(reducer: Reducer):
     """A replica's empty copy of a range, held as the range's primary holds it."""
-    if table_op(reducer) and KERNEL == "compiled":
+    if copies_in_tables(reducer):
         return TableCopy(reducer)
     return ReplicaState()
 

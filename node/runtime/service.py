@@ -17,6 +17,8 @@ from floering.node.core.balancers import balancer
 from floering.node.core.chunks import (CHUNK_BYTES, ScanSlots, column_slices, packed_chunks,
                                        pair_slices, scan_pairs)
 from floering.node.core.ring import Ring
+from floering.node.core.state_wire import StateRun, into_dict
+from floering.node.core.table_state import copies_in_tables
 from floering.node.runtime.balancing import ShedOutcome
 from floering.node.runtime.inbound import StreamState
 from floering.node.runtime.node import NodeRuntime
@@ -101,6 +103,9 @@ class NodeService:
         self.runtime.heard_from(sender, ring_stamp, incarnation=incarnation)
         if not isinstance(watermarks, dict):
             raise InvalidArgument("watermarks must be a msgpack map")
+        if full and isinstance(states, StateRun) and \
+                not copies_in_tables(self.runtime.core.reducer):
+            states = await dict_in_steps(states)
         core = self.runtime.core
         need_full, held = core.receive_checkpoint(sender, ring_stamp, token, seq, base_seq,
                                                   full, states, watermarks,
@@ -217,3 +222,16 @@ class ScanRun:
             self.closed = True
             self.chunks.close()
             self.service.scans.give(self.caller)
+
+
+DICT_STEP = 4096    # entries of a received full copy put into its dict per turn (~1 ms)
+
+
+async def dict_in_steps(states: StateRun) -> dict:
+    """A full copy that arrived as frames, made the dict a replica's copy of a range
+    holds, DICT_STEP entries per turn of the event loop: in one turn, a range of a
+    million user-defined states held the loop for a second."""
+    out: dict = {}
+    for _ in into_dict(out, states, DICT_STEP):
+        await asyncio.sleep(0)
+    return out

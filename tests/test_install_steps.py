@@ -1,0 +1,140 @@
+"""A full copy of a range that arrives as frames and is kept as a dict (user-defined
+reducers, FLOE_PURE=1) is made that dict a few thousand entries per turn of the event
+loop, not in one step: exact against the frames' entries and a Counter, the loop's
+steps counted and the longest timed in the loop's own CPU time; and a real ring
+hands ranges of dict states over while batches keep coming, exact afterwards."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import Counter
+
+import pytest
+
+from floering.node.core.codec import unpack_entries
+from floering.node.core.errors import InvalidArgument
+from floering.node.core.state_wire import StateColumns, StateRun, decode, plan
+from floering.node.runtime.service import DICT_STEP, dict_in_steps
+from floering.v1 import floe_pb2, floe_pb2_grpc
+from tests.helpers import wait_for
+
+KEYS = 120_000
+
+
+def inspect(cluster, address: str, token: int) -> tuple[str, dict]:
+    with cluster.channel(address) as channel:
+        chunks = list(floe_pb2_grpc.QueryPlaneStub(channel).InspectRange(
+            floe_pb2.RangeRequest(token=token), timeout=30))
+    return chunks[0].role, {k: s for c in chunks for k, s in unpack_entries(c.entries).items()}
+
+
+def frames_of(states: dict, entries: int = 16_384) -> list[StateColumns]:
+    return [decode(piece.encode()) for piece in plan(states, entries, 1 << 20)]
+
+
+class Steps:
+    """The loop's steps while a coroutine runs beside a ticker: how many turns the
+    ticker got and the longest gap between two, in the thread's CPU time (other
+    processes on a loaded machine do not count)."""
+
+    def __init__(self) -> None:
+        self.turns, self.longest, self.done = 0, 0.0, False
+
+    async def tick(self) -> None:
+        while not self.done:
+            cpu = time.thread_time()
+            await asyncio.sleep(0)
+            self.longest = max(self.longest, time.thread_time() - cpu)
+            self.turns += 1
+
+    async def run(self, coro):
+        ticker = asyncio.get_running_loop().create_task(self.tick())
+        try:
+            return await coro
+        finally:
+            self.done = True
+            await ticker
+
+
+def test_a_full_copy_of_frames_becomes_its_dict_in_steps_exactly():
+    words = [f"w{i % KEYS}" for i in range(KEYS * 2)] + [str(i) for i in range(500)]
+    counts = Counter(words)
+    # int states travel in the frames' columns, tuples in their rest; one key in both
+    states = {k: (n if i % 3 else (n, "x")) for i, (k, n) in enumerate(counts.items())}
+    frames = frames_of(states)
+    layer = {"w1": 99, b"raw": (1, 2)}               # a later dict layer wins
+    run = StateRun([*frames, layer])
+    steps = Steps()
+    got = asyncio.run(steps.run(dict_in_steps(run)))
+    assert got == run.to_dict() == {**states, **layer}
+    assert {k: (s if isinstance(s, int) else s[0]) for k, s in got.items()
+            if k not in layer} == {k: n for k, n in counts.items() if k not in layer}
+    # every DICT_STEP entries the loop ran the ticker; no step took the whole copy
+    assert steps.turns >= len(states) // DICT_STEP
+    assert steps.longest < 0.05, steps.longest
+
+
+def test_a_frame_with_a_bad_int_key_is_refused_in_steps_as_whole():
+    frame = frames_of({i: i for i in range(10_000)})[0]
+    data = bytearray(frame.key_data)
+    data[frame.offsets[9_000]] = ord("x")          # key 9000 no longer a decimal
+    bad = StateColumns(frame.kinds, bytes(data), frame.offsets, frame.value_column)
+    with pytest.raises(InvalidArgument):
+        bad.to_dict()
+    with pytest.raises(InvalidArgument):
+        asyncio.run(dict_in_steps(StateRun([bad])))
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("reducer,pure", [("topk", False), ("count", True)])
+def test_ranges_of_dict_states_handed_over_while_batches_come_stay_exact(
+        tmp_path, monkeypatch, reducer, pure):
+    """n2 leaves a ring of 3 holding 60,000 keys of dict states (top-k tuples; counts
+    with FLOE_PURE=1): its ranges and the copies of the others' go over as frames
+    while a second source keeps emitting. Afterwards every key is exact against a
+    Counter, and every replica's copy equals its primary's."""
+    try:
+        from floering.floe.cluster import LocalCluster
+    except ImportError:
+        from floering.chaos.cluster import LocalCluster
+    from floering.mapper import RingClient
+    if pure:
+        monkeypatch.setenv("FLOE_PURE", "1")
+    first = [f"k{i}" for i in range(60_000)]
+    more = [f"k{i}" for i in range(0, 60_000, 7)] + [f"n{i}" for i in range(5_000)]
+    cluster = LocalCluster.up(3, 1, workdir=tmp_path, reducer=reducer, tls=False,
+                              tokens_per_node=2)
+    try:
+        with RingClient(cluster.seeds, source="a") as client:
+            client.emit_many(first)
+            client.flush(timeout=120)
+
+        def feed():
+            with RingClient(cluster.seeds, source="b", batch_size=500) as other:
+                for i in range(0, len(more), 2_000):
+                    other.emit_many(more[i:i + 2_000])
+                    time.sleep(0.02)
+                other.flush(timeout=120)
+        feeder = threading.Thread(target=feed)
+        feeder.start()
+        cluster.remove("n2", timeout=120)
+        feeder.join(180)
+        assert not feeder.is_alive()
+        expect = Counter(first) + Counter(more)
+        with RingClient(cluster.seeds, source="c") as client:
+            wait_for(lambda: all(s["under_replicated"] == 0 for s in client.stats()),
+                     timeout=60, what="every range's copies complete")
+            got = dict(client.scan())
+            ring = client.ring
+        if reducer == "topk":
+            assert all(s == (1,) * len(s) for s in got.values())
+            got = {k: len(s) for k, s in got.items()}
+        assert got == dict(expect)
+        for token in ring.tokens:
+            primary = inspect(cluster, ring.address(ring.owner_of_token(token)), token)
+            for replica in ring.replicas_of_token(token):
+                assert inspect(cluster, ring.address(replica), token)[1] == primary[1]
+    finally:
+        cluster.down(kill=True)
