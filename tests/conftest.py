@@ -64,6 +64,23 @@ SMOKE = (
     "tests/test_failover.py::test_sigkill_one_node_under_load",
     "tests/test_restart.py::test_a_leave_from_a_pair_hands_its_ranges_over_once_under_load",
     "tests/test_spark_driver.py::test_a_node_killed_mid_stream_loses_and_doubles_nothing",
+    # and the short real-process tests beside in-process ones (a few seconds each)
+    "tests/test_channels.py::test_a_mapper_closes_its_channel_to_a_killed_node_and_counts_stay_exact",
+    "tests/test_metrics_bounds.py::"
+    "test_a_flood_of_idle_connections_grows_no_threads_and_a_scrape_is_answered",
+    "tests/test_private_files.py::test_everything_the_cluster_writes_is_private_from_birth",
+    "tests/test_private_files.py::test_restart_runs_no_recorded_command_and_signals_no_stranger",
+    "tests/test_private_files.py::test_no_node_serves_in_the_clear_unless_told_so",
+    "tests/test_server_identity.py::"
+    "test_a_second_node_on_a_bound_port_exits_naming_it_and_the_first_serves_on",
+    "tests/test_server_identity.py::"
+    "test_an_impostor_on_a_dead_nodes_address_is_refused_by_peers_and_mappers",
+    "tests/test_server_identity.py::"
+    "test_floe_up_on_a_durable_cluster_keeps_its_ca_and_every_certificate_handed_out",
+    "tests/test_snapshot_live.py::test_export_then_import_into_a_ring_of_another_size",
+    "tests/test_snapshot_live.py::test_an_import_is_durable_and_replicated",
+    "tests/test_snapshot_live.py::"
+    "test_an_export_under_a_running_feed_replays_exactly_into_a_ring_of_another_size",
 )
 
 
@@ -80,6 +97,13 @@ def in_fast_tier(item, turn: int) -> bool:
         return False
     seed = getattr(getattr(item, "callspec", None), "params", {}).get("seed")
     return not isinstance(seed, int) or seed % SEED_SHARE == turn
+
+
+def pytest_configure(config):
+    # pytest-xdist's workers collect on their own and inherit this environment: every
+    # one takes the rotation the run started with, so they collect the same tests
+    # (the same fast tier) even across midnight.
+    os.environ.setdefault("FLOE_ROTATION", str(rotation()))
 
 
 def pytest_collection_modifyitems(config, items):

@@ -7,8 +7,9 @@ import asyncio
 from collections import Counter
 
 import grpc
+import pytest
 
-from floering.chaos.cluster import LocalCluster
+from floering.floe.cluster import LocalCluster
 from floering.mapper import RingClient
 from floering.mapper import delivery as delivery_module
 from floering.node.core.ranges import Checkpoint
@@ -120,6 +121,7 @@ async def test_a_runtime_retires_its_channels_against_the_ring_without_the_crash
         await cluster.stop()
 
 
+@pytest.mark.multiprocess
 def test_a_mapper_closes_its_channel_to_a_killed_node_and_counts_stay_exact(
         tmp_path, monkeypatch):
     monkeypatch.setattr(delivery_module, "RETIRE_EVERY", 0.1)

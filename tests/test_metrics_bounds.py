@@ -15,7 +15,7 @@ import psutil
 import pytest
 from prometheus_client import CollectorRegistry, Gauge
 
-from floering.chaos.cluster import node_env
+from floering.floe.cluster import node_env
 from floering.node.transport.metrics import MetricsServer
 from tests.helpers import wait_for
 
@@ -64,6 +64,7 @@ def node(tmp_path):
             proc.wait()
 
 
+@pytest.mark.multiprocess
 def test_a_flood_of_idle_connections_grows_no_threads_and_a_scrape_is_answered(node):
     proc, port = node
     watched = psutil.Process(proc.pid)

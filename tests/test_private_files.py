@@ -18,8 +18,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from floering.chaos.cluster import LocalCluster, node_env
-from floering.chaos.records import is_our_node, start_time
+from floering.floe.cluster import LocalCluster, node_env
+from floering.floe.records import is_our_node, start_time
 from floering.node.config import NodeConfig, check_node_id
 from floering.node.files import exposed
 from tests.helpers import floe, floe_run, wait_for
@@ -50,6 +50,7 @@ def _counts(work: Path) -> Counter:
     return Counter({row["key"]: row["state"] for row in top})
 
 
+@pytest.mark.multiprocess
 def test_everything_the_cluster_writes_is_private_from_birth(ring):
     work, expected = ring
     assert _counts(work) == expected
@@ -63,6 +64,7 @@ def test_everything_the_cluster_writes_is_private_from_birth(ring):
     assert stat.S_IMODE(tree.stat().st_mode) == 0o700
 
 
+@pytest.mark.multiprocess
 def test_restart_runs_no_recorded_command_and_signals_no_stranger(ring, tmp_path):
     work, expected = ring
     path = work / "floe-cluster.json"
@@ -142,6 +144,7 @@ def test_a_node_id_never_leads_out_of_the_cluster(tmp_path):
                    peers=(("n0", "127.0.0.1:1"), ("../up", "127.0.0.1:2")))
 
 
+@pytest.mark.multiprocess
 def test_no_node_serves_in_the_clear_unless_told_so(tmp_path):
     argv = [sys.executable, "-m", "floering.node", "--node-id", "n0", "--listen",
             "127.0.0.1:0", "--peers", "n0=127.0.0.1:0", "--data-dir", str(tmp_path / "d")]

@@ -21,7 +21,7 @@ import grpc
 import pytest
 from cryptography import x509
 
-from floering.chaos.cluster import LocalCluster
+from floering.floe.cluster import LocalCluster
 from floering.mapper import RingClient
 from floering.node.core.ring import Ring
 from floering.node.transport import tls as tls_module
@@ -168,6 +168,7 @@ def counts(cluster, seeds=None) -> Counter:
         return Counter(dict(client.scan()))
 
 
+@pytest.mark.multiprocess
 def test_a_second_node_on_a_bound_port_exits_naming_it_and_the_first_serves_on(
         cluster, tmp_path):
     sent: Counter = Counter()
@@ -256,6 +257,7 @@ def ring_nodes(cluster, address: str) -> tuple[str, ...]:
     return Ring.from_wire(reply.ring).nodes
 
 
+@pytest.mark.multiprocess
 def test_an_impostor_on_a_dead_nodes_address_is_refused_by_peers_and_mappers(
         cluster, tmp_path):
     sent = counts(cluster)
@@ -317,6 +319,7 @@ def test_an_impostor_on_a_dead_nodes_address_is_refused_by_peers_and_mappers(
             stop(impostor)
 
 
+@pytest.mark.multiprocess
 def test_floe_up_on_a_durable_cluster_keeps_its_ca_and_every_certificate_handed_out(
         tmp_path):
     words = [("alpha", "beta", "gamma")[i % 3] for i in range(600)]

@@ -9,9 +9,9 @@ from collections import Counter
 import grpc
 import pytest
 
-from floering.chaos.cluster import LocalCluster
-from floering.chaos import snapshot as snapshot_mod
-from floering.chaos.snapshot import export_ring, import_ring
+from floering.floe.cluster import LocalCluster
+from floering.floe import snapshot as snapshot_mod
+from floering.floe.snapshot import export_ring, import_ring
 from floering.mapper import RingClient
 from floering.node.core.errors import FloeError, ReducerMismatch, Unavailable
 from floering.node.core.snapshot_format import SnapshotError
@@ -46,6 +46,7 @@ def refused_for_client(cluster, call) -> None:
     assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED, info.value
 
 
+@pytest.mark.multiprocess
 def test_export_then_import_into_a_ring_of_another_size(tmp_path):
     words = corpus_words()[:30_000]
     more = corpus_words()[30_000:33_000]
@@ -166,6 +167,7 @@ def answer_lost_at(monkeypatch, nth: int) -> None:
     monkeypatch.setattr(snapshot_mod, "_calls", calls)
 
 
+@pytest.mark.multiprocess
 def test_an_import_is_durable_and_replicated(tmp_path, monkeypatch):
     words = corpus_words()[:20_000]
     expect = Counter(words)
@@ -191,7 +193,7 @@ def test_an_import_is_durable_and_replicated(tmp_path, monkeypatch):
         with pytest.raises(FloeError, match="holds state"):
             import_ring(c.seeds, str(snapshot), operator)
         # a range loaded already moves to another node, its mark with it
-        from floering.chaos.snapshot import read_ring
+        from floering.floe.snapshot import read_ring
         from floering.mapper.admin import move
         ring, _ = read_ring(c.seeds, operator)
         first = sorted(ring.tokens)[0]
@@ -215,6 +217,7 @@ def test_an_import_is_durable_and_replicated(tmp_path, monkeypatch):
         wait_for(lambda: scanned(c) == expect, 30, "the counts after n0's takeover")
 
 
+@pytest.mark.multiprocess
 def test_an_export_under_a_running_feed_replays_exactly_into_a_ring_of_another_size(
         tmp_path):
     """The export reads one range after another while a mapper feeds, so its ranges
