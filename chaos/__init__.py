@@ -1,4 +1,5 @@
-"""The operator's command (`floe`), the local cluster harness, chaos runs and
-benchmarks: they drive every other package."""
+"""The chaos harness (scenarios, faults, the oracle, timelines, plots), the main job
+and the benchmarks: they drive every other package, the local cluster of the `floe`
+command (floering.floe) included."""
 
 __may_import__ = ("floering", "*")

@@ -15,7 +15,7 @@ import tempfile
 import threading
 import time
 
-from floering.chaos.cluster import LocalCluster
+from floering.floe.cluster import LocalCluster
 from floering.mapper.client import RingClient
 
 

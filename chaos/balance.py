@@ -21,7 +21,7 @@ from pathlib import Path
 
 import msgpack
 
-from floering.chaos.cluster import LocalCluster
+from floering.floe.cluster import LocalCluster
 from floering.chaos.corpus import kjv_lines
 from floering.chaos.timeline import node_events
 from floering.mapper import RingClient, split_words

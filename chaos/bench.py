@@ -31,7 +31,7 @@ from collections import Counter, defaultdict
 
 import psutil
 
-from floering.chaos.cluster import LocalCluster
+from floering.floe.cluster import LocalCluster
 from floering.chaos.corpus import kjv_lines
 from floering.mapper import RingClient, split_words
 from floering.mapper.combining import CombiningBatcher
@@ -423,7 +423,7 @@ def restart_time(keys: int) -> tuple[float, bool]:
     """Seconds from starting a SIGKILLed durable node again to its serving, with
     `keys` distinct keys in its state; and whether every count came back."""
     import signal
-    from floering.chaos.cluster import spawn_node
+    from floering.floe.cluster import spawn_node
     with tempfile.TemporaryDirectory(prefix="floe-bench-") as workdir:
         with _cluster(workdir, 1, 0, True, 0.002) as cluster:
             with RingClient(cluster.seeds, tls=cluster.tls("client")) as client:

@@ -1,12 +1,17 @@
-"""`floe chaos`: list the built-in scenarios, run one.
+"""`floe chaos`: list the built-in scenarios, run one. The `floe` command hands its
+`chaos` arguments to this module's own command, in a process of its own:
 
-    floe chaos list
+    floe chaos list                 (python -m floering.chaos.chaos_cli list)
     floe chaos run SCENARIO [--seed N] [--out DIR] [--no-plots] [--insecure]
 """
 
 from __future__ import annotations
 
+import argparse
+import os
 import sys
+
+from floering.node.core.errors import FloeError
 
 
 def cmd_list(args) -> int:
@@ -48,6 +53,23 @@ def add_chaos_command(sub) -> None:
     run.set_defaults(func=cmd_run)
 
 
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="floe",
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_chaos_command(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["chaos", *(sys.argv[1:] if argv is None else argv)])
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        print("floe chaos: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:     # `floe chaos list | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except (FloeError, OSError, RuntimeError, ValueError, KeyError) as exc:
+        print(f"floe chaos: {exc}", file=sys.stderr)
+        return 1
+
+
 if __name__ == "__main__":
-    from floering.chaos.cli import main
-    sys.exit(main(["chaos", *sys.argv[1:]]))
+    sys.exit(main())

@@ -17,8 +17,9 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from floering.chaos.cluster import LocalCluster, unwind_on_sigterm
 from floering.chaos.corpus import kjv_lines
+from floering.chaos.timeline import applying_again_times, takeover_times
+from floering.floe.cluster import LocalCluster, unwind_on_sigterm
 from floering.mapper import RingClient, split_words
 from floering.spark_driver.launch import SparkDriver, spark_submit
 
@@ -88,9 +89,9 @@ def main(argv=None) -> int:
                 print(f"driver stopped (exit {rc}); its processes are gone")
             if killed is not None:
                 victim, killed_at = killed
-                taken = [t - killed_at for t in cluster.takeover_times(victim)
+                taken = [t - killed_at for t in takeover_times(cluster.nodes, victim)
                          if t >= killed_at]
-                applying = [t - killed_at for t in cluster.applying_again_times(victim)
+                applying = [t - killed_at for t in applying_again_times(cluster.nodes, victim)
                             if t >= killed_at]
                 if taken:
                     # The first tuple applied waits for the stream to send one to

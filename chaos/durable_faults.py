@@ -26,7 +26,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from floering.chaos import faults as fault_ops
-from floering.chaos.cluster import LocalCluster, NodeProcess, serving, spawn_node
+from floering.floe.cluster import LocalCluster, NodeProcess, serving, spawn_node
 from floering.chaos.handoff_faults import read_from
 from floering.chaos.timeline import Injected, node_events
 from floering.node.storage.segment_log import HEADER, SUFFIX

@@ -11,7 +11,7 @@ import signal
 import time
 from dataclasses import replace
 
-from floering.chaos.cluster import LocalCluster
+from floering.floe.cluster import LocalCluster
 from floering.chaos.mapper_proc import MapperHandle
 from floering.chaos.timeline import Injected
 
@@ -54,7 +54,7 @@ def restart_nodes(cluster: LocalCluster, node_ids) -> Injected:
 
 def rolling_restart(cluster: LocalCluster, node_ids) -> Injected:
     """Every node in turn leaves, restarts empty and takes its share back."""
-    from floering.chaos.restart import rolling_restart as roll
+    from floering.floe.restart import rolling_restart as roll
     at = time.time()
     lines: list[str] = []
     roll(cluster, list(node_ids), graceful=True, report=lines.append)

@@ -37,7 +37,7 @@ from pathlib import Path
 import psutil
 
 from floering.chaos.bench import zipf_words
-from floering.chaos.cluster import LocalCluster, unwind_on_sigterm
+from floering.floe.cluster import LocalCluster, unwind_on_sigterm
 from floering.chaos.timeline import Injected, failure_timelines, read_events
 from floering.mapper import RingClient
 

@@ -23,7 +23,7 @@ import time
 from functools import partial
 from pathlib import Path
 
-from floering.chaos.cluster import LocalCluster
+from floering.floe.cluster import LocalCluster
 from floering.chaos.faults import signal_nodes
 from floering.chaos.scenarios import PlannedFault
 from floering.chaos.timeline import Event, Injected, event_lines

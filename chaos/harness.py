@@ -30,7 +30,7 @@ from floering.chaos import faults as fault_ops
 from floering.chaos import handoff_faults
 from floering.chaos import netns
 from floering.chaos.hostile import hostile_clients, impostors
-from floering.chaos.cluster import LocalCluster
+from floering.floe.cluster import LocalCluster
 from floering.chaos.load import chunk_ids, chunk_keys, hottest_key
 from floering.chaos.mapper_proc import MapperHandle
 from floering.chaos.oracle import Verdict, check, check_ids, unreadable

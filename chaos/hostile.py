@@ -17,7 +17,7 @@ from pathlib import Path
 
 import grpc
 
-from floering.chaos.cluster import LocalCluster
+from floering.floe.cluster import LocalCluster
 from floering.chaos.timeline import Injected
 from floering.v1 import floe_pb2, floe_pb2_grpc
 from floering.node.core.batch import encode_payload
@@ -106,7 +106,7 @@ def hostile_clients(cluster: LocalCluster, node_ids) -> Injected:
 def impersonate(cluster: LocalCluster, address: str, scratch: Path) -> dict[str, str]:
     """On a TLS ring: callers without the right credentials, each once against the
     node at `address`. Returns how each was refused (raises if one was not)."""
-    from floering.chaos.cluster import channel
+    from floering.floe.cluster import channel
     from floering.node.transport.tls import TlsFiles, generate
     outcome = {}
     unavailable, denied = grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.PERMISSION_DENIED

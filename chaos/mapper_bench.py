@@ -24,7 +24,7 @@ import time
 from collections import Counter
 
 from floering.chaos.bench import CHUNK, corpus_words, zipf_words
-from floering.chaos.cluster import LocalCluster
+from floering.floe.cluster import LocalCluster
 from floering.mapper import RingClient
 from floering.mapper.batching import Batcher
 from floering.mapper.combining import COMBINE_KERNEL, CombiningBatcher

@@ -151,7 +151,7 @@ class MapperHandle:
         mapper's, as `ip netns exec` execs the command."""
         import dataclasses
         import subprocess
-        from floering.chaos.cluster import node_env
+        from floering.floe.cluster import node_env
         self.mapper, self.journal, self.log = mapper, journal, log
         self.first_chunk = first_chunk
         cmd = [*(prefix or []), sys.executable, "-m", "floering.chaos.mapper_proc",

@@ -331,7 +331,7 @@ def start_nodes(hosts: Hosts, node_ids: list[str], replicas: int, workdir: str |
     port 7000 of the host's address, mutual TLS on every call (certificates naming
     every host's address). The harness's process reaches them through the observer;
     `LocalCluster.down()` stops them by pid as usual."""
-    from floering.chaos.cluster import DEFAULT_STATE_FILE, LocalCluster, spawn_node
+    from floering.floe.cluster import DEFAULT_STATE_FILE, LocalCluster, spawn_node
     from floering.node.transport.tls import generate as generate_tls
     workdir = Path(workdir).resolve()
     log_dir = workdir / "floe-cluster" / "logs"

@@ -32,7 +32,7 @@ import tempfile
 import time
 from collections import Counter
 
-from floering.chaos.cluster import LocalCluster
+from floering.floe.cluster import LocalCluster
 from floering.chaos.skew import TOKENS_PER_NODE, raw_holders, workload
 from floering.mapper import RingClient
 from floering.node.core.balancers import BALANCERS

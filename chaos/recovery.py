@@ -16,7 +16,7 @@ import argparse
 import tempfile
 import time
 
-from floering.chaos.cluster import LocalCluster
+from floering.floe.cluster import LocalCluster
 from floering.chaos.corpus import kjv_lines
 from floering.chaos.harness import Progress, run_scenario
 from floering.chaos.scenarios import Fault, Load, Round, Scenario

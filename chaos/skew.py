@@ -54,7 +54,7 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass
 
-from floering.chaos.cluster import LocalCluster, unwind_on_sigterm
+from floering.floe.cluster import LocalCluster, unwind_on_sigterm
 from floering.chaos.skew_measures import (distribution_cost, imbalance, load_std_percent,
                                          piece_counts, skew)
 from floering.v1 import floe_pb2, floe_pb2_grpc

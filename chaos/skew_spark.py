@@ -12,7 +12,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from floering.chaos.cluster import LocalCluster
+from floering.floe.cluster import LocalCluster
 
 SPARK_FILES = 8
 WORDS_PER_LINE = 20

@@ -6,8 +6,8 @@ against format 2 (frames of column states), side by side in one run.
 A count's range of --keys keys in the compiled state table (as chaos.move_bench
 builds it) goes through every step of `floe export` and `floe import` but the gRPC
 calls, in one process: the node's export cut into chunks (ExportRange), the file
-written (chaos.snapshot's Writer) and read back checked whole, the importer's recut
-into chunks per range of a target ring of RANGES ranges (chaos.snapshot), and the
+written (floe.snapshot's Writer) and read back checked whole, the importer's recut
+into chunks per range of a target ring of RANGES ranges (floe.snapshot), and the
 node's import of each chunk into an empty range (ImportRange: decoded, checked,
 merged). Three ways: "msgpack" (format 1, re-cut key by key into dicts), "frames-dict"
 (format 2 re-cut key by key into dicts, as the importer did before) and "frames"
@@ -26,7 +26,7 @@ import tempfile
 import time
 
 from floering.chaos.move_bench import build
-from floering.chaos.snapshot import import_chunks, recut_entries, recut_frames
+from floering.floe.snapshot import import_chunks, recut_entries, recut_frames
 from floering.node.core import snapshot_format
 from floering.node.core.batch import Limits
 from floering.node.core.columnar import KERNEL

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import psutil
 
-from floering.chaos.cluster import LocalCluster
+from floering.floe.cluster import LocalCluster
 from floering.chaos.corpus import kjv_lines
 from floering.mapper import RingClient, split_words
 from floering.spark_driver.launch import LOG_CONFIG

@@ -83,6 +83,28 @@ def node_events(path: str) -> list[dict]:
     return event_lines(_read(path))
 
 
+
+def applying_again_times(nodes, dead: str) -> list[float]:
+    """Wall-clock times at which a range `dead` owned applied its first tuple at its
+    heir (the `applying_again` events of `nodes`, a cluster's NodeProcesses). Not the
+    ring's takeovers: a handoff logs one too, and the ring may hand the heir's new
+    ranges on soon after."""
+    return [e.t for node in nodes for e in read_events(node.node_id, node.events)
+            if e.kind == "applying" and dead in e.about]
+
+
+def takeover_times(nodes, dead: str) -> list[float]:
+    """Wall-clock times at which each range `dead` owned was first taken over by its
+    heir (the first `taken_over` event naming `dead` for that range: later handoffs of
+    the heir's new ranges name the heir, not `dead`)."""
+    first: dict[int, float] = {}
+    for node in nodes:
+        for e in read_events(node.node_id, node.events):
+            if e.kind == "taken_over" and dead in e.about:
+                for token in e.tokens:
+                    first[token] = min(first.get(token, e.t), e.t)
+    return list(first.values())
+
 @dataclass(frozen=True)
 class Injected:
     """A fault as the harness carried it out."""

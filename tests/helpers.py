@@ -267,7 +267,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def floe_run(cwd, *args, timeout=120) -> subprocess.CompletedProcess:
     """Run the `floe` command in `cwd` (where `floe up` keeps its cluster file)."""
-    return subprocess.run([sys.executable, "-m", "floering.chaos.cli", *args], cwd=cwd,
+    return subprocess.run([sys.executable, "-m", "floering.floe.cli", *args], cwd=cwd,
                           capture_output=True, text=True, timeout=timeout,
                           env=dict(os.environ, PYTHONPATH=f"{ROOT}:{ROOT / 'proto'}"))
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from floering.chaos.cluster import _free_ports, node_env, serving
+from floering.floe.cluster import _free_ports, node_env, serving
 from floering.mapper import RingClient
 from floering.node.transport.tls import TlsFiles, generate
 

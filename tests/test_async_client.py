@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import grpc
 import pytest
 
-from floering.chaos.cluster import LocalCluster
+from floering.floe.cluster import LocalCluster
 from floering.chaos.corpus import kjv_lines
 from floering.v1 import floe_pb2
 from floering.mapper import AsyncRingClient, FloeError, RingClient, split_words

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from floering.chaos.cluster import LocalCluster, node_env
+from floering.floe.cluster import LocalCluster, node_env
 from floering.v1 import floe_pb2, floe_pb2_grpc
 from floering.mapper import RingClient
 from floering.mapper.sharing import DynamicChooser, PieceChooser

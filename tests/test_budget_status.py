@@ -3,8 +3,8 @@ bytes held / the bound, and calls refused if any) and in the Grafana dashboard."
 
 import pytest
 
-from floering.chaos.cli import budget_cell
-from floering.chaos.grafana import dashboard, queries
+from floering.floe.cli import budget_cell
+from floering.floe.grafana import dashboard, queries
 from tests.helpers import floe, floe_run, status
 
 

@@ -46,7 +46,7 @@ class Held:
 
 @pytest.mark.multiprocess
 def test_refusals_waits_and_bytes_held_show_in_stats_and_metrics(tmp_path):
-    from floering.chaos.cluster import LocalCluster
+    from floering.floe.cluster import LocalCluster
     from floering.node.transport.budget import MEMBER_READS_IN_ALL
     from floering.v1 import floe_pb2, floe_pb2_grpc
     from tests.test_observability import scrape, value

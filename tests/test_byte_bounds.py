@@ -15,7 +15,7 @@ import grpc
 import psutil
 import pytest
 
-from floering.chaos.cluster import LocalCluster
+from floering.floe.cluster import LocalCluster
 from floering.mapper import RingClient
 from floering.mapper.admin import move
 from floering.node.transport import server

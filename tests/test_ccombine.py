@@ -142,7 +142,7 @@ class _Delivery:
 def test_a_client_sends_columns_to_nodes_that_decode_them_and_counts_exactly(tmp_path):
     """Default `floe up`-style nodes (4, r=1, TLS): a client by default sends format
     2, combined and every tuple, and columnar=False sends format 1; every count exact."""
-    from floering.chaos.cluster import LocalCluster
+    from floering.floe.cluster import LocalCluster
     from floering.chaos.corpus import kjv_lines
     from floering.mapper import RingClient, split_words
 

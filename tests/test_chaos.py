@@ -245,7 +245,7 @@ def test_a_power_loss_tears_the_newest_record_of_every_nodes_log(tmp_path):
 
 
 def test_a_node_takes_writes_again_only_on_a_line_of_its_own(tmp_path):
-    from floering.chaos.cluster import NodeProcess
+    from floering.floe.cluster import NodeProcess
     from floering.chaos.durable_faults import REFUSING, WRITES_AGAIN, LogTail
     path = tmp_path / "n0.log"
     path.write_text("before\n")
@@ -551,11 +551,11 @@ def test_ci_scenario_loses_nothing_and_times_every_failure(name, tmp_path):
 @pytest.mark.multiprocess
 def test_floe_chaos_cli_runs_a_scenario_writes_json_and_plots(tmp_path):
     env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'proto'}")
-    listing = subprocess.run([sys.executable, "-m", "floering.chaos.cli", "chaos", "list"], env=env,
+    listing = subprocess.run([sys.executable, "-m", "floering.floe.cli", "chaos", "list"], env=env,
                              capture_output=True, text=True, timeout=60)
     assert listing.returncode == 0 and "fig8b" in listing.stdout and "kill-one" in listing.stdout
     assert "whole-cluster-kill" in listing.stdout and "disk-full" in listing.stdout
-    run = subprocess.run([sys.executable, "-m", "floering.chaos.cli", "chaos", "run", "kill-one",
+    run = subprocess.run([sys.executable, "-m", "floering.floe.cli", "chaos", "run", "kill-one",
                           "--seed", "2", "--out", str(tmp_path)], env=env,
                          capture_output=True, text=True, timeout=180)
     assert run.returncode == 0, run.stdout + run.stderr

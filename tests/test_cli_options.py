@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from floering.chaos.cli import build_parser
+from floering.floe.cli import build_parser
 from tests.helpers import floe_run
 
 

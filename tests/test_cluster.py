@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from floering.chaos.cluster import LocalCluster, node_env
+from floering.floe.cluster import LocalCluster, node_env
 from floering.chaos.corpus import kjv_lines
 from floering.v1 import floe_pb2, floe_pb2_grpc
 from floering.mapper import RingClient, split_words
@@ -171,7 +171,7 @@ def test_bad_keys_and_values_are_refused_at_emit(cluster):
 def test_base_port_refuses_a_listening_port_but_not_one_a_stopped_cluster_left_in_time_wait():
     import socket
 
-    from floering.chaos.cluster import _free_ports
+    from floering.floe.cluster import _free_ports
     listener = socket.socket()
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)    # as gRPC servers do
     listener.bind(("127.0.0.1", 0))
@@ -314,7 +314,7 @@ def test_feed_checks_every_input_first_and_a_rerun_after_ctrl_c_counts_nothing_t
         # interrupted half way, then run again: every word counted once. Small batches
         # keep the first run slow enough to be interrupted before it ends (the seqs are
         # the words' own, so the rerun's batch size does not matter)
-        cmd = [sys.executable, "-m", "floering.chaos.cli", "feed", "--batch-size", "20", str(big)]
+        cmd = [sys.executable, "-m", "floering.floe.cli", "feed", "--batch-size", "20", str(big)]
         # SIGINT as a terminal sends it: a shell running us in the background has the
         # child ignore it, and Python then installs no KeyboardInterrupt handler
         first = subprocess.Popen(cmd, cwd=tmp_path, env=node_env(), stdout=subprocess.PIPE,

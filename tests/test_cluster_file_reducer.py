@@ -13,8 +13,8 @@ import sys
 import psutil
 import pytest
 
-from floering.chaos.cluster import LocalCluster
-from floering.chaos.records import reducer_refusal, start_time
+from floering.floe.cluster import LocalCluster
+from floering.floe.records import reducer_refusal, start_time
 from tests.helpers import floe_run
 
 

@@ -7,7 +7,7 @@ from collections import Counter
 import grpc
 import pytest
 
-from floering.chaos.cluster import LocalCluster
+from floering.floe.cluster import LocalCluster
 from floering.mapper import RingClient
 from floering.node.core.batch import encode_batch, is_versioned
 from tests.test_bounds import push

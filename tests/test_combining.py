@@ -212,7 +212,7 @@ def test_a_combining_client_is_exact_through_a_kill_on_real_nodes(tmp_path):
     key exact, and the nodes applied far fewer tuples than were emitted."""
     import random
 
-    from floering.chaos.cluster import LocalCluster
+    from floering.floe.cluster import LocalCluster
     from floering.chaos.corpus import kjv_lines
     from floering.mapper import RingClient, split_words
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from floering.chaos.cluster import _free_ports, node_env, serving
+from floering.floe.cluster import _free_ports, node_env, serving
 from floering.mapper import RingClient
 from floering.node.config import load_config
 from floering.node.transport.tls import TlsFiles, generate
@@ -192,7 +192,7 @@ def option_strings(parser) -> set[str]:
 
 
 def test_every_flag_the_deployment_guide_names_exists():
-    from floering.chaos.cli import build_parser as floe_parser
+    from floering.floe.cli import build_parser as floe_parser
     from floering.node.config import build_parser as node_parser
     text = (DEPLOY.parent.parent / "docs" / "deploy.md").read_text()
     named = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", text))

@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from floering.chaos.cluster import LocalCluster, spawn_node
+from floering.floe.cluster import LocalCluster, spawn_node
 from floering.chaos.durable_faults import SmallDisk, Skipped, fill, kill_all, start_again, tear_every_log
 from floering.mapper import RingClient
 from floering.node.core.batch import Batch, Limits, encode_payload
@@ -401,7 +401,7 @@ def test_floe_down_kill_then_up_on_the_same_data_dir_gives_back_exact_state(tmp_
 def test_a_rolling_restart_on_data_dirs_under_load_is_exact(tmp_path):
     """Each node leaves (its ranges go to their replicas: nothing is unavailable),
     restarts on its data directory as a new member and takes its share back."""
-    from floering.chaos.restart import rolling_restart
+    from floering.floe.restart import rolling_restart
     with durable_cluster(tmp_path) as cluster:
         feeder = Feeder(cluster.seeds, tls=cluster.tls())
         feeder.start()

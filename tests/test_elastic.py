@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from floering.chaos.cluster import LocalCluster
+from floering.floe.cluster import LocalCluster
 from floering.mapper.admin import request_handoff
 from floering.chaos.timeline import node_events
 from tests.helpers import Feeder, diff, finish_exact, floe, live_ring, status, wait_for
@@ -111,7 +111,7 @@ def test_a_skewed_stream_rebalances_by_itself_and_stays_exact(tmp_path, policy):
 
 def test_autoscale_adds_a_node_under_load_and_removes_it_when_idle(tmp_path):
     from floering.chaos.balance import OpenLoopFeeder
-    from floering.chaos.elastic import autoscale_loop
+    from floering.floe.elastic import autoscale_loop
     # The per-tuple cost is wall time (80 us: at most 12,500 tuples/s a node), not CPU
     # work, so 60,000 tuples/s overload the ring however fast the cores run today.
     extra = ["--reducer-arg", "work=0", "--reducer-arg", "wait_us=80",

@@ -63,7 +63,7 @@ def test_a_chaos_run_gives_its_verdict_without_plots(tmp_path):
                         '[[rounds]]\n[[rounds.faults]]\nkind = "kill"\ntarget = "one"\n'
                         'at = 0.8\n[load]\nkeys = "zipf"\nrate = 2000\n')
     out = tmp_path / "out"
-    result = _run(tmp_path, ["-m", "floering.chaos.cli", "chaos", "run", str(scenario),
+    result = _run(tmp_path, ["-m", "floering.floe.cli", "chaos", "run", str(scenario),
                              "--out", str(out)], "matplotlib")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Traceback" not in result.stderr

@@ -9,7 +9,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 
-from floering.chaos.cluster import LocalCluster
+from floering.floe.cluster import LocalCluster
 from tests.helpers import Feeder, came_back_fresh, events_of, ring_seen_by, wait_for
 
 pytestmark = pytest.mark.multiprocess
@@ -54,7 +54,7 @@ def floe_status(tmp_path) -> dict:
     import subprocess
     import sys
     root = Path(__file__).resolve().parent.parent
-    result = subprocess.run([sys.executable, "-m", "floering.chaos.cli", "status", "--json"], cwd=tmp_path,
+    result = subprocess.run([sys.executable, "-m", "floering.floe.cli", "status", "--json"], cwd=tmp_path,
                             capture_output=True, text=True, timeout=60,
                             env=dict(os.environ, PYTHONPATH=f"{root}:{root / 'proto'}"))
     assert result.returncode == 0, result.stderr

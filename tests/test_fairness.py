@@ -8,7 +8,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from floering.chaos.cluster import LocalCluster
+from floering.floe.cluster import LocalCluster
 from floering.chaos.hostile import IdleStreams
 from floering.mapper import RingClient
 from floering.node.core.batch import encode_payload
@@ -210,7 +210,7 @@ def test_a_thousand_idle_streams_of_one_client_shut_out_nobody(ring3):
 def push_everywhere(cluster, tls, ring, source: str, seq: int, keys_by_token=None):
     """One single-tuple batch of `source` at seq `seq` to every holder of every token
     (a key of that token); returns the status names of the refusals."""
-    from floering.chaos.cluster import channel
+    from floering.floe.cluster import channel
     keys_by_token = keys_by_token or key_per_token(ring)
     refused = []
     for token, key in keys_by_token.items():
@@ -247,7 +247,7 @@ def test_a_source_flood_of_one_identity_leaves_others_their_sources(tmp_path):
             ring = client.ring
         token = ring.tokens[0]
         key = key_per_token(ring)[token]
-        from floering.chaos.cluster import channel
+        from floering.floe.cluster import channel
         outcomes = Counter()
         with channel(ring.address(ring.owner_of_token(token)), mallory) as ch:
             for i in range(64):                 # the whole range's worth of new sources
@@ -299,7 +299,7 @@ def test_a_feeds_seqs_cannot_be_taken_ahead_by_whoever_learns_or_guesses_its_sou
     import os
     import stat
     from pathlib import Path
-    from floering.chaos.feed import check_inputs, feed_key
+    from floering.floe.feed import check_inputs, feed_key
     from tests.helpers import floe
     rng_words = [f"word{chr(97 + i % 26)}{chr(97 + i // 26 % 26)}" for i in range(5000)]
     text = Path(tmp_path / "corpus.txt")
@@ -365,7 +365,7 @@ def test_an_epoch_group_cannot_be_ended_by_another_identity(tmp_path):
 @pytest.mark.multiprocess
 def test_a_word_of_five_megabytes_is_refused_alone_and_the_rest_is_counted(tmp_path):
     from pathlib import Path
-    from floering.chaos.feed import MAX_WORD_BYTES
+    from floering.floe.feed import MAX_WORD_BYTES
     from floering.mapper import words_of_lines
     from tests.helpers import floe_run
     lines = [" ".join(f"w{chr(97 + (i * 7 + j) % 26)}" for j in range(20)) for i in range(250)]
@@ -464,7 +464,7 @@ def test_a_query_refused_busy_is_called_again_until_it_is_served():
 
 @pytest.mark.multiprocess
 def test_a_source_flood_of_one_identity_does_not_shut_a_node(tmp_path):
-    from floering.chaos.cluster import channel
+    from floering.floe.cluster import channel
     words = [f"w{i % 53}" for i in range(1000)]
     with LocalCluster.up(3, 1, workdir=tmp_path,
                          extra_args=["--max-sources-per-node", "32"]) as cluster:

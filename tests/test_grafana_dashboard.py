@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from floering.chaos.grafana import DASHBOARD, dashboard, metric_names, queries
+from floering.floe.grafana import DASHBOARD, dashboard, metric_names, queries
 from tests.helpers import ROOT, floe, floe_run
 from tests.test_metrics_scrape import _free_base, scrape
 
@@ -41,7 +41,7 @@ def test_the_dashboard_is_grafana_json_with_the_panels_an_operator_needs():
 
 
 def test_the_module_prints_the_dashboard():
-    printed = subprocess.run([sys.executable, "-m", "floering.chaos.grafana"],
+    printed = subprocess.run([sys.executable, "-m", "floering.floe.grafana"],
                              capture_output=True, text=True, timeout=60,
                              env={"PYTHONPATH": f"{ROOT}:{ROOT / 'proto'}"})
     assert printed.returncode == 0 and json.loads(printed.stdout) == dashboard()

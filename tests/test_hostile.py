@@ -10,7 +10,7 @@ import msgpack
 import psutil
 import pytest
 
-from floering.chaos.cluster import LocalCluster
+from floering.floe.cluster import LocalCluster
 from floering.chaos.hostile import forged_views
 from floering.v1 import floe_pb2, floe_pb2_grpc
 from floering.mapper import RingClient

@@ -10,7 +10,7 @@ import time
 import psutil
 import pytest
 
-from floering.chaos.cluster import LocalCluster
+from floering.floe.cluster import LocalCluster
 from floering.node.transport.budget import READS_PER_CALLER
 from floering.v1 import floe_pb2, floe_pb2_grpc
 from tests.helpers import outcome_codes

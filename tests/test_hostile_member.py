@@ -7,7 +7,7 @@ a member's call whoever makes it, so a caller on loopback plays the member."""
 import grpc
 import pytest
 
-from floering.chaos.cluster import LocalCluster
+from floering.floe.cluster import LocalCluster
 from floering.node.transport.budget import MEMBER_READS_PER_CALLER
 from floering.v1 import floe_pb2, floe_pb2_grpc
 from tests.helpers import outcome_codes

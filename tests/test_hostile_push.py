@@ -11,7 +11,7 @@ import grpc
 import psutil
 import pytest
 
-from floering.chaos.cluster import LocalCluster
+from floering.floe.cluster import LocalCluster
 from floering.chaos.hostile import LargePushes
 from floering.node.transport.budget import PUSH_READS_PER_CALLER
 from floering.v1 import floe_pb2, floe_pb2_grpc

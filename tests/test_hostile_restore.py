@@ -171,7 +171,7 @@ def test_one_copy_is_merged_at_a_time():
 @pytest.mark.multiprocess
 def test_hostile_range_held_and_restore_calls_are_refused_on_a_real_ring(tmp_path):
     import psutil
-    from floering.chaos.cluster import LocalCluster
+    from floering.floe.cluster import LocalCluster
     from floering.v1 import floe_pb2, floe_pb2_grpc
     from tests.test_retired_ring import feed, ring_of, scan, stats_of
     want = Counter()

@@ -13,12 +13,13 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 # Where each package of `floering` lives in the checkout.
-PACKAGES = {"floering.node": "node", "floering.mapper": "mapper", "floering.chaos": "chaos",
+PACKAGES = {"floering.node": "node", "floering.mapper": "mapper", "floering.floe": "floe",
+            "floering.chaos": "chaos",
             "floering.spark_driver": "spark_driver", "floering.v1": "proto/floering/v1"}
 # Packages with their own declaration, innermost first.
 DECLARED = ("floering.node.core", "floering.node.runtime", "floering.node.transport",
             "floering.node.storage", "floering.node", "floering.mapper",
-            "floering.spark_driver", "floering.chaos")
+            "floering.spark_driver", "floering.floe", "floering.chaos")
 # Files that import a module whose name they compute, and why.
 DYNAMIC_IMPORTS = {
     "node/core/reducers.py": "a user's reducer is loaded by the name an operator gives",
@@ -125,13 +126,20 @@ def refused(path: Path, module: str | None = None) -> list[str]:
     return bad
 
 
-SOURCES = [p for package in ("node", "mapper", "chaos", "spark_driver") for p in files(package)]
+SOURCES = [p for package in ("node", "mapper", "floe", "chaos", "spark_driver")
+           for p in files(package)]
 
 
 @pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_each_module_imports_only_what_its_package_declares(path):
     bad = refused(path)
     assert not bad, f"{path.relative_to(ROOT)} imports {bad}"
+
+
+def test_the_operator_command_does_not_import_the_chaos_harness():
+    """floering.chaos builds on floering.floe (the local cluster), never the reverse."""
+    assert not within("floering.chaos", declared("floering.floe"))
+    assert not [a for a in declared("floering.floe") if within(a, ("floering.chaos",))]
 
 
 def test_the_core_declares_no_io():
@@ -167,7 +175,7 @@ def test_the_checker_sees_relative_aliased_and_importlib_imports(tmp_path):
 
 def test_no_private_names_imported_across_modules():
     bad = []
-    for package in ("node", "mapper", "chaos", "spark_driver"):
+    for package in ("node", "mapper", "floe", "chaos", "spark_driver"):
         for path in files(package):
             tree = ast.parse(path.read_text(), str(path))
             for node in ast.walk(tree):

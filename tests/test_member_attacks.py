@@ -352,7 +352,7 @@ def _ring_of(cluster, node_id):
 def test_a_members_certificate_can_neither_split_nor_erase_a_tls_ring(tmp_path):
     import json
     from floering.chaos.durable_faults import kill_all, start_again
-    from floering.chaos.cluster import LocalCluster
+    from floering.floe.cluster import LocalCluster
     from floering.mapper import RingClient
     from floering.v1 import floe_pb2, floe_pb2_grpc
     from tests.helpers import wait_for
@@ -444,7 +444,7 @@ def test_a_members_forged_answers_fence_nobody_on_real_tls_processes(tmp_path):
 
     import grpc
 
-    from floering.chaos.cluster import LocalCluster
+    from floering.floe.cluster import LocalCluster
     from floering.mapper import RingClient
     from floering.node.transport.tls import node_files
     from floering.v1 import floe_pb2, floe_pb2_grpc

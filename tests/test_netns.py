@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from floering.chaos import netns
-from floering.chaos.cluster import node_env
+from floering.floe.cluster import node_env
 from floering.chaos.harness import run_scenario
 from floering.chaos.scenarios import BUILTIN
 from tests.helpers import came_back_fresh

@@ -21,7 +21,7 @@ from google.protobuf import descriptor_pb2
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
-from floering.chaos.cluster import node_env
+from floering.floe.cluster import node_env
 from floering.mapper import RingClient
 from floering.node.core.columnar import KERNEL
 from floering.node.transport.tls import may_call

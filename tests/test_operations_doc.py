@@ -26,7 +26,7 @@ def test_every_status_field_is_documented():
 
 
 def test_every_member_state_is_documented():
-    from floering.chaos import ringview
+    from floering.floe import ringview
     states = [ringview.SERVING, ringview.JOINING, ringview.LEAVING, ringview.SUSPECT,
               ringview.DEAD, ringview.FENCED, ringview.REMOVED]
     row = next(line for line in DOC.splitlines() if line.startswith("| `state` |"))

@@ -13,7 +13,8 @@ from packaging.requirements import Requirement
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 PACKAGES = {"floering": ROOT / "proto" / "floering", "floering.node": ROOT / "node",
-            "floering.mapper": ROOT / "mapper", "floering.chaos": ROOT / "chaos",
+            "floering.mapper": ROOT / "mapper", "floering.floe": ROOT / "floe",
+            "floering.chaos": ROOT / "chaos",
             "floering.spark_driver": ROOT / "spark_driver"}
 
 
@@ -57,9 +58,9 @@ def test_the_core_runs_without_pyspark_or_matplotlib():
 import runpy, sys
 sys.modules["pyspark"] = sys.modules["matplotlib"] = None
 import floering.node, floering.node.app, floering.node.__main__, floering.mapper
-import floering.mapper.admin, floering.chaos.cli, floering.chaos.cluster
+import floering.mapper.admin, floering.floe.cli, floering.floe.cluster
 import floering.chaos.harness, floering.spark_driver.launch
-print("status exit", floering.chaos.cli.main(["--cluster-file", sys.argv[1], "status"]))
+print("status exit", floering.floe.cli.main(["--cluster-file", sys.argv[1], "status"]))
 sys.argv = ["node", "--help"]
 try:
     runpy.run_module("floering.node", run_name="__main__")
@@ -106,7 +107,7 @@ def test_process_tables_come_from_psutil_not_hand_read_proc():
     benchmark dropping the page cache, which psutil cannot do."""
     root = Path(__file__).resolve().parent.parent
     hits = [f"{path.relative_to(root)}:{n}"
-            for folder in ("node", "mapper", "chaos", "spark_driver")
+            for folder in ("node", "mapper", "floe", "chaos", "spark_driver")
             for path in (root / folder).rglob("*.py")
             for n, line in enumerate(path.read_text().splitlines(), 1)
             if "/proc" in line and "drop_caches" not in line]
@@ -129,7 +130,7 @@ def test_the_wheel_installs_one_namespace_that_runs_on_its_own(tmp_path):
     tops = {n.split("/")[0] for n in names}
     assert {t for t in tops if not t.endswith(".dist-info")} == {"floering"}, tops
     for shipped in ("floering/node/py.typed", "floering/chaos/data/kjv.txt.gz",
-                    "floering/chaos/data/ui.html", "floering/chaos/data/grafana-dashboard.json",
+                    "floering/floe/data/ui.html", "floering/floe/data/grafana-dashboard.json",
                     "floering/spark_driver/log4j2.properties", "floering/v1/floe_pb2.py"):
         assert shipped in names, shipped
     assert any(n.startswith("floering/node/core/columnar/ctable.") and n.endswith(".so")
@@ -137,13 +138,13 @@ def test_the_wheel_installs_one_namespace_that_runs_on_its_own(tmp_path):
     assert any(n.startswith("floering/mapper/ccombine.") and n.endswith(".so")
                for n in names), "the compiled combiner is not in the wheel"
     entry = next(n for n in names if n.endswith("entry_points.txt"))
-    assert "floe = floering.chaos.cli:main" in (tmp_path / "site" / entry).read_text()
+    assert "floe = floering.floe.cli:main" in (tmp_path / "site" / entry).read_text()
     code = f"""
 import importlib.util, runpy, sys
 sys.path.insert(0, {str(tmp_path / 'site')!r})
-import floering.chaos.cli, floering.mapper
+import floering.floe.cli, floering.mapper
 assert floering.mapper.__file__.startswith({str(tmp_path / 'site')!r}), floering.mapper.__file__
-assert all(importlib.util.find_spec(n) is None for n in ("node", "mapper", "chaos", "spark_driver"))
+assert all(importlib.util.find_spec(n) is None for n in ("node", "mapper", "floe", "chaos", "spark_driver"))
 import floering.node.core.columnar as columnar
 assert columnar.KERNEL == "compiled" and columnar.StateTable.__module__.endswith("ctable")
 import floering.mapper.combining as combining

@@ -215,7 +215,7 @@ def test_a_files_plan_goes_when_unused_past_the_source_expiry_and_past_the_bound
 
 def test_floe_feed_keeps_a_files_plan_marks_it_used_and_prunes_the_idle(tmp_path):
     import os
-    from floering.chaos import feed
+    from floering.floe import feed
     ring = ring_of(4, "pkg")
 
     class Client:

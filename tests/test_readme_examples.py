@@ -108,7 +108,7 @@ def test_a_client_that_disagrees_about_tls_is_told_the_fix_in_one_line(tmp_path)
                         "FLOE_TLS_DIR=DIR, or run beside its floe-cluster/tls"], told.stderr
         assert "Socket closed" not in told.stderr and "Traceback" not in told.stderr
         # FLOE_TLS_DIR is the next place looked in
-        found = subprocess.run([sys.executable, "-m", "floering.chaos.cli", "status",
+        found = subprocess.run([sys.executable, "-m", "floering.floe.cli", "status",
                                 "--ring", tls_addr], cwd=elsewhere, capture_output=True,
                                text=True, timeout=60, env=_env(FLOE_TLS_DIR=tls_dir))
         assert found.returncode == 0 and "HEALTHY: 2 of 2" in found.stdout, found.stderr

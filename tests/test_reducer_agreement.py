@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from floering.chaos.cluster import LocalCluster
+from floering.floe.cluster import LocalCluster
 from floering.mapper import RingClient
 from floering.node.config import load_config
 from floering.node.core.errors import InvalidArgument

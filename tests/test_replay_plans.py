@@ -9,9 +9,9 @@ from collections import Counter
 
 import pytest
 
-from floering.chaos.cluster import LocalCluster
+from floering.floe.cluster import LocalCluster
 from floering.chaos.corpus import kjv_lines
-from floering.chaos.feed import Progress, check_inputs, feed
+from floering.floe.feed import Progress, check_inputs, feed
 from floering.mapper import RingClient, split_words
 
 pytestmark = pytest.mark.multiprocess

@@ -7,8 +7,8 @@ from collections import Counter
 
 import pytest
 
-from floering.chaos.cluster import LocalCluster
-from floering.chaos.restart import (member_at, restart_node, rolling_restart, wait_replicated,
+from floering.floe.cluster import LocalCluster
+from floering.floe.restart import (member_at, restart_node, rolling_restart, wait_replicated,
                                     wait_share)
 from floering.mapper import RingClient
 from floering.node.core.errors import RangeLost
@@ -175,7 +175,7 @@ def test_restart_node_by_kill_gives_the_new_member_its_share(tmp_path):
 def test_a_restart_that_hears_no_running_peer_waits_instead_of_founding(tmp_path):
     """With every peer unreachable a new process cannot tell a restart from a fresh
     start: it serves nothing until a peer answers, then joins as a new member."""
-    from floering.chaos.cluster import serving, spawn_node
+    from floering.floe.cluster import serving, spawn_node
     with LocalCluster.up(3, 1, workdir=tmp_path) as cluster:
         with RingClient(cluster.seeds, timeout=30, tls=cluster.tls()) as client:
             client.emit_many(WORDS16)

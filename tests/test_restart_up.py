@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from floering.chaos.cluster import LocalCluster
+from floering.floe.cluster import LocalCluster
 from tests.helpers import Feeder, finish_exact, floe, floe_run
 from tests.test_share_return import WITHIN, ring_of, seconds_to_even, uneven
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from floering.chaos.cluster import LocalCluster
+from floering.floe.cluster import LocalCluster
 from tests.helpers import Feeder, diff
 from tests.helpers import wait_for
 from tests.test_retired_ring import events, ring_of, stats_of

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from floering.chaos.cluster import LocalCluster
+from floering.floe.cluster import LocalCluster
 from floering.mapper import RingClient
 from floering.node.core.ring import Ring
 from floering.node.core.retired import decode

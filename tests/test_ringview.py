@@ -3,7 +3,7 @@ replies and the recorded processes."""
 
 from __future__ import annotations
 
-from floering.chaos.ringview import locate, member_rows, range_rows, verdict
+from floering.floe.ringview import locate, member_rows, range_rows, verdict
 from floering.node.core.hashing import position
 from floering.node.core.ring import Ring
 

@@ -1,5 +1,5 @@
 """Rotating credentials on a live TLS ring, real processes: re-issued certificates, then
-a new CA, each followed by a rolling restart (chaos.restart), under a feed whose counts
+a new CA, each followed by a rolling restart (floe.restart), under a feed whose counts
 must stay exact. What docs/security.md tells an operator to do, step by step."""
 
 import shutil
@@ -8,8 +8,8 @@ from collections import Counter
 import grpc
 import pytest
 
-from floering.chaos.cluster import LocalCluster, channel
-from floering.chaos.restart import rolling_restart
+from floering.floe.cluster import LocalCluster, channel
+from floering.floe.restart import rolling_restart
 from floering.v1 import floe_pb2, floe_pb2_grpc
 from floering.mapper import RingClient
 from floering.node.transport.tls import (TlsFiles, reissue, rotate_ca, served_certificate,

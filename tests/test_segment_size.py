@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from floering.chaos.cluster import LocalCluster
+from floering.floe.cluster import LocalCluster
 from floering.chaos.durable_faults import SmallDisk, Skipped
 from floering.mapper import RingClient
 from floering.node.storage.segment_log import segment_size, volume_segment_size

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from floering.chaos.cluster import LocalCluster
-from floering.chaos.restart import member_at, wait_replicated
+from floering.floe.cluster import LocalCluster
+from floering.floe.restart import member_at, wait_replicated
 from tests.helpers import Feeder, finish_exact, live_ring
 
 pytestmark = pytest.mark.multiprocess

@@ -175,7 +175,7 @@ def test_import_refuses_hostile_chunks_changing_nothing():
 
 
 def test_the_importer_refuses_bad_keys_and_states_before_the_first_write(tmp_path):
-    from floering.chaos.snapshot import check_states, load_recut
+    from floering.floe.snapshot import check_states, load_recut
     from floering.node.core.codec import pack
     ring = CoreCluster(nodes=2).ring
     for entries, why in ((pack(((1.5,), (1,))), "str, bytes or int"),
@@ -194,7 +194,7 @@ def test_the_importer_refuses_bad_keys_and_states_before_the_first_write(tmp_pat
 
 
 def test_an_export_of_a_ring_changing_under_it_is_read_again_three_times(monkeypatch):
-    from floering.chaos import snapshot as snapshot_mod
+    from floering.floe import snapshot as snapshot_mod
     tries = []
 
     def once(seeds, path, tls):
@@ -243,7 +243,7 @@ def test_sections_are_given_only_once_the_trailer_is_checked():
 
 def test_an_import_uses_exactly_the_bytes_it_checked_when_the_file_changes(monkeypatch,
                                                                           tmp_path):
-    from floering.chaos import snapshot as snapshot_mod
+    from floering.floe import snapshot as snapshot_mod
     ring = CoreCluster(nodes=2).ring
     first = good()
     second = write({10: [({"a": 100, "b": 200}, {"s": 99})], 20: [({"z": 1}, {})]})
@@ -414,7 +414,7 @@ def test_frames_are_recut_by_position_into_a_ring_of_other_tokens_exactly():
     gives the same."""
     import random
 
-    from floering.chaos.snapshot import ColumnRange, import_chunks, load_recut
+    from floering.floe.snapshot import ColumnRange, import_chunks, load_recut
     from floering.node.core.ring import Ring
     from floering.node.core.state_wire import decode
     rnd = random.Random(7)
@@ -450,7 +450,7 @@ def test_frames_are_recut_by_position_into_a_ring_of_other_tokens_exactly():
 
 
 def test_frames_recut_refuses_a_key_twice_a_bad_key_or_state_before_the_first_write():
-    from floering.chaos.snapshot import check_states, load_recut
+    from floering.floe.snapshot import check_states, load_recut
     from floering.node.core.ring import Ring
     ring = Ring(1, 1, (5, 1 << 63), ("n0",) * 2, (("n0", "a:1"),))
     for ranges, why in (({10: {"a": 1, "b": 2}, 20: {"a": 4}}, "two ranges"),

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from floering.chaos.cluster import LocalCluster
+from floering.floe.cluster import LocalCluster
 from floering.chaos.corpus import kjv_lines
 from floering.mapper import RingClient, split_words
 from floering.spark_driver import driver

@@ -5,7 +5,7 @@ from collections import Counter
 
 import pytest
 
-from floering.chaos.cluster import LocalCluster
+from floering.floe.cluster import LocalCluster
 from floering.chaos.corpus import kjv_lines
 from floering.mapper import RingClient, split_words
 from floering.spark_driver.partition import InjectedFailure, PartitionConfig, write_partition

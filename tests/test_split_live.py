@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from floering.chaos.cluster import LocalCluster
+from floering.floe.cluster import LocalCluster
 from floering.mapper.admin import request_handoff
 from floering.node.core.ring import Ring
 from tests.helpers import Feeder, finish_exact, floe, live_ring, middle, status, wait_for

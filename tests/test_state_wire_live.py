@@ -10,7 +10,7 @@ import time
 import grpc
 import pytest
 
-from floering.chaos.cluster import LocalCluster
+from floering.floe.cluster import LocalCluster
 from floering.node.core.state_wire import MAGIC, encode_pairs
 from tests.helpers import Feeder, finish_exact, floe, middle, status, wait_for
 

@@ -6,7 +6,7 @@ from collections import Counter
 import grpc
 import pytest
 
-from floering.chaos.cluster import LocalCluster
+from floering.floe.cluster import LocalCluster
 from floering.v1 import floe_pb2, floe_pb2_grpc
 from floering.mapper import RingClient
 from floering.node.config import NodeConfig

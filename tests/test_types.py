@@ -22,7 +22,7 @@ def run_mypy() -> str:
 
 
 def test_the_source_folders_are_linked_under_the_package():
-    for name in ("node", "mapper", "chaos", "spark_driver"):
+    for name in ("node", "mapper", "floe", "chaos", "spark_driver"):
         link = ROOT / "proto" / "floering" / name
         assert link.is_symlink() and link.readlink() == Path("..", "..", name), link
         assert (link / "__init__.py").is_file(), link

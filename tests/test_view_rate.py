@@ -76,7 +76,7 @@ def three_free_ports() -> int:
 
 @pytest.mark.multiprocess
 def test_a_member_flooding_views_is_refused_and_the_ring_stays_exact(tmp_path):
-    from floering.chaos.cluster import LocalCluster
+    from floering.floe.cluster import LocalCluster
     from floering.mapper import RingClient
     from floering.node.core.ring import Ring
     from floering.v1 import floe_pb2, floe_pb2_grpc

@@ -40,7 +40,7 @@ DRAWN = {"t": 0, "verdict": "DATA LOST: x", "error": None,
 
 
 def start_ui(cwd) -> tuple[subprocess.Popen, str]:
-    ui = subprocess.Popen([sys.executable, "-m", "floering.chaos.cli", "ui", "--port", "0"],
+    ui = subprocess.Popen([sys.executable, "-m", "floering.floe.cli", "ui", "--port", "0"],
                           cwd=cwd, stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True,
                           env=dict(os.environ, PYTHONPATH=f"{ROOT}:{ROOT / 'proto'}"))
@@ -132,8 +132,8 @@ def test_the_page_shows_the_ring_and_a_killed_member_turning_dead(tmp_path):
 
 
 async def test_the_server_bounds_its_connections_and_answers_the_snapshot():
-    from floering.chaos.webui import UiServer
-    from floering.chaos.webui_state import Watcher
+    from floering.floe.webui import UiServer
+    from floering.floe.webui_state import Watcher
 
     watcher = Watcher(["127.0.0.1:1"], None, None)
     watcher.publish({"t": 1.0, "verdict": "x", "members": [], "ranges": [], "events": []})
@@ -190,7 +190,7 @@ def test_a_ring_that_does_not_answer_is_said_on_the_page_and_the_server_keeps_po
         closed.bind(("127.0.0.1", 0))
         port = closed.getsockname()[1]
     env = {k: v for k, v in os.environ.items() if k != "FLOE_TLS_DIR"}
-    ui = subprocess.Popen([sys.executable, "-m", "floering.chaos.cli", "ui", "--port", "0",
+    ui = subprocess.Popen([sys.executable, "-m", "floering.floe.cli", "ui", "--port", "0",
                            "--ring", f"127.0.0.1:{port}", "--timeout", "1"], cwd=tmp_path,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                           env=dict(env, PYTHONPATH=f"{ROOT}:{ROOT / 'proto'}"))
@@ -247,7 +247,7 @@ def test_the_page_shows_a_real_leave_handing_its_ranges_over(tmp_path):
     ranges over, the page draws the handoff in flight (dashed arcs outside the ranges,
     to the members taking them) and n2 as leaving; afterwards no arc is left and n2's
     ranges are drawn under the others."""
-    from floering.chaos.cluster import LocalCluster
+    from floering.floe.cluster import LocalCluster
     from floering.mapper import RingClient
     ui = browser = None
     try:
@@ -256,7 +256,7 @@ def test_the_page_shows_a_real_leave_handing_its_ranges_over(tmp_path):
         with RingClient(cluster.seeds, tls=cluster.tls()) as client:
             client.emit_many(f"key{i}" for i in range(KEYS))
             client.flush(timeout=120)
-        ui = subprocess.Popen([sys.executable, "-m", "floering.chaos.cli", "ui", "--port",
+        ui = subprocess.Popen([sys.executable, "-m", "floering.floe.cli", "ui", "--port",
                                "0", "--interval", "0.1"], cwd=tmp_path, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               env=dict(os.environ, PYTHONPATH=f"{ROOT}:{ROOT / 'proto'}"))

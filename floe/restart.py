@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 
-from floering.chaos.cluster import LocalCluster
+from floering.floe.cluster import LocalCluster
 
 
 def member_at(address: str, seeds: list[str], timeout: float, tls=None) -> str:

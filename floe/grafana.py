@@ -2,7 +2,7 @@
 floe ring's nodes from their /metrics, through a Prometheus data source chosen at
 import time. Every query names its metrics with a `{job=~"$job"}` selector.
 
-    python -m floering.chaos.grafana > floe-dashboard.json    # then import it in Grafana
+    python -m floering.floe.grafana > floe-dashboard.json    # then import it in Grafana
 
 Its panels: members serving and fenced, ranges under-replicated and lost, ring
 versions; rates over the counters (tuples applied, backed up, duplicates, refusals,

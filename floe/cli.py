@@ -17,8 +17,8 @@
     floe up --data-dir DIR              keep the data in DIR instead
     floe down [--kill] [--wipe]         stop exactly the processes `up` started
                                         (--wipe: then delete the cluster's data)
-    floe ui [--port P]                  a live page of the ring (chaos/webui.py)
-    floe chaos list | run SCENARIO      chaos scenarios (chaos/chaos_cli.py)
+    floe ui [--port P]                  a live page of the ring (floe/webui.py)
+    floe chaos list | run SCENARIO      chaos scenarios (python -m floering.chaos.chaos_cli)
     floe node --node-id n0 ...          one node in this process (python -m floering.node)
 """
 
@@ -35,7 +35,7 @@ from pathlib import Path
 # would bury its one-line error; set before grpc loads; GRPC_VERBOSITY=INFO shows them
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
-from floering.chaos.cluster import (DEFAULT_STATE_FILE, LayoutMismatch, LocalCluster, describe_layout,
+from floering.floe.cluster import (DEFAULT_STATE_FILE, LayoutMismatch, LocalCluster, describe_layout,
                            kept_layout, wipe)
 from floering.mapper.admin import hex_position, parse_position, position_format
 from floering.node.core.balancers import BALANCERS, described
@@ -85,7 +85,7 @@ def cmd_up(args) -> int:
         extra += ["--checkpoint-interval", str(args.checkpoint_interval)]
     data_dir = None if args.memory else Path(args.data_dir or default_data_dir(args)).resolve()
     kept = kept_layout(data_dir) if data_dir is not None else None
-    from floering.chaos import metrics_targets
+    from floering.floe import metrics_targets
     metrics_targets.refuse_shared_port(args.node_flags, args.nodes)
     if args.metrics_port is not None:             # node i: BASE+i, each checked free
         metrics_targets.metrics_ports(args.metrics_port, args.nodes or (
@@ -140,7 +140,7 @@ UP_SETTINGS = {"nodes": "--nodes", "replicas": "--replicas", "base_port": "--bas
 
 def _up_missing(args, cluster: LocalCluster) -> int:
     """`floe up` while the recorded cluster runs: start again, each on its own data
-    directory, only the nodes whose process is gone (chaos.restart.start_missing)."""
+    directory, only the nodes whose process is gone (floe.restart.start_missing)."""
     where = Path(args.cluster_file).resolve()
     alive = sorted(n.node_id for n in cluster.nodes if n.alive())
     missing = sorted(n.node_id for n in cluster.nodes if not n.alive())
@@ -157,7 +157,7 @@ def _up_missing(args, cluster: LocalCluster) -> int:
                          f"`floe up` starts its missing members ({', '.join(missing)}) as "
                          f"they were, without {', '.join(given)} (`floe scale --add` adds "
                          f"nodes)")
-    from floering.chaos.restart import start_missing
+    from floering.floe.restart import start_missing
     start_missing(cluster, timeout=args.timeout)
     print(f"started {', '.join(missing)} again; {', '.join(alive)} "
           f"{'was' if len(alive) == 1 else 'were'} running and left alone; "
@@ -194,7 +194,7 @@ def _recorded(args) -> dict[str, dict]:
     """The processes `floe up` recorded (none with --ring): {node: address, pid, alive}."""
     if args.ring or not Path(args.cluster_file).exists():
         return {}
-    from floering.chaos.metrics_targets import metrics_address
+    from floering.floe.metrics_targets import metrics_address
     return {n.node_id: {"address": n.address, "pid": n.pid, "alive": n.alive(),
                         "metrics": metrics_address(n)}
             for n in LocalCluster.load(args.cluster_file).nodes}
@@ -212,7 +212,7 @@ def budget_cell(row: dict) -> str:
 
 
 def cmd_status(args) -> int:
-    from floering.chaos.ringview import (check_exit, describe_ring, member_rows, table,
+    from floering.floe.ringview import (check_exit, describe_ring, member_rows, table,
                                          unlisted_processes, verdict)
     recorded = _recorded(args)
     with _client(args) as client:
@@ -252,7 +252,7 @@ def cmd_status(args) -> int:
 
 
 def cmd_ring(args) -> int:
-    from floering.chaos.ringview import describe_ring, range_rows, table
+    from floering.floe.ringview import describe_ring, range_rows, table
     with _client(args) as client:
         ring = client.refresh_ring()
     rows = range_rows(ring, hex_position if args.hex else str)
@@ -272,7 +272,7 @@ def cmd_ring(args) -> int:
 
 
 def cmd_locate(args) -> int:
-    from floering.chaos.ringview import locate
+    from floering.floe.ringview import locate
     key: object = int(args.key) if args.int_key else args.key
     with _client(args) as client:
         ring = client.refresh_ring()
@@ -289,7 +289,7 @@ def cmd_locate(args) -> int:
 
 
 def cmd_feed(args) -> int:
-    from floering.chaos.feed import Progress, check_inputs, feed, feed_key
+    from floering.floe.feed import Progress, check_inputs, feed, feed_key
     inputs = check_inputs(args.files, force=args.force, again=args.again,   # before sending
                           key=feed_key(_workdir(args) / "floe-cluster"))
     started = time.perf_counter()
@@ -332,7 +332,7 @@ def cmd_move(args) -> int:
     from floering.mapper.admin import move
     with _client(args) as client:
         ring = client.refresh_ring()
-    from floering.chaos.ringview import member_named
+    from floering.floe.ringview import member_named
     print(move(ring, member_named(ring, args.node), parse_position(args.to), timeout=args.timeout,
                tls=_tls(args, "operator"), show=position_format(args.to)))
     return 0
@@ -342,7 +342,7 @@ def cmd_split(args) -> int:
     from floering.mapper.admin import split
     with _client(args) as client:
         ring = client.refresh_ring()
-    from floering.chaos.ringview import member_named
+    from floering.floe.ringview import member_named
     print(split(ring, parse_position(args.position), args.to and member_named(ring, args.to),
                 timeout=args.timeout,
                 tls=_tls(args, "operator"), show=position_format(args.position)))
@@ -361,7 +361,7 @@ def cmd_scale(args) -> int:
     from floering.mapper.admin import carry_out, plan_scale_out
     cluster = LocalCluster.load(args.cluster_file)
     if args.auto:
-        from floering.chaos.elastic import autoscale_loop
+        from floering.floe.elastic import autoscale_loop
         autoscale_loop(cluster, seconds=args.auto, min_nodes=args.min_nodes,
                        max_nodes=args.max_nodes)
         print(f"{len(cluster.nodes)} nodes")
@@ -373,7 +373,7 @@ def cmd_scale(args) -> int:
         print(f"{args.remove} handed its ranges to its neighbours and exited; "
               f"{sum(n.alive() for n in cluster.nodes)} nodes running")
         return 0
-    from floering.chaos.metrics_targets import next_metrics_ports
+    from floering.floe.metrics_targets import next_metrics_ports
     added = cluster.add_nodes(args.add, base_port=args.base_port,
                               metrics_ports=next_metrics_ports(cluster, args.add))
     _rewrite_targets(cluster)
@@ -395,13 +395,13 @@ def cmd_scale(args) -> int:
 
 def _rewrite_targets(cluster) -> None:
     """Keep the Prometheus target file in step, for a cluster that serves metrics."""
-    from floering.chaos.metrics_targets import TARGETS_FILE, write_targets
+    from floering.floe.metrics_targets import TARGETS_FILE, write_targets
     if (Path(cluster.state_file).resolve().parent / TARGETS_FILE).exists():
         write_targets(cluster)
 
 
 def cmd_restart(args) -> int:
-    from floering.chaos.restart import rolling_restart
+    from floering.floe.restart import rolling_restart
     cluster = LocalCluster.load(args.cluster_file)
     if bool(args.nodes) == args.rolling:
         raise ValueError("name the nodes to restart, or give --rolling for all of them")
@@ -492,13 +492,15 @@ def build_parser() -> argparse.ArgumentParser:
     _cluster_commands(sub)
     _query_commands(sub)
     _admin_commands(sub)
-    from floering.chaos.snapshot import add_snapshot_commands
+    from floering.floe.snapshot import add_snapshot_commands
     add_snapshot_commands(sub, _seeds, _tls)
-    from floering.chaos.webui import add_ui_command
+    from floering.floe.webui import add_ui_command
     add_ui_command(sub, _seeds, _tls)
-    from floering.chaos.chaos_cli import add_chaos_command
-    add_chaos_command(sub)
-    # listed for --help only: main() hands `floe node ...` to the node's own parser
+    # listed for --help only: main() hands `floe chaos ...` to the chaos harness's own
+    # command (it lives in floering.chaos, which this package never imports) and
+    # `floe node ...` to the node's own parser
+    commands.add_parser("chaos", help="kill nodes under load, measure recovery, check nothing "
+                            "is lost (floe chaos --help)", add_help=False)
     commands.add_parser("node", help="run one node in this process, with the flags of `python -m "
                             "node` (floe node --help)", add_help=False)
     return parser
@@ -696,19 +698,31 @@ def one_line(exc: BaseException) -> str:
                         "UNKNOWN: ", "cannot connect: ")
 
 
+def run_chaos(argv: list[str]) -> int:
+    """`floe chaos ...`: `python -m floering.chaos.chaos_cli ...` with this interpreter,
+    its exit code returned (130 on an interrupt, which the child gets too)."""
+    import subprocess
+    try:
+        return subprocess.call([sys.executable, "-m", "floering.chaos.chaos_cli", *argv])
+    except KeyboardInterrupt:
+        return 130
+
+
 def main(argv=None) -> int:
     os.umask(0o077)     # the cluster's files (records, TLS, data, logs): the owner's only
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["node"]:        # every flag is the node's own, --help included
         from floering.node.__main__ import main as node_main
         return node_main(argv[1:])
+    if argv[:1] == ["chaos"]:       # the chaos harness's command, in a process of its own
+        return run_chaos(argv[1:])
     node_flags: list[str] = []
     if "--" in argv:
         node_flags = argv[argv.index("--") + 1:]
         argv = argv[:argv.index("--")]
     args = build_parser().parse_args(argv)
     args.node_flags = node_flags
-    from floering.chaos.ringview import process_ids
+    from floering.floe.ringview import process_ids
     process_ids(args)           # n1#1 is n1's process
     if node_flags and args.command != "up":
         print(f"floe {args.command}: only `floe up` takes node flags after `--`",

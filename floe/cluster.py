@@ -4,7 +4,7 @@ Every process is started here and stopped here by its own PID (checked against i
 command line and start time first, so a recycled PID is never signalled). The cluster
 is recorded in a JSON file so `floe status` / `floe down` in another shell find it;
 what is read back from it is checked, and node commands are built, never read
-(chaos.records). Everything written here is private (node.files)."""
+(floe.records). Everything written here is private (node.files)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from floering.chaos.records import (check_extra, exited, flag, is_our_node, loaded_node,
+from floering.floe.records import (check_extra, exited, flag, is_our_node, loaded_node,
                                     not_ours, reducer_refusal, start_time)
 from floering.node.config import check_node_id
 from floering.node.core.errors import FloeError
@@ -41,7 +41,7 @@ class NodeProcess:
     pid: int
     log: str
     # How it was started: a restart reuses it. Never read from the cluster file: a
-    # loaded node's is built from its checked fields (chaos.records).
+    # loaded node's is built from its checked fields (floe.records).
     cmd: list[str] = field(default_factory=list)
     # Set when this process started the node: poll() is exact, and it also covers the
     # instant after fork() before exec(), when the child still has the parent's cmdline.
@@ -367,27 +367,6 @@ class LocalCluster:
             while node.alive():
                 _reap(node.pid)
                 time.sleep(0.005)
-
-    def applying_again_times(self, dead: str) -> list[float]:
-        """Wall-clock times at which a range `dead` owned applied its first tuple at its
-        heir (the nodes' `applying_again` events). Not the ring's takeovers: a handoff
-        logs one too, and the ring may hand the heir's new ranges on soon after."""
-        from floering.chaos.timeline import read_events
-        return [e.t for node in self.nodes for e in read_events(node.node_id, node.events)
-                if e.kind == "applying" and dead in e.about]
-
-    def takeover_times(self, dead: str) -> list[float]:
-        """Wall-clock times at which each range `dead` owned was first taken over by
-        its heir (the first `taken_over` event naming `dead` for that range: later
-        handoffs of the heir's new ranges name the heir, not `dead`)."""
-        from floering.chaos.timeline import read_events
-        first: dict[int, float] = {}
-        for node in self.nodes:
-            for e in read_events(node.node_id, node.events):
-                if e.kind == "taken_over" and dead in e.about:
-                    for token in e.tokens:
-                        first[token] = min(first.get(token, e.t), e.t)
-        return list(first.values())
 
     # ------------------------------------------------------------ records
 

@@ -26,7 +26,7 @@ from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from floering.chaos.ringview import member_rows, range_rows, unlisted_processes, verdict
+from floering.floe.ringview import member_rows, range_rows, unlisted_processes, verdict
 from floering.node.core.hashing import HASH_SPACE
 
 if TYPE_CHECKING:
@@ -178,7 +178,7 @@ class Recorded:
             self._seen, self._nodes = None, []
             return []
         if (st.st_mtime_ns, st.st_size) != self._seen:
-            from floering.chaos.cluster import LocalCluster
+            from floering.floe.cluster import LocalCluster
             try:
                 self._nodes = LocalCluster.load(self.path).nodes
             except (OSError, ValueError, KeyError, TypeError):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from floering.chaos.cluster import port_free
+from floering.floe.cluster import port_free
 
 TARGETS_FILE = Path("floe-cluster") / "prometheus-targets.json"
 METRICS_FLAG = "--metrics-port"

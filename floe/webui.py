@@ -1,7 +1,7 @@
 """`floe ui`: one page showing the ring live, served on the loopback by default.
 
-    GET /              the page (chaos/data/ui.html: plain HTML, inline JS and SVG)
-    GET /api/state     the newest snapshot, JSON (chaos/webui_state.py says what is in it)
+    GET /              the page (floe/data/ui.html: plain HTML, inline JS and SVG)
+    GET /api/state     the newest snapshot, JSON (floe/webui_state.py says what is in it)
     GET /api/stream    server-sent events: every snapshot as it is made
 
 Everything runs on one event loop, no thread at all: a `Watcher` polls the ring (one
@@ -22,7 +22,7 @@ import signal
 import sys
 from pathlib import Path
 
-from floering.chaos.webui_state import Watcher
+from floering.floe.webui_state import Watcher
 
 PAGE = Path(__file__).resolve().parent / "data" / "ui.html"
 DEFAULT_PORT = 8470
