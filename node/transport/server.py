@@ -10,6 +10,7 @@ import time
 from collections.abc import Mapping
 
 import grpc
+from google.protobuf.message import DecodeError
 import msgpack
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
@@ -127,9 +128,29 @@ def refused(exc: Exception) -> asyncio.Future:
 class DataPlane(floe_pb2_grpc.DataPlaneServicer):
     def __init__(self, service: NodeService, pushes: RequestBytes | None = None) -> None:
         self.service = service
+        self.intake = asyncio.Lock()     # one Push message parsed at a time
         # Push messages read but not yet applied, per caller identity and in all
         self.pushes = pushes if pushes is not None else RequestBytes(
             message_bytes(service.runtime.config), wait=None)
+
+    async def _take(self, raw: bytes, who, owner: str | None, may_fold: bool
+                    ) -> list[Batch]:
+        """One Push message's batches, parsed from its wire bytes once it has room.
+        One message is parsed at a time, node-wide, each in a step of the event loop
+        of its own, behind whatever else is ready then: several streams' messages
+        arriving together are not taken in back to back in one turn of the loop,
+        which kept a node's probes unanswered (docs/security.md)."""
+        async with self.intake:
+            await asyncio.sleep(0)
+            try:
+                request = floe_pb2.PushRequest.FromString(raw)
+            except DecodeError:
+                raise InvalidArgument("the message is not a PushRequest") from None
+            if not may_fold and any(is_fold_source(b.source) for b in request.batches):
+                raise InvalidArgument(
+                    f"a {who[0]} may not push under a fold's source "
+                    f"({FOLD_SOURCE}...): only nodes merge pieces back")
+            return batches_of(request, owner)
 
     async def Push(self, request_iterator, context):
         service = self.service
@@ -147,24 +168,23 @@ class DataPlane(floe_pb2_grpc.DataPlaneServicer):
 
         async def read():
             try:
-                async for request in request_iterator:
-                    # room for its bytes before it is queued, and before gRPC reads
-                    # the stream's next message: until then the sender is held back
-                    # by flow control (an idle stream holds no room)
-                    held = await pushes.reserve(caller, request.ByteSize())
-                    if not may_fold and any(is_fold_source(b.source)
-                                            for b in request.batches):
-                        pushes.release(held)
-                        await pending.put(refused(InvalidArgument(
-                            f"a {who[0]} may not push under a fold's source "
-                            f"({FOLD_SOURCE}...): only nodes merge pieces back")))
-                        return
+                async for raw in request_iterator:
+                    # room for its wire bytes before it is parsed or queued, and
+                    # before gRPC reads the stream's next message: until then the
+                    # sender is held back by flow control (an idle stream holds none)
+                    held = await pushes.reserve(caller, len(raw))
                     try:
-                        done = await service.submit(batches_of(request, owner), stream)
+                        batches = await self._take(raw, who, owner, may_fold)
+                        raw = None
+                        done = await service.submit(batches, stream)
+                    except FloeError as exc:
+                        pushes.release(held)
+                        await pending.put(refused(exc))
+                        return
                     except BaseException:
                         pushes.release(held)
                         raise
-                    request = None
+                    batches = None
                     # its bytes are held until the applier is done with it
                     done.add_done_callback(lambda _, held=held: pushes.release(held))
                     await pending.put(done)
@@ -436,6 +456,18 @@ def with_request_budget_stats(runtime: NodeRuntime, requests: RequestBytes | Bud
     runtime.stats = lambda: dict(base(), **requests.stats())    # type: ignore[method-assign]
 
 
+def add_data_plane(plane: DataPlane, server: grpc.aio.Server) -> None:
+    """floe_pb2_grpc.add_DataPlaneServicer_to_server, but a Push stream's messages
+    reach its handler as their wire bytes: their size is known without re-encoding
+    them, and each is parsed only once it has room (DataPlane._take)."""
+    handlers = {"Push": grpc.stream_stream_rpc_method_handler(
+        plane.Push, request_deserializer=None,
+        response_serializer=floe_pb2.PushReply.SerializeToString)}
+    name = floe_pb2.DESCRIPTOR.services_by_name["DataPlane"].full_name
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))
+    server.add_registered_method_handlers(name, handlers)
+
+
 async def start_server(runtime: NodeRuntime, metrics: NodeMetrics | None = None
                        ) -> tuple[grpc.aio.Server, health_aio.HealthServicer, int]:
     """Serve on runtime.config.listen; returns (server, health, bound port). With
@@ -456,8 +488,7 @@ async def start_server(runtime: NodeRuntime, metrics: NodeMetrics | None = None
                                       *SERVER_OPTIONS,          # the port is ours alone
                                       *flow_options()],
                              interceptors=interceptors)
-    floe_pb2_grpc.add_DataPlaneServicer_to_server(DataPlane(service, budgets.pushes),
-                                                server)
+    add_data_plane(DataPlane(service, budgets.pushes), server)
     floe_pb2_grpc.add_ControlPlaneServicer_to_server(ControlPlane(service), server)
     floe_pb2_grpc.add_QueryPlaneServicer_to_server(QueryPlane(service), server)
     floe_pb2_grpc.add_SnapshotsServicer_to_server(Snapshots(service), server)
