@@ -8,7 +8,9 @@ master, so they always see the newest state.
 
 from __future__ import annotations
 
-from typing import Iterator, Mapping
+from collections import deque
+from itertools import islice
+from typing import Generator, Iterator, Mapping
 
 from floering.node.core.reducers import Reducer
 
@@ -21,6 +23,9 @@ class LayeredState:
         self.master: dict = {}
         self.inactive: dict | None = None
         self.active: dict = {}
+        # Copies under way (copy_in_steps): each a dict of what a merge overwrote
+        # in master since the copy began (MISSING: a key master did not have).
+        self.pins: list[dict] = []
 
     def get(self, key, default=None):
         if key in self.active:
@@ -79,7 +84,12 @@ class LayeredState:
     def merge_inactive(self) -> None:
         """Finish a checkpoint once its fragment is shipped; no-op without one."""
         if self.inactive is not None:
-            self.master.update(self.inactive)
+            master = self.master
+            for saved in self.pins:
+                for key in self.inactive:
+                    if key not in saved:
+                        saved[key] = master.get(key, MISSING)
+            master.update(self.inactive)
             self.inactive = None
 
     def items(self) -> Iterator[tuple[object, object]]:
@@ -101,9 +111,46 @@ class LayeredState:
         full.update(self.active)
         return full
 
+    def copy_in_steps(self, keys: list, states: list, fixed: dict, step: int
+                      ) -> Iterator[None]:
+        """The state as of the call, `step` keys of master at a time, yielding after
+        each: batches, checkpoints and their merges may run in between. Master's keys
+        and states as they began go to `keys` and `states`; `fixed` gets the keys whose
+        state is another (MISSING: none), read in place of theirs (copy_pairs). A
+        merge saves what it overwrites in master for the copy; master's keys keep
+        their order and none is removed, so a copy that a merge's new keys cut off
+        goes on from the same position. The small layers are copied as it begins."""
+        master = self.master
+        over = {**self.inactive, **self.active} if self.inactive else dict(self.active)
+        saved: dict = {}
+        pins = self.pins
+        pins.append(saved)
+        try:
+            total, at = len(master), 0
+            pairs = iter(master.items())
+            while at < total:
+                try:
+                    part = list(islice(pairs, min(step, total - at)))
+                except RuntimeError:        # master grew: on from the same position
+                    pairs = yield from _skipped(master, at, 16 * step)
+                    continue
+                keys.extend(k for k, _ in part)
+                states.extend(s for _, s in part)
+                at += len(part)
+                yield
+        finally:
+            for i, pin in enumerate(pins):
+                if pin is saved:
+                    del pins[i]
+                    break
+        fixed.update(saved)
+        fixed.update(over)
+
     def replace(self, full: dict) -> None:
-        """Take over a range: `full` (now owned by this store) becomes master."""
+        """Take over a range: `full` (now owned by this store) becomes master. A copy
+        under way reads the master it began with, which no merge changes now."""
         self.master, self.inactive, self.active = full, None, {}
+        self.pins = []
 
     def __len__(self) -> int:
         master = self.master
@@ -121,6 +168,34 @@ class LayeredState:
         if self.active is self.master or self.active is self.inactive \
                 or self.inactive is self.master:
             raise AssertionError("two state layers are the same dict")
+
+
+def copy_pairs(keys: list, states: list, fixed: dict) -> Iterator[tuple[object, object]]:
+    """Each key of a copy_in_steps once, with its state as the copy began."""
+    for key, state in zip(keys, states):
+        if key not in fixed:
+            yield key, state
+    for key, state in fixed.items():
+        if state is not MISSING:
+            yield key, state
+
+
+def _skipped(master: dict, at: int, step: int) -> Generator[None, None, Iterator]:
+    """An iterator of master's items from position `at`, the ones before skipped
+    `step` at a time with a yield after each; a skip that master's growth cut off
+    begins again, and after three in a row it skips the rest in one go."""
+    for tries in range(4):
+        pairs, left = iter(master.items()), at
+        try:
+            while left > step and tries < 3:
+                deque(islice(pairs, step), maxlen=0)
+                left -= step
+                yield
+            deque(islice(pairs, left), maxlen=0)
+            return pairs
+        except RuntimeError:
+            continue
+    return islice(master.items(), at, None)
 
 
 class ReplicaState:

@@ -6,7 +6,7 @@ call. Each method raises a FloeError the transports turn into a status code.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 from floering.node.core.batch import Batch
 from floering.node.core.membership import base_name
@@ -17,6 +17,7 @@ from floering.node.core.balancers import balancer
 from floering.node.core.chunks import (CHUNK_BYTES, ScanSlots, column_slices, packed_chunks,
                                        pair_slices, scan_pairs)
 from floering.node.core.ring import Ring
+from floering.node.core.state_store import LayeredState, copy_pairs
 from floering.node.core.state_wire import StateRun, into_dict
 from floering.node.core.table_state import copies_in_tables
 from floering.node.runtime.balancing import ShedOutcome
@@ -190,11 +191,26 @@ class NodeService:
     def stats(self) -> dict:
         return self.runtime.stats()
 
-    def inspect_range(self, token: int, caller: str) -> tuple[str, ScanRun]:
+    async def inspect_range(self, token: int, caller: str) -> tuple[str, ScanRun]:
         """A range as this node holds it (its role, "" if none), in chunks of at most
-        CHUNK_BYTES: counted as a scan, which the caller closes."""
-        role, states = self.runtime.core.inspect_range(token)
-        self.scans.take(caller)
+        CHUNK_BYTES: counted as a scan, which the caller closes. A primary's range of
+        dicts is copied COPY_STEP keys per turn of the event loop (as of the call)."""
+        self.scans.take(caller)         # before the copy: the slots bound the copies
+        try:
+            states: dict | Iterator
+            rng = self.runtime.core.primaries.get(token)
+            if rng is not None and isinstance(rng.state, LayeredState):
+                keys: list = []
+                values: list = []
+                fixed: dict = {}
+                for _ in rng.state.copy_in_steps(keys, values, fixed, COPY_STEP):
+                    await asyncio.sleep(0)
+                role, states = "primary", copy_pairs(keys, values, fixed)
+            else:
+                role, states = self.runtime.core.inspect_range(token)
+        except BaseException:
+            self.scans.give(caller)
+            raise
         return role, ScanRun(self, None, caller, MAX_SCAN_CHUNK, states)
 
 
@@ -204,11 +220,12 @@ class ScanRun:
     each encoded as it is asked for. Pieces of shared keys come first."""
 
     def __init__(self, service: NodeService, core, caller: str, chunk: int,
-                 states: dict | None = None) -> None:
+                 states: dict | Iterator | None = None) -> None:
         self.service, self.caller = service, caller
         if states is not None:          # one range, copied already
             self.epoch, self.marks = 0, {}
-            self.chunks = packed_chunks(column_slices(states), CHUNK_BYTES, chunk)
+            take = column_slices(states) if isinstance(states, dict) else pair_slices(states)
+            self.chunks = packed_chunks(take, CHUNK_BYTES, chunk)
         else:
             # Taken before the first range is copied: a fold step after it changes
             # the epoch a reader compares at the end (mapper.scanning).
@@ -224,6 +241,7 @@ class ScanRun:
             self.service.scans.give(self.caller)
 
 
+COPY_STEP = 8192    # keys of a range's master copied per turn for InspectRange (~1 ms)
 DICT_STEP = 4096    # entries of a received full copy put into its dict per turn (~1 ms)
 
 

@@ -390,7 +390,7 @@ class QueryPlane(floe_pb2_grpc.QueryPlaneServicer):
 
     async def InspectRange(self, request, context):
         try:
-            role, chunks = self.service.inspect_range(request.token, _caller(context))
+            role, chunks = await self.service.inspect_range(request.token, _caller(context))
         except FloeError as exc:
             await abort(context, exc)
         await _stream(context, chunks,
