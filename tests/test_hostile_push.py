@@ -13,6 +13,7 @@ import pytest
 
 from floering.floe.cluster import LocalCluster
 from floering.chaos.hostile import LargePushes
+from floering.mapper import RingClient
 from floering.node.transport.budget import PUSH_READS_PER_CALLER
 from floering.v1 import floe_pb2, floe_pb2_grpc
 from tests.helpers import Feeder, diff, wait_for
@@ -118,3 +119,28 @@ def test_idle_push_streams_past_a_callers_share_hold_no_room(tmp_path):
                          timeout=10, what="no bytes held with the idle streams open")
         assert idle.refused == {}
     assert got == feeder.acked, diff(got, feeder.acked)
+
+
+def test_a_push_message_that_is_not_a_push_request_is_refused_and_lets_its_room_go(tmp_path):
+    """A Push message is taken in as its wire bytes and parsed only once it has room:
+    one that does not parse refuses its stream INVALID_ARGUMENT (gRPC's own parse
+    failed the call UNKNOWN), and the room it took is let go; the node goes on
+    taking a well-formed stream's tuples."""
+    with LocalCluster.up(2, 1, workdir=tmp_path, tls=False) as cluster:
+        node = cluster.node("n0")
+        good = LargePushes(node.address, 1, 1)
+        with grpc.insecure_channel(node.address) as ch:
+            push = ch.stream_stream("/floering.v1.DataPlane/Push")    # bytes as they are
+            with pytest.raises(grpc.RpcError) as refused:
+                list(push(iter([b"\x0a\xff\xff\xff\xff\x0f" + b"\x00" * (1 << 20)]),
+                          timeout=30))
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, refused.value
+            stats = floe_pb2_grpc.QueryPlaneStub(ch).Stats
+            wait_for(lambda: stats(floe_pb2.StatsRequest(),
+                                   timeout=10).request_budget_bytes == 0,
+                     timeout=30, what="the refused message's room let go")
+        good.run()
+        assert good.refused == {} and good.acked == 2 * good.tuples
+        with RingClient(cluster.seeds) as client:
+            got = client.scan_all()
+    assert got == {good.key: good.acked}
