@@ -16,6 +16,11 @@ from tests.helpers import Feeder, diff, events_of
 
 pytestmark = pytest.mark.multiprocess
 
+# a member back empty pulls its share after --share-pull-grace, again after
+# --share-pull-interval (3 s and 2 s by default): shorter where a test waits for its
+# share, the same pulls
+PULLS = ["--share-pull-grace", "0.5", "--share-pull-interval", "0.5"]
+
 WORDS16 = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel",
            "india", "juliet", "kilo", "lima", "mike", "november", "oscar", "papa"]
 
@@ -102,7 +107,7 @@ def test_a_kill_and_restart_inside_the_detection_window_under_load_is_exact(tmp_
 
 
 def test_rolling_restart_under_load_is_exact_and_ends_fully_replicated(tmp_path):
-    with LocalCluster.up(3, 1, workdir=tmp_path) as cluster:
+    with LocalCluster.up(3, 1, workdir=tmp_path, extra_args=PULLS) as cluster:
         feeder = Feeder(cluster.seeds, tls=cluster.tls())
         feeder.start()
         feeder.wait_rounds(3)
@@ -141,7 +146,8 @@ def test_a_leave_from_a_pair_hands_its_ranges_over_once_under_load(tmp_path):
 
 
 def test_restart_by_sigterm_with_leave_on_sigterm_hands_everything_over(tmp_path):
-    with LocalCluster.up(3, 1, workdir=tmp_path, extra_args=["--leave-on-sigterm"]) as cluster:
+    with LocalCluster.up(3, 1, workdir=tmp_path,
+                         extra_args=["--leave-on-sigterm", *PULLS]) as cluster:
         with RingClient(cluster.seeds, timeout=30, tls=cluster.tls()) as client:
             client.emit_many(WORDS16 * 2)
             client.flush()
@@ -160,7 +166,7 @@ def test_restart_by_sigterm_with_leave_on_sigterm_hands_everything_over(tmp_path
 
 
 def test_restart_node_by_kill_gives_the_new_member_its_share(tmp_path):
-    with LocalCluster.up(4, 1, workdir=tmp_path) as cluster:
+    with LocalCluster.up(4, 1, workdir=tmp_path, extra_args=PULLS) as cluster:
         with RingClient(cluster.seeds, timeout=30, tls=cluster.tls()) as client:
             client.emit_many(WORDS16 * 5)
             client.flush()

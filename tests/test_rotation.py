@@ -17,6 +17,10 @@ from floering.node.transport.tls import (TlsFiles, reissue, rotate_ca, served_ce
 from tests.helpers import Feeder, corpus_words, diff
 
 CORPUS = corpus_words()[:20_000]
+# each restarted node comes back empty and pulls its share after --share-pull-grace,
+# again after --share-pull-interval (3 s and 2 s by default): shorter here, the same
+# pulls
+PULLS = ["--share-pull-grace", "0.5", "--share-pull-interval", "0.5"]
 
 
 def feed(cluster, words) -> Counter:
@@ -120,7 +124,7 @@ def test_reissue_keeps_role_name_and_hosts_and_the_ca_steps_go_in_order(tmp_path
 @pytest.mark.multiprocess
 def test_reissued_certificates_are_served_after_a_rolling_restart_and_counts_stay_exact(
         tmp_path):
-    with LocalCluster.up(3, 1, workdir=tmp_path) as cluster:
+    with LocalCluster.up(3, 1, workdir=tmp_path, extra_args=PULLS) as cluster:
         expected = feed(cluster, CORPUS)
         before = served(cluster)
         assert all(before[n].serial_number == on_disk(cluster, n).serial_number
@@ -185,7 +189,7 @@ def rotate_ca_under_load(cluster, tmp_path) -> Counter:
 
 @pytest.mark.multiprocess
 def test_a_ca_rotation_in_three_rolling_restarts_keeps_counts_exact(tmp_path):
-    with LocalCluster.up(2, 1, workdir=tmp_path) as cluster:
+    with LocalCluster.up(2, 1, workdir=tmp_path, extra_args=PULLS) as cluster:
         expected = rotate_ca_under_load(cluster, tmp_path)
         check_ring_intact(cluster, expected)
 
@@ -193,6 +197,6 @@ def test_a_ca_rotation_in_three_rolling_restarts_keeps_counts_exact(tmp_path):
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_a_ca_rotation_of_a_larger_ring_keeps_counts_exact(tmp_path):
-    with LocalCluster.up(4, 2, workdir=tmp_path) as cluster:
+    with LocalCluster.up(4, 2, workdir=tmp_path, extra_args=PULLS) as cluster:
         expected = rotate_ca_under_load(cluster, tmp_path)
         check_ring_intact(cluster, expected)
