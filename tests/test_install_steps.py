@@ -72,6 +72,7 @@ def test_a_full_copy_of_frames_becomes_its_dict_in_steps_exactly():
     steps = Steps()
     got = asyncio.run(steps.run(dict_in_steps(run)))
     assert got == run.to_dict() == {**states, **layer}
+    assert asyncio.run(dict_in_steps(frames[1])) == frames[1].to_dict()      # a delta
     assert {k: (s if isinstance(s, int) else s[0]) for k, s in got.items()
             if k not in layer} == {k: n for k, n in counts.items() if k not in layer}
     # every DICT_STEP entries the loop ran the ticker; no step took the whole copy

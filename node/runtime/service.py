@@ -18,7 +18,7 @@ from floering.node.core.chunks import (CHUNK_BYTES, ScanSlots, column_slices, pa
                                        pair_slices, scan_pairs)
 from floering.node.core.ring import Ring
 from floering.node.core.state_store import LayeredState, copy_pairs
-from floering.node.core.state_wire import StateRun, into_dict
+from floering.node.core.state_wire import StateColumns, StateRun, into_dict
 from floering.node.core.table_state import copies_in_tables
 from floering.node.runtime.balancing import ShedOutcome
 from floering.node.runtime.inbound import StreamState
@@ -104,7 +104,7 @@ class NodeService:
         self.runtime.heard_from(sender, ring_stamp, incarnation=incarnation)
         if not isinstance(watermarks, dict):
             raise InvalidArgument("watermarks must be a msgpack map")
-        if full and isinstance(states, StateRun) and \
+        if isinstance(states, (StateRun, StateColumns)) and \
                 not copies_in_tables(self.runtime.core.reducer):
             states = await dict_in_steps(states)
         core = self.runtime.core
@@ -242,13 +242,13 @@ class ScanRun:
 
 
 COPY_STEP = 8192    # keys of a range's master copied per turn for InspectRange (~1 ms)
-DICT_STEP = 4096    # entries of a received full copy put into its dict per turn (~1 ms)
+DICT_STEP = 2048    # entries of a received full copy put into its dict per turn (~2 ms)
 
 
-async def dict_in_steps(states: StateRun) -> dict:
-    """A full copy that arrived as frames, made the dict a replica's copy of a range
-    holds, DICT_STEP entries per turn of the event loop: in one turn, a range of a
-    million user-defined states held the loop for a second."""
+async def dict_in_steps(states: StateRun | StateColumns) -> dict:
+    """A full copy or a delta that arrived as frames, made the dict a replica's copy
+    of a range takes, DICT_STEP entries per turn of the event loop: in one turn, a
+    range of a million user-defined states held the loop for a second."""
     out: dict = {}
     for _ in into_dict(out, states, DICT_STEP):
         await asyncio.sleep(0)
