@@ -48,7 +48,7 @@ from floering.node.core.node_core import NodeCore, PushResult, RingChange
 from floering.node.core.restore import restored_core
 from floering.node.core.ring import Ring
 from floering.node.core.snapshot_format import IMPORT_SOURCE, MAX_CHUNKS
-from floering.node.core.snapshots import HoldsState
+from floering.node.core.snapshots import HoldsState, checked_parts, merge_parts, parts_as_lists
 
 FORMAT = 1
 RESTORED = f"{IMPORT_SOURCE}restored"     # a lost range whole again from a retired copy
@@ -289,7 +289,9 @@ def restore_chunk(core: RetainingCore, ring_stamp: int, token: int, member: str,
                   retired: int, chunk: int, chunks: int, keys, states, watermarks: dict,
                   now: float) -> int:
     """Merge chunk `chunk` of `chunks` of `member`'s retired range of token `retired`
-    into our lost range of `token`; returns the chunks merged so far. A chunk merged
+    into our lost range of `token` (`keys` may be a frame of column states, `states`
+    None: checked whole and merged as an import's, snapshots.checked_parts); returns
+    the chunks merged so far. A chunk merged
     already changes nothing; the first brings the watermarks (a range that applied
     tuples of a source they name is rebuilt from the batches it kept, else refused:
     HoldsState), or replaces a copy merged before with a fuller one
@@ -322,14 +324,11 @@ def restore_chunk(core: RetainingCore, ring_stamp: int, token: int, member: str,
     if busy(log, mark, now):
         raise HoldsState(f"another retired copy is being merged into the range of token "
                          f"{token}: one at a time")
-    for key in keys:
-        if core.ring.token_for_key(key) != token:
-            raise InvalidArgument(f"a key of the chunk belongs to token "
-                                  f"{core.ring.token_for_key(key)}, not {token}")
+    parts = checked_parts(core, rng, token, keys, states)    # the whole chunk, or nothing
     if chunk == 1:
-        _first_chunk(core, rng, token, log, keys, states, watermarks, now)
-    elif keys:
-        rng.state.merge_in(keys, states)          # checks every state first: all or nothing
+        _first_chunk(core, rng, token, log, parts, watermarks, now)
+    else:
+        merge_parts(rng, *parts)
     rng.watermarks[mark] = chunk
     rng.last_seen[mark] = now
     rng.force_checkpoint()
@@ -344,7 +343,7 @@ def restore_chunk(core: RetainingCore, ring_stamp: int, token: int, member: str,
     return chunk
 
 
-def _first_chunk(core, rng, token: int, log, keys, states, watermarks: dict,
+def _first_chunk(core, rng, token: int, log, parts: tuple, watermarks: dict,
                  now: float) -> None:
     """Merge a retired copy's first chunk, with its watermarks. A range that applied
     tuples of a source the copy holds is rebuilt: the copy, then the batches it
@@ -352,6 +351,7 @@ def _first_chunk(core, rng, token: int, log, keys, states, watermarks: dict,
     without them (too many, or none kept) it is refused and stays lost."""
     both = sorted(s for s in watermarks if effective_mark(rng.watermarks, s) > 0)
     if log is not None and log.replayable and (both or log.base is not None):
+        keys, states = parts_as_lists(*parts)
         install(rng, rebuilt(rng, core.reducer, log, watermarks, keys, states, now), now)
         core.lost_tokens.add(token)         # not served until its last chunk
     elif both:
@@ -359,8 +359,7 @@ def _first_chunk(core, rng, token: int, log, keys, states, watermarks: dict,
                          "sources the retired copy holds too, and no longer keeps the "
                          "batches to merge it exactly: it stays lost")
     else:
-        if keys:
-            rng.state.merge_in(keys, states)      # checks every state first: all or nothing
+        merge_parts(rng, *parts)
         for source, seq in watermarks.items():
             rng.watermarks[source] = max(seq, rng.watermarks.get(source, 0))
             rng.last_seen[source] = now

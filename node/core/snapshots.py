@@ -102,30 +102,8 @@ def import_chunk(core, reducer: str, ring_stamp: int, token: int, snapshot: str,
     marks = _first_chunk(core, rng, token, watermarks, into_state) if chunk == 1 else {}
     if chunk > 1 and watermarks:
         raise SnapshotError("only a range's first chunk carries its watermarks")
-    if isinstance(keys, StateColumns):          # a frame: sizes, kinds, offsets checked
-        frame = keys
-        if getattr(rng.state, "table_class", None) is None:     # a range of dicts
-            keys = frame.column_keys() + list(frame.rest_keys)
-            states = frame.value_column.tolist() + list(frame.rest_states)
-            columns = None
-        else:
-            keys, states = list(frame.rest_keys), list(frame.rest_states)
-            columns = _checked_columns(core, rng, token, frame) if len(frame.kinds) \
-                else None
-    else:
-        columns = None
-    check_keys(keys)
-    ring = core.ring
-    for key in keys:
-        if ring.token_for_key(key) != token:
-            raise InvalidArgument(f"a key of the chunk belongs to token "
-                                  f"{ring.token_for_key(key)}, not {token}")
-    if keys and columns is not None:
-        core.reducer.check_states(states)   # the rest's states, before the columns merge
-    if columns is not None:
-        _merge_columns(rng, columns, frame)
-    if keys:
-        rng.state.merge_in(keys, states)     # checks every state first: all or nothing
+    keys, states, columns = checked_parts(core, rng, token, keys, states)
+    merge_parts(rng, keys, states, columns)
     for source, seq in marks.items():
         if seq > rng.watermarks.get(source, -1):
             rng.watermarks[source] = seq
@@ -134,6 +112,56 @@ def import_chunk(core, reducer: str, ring_stamp: int, token: int, snapshot: str,
     rng.last_seen[mark] = now
     rng.force_checkpoint()
     return chunk
+
+
+def checked_parts(core, rng, token: int, keys, states) -> tuple:
+    """A chunk's entries for the range of `token`, checked whole before anything is
+    merged: (keys, states, columns). `keys` may be a decoded frame of column states
+    (StateColumns, `states` None): for a range held in a table its columns are checked
+    in a scratch table (key bytes, no key twice, every key in the range, states the
+    reducer takes) and given as `columns` (the frame and the scratch table's export),
+    its rest as keys; for a range of dicts it is read as keys and states. Every key
+    is one a push may carry and in the range; a table range's rest states are
+    checked too (a dict range's merge_in checks its own). InvalidArgument otherwise."""
+    columns = None
+    if isinstance(keys, StateColumns):          # a frame: sizes, kinds, offsets checked
+        frame = keys
+        if getattr(rng.state, "table_class", None) is None:     # a range of dicts
+            keys = frame.column_keys() + list(frame.rest_keys)
+            states = frame.value_column.tolist() + list(frame.rest_states)
+            if len(set(keys)) != len(keys):
+                raise InvalidArgument(f"a frame of {len(keys)} entries holds "
+                                      f"{len(keys) - len(set(keys))} keys twice")
+        else:
+            keys, states = list(frame.rest_keys), list(frame.rest_states)
+            if len(frame.kinds):
+                columns = frame, _checked_columns(core, rng, token, frame)
+    check_keys(keys)
+    ring = core.ring
+    for key in keys:
+        if ring.token_for_key(key) != token:
+            raise InvalidArgument(f"a key of the chunk belongs to token "
+                                  f"{ring.token_for_key(key)}, not {token}")
+    if keys and columns is not None:
+        core.reducer.check_states(states)   # the rest's states, before the columns merge
+    return keys, states, columns
+
+
+def merge_parts(rng, keys, states, columns) -> None:
+    """Merge checked_parts' entries into the range: the columns in one call, then the
+    rest (merge_in checks every state first: all or nothing)."""
+    if columns is not None:
+        _merge_columns(rng, columns[1], columns[0])
+    if keys:
+        rng.state.merge_in(keys, states)
+
+
+def parts_as_lists(keys, states, columns) -> tuple[list, list]:
+    """checked_parts' entries as two lists (the columns' first)."""
+    if columns is None:
+        return list(keys), list(states)
+    frame = columns[0]
+    return (frame.column_keys() + list(keys), frame.value_column.tolist() + list(states))
 
 
 def _checked_columns(core, rng, token: int, frame):

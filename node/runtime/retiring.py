@@ -11,8 +11,9 @@ RETIRED_CHECK seconds each retired range is asked about: each current range it
 overlaps, of each member the ring places it on (its primary and its r replicas).
 Once all of them hold it whole at or past its watermarks it is deleted, memory and
 file. A current range whose primary answers that it holds it as lost is handed the
-retired copy's part of it (RestoreRange, in chunks of at most CHUNK_BYTES). The set
-is bounded by what the member held when it was removed.
+retired copy's part of it (RestoreRange, in chunks of at most CHUNK_BYTES: frames
+of column states for a built-in reducer's, msgpack entries for a user-defined one's).
+The set is bounded by what the member held when it was removed.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from floering.node.core.errors import FloeError
 from floering.node.core.retired import (Held, RetainingCore, RetiredSet, decode, encode, held,
                                         retire_directory)
 from floering.node.core.ring import Ring
+from floering.node.core.state_wire import plan
+from floering.node.core.table_state import table_op
 from floering.node.files import open_private, private_dir
 
 log = logging.getLogger("floe.node")
@@ -210,7 +213,7 @@ class Retiring:
         """Merge the part of retired range `r` that falls in the range of `token` into
         it at `node`, its primary, which holds it as lost."""
         part = {k: v for k, v in r.states.items() if ring.token_for_key(k) == token}
-        chunks = [entries for _, entries in packed_chunks(column_slices(part), CHUNK_BYTES)]
+        chunks = restore_chunks(part, table_op(self.runtime.reducer) is not None)
         try:
             for n, entries in enumerate(chunks, 1):
                 await self.calls.restore(
@@ -245,6 +248,17 @@ class Retiring:
     def stats(self) -> dict:
         return dict(retired_ranges=len(self.kept.ranges), retired_keys=self.kept.keys,
                     retired_deleted=self.kept.confirmed, retired_handed_over=self.handed_over)
+
+
+def restore_chunks(part: dict, frames: bool) -> list[bytes]:
+    """A retired copy's part of a range as RestoreRange chunks of at most CHUNK_BYTES
+    (an entry larger alone in its chunk): frames of column states for a built-in
+    reducer's states (state_wire: a table's int64 states in columns, any other entry
+    in a frame's rest; one empty frame for none), else msgpack [keys, states] entries
+    (a user-defined reducer's states)."""
+    if frames:
+        return [piece.encode() for piece in plan(part, 1 << 30, CHUNK_BYTES)]
+    return [entries for _, entries in packed_chunks(column_slices(part), CHUNK_BYTES)]
 
 
 def _sync_dir(path: Path) -> None:

@@ -103,7 +103,7 @@ class Snapshots(floe_pb2_grpc.SnapshotsServicer):
         try:
             self.service.check_started()
             check_marks_header(request.watermarks, runtime.core.limits)
-            keys, states, marks = await chunk_columns_async(request)
+            keys, states, marks = await chunk_columns_async(request, frames=True)
             held_now = restore_chunk(runtime.core, request.ring_stamp, request.token,
                                      request.member, request.retired, request.chunk,
                                      request.chunks, keys, states, marks, runtime.clock())
