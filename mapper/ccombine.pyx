@@ -343,6 +343,27 @@ cdef inline bint _utf8_ok(const unsigned char *s, Py_ssize_t n) noexcept:
     return 1
 
 
+def check_keys(list keys, Py_ssize_t max_key_bytes):
+    """(i, status) of the first key of `keys` a fold stops at for the key itself:
+    NOT_STR, BAD_KEY (not UTF-8), LONG_KEY (over max_key_bytes of UTF-8); (len(keys),
+    DONE) when every key is a str fold takes. One pass, nothing folded: a caller
+    refuses a list whole before any of it is folded."""
+    cdef Py_ssize_t i, ln, n = len(keys)
+    cdef PyObject *key
+    for i in range(n):
+        key = _list_item(keys, i)
+        if not _is_str(key):
+            return i, NOT_STR
+        if _is_ascii(key):
+            ln = _str_len(key)
+        elif _utf8(key, &ln) == NULL:
+            PyErr_Clear()
+            return i, BAD_KEY
+        if ln > max_key_bytes:
+            return i, LONG_KEY
+    return n, DONE
+
+
 cdef class Combiner:
     """Open partial states per token of `tokens` (the ring's, sorted) for reducer `op`.
 

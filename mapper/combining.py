@@ -107,14 +107,24 @@ class CombiningBatcher(Batcher):
         if type(value) not in PLAIN_VALUES:
             check_value(value)
         self.reducer.check_value(value)     # refused here, before it is folded in
-        keys = iter(keys)
         sealed = False
+        if type(keys) is list:          # folded in place, CHUNK keys at a time
+            whole = len(keys) <= CHUNK
+            for i in range(0, len(keys), CHUNK):
+                sealed |= self._fold(keys if whole else keys[i:i + CHUNK], value,
+                                     due or time.monotonic())
+            return sealed
+        keys = iter(keys)
         while chunk := list(itertools.islice(keys, CHUNK)):
             sealed |= self._fold(chunk, value, due or time.monotonic())
         return sealed
 
     def _fold(self, keys: list, value, born: float) -> bool:
-        only_str = not set(map(type, keys)) - {str}
+        # str keys the kernel takes, checked in one pass in C (none folded if one is
+        # refused); anything else is looked at key by key as before
+        checked = bool(self.kernels and self.kernel_op and kernel_value(value)
+                       and kernel.check_keys(keys, MAX_KEY_BYTES)[1] == kernel.DONE)
+        only_str = checked or not set(map(type, keys)) - {str}
         if not only_str:
             for key in keys:        # Counter would take True for 1, or fail on a list
                 check_key(key)
@@ -122,13 +132,15 @@ class CombiningBatcher(Batcher):
             tokens, route, sealed, place = self._routing_locked()
             op = self.kernel_op
             if place is None and only_str and op and self.kernels and kernel_value(value):
-                return self._fold_kernel_locked(keys, value, born, tokens, op) or sealed
+                return self._fold_kernel_locked(keys, value, born, tokens, op,
+                                                checked) or sealed
             self._seal_kind_locked(ColumnBuffer)
             return self._fold_dict_locked(keys, value, born, tokens, route, place) or sealed
 
     def _fold_kernel_locked(self, keys: list, value: int, born: float, tokens: tuple,
-                            op: str) -> bool:
-        check_str_keys(keys)
+                            op: str, checked: bool = False) -> bool:
+        if not checked:
+            check_str_keys(keys)
         self._seal_kind_locked(StateBuffer)
         combiner = self.combiner
         if combiner is None or combiner.tokens != tokens:   # (a new ring sealed them all)

@@ -19,6 +19,24 @@ _HEADER = bytes((0xC1, 0x02))
 ROUTE_AHEAD = 4096    # keys hashed in one call
 
 
+def check_keys(keys: list, max_key_bytes: int) -> tuple[int, int]:
+    """(i, status) of the first key a fold stops at for the key itself (NOT_STR,
+    BAD_KEY, LONG_KEY), or (len(keys), DONE) (see ccombine)."""
+    if keys and not set(map(type, keys)) - {str} and "".join(keys).isascii() \
+            and max(map(len, keys)) <= max_key_bytes:
+        return len(keys), DONE
+    for i, key in enumerate(keys):
+        if type(key) is not str:
+            return i, NOT_STR
+        try:
+            size = len(key.encode())
+        except UnicodeEncodeError:
+            return i, BAD_KEY
+        if size > max_key_bytes:
+            return i, LONG_KEY
+    return len(keys), DONE
+
+
 class _Part:
     __slots__ = ("states", "data", "inputs")
 

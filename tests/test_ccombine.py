@@ -10,6 +10,8 @@ from array import array
 from collections import Counter
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from floering.mapper import pycombine
 from floering.mapper.batching import MAX_KEY_BYTES, batcher_for
@@ -192,3 +194,57 @@ def test_every_tuple_sent_through_the_append_kernel_makes_the_batches_the_dict_p
                      for b in batcher.sealed])
     assert made[0] == made[1]
     assert all(is_versioned(b[4]) == columns for b in made[0])
+
+
+KEYS = st.one_of(st.text(max_size=12), st.sampled_from(["bad\ud800", "\udfff", "ß" * 5]),
+                 st.integers(), st.binary(max_size=4), st.none(), st.booleans())
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(KEYS, max_size=30), st.integers(min_value=0, max_value=12))
+def test_both_kernels_find_the_same_first_key_they_refuse(keys, most):
+    """check_keys: the first key that is not a str, not UTF-8 or over `most` bytes, as
+    fold stops at it, alike compiled and pure (and nothing past it looked at)."""
+    said = {kernel.__name__: kernel.check_keys(keys, most) for kernel in KERNELS}
+    expect = (len(keys), pycombine.DONE)
+    for i, key in enumerate(keys):
+        if type(key) is not str:
+            expect = (i, pycombine.NOT_STR)
+        elif not key.encode(errors="surrogatepass").decode(errors="ignore") == key:
+            expect = (i, pycombine.BAD_KEY)
+        elif len(key.encode()) > most:
+            expect = (i, pycombine.LONG_KEY)
+        else:
+            continue
+        break
+    assert set(said.values()) == {expect}, said
+
+
+@pytest.mark.parametrize("columns", [False, True])
+def test_a_list_is_folded_in_place_in_chunks_as_an_iterator_of_it_is(monkeypatch, columns):
+    """emit_many of a list (folded where it lies, CHUNK keys a call) and of an
+    iterator over the same keys (copied out CHUNK at a time): the same batches, byte
+    for byte, exact against a Counter; the caller's list is left as it was."""
+    from floering.mapper import combining
+
+    monkeypatch.setattr(combining, "CHUNK", 97)
+    rng = random.Random(5)
+    ring = Ring.initial({"a": "h:1", "b": "h:2"}, 1, 4, reducer=reducer_identity("count", {}))
+    keys = [rng.choice(WORDS) for _ in range(3000)]
+    made = []
+    for bulk in (list, iter):
+        batcher = batcher_for(_Delivery(ring, columns=columns), "m", False, 50, 1)
+        given_keys = bulk(list(keys))
+        for _ in range(2):
+            batcher.emit_many(given_keys if bulk is list else iter(keys), 2)
+        assert bulk is iter or given_keys == keys
+        batcher.seal_all()
+        made.append([(b.token, b.first_seq, b.count, b.inputs, b.payload)
+                     for b in batcher.sealed])
+    assert made[0] == made[1]
+    got: Counter = Counter()
+    for token, first, count, inputs, payload in made[0]:
+        decoded = decode_batch(payload, count)
+        batch_keys, states = decoded.to_tuples() if isinstance(decoded, Columns) else decoded
+        got.update(dict(zip(batch_keys, states)))
+    assert got == Counter({k: 4 * n for k, n in Counter(keys).items()})
