@@ -165,8 +165,12 @@ class Batcher:
         size = self.batch_size
         born = due or time.monotonic()
         if type(keys) is list and self.chooser is None and self.kernels and \
-                kernel_value(value) and not set(map(type, keys)) - {str}:
-            return self._append(keys, value, born)
+                kernel_value(value):
+            # str keys the kernel takes, checked in one pass in C; else as before
+            if kernel.check_keys(keys, MAX_KEY_BYTES)[1] == kernel.DONE:
+                return self._append(keys, value, born, checked=True)
+            if not set(map(type, keys)) - {str}:
+                return self._append(keys, value, born)
         with self.lock:
             tokens, route, full, place = self._routing_locked()
             self._seal_kind_locked(AppendBuffer)
@@ -201,11 +205,12 @@ class Batcher:
                 self.next_seq = seq
         return full
 
-    def _append(self, keys: list, value: int, born: float) -> bool:
+    def _append(self, keys: list, value: int, born: float, checked: bool = False) -> bool:
         """Route and buffer str keys with one int64 value in the append kernel; seqs as
         emit_many gives them (one each, in order). A bad key is refused before any
-        tuple is buffered."""
-        check_str_keys(keys)
+        tuple is buffered (`checked`: check_keys found none)."""
+        if not checked:
+            check_str_keys(keys)
         return self._append_with(
             lambda appender, i, seq0: appender.fold(keys, i, value, None, self.batch_size,
                                                     0, seq0),

@@ -248,3 +248,19 @@ def test_a_list_is_folded_in_place_in_chunks_as_an_iterator_of_it_is(monkeypatch
         batch_keys, states = decoded.to_tuples() if isinstance(decoded, Columns) else decoded
         got.update(dict(zip(batch_keys, states)))
     assert got == Counter({k: 4 * n for k, n in Counter(keys).items()})
+
+
+def test_every_tuple_sent_a_list_with_a_key_the_kernel_refuses_buffers_none_of_it():
+    from floering.mapper.batching import AppendBuffer, Batcher, Buffer
+    from floering.mapper.routing import Router
+
+    batcher = Batcher(Router(Ring.initial({"a": "h:1"}, 0, 4)), None, "m", 100)
+    with pytest.raises(InvalidKey, match="UTF-8"):
+        batcher.emit_many(["ok", "bad\ud800"], 1)
+    with pytest.raises(InvalidKey, match="over the limit"):
+        batcher.emit_many(["ok", "x" * (MAX_KEY_BYTES + 1)], 1)
+    assert not batcher.buffers and not batcher.sealed
+    batcher.emit_many(["ok", "fine"], 1)
+    assert {type(b) for b in batcher.buffers.values()} == {AppendBuffer}
+    batcher.emit_many(["ok", 7], 1)         # an int key: Python lists, the other sealed
+    assert {type(b) for b in batcher.buffers.values()} == {Buffer}
