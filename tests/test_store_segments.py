@@ -243,3 +243,41 @@ def test_a_cluster_killed_on_directories_of_the_earlier_format_comes_back_exact(
         assert store.db.get(node_store.VERSION) == bytes([node_store.FORMAT])
         assert any(node_store._is_segment(k) for k, _ in store.db.items())
         store.close()
+
+
+def test_a_tables_changes_fold_as_frames_exact(tmp_path, monkeypatch):
+    """A table range's checkpoints (an export's columns and spill's dict) fold with the
+    segments read back as frames, in a scratch table: no dict is made of either."""
+    from floering.node.core.reducers import Count
+    from floering.node.core.state_wire import Layers, StateColumns
+    from floering.node.core.table_state import TableState
+    monkeypatch.setattr(node_store, "FOLD_ENTRIES", 10)
+    store = NodeStore(tmp_path)
+    store.save_identity("p", 1)
+    state = TableState(Count())
+    first = [f"k{i}" for i in range(200)]
+    state.apply(first, [1] * 200)
+    expect = {k: 1 for k in first}
+    store.write([CopyWrite(7, "p", state.snapshot(), {}, True)])
+    state.swap()
+    state.merge_inactive()
+    gens = []
+    for round_ in range(8):
+        keys = [f"k{i}" for i in range(round_, 200, 7)] + [f"n{round_}-{i}" for i in range(20)]
+        state.apply(keys, [round_ + 1] * len(keys))
+        for k in keys:
+            expect[k] = expect.get(k, 0) + round_ + 1
+        if round_ >= 6:                       # spill (past int64): its keys as a dict
+            state.merge_in([b"big"], [2 ** 70 + round_])
+            expect[b"big"] = expect.get(b"big", 0) + 2 ** 70 + round_
+        change = state.swap()
+        with monkeypatch.context() as m:      # folds and plain rounds make no dict
+            if round_ < 6:
+                for cls in (StateColumns, Layers):
+                    m.setattr(cls, "to_dict", lambda self: pytest.fail("a dict was made"))
+            store.write([CopyWrite(7, "p", change, {})])
+        state.merge_inactive()
+        gens.append(max(node_store._generation(k) for k, _ in segments_of(store, 7)))
+    assert 0 in gens[:6]                      # folded, before spill held a key
+    assert store.load().copies[7].states == expect == dict(state.snapshot())
+    store.close()

@@ -47,7 +47,11 @@ from floering.node.core.codec import pack, unpack
 from floering.node.core.errors import InvalidArgument
 from floering.node.core.persistence_io import CopyWrite
 from floering.node.core.restore import DiskCopy, batch_from_record, batch_record
-from floering.node.core.state_wire import StateRun, decode as decode_frame, plan as frame_plan
+from floering.node.core.reducers import Count
+from floering.node.core.state_wire import (ExportView, Layers, StateColumns, StateRun,
+                                           decode as decode_frame, layers_of,
+                                           plan as frame_plan)
+from floering.node.core.table_state import TableState
 from floering.node.files import private_dir
 from floering.node.storage.segment_log import CorruptLog, SegmentLog
 
@@ -135,6 +139,27 @@ def _frames(states) -> list[tuple[bytes, int]]:
 
 def _as_dict(states) -> dict:
     return states if isinstance(states, dict) else dict(states.items())
+
+
+def _any_entry(states) -> bool:
+    """Whether a change holds an entry, read from its layers' sizes (no dict made)."""
+    return any(layer.count if isinstance(layer, StateColumns) else len(layer)
+               for layer in getattr(states, "layers", None) or [states])
+
+
+def _table_layers(states) -> list | None:
+    """A change's layers as a state table installs them (a table's export as a frame's
+    columns, dicts as they are), or None when none of them is a table's columns."""
+    out: list = []
+    for layer in getattr(states, "layers", None) or [states]:
+        if isinstance(layer, ExportView):
+            kinds, data, offsets, _, values = layer.buffers
+            out.append(StateColumns(kinds, data, offsets, values))
+        elif isinstance(layer, (StateColumns, dict)):
+            out.append(layer)
+        else:
+            return None
+    return out if any(isinstance(layer, StateColumns) for layer in out) else None
 
 
 _VERSION_PUT = (VERSION, FORMAT.to_bytes(1, "big"))
@@ -429,12 +454,11 @@ class NodeStore:
             states, whole = c.states, c.full or replace_all
             count = Segments(next_generation=0) if whole else \
                 (held.get(c.token) or self._segments_of(c.token))
-            if not whole and count.folds() and budget > 0 and len(states):
-                folded = self._read_range(c.token)
+            if not whole and count.folds() and budget > 0 and _any_entry(states):
+                folded, entries = self._fold(c.token, states)
                 if folded is not None:
-                    folded.update(_as_dict(states))
                     states, whole = folded, True
-                    budget -= len(folded)
+                    budget -= entries
             if whole:
                 if not replace_all:
                     ranges.append((_key_prefix(c.token), _prefix_end(c.token)))
@@ -475,10 +499,34 @@ class NodeStore:
             return Segments(last + 1, generations=last)
         return Segments(next_generation=1)
 
-    def _read_range(self, token: int) -> dict | None:
-        """A range's states as the store holds them, to fold; None when they do not
-        read back whole (then the write adds a generation, and the load names what
-        fails)."""
+    def _fold(self, token: int, states) -> tuple:
+        """(states, entries): a range's states as the store holds them with `states` over them, to write
+        as one generation; (None, 0) when they do not read back whole. A table's changed
+        keys (column layers) are folded as frames: the segments and the change
+        installed in a scratch state table in one call each, whose export is written
+        (no key decoded, no dict); other states as a dict."""
+        layers = _table_layers(states)
+        if layers is None:
+            folded = self._read_range(token)
+            if folded is None:
+                return None, 0
+            folded.update(_as_dict(states))
+            return folded, len(folded)
+        held = self._read_range(token, columns=True)
+        if held is None:
+            return None, 0
+        scratch = TableState(Count())       # install sets states: the op is not used
+        try:
+            scratch.install(StateRun(layers_of(held) + layers), mark_dirty=False)
+        except InvalidArgument:
+            return None, 0
+        view, spill = scratch.full_layers()
+        return (Layers(view, spill) if spill else view), len(view) + len(spill)
+
+    def _read_range(self, token: int, columns: bool = False):
+        """A range's states as the store holds them, to fold (with `columns`, a
+        StateRun of its segments' frames); None when they do not read back whole
+        (then the write adds a generation, and the load names what fails)."""
         prefix, entries = _key_prefix(token), []
         copies = {token: DiskCopy(token, "", {})}
         corrupt: dict[int, str] = {}
@@ -492,7 +540,7 @@ class NodeStore:
                     return None
             segments: dict[int, list] = {}
             _take_states(entries, copies, corrupt, segments)
-            _lay_segments(copies, corrupt, segments)
+            _lay_segments(copies, corrupt, segments, columns)
         except Exception:
             return None
         return None if corrupt else copies[token].states
