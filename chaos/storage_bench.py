@@ -188,8 +188,10 @@ def node_states(keys: int) -> dict[int, dict]:
 
 
 def measure_node(root: Path, states: dict[int, dict], delta_size: int, per_key: bool,
-                 rounds: int = 5, dicts: bool = False) -> dict:
-    """The node store's full write, checkpoint delta and load of `states`."""
+                 rounds: int = 5, dicts: bool = False, tables: bool = False) -> dict:
+    """The node store's full write, checkpoint delta and load of `states`; with
+    `tables` each round's changes are a table range's checkpoint (a state table's
+    swap: its export's columns), as a compiled node writes them."""
     from floering.node.storage import node_store
     from floering.node.storage.node_store import CopyWrite, NodeStore
     path = root / ("per-key" if per_key else "segments")
@@ -199,7 +201,7 @@ def measure_node(root: Path, states: dict[int, dict], delta_size: int, per_key: 
     started = time.perf_counter()
     write([CopyWrite(t, "n0", s, {"s": 1}, True) for t, s in states.items()])
     full = time.perf_counter() - started
-    deltas = []
+    deltas, folds = [], []
     tokens = list(states)
     for round_ in range(rounds):
         changed: dict[int, dict] = {t: {} for t in tokens}
@@ -207,9 +209,13 @@ def measure_node(root: Path, states: dict[int, dict], delta_size: int, per_key: 
             changed[tokens[i % len(tokens)]][msgpack.unpackb(k)] = msgpack.unpackb(v)
         for t, c in changed.items():
             states[t].update(c)
+        if tables:
+            changed = _table_changes(changed)
         started = time.perf_counter()
         write([CopyWrite(t, "n0", c, {"s": round_ + 2}) for t, c in changed.items()])
         deltas.append(time.perf_counter() - started)
+        if not per_key and any(s.next_generation == 1 for s in store.segments.values()):
+            folds.append(deltas[-1])        # a range folded back into generation 0
     store.close()
     if dicts:
         read_as_dicts(path, rounds=2)
@@ -226,7 +232,8 @@ def measure_node(root: Path, states: dict[int, dict], delta_size: int, per_key: 
         raise AssertionError("the store read back other states than it was given")
     size = disk_bytes(path / "state")
     shutil.rmtree(path)
-    return dict(full=full, delta=statistics.median(deltas), worst=max(deltas), load=load,
+    return dict(full=full, delta=statistics.median(deltas), worst=max(deltas), folds=folds,
+                load=load,
                 install=install, cold=cold, size=size)
 
 
@@ -245,6 +252,18 @@ def read_as_dicts(path: Path, rounds: int) -> None:
         print(f"{'  segments read as dicts':28s} load {read - started:6.2f} s + table install "
               f"{time.perf_counter() - read:5.2f} s ({len(tables)} ranges)", flush=True)
         del loaded, tables
+
+
+def _table_changes(changed: dict[int, dict]) -> dict:
+    """Each range's changed states as a table range's checkpoint gives them."""
+    from floering.node.core.reducers import Count
+    from floering.node.core.table_state import TableState
+    out = {}
+    for t, c in changed.items():
+        state = TableState(Count())
+        state.install(c, mark_dirty=True)
+        out[t] = state.swap()
+    return out
 
 
 def _table_copy(states):
@@ -266,9 +285,11 @@ def node_main(args) -> int:
             if per_key and not args.format1:
                 continue
             row = measure_node(Path(root), {t: dict(s) for t, s in states.items()},
-                               args.delta, per_key, args.rounds, args.dicts and not per_key)
+                               args.delta, per_key, args.rounds, args.dicts and not per_key,
+                               args.tables and not per_key)
             print(f"{name:28s} full write {row['full']:6.2f} s  checkpoint "
-                  f"{1000 * row['delta']:7.1f} ms (worst {1000 * row['worst']:.1f})  "
+                  f"{1000 * row['delta']:7.1f} ms (worst {1000 * row['worst']:.1f}; rounds "
+                  f"that folded: {', '.join(f'{1000 * f:.1f}' for f in row['folds'])})  "
                   f"load {row['load']:6.2f} s"
                   f"{' (cold)' if row['cold'] else ' (warm)'} + table install "
                   f"{row['install']:5.2f} s  "
@@ -287,6 +308,8 @@ def main(argv=None) -> int:
                         help="--node: the segments only")
     parser.add_argument("--dicts", action="store_true",
                         help="--node: also load the segments as dicts (as before frames)")
+    parser.add_argument("--tables", action="store_true",
+                        help="--node: checkpoint changes as a table range's (its columns)")
     parser.add_argument("--node", action="store_true",
                         help="the node's own store: its format against one entry a key")
     args = parser.parse_args(argv)
