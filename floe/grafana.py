@@ -4,12 +4,14 @@ import time. Every query names its metrics with a `{job=~"$job"}` selector.
 
     python -m floering.floe.grafana > floe-dashboard.json    # then import it in Grafana
 
-Its panels: members serving and fenced, ranges under-replicated and lost, ring
-versions; rates over the counters (tuples applied, backed up, duplicates, refusals,
-checkpoint and moved bytes, takeovers, deaths declared, handoffs, rejoins, gRPC
-calls); batch apply time, applier busy fraction, event-loop lag, checkpoint time,
-takeover time (heatmap and p99), gRPC latency; keys, ring share, queues, backups,
-overload; process memory, CPU, file descriptors and GC.
+Its rows: health (members serving, ranges under-replicated and lost, ring
+version); rates over the counters (tuples applied and backed up, duplicates and
+refusals, checkpoint and moved bytes, takeovers, deaths declared, handoffs, rejoins,
+gRPC calls by method); latency (batch apply time, applier busy fraction, event-loop
+lag, checkpoint time, takeover time as a heatmap and its p99, gRPC p99 by method);
+state and queues (keys, ring share, queue and its bytes, backups held, overload);
+the process (memory, CPU, file descriptors and GC); and the request budgets (bytes
+held, waits and refusals, mean wait).
 """
 
 from __future__ import annotations

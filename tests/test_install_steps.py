@@ -99,10 +99,7 @@ def test_ranges_of_dict_states_handed_over_while_batches_come_stay_exact(
     with FLOE_PURE=1): its ranges and the copies of the others' go over as frames
     while a second source keeps emitting. Afterwards every key is exact against a
     Counter, and every replica's copy equals its primary's."""
-    try:
-        from floering.floe.cluster import LocalCluster
-    except ImportError:
-        from floering.chaos.cluster import LocalCluster
+    from floering.floe.cluster import LocalCluster
     from floering.mapper import RingClient
     if pure:
         monkeypatch.setenv("FLOE_PURE", "1")
