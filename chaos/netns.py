@@ -352,13 +352,7 @@ def start_nodes(hosts: Hosts, node_ids: list[str], replicas: int, workdir: str |
                "--events-file", str(log_path.with_suffix(".events.jsonl")), *extra]
         procs.append(spawn_node(node_id, hosts.address(node_id), cmd, log_path))
     cluster = LocalCluster(procs, replicas, str(workdir / DEFAULT_STATE_FILE), reducer, extra)
-    cluster.save()
-    try:
-        cluster.wait_ready(ready_timeout)
-    except BaseException:
-        cluster.down()
-        raise
-    return cluster
+    return cluster.saved_and_ready(ready_timeout)
 
 
 # ------------------------------------------------------------ faults of a chaos round

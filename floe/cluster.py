@@ -199,13 +199,18 @@ class LocalCluster:
             procs.append(spawn_node(node_id, f"{host}:{port}", cmd, log_path))
         cluster = cls(procs, replicas, str(state_file), reducer, extra,
                       None if data_dir is None else str(data_dir), base_port)
-        cluster.save()
+        return cluster.saved_and_ready(ready_timeout)
+
+    def saved_and_ready(self, timeout: float) -> LocalCluster:
+        """Record the cluster's state file, then wait until every node serves; a
+        cluster that does not come up is taken down, so no process outlives it."""
+        self.save()
         try:
-            cluster.wait_ready(ready_timeout)
+            self.wait_ready(timeout)
         except BaseException:
-            cluster.down()
+            self.down()
             raise
-        return cluster
+        return self
 
     def wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
