@@ -104,6 +104,10 @@ class MapperSide:
                 if self.acked[key] > self.sent[key]:
                     raise AssertionError(f"{key} acknowledged more often than sent")
 
+    def stream_refused(self, mapper: SimMapper, node: str, exc) -> None:
+        """`node` refused a batch with `exc` and ended the mapper's stream to it."""
+        self.refresh_mapper(mapper)
+
     def refresh_mapper(self, mapper: SimMapper) -> None:
         """The client's own rule (mapper/ring_watch.choose_ring) over the views of the
         reachable nodes: a newer ring, or the newest when none holds ours any more;

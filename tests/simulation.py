@@ -748,7 +748,7 @@ class Simulation(MapperSide, DurableNodes):
             if isinstance(exc, StaleRing):
                 self.handle(proc, MapperAhead(stamp))
             if stream == self.streams[link]:
-                self.send(proc, mapper, self.refresh_mapper, mapper)
+                self.send(proc, mapper, self.stream_refused, mapper, dest, exc)
 
         batch = Batch(**fields)
         try:
