@@ -1,11 +1,12 @@
 """The mapper's asyncio side: one Push stream per destination node, acks, resends.
 
-It carries out what the pure outbox (`mapper/outbox.py`) decides: which batch goes to
-which node, when a batch is delivered, how batches are fitted to a new ring. A stream
-that fails is reopened and its unacknowledged batches are resent in order; a
-stale-ring refusal or a dead node makes the client fetch the ring and re-route every
-undelivered batch. Resends carry the same (source, seq)s, so the nodes' dedup drops
-what they already applied.
+It carries out what the pure mapper machine (`mapper/machine.py`) decides: which
+batch goes to which node, when a batch is delivered, which ring to adopt, when to
+fetch the ring and what a failure means. A stream that fails is reopened and its
+unacknowledged batches are resent in order; a stale-ring refusal or a dead node makes
+the client fetch the ring and re-route every undelivered batch. Resends carry the same
+(source, seq)s, so the nodes' dedup drops what they already applied. Time comes from
+the clocks it is given (`clock`: monotonic seconds; `wall_ns`: wall-clock ns).
 """
 
 from __future__ import annotations
@@ -15,11 +16,14 @@ import logging
 import threading
 import time
 from collections import deque
+from typing import Callable
+
 import grpc
 
 from floering.v1 import floe_pb2, floe_pb2_grpc
+from floering.mapper.machine import WATCH_LIMIT, MapperMachine, OnFailure
 from floering.mapper.outbox import Outbox, PendingBatch
-from floering.mapper.ring_watch import RETIRE_EVERY, Look, ProgressWatch, choose_ring
+from floering.mapper.ring_watch import RETIRE_EVERY, Look
 from floering.node.core.batch import formats_said
 from floering.node.core.errors import FloeError, Unavailable
 from floering.node.core.ring import Ring
@@ -30,7 +34,6 @@ log = logging.getLogger("floe.mapper")
 
 STREAM_IDLE = 5.0           # seconds an idle Push stream stays open
 MESSAGE_BYTES = 2 << 20     # batches are packed into one message up to about this size
-RING_PATIENCE = 0.2         # seconds a ring refresh waits for slow nodes once one answered
 
 
 class NodeSender:
@@ -104,7 +107,7 @@ class NodeSender:
                     # Everything queued (up to the window and a size cap) in one message.
                     batches, size = [], 0
                     if not self.inflight:
-                        self.waiting_since = time.monotonic()
+                        self.waiting_since = d.clock()
                     while self.queue and len(self.inflight) < d.window and size < MESSAGE_BYTES:
                         batch = self.queue.popleft()
                         self.inflight.append(batch)
@@ -151,7 +154,7 @@ class NodeSender:
                     if batch.id != ack.id:
                         raise Unavailable(f"{self.node} acked batch {ack.id}, expected {batch.id}")
                     self.delivery.acked(batch, self.node)
-                self.waiting_since = time.monotonic() if self.inflight else None
+                self.waiting_since = self.delivery.clock() if self.inflight else None
                 self.wakeup.set()
         except grpc.RpcError as exc:
             raise error_from_rpc(exc) from None
@@ -161,56 +164,57 @@ class Delivery:
     """Everything the mapper does on its event loop thread."""
 
     def __init__(self, seeds: list[str], window: int, rpc_timeout: float,
-                 expect_reducer: str | None, credentials=None) -> None:
+                 expect_reducer: str | None, credentials=None,
+                 clock: Callable[[], float] = time.monotonic,
+                 wall_ns: Callable[[], int] = time.time_ns) -> None:
         self.seeds = seeds
+        self.clock = clock
+        self.wall_ns = wall_ns
         self.credentials = credentials           # grpc.ChannelCredentials, or None
         self.window = window
         self.rpc_timeout = rpc_timeout
         self.ack_timeout = rpc_timeout
         self.expect_reducer = expect_reducer
-        self.ring: Ring | None = None
+        # Every decision: routing, the ring, when to fetch it, what a failure means.
+        self.machine = MapperMachine(clock(), retire_every=RETIRE_EVERY)
         self.reducer = ""
         # The payload formats every node that answered for the ring decodes.
         self.formats: frozenset[int] = frozenset((1,))
         # with TLS, each node must present its own certificate (node.transport.channels)
         self.channels = ChannelPool(self._new_channel, names=ServerNames(
             lambda: self.ring) if credentials is not None else None)
-        self.watch = ProgressWatch(time.monotonic(), retire_every=RETIRE_EVERY)
         self._retiring: asyncio.Task | None = None
         self.closing = False                   # close() began: nothing new starts
         self.senders: dict[str, NodeSender] = {}
-        self.outbox = Outbox()
         self.fatal: FloeError | None = None
         self.changed = threading.Condition()   # the user thread waits on it in flush()
         self._refreshing: asyncio.Task | None = None
         self._watching: asyncio.Task | None = None
         self._fetching: asyncio.Future | None = None  # the reads' shared refresh
-        self._fetching_began = 0.0
         self.on_ring_change = None             # set by the client (router update)
         # (seconds from first emit to the last destination's ack, tuples) per batch
         self.latencies: deque[tuple[float, int]] = deque(maxlen=100_000)
-        self._streams = 0
-        self._wire = b""                             # our ring as a node sent it
         self.last_errors: dict[str, str] = {}        # node -> why its stream last failed
+
+    @property
+    def ring(self) -> Ring | None:
+        return self.machine.ring
 
     @property
     def known_ring(self) -> Ring:
         """The ring in use: there is one from the first fetch_ring() on."""
-        if self.ring is None:
-            raise RuntimeError("no ring yet: the client has not fetched one")
-        return self.ring
+        return self.machine.known_ring
+
+    @property
+    def outbox(self) -> Outbox:
+        return self.machine.outbox
 
     @property
     def undelivered(self) -> dict[int, PendingBatch]:
-        return self.outbox.undelivered
+        return self.machine.outbox.undelivered
 
     def next_stream(self) -> int:
-        # Wall-clock microseconds, never less than the previous number + 1: stream
-        # numbers must also grow across client incarnations that reuse a source (a
-        # retried Spark task resends its partition under the same source), or the
-        # nodes would refuse the newer incarnation as a replaced stream.
-        self._streams = max(self._streams + 1, time.time_ns() // 1000)
-        return self._streams
+        return self.machine.next_stream(self.wall_ns() // 1000)
 
     # ------------------------------------------------------------- channels
 
@@ -260,45 +264,34 @@ class Delivery:
             spoken[address] = formats_said(await call.initial_metadata())
             return view
 
-        # A paused node neither answers nor refuses: once one node has sent its view,
-        # wait for the others at most RING_PATIENCE more (each call has its deadline),
-        # and not at all once a view newer than ours has come.
-        began_at = self.ring
+        # How long to wait for slow nodes, and whether a view is news: the machine's.
+        m = self.machine
+        fetch = m.begin_fetch(self.clock())
         tasks = [asyncio.ensure_future(ask(a)) for a in addresses]
         pending = set(tasks)
         first_view: float | None = None       # when the first view came
         while pending:
-            timeout = None if first_view is None else \
-                max(0.0, first_view + RING_PATIENCE - time.monotonic())
-            done, pending = await asyncio.wait(pending, timeout=timeout,
+            done, pending = await asyncio.wait(pending, timeout=m.fetch_wait(first_view,
+                                                                             self.clock()),
                                                return_when=asyncio.FIRST_COMPLETED)
             if not done:
                 break
             views = [t.result() for t in done if not t.exception()]
-            if self.ring is not None and any(v.version > self.ring.version for v in views):
+            if m.has_news([v.version for v in views]):
                 break          # news: adopt it now; a later refresh finds anything newer
             if first_view is None and views:
-                first_view = time.monotonic()
+                first_view = self.clock()
         for task in pending:
             task.cancel()
         replies = [t.exception() or t.result() for t in tasks if t.done() and not t.cancelled()]
         views = [r for r in replies if isinstance(r, floe_pb2.RingView)]
         errors = [error_from_rpc(r) if isinstance(r, grpc.RpcError) else r
                   for r in replies if not isinstance(r, floe_pb2.RingView)]
-        for err in errors:
-            if not getattr(err, "retriable", True):
-                raise err  # e.g. ReducerMismatch: retrying cannot help
-        if not views:
-            raise Unavailable(f"no ring node reachable at {', '.join(addresses)}: "
-                              f"{errors[0] if errors else 'no reply'}")
-        best = max(views, key=lambda v: v.version)
-        chosen = choose_ring(self.ring, self._wire,
-                             [(Ring.from_wire(v.ring), v.ring) for v in views],
-                             began_at_current=self.ring is began_at)
-        if chosen is not None:
-            self.adopt(chosen[0])
-            self._wire = chosen[1]
-        self.reducer = best.reducer
+        adopted = m.fetched(fetch, [(Ring.from_wire(v.ring), v.ring) for v in views], errors,
+                            ", ".join(addresses))
+        if adopted.ring is not None:
+            self._changed_to(adopted.ring, adopted.sends)
+        self.reducer = max(views, key=lambda v: v.version).reducer
         self.formats = frozenset.intersection(*spoken.values()) if spoken else self.formats
         return self.known_ring
 
@@ -307,40 +300,44 @@ class Delivery:
         return 2 in self.formats
 
     async def fetch_ring_after(self, refused_at: float) -> Ring:
-        """fetch_ring() for a read refused at `refused_at` (time.monotonic()): it waits
-        for a fetch on its way that began after that, or begins one. Reads refused
-        together when their node dies would otherwise each ask every node, a burst on
-        the heirs while they take over; a fetch begun before the refusal may hold the
-        very ring that was refused."""
-        if (self._fetching is None or self._fetching.done()
-                or self._fetching_began < refused_at):
-            self._fetching_began = time.monotonic()
+        """fetch_ring() for a read refused at `refused_at` (on `clock`): it waits for
+        a fetch on its way that began after that, or begins one, as the machine
+        decides (MapperMachine.share_fetch)."""
+        running = self._fetching is not None and not self._fetching.done()
+        if self.machine.share_fetch(refused_at, running, self.clock()):
             self._fetching = asyncio.ensure_future(self.fetch_ring())
             # its outcome is seen even when every caller gave up waiting
             self._fetching.add_done_callback(lambda t: t.cancelled() or t.exception())
+        assert self._fetching is not None
         return await asyncio.shield(self._fetching)
 
     def adopt(self, ring: Ring) -> None:
+        """Take `ring` as if a node had sent it."""
         old = self.ring
-        self.ring = ring
+        sends = self.machine.adopt(ring)
+        if old is None:
+            if self.on_ring_change:
+                self.on_ring_change(ring)
+            return
+        self._changed_to(ring, sends)
+
+    def _changed_to(self, ring: Ring, sends) -> None:
+        """The machine took `ring`: the router follows, and every undelivered batch
+        goes again, in resend order, to its token's destinations in it (every one of
+        them must ack anew) on new streams."""
         if self.on_ring_change:
             self.on_ring_change(ring)
-        if old is None:
-            return
-        # Re-route every undelivered batch, in creation order, to its token's
-        # destinations in the new ring; every one of them must ack anew.
         for sender in self.senders.values():
             sender.task.cancel()
             sender.take_all()
         self.senders.clear()
-        self._send(self.outbox.reroute(ring))
+        self._send(sends)
 
     def check_progress(self) -> None:
-        """Called periodically: carries out what the ring watch (mapper/ring_watch.py)
-        decides from the acks' progress."""
-        looks = self.watch.tick(time.monotonic(), bool(self.undelivered),
-                                [s.waiting_since if s.inflight else None
-                                 for s in self.senders.values()])
+        """Called periodically: carries out what the machine decides from the acks'
+        progress (mapper/ring_watch.ProgressWatch)."""
+        looks = self.machine.tick(self.clock(), [s.waiting_since if s.inflight else None
+                                                 for s in self.senders.values()])
         if Look.REFRESH in looks:
             if self._refreshing is None or self._refreshing.done():
                 self._refreshing = asyncio.create_task(self._refresh())
@@ -355,23 +352,18 @@ class Delivery:
     def stream_failed(self, sender: NodeSender, exc: FloeError) -> None:
         log.debug("stream to %s failed: %s", sender.node, exc)
         self.last_errors[sender.node] = str(exc)[:200]
-        if not exc.retriable and not exc.refresh_ring:
+        what = self.machine.on_failure(exc)
+        if what is OnFailure.GIVE_UP:
             self._fail(exc, sender)
-            return
-        if isinstance(exc, Unavailable):
-            # The node may be dead: its heir takes its ranges over within the failure
-            # detector's few hundred ms. Poll the ring until that shows instead of
-            # waiting for the sender's backoff, which would add up to 200 ms more.
+        elif what is OnFailure.WATCH:
             if self._watching is None or self._watching.done():
                 self._watching = asyncio.create_task(self._watch_ring())
-        elif exc.refresh_ring and (self._refreshing is None or self._refreshing.done()):
+        elif what is OnFailure.REFRESH and (self._refreshing is None or self._refreshing.done()):
             self._refreshing = asyncio.create_task(self._refresh())
 
-    async def _watch_ring(self, interval: float = 0.025, limit: float = 3.0) -> None:
-        version = self.known_ring.version
-        deadline = time.monotonic() + limit
-        while self.undelivered and self.known_ring.version == version and \
-                time.monotonic() < deadline:
+    async def _watch_ring(self, interval: float = 0.025, limit: float = WATCH_LIMIT) -> None:
+        since, deadline = self.ring, self.clock() + limit
+        while self.machine.watching(since, deadline, self.clock()):
             await self._refresh()
             await asyncio.sleep(interval)
 
@@ -379,7 +371,7 @@ class Delivery:
         try:
             await self.fetch_ring()
         except FloeError as exc:
-            if not exc.retriable:
+            if self.machine.on_refresh_error(exc):
                 self._fail(exc, None)
             log.debug("ring refresh failed: %s", exc)
 
@@ -388,13 +380,13 @@ class Delivery:
         with self.changed:
             self.fatal = self.fatal or exc
             if sender is not None and sender.queue:
-                self.outbox.drop(sender.queue.popleft())
+                self.machine.give_up(sender.queue.popleft())
             self.changed.notify_all()
 
     # ------------------------------------------------------------- batches
 
     def submit(self, batch: PendingBatch) -> None:
-        self._send(self.outbox.add(batch, self.known_ring))
+        self._send(self.machine.submit(batch))
 
     def _send(self, sends) -> None:
         ring = self.known_ring
@@ -419,10 +411,10 @@ class Delivery:
         return f"waiting for {', '.join(parts) or 'nobody'} at ring v{version}"
 
     def acked(self, batch: PendingBatch, node: str) -> None:
-        self.watch.progressed(time.monotonic())
         self.last_errors.pop(node, None)
-        if self.outbox.acked(batch, node):
-            self.latencies.append((time.monotonic() - batch.born, batch.inputs or batch.count))
+        latency = self.machine.acked(batch, node, self.clock())
+        if latency is not None:
+            self.latencies.append((latency, batch.inputs or batch.count))
             with self.changed:
                 self.changed.notify_all()
 
