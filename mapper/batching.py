@@ -78,8 +78,9 @@ class Batcher:
 
     def __init__(self, router: Router, chooser, source: str, batch_size: int,
                  first_seq: int = 1, columnar: bool | None = False,
-                 speaks_columns=None) -> None:
+                 speaks_columns=None, clock=time.monotonic) -> None:
         self.router = router
+        self.clock = clock                     # monotonic seconds: when tuples are born
         # Format 2 (columns) when asked (True), never (False), or when every node that
         # answered for the ring said it speaks format 2 (None: `speaks_columns()`).
         self.columnar = columnar
@@ -128,7 +129,7 @@ class Batcher:
         `due`: the monotonic time the tuple was due (default: now), from which its
         batch's delivery latency counts."""
         if type(key) is str and self.chooser is None and self.kernels and kernel_value(value):
-            return self._append([key], value, due or time.monotonic())
+            return self._append([key], value, due or self.clock())
         if type(key) not in KEY_TYPES:
             raise InvalidKey(f"key must be str, bytes or int, not {type(key).__name__}")
         if type(value) not in PLAIN_VALUES:
@@ -146,7 +147,7 @@ class Batcher:
                 key, token = place(key, self.next_seq)
             buf = self.buffers.get(token)
             if buf is None:
-                buf = self.buffers[token] = Buffer(due or time.monotonic(), tokens)
+                buf = self.buffers[token] = Buffer(due or self.clock(), tokens)
             elif not isinstance(buf, Buffer):
                 raise wrong_kind(token, buf, Buffer)
             buf.keys.append(key)
@@ -163,7 +164,7 @@ class Batcher:
         if type(value) not in PLAIN_VALUES:
             check_value(value)
         size = self.batch_size
-        born = due or time.monotonic()
+        born = due or self.clock()
         if type(keys) is list and self.chooser is None and self.kernels and \
                 kernel_value(value):
             # str keys the kernel takes, checked in one pass in C; else as before
@@ -251,7 +252,7 @@ class Batcher:
         without a Python object per key. A key the nodes would refuse raises
         InvalidKey once the keys before it are buffered. Where keys are placed tuple
         by tuple (a sharing balancer) or combined, the keys are decoded and emitted."""
-        born = due or time.monotonic()
+        born = due or self.clock()
         if self.chooser is not None or getattr(self, "combining", False) or not self.kernels:
             return self._emit_decoded(data, offsets, width, count, value, values, born)
         if values is None:
@@ -312,7 +313,7 @@ class Batcher:
         those `linger` seconds old whatever: each token's next batch goes as soon as
         its last one is acknowledged (Nagle's rule per token), so a light stream waits
         for a round trip at most, and a heavy one fills its batches meanwhile."""
-        now = time.monotonic()
+        now = self.clock()
         with self.lock:
             for token in [t for t, b in self.buffers.items()
                           if t not in busy or now - b.since >= linger]:
@@ -458,8 +459,9 @@ def batcher_for(delivery, source: str, named: bool, batch_size: int,
     chooser = chooser_for(balancer(ring.balancer), replayable=named, source=source)
     reducer = combiner_for(ring.reducer) if combine and not named else None
     speaks = getattr(delivery, "speaks_columns", None)
+    clock = getattr(delivery, "clock", time.monotonic)
     if reducer is not None:
         return CombiningBatcher(router, chooser, source, batch_size, reducer,
                                 max_inputs=COMBINED_INPUTS_PER_KEY * batch_size,
-                                columnar=columnar, speaks_columns=speaks)
-    return Batcher(router, chooser, source, batch_size, first_seq, columnar, speaks)
+                                columnar=columnar, speaks_columns=speaks, clock=clock)
+    return Batcher(router, chooser, source, batch_size, first_seq, columnar, speaks, clock)

@@ -79,9 +79,9 @@ def combiner_for(identity: str) -> Reducer | None:
 class CombiningBatcher(Batcher):
     def __init__(self, router, chooser, source: str, batch_size: int, reducer: Reducer,
                  max_inputs: int, columnar: bool | None = False,
-                 speaks_columns=None) -> None:
+                 speaks_columns=None, clock=time.monotonic) -> None:
         super().__init__(router, chooser, COMBINED_SOURCE + source, batch_size,
-                         columnar=columnar, speaks_columns=speaks_columns)
+                         columnar=columnar, speaks_columns=speaks_columns, clock=clock)
         self.reducer = reducer
         self.max_inputs = max_inputs
         self.combining = True
@@ -112,11 +112,11 @@ class CombiningBatcher(Batcher):
             whole = len(keys) <= CHUNK
             for i in range(0, len(keys), CHUNK):
                 sealed |= self._fold(keys if whole else keys[i:i + CHUNK], value,
-                                     due or time.monotonic())
+                                     due or self.clock())
             return sealed
         keys = iter(keys)
         while chunk := list(itertools.islice(keys, CHUNK)):
-            sealed |= self._fold(chunk, value, due or time.monotonic())
+            sealed |= self._fold(chunk, value, due or self.clock())
         return sealed
 
     def _fold(self, keys: list, value, born: float) -> bool:

@@ -236,3 +236,22 @@ def test_channels_are_retired_every_while():
     assert m.tick(RETIRE_EVERY - 1, []) == set()
     assert m.tick(RETIRE_EVERY + 1, []) == {Look.RETIRE}
     assert m.tick(RETIRE_EVERY + 2, []) == set()
+
+
+# ------------------------------------------------------------------ batching
+
+def test_the_batcher_takes_its_time_from_the_clock_it_is_given():
+    """When a tuple is born and when a busy token's buffer is old enough to go
+    (Nagle's rule per token) come from the injected clock."""
+    from floering.mapper.batching import Batcher
+    from floering.mapper.routing import Router
+    now = [50.0]
+    batcher = Batcher(Router(BASE), None, "src", batch_size=100, clock=lambda: now[0])
+    assert not batcher.emit("word", 1)
+    token = BASE.token_for_key("word")
+    batcher.seal_older(linger=0.05, busy={token})
+    assert not batcher.sealed                       # its token busy, not old enough
+    now[0] += 0.06
+    batcher.seal_older(linger=0.05, busy={token})
+    [sealed] = batcher.sealed
+    assert sealed.born == 50.0 and sealed.token == token
