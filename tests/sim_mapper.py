@@ -1,24 +1,31 @@
-"""The simulation's mappers (tests/simulation.py): each a source with the production
-`Outbox`, ring rule and piece chooser; the simulation carries their batches to the
-nodes over its fake network and clock, and their acks back."""
+"""The simulation's mappers (tests/simulation.py): each a source driving the
+production mapper machine (`mapper/machine.py`: routing, the ring it adopts, when it
+fetches the ring, what a refusal means, the orphaned-ring rule) and piece chooser.
+Like the asyncio delivery, this is only an executor: it carries batches to the nodes
+and acks back over the simulation's fake network, fetches views, and keeps time."""
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
 
+from floering.mapper.machine import WATCH_LIMIT, MapperMachine, OnFailure
 from floering.mapper.outbox import Outbox, PendingBatch
-from floering.mapper.ring_watch import choose_ring
+from floering.mapper.ring_watch import Look
 from floering.mapper.sharing import chooser_for
 from floering.node.core.balancers import balancer
 from floering.node.core.batch import decode_payload, encode_payload, encode_seqs
+from floering.node.core.errors import FloeError, Unavailable
 from floering.node.core.pieces import COMBINED_SOURCE, base_of
 from floering.node.core.ring import Ring
 
-ACK_TIMEOUT = 0.4
+ACK_TIMEOUT = 0.4           # a stream with no ack for this long fails (as a broken one)
+TICK = 0.1                  # the delivery's progress check (batching.linger_loop)
+WATCH_EVERY = 0.025         # a watch's polls (Delivery._watch_ring)
+BACKOFF = (0.02, 0.2)       # a failed stream is reopened after this, doubling
 
 
 class SimMapper:
-    """One mapper process: a source with its own outbox, ring view and streams."""
+    """One mapper process: a source with its own machine, streams and chooser."""
 
     alive = True
     paused_until = 0.0
@@ -30,15 +37,38 @@ class SimMapper:
         self.combining = combining
         self.address = name
         self.name = COMBINED_SOURCE + name if combining else name
-        self.ring = ring
-        self.wire = ring.to_wire()           # the ring as the nodes sent it
         # The production piece chooser of the ring's balancer (None: keys not shared).
         self.chooser = chooser_for(balancer(ring.balancer))
         self.next_seq = 1
-        # The production outbox: which batch goes where, when one is delivered, how
-        # batches are fitted to a new ring. The simulation only carries the messages.
-        self.outbox = Outbox()
+        # The production machine decides everything; the simulation carries messages.
+        self.machine = MapperMachine(0.0)
+        self.machine.adopt(ring, ring.to_wire())
         self.routed: dict[int, tuple[int, float]] = {}   # batch id -> (ring stamp, sent at)
+        self.last_ack: dict[str, float] = {}             # node -> when it last acked
+        self.backoff: dict[str, float] = {}              # node -> its next reopen's wait
+        self.reopening: set[str] = set()                 # nodes whose stream reopens soon
+        self.watch: tuple[Ring, float] | None = None     # a watch: (its ring, deadline)
+
+    @property
+    def ring(self) -> Ring:
+        return self.machine.known_ring
+
+    @property
+    def wire(self) -> bytes:
+        return self.machine.wire
+
+    @property
+    def outbox(self) -> Outbox:
+        return self.machine.outbox
+
+    def waited_since(self, node: str) -> float | None:
+        """As a Push stream's: when its oldest unanswered send went, or its last ack
+        when that came later (None: nothing unanswered)."""
+        sent = [self.routed[b.id][1] for b in self.outbox.undelivered.values()
+                if node in b.waiting_for and b.id in self.routed]
+        if not sent:
+            return None
+        return max(min(sent), self.last_ack.get(node, 0.0))
 
 
 class MapperSide:
@@ -75,7 +105,7 @@ class MapperSide:
             batch = PendingBatch(self.batch_ids, token, mapper.name, s[0], s[-1], len(s),
                                  encode_payload(k, values), encode_seqs(s),
                                  tokens=mapper.ring.tokens)
-            self._send_batches(mapper, mapper.outbox.add(batch, mapper.ring))
+            self._send_batches(mapper, mapper.machine.submit(batch))
 
     def _send_batches(self, mapper: SimMapper, sends) -> None:
         ring = mapper.ring
@@ -95,36 +125,99 @@ class MapperSide:
         # an ack for a batch routed with an older ring: its stream is gone in the client
         if batch is None or mapper.routed[batch_id][0] != stamp:
             return
-        if mapper.outbox.acked(batch, node):
-            keys, values = decode_payload(batch.payload, batch.count)
-            keys = [base_of(k) for k in keys]
-            for key, value in zip(keys, values):
-                self.acked[key] += value
-            for key in set(keys):
-                if self.acked[key] > self.sent[key]:
-                    raise AssertionError(f"{key} acknowledged more often than sent")
+        mapper.last_ack[node] = self.now
+        mapper.backoff.pop(node, None)
+        if mapper.machine.acked(batch, node, self.now) is not None:
+            self.delivered(mapper, batch)
 
-    def stream_refused(self, mapper: SimMapper, node: str, exc) -> None:
+    def delivered(self, mapper: SimMapper, batch: PendingBatch) -> None:
+        """Every destination of `batch` acknowledged it."""
+        keys, values = decode_payload(batch.payload, batch.count)
+        keys = [base_of(k) for k in keys]
+        for key, value in zip(keys, values):
+            self.acked[key] += value
+        for key in set(keys):
+            if self.acked[key] > self.sent[key]:
+                raise AssertionError(f"{key} acknowledged more often than sent")
+
+    def stream_refused(self, mapper: SimMapper, node: str, exc: FloeError) -> None:
         """`node` refused a batch with `exc` and ended the mapper's stream to it."""
-        self.refresh_mapper(mapper)
+        self._stream_failed(mapper, node, exc)
+
+    def _stream_failed(self, mapper: SimMapper, node: str, exc: FloeError) -> None:
+        """As Delivery.stream_failed: the machine says what the failure means; the
+        stream is reopened after a backoff and its unacknowledged batches resent."""
+        what = mapper.machine.on_failure(exc)
+        if what is OnFailure.GIVE_UP:
+            raise AssertionError(f"the simulation sent a batch refused for good: {exc}")
+        if what is OnFailure.WATCH:
+            self._watch(mapper)
+        elif what is OnFailure.REFRESH:
+            self.refresh_mapper(mapper)
+        if node in mapper.reopening:
+            return
+        mapper.reopening.add(node)
+        wait = mapper.backoff.get(node, BACKOFF[0])
+        mapper.backoff[node] = min(wait * 2, BACKOFF[1])
+        self.at(self.now + wait, self._reopen, mapper, node, mapper.ring)
+
+    def _reopen(self, mapper: SimMapper, node: str, ring: Ring) -> None:
+        """A new stream to `node`, its unacknowledged batches sent again in order
+        (nothing to do when the ring changed meanwhile: that re-routed everything)."""
+        mapper.reopening.discard(node)
+        if not mapper.alive or mapper.ring is not ring or node not in ring.nodes:
+            return
+        self.reconnect(mapper, ring.address(node))
+        again = sorted((b for b in mapper.outbox.undelivered.values() if node in b.waiting_for),
+                       key=PendingBatch.sort_key)
+        self._send_batches(mapper, [(b, (node,)) for b in again])
 
     def refresh_mapper(self, mapper: SimMapper) -> None:
-        """The client's own rule (mapper/ring_watch.choose_ring) over the views of the
-        reachable nodes: a newer ring, or the newest when none holds ours any more;
-        the outbox fits and re-routes everything undelivered."""
+        """One ring fetch, as Delivery.fetch_ring: the views of the reachable nodes,
+        and the machine's choice among them (a newer ring, or the newest when no node
+        holds ours any more: the orphaned-ring rule). A ring adopted re-routes every
+        undelivered batch on new streams."""
+        machine = mapper.machine
+        fetch = machine.begin_fetch(self.now)
         views = [(p.core.ring, p.core.ring.to_wire()) for p in self.procs if self._usable(p)]
+        try:
+            adopted = machine.fetched(fetch, views, [], "the simulation")
+        except FloeError:
+            return                      # nobody answered: a later look asks again
+        if adopted.ring is None:
+            return
         for address in list(self.listening):
             self.reconnect(mapper, address)
-        chosen = choose_ring(mapper.ring, mapper.wire, views, began_at_current=True)
-        if chosen is None:
-            self._send_batches(mapper, mapper.outbox.reroute(mapper.ring))
+        mapper.reopening.clear()
+        self._send_batches(mapper, adopted.sends)
+
+    def _watch(self, mapper: SimMapper, every: float = WATCH_EVERY) -> None:
+        """As Delivery._watch_ring: poll the ring until it changes, or for a while."""
+        if mapper.watch is None:
+            mapper.watch = (mapper.ring, self.now + WATCH_LIMIT)
+            self._watch_poll(mapper, every)
+
+    def _watch_poll(self, mapper: SimMapper, every: float) -> None:
+        since, deadline = mapper.watch or (mapper.ring, self.now)
+        if not mapper.alive or not mapper.machine.watching(since, deadline, self.now):
+            mapper.watch = None
             return
-        mapper.ring, mapper.wire = chosen
-        self._send_batches(mapper, mapper.outbox.reroute(mapper.ring))
+        self.refresh_mapper(mapper)
+        self.at(self.now + every, self._watch_poll, mapper, every)
 
     def mapper_tick(self, mapper: SimMapper) -> None:
-        self.at(self.now + 0.1, self.mapper_tick, mapper)
-        stalled = [b for b in mapper.outbox.undelivered.values()
-                   if self.now - mapper.routed[b.id][1] > ACK_TIMEOUT]
-        if stalled:
+        """The delivery's periodic check: a stream silent past ACK_TIMEOUT fails (the
+        transport's part), and the machine says when to look for a newer ring."""
+        self.at(self.now + TICK, self.mapper_tick, mapper)
+        nodes = sorted({n for b in mapper.outbox.undelivered.values() for n in b.waiting_for})
+        waited = {n: mapper.waited_since(n) for n in nodes}
+        for node, since in waited.items():
+            if since is not None and self.now - since > ACK_TIMEOUT \
+                    and node not in mapper.reopening:
+                self._stream_failed(mapper, node, Unavailable(
+                    f"{node} acknowledged nothing for {ACK_TIMEOUT}s"))
+        looks = mapper.machine.tick(self.now, list(waited.values()))
+        if Look.REFRESH in looks:
             self.refresh_mapper(mapper)
+        if Look.WATCH in looks:
+            self._watch(mapper, every=2 * WATCH_EVERY)

@@ -151,7 +151,7 @@ class EpochSimulation(Simulation):
             batch = PendingBatch(self.batch_ids, token, mapper.name, s[0], s[-1], len(s),
                                  encode_payload(k, [1] * len(k)), encode_seqs(s),
                                  tokens=mapper.ring.tokens)
-            self._send_batches(mapper, mapper.outbox.add(batch, mapper.ring))
+            self._send_batches(mapper, mapper.machine.submit(batch))
 
     # ---------------------------------------------------------- bookkeeping
 
@@ -159,11 +159,8 @@ class EpochSimulation(Simulation):
         if mapper.alive:
             super().mapper_tick(mapper)
 
-    def _mapper_ack(self, mapper: SimMapper, batch_id, node, stamp) -> None:
-        # Attempts resend what others delivered: only the ring's state is compared.
-        batch = mapper.outbox.undelivered.get(batch_id)
-        if batch is not None and mapper.routed[batch_id][0] == stamp:
-            mapper.outbox.acked(batch, node)
+    def delivered(self, mapper: SimMapper, batch: PendingBatch) -> None:
+        pass        # attempts resend what others delivered: only the ring's state is compared
 
     @property
     def undelivered(self) -> dict:

@@ -187,7 +187,8 @@ def test_no_private_names_imported_across_modules():
 
 
 # The protocol's decisions: only the node machine (node.core.machine) and durable
-# mode's DiskPlan (node.core.persistence) call them. The runtime and the simulation
+# mode's DiskPlan (node.core.persistence) call them, and the mapper's ring rules only the
+# mapper machine (mapper.machine). The runtimes and the simulation
 # are executors of their effects.
 DECISIONS = {"floering.node.core.detector": {"combine", "indirect_vias"},
              "floering.node.core.handoff": {"retired_extras", "leave_moves", "split_ring",
@@ -196,7 +197,9 @@ DECISIONS = {"floering.node.core.detector": {"combine", "indirect_vias"},
              "floering.node.core.load": {"choose_shed", "clockwise_nodes"},
              "floering.node.core.split_point": {"plan_split"},
              "floering.node.core.shedding": {"plan_shed", "with_split_tail"},
-             "floering.node.core.persistence": {"held_ranges", "disk_image", "overlapping"}}
+             "floering.node.core.persistence": {"held_ranges", "disk_image", "overlapping"},
+             # the mapper's: only its machine (mapper.machine) calls them
+             "floering.mapper.ring_watch": {"choose_ring", "ProgressWatch"}}
 
 
 def decisions_imported(path: Path) -> list[str]:
@@ -208,15 +211,20 @@ def decisions_imported(path: Path) -> list[str]:
 
 @pytest.mark.parametrize("path", [*files("node/runtime"), ROOT / "tests" / "simulation.py",
                                   ROOT / "tests" / "sim_disk.py",
-                                  ROOT / "tests" / "sim_durable.py"], ids=lambda p: p.name)
+                                  ROOT / "tests" / "sim_durable.py",
+                                  ROOT / "tests" / "sim_mapper.py",
+                                  *(ROOT / "mapper" / f"{name}.py"
+                                    for name in ("delivery", "client", "aclient", "common",
+                                                 "batching", "queries"))],
+                         ids=lambda p: p.name)
 def test_only_the_machine_makes_protocol_decisions(path):
     bad = decisions_imported(path)
     assert not bad, f"{path.name} decides for itself: {bad}"
 
 
-def test_the_simulation_drives_the_production_machine_and_outbox():
-    imported = imports(ROOT / "tests" / "simulation.py")
-    assert "floering.node.core.machine" in imported and "floering.mapper.outbox" in imported
+def test_the_simulation_drives_the_production_machines():
+    assert "floering.node.core.machine" in imports(ROOT / "tests" / "simulation.py")
+    assert "floering.mapper.machine" in imports(ROOT / "tests" / "sim_mapper.py")
 
 
 # A ceiling, not a steering rule: where code goes follows what it does. An exception
