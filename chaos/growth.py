@@ -2,7 +2,7 @@
 
     python -m floering.chaos.growth [--keys 100000,1000000,5000000,10000000,20000000]
                            [--nodes 4] [--update-rate 100000] [--scale]
-                           [--json FILE] [--plot DIR]
+                           [--json FILE] [--plot DIR] [--keep DIR] [--node-arg=FLAG]
 
 For each key count: a fresh ring (r=1, mutual TLS) is filled with that many distinct
 keys, then
@@ -166,9 +166,14 @@ def _answering(client: RingClient, sample: list[str], expect: dict, started: flo
     return max(answered.values(), default=0.0) if len(answered) == len(sample) else None
 
 
-def measure(keys: int, nodes: int, update_rate: float) -> dict:
-    with tempfile.TemporaryDirectory(prefix="floe-growth-") as workdir:
-        with LocalCluster.up(nodes, 1, workdir=workdir) as cluster:
+def measure(keys: int, nodes: int, update_rate: float, keep: str | None = None,
+            node_args: list[str] | None = None) -> dict:
+    with tempfile.TemporaryDirectory(prefix="floe-growth-") as scratch:
+        workdir = scratch
+        if keep:   # the nodes' logs and events stay for reading afterwards
+            Path(keep).mkdir(parents=True, exist_ok=True)
+            workdir = tempfile.mkdtemp(prefix=f"{keys}-", dir=Path(keep).resolve())
+        with LocalCluster.up(nodes, 1, workdir=workdir, node_args=node_args) as cluster:
             tls = cluster.tls("client")
             pids = [n.pid for n in cluster.nodes]
             empty = _rss(pids)
@@ -292,12 +297,17 @@ def main(argv=None) -> int:
                         help="words per feeder in --scale runs (default: %(default)s)")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--plot", help="write growth PNGs into this directory")
+    parser.add_argument("--keep", help="run each ring in a folder made here and keep it "
+                                       "(the nodes' logs and events)")
+    parser.add_argument("--node-arg", action="append", default=[],
+                        help="a flag given to every node as it is, e.g. "
+                             "--node-arg=--repair-delay=0.5 (repeatable)")
     args = parser.parse_args(argv)
     unwind_on_sigterm()     # the ring in use is stopped on the way out
     results: dict = {"state": [], "scale": []}
     exact = True
     for keys in map(int, args.keys.split(",")):
-        r = measure(keys, args.nodes, args.update_rate)
+        r = measure(keys, args.nodes, args.update_rate, args.keep, args.node_arg or None)
         results["state"].append(r)
         exact = exact and r["exact"]
         print(f"{keys:>11,} keys: {r['bytes_per_key_copy']:.0f} B per key copy; "
