@@ -260,3 +260,45 @@ def test_after_a_member_dies_full_copies_wait_for_the_repair_delay_and_deltas_do
     assert full == (set() if delay else taken)
     later = {t for t, _, is_full in _round(m, 6.2) if is_full}
     assert later == (taken if delay else set())
+
+
+def test_the_machine_says_when_held_back_full_copies_may_go():
+    m = machine(repair_delay=0.3)
+    _round(m, 1.0)
+    assert m.full_copies_due_in(1.0) == 0.0          # nobody left: nothing held back
+    start = probe_of(m, 5.0)
+    m.handle(ProbeFinished(start.probe, REFUSED, (TIMED_OUT, TIMED_OUT), start.epoch), 5.1)
+    assert m.full_copies_due_in(5.2) == pytest.approx(0.2)
+    assert not any(full for _, _, full in _round(m, 5.3))
+    assert m.full_copies_due_in(5.4) == 0.0
+    assert any(full for _, _, full in _round(m, 5.4))
+
+
+def test_the_checkpoint_loop_starts_a_round_when_held_back_full_copies_fall_due(monkeypatch):
+    """Not at its next tick: with a 0.2 s interval and copies due 0.05 s after a round,
+    the loop sleeps 0.05 s (and a hair), then its usual interval."""
+    import asyncio
+    from types import SimpleNamespace
+    from floering.node.runtime import node as runtime_node
+    clock = [0.0]
+    pauses: list[float] = []
+    due = {"at": 0.25}
+
+    async def checkpoint_once():
+        if len(pauses) >= 3:
+            raise asyncio.CancelledError
+
+    async def sleep(seconds):
+        pauses.append(seconds)
+        clock[0] += seconds
+
+    fake = SimpleNamespace(
+        config=SimpleNamespace(checkpoint_interval=0.2), clock=lambda: clock[0],
+        checkpoint_once=checkpoint_once, _handle=lambda event: [],
+        machine=SimpleNamespace(full_copies_due_in=lambda now: max(0.0, due["at"] - now)),
+        checkpoint_rounds=0, checkpoint_seconds=0.0)
+    monkeypatch.setattr(runtime_node.asyncio, "sleep", sleep)
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(runtime_node.NodeRuntime._checkpoint_loop(fake))
+    slack = runtime_node.REPAIR_SLACK
+    assert pauses == [pytest.approx(0.2), pytest.approx(0.05 + slack), pytest.approx(0.2)]

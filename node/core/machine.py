@@ -289,6 +289,12 @@ class NodeMachine(ViewChecks, SharePulling):
             shipments, tuple(ring.address(s.replica) for s in shipments), ring.stamp,
             tuple(sorted({s.checkpoint.token for s in shipments})), behind, self.epoch))
 
+    def full_copies_due_in(self, now: float) -> float:
+        """Seconds until the full copies held back after a member left may go
+        (`repair_delay`), 0 when they may go now: the checkpoint loop starts a round
+        then rather than at its next tick."""
+        return max(0.0, self.repair_after - now)
+
     def _send_folds(self, now: float, out: list) -> None:
         """Pieces idle long enough are merged back into their keys (node.core.folding)."""
         core = self.core

@@ -45,6 +45,9 @@ if TYPE_CHECKING:
     from floering.node.runtime.retiring import Retiring
 
 log = logging.getLogger("floe.node")
+# past the end of the repair delay a round waits for: the loop's timers may fire a
+# clock resolution early, and a round a hair early holds the full copies a tick more
+REPAIR_SLACK = 0.005
 
 RETIRE_EVERY = 10.0   # seconds between looks for channels to peers the ring has left
 
@@ -372,7 +375,11 @@ class NodeRuntime:
             elapsed = self.clock() - started
             self.checkpoint_rounds += 1
             self.checkpoint_seconds += elapsed
-            await asyncio.sleep(max(0.0, interval - elapsed))
+            pause = max(0.0, interval - elapsed)
+            held = self.machine.full_copies_due_in(self.clock())
+            if 0.0 < held < pause:   # new replicas' full copies: the round starts when due
+                pause = held + REPAIR_SLACK
+            await asyncio.sleep(pause)
 
     async def checkpoint_once(self) -> None:
         """One round: cut, ship to every replica concurrently, then merge."""
@@ -386,9 +393,11 @@ class NodeRuntime:
 
         async def ship(s, address):
             token = s.checkpoint.token
+            t0 = time.perf_counter()
             try:
                 if synced is not None:
                     await asyncio.shield(synced)
+                t1 = time.perf_counter()
                 need_full, seq = await self.peers.ship_checkpoint(
                     address, sender=sender, ring_stamp=e.ring_stamp,
                     incarnation=self.incarnation, checkpoint=s.checkpoint,
@@ -398,6 +407,10 @@ class NodeRuntime:
                 self._handle(CheckpointFailed(token, s.replica, exc.refresh_ring, e.epoch,
                                               inert(exc, 200)))
             else:
+                if s.checkpoint.full:
+                    log.debug("full copy of range %s acknowledged by %s in %.3f s (%.3f s "
+                              "waiting for our disk)", token, s.replica,
+                              time.perf_counter() - t0, t1 - t0)
                 self._handle(CheckpointAcked(token, s.replica, seq, need_full, e.epoch))
 
         await asyncio.gather(*(ship(s, a) for s, a in zip(e.shipments, e.addresses)))
