@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import time
 from typing import AsyncIterator, Iterable
 
 from floering.mapper.batching import Batcher, batcher_for, linger_loop
@@ -139,9 +138,9 @@ class AsyncRingClient(ClientBase):
     async def _wait(self, done, timeout: float, why) -> None:
         """Until done() (polling the delivery), the delivery failed, or `timeout`."""
         d = self._delivery
-        deadline = time.monotonic() + timeout
+        deadline = d.clock() + timeout
         while d.fatal is None and not done():
-            if time.monotonic() > deadline:
+            if d.clock() > deadline:
                 raise Unavailable(why())
             await asyncio.sleep(POLL)
         if d.fatal is not None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import heapq
-import time
 
 import grpc
 
@@ -26,7 +25,7 @@ async def query(delivery, timeout: float, make_call):
     """await make_call(ring); on a stale ring fetch the newest one and retry (at once
     when the client adopted a newer ring while the call was out); on a busy node
     (every call slot the caller may hold there taken) call again, backing off."""
-    deadline = time.monotonic() + timeout
+    deadline = delivery.clock() + timeout
     backoff = 0.02
     while True:
         ring = delivery.ring
@@ -34,7 +33,7 @@ async def query(delivery, timeout: float, make_call):
             return await make_call(ring)
         except grpc.RpcError as exc:
             err = error_from_rpc(exc)
-        refused_at = time.monotonic()
+        refused_at = delivery.clock()    # the clock the machine's shared fetches keep
         if not (err.refresh_ring or err.retriable) or refused_at > deadline:
             raise err
         if not err.refresh_ring:        # busy (every call slot it may hold is taken)

@@ -438,6 +438,7 @@ def test_a_combining_client_counts_past_64_bits_exactly(tmp_path):
 
 def test_a_query_refused_busy_is_called_again_until_it_is_served():
     import asyncio
+    import time
     from floering.mapper.queries import query
     from floering.node.transport.status import details_for
 
@@ -447,6 +448,7 @@ def test_a_query_refused_busy_is_called_again_until_it_is_served():
 
     class Delivery:
         ring = object()
+        clock = staticmethod(time.monotonic)
 
     async def make_call(ring):
         calls.append(ring)
