@@ -255,3 +255,16 @@ def test_the_batcher_takes_its_time_from_the_clock_it_is_given():
     batcher.seal_older(linger=0.05, busy={token})
     [sealed] = batcher.sealed
     assert sealed.born == 50.0 and sealed.token == token
+
+
+def test_the_delivery_keeps_time_only_on_the_clocks_it_is_given():
+    from floering.mapper.delivery import Delivery
+    d = Delivery(["h:0"], 8, 1.0, None, clock=lambda: 7.0, wall_ns=lambda: 5_000_000)
+    assert d.machine.watch.last_progress == 7.0
+    assert (d.next_stream(), d.next_stream()) == (5_000, 5_001)
+    d.adopt(BASE)
+    b = batch(BASE, 1, born=6.5)
+    d.machine.submit(b)                 # routed by the machine, no stream opened
+    for node in b.waiting_for.copy():
+        d.acked(b, node)
+    assert list(d.latencies) == [(0.5, 5)] and not d.undelivered
