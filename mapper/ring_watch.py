@@ -1,9 +1,8 @@
 """What a mapper does about its ring, decided without I/O (the clock is passed in):
 which of the views the nodes sent it adopts, and when it looks for a newer ring.
 
-The asyncio side (`mapper/delivery.py`) fetches views and carries the decisions out;
-the deterministic simulation (`tests/simulation.py`) drives the same rules over its
-fake network and clock.
+Only the mapper machine (`mapper/machine.py`) calls them; the asyncio delivery and
+the deterministic simulation (`tests/sim_mapper.py`) drive that machine.
 """
 
 from __future__ import annotations
