@@ -139,15 +139,31 @@ def _export_once(seeds: list[str], path: str, tls: TlsFiles | None) -> dict:
                 ring_version=ring.version, reducer=reducer)
 
 
+MSGPACK, FRAMES = 1, 2    # entry formats an export's chunks come in (floe.proto)
+READS = (MSGPACK, FRAMES)
+
+
+def check_format(token: int, reply) -> None:
+    """A chunk's entries are in the format it names (0: a node before formats were
+    named, told by the bytes), one this reader asked for."""
+    framed = is_frame(reply.entries)
+    if reply.format not in (0, *READS) or \
+            (reply.format and framed != (reply.format == FRAMES)):
+        raise InvalidArgument(f"token {token}: chunk {reply.chunk} names entry format "
+                              f"{reply.format}, its entries are "
+                              f"{'a frame' if framed else 'not a frame'}")
+
+
 def _export_one(stub, ring: Ring, token: int, writer: Writer) -> int:
     """One range's chunks, whole (the stream ended well), then written."""
     chunks: list[bytes] = []
     marks: dict[str, int] = {}
     try:
         for reply in stub.ExportRange(floe_pb2.ExportRangeRequest(
-                token=token, ring_stamp=ring.stamp), timeout=CALL_TIMEOUT):
+                token=token, ring_stamp=ring.stamp, formats=READS), timeout=CALL_TIMEOUT):
             if reply.chunk != len(chunks) + 1:
                 raise InvalidArgument(f"token {token}: chunk {reply.chunk} out of order")
+            check_format(token, reply)
             if reply.chunk == 1:
                 marks = {s: q for s, q in check_watermarks(unpack(reply.watermarks)
                                                            if reply.watermarks else {}).items()

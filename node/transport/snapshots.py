@@ -19,7 +19,8 @@ from floering.node.core.errors import FloeError, InvalidArgument, Unavailable
 from floering.node.core.retired import Held, check_marks_header, held, restore_chunk
 from floering.node.core.snapshot_format import MAX_SECTION
 from floering.node.core.snapshots import export_columns, export_range, import_chunk
-from floering.node.core.state_wire import ExportSegment, decode, encode_pairs, is_frame
+from floering.node.core.state_wire import (ExportSegment, PairSegment, decode, encode_pairs,
+                                           is_frame)
 from floering.node.transport.status import abort, error_from_rpc
 from floering.node.transport.tls import peer_identity
 
@@ -40,25 +41,29 @@ class Snapshots(floe_pb2_grpc.SnapshotsServicer):
     async def ExportRange(self, request, context):
         service, caller = self.service, _caller(context)
         try:
-            columns, marks = export_columns(service.runtime.core, request.ring_stamp,
-                                            request.token)
+            reads = read_formats(request.formats)
+            core = service.runtime.core
+            columns, marks = export_columns(core, request.ring_stamp, request.token) \
+                if FRAMES in reads else (None, None)
             if columns is None:
-                states, marks = export_range(service.runtime.core, request.ring_stamp,
-                                             request.token)
+                states, marks = export_range(core, request.ring_stamp, request.token)
             service.scans.take(caller)
         except FloeError as exc:
             await abort(context, exc)
         if columns is not None:       # a table's range: frames of its columns
-            chunks = frame_chunks(columns)
-        else:
-            chunks = packed_chunks(column_slices(states), CHUNK_BYTES)
+            chunks, sent = frame_chunks(columns), FRAMES
+        elif MSGPACK in reads:
+            chunks, sent = packed_chunks(column_slices(states), CHUNK_BYTES), MSGPACK
+            del states
+        else:                         # a reader of frames only: the entries as the rest
+            chunks, sent = pair_frame_chunks(states), FRAMES
             del states
         try:
             first = pack(marks)
             for n, (_, entries) in enumerate(chunks, 1):
                 try:
                     await asyncio.wait_for(context.write(floe_pb2.ExportChunk(
-                        entries=entries, watermarks=first, chunk=n)), STALL)
+                        entries=entries, watermarks=first, chunk=n, format=sent)), STALL)
                 except asyncio.TimeoutError:
                     raise Unavailable(f"the reader took no chunk for {STALL}s: "
                                       f"cut off") from None
@@ -150,6 +155,41 @@ class RetiredCalls:
 
     def restore(self, address: str, **fields):
         return restore_range(self.peers._channel(address), self.timeout, **fields)
+
+
+MSGPACK, FRAMES = 1, 2      # an export's entry formats (ExportRangeRequest.formats)
+SENDS = (MSGPACK, FRAMES)
+MAX_FORMATS = 8
+
+
+def read_formats(asked) -> frozenset[int]:
+    """The formats of those a reader names (ExportRangeRequest.formats, hostile) that
+    this node sends: format 1 alone for a reader naming none; INVALID_ARGUMENT for
+    more than MAX_FORMATS named, or none this node sends."""
+    if len(asked) > MAX_FORMATS:
+        raise InvalidArgument(f"an export names at most {MAX_FORMATS} entry formats, "
+                              f"not {len(asked)}")
+    if not len(asked):
+        return frozenset((MSGPACK,))
+    both = frozenset(asked) & frozenset(SENDS)
+    if not both:
+        raise InvalidArgument(f"the reader takes entry formats "
+                              f"{', '.join(map(str, sorted(set(asked))))}; this node sends "
+                              f"{MSGPACK} (msgpack entries) and {FRAMES} (frames of "
+                              f"column states)")
+    return both
+
+
+def pair_frame_chunks(states) -> Generator[tuple[int, bytes], None, None]:
+    """(entries, frame) per chunk of a range held outside a table, for a reader of
+    frames only: its entries in frames' rest, at most CHUNK_BYTES each."""
+    keys = list(states)
+    if not keys:
+        yield 0, encode_pairs([], [])
+        return
+    segment = PairSegment(keys, [states[k] for k in keys])
+    for piece in segment.pieces(1 << 30, CHUNK_BYTES):
+        yield piece.count, piece.encode()
 
 
 def frame_chunks(columns) -> Generator[tuple[int, bytes], None, None]:

@@ -379,22 +379,26 @@ class RangeState(_message.Message):
     def __init__(self, role: _Optional[str] = ..., entries: _Optional[bytes] = ...) -> None: ...
 
 class ExportRangeRequest(_message.Message):
-    __slots__ = ("token", "ring_stamp")
+    __slots__ = ("token", "ring_stamp", "formats")
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     RING_STAMP_FIELD_NUMBER: _ClassVar[int]
+    FORMATS_FIELD_NUMBER: _ClassVar[int]
     token: int
     ring_stamp: int
-    def __init__(self, token: _Optional[int] = ..., ring_stamp: _Optional[int] = ...) -> None: ...
+    formats: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, token: _Optional[int] = ..., ring_stamp: _Optional[int] = ..., formats: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ExportChunk(_message.Message):
-    __slots__ = ("entries", "watermarks", "chunk")
+    __slots__ = ("entries", "watermarks", "chunk", "format")
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
     WATERMARKS_FIELD_NUMBER: _ClassVar[int]
     CHUNK_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
     entries: bytes
     watermarks: bytes
     chunk: int
-    def __init__(self, entries: _Optional[bytes] = ..., watermarks: _Optional[bytes] = ..., chunk: _Optional[int] = ...) -> None: ...
+    format: int
+    def __init__(self, entries: _Optional[bytes] = ..., watermarks: _Optional[bytes] = ..., chunk: _Optional[int] = ..., format: _Optional[int] = ...) -> None: ...
 
 class ImportChunk(_message.Message):
     __slots__ = ("ring_stamp", "token", "snapshot", "reducer", "chunk", "chunks", "entries", "watermarks", "into_state")
