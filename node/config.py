@@ -79,7 +79,7 @@ class NodeConfig:
     suspect_max: float = 1.0                     # silence always suspected after this
     probe_timeout: float = 0.15                  # first probe deadline of a suspicion (then doubled)
     suspicion: float = 1.0                       # a suspect whose probes only time out is declared after this
-    repair_delay: float = 0.3                    # seconds after a member left before new replicas get full copies
+    repair_delay: float = 0.5                    # seconds after a member left before new replicas get full copies
     lossy_suspicion: float = 30.0                # ... after this when declaring it would lose ranges
     share_pull_grace: float = 3.0                # a member short of its share waits this long before pulling
     share_pull_interval: float = 2.0             # seconds between two pulls of one member

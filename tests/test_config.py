@@ -25,7 +25,7 @@ def test_suspicion_period_is_a_setting():
     assert load_config(argv, environ={}).suspicion == 1.0
     assert load_config(argv, environ={"FLOE_SUSPICION": "2.5"}).suspicion == 2.5
     assert load_config([*argv, "--suspicion", "0.5"], environ={}).suspicion == 0.5
-    assert load_config(argv, environ={}).repair_delay == 0.3
+    assert load_config(argv, environ={}).repair_delay == 0.5
     assert load_config([*argv, "--repair-delay", "0"], environ={}).repair_delay == 0.0
 
 
