@@ -17,10 +17,11 @@ once, and a stopped import resumes where each range stopped."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from array import array
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -33,15 +34,17 @@ from floering.node.core.codec import pack, unpack, unpack_columns
 from floering.node.core.errors import (FloeError, InvalidArgument, ReducerMismatch, StaleRing,
                                        Unavailable)
 from floering.node.core.columnar import StateTable
-from floering.node.core.columnar.buffers import KIND_BYTES
+from floering.node.core.columnar.buffers import KIND_BYTES, in_range
+from floering.node.core.hashing import position
 from floering.node.core.pieces import RESERVED
 from floering.node.core.reducers import BUILTINS
 from floering.node.core.ring import Ring
 from floering.node.core.state_wire import (ExportSegment, PairSegment, decode, is_frame,
                                            key_blob)
 from floering.node.core.table_state import TABLE_REDUCERS, pairs_of
-from floering.node.core.snapshot_format import (IMPORT_SOURCE, Header, SnapshotError, Writer,
-                                                check_keys, check_watermarks, entry_count,
+from floering.node.core.snapshot_format import (IMPORT_SOURCE, Header, Section, SnapshotError,
+                                                Writer, check_keys, check_watermarks,
+                                                checked_walk, entry_count, parse_section,
                                                 read)
 from floering.node.transport.channels import server_options
 from floering.node.transport.status import error_from_rpc
@@ -288,16 +291,18 @@ def import_ring(seeds: list[str], path: str, tls: TlsFiles | None, *,
     ring that changed under the import (a node's stamp differs) is read again and the
     import goes on where each range stopped, IMPORT_TRIES times at most."""
     began = time.monotonic()
+    with open(path, "rb") as f:
+        plan = survey(f)
+        if plan is not None:          # frames, each range's keys inside it: streamed
+            out = import_streamed(seeds, f, plan, tls, into_state=into_state,
+                                  resume=resume)
+            return dict(file=path, **out, seconds=round(time.monotonic() - began, 3))
     calls = 0
     snapshot = read_snapshot(path)        # once: every attempt sends those bytes
     for attempt in range(1, IMPORT_TRIES + 1):
         ring, reducer = read_ring(seeds, tls)
         header, snapshot_id, ranges, _ = load_recut(path, ring, snapshot)
-        if header.reducer != reducer or (header.reducer_identity and ring.reducer and
-                                         header.reducer_identity != ring.reducer):
-            raise ReducerMismatch(f"the snapshot's reducer is "
-                                  f"{header.reducer_identity or header.reducer!r}, the ring "
-                                  f"runs {ring.reducer or reducer!r}: nothing was loaded")
+        check_reducer(header, reducer, ring)
         check_states(header.reducer, ranges)
         if attempt == 1 and not (into_state or resume):
             _check_empty(ring, tls)
@@ -315,6 +320,14 @@ def import_ring(seeds: list[str], path: str, tls: TlsFiles | None, *,
     return dict(file=path, snapshot=snapshot_id, keys=loaded, ranges=len(ring.tokens),
                 chunks=calls, sources=len({s for m in marks.values() for s in m}), ring_version=ring.version,
                 seconds=round(time.monotonic() - began, 3))
+
+
+def check_reducer(header: Header, reducer: str, ring: Ring) -> None:
+    if header.reducer != reducer or (header.reducer_identity and ring.reducer and
+                                     header.reducer_identity != ring.reducer):
+        raise ReducerMismatch(f"the snapshot's reducer is "
+                              f"{header.reducer_identity or header.reducer!r}, the ring "
+                              f"runs {ring.reducer or reducer!r}: nothing was loaded")
 
 
 def cut_at_boundaries(ring: Ring, boundaries, tls: TlsFiles | None) -> int:
@@ -371,19 +384,37 @@ def entry_columns(entries: bytes) -> tuple[list, list]:
             frame.value_column.tolist() + list(frame.rest_states))
 
 
+MOST_IN_FRAME = CHUNK_BYTES // 7   # entries a frame of CHUNK_BYTES can hold (7 bytes
+#                                   at least: kind, offset, a key byte, a value byte)
+
+
+def column_pieces(states: "ColumnRange") -> list:
+    """A ColumnRange's chunks as pieces (state_wire.Piece), each encoded when sent:
+    its columns cut by their offsets, its rest after them."""
+    parts: list[ExportSegment | PairSegment] = [ExportSegment(states.buffers)]
+    if states.rest:
+        parts.append(PairSegment(list(states.rest), list(states.rest.values())))
+    return [piece for part in parts for piece in part.pieces(MOST_IN_FRAME, CHUNK_BYTES)]
+
+
+class Encoded:
+    """A chunk encoded already, as a piece: `encode()` gives it."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def encode(self) -> bytes:
+        return self.data
+
+
 def import_chunks(reducer: str, states):
     """(entries, bytes) per chunk of a range to import: frames of column states for a
     table reducer (count, sum, min, max), msgpack [keys, states] for any other. A
     ColumnRange's columns are cut by their offsets, its rest after them."""
-    most = CHUNK_BYTES // 7       # entries a frame of CHUNK_BYTES can hold (7 bytes
-    #                               at least: kind, offset, a key byte, a value byte)
+    most = MOST_IN_FRAME
     if isinstance(states, ColumnRange):
-        parts: list[ExportSegment | PairSegment] = [ExportSegment(states.buffers)]
-        if states.rest:
-            parts.append(PairSegment(list(states.rest), list(states.rest.values())))
-        for part in parts:
-            for piece in part.pieces(most, CHUNK_BYTES):
-                yield piece.count, piece.encode()
+        for piece in column_pieces(states):
+            yield piece.count, piece.encode()
         return
     if reducer not in FRAMED or not states:
         yield from packed_chunks(column_slices(states), CHUNK_BYTES)
@@ -412,27 +443,37 @@ def _send(ring: Ring, tls, reducer: str, snapshot_id: str, ranges: dict,
     calls = 0
     try:
         for token in sorted(ranges):
-            chunks = list(import_chunks(reducer, ranges.pop(token)))
-            call = stub(ring.owner_of_token(token))
-            n = 1
-            while n <= len(chunks):
-                request = floe_pb2.ImportChunk(
-                    ring_stamp=ring.stamp, token=token, snapshot=snapshot_id,
-                    reducer=reducer, chunk=n, chunks=len(chunks), entries=chunks[n - 1][1],
-                    watermarks=pack(marks.get(token, {})) if n == 1 else b"",
-                    into_state=into_state)
-                try:
-                    held = call.ImportRange(request, timeout=CALL_TIMEOUT).chunks_held
-                except grpc.RpcError as exc:
-                    error = error_from_rpc(exc)
-                    if isinstance(error, StaleRing) and not _holds_state(error):
-                        raise error from None
-                    raise _stopped(error, token, n) from None
-                calls += 1
-                n = max(n, held) + 1
+            chunks = [Encoded(e) for _, e in import_chunks(reducer, ranges.pop(token))]
+            calls += send_range(stub(ring.owner_of_token(token)), ring, token,
+                                (reducer, snapshot_id, into_state), chunks,
+                                marks.get(token, {}))
     finally:
         for channel, _ in open_.values():
             channel.close()
+    return calls
+
+
+def send_range(call, ring: Ring, token: int, what: tuple, chunks: list, marks: dict) -> int:
+    """One range's chunks (pieces, each encoded as it is sent) to its primary `call`,
+    in order, from the first it lacks; `what` is (reducer, snapshot id, into_state).
+    Returns the calls made."""
+    reducer, snapshot_id, into_state = what
+    calls, n = 0, 1
+    while n <= len(chunks):
+        request = floe_pb2.ImportChunk(
+            ring_stamp=ring.stamp, token=token, snapshot=snapshot_id,
+            reducer=reducer, chunk=n, chunks=len(chunks), entries=chunks[n - 1].encode(),
+            watermarks=pack(marks) if n == 1 else b"", into_state=into_state)
+        try:
+            held = call.ImportRange(request, timeout=CALL_TIMEOUT).chunks_held
+        except grpc.RpcError as exc:
+            error = error_from_rpc(exc)
+            if isinstance(error, StaleRing) and not _holds_state(error):
+                raise error from None
+            raise _stopped(error, token, n) from None
+        del request
+        calls += 1
+        n = max(n, held) + 1
     return calls
 
 
@@ -475,6 +516,195 @@ def _check_empty(ring: Ring, tls: TlsFiles | None) -> None:
         raise StaleRing(f"the ring holds state ({', '.join(f'{n}: {k} keys' for n, k in sorted(held.items()))}): "
                         f"nothing was loaded; --into-state adds the snapshot to it, "
                         f"--resume continues a stopped import of this file")
+
+
+# ------------------------------------------------------------------ import, streamed
+#
+# A table reducer's file of frames (what a node's export writes) is imported one
+# snapshot range at a time, never whole: a first pass checks the file (every checksum
+# and field, the trailer) and each range's frames in a scratch state table (every key
+# once, inside its range, states as the reducer takes them), keeping of each section
+# only where it lies and the sha256 of its entries; after the cut (each target range
+# inside one of the snapshot's), a second pass reads each range's sections back
+# (their bytes must be those checked, else the import stops), installs them in a
+# scratch table and sends each target range inside it, a chunk encoded at a time.
+# Held at once: one snapshot range's states and one chunk, whatever the file's size.
+
+
+class Survey:
+    """The first pass over a file: its header and id, its entries, and per section
+    (in order) its span in the file, its fields without the entries (`parts`) and
+    the sha256 of its entries."""
+
+    def __init__(self, header: Header) -> None:
+        self.header, self.snapshot_id, self.keys = header, "", 0
+        self.spans: list[tuple[int, int, bytes]] = []
+        self.parts: list[Section] = []
+
+
+class RangeTable:
+    """One snapshot range's frames installed in a scratch state table, checked as
+    recut_frames checks a whole file's; `rest` the entries outside the columns."""
+
+    def __init__(self, reducer: str) -> None:
+        self.table, self.columns = StateTable(reducer), 0
+        self.rest: dict = {}
+
+    def add(self, entries: bytes) -> None:
+        frame = decode(entries)
+        if KIND_BYTES in frame.kinds and RESERVED in frame.key_data:
+            check_keys(frame.column_keys())
+        check_keys(frame.rest_keys)
+        try:
+            self.table.install_parts([(frame.kinds, frame.key_data, frame.offsets,
+                                       frame.value_column)], mark_dirty=False)
+        except (ValueError, InvalidArgument) as exc:
+            raise SnapshotError(f"column states: {exc}") from None
+        self.columns += len(frame.kinds)
+        if len(self.table) != self.columns:
+            raise SnapshotError(f"{self.columns - len(self.table)} keys are in two ranges "
+                                f"of the snapshot")
+        for key, state in zip(frame.rest_keys, frame.rest_states):
+            if key in self.rest:
+                raise SnapshotError(f"key {key!r:.60} is in two ranges of the snapshot")
+            self.rest[key] = state
+
+    def __len__(self) -> int:
+        return self.columns + len(self.rest)
+
+    def check(self, reducer: str) -> None:
+        for key in self.rest:
+            if type(key) in KEY_TYPES and key in self.table:
+                raise SnapshotError(f"key {key!r:.60} is in two ranges of the snapshot")
+        check_states(reducer, {0: self.rest})
+
+    def inside(self, lo: int, hi: int) -> bool:
+        """Whether every key's position is in (lo, hi] (the table is emptied)."""
+        self.table.discard(lo, hi)
+        return not len(self.table) and all(in_range(position(k), lo, hi) for k in self.rest)
+
+
+def _lower(tokens, token: int) -> int:
+    return tokens[tokens.index(token) - 1]
+
+
+def survey(f) -> Survey | None:
+    """The first pass over the open file `f` (SnapshotError for a damaged one, or a
+    range's frames failing a check), or None for a file to import whole (load_recut):
+    not a table reducer's, entries not frames, or a key outside its range's bounds."""
+    plan: Survey | None = None
+    current: RangeTable | None = None
+    start = f.tell()
+    for _, value in checked_walk(f):
+        end = f.tell()
+        if isinstance(value, Header):
+            if value.reducer not in FRAMED:
+                return None
+            plan = Survey(value)
+        elif isinstance(value, Section) and plan is not None:
+            if not is_frame(value.entries):
+                return None
+            if value.chunk == 1:
+                current = RangeTable(plan.header.reducer)
+            assert current is not None            # checked_walk: chunks 1.. in order
+            current.add(value.entries)
+            plan.spans.append((start, end, hashlib.sha256(value.entries).digest()))
+            plan.parts.append(Section(value.token, value.chunk, value.chunks,
+                                      value.watermarks, b""))
+            if value.chunk == value.chunks:
+                current.check(plan.header.reducer)
+                plan.keys += len(current)
+                if not current.inside(_lower(plan.header.tokens, value.token), value.token):
+                    return None
+                current = None
+        elif plan is not None and isinstance(value, tuple):
+            plan.snapshot_id = value[1]
+            return plan
+        start = end
+    return None
+
+
+def section_back(f, span: tuple[int, int, bytes], part: Section) -> bytes:
+    """The entries of a section read again where the first pass found it, exactly
+    those it checked (SnapshotError, the import stopped, if the file changed)."""
+    start, end, sha = span
+    f.seek(start)
+    raw = f.read(end - start)
+    try:
+        again = parse_section(raw[5:-4]) if raw[:1] == b"S" else None
+    except SnapshotError:
+        again = None
+    if again is None or (again.token, again.chunk, again.chunks, again.watermarks) != \
+            (part.token, part.chunk, part.chunks, part.watermarks) or \
+            hashlib.sha256(again.entries).digest() != sha:
+        raise SnapshotError(f"the file changed since it was checked (range {part.token}, "
+                            f"chunk {part.chunk}): the import stopped; what is loaded stays")
+    return again.entries
+
+
+def import_streamed(seeds: list[str], f, plan: Survey, tls: TlsFiles | None, *,
+                    into_state: bool, resume: bool) -> dict:
+    """import_ring of a surveyed file, a snapshot range at a time."""
+    header, calls = plan.header, 0
+    for attempt in range(1, IMPORT_TRIES + 1):
+        ring, reducer = read_ring(seeds, tls)
+        check_reducer(header, reducer, ring)
+        if attempt == 1 and not (into_state or resume):
+            _check_empty(ring, tls)
+        if cut_at_boundaries(ring, header.tokens, tls):
+            ring = _ring_cut(seeds, tls, header.tokens)
+        marks = range_marks(plan.parts, ring)
+        try:
+            if not all(ring.has_token(b) for b in header.tokens):
+                raise StaleRing("the ring lacks some of the snapshot's boundaries")
+            calls += _send_streamed(f, plan, ring, tls, marks, into_state)
+            break
+        except StaleRing as exc:
+            if _holds_state(exc) or attempt == IMPORT_TRIES:
+                raise
+    return dict(snapshot=plan.snapshot_id, keys=plan.keys, ranges=len(ring.tokens),
+                chunks=calls, sources=len({s for m in marks.values() for s in m}),
+                ring_version=ring.version)
+
+
+def targets_in(ring: Ring, lo: int, hi: int) -> list[int]:
+    """The ring's tokens in (lo, hi], wrapping (lo == hi: all)."""
+    tokens = sorted(ring.tokens)
+    a, b = bisect_right(tokens, lo), bisect_right(tokens, hi)
+    if lo < hi:
+        return tokens[a:b]
+    return tokens[a:] + tokens[:b] if lo > hi else tokens
+
+
+def _send_streamed(f, plan: Survey, ring: Ring, tls, marks: dict, into_state: bool) -> int:
+    header = plan.header
+    what = (header.reducer, plan.snapshot_id, into_state)
+    stub, open_ = _calls(ring, tls)
+    calls, at = 0, 0
+    try:
+        for token in header.tokens:
+            held = RangeTable(header.reducer)
+            while at < len(plan.parts) and plan.parts[at].token == token:
+                held.add(section_back(f, plan.spans[at], plan.parts[at]))
+                at += 1
+            lo = _lower(header.tokens, token)
+            rest: dict[int, dict] = {}
+            for key, state in held.rest.items():
+                rest.setdefault(ring.token_for_key(key), {})[key] = state
+            sent = 0
+            for target in targets_in(ring, lo, token):
+                states = ColumnRange(held.table.export(*ring.range_of_token(target)),
+                                     rest.pop(target, {}))
+                sent += len(states)
+                calls += send_range(stub(ring.owner_of_token(target)), ring, target, what,
+                                    column_pieces(states), marks.get(target, {}))
+                del states
+            if sent != len(held) or rest:
+                raise SnapshotError(f"range {token}: keys outside the ranges it was cut to")
+    finally:
+        for channel, _ in open_.values():
+            channel.close()
+    return calls
 
 
 # ------------------------------------------------------------------ the CLI

@@ -321,6 +321,14 @@ def _checked(f: BinaryIO) -> Iterator[tuple[str, Header | Section | tuple[int, s
     raise SnapshotError("no trailer: truncated")
 
 
+def checked_walk(f: BinaryIO) -> Iterator[tuple[str, Header | Section | tuple[int, str]]]:
+    """("header", Header), ("section", Section) ..., ("trailer", (entries, id)) of a
+    file read once, each given as soon as it is read (`f` then stands just past it) and
+    checked as far as it goes: the file is whole and intact only once the trailer
+    comes (a reader acting on a section before then drops what it did on an error)."""
+    return _checked(f)
+
+
 def verify(f: BinaryIO) -> tuple[Header, str, int]:
     """Read the whole file and check it (`_checked`). Returns (header, snapshot id,
     entries)."""
