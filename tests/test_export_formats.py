@@ -34,8 +34,8 @@ def counts(cluster) -> dict:
 
 def export_all(cluster, **fields) -> tuple[dict, set]:
     """Every range's entries read with ExportRange(**fields) as a dict, and the
-    formats the chunks named; msgpack entries read as a reader of format 1 only
-    reads them (a frame fails to decode: refused, not silent)."""
+    formats the chunks named; a request naming no format is read as a reader of
+    format 1 only reads it, msgpack [keys, states] (a frame fails to decode)."""
     ring, _ = read_ring(cluster.seeds, cluster.tls("operator"))
     got: dict = {}
     formats = set()
@@ -46,7 +46,7 @@ def export_all(cluster, **fields) -> tuple[dict, set]:
             for reply in stub.ExportRange(floe_pb2.ExportRangeRequest(
                     token=token, ring_stamp=ring.stamp, **fields), timeout=30):
                 formats.add(reply.format)
-                if is_frame(reply.entries):
+                if is_frame(reply.entries) and fields.get("formats"):
                     frame = decode(reply.entries)
                     keys = frame.column_keys() + list(frame.rest_keys)
                     states = frame.value_column.tolist() + list(frame.rest_states)
