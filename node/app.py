@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import logging
 import signal
 
@@ -96,6 +97,15 @@ def check_config_reducer(config: NodeConfig, reducer) -> None:
     check_reducer(balancer(config.balancer), reducer)
 
 
+def freeze_heap() -> int:
+    """Move every object alive now (modules, classes, the started node's machinery)
+    out of the collector's generations: a full collection no longer walks them
+    (25-36 ms of CPU in one event-loop step at 5 M keys over 4 nodes). Objects made
+    later are collected as before. Returns how many objects are frozen."""
+    gc.freeze()
+    return gc.get_freeze_count()
+
+
 async def start_node(config: NodeConfig) -> RunningNode:
     reducer = configured_reducer(config)
     check_config_reducer(config, reducer)
@@ -133,6 +143,7 @@ async def start_node(config: NodeConfig) -> RunningNode:
         await runtime.start()
         retiring.start()
         await set_health(health, True)
+        freeze_heap()
     except BaseException:
         if metrics is not None:
             metrics.close()
