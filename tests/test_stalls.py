@@ -1,0 +1,42 @@
+"""The stall probe (chaos.stalls) names an event-loop step over its bound, in CPU time."""
+
+import subprocess
+import sys
+
+from floering.chaos.stalls import report
+from floering.floe.cluster import node_env
+
+SCRIPT = """
+import asyncio, time
+from floering.chaos.stalls import install_probe
+install_probe()
+
+async def holds_the_loop():
+    t = time.thread_time()
+    while time.thread_time() - t < 0.03:
+        pass
+
+async def yields():
+    for _ in range(50):
+        await asyncio.sleep(0)
+
+async def main():
+    await asyncio.gather(holds_the_loop(), yields())
+
+asyncio.run(main())
+"""
+
+
+def test_a_step_over_the_bound_is_logged_with_its_task_and_reported(tmp_path):
+    env = dict(node_env(), FLOE_STALL_MS="5")
+    done = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    steps = [line for line in done.stderr.splitlines() if line.startswith("SLOWSTEP")]
+    assert len(steps) == 1 and steps[0].endswith(" holds_the_loop"), done.stderr
+    log = tmp_path / "n0.log"
+    log.write_text(done.stderr)
+    lines = report([log])
+    assert lines[0].startswith("n0: 1 steps over the bound, longest ")
+    assert float(lines[0].split("longest ")[1].split()[0]) >= 30.0
+    assert any(line.strip().endswith("holds_the_loop") for line in lines[2:])
