@@ -62,15 +62,18 @@ class RunningNode:
 
 def with_view_and_retired_stats(runtime, retiring: Retiring) -> None:
     """The node's stats (NodeStats, `floe status --json`) also count the ring views it
-    took a step at a time, refused and held (node.core.evidence), and what a removed
+    took a step at a time, refused and held (node.core.evidence), the views moving a
+    live member's range it held and refused (node.core.move_evidence), and what a removed
     member of this process kept (node.runtime.retiring)."""
     base = runtime.stats
 
     def stats() -> dict:
         views = runtime.machine.guard.counters
+        moves = runtime.machine.guard.moves.counters
         return dict(base(), **retiring.stats(), views_absorbed=views["views_absorbed"],
                     views_refused=views["removals_refused"] + views["own_removal_refused"],
-                    views_held=views["views_held"])
+                    views_held=views["views_held"],
+                    moves_held=moves["moves_held"], moves_refused=moves["moves_refused"])
     runtime.stats = stats
 
 

@@ -42,6 +42,9 @@ from floering.node.core.ring import Ring
 from floering.chaos.hostile import forged_views
 from floering.node.core.ring_merge import MAX_VERSION_STEP
 from floering.node.core.shares import PullRanges
+from floering.node.core.shed_round import (AskToShed, CascadeAnswered, CascadeFailed, Finished,
+                                           HandoffDone, HandoffRefused, HandOver, PlanComputed,
+                                           PlanRound, ShedRound)
 from floering.node.core.shedding import PeerLoad, cut_positions, shed_reach
 from floering.node.core.balancers import balancer
 from floering.node.core.pieces import base_of, merge_pieces
@@ -93,14 +96,6 @@ class SimProcess:
         return self.machine.node_id
 
 
-@dataclass(frozen=True)
-class ShedOutcome:
-    detail: str
-    moved: bool = False
-    asked: str = ""
-    asked_moved: bool = False
-
-
 # Pieces of shared keys are merged back after this long unchanged (10 s in production):
 # within a run, and more than a few checkpoint rounds.
 PIECE_IDLE = 0.5
@@ -108,7 +103,7 @@ PIECE_IDLE = 0.5
 # leaves, so every run crosses the window in which ranges have fewer copies.
 REPAIR_DELAY = 1.0
 # Ring views a member may forge that the protocol could have produced (Simulation.forge)
-MEMBER_FORGERIES = ("version far ahead", "removes live members")
+MEMBER_FORGERIES = ("version far ahead", "removes live members", "moves a live range")
 
 
 def make_machine(node_id: str, ring: Ring, incarnation: int, address: str,
@@ -172,6 +167,7 @@ class Simulation(MapperSide, DurableNodes):
         self.pulled = False     # a member short of its share was handed ranges
         self.declared: list[tuple[float, str, str]] = []   # (when, by whom, whom)
         self.forged_removals: list[tuple[float, str, tuple]] = []  # (when, to whom, whom)
+        self.forged_moves: list[tuple] = []   # (when, to whom, token, to, generation)
         self.rogue, self.rogue_until = "", 0.0     # a member answering forged views
         self.forged_answers: list[tuple[float, str, str]] = []  # (when, to whom, other)
 
@@ -785,49 +781,46 @@ class Simulation(MapperSide, DurableNodes):
         proc.hot_until = self.now + seconds
 
     def shed_load(self, proc: SimProcess, reason: str, depth: int, respond=None) -> None:
-        """As the runtime's balancing: one planned round; when a busy neighbour was
-        asked to shed first and moved ranges, plan again at once."""
-        def finish(outcome: ShedOutcome) -> None:
-            self.log.append(f"{self.now:.3f} {proc.name} shed ({reason}): {outcome.detail}")
-            if respond is not None:
-                respond(outcome.moved, None)
+        """The runtime's shedding round (node.core.shed_round), its effects carried out
+        over the simulated network and clock."""
+        shed = ShedRound(reason, depth)
 
-        def first(outcome: ShedOutcome) -> None:
-            if outcome.asked and outcome.asked_moved:
-                self._shed_once(proc, f"{reason}, after {outcome.asked} shed", depth,
-                                outcome.asked, finish)
-            else:
-                finish(outcome)
+        def run(effects: list) -> None:
+            match effects:
+                case [Finished(outcome=outcome)]:
+                    self.log.append(f"{self.now:.3f} {proc.name} shed ({reason}): "
+                                    f"{outcome.detail}")
+                    if respond is not None:
+                        respond(outcome, None)
+                case [PlanRound() as e]:
+                    self._plan_shed(proc, e, lambda computed: run(shed.handle(computed)))
+                case [HandOver(moves=moves)]:
+                    self._shed_moves(proc, moves, lambda event: run(shed.handle(event)))
+                case [AskToShed(node=node, depth=asked_depth)]:
+                    self.call_later(
+                        proc, proc.core.ring.address(node),
+                        lambda server, answer: self.shed_load(
+                            server, f"asked by {proc.name}", asked_depth, answer),
+                        lambda o: run(shed.handle(CascadeAnswered(o.moved, o.detail))),
+                        lambda exc: run(shed.handle(CascadeFailed(str(exc)))),
+                        timeout=5.0)
 
-        self._shed_once(proc, reason, depth, None, first)
+        run(shed.start())
 
-    def _shed_once(self, proc: SimProcess, reason: str, depth: int, relieved, then) -> None:
+    def _plan_shed(self, proc: SimProcess, e: PlanRound, then) -> None:
         ring = proc.core.ring
         reach = shed_reach(ring, proc.name, REACH)
         loads: dict = {}
 
         def plan_now() -> None:
             plan = proc.machine.plan_shed(loads, reach=REACH, tokens_per_node=self.tokens,
-                                          depth=depth, relieved=relieved)
+                                          depth=e.depth, relieved=e.relieved)
             for pos in cut_positions(plan):
                 try:
                     self.handle(proc, SplitRequested(pos))
                 except FloeError as exc:
                     self.log.append(f"{self.now:.3f} {proc.name} split refused: {exc}")
-            moves = proc.machine.shed_moves(plan)
-            if moves:
-                self._shed_moves(proc, moves, then)
-            elif plan.ask:
-                self.call_later(
-                    proc, ring.address(plan.ask),
-                    lambda server, respond: self.shed_load(
-                        server, f"asked by {proc.name}", depth + 1, respond),
-                    lambda moved: then(ShedOutcome(f"asked {plan.ask} to shed first",
-                                                   asked=plan.ask, asked_moved=moved)),
-                    lambda exc: then(ShedOutcome(f"cascade to {plan.ask} failed: {exc}")),
-                    timeout=5.0)
-            else:
-                then(ShedOutcome("nothing to move"))
+            then(PlanComputed(proc.machine.shed_moves(plan), plan.ask))
 
         def got(node: str, value) -> None:
             loads[node] = value
@@ -854,15 +847,18 @@ class Simulation(MapperSide, DurableNodes):
         self.call(proc, e.address, serve, _ignore, _ignore)
 
     def _shed_moves(self, proc: SimProcess, moves: dict, then) -> None:
-        if not self.request_handoff(proc, moves, f"sheds {len(moves)} ranges to "
-                                                 f"{','.join(sorted(set(moves.values())))}"):
-            then(ShedOutcome("handoff refused"))
+        try:
+            self.handle(proc, HandoffRequested(dict(moves), HANDOFF_TIMEOUT))
+        except InvalidArgument as exc:
+            self.log.append(f"{self.now:.3f} {proc.name} handoff refused: {exc}")
+            then(HandoffRefused(str(exc)))
             return
+        self.log.append(f"{self.now:.3f} {proc.name} sheds {len(moves)} ranges to "
+                        f"{','.join(sorted(set(moves.values())))}")
 
         def ended(h) -> None:
             proc.machine.shed_done(self.now)
-            then(ShedOutcome(f"moved {len(moves)} ranges: {h.state}",
-                             moved=h.state == "committed"))
+            then(HandoffDone(h.state == "committed", str(h.state), h.reason))
 
         proc.after_handoff.append(ended)
 
@@ -967,6 +963,9 @@ class Simulation(MapperSide, DurableNodes):
         if proc is None or not self._usable(proc) or proc.core.starting or proc.core.fenced:
             return
         ring = proc.core.ring
+        if kind == "moves a live range":
+            self._forge_move(proc)
+            return
         if kind == "version far ahead":
             forged = ring.with_version(ring.version + (1 << 20))
         else:
@@ -985,6 +984,30 @@ class Simulation(MapperSide, DurableNodes):
             self.log.append(f"{self.now:.3f} {proc.name} holds a forged view removing "
                             f"{','.join(others[:2])}")
             self.forged_removals.append((self.now, proc.name, tuple(others[:2])))
+
+    def _forge_move(self, proc: SimProcess) -> None:
+        """Another live member's certificate pushes `proc` a view giving itself a range
+        of a third live member (or of `proc`), under a higher generation: never merged
+        on its word (node.core.move_evidence: the giver is asked, and answers it still
+        owns the range)."""
+        ring = proc.core.ring
+        live = [n for n in ring.nodes if self.usable(n)]
+        others = [n for n in live if n != proc.name]
+        if not others:
+            return
+        forger = others[0]
+        givers = [n for n in live if n != forger and ring.tokens_of(n)]
+        if not givers:
+            return
+        giver = givers[int(self.now * 1000) % len(givers)]
+        token = ring.tokens_of(giver)[0]
+        forged = ring.with_owners({token: forger})
+        self.handle(proc, RingSeen(forged, sender=base_name(forger)))
+        assert proc.core.ring.owner_of_token(token) == giver, (proc.name, token, giver)
+        i = forged.token_index(token)
+        self.forged_moves.append((self.now, proc.name, token, forger, forged.generations[i]))
+        self.log.append(f"{self.now:.3f} {proc.name} holds a forged view moving {giver}'s "
+                        f"range {token} to {forger}")
 
     def turn_rogue(self, name: str, victim: str, duration: float) -> None:
         """`name`'s certificate answers every exchange for `duration` with a view

@@ -39,6 +39,7 @@ import logging
 from collections import Counter
 from typing import Iterable
 
+from floering.node.core.move_evidence import MoveGuard
 from floering.node.core.ring import Ring
 from floering.node.core.ring_merge import MAX_VERSION_STEP
 
@@ -78,6 +79,7 @@ class ViewGuard:
         self.counters = dict(views_absorbed=0, removals_refused=0, views_held=0,
                              own_removal_refused=0)
         self._reported: dict[str, float] = {}
+        self.moves = MoveGuard()                     # views moving live members' ranges
 
     def reset(self) -> None:
         """We rejoined as a new member: nothing held counts any more."""
@@ -89,6 +91,7 @@ class ViewGuard:
         self.accusers.clear()
         self.vouchers.clear()
         self.asked = -RETRY
+        self.moves.reset()
 
     def unverified(self, claims: frozenset[str], now: float) -> set[str]:
         """The claimed members our own probes have not found gone lately."""

@@ -14,6 +14,7 @@ from floering.node.core.evidence import removal_claims
 from floering.node.core.machine_io import (Gossip, Note, ProbedFor, ProbeFinished, RingSeen,
                                           StartProbe)
 from floering.node.core.membership import restarted
+from floering.node.core.move_evidence import move_claims
 from floering.node.core.ring_merge import MAX_VERSION_STEP, check_compatible
 
 if TYPE_CHECKING:
@@ -73,6 +74,8 @@ class ViewChecks:
                             "before it is adopted"))
             self._verify(waiting, now, out)
             return
+        if self._moves_unbacked(event, now, out):
+            return
         self._adopt(view, now, out)
         if self.isolation.view_seen():     # had we been removed, we would be fenced now
             out.append(Note("a peer's ring view reached us: our suspicions count again"))
@@ -126,6 +129,7 @@ class ViewChecks:
         as fenced, or as the member it rejoined as, once it learns it); while our own
         removal is contested, judge it again and ask every peer again."""
         guard = self.guard
+        self._retry_moves(now, out)
         if guard.accusers and self._own_removal(now, out, answered=False):
             return
         if not guard.pending:
@@ -176,3 +180,61 @@ class ViewChecks:
         for view, sender in views:
             self._ring_seen(RingSeen(view, sender=sender), now, out)
         return True
+
+    # ------------------------------------------------------------ range moves
+
+    def _moves_unbacked(self, event: RingSeen, now: float, out: list) -> bool:
+        """Does `event`'s view move a range away from a live member without that
+        member's own word (node.core.move_evidence)? Then it is held while the member
+        is asked, or refused, and not merged now."""
+        moves, view, me = self.guard.moves, event.ring, self.core.node_id
+        if (event.pulled and not event.sender) or self.core.starting:
+            return False                      # our own start-up decision
+        waited = moves.heard(event.sender, view, now)
+        claims = move_claims(self.core.ring, view)
+        refused, awaited = moves.judge(claims, me, self.core.ring,
+                                       moves.since(view.stamp, now))
+        if waited:
+            self._recheck_moves(now, out)
+        if not (refused or awaited):
+            moves.settled(view.stamp)
+            return False
+        if refused:
+            moves.drop(view.stamp, refused=False)
+            moves.counters["moves_refused"] += 1
+            self._report_moves(sorted(refused), claims, "its own ring says otherwise", now, out)
+            return True
+        for giver in moves.hold(event, view.stamp, event.sender, awaited, now):
+            out.append(Gossip(self.core.ring.address(giver)))
+        out.append(Note(f"a ring view moves ranges of {','.join(sorted(awaited))}: asking "
+                        "before it is adopted"))
+        return True
+
+    def _recheck_moves(self, now: float, out: list) -> None:
+        moves = self.guard.moves
+        for held in moves.recheck():
+            if held.ring.stamp in moves.pending:
+                self._ring_seen(held, now, out)
+
+    def _retry_moves(self, now: float, out: list) -> None:
+        moves = self.guard.moves
+        if not moves.pending:
+            return
+        if expired := moves.expired(now):
+            self._report_moves([], {}, f"no answer backed {expired} of them", now, out)
+        ring = self.core.ring
+        for giver in moves.due(now):
+            if giver in ring.nodes and giver != self.core.node_id:
+                out.append(Gossip(ring.address(giver)))
+
+    def _report_moves(self, givers: list, claims: dict, why: str, now: float,
+                      out: list) -> None:
+        guard = self.guard
+        if not guard.report("moves", now):
+            return
+        tokens = sorted(t for g in givers for t in claims.get(g, {}))
+        out.append(self._record(
+            "move_refused", f"refused a ring view moving ranges of "
+            f"{','.join(givers) or 'live members'} without their word: {why} "
+            f"({guard.moves.counters['moves_refused']} refused so far)", logging.WARNING,
+            about=givers, tokens=tokens[:16], count=guard.moves.counters["moves_refused"]))
