@@ -71,9 +71,9 @@ def with_view_and_retired_stats(runtime, retiring: Retiring) -> None:
         views = runtime.machine.guard.counters
         moves = runtime.machine.guard.moves.counters
         return dict(base(), **retiring.stats(), views_absorbed=views["views_absorbed"],
-                    views_refused=views["removals_refused"] + views["own_removal_refused"],
-                    views_held=views["views_held"],
-                    moves_held=moves["moves_held"], moves_refused=moves["moves_refused"])
+                    views_refused=views["removals_refused"] + views["own_removal_refused"]
+                    + moves["moves_refused"],
+                    views_held=views["views_held"] + moves["moves_held"])
     runtime.stats = stats
 
 

@@ -137,3 +137,74 @@ def test_forged_move_seed(seed):
 def test_forged_moves_reach_their_receivers():
     """The seeds above push forged moves (not only try to)."""
     assert sum(bool(move_scenario(seed).forged_moves) for seed in range(3)) >= 2
+
+
+# ------------------------------------------------------------ real processes
+
+WORDS = [f"w{i % 131}" for i in range(4000)]
+
+
+def _ring_of(cluster, node_id):
+    from floering.node.core.ring import Ring
+    from floering.v1 import floe_pb2, floe_pb2_grpc
+    with cluster.channel(cluster.node(node_id).address) as ch:
+        return Ring.from_wire(floe_pb2_grpc.ControlPlaneStub(ch).GetRing(
+            floe_pb2.GetRingRequest(), timeout=5).ring)
+
+
+@pytest.mark.multiprocess
+def test_a_members_certificate_cannot_move_another_live_members_range_on_tls(tmp_path):
+    """n2's certificate pushes n0 and n1 views giving n1's ranges (and n0's) to n2
+    under a higher generation: nothing moves, the counts stay exact, the refusals are
+    counted and logged."""
+    import json
+    from collections import Counter
+
+    from floering.floe.cluster import LocalCluster
+    from floering.mapper import RingClient
+    from floering.v1 import floe_pb2, floe_pb2_grpc
+    from tests.helpers import wait_for
+    want: Counter = Counter()
+    with LocalCluster.up(3, 1, workdir=tmp_path) as cluster:
+
+        def feed(words):
+            with RingClient(cluster.seeds, tls=cluster.tls("client"), timeout=20.0) as c:
+                c.emit_many(words)
+                c.flush()
+            want.update(words)
+
+        def scan():
+            with RingClient(cluster.seeds, tls=cluster.tls("client"), timeout=20.0) as c:
+                return Counter(dict(c.scan()))
+
+        feed(WORDS)
+        view = _ring_of(cluster, "n0")
+        owners = dict(zip(view.tokens, view.owners))
+        stolen = {t: "n2" for t in view.tokens_of("n1")}
+        for receiver, moves in (("n0", stolen), ("n1", stolen),
+                                ("n0", {t: "n2" for t in view.tokens_of("n0")})):
+            forged = view.with_owners(moves).with_version(view.version + 1)
+            with cluster.channel(cluster.node(receiver).address, "n2") as ch:  # n2's own key
+                floe_pb2_grpc.ControlPlaneStub(ch).ExchangeRing(floe_pb2.RingView(
+                    version=forged.version, ring=forged.to_wire(), sender="n2"), timeout=10)
+        feed(WORDS[::3])
+
+        def refused():
+            events = [json.loads(line) for n in ("n0", "n1")
+                      for line in open(cluster.node(n).events)]
+            return [e for e in events if e["kind"] == "move_refused"]
+        wait_for(lambda: len(refused()) >= 2, 30, "both receivers refused the moves")
+        for node in ("n0", "n1", "n2"):
+            ring = _ring_of(cluster, node)
+            assert {t: o for t, o in zip(ring.tokens, ring.owners) if t in owners} == owners, \
+                (node, ring.describe())
+        assert scan() == want
+        feed(WORDS[::7])
+        assert scan() == want
+        for node in ("n0", "n1"):
+            with cluster.channel(cluster.node(node).address) as ch:
+                shown = floe_pb2_grpc.QueryPlaneStub(ch).Stats(floe_pb2.StatsRequest(),
+                                                              timeout=5)
+            assert shown.views_refused >= 1, (node, shown)
+            # n0 asked n1 before refusing; n1 refused the move of its own ranges at once
+            assert shown.views_held >= (node == "n0"), (node, shown)
