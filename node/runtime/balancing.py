@@ -1,52 +1,63 @@
-"""Load shedding as a node runs it: ask the neighbours for their load, let the machine
-plan (node.core.shedding), then cut, hand off or ask a busy neighbour to shed first.
-A member short of its share of the ring asks the same way (node.core.shares): the
-member it asks hands it the ranges the rule names rather than shedding by load."""
+"""Load shedding as a node runs it: the round's decisions are node.core.shed_round's;
+this carries out its effects (ask the neighbours for their load, plan and cut, hand
+off, ask a busy neighbour to shed first) and reports back what came of them."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
 
 from floering.node.core.errors import FloeError, InvalidArgument
 from floering.node.core.handoff import HandoffState
 from floering.node.core.shares import PullRanges
+from floering.node.core.shed_round import (AskToShed, CascadeAnswered, CascadeFailed, Finished,
+                                           HandoffDone, HandoffRefused, HandOver, PlanComputed,
+                                           PlanRound, ShedOutcome, ShedRound)
 from floering.node.core.shedding import PeerLoad, cut_positions, shed_reach
 
 log = logging.getLogger("floe.node")
 
 
-@dataclass(frozen=True)
-class ShedOutcome:
-    """What one node's shedding did: `moved` whether it handed ranges away (committed);
-    `asked` the neighbour it asked to shed first, and whether that one moved any."""
-
-    detail: str
-    moved: bool = False
-    asked: str = ""
-    asked_moved: bool = False
-
-
 async def shed_load(runtime, reason: str, depth: int = 0, sender: str = "") -> ShedOutcome:
-    """Shed what the machine plans; when it asked a busy neighbour to shed first
-    and that one moved ranges, plan again at once with what it freed rather than
-    after a cool-down. Asked by a `sender` short of its share: hand it its ranges."""
+    """Run one shedding round (node.core.shed_round) to its outcome. Asked by a
+    `sender` short of its share: hand it its ranges."""
+    shed = ShedRound(reason, depth)
     share = runtime.machine.share_moves_for(sender) if sender else None
     if share is not None:
-        return await _hand_share(runtime, sender, share)
-    outcome = await _shed_once(runtime, reason, depth)
-    if outcome.asked and outcome.asked_moved:
-        retry = await _shed_once(runtime, f"{reason}, after {outcome.asked} shed", depth,
-                                 relieved=outcome.asked)
-        outcome = ShedOutcome(f"{outcome.detail}; {retry.detail}", retry.moved)
-    return outcome
+        log.info("share: handing %d ranges to %s, short of its share of the ring",
+                 len(share), sender)
+        effects = shed.start_share(sender, share)
+    else:
+        effects = shed.start()
+    while True:
+        match effects:
+            case [Finished(outcome=outcome)]:
+                return outcome
+            case [PlanRound() as e]:
+                effects = shed.handle(await _plan(runtime, e))
+            case [HandOver(moves=moves)]:
+                try:
+                    h = await runtime.hand_off(moves)
+                except FloeError as exc:
+                    effects = shed.handle(HandoffRefused(str(exc)))
+                    continue
+                if share is None:
+                    runtime.machine.shed_done(runtime.clock())
+                effects = shed.handle(HandoffDone(h.state == HandoffState.COMMITTED,
+                                                  str(h.state), h.reason))
+            case [AskToShed(node=node, depth=asked_depth)]:
+                try:
+                    moved, detail = await runtime.peers.request_shed(
+                        runtime.machine.core.ring.address(node), runtime.machine.node_id,
+                        asked_depth)
+                except FloeError as exc:
+                    effects = shed.handle(CascadeFailed(str(exc)))
+                    continue
+                effects = shed.handle(CascadeAnswered(bool(moved), str(detail)))
 
 
-
-async def _shed_once(runtime, reason: str, depth: int,
-                     relieved: str | None = None) -> ShedOutcome:
+async def _plan(runtime, e: PlanRound) -> PlanComputed:
     machine = runtime.machine
     ring = machine.core.ring
     reach = shed_reach(ring, machine.node_id, runtime.config.balance_reach)
@@ -60,8 +71,8 @@ async def _shed_once(runtime, reason: str, depth: int,
         else:
             loads[node] = PeerLoad(st.apply_rate, st.overloaded)
     plan = machine.plan_shed(loads, reach=runtime.config.balance_reach,
-                             tokens_per_node=runtime.config.tokens_per_node, depth=depth,
-                             relieved=relieved)
+                             tokens_per_node=runtime.config.tokens_per_node, depth=e.depth,
+                             relieved=e.relieved)
     for pos in cut_positions(plan):
         try:
             await runtime.split_range(pos)
@@ -69,37 +80,10 @@ async def _shed_once(runtime, reason: str, depth: int,
             log.info("load: cut at %#x refused: %s", pos, exc)
     moves = machine.shed_moves(plan)
     log.info("load: %s at %.6f, rate %.0f/s, queue %.1f, busy %.0f%%; nodes %s busy %s; "
-             "moving %d ranges", reason, time.time(), machine.load.rate(),
+             "moving %d ranges", e.reason, time.time(), machine.load.rate(),
              machine.load.queue(), 100 * machine.load.busy(),
              {n: round(r) for n, r in plan.rates_of.items()}, list(plan.busy), len(moves))
-    if moves:
-        h = await runtime.hand_off(moves)
-        machine.shed_done(runtime.clock())
-        return ShedOutcome(f"moved {len(moves)} ranges: {h.state} {h.reason}",
-                           moved=h.state == HandoffState.COMMITTED)
-    if plan.ask:
-        try:
-            moved, detail = await runtime.peers.request_shed(
-                ring.address(plan.ask), machine.node_id, depth + 1)
-        except FloeError as exc:
-            return ShedOutcome(f"cascade to {plan.ask} failed: {exc}")
-        return ShedOutcome(f"asked {plan.ask} to shed first: {detail}", asked=plan.ask,
-                           asked_moved=moved)
-    return ShedOutcome("nothing to move")
-
-
-async def _hand_share(runtime, sender: str, moves: dict[int, str]) -> ShedOutcome:
-    if not moves:
-        return ShedOutcome(f"{sender} is short of its share; another member (or a "
-                           f"handoff under way) gives it ranges")
-    log.info("share: handing %d ranges to %s, short of its share of the ring",
-             len(moves), sender)
-    try:
-        h = await runtime.hand_off(moves)
-    except FloeError as exc:
-        return ShedOutcome(f"handing {len(moves)} ranges to {sender} refused: {exc}")
-    return ShedOutcome(f"handed {len(moves)} ranges to {sender}: {h.state} {h.reason}",
-                       moved=h.state == HandoffState.COMMITTED)
+    return PlanComputed(moves, plan.ask)
 
 
 async def pull_share(runtime, effect: PullRanges) -> None:

@@ -20,7 +20,7 @@ from floering.node.core.ring import Ring
 from floering.node.core.state_store import LayeredState, copy_pairs
 from floering.node.core.state_wire import StateColumns, StateRun, into_dict
 from floering.node.core.table_state import copies_in_tables
-from floering.node.runtime.balancing import ShedOutcome
+from floering.node.core.shed_round import ShedOutcome
 from floering.node.runtime.inbound import StreamState
 from floering.node.runtime.node import NodeRuntime
 
