@@ -208,3 +208,14 @@ def test_a_members_certificate_cannot_move_another_live_members_range_on_tls(tmp
             assert shown.views_refused >= 1, (node, shown)
             # n0 asked n1 before refusing; n1 refused the move of its own ranges at once
             assert shown.views_held >= (node == "n0"), (node, shown)
+
+
+def test_a_held_move_of_a_member_removed_meanwhile_is_merged_at_the_next_tick():
+    m = machine("n0")
+    ring = m.core.ring
+    t = token_of(ring, "n1")
+    m.handle(RingSeen(ring.with_owners({t: "n2"}), sender="n3"), 1.0)   # n1 left, then
+    assert m.guard.moves.pending
+    m.core.adopt_ring(m.core.ring.without(["n1"]).with_version(ring.version + 5))
+    m.handle(MonitorDue(1.2), 1.2)
+    assert not m.guard.moves.pending and m.guard.moves.counters["moves_refused"] == 0

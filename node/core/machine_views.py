@@ -222,6 +222,7 @@ class ViewChecks:
             return
         if expired := moves.expired(now):
             self._report_moves([], {}, f"no answer backed {expired} of them", now, out)
+        self._recheck_moves(now, out)     # a giver removed meanwhile no longer counts
         ring = self.core.ring
         for giver in moves.due(now):
             if giver in ring.nodes and giver != self.core.node_id:
