@@ -168,8 +168,10 @@ class Machine:
     def __init__(self, ring, me):
         from floering.node.core.shares import SharePulling
         self.mixin = type("M", (SharePulling,), {})()
-        self.mixin.core = type("C", (), {"ring": ring, "node_id": me, "fenced": False})()
+        self.mixin.core = type("C", (), {"ring": ring, "node_id": me, "fenced": False,
+                                         "primaries": {}})()
         self.mixin.leaving = False
+        self.mixin.failing = {}
 
     def due(self, now):
         out = []
@@ -194,6 +196,28 @@ def test_the_donor_hands_only_what_its_own_ring_names():
     assert Machine(ring, "n0").mixin.share_moves_for("n2#1") == {}   # not the donor
     assert donor.share_moves_for("n1") is None       # not short: ordinary shedding
     assert donor.share_moves_for("nobody") is None
+
+
+def test_a_donor_whose_ranges_lack_a_copy_hands_no_share_until_they_have_it():
+    """Re-replication first: the share handoff's ring changes would turn the full
+    copies in flight away. A replica whose checkpoints keep failing does not hold it."""
+    from types import SimpleNamespace
+    from floering.node.core.shares import FAILING_ROUNDS
+    ring = rejoined()
+    donor = Machine(ring, "n3").mixin
+    token = ring.tokens_of("n3")[0]
+    replica = ring.replicas_of_token(token)[0]
+    rng = SimpleNamespace(replica_seq={})                  # no copy there yet
+    donor.core.primaries = {token: rng}
+    assert donor.copies_owed()
+    assert donor.share_moves_for("n2#1") == {}
+    assert donor.share_moves_for("n1") is None             # ordinary shedding as before
+    rng.replica_seq[replica] = 7                           # the full copy acknowledged
+    assert not donor.copies_owed()
+    assert donor.share_moves_for("n2#1") == pull_plan(ring, "n2#1")[1]
+    del rng.replica_seq[replica]
+    donor.failing[(token, replica)] = FAILING_ROUNDS        # reported failing: no wait
+    assert donor.share_moves_for("n2#1") == pull_plan(ring, "n2#1")[1]
 
 
 def test_a_member_on_its_way_out_neither_pulls_nor_gives():

@@ -34,13 +34,9 @@ from floering.node.core.machine_io import (
 from floering.node.core.membership import (RecentDonors, refill_moves, rejoin_name, removal_losses, restarted)
 from floering.node.core.node_core import NodeCore, RingChange
 from floering.node.core.ring import Ring
-from floering.node.core.shares import SharePulling
+from floering.node.core.shares import FAILING_ROUNDS, SharePulling
 from floering.node.core.shedding import PeerLoad, ShedPlan, plan_shed, with_split_tail
 
-# Checkpoint rounds a replica may fail in a row (5 s at the default interval: longer
-# than any detection) before it is reported: its copy of the range is going stale and
-# the batches backed up for it pile up.
-FAILING_ROUNDS = 25
 
 # How long a requested handoff waits for the extras of its ranges to retire (another
 # handoff just committed next to them) before it is prepared anyway.

@@ -26,6 +26,11 @@ on its way out neither pulls nor gives: `begin_leaving`); the donor recomputes t
 plan from its own ring and hands over only what the rule names.
 Nothing is planned while any handoff is under way (the ring has extra destinations):
 an operator's moves, a refill or another pull go first, and the next plan sees them.
+Nor does a donor hand a share over while a range of its own lacks a copy on a replica
+the ring names (re-replication after a member left): the handoff's ring changes would
+turn the full copies in flight away as stale and they would start again, each time
+(`copies_owed`; a replica whose checkpoints keep failing does not hold it back). The
+member asks again after --share-pull-interval.
 """
 
 from __future__ import annotations
@@ -40,6 +45,10 @@ from floering.node.core.ring import Ring
 if TYPE_CHECKING:
     from floering.node.core.node_core import NodeCore
 
+# Checkpoint rounds a replica may fail in a row (5 s at the default interval: longer
+# than any detection) before it is reported (NodeMachine): its copy of the range is
+# going stale and the batches backed up for it pile up.
+FAILING_ROUNDS = 25
 # Seconds a member stays short before it pulls: an operator who just added it
 # (`floe scale --add`) hands it ranges first.
 PULL_GRACE = 3.0
@@ -151,6 +160,7 @@ class SharePulling:
 
     core: NodeCore                       # the machine's
     leaving: bool                        # the machine's: on its way out of the ring
+    failing: dict[tuple[int, str], int]  # the machine's: (token, replica) -> failed rounds
     short_since: float | None = None     # first seen short (None: not short)
     pull_after: float = 0.0              # no new pull before this time
     filling = False                      # had no range, or a member was removed,
@@ -194,4 +204,15 @@ class SharePulling:
         if self.leaving or core.fenced or not short_of_share(core.ring, sender):
             return None
         donor, moves = pull_plan(core.ring, sender)
-        return moves if donor == core.node_id and not self.departing else {}
+        if donor != core.node_id or self.departing or self.copies_owed():
+            return {}
+        return moves
+
+    def copies_owed(self) -> bool:
+        """Whether a range of ours lacks a copy on a replica the ring names, one whose
+        checkpoints are not failing round after round (FAILING_ROUNDS)."""
+        core = self.core
+        replicas_of = core.ring.replicas_of_token
+        return any(rng.replica_seq.get(r) is None
+                   and self.failing.get((token, r), 0) < FAILING_ROUNDS
+                   for token, rng in core.primaries.items() for r in replicas_of(token))
