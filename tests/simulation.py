@@ -42,6 +42,8 @@ from floering.node.core.ring import Ring
 from floering.chaos.hostile import forged_views
 from floering.node.core.ring_merge import MAX_VERSION_STEP
 from floering.node.core.shares import PullRanges
+from floering.node.core.leaving import (CheckAgain, Checked, Go, HandAway, HandedAway,
+                                        HandingRefused, LeaveFailed, LeaveState, Leaving)
 from floering.node.core.shed_round import (AskToShed, CascadeAnswered, CascadeFailed, Finished,
                                            HandoffDone, HandoffRefused, HandOver, PlanComputed,
                                            PlanRound, ShedRound)
@@ -77,8 +79,7 @@ class SimProcess:
         self.paused_until = 0.0
         self.slow_until = 0.0     # starved: everything it sends, reads or does runs late
         self.slow_delay = 0.0     # by up to this many seconds
-        self.leaving = ""         # "", "handing" (its ranges), "waiting" (copies in use)
-        self.leave_by = 0.0
+        self.leaving: Leaving | None = None     # its scale-in, under way
         self.hot_until = 0.0      # overloaded: it applies OVERLOAD_FACTOR times slower
         self.busy_seconds = 0.0   # time its applier spent applying
         self.inbound: deque = deque()   # batches received, not applied yet (bounded)
@@ -166,6 +167,7 @@ class Simulation(MapperSide, DurableNodes):
         self.log: list[str] = []
         self.pulled = False     # a member short of its share was handed ranges
         self.declared: list[tuple[float, str, str]] = []   # (when, by whom, whom)
+        self.leave_failures: list[tuple[float, str, str]] = []   # (when, who, why)
         self.forged_removals: list[tuple[float, str, tuple]] = []  # (when, to whom, whom)
         self.forged_moves: list[tuple] = []   # (when, to whom, token, to, generation)
         self.rogue, self.rogue_until = "", 0.0     # a member answering forged views
@@ -586,8 +588,6 @@ class Simulation(MapperSide, DurableNodes):
         return True
 
     def _handoff_ended(self, proc: SimProcess, h) -> None:
-        if proc.leaving == "handing":
-            proc.leaving = "waiting" if h.state == "committed" else ""
         callbacks, proc.after_handoff = proc.after_handoff, []
         for callback in callbacks:
             callback(h)
@@ -638,41 +638,62 @@ class Simulation(MapperSide, DurableNodes):
             self.request_handoff(proc, {token: heir}, f"hands the tail {token} to {heir}")
 
     def leave(self, name: str) -> None:
-        """Scale-in as the runtime does it: hand every range to its first replica, wait
-        until no range needs our copy any more, remove ourselves, exit."""
+        """Scale-in as the runtime does it (node.core.leaving): hand every range away,
+        wait until no range needs our copy any more, remove ourselves, exit; a refused
+        or aborted handoff fails the leave, reported in the log and `leave_failures`."""
         proc = self.process(name)
-        if proc is None or not self._usable(proc) or proc.leaving:
+        if proc is None or not self._usable(proc) or proc.leaving is not None:
             return
+        leaving = Leaving(self.now + HANDOFF_TIMEOUT)
         try:
             moves = proc.machine.leave_moves()
         except InvalidArgument as exc:
-            self.log.append(f"{self.now:.3f} {proc.name} leave refused: {exc}")
+            self._run_leave(proc, leaving.refused(str(exc)))
             return
         self.log.append(f"{self.now:.3f} {proc.name} leaves")
         proc.machine.begin_leaving()
-        proc.leave_by = self.now + HANDOFF_TIMEOUT
-        if not moves:
-            proc.leaving = "waiting"
-            return
-        proc.leaving = "handing"
-        if not self.request_handoff(proc, moves, f"hands {len(moves)} ranges away"):
-            proc.leaving = ""
+        proc.leaving = leaving
+        self._run_leave(proc, leaving.start(moves))
+
+    def _run_leave(self, proc: SimProcess, effects: list) -> None:
+        leaving = proc.leaving
+        match effects:
+            case [Go(warning=warning)]:
+                if warning:
+                    self.log.append(f"{self.now:.3f} {proc.name} {warning}")
+                proc.leaving = None
+                self.handle(proc, LeaveRing())
+            case [LeaveFailed(reason=reason)]:
+                self.log.append(f"{self.now:.3f} {proc.name} leave failed: {reason}")
+                self.leave_failures.append((self.now, proc.name, reason))
+                proc.leaving = None
+            case [HandAway(moves=moves, again=again)]:
+                try:
+                    self.handle(proc, HandoffRequested(dict(moves), HANDOFF_TIMEOUT))
+                except InvalidArgument as exc:
+                    self.log.append(f"{self.now:.3f} {proc.name} handoff refused: {exc}")
+                    self._run_leave(proc, leaving.handle(HandingRefused(str(exc))))
+                    return
+                self.log.append(f"{self.now:.3f} {proc.name} " + (
+                    "hands on ranges that came back while leaving" if again
+                    else f"hands {len(moves)} ranges away"))
+                proc.after_handoff.append(lambda h: self._run_leave(proc, leaving.handle(
+                    HandedAway(h.state == "committed", h.reason))))
+            case [CheckAgain()]:
+                if proc.machine.copy_in_use():
+                    self._gossip(proc, None)
 
     def _continue_leave(self, proc: SimProcess) -> None:
-        if proc.leaving != "waiting":
+        """After each checkpoint round: is our copy still in use, did a range come back?"""
+        leaving = proc.leaving
+        if leaving is None or leaving.state != LeaveState.WAITING:
             return
-        if proc.machine.copy_in_use() and self.now < proc.leave_by:
-            self._gossip(proc, None)
-            return
-        if proc.core.ring.tokens_of(proc.name) and self.now < proc.leave_by:
-            # a range came back to us (its new owner died, we held its copy): on again
-            proc.leaving = "handing"
-            if not self.request_handoff(proc, proc.machine.leave_moves(), "hands on "
-                                        "ranges that came back while leaving"):
-                proc.leaving = "waiting"
-            return
-        proc.leaving = ""
-        self.handle(proc, LeaveRing())
+        try:
+            moves, refused = proc.machine.leave_moves(), ""
+        except InvalidArgument as exc:
+            moves, refused = {}, str(exc)
+        self._run_leave(proc, leaving.handle(Checked(
+            self.now, proc.machine.copy_in_use(), moves, refused)))
 
     def join(self, name: str, via: str) -> None:
         """A new, empty member joins through `via`'s view, then `via` hands it a token

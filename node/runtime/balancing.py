@@ -10,6 +10,8 @@ import time
 
 from floering.node.core.errors import FloeError, InvalidArgument
 from floering.node.core.handoff import HandoffState
+from floering.node.core.leaving import (CheckAgain, Checked, Go, HandAway, HandedAway,
+                                        HandingRefused, LeaveFailed, Leaving)
 from floering.node.core.shares import PullRanges
 from floering.node.core.shed_round import (AskToShed, CascadeAnswered, CascadeFailed, Finished,
                                            HandoffDone, HandoffRefused, HandOver, PlanComputed,
@@ -100,27 +102,41 @@ async def pull_share(runtime, effect: PullRanges) -> None:
 
 
 async def hand_all_away(runtime, timeout: float) -> None:
-    """Scale-in up to leaving: spread every range of ours over the other members
-    (node.core.shares.spread_leave), then wait until the new owners no longer need our
-    copies. A range that comes back meanwhile (its new owner died and our copy made
-    us its holder) is handed on again, so leaving never drops one."""
+    """Scale-in up to leaving, as node.core.leaving decides it: raises InvalidArgument
+    when a handoff is refused or aborted (the node stays a member)."""
     machine = runtime.machine
-    machine.begin_leaving()
-    deadline = runtime.clock() + timeout
-    while True:
+    leaving = Leaving(runtime.clock() + timeout)
+    try:
         moves = machine.leave_moves()
-        if moves:
-            h = await runtime.hand_off(moves, max(1.0, deadline - runtime.clock()))
-            if h.state != HandoffState.COMMITTED:
-                raise InvalidArgument(f"cannot leave: {h.reason}")
-        while machine.copy_in_use():
-            if runtime.clock() > deadline:
-                log.warning("leaving while other ranges still use our copy")
+    except InvalidArgument as exc:
+        effects = leaving.refused(str(exc))
+    else:
+        machine.begin_leaving()
+        effects = leaving.start(moves)
+    while True:
+        match effects:
+            case [Go(warning=warning)]:
+                if warning:
+                    log.warning(warning)
                 return
-            runtime.sync_ring()
-            await asyncio.sleep(0.05)
-        if not machine.leave_moves():
-            return
-        if runtime.clock() > deadline:
-            log.warning("leaving with ranges that came back to us")
-            return
+            case [LeaveFailed(reason=reason)]:
+                raise InvalidArgument(reason)
+            case [HandAway(moves=moves)]:
+                try:
+                    h = await runtime.hand_off(
+                        moves, max(1.0, leaving.deadline - runtime.clock()))
+                except FloeError as exc:
+                    effects = leaving.handle(HandingRefused(str(exc)))
+                    continue
+                effects = leaving.handle(HandedAway(h.state == HandoffState.COMMITTED,
+                                                    h.reason))
+            case [CheckAgain()]:
+                if machine.copy_in_use():
+                    runtime.sync_ring()
+                    await asyncio.sleep(0.05)
+                try:
+                    moves, refused = machine.leave_moves(), ""
+                except InvalidArgument as exc:
+                    moves, refused = {}, str(exc)
+                effects = leaving.handle(Checked(runtime.clock(), machine.copy_in_use(),
+                                                 moves, refused))
