@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 
 from floering.node.core.batch import Limits
 from floering.node.core.machine_io import RingSeen
-from floering.node.core.membership import base_name, decide_start, founding_ring, ready_to_decide
+from floering.node.core.membership import base_name, decide_start, founding_ring
+from floering.node.core.startup_round import Answered, AskPeers, Startup, Stop
 from floering.node.core.persistence import DiskPlan
 from floering.node.core.persistence_io import Began
 from floering.node.core.reducers import load_reducer
@@ -26,7 +27,6 @@ if TYPE_CHECKING:
     from tests.simulation import SimProcess
 
 STARTUP_GRACE = 1.0         # a node back from its disk suspects no peer before this
-ASK_AGAIN = 0.2             # a starting node with no answer yet asks again after this
 
 
 @dataclass
@@ -42,6 +42,7 @@ class Starter:
     initial: Ring | None
     answer: Ring | None
     since: float
+    startup: Startup | None = None    # node.core.startup_round, made at the first ask
 
 
 class DurableNodes:
@@ -142,11 +143,17 @@ class DurableNodes:
                 seen.append(other.answer)
                 starting += 1
         joining = starter.initial is None
-        waited = self.now - starter.since >= STARTUP_GRACE
-        if not ready_to_decide(len(seen), starting, len(targets), joining, waited) or \
-                (joining and not seen):
-            self.at(self.now + ASK_AGAIN, self._decide, starter)
-            return
+        if starter.startup is None:
+            starter.startup = Startup(starter.me, joining, starter.since, STARTUP_GRACE)
+        match starter.startup.handle(Answered(self.now, tuple(seen), starting, len(targets))):
+            case [AskPeers(delay=delay)]:
+                self.at(self.now + delay, self._decide, starter)
+                return
+            case [Stop(reason=reason)]:           # as the runtime: the process exits
+                del self.starting[address]
+                self.log.append(f"{self.now:.3f} {base_name(starter.me)} stops: {reason}")
+                self.start_failures.append((self.now, base_name(starter.me), reason))
+                return
         del self.starting[address]
         decision = decide_start(starter.me, starter.incarnation, address, seen,
                                 None if joining else starter.initial)

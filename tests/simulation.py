@@ -35,7 +35,7 @@ from floering.node.core.machine_io import (
     HeartbeatFailed, LeaveRing, LoadSampled, MapperAhead, MonitorDue, Note, ProbedFor, ProbeFinished,
     Record, RefillDue, RingSeen, SendFolds, SendHeartbeat, ShipCheckpoints, SignOfLife, Split,
     SplitRequested, StartHandoff, StartProbe, StartShed)
-from floering.node.core.membership import base_name, decide_start, ready_to_decide
+from floering.node.core.membership import base_name, decide_start
 from floering.node.core.node_core import NodeCore
 from floering.node.core.reducers import load_reducer
 from floering.node.core.ring import Ring
@@ -44,6 +44,7 @@ from floering.node.core.ring_merge import MAX_VERSION_STEP
 from floering.node.core.shares import PullRanges
 from floering.node.core.leaving import (CheckAgain, Checked, Go, HandAway, HandedAway,
                                         HandingRefused, LeaveFailed, LeaveState, Leaving)
+from floering.node.core.startup_round import Answered, AskPeers, Startup, Stop
 from floering.node.core.shed_round import (AskToShed, CascadeAnswered, CascadeFailed, Finished,
                                            HandoffDone, HandoffRefused, HandOver, PlanComputed,
                                            PlanRound, ShedRound)
@@ -168,6 +169,7 @@ class Simulation(MapperSide, DurableNodes):
         self.pulled = False     # a member short of its share was handed ranges
         self.declared: list[tuple[float, str, str]] = []   # (when, by whom, whom)
         self.leave_failures: list[tuple[float, str, str]] = []   # (when, who, why)
+        self.start_failures: list[tuple[float, str, str]] = []   # a start-up that stopped
         self.forged_removals: list[tuple[float, str, tuple]] = []  # (when, to whom, whom)
         self.forged_moves: list[tuple] = []   # (when, to whom, token, to, generation)
         self.rogue, self.rogue_until = "", 0.0     # a member answering forged views
@@ -923,21 +925,31 @@ class Simulation(MapperSide, DurableNodes):
         proc.alive = False
         self._start_again(proc, answering, self._incarnation())
 
-    def _start_again(self, old: SimProcess, answering: float, incarnation: int) -> None:
-        """The new process asks its peers; with no running peer answering it waits
-        and asks again (it cannot tell a restart from a fresh start alone)."""
+    def _start_again(self, old: SimProcess, answering: float, incarnation: int,
+                     startup: Startup | None = None) -> None:
+        """The new process asks its peers and decides as node.core.startup_round does:
+        with no running peer answering it waits and asks again (it cannot tell a
+        restart from a fresh start alone); a joiner no peer answers stops."""
         base = base_name(old.started_as)
+        initial = self.founding if base in self.members else None
+        if startup is None:
+            startup = Startup(base, initial is None, self.now, 1.0)
         peers = [p for p in self.procs if p.alive and p.address != old.address]
         seen = [p.core.ring for p in peers
                 if self._usable(p) and frozenset((old.address, p.address)) not in self.cut
                 and self.rng.random() < answering]
         asked = len({p.address for p in peers})
         # Every peer in the simulation runs (none is starting), as the runtime judges it.
-        if not ready_to_decide(len(seen), 0, asked, False, False):
-            self.log.append(f"{self.now:.3f} {base} (restarted) hears no peer yet")
-            self.at(self.now + 0.2, self._start_again, old, answering, incarnation)
-            return
-        initial = self.founding if base in self.members else None
+        match startup.handle(Answered(self.now, tuple(seen), 0, asked)):
+            case [AskPeers(delay=delay)]:
+                self.log.append(f"{self.now:.3f} {base} (restarted) hears no peer yet")
+                self.at(self.now + delay, self._start_again, old, answering, incarnation,
+                        startup)
+                return
+            case [Stop(reason=reason)]:           # as the runtime: the process exits
+                self.log.append(f"{self.now:.3f} {base} stops: {reason}")
+                self.start_failures.append((self.now, base, reason))
+                return
         decision = decide_start(base, incarnation, old.address, seen, initial)
         if any(p.alive and p.name == decision.node_id for p in self.procs):
             raise AssertionError(f"{decision.node_id} restarted under a live member's name")

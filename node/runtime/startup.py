@@ -1,6 +1,7 @@
 """Before a process serves: ask the peers what they know and decide who it is.
 
-The rules are pure (`floering.node.core.membership`); this module only asks and waits.
+The rules are pure (`floering.node.core.membership`, the steps
+`floering.node.core.startup_round`); this module only asks and waits.
 """
 
 from __future__ import annotations
@@ -11,13 +12,11 @@ import time
 
 from floering.node.core.columnar import KERNEL
 from floering.node.core.errors import FloeError, InvalidArgument, Unavailable, inert
-from floering.node.core.membership import StartDecision, decide_start, ready_to_decide
+from floering.node.core.membership import StartDecision, decide_start
 from floering.node.core.ring import Ring
+from floering.node.core.startup_round import AskPeers, Answered, Decide, Startup, Stop
 
 log = logging.getLogger("floe.node")
-
-WAIT_LOG_SECONDS = 5.0
-ASK_AGAIN_SECONDS = 0.2
 
 
 async def ask_peers(peers, targets: list[str],
@@ -55,22 +54,24 @@ async def decide_membership(config, peers, incarnation: int, initial: Ring,
     # ring names; a fresh process the peers it was configured with.
     members = members or config.peers
     targets = seeds if seeds is not None else [a for n, a in members if n != me]
-    started = clock()
-    log_at = started + WAIT_LOG_SECONDS
+    startup = Startup(me, joining, clock(), config.startup_grace)
     timeout = min(config.rpc_timeout, 1.0)
+    effects = startup.start()
     while True:
-        seen, starting, errors = await ask_peers(peers, targets, timeout)
-        if joining and not seen:
-            raise Unavailable("no seed to join answered: " + "; ".join(errors))
-        waited = clock() - started >= config.startup_grace
-        if ready_to_decide(len(seen), starting, len(targets), joining, waited):
-            break
-        if clock() >= log_at:
-            log.warning("%s is waiting for a running peer to confirm its place in the "
-                        "ring (%d of %d answered, all starting): %s", me,
-                        len(seen), len(targets), "; ".join(errors) or "-")
-            log_at += WAIT_LOG_SECONDS
-        await asyncio.sleep(ASK_AGAIN_SECONDS)
+        match effects:
+            case [AskPeers(delay=delay, warning=warning)]:
+                if warning:
+                    log.warning("%s", warning)
+                if delay:
+                    await asyncio.sleep(delay)
+                seen, starting, errors = await ask_peers(peers, targets, timeout)
+                effects = startup.handle(Answered(clock(), tuple(seen), starting,
+                                                  len(targets), tuple(errors)))
+            case [Stop(reason=reason)]:
+                raise Unavailable(reason)
+            case [Decide(seen=decided)]:
+                seen = list(decided)
+                break
     for ring in seen + [initial]:
         if ring.replication != config.replication:
             raise InvalidArgument(f"the ring runs r={ring.replication}, this node was started "
