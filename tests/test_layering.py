@@ -193,7 +193,8 @@ def test_no_private_names_imported_across_modules():
 DECISIONS = {"floering.node.core.detector": {"combine", "indirect_vias"},
              "floering.node.core.handoff": {"retired_extras", "leave_moves", "split_ring",
                                    "commit_ring"},
-             "floering.node.core.membership": {"refill_moves", "rejoin_name", "restarted"},
+             "floering.node.core.membership": {"refill_moves", "rejoin_name", "restarted",
+                                      "ready_to_decide"},
              "floering.node.core.load": {"choose_shed", "clockwise_nodes"},
              "floering.node.core.split_point": {"plan_split"},
              "floering.node.core.shedding": {"plan_shed", "with_split_tail"},
@@ -225,6 +226,13 @@ def test_only_the_machine_makes_protocol_decisions(path):
 def test_the_simulation_drives_the_production_machines():
     assert "floering.node.core.machine" in imports(ROOT / "tests" / "simulation.py")
     assert "floering.mapper.machine" in imports(ROOT / "tests" / "sim_mapper.py")
+    # shedding, leaving and start-up: the runtime and the simulation run the same rounds
+    for machine, users in (("shed_round", ("node/runtime/balancing.py", "tests/simulation.py")),
+                           ("leaving", ("node/runtime/balancing.py", "tests/simulation.py")),
+                           ("startup_round", ("node/runtime/startup.py", "tests/simulation.py",
+                                              "tests/sim_durable.py"))):
+        for user in users:
+            assert f"floering.node.core.{machine}" in imports(ROOT / user), (machine, user)
 
 
 # A ceiling, not a steering rule: where code goes follows what it does. An exception

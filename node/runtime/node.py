@@ -31,8 +31,8 @@ from floering.node.core.membership import founding_ring
 from floering.node.core.node_core import NodeCore
 from floering.node.core.reducers import Reducer
 from floering.node.core.ring import Ring
-from floering.node.runtime.balancing import (PullRanges, ShedOutcome, hand_all_away, pull_share,
-                                             shed_load)
+from floering.node.core.shed_round import ShedOutcome
+from floering.node.runtime.balancing import PullRanges, hand_all_away, pull_share, shed_load
 from floering.node.runtime.durability import Durability, open_data_dir, restore
 from floering.node.runtime.events import EventLog
 from floering.node.runtime.folds import send_folds
