@@ -190,7 +190,7 @@ class ViewChecks:
         moves, view, me = self.guard.moves, event.ring, self.core.node_id
         if (event.pulled and not event.sender) or self.core.starting:
             return False                      # our own start-up decision
-        waited = moves.heard(event.sender, view, now)
+        waited = moves.heard(event.sender, view, now, self.core.ring)
         claims = move_claims(self.core.ring, view)
         refused, awaited = moves.judge(claims, me, self.core.ring,
                                        moves.since(view.stamp, now))

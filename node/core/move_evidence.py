@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 MAX_PENDING = 4            # views held while their moves wait for their givers' word
 MAX_PER_SENDER = 2         # of them, from one sender
-MAX_WORDS = 4096           # members whose latest own view is kept
+MAX_WORDS = 256            # members whose latest own view is kept (the oldest goes)
 ASK_EVERY = 1.0            # a held view's givers are asked again this often
 PATIENCE = 5.0             # seconds a held view waits for its givers' word
 
@@ -92,11 +92,14 @@ class MoveGuard:
         self.pending.clear()
         self.asked.clear()
 
-    def heard(self, sender: str, view: "Ring", now: float) -> bool:
-        """`sender` sent `view` itself. Returns whether a held view waits for its word."""
+    def heard(self, sender: str, view: "Ring", now: float, ring: "Ring") -> bool:
+        """`sender` sent `view` itself. Kept only for a member of `ring` (a name made
+        up in the clear keeps nothing). Returns whether a held view waits for its word."""
         if not sender or sender.startswith("@"):
             return False
         key = base_name(sender)
+        if not any(base_name(n) == key for n in ring.nodes):
+            return False
         held = self.words.get(key)
         if held is not None and (held[0].version, held[0].stamp) >= (view.version, view.stamp):
             if held[0].stamp == view.stamp:
