@@ -12,7 +12,6 @@ is refused by the node's validation alone (under TLS the handshake would stop it
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import grpc
@@ -22,19 +21,8 @@ from floering.chaos.timeline import Injected
 from floering.v1 import floe_pb2, floe_pb2_grpc
 from floering.node.core.batch import encode_payload
 from floering.node.core.codec import pack, pack_entries
+from floering.node.core.forged_views import forged_views
 from floering.node.core.ring import Ring
-
-
-def forged_views(ring: Ring) -> dict[str, Ring]:
-    """Views no honest member can have sent."""
-    victim = ring.nodes[-1]
-    return {"replication": replace(ring, replication=ring.replication + 1)
-            .with_version(ring.version + 1),
-            "moved member": replace(ring, addresses=tuple(
-                (n, "127.0.0.1:1" if n == victim else a) for n, a in ring.addresses))
-            .with_version(ring.version + 1),
-            "every range lost": replace(ring, lost=frozenset(ring.tokens))
-            .with_version(ring.version + 1)}
 
 
 def _refused(call, expected: grpc.StatusCode) -> str:

@@ -1,15 +1,60 @@
 """floe-ring's public Python API: the ring client, the errors it raises, the base
 class of reducers, and the helpers mappers use."""
 
-from floering.mapper.aclient import AsyncRingClient
-from floering.mapper.client import RingClient
-from floering.mapper.words import split_words, words_of_lines
-from floering.node.core.epochs import MAX_POSITION, epoch_seq, epoch_source
-from floering.mapper.scanning import FoldDuringScan
-from floering.node.core.errors import (FloeError, InvalidArgument, InvalidKey, RangeLost,
-                                       ReducerMismatch, StaleRing, Unavailable)
-from floering.node.core.reducers import Reducer
-from floering.node.transport.tls import TlsFiles
+from typing import TYPE_CHECKING
+
+# Names load on first use, so that a pure part (mapper.machine, mapper.outbox) imported
+# by itself, as the simulation does, brings in neither gRPC nor the TLS module.
+_HOMES = {
+    "AsyncRingClient": "floering.mapper.aclient", "RingClient": "floering.mapper.client",
+    "split_words": "floering.mapper.words", "words_of_lines": "floering.mapper.words",
+    "MAX_POSITION": "floering.node.core.epochs", "epoch_seq": "floering.node.core.epochs",
+    "epoch_source": "floering.node.core.epochs", "FoldDuringScan": "floering.mapper.scanning",
+    **dict.fromkeys(("FloeError", "InvalidArgument", "InvalidKey", "RangeLost",
+                     "ReducerMismatch", "StaleRing", "Unavailable"), "floering.node.core.errors"),
+    "Reducer": "floering.node.core.reducers", "TlsFiles": "floering.node.transport.tls"}
+
+if TYPE_CHECKING:
+    from floering.mapper.aclient import AsyncRingClient
+    from floering.mapper.client import RingClient
+    from floering.mapper.words import split_words, words_of_lines
+    from floering.node.core.epochs import MAX_POSITION, epoch_seq, epoch_source
+    from floering.mapper.scanning import FoldDuringScan
+    from floering.node.core.errors import (FloeError, InvalidArgument, InvalidKey, RangeLost,
+                                           ReducerMismatch, StaleRing, Unavailable)
+    from floering.node.core.reducers import Reducer
+    from floering.node.transport.tls import TlsFiles
+
+
+def _module(home: str):
+    # Each by a constant name, so the import checks see every module this may load.
+    import importlib
+    return {"floering.mapper.aclient": lambda: importlib.import_module("floering.mapper.aclient"),
+            "floering.mapper.client": lambda: importlib.import_module("floering.mapper.client"),
+            "floering.mapper.words": lambda: importlib.import_module("floering.mapper.words"),
+            "floering.mapper.scanning": lambda: importlib.import_module("floering.mapper.scanning"),
+            "floering.node.core.epochs":
+                lambda: importlib.import_module("floering.node.core.epochs"),
+            "floering.node.core.errors":
+                lambda: importlib.import_module("floering.node.core.errors"),
+            "floering.node.core.reducers":
+                lambda: importlib.import_module("floering.node.core.reducers"),
+            "floering.node.transport.tls":
+                lambda: importlib.import_module("floering.node.transport.tls")}[home]()
+
+
+def __getattr__(name: str):
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(_module(home), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_HOMES])
+
 
 # The node's shared vocabulary only: the wire (batches, codec, errors, epochs, ring,
 # hashing, TLS files, channels, statuses), the ring's balancer, shared keys' pieces,

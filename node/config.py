@@ -17,7 +17,13 @@ from typing import Mapping, Sequence
 
 from floering.node.core.balancers import BALANCERS, described
 from floering.node.core.batch import Limits
+from floering.node.core.detector import DetectorConfig
+from floering.node.core.machine import REPAIR_DELAY
 from floering.node.core.reducers import parse_reducer_args, reducer_identity
+from floering.node.core.shares import PULL_GRACE, PULL_INTERVAL
+
+# The protocol's defaults live with the code that runs them; the flags start from them.
+_DETECTOR = DetectorConfig()
 
 LOG_FORMATS = ("text", "json")
 # A node id names files (its data directory, certificate, key and log): letters,
@@ -75,14 +81,14 @@ class NodeConfig:
     leave_on_sigterm: bool = False               # SIGTERM hands every range over, then exits
     verify_keys: bool = False                    # hash every key of a batch to check its range
     heartbeat_interval: float = 0.05             # primary -> replicas; checkpoints count too
-    suspect_min: float = 0.2                     # silence never suspected sooner (seconds)
-    suspect_max: float = 1.0                     # silence always suspected after this
-    probe_timeout: float = 0.15                  # first probe deadline of a suspicion (then doubled)
-    suspicion: float = 1.0                       # a suspect whose probes only time out is declared after this
-    repair_delay: float = 0.5                    # seconds after a member left before new replicas get full copies
-    lossy_suspicion: float = 30.0                # ... after this when declaring it would lose ranges
-    share_pull_grace: float = 3.0                # a member short of its share waits this long before pulling
-    share_pull_interval: float = 2.0             # seconds between two pulls of one member
+    suspect_min: float = _DETECTOR.min_timeout   # silence never suspected sooner (seconds)
+    suspect_max: float = _DETECTOR.max_timeout   # silence always suspected after this
+    probe_timeout: float = _DETECTOR.probe_timeout # first probe deadline of a suspicion (then doubled)
+    suspicion: float = _DETECTOR.suspicion       # a suspect whose probes only time out is declared after this
+    repair_delay: float = REPAIR_DELAY           # seconds after a member left before new replicas get full copies
+    lossy_suspicion: float = _DETECTOR.lossy_suspicion # ... after this when declaring it would lose ranges
+    share_pull_grace: float = PULL_GRACE         # a member short of its share waits this long before pulling
+    share_pull_interval: float = PULL_INTERVAL   # seconds between two pulls of one member
     balance: bool = False                        # given: balancer = "floe"; then: whether ranges move
     balancer: str = "none"                       # the ring's load-balancing policy, chosen at founding
     high_queue: float = 8.0                      # overloaded: queue above this AND cpu above high_cpu

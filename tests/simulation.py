@@ -28,18 +28,18 @@ from floering.node.core.detector import (ALIVE, REFUSED, TIMED_OUT, UNASKED, Det
 from floering.node.core.errors import (Fenced, FloeError, InvalidArgument, Overloaded, Refused,
                               StaleRing, Unavailable)
 from floering.node.core.load import LoadConfig, LoadMonitor
-from floering.node.core.machine import NodeMachine
+from floering.node.core.machine import REPAIR_DELAY, NodeMachine
 from floering.node.core.machine_io import (
     BatchApplied, CheckpointAcked, CheckpointDue, CheckpointFailed, CheckpointRoundDone, Exit,
     Farewell, FoldAnswered, Gossip, HandoffEnded, HandoffRequested, HeardFrom, HeartbeatDue,
     HeartbeatFailed, LeaveRing, LoadSampled, MapperAhead, MonitorDue, Note, ProbedFor, ProbeFinished,
     Record, RefillDue, RingSeen, SendFolds, SendHeartbeat, ShipCheckpoints, SignOfLife, Split,
     SplitRequested, StartHandoff, StartProbe, StartShed)
-from floering.node.core.membership import base_name, decide_start
+from floering.node.core.membership import base_name, decide_start, sender_matches
 from floering.node.core.node_core import NodeCore
 from floering.node.core.reducers import load_reducer
 from floering.node.core.ring import Ring
-from floering.chaos.hostile import forged_views
+from floering.node.core.forged_views import forged_views
 from floering.node.core.ring_merge import MAX_VERSION_STEP
 from floering.node.core.shares import PullRanges
 from floering.node.core.leaving import (CheckAgain, Checked, Go, HandAway, HandedAway,
@@ -51,7 +51,6 @@ from floering.node.core.shed_round import (AskToShed, CascadeAnswered, CascadeFa
 from floering.node.core.shedding import PeerLoad, cut_positions, shed_reach
 from floering.node.core.balancers import balancer
 from floering.node.core.pieces import base_of, merge_pieces
-from floering.node.transport.tls import sender_matches
 from tests.sim_disk import SimDisk, SimDurability
 from tests.sim_durable import DurableNodes, Starter
 from tests.sim_mapper import MapperSide, SimMapper
@@ -101,9 +100,6 @@ class SimProcess:
 # Pieces of shared keys are merged back after this long unchanged (10 s in production):
 # within a run, and more than a few checkpoint rounds.
 PIECE_IDLE = 0.5
-# As deployed (--repair-delay): new replicas' full copies wait this long after a member
-# leaves, so every run crosses the window in which ranges have fewer copies.
-REPAIR_DELAY = 1.0
 # Ring views a member may forge that the protocol could have produced (Simulation.forge)
 MEMBER_FORGERIES = ("version far ahead", "removes live members", "moves a live range")
 

@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 from floering.floe.cluster import LocalCluster
-from floering.chaos.hostile import forged_views
+from floering.node.core.forged_views import forged_views
 from floering.v1 import floe_pb2, floe_pb2_grpc
 from floering.mapper import RingClient
 from floering.node.core.batch import Batch, encode_payload

@@ -258,3 +258,18 @@ def test_the_decision_checker_sees_a_decision(tmp_path):
     sample = tmp_path / "x.py"
     sample.write_text("from floering.node.core.detector import combine, Probe\n")
     assert decisions_imported(sample) == ["floering.node.core.detector.combine"]
+
+
+def test_the_simulation_brings_in_neither_grpc_nor_the_chaos_harness():
+    """It runs the production machines over a fake network and clock: gRPC, the node's
+    transport and runtime, the chaos harness and the operator CLI stay out of its
+    process (checked on the modules a fresh interpreter loads, not on import lines)."""
+    import subprocess
+    import sys
+    probe = ("import sys; import tests.simulation, tests.sim_mapper, tests.sim_disk, "
+             "tests.sim_durable; print(' '.join(sorted(m for m in sys.modules if m == 'grpc' "
+             "or m.startswith(('grpc.', 'floering.chaos', 'floering.node.transport', "
+             "'floering.node.runtime', 'floering.floe')))))")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120, check=True).stdout.split()
+    assert out == [], f"the simulation loads {out}"

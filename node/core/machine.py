@@ -43,6 +43,11 @@ from floering.node.core.shedding import PeerLoad, ShedPlan, plan_shed, with_spli
 SETTLE_SECONDS = 5.0
 
 
+# After a member leaves, new replicas' full copies wait this long (seconds, the
+# --repair-delay default): the heirs answer redirected reads before copies compete for CPU.
+REPAIR_DELAY = 0.5
+
+
 class NodeMachine(ViewChecks, SharePulling):
     def __init__(self, core: NodeCore, incarnation: int, detector: FailureDetector,
                  load: LoadMonitor, make_core: Callable[[str, Ring], NodeCore],

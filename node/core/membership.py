@@ -15,6 +15,7 @@ rings and decides here what it is.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from typing import Iterable
 
@@ -32,6 +33,21 @@ class StartDecision:
 def base_name(node_id: str) -> str:
     """`n0#2` -> `n0`: the configured id a rejoined member's name derives from."""
     return node_id.split("#", 1)[0]
+
+
+# What follows a node's name in a later member of the same process: `#` and the
+# rejoin number (rejoin_name), plain ASCII decimal, no sign, no leading zero.
+_REJOIN_SUFFIX = re.compile(r"#[1-9][0-9]*")
+
+
+def sender_matches(name: str, sender: str) -> bool:
+    """A node's claimed `sender` is its certificate's name exactly, or a later member
+    the same process became (`n0#1`, `n0#2` for `n0`; not `n0#`, `n0#x`, `n0#1#2`,
+    `n0#01`). An empty sender matches nothing."""
+    if not name or not sender.startswith(name):
+        return False
+    rest = sender[len(name):]
+    return rest == "" or _REJOIN_SUFFIX.fullmatch(rest) is not None
 
 
 def rejoin_name(node_id: str, ring: Ring) -> str:

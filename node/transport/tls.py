@@ -50,6 +50,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from floering.node.core.errors import inert
+from floering.node.core.membership import sender_matches
 from floering.node.transport.intercept import around
 
 ROLES = ("node", "client", "operator")
@@ -452,22 +453,6 @@ def may_call(role: str, method: str) -> bool:
     if method in CLIENTS:
         return role in ("client", "operator", "node")
     return False
-
-
-# What follows a node's name in a later member of the same process: `#` and the
-# rejoin number (node.core.membership.rejoin_name), plain ASCII decimal, no sign, no
-# leading zero.
-_REJOIN_SUFFIX = re.compile(r"#[1-9][0-9]*")
-
-
-def sender_matches(name: str, sender: str) -> bool:
-    """A node's claimed `sender` is its certificate's name exactly, or a later member
-    the same process became (`n0#1`, `n0#2` for `n0`; not `n0#`, `n0#x`, `n0#1#2`,
-    `n0#01`). An empty sender matches nothing."""
-    if not name or not sender.startswith(name):
-        return False
-    rest = sender[len(name):]
-    return rest == "" or _REJOIN_SUFFIX.fullmatch(rest) is not None
 
 
 def has_sender(request) -> bool:
