@@ -11,25 +11,11 @@ import pytest
 
 from floering.floe.cluster import LocalCluster
 from floering.floe.snapshot import export_ring, import_ring, read_ring
-from floering.mapper import RingClient
 from floering.node.core.codec import unpack_columns
 from floering.node.core.state_wire import decode, is_frame
 from floering.v1 import floe_pb2, floe_pb2_grpc
 from tests.helpers import corpus_words
-
-SOURCE = "formats"
-
-
-def feed(cluster, words) -> None:
-    with RingClient(cluster.seeds, source=SOURCE, combine=False, batch_size=500,
-                    tls=cluster.tls("client")) as client:
-        client.emit_many(words)
-        client.flush(timeout=60)
-
-
-def counts(cluster) -> dict:
-    with RingClient(cluster.seeds, tls=cluster.tls("client")) as client:
-        return client.scan_all()
+from tests.test_snapshot_live import counts, feed
 
 
 def export_all(cluster, **fields) -> tuple[dict, set]:
