@@ -198,8 +198,8 @@ def _run_round(scenario: Scenario, seed: int, index: int, planned: list[PlannedF
                hosts: netns.Hosts | None = None) -> RoundResult:
     label = scenario.rounds[index].label or scenario.name
     result = RoundResult(index, label, planned, workdir=str(workdir))
-    tag = f"round {index + 1}/{of}"
-    progress.update(f"{scenario.name} {tag}: starting {scenario.nodes} nodes")
+    tag = f"{scenario.name} round {index + 1}/{of}"
+    progress.update(f"{tag}: starting {scenario.nodes} nodes")
     data_dir = (disk.path if disk else workdir) / "data" if scenario.durable else None
     if hosts is not None:
         cluster = netns.start_nodes(hosts, [f"n{i}" for i in range(scenario.nodes)],
@@ -213,90 +213,33 @@ def _run_round(scenario: Scenario, seed: int, index: int, planned: list[PlannedF
                                   reducer=scenario.reducer,
                                   extra_args=list(scenario.node_args),
                                   tls=scenario.tls, data_dir=data_dir)
-    mappers: list[MapperHandle] = []
-    retired: list[MapperHandle] = []
+    faults = _RoundFaults(scenario, seed, workdir, cluster, hosts, result, data_dir, disk)
     sampler = None
     try:
-        def start_mapper(m: int, first: int = 0, generation: int = 0) -> MapperHandle:
-            name = f"mapper-{m}" + (f".{generation}" if generation else "")
-            return MapperHandle(cluster.seeds, scenario.load, seed, m,
-                                str(workdir / f"{name}.journal"), str(workdir / f"{name}.log"),
-                                first_chunk=first, tls_dir=cluster.tls_dir,
-                                timeout=scenario.client_timeout,
-                                prefix=hosts.exec_prefix(f"m{m}") if hosts else None)
-
         sampler = Sampler(cluster.seeds, tls=cluster.tls("client"))
         sampler.start()
-        mappers = [start_mapper(m) for m in range(scenario.load.mappers)]
-        result.load_started = _wait_load_started(mappers)
+        faults.mappers = [faults.start_mapper(m) for m in range(scenario.load.mappers)]
+        result.load_started = _wait_load_started(faults.mappers)
         t0 = result.load_started
         actions = sorted([(p.at, 0, p) for p in planned] +
                          [(p.at + p.pause, 1, p) for p in planned if p.kind == "pause"] +
                          [(p.at + p.hold, 1, p) for p in planned if p.kind in NET_FAULTS],
                          key=lambda a: (a[0], a[1]))
-        paused: dict[int, Injected] = {}
-        broken: dict[int, Injected] = {}      # network faults not healed yet
         end = t0 + scenario.round_seconds
-        generations: Counter = Counter()
         for at, step, p in actions:
-            _sleep_until(t0 + at, progress, f"{scenario.name} {tag}", t0, end, result)
-            if p.kind == "kill":
-                result.injected.append(replace(fault_ops.kill_nodes(cluster, p.victims),
-                                               tokens=dict(p.ranges)))
-            elif p.kind == "pause" and step == 0:
-                paused[id(p)] = replace(fault_ops.pause_nodes(cluster, p.victims),
-                                        tokens=dict(p.ranges))
-            elif p.kind == "pause":
-                result.injected.append(fault_ops.resume_nodes(cluster, paused.pop(id(p))))
-            elif p.kind == "partition" and step == 0:
-                broken[id(p)] = netns.partition_fault(
-                    _net_hosts(hosts, p), p, [n.node_id for n in cluster.nodes],
-                    [f"m{m}" for m in range(scenario.load.mappers)])
-            elif p.kind == "lossy-link" and step == 0:
-                broken[id(p)] = netns.lossy_fault(_net_hosts(hosts, p), p)
-            elif p.kind in NET_FAULTS:
-                result.injected.append(netns.heal_fault(_net_hosts(hosts, p),
-                                                         broken.pop(id(p))))
-            elif p.kind == "kill-mid-handoff":
-                result.injected.append(handoff_faults.kill_mid_handoff(cluster, p))
-            elif p.kind == "restart":
-                result.injected.append(replace(fault_ops.restart_nodes(cluster, p.victims),
-                                               tokens=dict(p.ranges)))
-            elif p.kind == "rolling-restart":
-                result.injected.append(fault_ops.rolling_restart(cluster, p.victims))
-            elif p.kind == "hostile":
-                result.injected.append(hostile_clients(cluster, p.victims))
-            elif p.kind == "impostor":
-                result.injected.append(impostors(cluster, p.victims, workdir / "impostor"))
-            elif p.kind in durable_faults.KINDS:
-                result.injected.append(_durable_fault(cluster, p, data_dir, disk,
-                                                      hottest_key(scenario.load, seed)))
+            _sleep_until(t0 + at, progress, tag, t0, end, result)
+            if faults.inject(step, p):
                 # the outage ate into the load: keep it going a while after it
                 end = max(end, time.time() + scenario.settle)
-            elif p.kind == "kill-mapper":
-                which = int(p.victims[0].split("-")[1])
-                victim = mappers[which]
-                injected = fault_ops.kill_mapper_mid_chunk(victim)
-                result.injected.append(injected)
-                retired.append(victim)
-                # A replacement process (a new source) carries on with the next chunks,
-                # as a restarted task would; the killed chunk is never resent.
-                state = victim.journal_state()
-                nxt = max(state["emitted"], default=victim.first_chunk - 1) + 1
-                generations[which] += 1
-                mappers[which] = start_mapper(which, nxt, generations[which])
-        for fault in paused.values():     # a pause still running at the end
-            result.injected.append(fault_ops.resume_nodes(cluster, fault))
-        for fault in broken.values():
-            result.injected.append(netns.heal_fault(_net_hosts(hosts, fault), fault))
-        _sleep_until(end, progress, f"{scenario.name} {tag}", t0, end, result)
-        progress.update(f"{scenario.name} {tag}: stopping the load")
-        for m in mappers:
+        faults.end_the_rest()
+        _sleep_until(end, progress, tag, t0, end, result)
+        progress.update(f"{tag}: stopping the load")
+        for m in faults.mappers:
             code = m.stop()
             if code != 0:
                 result.errors.append(f"mapper-{m.mapper} (pid {m.pid}) exited {code}: "
                                      + _tail(m.log))
-        progress.update(f"{scenario.name} {tag}: settling")
+        progress.update(f"{tag}: settling")
         _settle(sampler, cluster, deadline=time.monotonic() + 10,
                 converge=hosts is not None)
         sampler.stop()
@@ -304,59 +247,151 @@ def _run_round(scenario: Scenario, seed: int, index: int, planned: list[PlannedF
         if sampler.samples:
             result.final_stats = [dict(node_id=k, **v) for k, v in
                                   sorted(_last_whole(sampler.samples, cluster).items())]
-        progress.update(f"{scenario.name} {tag}: checking every tuple")
-        acked, unacked, summaries = _journals(scenario, seed, retired + mappers)
-        result.mappers = summaries
-        members = {s["node_id"] for s in result.final_stats}
-        acked_at = sorted(t for s in summaries for t in s["acked_at"])
-        for i, injected in enumerate(result.injected):
-            if injected.kind in durable_faults.KINDS:
-                result.injected[i], errors = durable_faults.judge(
-                    injected, cluster, acked_at, members,
-                    flushes=[f for s in summaries for f in s["flushes"]])
-                result.errors += errors
-            elif injected.kind == "rolling-restart" and scenario.durable:
-                result.injected[i], errors = _judge_durable_rolling(injected, cluster,
-                                                                    acked_at)
-                result.errors += errors
-        result.verdict = _verify(cluster, acked, unacked, scenario.load.ids)
-        logs = {node.node_id: _read(node.events) for node in cluster.nodes}
-        events = [e for node, text in logs.items() for e in parse_events(node, text)]
-        result.injected = [_judge_handoff(i, logs, events, result.errors)
-                           if i.kind == "kill-mid-handoff" else i for i in result.injected]
-        if hosts is not None:
-            raw = [dict(e, _node=node) for node, text in logs.items()
-                   for e in event_lines(text)]
-            final = {s["node_id"]: s for s in result.final_stats}
-            journals = [m.journal for m in retired + mappers]
-            result.injected = [netns.judge(i, raw, final, journals, result.errors,
-                                           sampler.samples)
-                               if i.kind in NET_FAULTS else i for i in result.injected]
-        result.timelines = failure_timelines(result.injected, events)
-        # A node a hostile client only talked to must not be declared dead either, nor
-        # one a durable fault hit: it came back as itself (but one killed as it restored).
-        faulted = {v for i in result.injected for v in _may_be_declared(i)}
-        came_back = {v for i in result.injected if i.kind in durable_faults.KINDS
-                     for v in i.victims}
-        for e in events:
-            if e.kind == "detected" and e.about[0] not in faulted:
-                why = ("it came back on its data directory" if e.about[0] in came_back
-                       else "no fault touched it")
-                result.errors.append(f"false positive: {e.node} declared {e.about[0]} dead "
-                                     f"at {e.t - t0:+.3f}s, though {why}")
-        lost = sum(s.get("lost_ranges", 0) for s in result.final_stats)
-        if lost:
-            result.errors.append(f"{lost} ranges reported lost")
+        progress.update(f"{tag}: checking every tuple")
+        _judge_round(scenario, seed, faults, sampler.samples, t0)
     except Exception as exc:
         result.errors.append(f"{type(exc).__name__}: {exc}")
     finally:
-        for m in retired + mappers:
+        for m in faults.retired + faults.mappers:
             if m.alive():
                 m.kill()
         if sampler is not None and sampler.is_alive():
             sampler.stop()
         cluster.down()
     return result
+
+
+class _RoundFaults:
+    """A round's cluster, load and faults: carries out each planned fault at its time
+    (and its end: a pause resumed, a network fault healed) and keeps what the judging
+    needs (the mappers, the ones killed, the faults injected)."""
+
+    def __init__(self, scenario: Scenario, seed: int, workdir: Path, cluster,
+                 hosts: netns.Hosts | None, result: RoundResult, data_dir: Path | None,
+                 disk: durable_faults.SmallDisk | None) -> None:
+        self.scenario, self.seed, self.workdir = scenario, seed, workdir
+        self.cluster, self.hosts, self.result = cluster, hosts, result
+        self.data_dir, self.disk = data_dir, disk
+        self.mappers: list[MapperHandle] = []
+        self.retired: list[MapperHandle] = []      # killed mid-chunk, replaced
+        self.generations: Counter = Counter()
+        self.paused: dict[int, Injected] = {}
+        self.broken: dict[int, Injected] = {}      # network faults not healed yet
+
+    def start_mapper(self, m: int, first: int = 0, generation: int = 0) -> MapperHandle:
+        name = f"mapper-{m}" + (f".{generation}" if generation else "")
+        return MapperHandle(self.cluster.seeds, self.scenario.load, self.seed, m,
+                            str(self.workdir / f"{name}.journal"),
+                            str(self.workdir / f"{name}.log"),
+                            first_chunk=first, tls_dir=self.cluster.tls_dir,
+                            timeout=self.scenario.client_timeout,
+                            prefix=self.hosts.exec_prefix(f"m{m}") if self.hosts else None)
+
+    def inject(self, step: int, p: PlannedFault) -> bool:
+        """Carry out `p`'s start (step 0) or end (step 1); True when it was an outage
+        the load should outlast."""
+        cluster, injected = self.cluster, self.result.injected
+        if p.kind == "kill":
+            injected.append(replace(fault_ops.kill_nodes(cluster, p.victims),
+                                    tokens=dict(p.ranges)))
+        elif p.kind == "pause" and step == 0:
+            self.paused[id(p)] = replace(fault_ops.pause_nodes(cluster, p.victims),
+                                         tokens=dict(p.ranges))
+        elif p.kind == "pause":
+            injected.append(fault_ops.resume_nodes(cluster, self.paused.pop(id(p))))
+        elif p.kind == "partition" and step == 0:
+            self.broken[id(p)] = netns.partition_fault(
+                _net_hosts(self.hosts, p), p, [n.node_id for n in cluster.nodes],
+                [f"m{m}" for m in range(self.scenario.load.mappers)])
+        elif p.kind == "lossy-link" and step == 0:
+            self.broken[id(p)] = netns.lossy_fault(_net_hosts(self.hosts, p), p)
+        elif p.kind in NET_FAULTS:
+            injected.append(netns.heal_fault(_net_hosts(self.hosts, p),
+                                             self.broken.pop(id(p))))
+        elif p.kind == "kill-mid-handoff":
+            injected.append(handoff_faults.kill_mid_handoff(cluster, p))
+        elif p.kind == "restart":
+            injected.append(replace(fault_ops.restart_nodes(cluster, p.victims),
+                                    tokens=dict(p.ranges)))
+        elif p.kind == "rolling-restart":
+            injected.append(fault_ops.rolling_restart(cluster, p.victims))
+        elif p.kind == "hostile":
+            injected.append(hostile_clients(cluster, p.victims))
+        elif p.kind == "impostor":
+            injected.append(impostors(cluster, p.victims, self.workdir / "impostor"))
+        elif p.kind in durable_faults.KINDS:
+            injected.append(_durable_fault(cluster, p, self.data_dir, self.disk,
+                                           hottest_key(self.scenario.load, self.seed)))
+            return True
+        elif p.kind == "kill-mapper":
+            self.kill_mapper(int(p.victims[0].split("-")[1]))
+        return False
+
+    def kill_mapper(self, which: int) -> None:
+        victim = self.mappers[which]
+        self.result.injected.append(fault_ops.kill_mapper_mid_chunk(victim))
+        self.retired.append(victim)
+        # A replacement process (a new source) carries on with the next chunks, as a
+        # restarted task would; the killed chunk is never resent.
+        state = victim.journal_state()
+        nxt = max(state["emitted"], default=victim.first_chunk - 1) + 1
+        self.generations[which] += 1
+        self.mappers[which] = self.start_mapper(which, nxt, self.generations[which])
+
+    def end_the_rest(self) -> None:
+        """Resume a pause and heal a network fault still running at the round's end."""
+        for fault in self.paused.values():
+            self.result.injected.append(fault_ops.resume_nodes(self.cluster, fault))
+        for fault in self.broken.values():
+            self.result.injected.append(netns.heal_fault(_net_hosts(self.hosts, fault),
+                                                         fault))
+
+
+def _judge_round(scenario: Scenario, seed: int, faults: _RoundFaults, samples: list,
+                 t0: float) -> None:
+    """Every tuple checked against the mappers' journals, each fault judged on the
+    nodes' events, and no node declared dead that no fault touched."""
+    result, cluster, hosts = faults.result, faults.cluster, faults.hosts
+    journals = faults.retired + faults.mappers
+    acked, unacked, summaries = _journals(scenario, seed, journals)
+    result.mappers = summaries
+    members = {s["node_id"] for s in result.final_stats}
+    acked_at = sorted(t for s in summaries for t in s["acked_at"])
+    for i, injected in enumerate(result.injected):
+        if injected.kind in durable_faults.KINDS:
+            result.injected[i], errors = durable_faults.judge(
+                injected, cluster, acked_at, members,
+                flushes=[f for s in summaries for f in s["flushes"]])
+            result.errors += errors
+        elif injected.kind == "rolling-restart" and scenario.durable:
+            result.injected[i], errors = _judge_durable_rolling(injected, cluster, acked_at)
+            result.errors += errors
+    result.verdict = _verify(cluster, acked, unacked, scenario.load.ids)
+    logs = {node.node_id: _read(node.events) for node in cluster.nodes}
+    events = [e for node, text in logs.items() for e in parse_events(node, text)]
+    result.injected = [_judge_handoff(i, logs, events, result.errors)
+                       if i.kind == "kill-mid-handoff" else i for i in result.injected]
+    if hosts is not None:
+        raw = [dict(e, _node=node) for node, text in logs.items() for e in event_lines(text)]
+        final = {s["node_id"]: s for s in result.final_stats}
+        result.injected = [netns.judge(i, raw, final, [m.journal for m in journals],
+                                       result.errors, samples)
+                           if i.kind in NET_FAULTS else i for i in result.injected]
+    result.timelines = failure_timelines(result.injected, events)
+    # A node a hostile client only talked to must not be declared dead either, nor one
+    # a durable fault hit: it came back as itself (but one killed as it restored).
+    faulted = {v for i in result.injected for v in _may_be_declared(i)}
+    came_back = {v for i in result.injected if i.kind in durable_faults.KINDS
+                 for v in i.victims}
+    for e in events:
+        if e.kind == "detected" and e.about[0] not in faulted:
+            why = ("it came back on its data directory" if e.about[0] in came_back
+                   else "no fault touched it")
+            result.errors.append(f"false positive: {e.node} declared {e.about[0]} dead "
+                                 f"at {e.t - t0:+.3f}s, though {why}")
+    lost = sum(s.get("lost_ranges", 0) for s in result.final_stats)
+    if lost:
+        result.errors.append(f"{lost} ranges reported lost")
 
 
 def _may_be_declared(injected: Injected) -> tuple[str, ...]:

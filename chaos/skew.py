@@ -563,7 +563,7 @@ def overload_plot(rows: list[dict], directory: str) -> str:
     return str(path)
 
 
-def main(argv=None) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m floering.chaos.skew", description=__doc__.split("\n\n")[0])
     p.add_argument("--policies", default=",".join(sorted(BALANCERS)),
                    help="comma-separated balancers (default: every one)")
@@ -607,22 +607,45 @@ def main(argv=None) -> int:
                    help="print (and plot) the outcomes of an earlier run instead of running")
     p.add_argument("--markdown", action="store_true",
                    help="with --from-json: print the tables as docs/balance.md shows them")
+    return p
+
+
+def main(argv=None) -> int:
+    p = _parser()
     args = p.parse_args(argv)
     unwind_on_sigterm()     # the ring in use is stopped on the way out
     if args.markdown:
-        if not args.from_json:
-            p.error("--markdown needs --from-json")
-        with open(args.from_json) as fh:
-            rows = json.load(fh)
-        overload = bool(rows) and "rate" in rows[0]
-        print(overload_markdown(rows) if overload
-              else markdown([Outcome(**o) for o in rows]))
-        if overload and args.plot:
-            print("plot:", overload_plot(rows, args.plot))
-        return 0
+        return _print_markdown(p, args)
     policies = [x for x in args.policies.split(",") if x]
     names = [x for x in (args.workloads or ("every-other,hot-half" if args.spark else
                                              ",".join(WORKLOADS))).split(",") if x]
+    _check_args(p, args, policies, names)
+    if args.overload_cores:
+        from floering.chaos.costly import tuples_per_core_second
+        per_core = tuples_per_core_second(args.work)
+        args.overload = round(args.overload_cores * per_core, -2)
+        print(f"one core applies {per_core:,.0f} tuples/s at work={args.work}: "
+              f"{args.overload_cores} cores is {args.overload:,.0f} tuples/s", flush=True)
+    if args.overload:
+        return _run_overloads(args, policies, names)
+    return _run_balances(args, policies, names)
+
+
+def _print_markdown(p: argparse.ArgumentParser, args) -> int:
+    if not args.from_json:
+        p.error("--markdown needs --from-json")
+    with open(args.from_json) as fh:
+        rows = json.load(fh)
+    overload = bool(rows) and "rate" in rows[0]
+    print(overload_markdown(rows) if overload
+          else markdown([Outcome(**o) for o in rows]))
+    if overload and args.plot:
+        print("plot:", overload_plot(rows, args.plot))
+    return 0
+
+
+def _check_args(p: argparse.ArgumentParser, args, policies: list[str],
+                names: list[str]) -> None:
     from floering.chaos.skew_spark import SPARK_WORKLOADS
     if args.spark and (args.replayable or args.combine or args.overload
                        or args.overload_cores):
@@ -643,37 +666,36 @@ def main(argv=None) -> int:
         p.error("--wait-us must be at least 0")
     if args.overload_cores and args.wait_us:
         p.error("--overload-cores measures CPU work: give --overload with --wait-us")
-    if args.overload_cores:
-        from floering.chaos.costly import tuples_per_core_second
-        per_core = tuples_per_core_second(args.work)
-        args.overload = round(args.overload_cores * per_core, -2)
-        print(f"one core applies {per_core:,.0f} tuples/s at work={args.work}: "
-              f"{args.overload_cores} cores is {args.overload:,.0f} tuples/s", flush=True)
-    if args.overload:
-        rows = []
-        for round_ in range(1, args.rounds + 1):
-            # Round by round, each starting the policies one further along: a machine
-            # whose speed drifts weighs on every policy alike.
-            turn = policies[round_ - 1:] + policies[:round_ - 1]
-            for name, policy in ((n, p) for n in names for p in turn):
-                rows.append(run_overload(policy, name, args.overload, args.work,
-                                         args.seconds, args.seed, args.combine,
-                                         args.wait_us))
-                r = rows[-1]
-                r["round"] = round_
-                print(f"round {round_} {r['workload']:10} {r['policy']:8} rate "
-                      f"{r['rate']:.0f}/s: sent "
-                      f"{r['sent']} in {r['elapsed']:.1f} s (offered "
-                      f"{r['offered_seconds']:.0f} s), p50 {r['p50_ms']} ms, p99 "
-                      f"{r['p99_ms']} ms, max {r['max_ms']} ms, moved "
-                      f"{r['moved_bytes'] / 1000:.1f} KB, exact {r['exact']}", flush=True)
-                if args.json:             # after every pair: a long run stopped keeps them
-                    with open(args.json, "w") as fh:
-                        json.dump(rows, fh, indent=1)
-        print(overload_markdown(rows))
-        if args.plot:
-            print("plot:", overload_plot(rows, args.plot))
-        return 0 if all(r["exact"] for r in rows) else 1
+
+
+def _run_overloads(args, policies: list[str], names: list[str]) -> int:
+    rows = []
+    for round_ in range(1, args.rounds + 1):
+        # Round by round, each starting the policies one further along: a machine
+        # whose speed drifts weighs on every policy alike.
+        turn = policies[round_ - 1:] + policies[:round_ - 1]
+        for name, policy in ((n, p) for n in names for p in turn):
+            rows.append(run_overload(policy, name, args.overload, args.work,
+                                     args.seconds, args.seed, args.combine,
+                                     args.wait_us))
+            r = rows[-1]
+            r["round"] = round_
+            print(f"round {round_} {r['workload']:10} {r['policy']:8} rate "
+                  f"{r['rate']:.0f}/s: sent "
+                  f"{r['sent']} in {r['elapsed']:.1f} s (offered "
+                  f"{r['offered_seconds']:.0f} s), p50 {r['p50_ms']} ms, p99 "
+                  f"{r['p99_ms']} ms, max {r['max_ms']} ms, moved "
+                  f"{r['moved_bytes'] / 1000:.1f} KB, exact {r['exact']}", flush=True)
+            if args.json:             # after every pair: a long run stopped keeps them
+                with open(args.json, "w") as fh:
+                    json.dump(rows, fh, indent=1)
+    print(overload_markdown(rows))
+    if args.plot:
+        print("plot:", overload_plot(rows, args.plot))
+    return 0 if all(r["exact"] for r in rows) else 1
+
+
+def _run_balances(args, policies: list[str], names: list[str]) -> int:
     outcomes = []
     if args.from_json:
         with open(args.from_json) as fh:

@@ -124,59 +124,29 @@ class LocalCluster:
             raise ValueError("replicas must be >= 0")
         workdir = Path(workdir).resolve()
         state_file = workdir / DEFAULT_STATE_FILE
-        if state_file.exists():
-            existing = cls.load(state_file)
-            if any(n.alive() for n in existing.nodes):
-                raise RuntimeError(f"a cluster recorded in {state_file} is still running; "
-                                   f"run `floe down` first")
-        if data_dir is not None:
-            data_dir = Path(data_dir).resolve()
+        _refuse_running(cls, state_file)
+        data_dir = None if data_dir is None else Path(data_dir).resolve()
         layout = _layout(data_dir) if data_dir is not None else None
         if layout is not None and data_dir is not None:
-            differ = layout_differences(layout, nodes=nodes, replicas=replicas,
-                                        reducer=reducer, tokens_per_node=tokens_per_node,
-                                        base_port=base_port, balancer=balancer,
-                                        node_args=node_args)
-            if differ:
-                raise LayoutMismatch(data_dir, layout, differ)
-            ids = _layout_ids(data_dir, layout)
-            ports = [int(a.rpartition(":")[2]) for _, a in layout["nodes"]]
-            host = layout["nodes"][0][1].rpartition(":")[0]
-            replicas = int(layout["replicas"])
-            tokens_per_node = int(layout["tokens_per_node"])
-            reducer = str(layout["reducer"])
-            balancer = str(layout.get("balancer", DEFAULT_LAYOUT["balancer"]))
-            node_args = [str(arg) for arg in layout.get("node_args", [])]
-            base_port = layout.get("base_port")
-            busy = [p for p in ports if not port_free(host, p)]
-            if busy:
-                raise OSError(f"the ports of the cluster in {data_dir} are in use: {busy}")
+            shape = _kept_shape(data_dir, layout, dict(
+                nodes=nodes, replicas=replicas, reducer=reducer,
+                tokens_per_node=tokens_per_node, base_port=base_port, balancer=balancer,
+                node_args=node_args))
         else:
-            nodes = DEFAULT_LAYOUT["nodes"] if nodes is None else nodes
-            replicas = DEFAULT_LAYOUT["replicas"] if replicas is None else replicas
-            reducer = DEFAULT_LAYOUT["reducer"] if reducer is None else reducer
-            balancer = DEFAULT_LAYOUT["balancer"] if balancer is None else balancer
-            tokens_per_node = (DEFAULT_LAYOUT["tokens_per_node"] if tokens_per_node is None
-                               else tokens_per_node)
-            ports = _free_ports(host, nodes, base_port)
-            ids = [f"n{i}" for i in range(nodes)]
-            node_args = list(node_args or [])
-        peers = ",".join(f"{i}={host}:{p}" for i, p in zip(ids, ports))
+            shape = _new_shape(nodes, replicas, reducer, tokens_per_node, balancer,
+                               base_port, host, node_args)
         # every node of the ring, and every one added later, runs the same policy
-        extra = ["--balancer", balancer] + list(extra_args or []) + node_args
+        extra = ["--balancer", shape.balancer] + list(extra_args or []) + shape.node_args
         # a reducer the policy cannot read back is refused before anything starts
         # (or is kept): the nodes would all exit on it
-        check_balancer_reducer([
-            "--node-id", ids[0], "--listen", f"{host}:{ports[0]}", "--peers", peers,
-            "--replication", str(replicas), "--tokens-per-node", str(tokens_per_node),
-            "--reducer", reducer, *extra])
+        check_balancer_reducer(["--node-id", shape.ids[0], "--listen",
+                                f"{shape.host}:{shape.ports[0]}", *shape.ring_args(), *extra])
         # what the cluster file will say: `floe` would not read it back otherwise
         check_extra(extra, tls_dir=str(workdir / "floe-cluster" / "tls"))
         log_dir = private_dir(workdir / "floe-cluster" / "logs")
-        procs = []
         if tls:
-            tls_dir = generate_tls(private_dir(workdir / "floe-cluster" / "tls"), ids,
-                                   (host, "localhost"),   # a durable ring keeps its CA
+            tls_dir = generate_tls(private_dir(workdir / "floe-cluster" / "tls"), shape.ids,
+                                   (shape.host, "localhost"),   # a durable ring keeps its CA
                                    keep_ca=data_dir is not None)
             extra += ["--tls-dir", str(tls_dir)]
         else:
@@ -184,19 +154,17 @@ class LocalCluster:
         if data_dir is not None:
             extra += ["--data-dir", str(data_dir / "{node}")]
             if layout is None:
-                _save_layout(data_dir, dict(
-                    nodes=[[i, f"{host}:{p}"] for i, p in zip(ids, ports)],
-                    replicas=replicas, tokens_per_node=tokens_per_node, reducer=reducer,
-                    base_port=base_port, balancer=balancer, node_args=node_args))
-        for index, (node_id, port) in enumerate(zip(ids, ports)):
+                _save_layout(data_dir, shape.layout())
+        procs = []
+        for index, (node_id, port) in enumerate(zip(shape.ids, shape.ports)):
             log_path = log_dir / f"{node_id}.log"
             cmd = [sys.executable, "-m", "floering.node", "--node-id", node_id,
-                   "--listen", f"{host}:{port}", "--peers", peers,
-                   "--replication", str(replicas), "--tokens-per-node", str(tokens_per_node),
-                   "--reducer", reducer, "--events-file", str(log_path.with_suffix(".events.jsonl")),
+                   "--listen", f"{shape.host}:{port}", *shape.ring_args(),
+                   "--events-file", str(log_path.with_suffix(".events.jsonl")),
                    *extra, *([] if metrics_port is None
                              else ["--metrics-port", str(metrics_port + index)])]
-            procs.append(spawn_node(node_id, f"{host}:{port}", cmd, log_path))
+            procs.append(spawn_node(node_id, f"{shape.host}:{port}", cmd, log_path))
+        replicas, reducer, base_port = shape.replicas, shape.reducer, shape.base_port
         cluster = cls(procs, replicas, str(state_file), reducer, extra,
                       None if data_dir is None else str(data_dir), base_port)
         return cluster.saved_and_ready(ready_timeout)
@@ -580,6 +548,74 @@ def describe_layout(layout: dict) -> str:
 def kept_layout(data_dir: str | Path) -> dict | None:
     """The layout of the cluster kept in `data_dir`, or None if none is."""
     return _layout(data_dir)
+
+
+@dataclass
+class _RingShape:
+    """What `up` starts: the nodes' ids and ports and the ring's settings, from a kept
+    layout or from the arguments and the defaults."""
+    ids: list[str]
+    ports: list[int]
+    host: str
+    replicas: int
+    tokens_per_node: int
+    reducer: str
+    balancer: str
+    base_port: int | None
+    node_args: list[str]
+
+    def ring_args(self) -> list[str]:
+        peers = ",".join(f"{i}={self.host}:{p}" for i, p in zip(self.ids, self.ports))
+        return ["--peers", peers, "--replication", str(self.replicas),
+                "--tokens-per-node", str(self.tokens_per_node), "--reducer", self.reducer]
+
+    def layout(self) -> dict:
+        return dict(nodes=[[i, f"{self.host}:{p}"] for i, p in zip(self.ids, self.ports)],
+                    replicas=self.replicas, tokens_per_node=self.tokens_per_node,
+                    reducer=self.reducer, base_port=self.base_port, balancer=self.balancer,
+                    node_args=self.node_args)
+
+
+def _refuse_running(cls, state_file: Path) -> None:
+    if state_file.exists():
+        existing = cls.load(state_file)
+        if any(n.alive() for n in existing.nodes):
+            raise RuntimeError(f"a cluster recorded in {state_file} is still running; "
+                               f"run `floe down` first")
+
+
+def _kept_shape(data_dir: Path, layout: dict, given: dict) -> _RingShape:
+    """The ring kept in `data_dir`: what was given must agree with it
+    (`LayoutMismatch`), and its ports must be free."""
+    differ = layout_differences(layout, **given)
+    if differ:
+        raise LayoutMismatch(data_dir, layout, differ)
+    ports = [int(a.rpartition(":")[2]) for _, a in layout["nodes"]]
+    host = layout["nodes"][0][1].rpartition(":")[0]
+    busy = [p for p in ports if not port_free(host, p)]
+    if busy:
+        raise OSError(f"the ports of the cluster in {data_dir} are in use: {busy}")
+    return _RingShape(
+        ids=_layout_ids(data_dir, layout), ports=ports, host=host,
+        replicas=int(layout["replicas"]), tokens_per_node=int(layout["tokens_per_node"]),
+        reducer=str(layout["reducer"]),
+        balancer=str(layout.get("balancer", DEFAULT_LAYOUT["balancer"])),
+        base_port=layout.get("base_port"),
+        node_args=[str(arg) for arg in layout.get("node_args", [])])
+
+
+def _new_shape(nodes: int | None, replicas: int | None, reducer: str | None,
+               tokens_per_node: int | None, balancer: str | None, base_port: int | None,
+               host: str, node_args: list[str] | None) -> _RingShape:
+    count = DEFAULT_LAYOUT["nodes"] if nodes is None else nodes
+    return _RingShape(
+        ids=[f"n{i}" for i in range(count)], ports=_free_ports(host, count, base_port),
+        host=host, replicas=DEFAULT_LAYOUT["replicas"] if replicas is None else replicas,
+        tokens_per_node=(DEFAULT_LAYOUT["tokens_per_node"] if tokens_per_node is None
+                         else tokens_per_node),
+        reducer=DEFAULT_LAYOUT["reducer"] if reducer is None else reducer,
+        balancer=DEFAULT_LAYOUT["balancer"] if balancer is None else balancer,
+        base_port=base_port, node_args=list(node_args or []))
 
 
 def _layout(data_dir: str | Path) -> dict | None:
