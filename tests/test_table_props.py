@@ -114,9 +114,42 @@ class TablesAgree(RuleBasedStateMachine):
         self.dirty = set()
         assert self.c.dirty_count == self.p.dirty_count == 0
 
+    @rule()
+    def open_cut(self):
+        """A cut of both tables: taken later, a slice at a time, as the model is now."""
+        if len(getattr(self, "cuts", ())) < 4:
+            self.cuts = getattr(self, "cuts", []) + [(self.c.cut(), self.p.cut(), dict(self.model),
+                                                      [], [])]
+
+    @rule(most=st.integers(1, 5), which=st.integers(0, 3))
+    def take_from_cut(self, most, which):
+        cuts = getattr(self, "cuts", [])
+        if not cuts:
+            return
+        c, p, model, got_c, got_p = cuts[which % len(cuts)]
+        got_c += as_pairs(c.take(most))
+        got_p += as_pairs(p.take(most))
+        assert len(got_c) == len(got_p) == c.taken == p.taken <= len(model)
+        if c.taken == len(model):
+            self.finish(cuts[which % len(cuts)])
+
+    def finish(self, cut):
+        c, p, model, got_c, got_p = cut
+        while c.taken < len(c):
+            got_c += as_pairs(c.take(3))
+        got_p += as_pairs(p.take(len(model) + 1))
+        assert len(got_c) == len(got_p) == len(model)
+        assert dict(got_c) == dict(got_p) == model
+        assert c.take(1)[0] == p.take(1)[0] == b""
+        self.cuts.remove(cut)
+
     @rule(lo=bounds, hi=bounds)
     def cut_and_merge_back(self, lo, hi):
         """A range cut off to another table (a split), then merged back (a piece)."""
+        for cut in list(getattr(self, "cuts", ())):    # no entry goes while a cut is open
+            with pytest.raises(RuntimeError):
+                self.c.discard(lo, hi)
+            self.finish(cut)
         part = self.c.export(lo, hi)
         assert part == self.p.export(lo, hi)
         inside = [k for k in self.model if in_range(position(k), lo, hi)]
@@ -333,3 +366,58 @@ def test_a_table_folding_in_another_thread_refuses_other_calls():
         if refused:
             break
     assert refused and all("in use" in r for r in refused)
+
+
+@pytest.mark.parametrize("make", ["compiled", "python"])
+def test_a_cut_gives_the_table_as_it_was_while_batches_change_it(make):
+    """Every state of a cut is the one the table held when it was cut, whatever batches,
+    merges and installs changed or added since, slice after slice; a cut let go frees
+    its slot (at most four open at once on the compiled table)."""
+    table = CTable("sum") if make == "compiled" else pytable.StateTable("sum")
+    first = [(f"k{i}", i) for i in range(5000)]
+    table.apply(*columns_of(first))
+    cut = table.cut()
+    assert len(cut) == 5000
+    got = as_pairs(cut.take(1000))
+    table.apply(*columns_of([(f"k{i}", 1) for i in range(0, 6000, 3)]))
+    table.install(columns_of([(f"k{i}", -1) for i in range(1, 5000, 7)]))
+    table.merge(columns_of([(f"k{i}", 100) for i in range(2, 5000, 5)]))
+    while cut.taken < len(cut):
+        got += as_pairs(cut.take(777))
+    assert dict(got) == dict(first) and len(got) == 5000
+    assert cut.take(5)[0] == b""
+    assert table.get("k3") == 4 and table.get("k5997") == 1 and table.get("k1") == -1
+    if make == "compiled":
+        cuts = [table.cut() for _ in range(4)]
+        assert table.cut() is None
+        del cuts[0]
+        assert table.cut() is not None
+
+
+def test_a_cut_is_read_exactly_from_another_thread_while_the_loop_folds():
+    """A cut read a slice at a time on another thread while this one folds large
+    batches (the GIL released, the table's storage grown under the lock): every state
+    is the cut's."""
+    import threading
+    table = CTable("count")
+    keys = [(f"key-{i}", 1) for i in range(200_000)]
+    table.apply(*columns_of(keys))
+    cut, got, failed = table.cut(), [], []
+
+    def read():
+        try:
+            while cut.taken < len(cut):
+                got.append(cut.take(4096))
+        except Exception as exc:        # noqa: BLE001 - reported below
+            failed.append(exc)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    for round_ in range(6):
+        table.apply(*columns_of(keys[round_::3] + [(f"new-{round_}-{i}", 1)
+                                                   for i in range(50_000)]))
+    reader.join(timeout=60)
+    assert not failed
+    states = [v for part in got for v in part[4]]
+    assert len(states) == 200_000 and set(states) == {1}
+    assert table.get("key-3") == 3 and table.get("key-0") == 2 and len(table) == 500_000

@@ -15,9 +15,12 @@ what it did is undone in reverse before the error is raised.
 from libc.stdint cimport uint8_t, uint32_t, uint64_t, int64_t
 from libc.string cimport memcmp, memcpy, memmove, memset
 from libc.stdlib cimport qsort
-from cpython.mem cimport PyMem_RawMalloc, PyMem_RawRealloc, PyMem_RawFree
+from cpython.mem cimport PyMem_RawMalloc, PyMem_RawCalloc, PyMem_RawRealloc, PyMem_RawFree
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
 from cpython cimport array as carray
+from cpython.pythread cimport (PyThread_type_lock, PyThread_allocate_lock, PyThread_free_lock,
+                               PyThread_acquire_lock, PyThread_release_lock)
+cimport cython
 from array import array
 
 from floering.node.core.columnar.buffers import (columns, decode_keys, key_parts, octets,
@@ -57,6 +60,7 @@ cdef extern from *:
 
 cdef enum:
     BLOCK = 4096        # keys install_parts hashes ahead of setting them
+    MAXCUTS = 4         # cuts open on one table at once (StateTable.cut)
     DIRTY = 0x80
     KIND = 0x7F
     OK = 0
@@ -369,8 +373,23 @@ cdef inline bint _in_range(uint64_t p, uint64_t lo, uint64_t hi) noexcept nogil:
     return True
 
 
+ctypedef struct CutRec:
+    bint open
+    Py_ssize_t n        # entries when it was cut (later ones are not in it)
+    Py_ssize_t at       # the next entry it gives; those before are given already
+    uint64_t *kept      # a bit per entry: its state as of the cut is in `old`
+    int64_t *old        # read only where its bit is set
+
+
 cdef class StateTable:
-    """int64 states of one built-in reducer, keyed by (kind, key bytes, position)."""
+    """int64 states of one built-in reducer, keyed by (kind, key bytes, position).
+
+    A cut (`cut()`) is the table as it is at that call, given a slice at a time
+    (TableCut.take) while batches keep changing the table: an entry of the cut not
+    given yet keeps its state as of the cut the first time it changes (copy on
+    write), entries added later are not in it. A lock guards the table's storage
+    while a batch folds with the GIL released, so a cut may be read from another
+    thread."""
 
     cdef readonly str op
     cdef int code
@@ -383,11 +402,18 @@ cdef class StateTable:
     cdef uint32_t *dirty
     cdef Py_ssize_t ndirty, dirtycap
     cdef bint busy
+    cdef PyThread_type_lock lock
+    cdef CutRec cuts[MAXCUTS]
+    cdef int ncuts
 
     def __cinit__(self, str op):
         if op not in OPS:
             raise ValueError(f"a state table's op is one of {', '.join(OPS)}, not {op!r}")
         self.op, self.code = op, OPS[op]
+        memset(self.cuts, 0, sizeof(self.cuts))
+        self.lock = PyThread_allocate_lock()
+        if self.lock == NULL:
+            raise MemoryError()
         self.index = <uint32_t *>PyMem_RawMalloc(8 * sizeof(uint32_t))
         if self.index == NULL:
             raise MemoryError()
@@ -395,6 +421,12 @@ cdef class StateTable:
         self.mask = 7
 
     def __dealloc__(self):
+        cdef int c
+        for c in range(MAXCUTS):
+            PyMem_RawFree(self.cuts[c].kept)
+            PyMem_RawFree(self.cuts[c].old)
+        if self.lock != NULL:
+            PyThread_free_lock(self.lock)
         PyMem_RawFree(self.ent)
         PyMem_RawFree(self.arena)
         PyMem_RawFree(self.index)
@@ -549,6 +581,18 @@ cdef class StateTable:
             self.ndirty += 1
         return OK
 
+    cdef inline void _keep(self, Py_ssize_t i) noexcept nogil:
+        """Entry i is about to change: each open cut that has not given it yet and has
+        not kept its state keeps it now (its state as of the cut)."""
+        cdef int c
+        cdef CutRec *r
+        cdef uint64_t bit = (<uint64_t>1) << (i & 63)
+        for c in range(MAXCUTS):
+            r = &self.cuts[c]
+            if r.open and r.at <= i and i < r.n and not (r.kept[i >> 6] & bit):
+                r.kept[i >> 6] |= bit
+                r.old[i] = self.ent[i].val
+
     cdef inline void _prefetch(self, const uint64_t *posn, Py_ssize_t t,
                                Py_ssize_t m) noexcept nogil:
         """Index slot 16 tuples ahead, entry 8 ahead, key bytes 4 ahead."""
@@ -598,6 +642,8 @@ cdef class StateTable:
                 err = self._insert(kind, data + a, <uint32_t>(b - a), p, slot, &i)
                 if err != OK:
                     break
+            if self.ncuts:
+                self._keep(i)           # a cut not given this entry yet keeps its state
             x = &self.ent[i]
             old[done], idx[done] = x.val, <uint32_t>i
             done += 1
@@ -650,6 +696,7 @@ cdef class StateTable:
             if old == NULL or idx == NULL:
                 raise MemoryError()
             with nogil:
+                PyThread_acquire_lock(self.lock, 1)
                 err = OK
                 if overwrite:       # a range taken over: room for all of it at once
                     err = self._grow_dense(self.n + m)
@@ -660,6 +707,7 @@ cdef class StateTable:
                 if err == OK:
                     err = self._fold(k, d, dlen, o, p, v, start, m, overwrite, mark,
                                      old, idx, &at)
+                PyThread_release_lock(self.lock)
         finally:
             self.busy = False
             PyMem_RawFree(old)
@@ -729,6 +777,7 @@ cdef class StateTable:
             ps[nparts].base = m
             self.busy = True
             with nogil:
+                PyThread_acquire_lock(self.lock, 1)
                 err = self._grow_dense(self.n + m)
                 if err == OK:
                     err = self._grow_arena(self.alen + _key_bytes(ps, nparts) + <size_t>m)
@@ -736,6 +785,7 @@ cdef class StateTable:
                     err = self._rebuild_index(self.n + m, False)
                 if err == OK:
                     err = self._install_in(ps, nparts, pos, mark_dirty, old, idx, &at)
+                PyThread_release_lock(self.lock)
         finally:
             self.busy = False
             PyMem_RawFree(ps)
@@ -790,6 +840,8 @@ cdef class StateTable:
                     elif e < n0:                # a key the table had: its state kept
                         old[done], idx[done] = self.ent[e].val, <uint32_t>e
                         done += 1
+                    if self.ncuts:
+                        self._keep(e)
                     self.ent[e].val = q.val[i]
                     if mark:
                         err = self._mark(e)
@@ -890,6 +942,8 @@ cdef class StateTable:
         """Remove the keys at positions in (lo, hi] (lo == hi: all)."""
         if self.busy:
             raise RuntimeError("the state table is in use by another call")
+        if self.ncuts:
+            raise RuntimeError("the state table has a cut open: its entries must stay")
         cdef Py_ssize_t i, j = 0
         cdef uint64_t w = 0, a, size
         for i in range(self.n):
@@ -910,6 +964,94 @@ cdef class StateTable:
                 self.ndirty += 1
         if self._rebuild_index(j, True) != OK:
             raise MemoryError()
+
+    # -- cuts -----------------------------------------------------------------------
+
+    def cut(self):
+        """A TableCut of the table as it is now (every key, as they are kept, as
+        export(ordered=False) gives them), or None when MAXCUTS cuts are open."""
+        if self.busy:
+            raise RuntimeError("the state table is in use by another call")
+        cdef int c
+        for c in range(MAXCUTS):
+            if not self.cuts[c].open:
+                break
+        else:
+            return None
+        cdef Py_ssize_t n = self.n
+        cdef uint64_t *kept = <uint64_t *>PyMem_RawCalloc((n >> 6) + 1, sizeof(uint64_t))
+        cdef int64_t *old = <int64_t *>PyMem_RawMalloc((n + 1) * sizeof(int64_t))
+        if kept == NULL or old == NULL:
+            PyMem_RawFree(kept)
+            PyMem_RawFree(old)
+            raise MemoryError()
+        with nogil:
+            PyThread_acquire_lock(self.lock, 1)
+            self.cuts[c].open, self.cuts[c].n, self.cuts[c].at = True, n, 0
+            self.cuts[c].kept, self.cuts[c].old = kept, old
+            self.ncuts += 1
+            PyThread_release_lock(self.lock)
+        return TableCut(self, c, n)
+
+    cdef tuple _take(self, int c, Py_ssize_t most):
+        """The cut's next `most` entries (fewer at its end) as export gives them. The
+        lock is held to count their key bytes, then again to copy them; not while the
+        output is made (an allocation may run the collector, whose finalizers may close
+        a cut, which takes the lock)."""
+        cdef CutRec *r = &self.cuts[c]
+        cdef Py_ssize_t lo, hi, t
+        cdef uint64_t total = 0, w = 0, meta
+        cdef uint32_t klen
+        cdef const Entry *x
+        with nogil:
+            PyThread_acquire_lock(self.lock, 1)
+            lo = r.at
+            hi = r.n if most >= r.n - lo else lo + most
+            for t in range(lo, hi):             # a key's bytes never change
+                total += _klen(self.arena, _meta(&self.ent[t]))
+            PyThread_release_lock(self.lock)
+        kinds = PyBytes_FromStringAndSize(NULL, hi - lo)
+        data = PyBytes_FromStringAndSize(NULL, total)
+        cdef carray.array offsets = carray.clone(_U64, hi - lo + 1, zero=False)
+        cdef carray.array positions = carray.clone(_U64, hi - lo, zero=False)
+        cdef carray.array values = carray.clone(_I64, hi - lo, zero=False)
+        cdef uint8_t *kp = <uint8_t *>PyBytes_AS_STRING(kinds)
+        cdef unsigned char *dp = <unsigned char *>PyBytes_AS_STRING(data)
+        cdef uint64_t *op = <uint64_t *>offsets.data.as_voidptr
+        cdef uint64_t *pp = <uint64_t *>positions.data.as_voidptr
+        cdef int64_t *vp = <int64_t *>values.data.as_voidptr
+        cdef bint raced = False
+        op[0] = 0
+        with nogil:
+            PyThread_acquire_lock(self.lock, 1)
+            if r.at != lo or not r.open:
+                raced = True
+            else:
+                for t in range(lo, hi):
+                    x = &self.ent[t]
+                    meta = _meta(x)
+                    klen = _klen(self.arena, meta)
+                    memcpy(dp + w, _key(self.arena, meta), klen)
+                    w += klen
+                    kp[t - lo], op[t - lo + 1], pp[t - lo] = meta & KIND, w, x.pos
+                    vp[t - lo] = r.old[t] if r.kept[t >> 6] & ((<uint64_t>1) << (t & 63)) \
+                        else x.val
+                r.at = hi
+            PyThread_release_lock(self.lock)
+        if raced:
+            raise RuntimeError("a cut was taken from by two callers at once")
+        return kinds, data, offsets, positions, values
+
+    cdef void _close(self, int c):
+        cdef CutRec *r = &self.cuts[c]
+        with nogil:
+            PyThread_acquire_lock(self.lock, 1)
+            if r.open:
+                PyMem_RawFree(r.kept)
+                PyMem_RawFree(r.old)
+                r.kept, r.old, r.open = NULL, NULL, False
+                self.ncuts -= 1
+            PyThread_release_lock(self.lock)
 
     def get(self, key, default=None):
         if self.busy:       # another thread is folding a batch with the GIL released
@@ -938,6 +1080,55 @@ cdef class StateTable:
         """Memory the table holds (allocated, not only used)."""
         return (self.dcap * sizeof(Entry) + self.acap + self.dirtycap * 4
                 + (self.mask + 1) * sizeof(uint32_t))
+
+
+@cython.no_gc_clear
+cdef class TableCut:
+    """A state table as it was at `StateTable.cut()`, given a slice at a time: take(k)
+    gives its next k entries (kinds, key_data, offsets from 0, positions, values),
+    each with its state as of the cut, whatever batches changed since; an empty slice
+    once all were given. It closes (the table keeps no more states for it) once all
+    were given, at close(), or when it is let go."""
+
+    cdef StateTable table
+    cdef int slot
+    cdef readonly Py_ssize_t size
+    cdef bint closed
+
+    def __cinit__(self, StateTable table, int slot, Py_ssize_t size):
+        self.table, self.slot, self.size = table, slot, size
+
+    def __len__(self):
+        return self.size
+
+    @property
+    def taken(self):
+        """Entries given so far."""
+        return self.size if self.closed else self.table.cuts[self.slot].at
+
+    def take(self, Py_ssize_t most):
+        if most < 1:
+            raise ValueError("a slice takes at least one entry")
+        if self.closed:
+            return _empty_export()
+        out = self.table._take(self.slot, most)
+        if self.table.cuts[self.slot].at >= self.size:
+            self.close()
+        return out
+
+    def close(self):
+        if not self.closed:
+            self.closed = True
+            self.table._close(self.slot)
+
+    def __dealloc__(self):
+        if not self.closed and self.table is not None:
+            self.closed = True
+            self.table._close(self.slot)
+
+
+def _empty_export():
+    return b"", b"", array("Q", [0]), array("Q"), array("q")
 
 
 _ABSENT = object()

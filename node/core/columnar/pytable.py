@@ -258,6 +258,10 @@ class StateTable:
             del self._d[key]
         self._dirty.difference_update(gone)
 
+    def cut(self) -> "TableCut":
+        """A TableCut of the table as it is now (every key, as export gives them)."""
+        return TableCut(self.export())
+
     def get(self, key, default=None):
         entry = self._d.get(key_parts(key))
         return default if entry is None else entry[1]
@@ -279,6 +283,45 @@ class StateTable:
         return sys.getsizeof(self._d) + sum(
             sys.getsizeof(key) + sys.getsizeof(key[1]) + sys.getsizeof(entry) + 32
             for key, entry in self._d.items())
+
+
+class TableCut:
+    """A state table as it was at `StateTable.cut()`, given a slice at a time: take(k)
+    gives its next k entries (kinds, key_data, offsets from 0, positions, values);
+    an empty slice once all were given. (Here the cut is the table's export, made
+    at once: the compiled table keeps the states of a cut as batches change them.)"""
+
+    def __init__(self, buffers: tuple) -> None:
+        self._buffers: tuple | None = buffers
+        self.size = len(buffers[0])
+        self._at = 0
+
+    def __len__(self) -> int:
+        return self.size
+
+    @property
+    def taken(self) -> int:
+        return self.size if self._buffers is None else self._at
+
+    def take(self, most: int) -> tuple:
+        if most < 1:
+            raise ValueError("a slice takes at least one entry")
+        if self._buffers is None:
+            return b"", b"", array("Q", [0]), array("Q"), array("q")
+        kinds, data, offsets, positions, values = self._buffers
+        lo = self._at
+        hi = min(self.size, lo + most)
+        base = offsets[lo]
+        out = (kinds[lo:hi], data[base:offsets[hi]],
+               array("Q", [o - base for o in offsets[lo:hi + 1]]), positions[lo:hi],
+               values[lo:hi])
+        self._at = hi
+        if hi >= self.size:
+            self.close()
+        return out
+
+    def close(self) -> None:
+        self._buffers = None
 
 
 def _bound(x) -> int:
