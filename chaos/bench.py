@@ -2,6 +2,7 @@
 
     python -m floering.chaos.bench [--tuples 3000000] [--words zipf|corpus] [--nodes 4]
                           [--seconds 8] [--insecure] [--durable] [--spark]
+    python -m floering.chaos.bench --latency-only [--rate 0.8] [--repeat 3] [--memory]
 
 Prints: the in-process ceilings (msgpack decode + reducer apply; the feeder's route +
 batch + encode, tuple by tuple and combined); end-to-end throughput in input tuples/s
@@ -47,6 +48,7 @@ TICK = 0.005               # seconds between two due times of the open-loop feed
 LOADS = (0.25, 0.5, 0.75)  # latency points, as shares of the rate the feed sustains
 KEPT_UP = 0.25             # seconds: the backlog a feed that keeps up leaves at its end
 MAX_STEPS = 8              # open-loop runs to find that rate
+DEFAULT_FSYNC = 0.002      # `floe up`'s default: durable, a group commit every 2 ms
 
 
 def corpus_words(n: int) -> list[str]:
@@ -254,7 +256,8 @@ def open_loop(words: list[str], nodes: int, replicas: int, rate: float, seconds:
 
 
 def sustained_rate(words: list[str], nodes: int, replicas: int, start: float,
-                   seconds: float = 4.0, log=print) -> tuple[float, bool]:
+                   seconds: float = 4.0, log=print,
+                   fsync: float | None = None) -> tuple[float, bool]:
     """The highest rate the open-loop feed keeps up with (its last tuple acknowledged
     within KEPT_UP seconds of its last due time: a ring that falls behind ends the run
     with a backlog that grows with the run), found by stepping up from `start` by half
@@ -263,7 +266,7 @@ def sustained_rate(words: list[str], nodes: int, replicas: int, start: float,
     closed-loop throughput whose batches combine far more."""
     low, high, rate, exact = 0.0, None, start, True
     for _ in range(MAX_STEPS):
-        *_, ok, behind = open_loop(words, nodes, replicas, rate, seconds)
+        *_, ok, behind = open_loop(words, nodes, replicas, rate, seconds, fsync=fsync)
         exact = exact and ok
         kept = behind <= KEPT_UP
         log(f"  open-loop feed at {rate / 1e6:.3f} M tuples/s: last ack {behind:.3f} s "
@@ -326,6 +329,16 @@ def main(argv=None) -> int:
                         help="comma-separated key counts (e.g. 100000,5000000): time a "
                              "durable one-node ring holding that many keys from SIGKILL to "
                              "serving again on its data directory")
+    parser.add_argument("--latency-only", action="store_true",
+                        help="only open-loop latency, in the default `floe up` mode "
+                             "(durable, 2 ms group commit; --memory: in memory): the "
+                             "sustained rate (or --rate), then --repeat rounds of the "
+                             "25%% and 50%% points, the machine's load printed with each")
+    parser.add_argument("--rate", type=float, default=0.0,
+                        help="with --latency-only: the sustained open-loop rate in M "
+                             "tuples/s, rather than finding it")
+    parser.add_argument("--memory", action="store_true",
+                        help="with --latency-only: the nodes in memory, not durable")
     parser.add_argument("--kernels", action="store_true",
                         help="only the node state before and after the state table, side "
                              "by side (dict nodes fed format 1, table nodes format 2)")
@@ -339,6 +352,10 @@ def main(argv=None) -> int:
     if args.kernels:
         gc.freeze()
         return 0 if kernels_side_by_side(words, args.nodes) else 1
+    if args.latency_only:
+        gc.freeze()
+        return 0 if latency_only(words, args.nodes, args.rate * 1e6, args.seconds,
+                                 None if args.memory else DEFAULT_FSYNC, args.repeat) else 1
     # The feeder's input is this benchmark's own list of millions of words: left in
     # the collector, every full collection walks it, a 70-80 ms pause of the feeder
     # that doubled p99 at light load. A feeder reading a stream holds no such list.
@@ -395,6 +412,39 @@ def main(argv=None) -> int:
     if args.durable:
         exact = durable_side_by_side(words, words, args.nodes, r1, p99_half) and exact
     return 0 if exact else 1
+
+
+def latency_only(words: list[str], nodes: int, sustained: float, seconds: float,
+                 fsync: float | None, repeat: int) -> bool:
+    """Open-loop latency at LOADS[:2] of the sustained rate (found first when not
+    given), `repeat` rounds; r=1, mutual TLS, durable at `fsync` (None: in memory)."""
+    mode = "in memory" if fsync is None else f"durable, fsync every {fsync * 1e3:g} ms"
+    exact = True
+    if not sustained:
+        sustained, exact = sustained_rate(words, nodes, 1, start=200_000, fsync=fsync,
+                                          log=lambda line: print(line, flush=True))
+    print(f"sustained open-loop rate, r=1, {mode}: {sustained / 1e6:.3f} M tuples/s",
+          flush=True)
+    for i in range(repeat):
+        for share in LOADS[:2]:
+            load = _loadavg()
+            p50, p99, p999, ok = latency(words, nodes, 1, sustained * share, seconds,
+                                         fsync=fsync)
+            exact = exact and ok
+            print(f"round {i + 1}, {share:.0%} load ({sustained * share / 1e6:.3f} M "
+                  f"tuples/s, {seconds:g} s, {mode}): p50 {p50 * 1e3:.1f} ms, p99 "
+                  f"{p99 * 1e3:.1f} ms, p999 {p999 * 1e3:.1f} ms (exact={ok}; machine "
+                  f"load {load} before, {_loadavg()} after)", flush=True)
+    return exact
+
+
+def _loadavg() -> str:
+    """The machine's 1-minute load average (other work on a shared machine)."""
+    try:
+        with open("/proc/loadavg") as f:
+            return f.read().split()[0]
+    except OSError:
+        return "?"
 
 
 def tls_side_by_side(words, sample, nodes: int, rate: float, repeat: int) -> bool:
