@@ -266,7 +266,7 @@ def sustained_rate(words: list[str], nodes: int, replicas: int, start: float,
     closed-loop throughput whose batches combine far more."""
     low, high, rate, exact = 0.0, None, start, True
     for _ in range(MAX_STEPS):
-        *_, ok, behind = open_loop(words, nodes, replicas, rate, seconds, fsync=fsync)
+        *_, ok, behind = open_loop(words, nodes, replicas, rate, seconds, True, fsync)
         exact = exact and ok
         kept = behind <= KEPT_UP
         log(f"  open-loop feed at {rate / 1e6:.3f} M tuples/s: last ack {behind:.3f} s "
@@ -303,7 +303,7 @@ def percentiles(samples: list[tuple[float, int]], points) -> tuple[float, ...]:
     return tuple(out)
 
 
-def main(argv=None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tuples", type=int, default=3_000_000,
                         help="words fed in each throughput run (default: %(default)s)")
@@ -342,7 +342,11 @@ def main(argv=None) -> int:
     parser.add_argument("--kernels", action="store_true",
                         help="only the node state before and after the state table, side "
                              "by side (dict nodes fed format 1, table nodes format 2)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
     if args.restart_keys:
         for keys in map(int, args.restart_keys.split(",")):
             restart, exact = restart_time(keys)
