@@ -53,9 +53,10 @@ def export_range(core, ring_stamp: int, token: int) -> tuple[dict, dict[str, int
 
 
 def export_columns(core, ring_stamp: int, token: int):
-    """(columns, watermarks) of a range held whole in a state table (a table reducer's
-    range with nothing in spill): the table's export (kinds, key bytes, offsets,
-    positions, values), read at one point; (None, None) for any other range."""
+    """(view, watermarks) of a range held whole in a state table (a table reducer's
+    range with nothing in spill): the table's export as of now (an ExportView, or a
+    CutView made a slice at a time as it is read while batches keep applying), with
+    the watermarks read at the same point; (None, None) for any other range."""
     rng = _primary(core, ring_stamp, token)
     full = getattr(rng.state, "full_layers", None)
     if full is None:
@@ -63,7 +64,7 @@ def export_columns(core, ring_stamp: int, token: int):
     view, spill = full()
     if spill:
         return None, None
-    return view.buffers, dict(rng.watermarks)
+    return view, dict(rng.watermarks)
 
 
 def import_chunk(core, reducer: str, ring_stamp: int, token: int, snapshot: str,

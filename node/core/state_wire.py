@@ -379,6 +379,22 @@ class ExportSegment:
             start = end
 
 
+class SlicedSegment:
+    """An export made a slice at a time as it is read (a table's cut,
+    node.core.table_state.CutView): each slice cut by its offsets when the plan
+    reaches it."""
+
+    def __init__(self, view) -> None:
+        self.view = view
+
+    def __len__(self) -> int:
+        return len(self.view)
+
+    def pieces(self, max_entries: int, max_bytes: int) -> Iterator[Piece]:
+        for buffers in self.view.slices(max_entries):
+            yield from ExportSegment(buffers).pieces(max_entries, max_bytes)
+
+
 class PairSegment:
     """Entries as two lists (a dict's keys and states as the plan was made): a frame
     is encoded to learn its bytes."""
@@ -448,7 +464,9 @@ def segments(states) -> list:
     layers = states.layers if hasattr(states, "layers") else (states,)
     out: list = []
     for layer in layers:
-        if isinstance(layer, ExportView):
+        if hasattr(layer, "slices"):
+            out.append(SlicedSegment(layer))
+        elif isinstance(layer, ExportView):
             out.append(ExportSegment(layer.buffers))
         elif isinstance(layer, dict):
             out.append(PairSegment(list(layer), list(layer.values())))

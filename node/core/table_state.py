@@ -16,6 +16,7 @@ either alike; `inactive` is the fragment of the checkpoint being shipped (or Non
 from __future__ import annotations
 
 from array import array
+from collections.abc import Iterator
 from itertools import accumulate
 
 from floering.node.core.columnar import KERNEL, StateTable, hash_positions
@@ -25,7 +26,8 @@ from floering.node.core.errors import InvalidArgument, InvalidKey, inert
 from floering.node.core.pieces import RESERVED, is_fold_key
 from floering.node.core.reducers import Count, Max, Min, Reducer, Sum
 from floering.node.core.state_store import MISSING, LayeredState, ReplicaState
-from floering.node.core.state_wire import ExportView, Layers, StateColumns, keys_of, layers_of
+from floering.node.core.state_wire import (ExportView, Layers, StateColumns, StateRun, keys_of,
+                                           layers_of)
 
 TABLE_REDUCERS = {Count: "count", Sum: "sum", Min: "min", Max: "max"}
 _INT64 = (-(1 << 63), 1 << 63)
@@ -82,6 +84,77 @@ def pairs_of(buffers) -> dict:
     """An export's {key: state}."""
     kinds, data, offsets, _, values = buffers
     return dict(zip(keys_of(kinds, data, offsets), values.tolist()))
+
+
+CUT_SLICE = 16_384       # entries a cut gives at a time: about half a millisecond
+MAX_SLICE = 1 << 16      # at most, whatever a reader asks (some 2.5 ms)
+
+
+class CutView(ExportView):
+    """A table's export as of a cut (StateTable.cut), made a slice at a time as it is
+    read: a reader takes `slices()` (each slice made once, kept for any other reader
+    of the view), so no step exports the whole range while batches keep applying.
+    `buffers`, the whole export as one, is made on first use: in one call of the
+    table when no slice was made yet."""
+
+    def __init__(self, cut) -> None:
+        self._cut = cut
+        self._size = len(cut)
+        self._parts: list[tuple] = []
+        self._whole: tuple | None = None
+        self._dict = None
+
+    def __len__(self) -> int:
+        return self._size
+
+    def slices(self, most: int = CUT_SLICE):
+        """The export's slices in order, each of at most `most` entries (those made
+        already as they were made)."""
+        i, most = 0, min(most, MAX_SLICE)
+        while i < len(self._parts) or self._more(most):
+            yield self._parts[i]
+            i += 1
+
+    def _more(self, most: int) -> bool:
+        cut = self._cut
+        if cut is None:
+            return False
+        part = cut.take(max(1, most))
+        if cut.taken >= self._size:
+            cut.close()
+            self._cut = None
+        if not len(part[0]):
+            return False
+        self._parts.append(part)
+        return True
+
+    @property
+    def buffers(self) -> tuple:
+        if self._whole is None:
+            while self._more(self._size - sum(len(p[0]) for p in self._parts)):
+                pass
+            self._whole = self._parts[0] if len(self._parts) == 1 else \
+                _joined(self._parts)
+        return self._whole
+
+    def __iter__(self):
+        for kinds, data, offsets, _, _ in self.slices():
+            yield from keys_of(kinds, data, offsets)
+
+    def values(self):
+        for part in self.slices():
+            yield from part[4]
+
+
+def _joined(parts: list[tuple]) -> tuple:
+    """Exports one after another as one export."""
+    offsets, base = array("Q", [0]), 0
+    for part in parts:
+        offsets.extend(base + o for o in part[2][1:])
+        base += part[2][-1]
+    return (b"".join(p[0] for p in parts), b"".join(p[1] for p in parts), offsets,
+            array("Q", b"".join(p[3].tobytes() for p in parts)),
+            array("q", b"".join(p[4].tobytes() for p in parts)))
 
 
 class _Spill(LayeredState):
@@ -344,8 +417,11 @@ class TableState:
 
     def full_layers(self) -> tuple:
         """The whole range as of now, as layers (later ones over earlier ones): the
-        table's export, decoded lazily as it is read, and spill's copy."""
-        return ExportView(self.table.export(ordered=False)), self.spill.snapshot()
+        table's cut (a CutView, exported a slice at a time as it is read; the export
+        at once when the table has no cut free) and spill's copy."""
+        cut = self.table.cut()
+        view = ExportView(self.table.export(ordered=False)) if cut is None else CutView(cut)
+        return view, self.spill.snapshot()
 
     def check_invariants(self) -> None:
         self.spill.check_invariants()
@@ -353,6 +429,35 @@ class TableState:
             raise AssertionError("spill reads through to another table")
         if self.inactive is None and self.spill.inactive is not None:
             raise AssertionError("spill's checkpoint is cut without the table's")
+
+
+INSTALL_STEP = 16_384     # entries of a full copy installed per step (a frame, 1-3 ms)
+
+
+def copy_in_steps(reducer: Reducer, states, step: int = INSTALL_STEP) -> Iterator:
+    """A replica's copy of a full copy's frames (a StateRun) built into a new
+    TableState about `step` entries at a time, yielding None after each (a caller lets
+    its event loop run between) and the TableState last, which TableCopy.replace
+    then takes over as it is. The table is grown once for every frame first. A bad
+    frame raises InvalidArgument: the copy being built is dropped, nothing else
+    changed (as with replace's install in one call)."""
+    state = TableState(reducer)
+    layers = layers_of(states)
+    frames = [layer for layer in layers if isinstance(layer, StateColumns)]
+    state.table.reserve(sum(len(f.kinds) for f in frames), sum(len(f.key_data) for f in frames))
+    yield None                      # the index cleared: a step of its own
+    run: list = []
+    held = 0
+    for layer in layers:
+        run.append(layer)
+        held += len(layer.kinds) + len(layer.rest_keys) if isinstance(layer, StateColumns) \
+            else len(layer)
+        if held >= step:
+            state.install(StateRun(run), mark_dirty=False)
+            run, held = [], 0
+            yield None
+    state.install(StateRun(run), mark_dirty=False)
+    yield state
 
 
 class TableCopy:

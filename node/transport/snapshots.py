@@ -19,8 +19,8 @@ from floering.node.core.errors import FloeError, InvalidArgument, Unavailable
 from floering.node.core.retired import Held, check_marks_header, held, restore_chunk
 from floering.node.core.snapshot_format import MAX_SECTION
 from floering.node.core.snapshots import export_columns, export_range, import_chunk
-from floering.node.core.state_wire import (ExportSegment, PairSegment, decode, encode_pairs,
-                                           is_frame)
+from floering.node.core.state_wire import (ExportSegment, PairSegment, SlicedSegment, decode,
+                                           encode_pairs, is_frame)
 from floering.node.transport.status import abort, error_from_rpc
 from floering.node.transport.tls import peer_identity
 
@@ -192,10 +192,12 @@ def pair_frame_chunks(states) -> Generator[tuple[int, bytes], None, None]:
         yield piece.count, piece.encode()
 
 
-def frame_chunks(columns) -> Generator[tuple[int, bytes], None, None]:
-    """(entries, frame) per chunk of a table's export: frames of column states
+def frame_chunks(view) -> Generator[tuple[int, bytes], None, None]:
+    """(entries, frame) per chunk of a table's export (export_columns' view, a cut's
+    made a slice at a time as the chunks are asked for): frames of column states
     (node.core.state_wire) of at most CHUNK_BYTES each; one empty frame for none."""
-    segment = ExportSegment(columns)
+    segment = SlicedSegment(view) if hasattr(view, "slices") else \
+        ExportSegment(view if isinstance(view, tuple) else view.buffers)
     if not len(segment):
         yield 0, encode_pairs([], [])
         return

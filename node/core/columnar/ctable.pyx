@@ -965,6 +965,26 @@ cdef class StateTable:
         if self._rebuild_index(j, True) != OK:
             raise MemoryError()
 
+    def reserve(self, Py_ssize_t keys, size_t key_bytes):
+        """Room made now for `keys` more keys of `key_bytes` key bytes in all, the
+        index sized for them: a range installed a few frames at a time then grows
+        nothing (the index rebuilt at a doubling is a step of O(keys))."""
+        if self.busy:
+            raise RuntimeError("the state table is in use by another call")
+        if keys < 0 or self.n + keys >= <Py_ssize_t>4294967295UL:
+            raise ValueError(f"cannot reserve room for {keys} more keys")
+        cdef int err
+        with nogil:
+            PyThread_acquire_lock(self.lock, 1)
+            err = self._grow_dense(self.n + keys)
+            if err == OK:
+                err = self._grow_arena(self.alen + key_bytes + <size_t>keys)
+            if err == OK:
+                err = self._rebuild_index(self.n + keys, False)
+            PyThread_release_lock(self.lock)
+        if err != OK:
+            _raise(err, 0, self.op)
+
     # -- cuts -----------------------------------------------------------------------
 
     def cut(self):

@@ -258,6 +258,12 @@ class StateTable:
             del self._d[key]
         self._dirty.difference_update(gone)
 
+    def reserve(self, keys: int, key_bytes: int) -> None:
+        """Room for `keys` more keys (the compiled table makes it now; a dict grows
+        as it goes)."""
+        if keys < 0:
+            raise ValueError(f"cannot reserve room for {keys} more keys")
+
     def cut(self) -> "TableCut":
         """A TableCut of the table as it is now (every key, as export gives them)."""
         return TableCut(self.export())
