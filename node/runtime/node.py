@@ -338,9 +338,10 @@ class NodeRuntime:
                 mark = now
                 item.applied += 1
                 self.queued_batches -= 1
-                if now - started > 0.01:
+                if now - started > 0.003:
                     # A long message (or a costly reducer) must not starve heartbeats
-                    # and probes: a busy node is not a dead one.
+                    # and probes: a busy node is not a dead one. The loop runs others
+                    # after 3 ms of batches (then one more batch): no step near 5 ms.
                     await asyncio.sleep(0)
                     started = mark = self.clock()
                     core = machine.core
