@@ -77,6 +77,27 @@ def test_a_replica_refuses_what_its_primary_would_and_stores_nothing(bad, error)
     assert replica.receive_batch(batch("s", 1), now=1.0).applied == 1     # still serving
 
 
+def test_a_replica_stores_a_column_batch_without_a_python_key_and_replays_it_exactly(
+        monkeypatch):
+    from floering.node.core.columns import Columns, encode_columns
+    keys = KEYS[:50] + KEYS[:10]
+    payload = encode_columns(keys, [1] * len(keys))
+    assert payload is not None
+    _, replica = pair()
+
+    def no_keys(self):
+        raise AssertionError("a stored batch's keys were decoded")
+    monkeypatch.setattr(Columns, "keys", no_keys)
+    assert replica.receive_batch(batch("s", 1, payload=payload, keys=keys),
+                                 now=1.0).applied == len(keys)
+    monkeypatch.undo()
+    with pytest.raises(InvalidArgument):      # counts that disagree: refused, as before
+        replica.receive_batch(batch("s", 100, payload=payload, keys=keys[:-1]), now=1.0)
+    assert replica.replicas.backups.tuples == len(keys)
+    assert replica.adopt_ring(RING.without(["p"])).taken_over == (TOKEN,)
+    assert dict(replica.items()) == Counter(keys)
+
+
 def test_a_takeover_does_not_replay_a_batch_its_primary_refused_for_a_stray_key():
     primary, replica = pair()
     stray = batch("s", 1, keys=[KEYS[0], STRAY])

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from floering.node.core.backup_store import BackupEntry, BackupStore
-from floering.node.core.batch import Columns, decode_batch, decode_payload, decode_seqs
+from floering.node.core.batch import Columns, decode_batch, decode_seqs
 from floering.node.core.dedup import SHARES, first_new_index, owned_by, owner_of
 from floering.node.core.epochs import effective_mark, floor_key, raise_floor, replay_order
 from floering.node.core.errors import FloeError, Overloaded, TooLarge
@@ -299,7 +299,10 @@ class ReplicaSide:
             # the sender back rather than grow without bound; nothing is acknowledged.
             raise Overloaded(f"the backup store holds {self.backups.bytes} bytes, the limit "
                            f"is {max_bytes} (--max-backup-bytes)")
-        values = decode_payload(entry.payload, entry.count)[1]
+        # format 2: the columns checked (keys by their positions and bytes) without a
+        # Python object per key; the values are checked as the reducer takes them
+        decoded = decode_batch(entry.payload, entry.count)
+        values = decoded.values if isinstance(decoded, Columns) else decoded[1]
         if carries_states(source):
             self.reducer.check_states(values)
         else:
