@@ -37,7 +37,7 @@ class AsyncRingClient(ClientBase):
     `await close()`), on one event loop: its gRPC channels belong to that loop. The
     arguments are RingClient's."""
 
-    def __init__(self, seeds, *, source: str | None = None, batch_size: int = 1000,
+    def __init__(self, seeds, *, source: str | None = None, batch_size: int | None = None,
                  linger: float = 0.05, window: int = 64, max_pending_batches: int = 512,
                  timeout: float = 60.0, rpc_timeout: float = 5.0,
                  expect_reducer: str | None = None, first_seq: int = 1,

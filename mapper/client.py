@@ -53,11 +53,13 @@ class RingClient(ClientBase):
     `mapper/credentials.py` says (FLOE_TLS_DIR, then ./floe-cluster/tls).
     `columnar`: batches of str keys and int values go in format 2 (columns,
     docs/design.md) rather than format 1: None (the default) when the nodes say they
-    decode it, True always, False never.
+    decode it, True always, False never. `batch_size`: the tuples a batch holds, or,
+    combining, the distinct keys a token's buffer holds before it is sealed; None (the
+    default): 1000 tuples, 4096 keys combining (common.COMBINED_BATCH_KEYS).
     """
 
     def __init__(self, seeds: str | Iterable[str], *, source: str | None = None,
-                 batch_size: int = 1000, linger: float = 0.05, window: int = 64,
+                 batch_size: int | None = None, linger: float = 0.05, window: int = 64,
                  max_pending_batches: int = 512, timeout: float = 60.0,
                  rpc_timeout: float = 5.0, expect_reducer: str | None = None,
                  first_seq: int = 1, tls: TlsChoice = FIND,
@@ -77,7 +79,7 @@ class RingClient(ClientBase):
         # Emitted tuples are routed and buffered on the caller's thread, under the
         # batcher's lock; sealed batches are drained into the delivery on the loop.
         self._batcher = batcher_for(self._delivery, self.source, source is not None,
-                                    batch_size, first_seq, combine, columnar)
+                                    self.batch_size, first_seq, combine, columnar)
         self.source = self._batcher.source
         self._linger_task = self._call(self._start_linger())
 

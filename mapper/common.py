@@ -11,11 +11,18 @@ from floering.node.core.reducers import load_reducer
 from floering.node.core.ring import Ring
 from floering.node.transport.tls import TlsFiles
 
+BATCH_TUPLES = 1000         # tuples a batch holds, by default
+# distinct keys a token's combining buffer holds, by default: the node's cost of a
+# batch is mostly per batch, and a key re-sealed in another batch is sent again
+COMBINED_BATCH_KEYS = 4096
+
 
 class ClientBase:
-    def __init__(self, seeds, source: str | None, batch_size: int, linger: float,
+    def __init__(self, seeds, source: str | None, batch_size: int | None, linger: float,
                  window: int, max_pending_batches: int, timeout: float, rpc_timeout: float,
                  expect_reducer: str | None, tls: TlsFiles | None, combine: bool) -> None:
+        if batch_size is None:   # an unnamed source combines where the reducer merges
+            batch_size = COMBINED_BATCH_KEYS if combine and source is None else BATCH_TUPLES
         seeds = check_settings(seeds, batch_size, max_pending_batches)
         if source is not None and carries_states(source):
             raise ValueError(f"source {source[:40]!r}: names beginning {COMBINED_SOURCE!r} "

@@ -245,3 +245,22 @@ def test_a_combining_client_is_exact_through_a_kill_on_real_nodes(tmp_path):
                     best.setdefault(word, []).append(value)
                 assert got == {w: tuple(sorted(v, reverse=True)[:3]) for w, v in best.items()}
             assert applied < len(words) / 2, (spec, applied, len(words))
+
+
+def test_a_combining_client_holds_4096_keys_a_token_by_default_and_1000_tuples_else():
+    from floering.mapper.common import BATCH_TUPLES, COMBINED_BATCH_KEYS, ClientBase
+
+    def batch_size(source=None, combine=True, size=None):
+        return ClientBase(["127.0.0.1:1"], source, size, 0.05, 8, 8, 1.0, 1.0, None, None,
+                          combine).batch_size
+    assert (COMBINED_BATCH_KEYS, BATCH_TUPLES) == (4096, 1000)
+    assert batch_size() == 4096
+    assert batch_size(combine=False) == 1000
+    assert batch_size(source="named") == 1000          # a named source is sent uncombined
+    assert batch_size(size=300) == batch_size(combine=False, size=300) == 300
+    batcher = combining(ring_of(), batch_size=batch_size())
+    keys = [f"k{i}" for i in range(20 * 4096)]      # 12 tokens: some fill
+    batcher.emit_many(keys + keys[:5000], 1)
+    batches = sealed(batcher)
+    assert max(b.count for b in batches) == 4096 and len(batches) > 12
+    assert totals(batches, load_reducer("count")) == Counter(keys + keys[:5000])
