@@ -145,3 +145,33 @@ def test_a_bad_frame_in_a_copy_built_in_steps_changes_nothing():
             if built is not None:
                 copy.replace(built)
     assert copy.master == {"a": 1}
+
+
+@compiled
+def test_a_checkpoint_delta_is_its_changed_keys_at_the_cut_while_batches_apply():
+    """A delta's changed keys are cut at the swap and read frame by frame while
+    batches apply; what changes meanwhile is the next delta's: the two laid over the
+    first copy equal the range."""
+    rnd, expect = random.Random(6), Counter()
+    rng = PrimaryRange(1, load_reducer("count"))
+    for _ in range(20):
+        feed(rng.state, rnd, expect, keys=20_000)
+    copy = TableCopy(load_reducer("count"))
+    copy.replace(read_back(plan(rng.full_checkpoint(rng.cut_checkpoint()).states, 500, 1 << 20)))
+    rng.checkpoint_shipped()
+    for _ in range(10):
+        feed(rng.state, rnd, expect, keys=30_000)
+    at_cut = dict(expect)
+    delta = rng.cut_checkpoint()
+    assert isinstance(delta.states.layers[0], CutView) and rng.state.table.dirty_count == 0
+    got = {}
+    for piece in plan(delta.states, 200, 1 << 20):
+        got.update(decode(piece.encode()).to_dict())
+        feed(rng.state, rnd, expect, keys=30_000, n=300)
+    assert got == {k: at_cut[k] for k in got} and len(got) == len(delta.states.layers[0])
+    copy.apply_fragment(got)
+    assert copy.master == at_cut
+    rng.checkpoint_shipped()
+    nxt = rng.cut_checkpoint()
+    copy.apply_fragment(read_back(plan(nxt.states, 1000, 1 << 20)))
+    assert copy.master == dict(expect)

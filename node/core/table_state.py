@@ -403,10 +403,13 @@ class TableState:
 
     def swap(self) -> "Layers":
         """Start a checkpoint: the keys changed since the previous one (the table's as
-        columns, spill's over them), readable as `inactive` until merge_inactive."""
+        a cut of its changed keys, spill's over them), readable as `inactive` until
+        merge_inactive."""
         if self.inactive is not None:
             raise RuntimeError("the previous checkpoint has not been merged yet")
-        fragment = Layers(ExportView(self._dirty()), self.spill.swap())
+        cut = self.table.take_dirty_cut()     # made a slice at a time as it is read
+        fragment = Layers(ExportView(self._dirty()) if cut is None else CutView(cut),
+                          self.spill.swap())
         self.inactive = fragment
         return fragment
 

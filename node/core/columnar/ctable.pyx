@@ -375,10 +375,13 @@ cdef inline bint _in_range(uint64_t p, uint64_t lo, uint64_t hi) noexcept nogil:
 
 ctypedef struct CutRec:
     bint open
-    Py_ssize_t n        # entries when it was cut (later ones are not in it)
-    Py_ssize_t at       # the next entry it gives; those before are given already
-    uint64_t *kept      # a bit per entry: its state as of the cut is in `old`
+    Py_ssize_t n        # entries it gives (all: the table's when it was cut)
+    Py_ssize_t at       # the next it gives; those before are given already
+    uint64_t *kept      # a bit per table entry: its state as of the cut is in `old`
     int64_t *old        # read only where its bit is set
+    uint32_t *sel       # the entries it gives, in order (NULL: entries 0 to n)
+    uint64_t *pending   # with sel, a bit per table entry: chosen, not given yet
+    Py_ssize_t tn       # with sel, the table's entries when it was cut
 
 
 cdef class StateTable:
@@ -425,6 +428,8 @@ cdef class StateTable:
         for c in range(MAXCUTS):
             PyMem_RawFree(self.cuts[c].kept)
             PyMem_RawFree(self.cuts[c].old)
+            PyMem_RawFree(self.cuts[c].sel)
+            PyMem_RawFree(self.cuts[c].pending)
         if self.lock != NULL:
             PyThread_free_lock(self.lock)
         PyMem_RawFree(self.ent)
@@ -589,7 +594,14 @@ cdef class StateTable:
         cdef uint64_t bit = (<uint64_t>1) << (i & 63)
         for c in range(MAXCUTS):
             r = &self.cuts[c]
-            if r.open and r.at <= i and i < r.n and not (r.kept[i >> 6] & bit):
+            if not r.open:
+                continue
+            if r.sel == NULL:
+                if i < r.at or i >= r.n:
+                    continue
+            elif i >= r.tn or not (r.pending[i >> 6] & bit):
+                continue
+            if not (r.kept[i >> 6] & bit):       # (bits sized for the table's entries)
                 r.kept[i >> 6] |= bit
                 r.old[i] = self.ent[i].val
 
@@ -990,6 +1002,16 @@ cdef class StateTable:
     def cut(self):
         """A TableCut of the table as it is now (every key, as they are kept, as
         export(ordered=False) gives them), or None when MAXCUTS cuts are open."""
+        return self._open_cut(False)
+
+    def take_dirty_cut(self):
+        """As take_dirty(ordered=False), as a TableCut: the keys changed since the
+        previous take, in the order each first changed, with their states as of
+        now; from now on none is changed. None (and nothing taken) when MAXCUTS cuts
+        are open."""
+        return self._open_cut(True)
+
+    cdef object _open_cut(self, bint dirty):
         if self.busy:
             raise RuntimeError("the state table is in use by another call")
         cdef int c
@@ -998,20 +1020,39 @@ cdef class StateTable:
                 break
         else:
             return None
-        cdef Py_ssize_t n = self.n
+        cdef Py_ssize_t n = self.n, t, k = self.ndirty if dirty else n
         cdef uint64_t *kept = <uint64_t *>PyMem_RawCalloc((n >> 6) + 1, sizeof(uint64_t))
         cdef int64_t *old = <int64_t *>PyMem_RawMalloc((n + 1) * sizeof(int64_t))
-        if kept == NULL or old == NULL:
+        cdef uint64_t *pending = NULL
+        cdef uint32_t *sel = NULL
+        cdef uint32_t i
+        if dirty:
+            pending = <uint64_t *>PyMem_RawCalloc((n >> 6) + 1, sizeof(uint64_t))
+            sel = <uint32_t *>PyMem_RawMalloc((k + 1) * sizeof(uint32_t))
+        if kept == NULL or old == NULL or (dirty and (pending == NULL or sel == NULL)):
             PyMem_RawFree(kept)
             PyMem_RawFree(old)
+            PyMem_RawFree(pending)
+            PyMem_RawFree(sel)
             raise MemoryError()
         with nogil:
             PyThread_acquire_lock(self.lock, 1)
-            self.cuts[c].open, self.cuts[c].n, self.cuts[c].at = True, n, 0
+            if dirty:               # the dirty list becomes the cut's; the marks go
+                memcpy(sel, self.dirty, k * sizeof(uint32_t))
+                for t in range(k):
+                    i = sel[t]
+                    self.ent[i].flags &= ~(<uint8_t>DIRTY)
+                    pending[i >> 6] |= (<uint64_t>1) << (i & 63)
+                self.ndirty = 0
+            self.cuts[c].open, self.cuts[c].n, self.cuts[c].at = True, k, 0
             self.cuts[c].kept, self.cuts[c].old = kept, old
+            self.cuts[c].sel, self.cuts[c].pending, self.cuts[c].tn = sel, pending, n
             self.ncuts += 1
             PyThread_release_lock(self.lock)
-        return TableCut(self, c, n)
+        if dirty and self.dirtycap > 4096:   # a large fragment's list is not kept
+            PyMem_RawFree(self.dirty)
+            self.dirty, self.dirtycap = NULL, 0
+        return TableCut(self, c, k)
 
     cdef tuple _take(self, int c, Py_ssize_t most):
         """The cut's next `most` entries (fewer at its end) as export gives them. The
@@ -1019,8 +1060,8 @@ cdef class StateTable:
         output is made (an allocation may run the collector, whose finalizers may close
         a cut, which takes the lock)."""
         cdef CutRec *r = &self.cuts[c]
-        cdef Py_ssize_t lo, hi, t
-        cdef uint64_t total = 0, w = 0, meta
+        cdef Py_ssize_t lo, hi, t, e
+        cdef uint64_t total = 0, w = 0, meta, bit
         cdef uint32_t klen
         cdef const Entry *x
         with nogil:
@@ -1028,7 +1069,7 @@ cdef class StateTable:
             lo = r.at
             hi = r.n if most >= r.n - lo else lo + most
             for t in range(lo, hi):             # a key's bytes never change
-                total += _klen(self.arena, _meta(&self.ent[t]))
+                total += _klen(self.arena, _meta(&self.ent[t if r.sel == NULL else r.sel[t]]))
             PyThread_release_lock(self.lock)
         kinds = PyBytes_FromStringAndSize(NULL, hi - lo)
         data = PyBytes_FromStringAndSize(NULL, total)
@@ -1048,14 +1089,17 @@ cdef class StateTable:
                 raced = True
             else:
                 for t in range(lo, hi):
-                    x = &self.ent[t]
+                    e = t if r.sel == NULL else r.sel[t]
+                    x = &self.ent[e]
                     meta = _meta(x)
                     klen = _klen(self.arena, meta)
                     memcpy(dp + w, _key(self.arena, meta), klen)
                     w += klen
                     kp[t - lo], op[t - lo + 1], pp[t - lo] = meta & KIND, w, x.pos
-                    vp[t - lo] = r.old[t] if r.kept[t >> 6] & ((<uint64_t>1) << (t & 63)) \
-                        else x.val
+                    bit = (<uint64_t>1) << (e & 63)
+                    vp[t - lo] = r.old[e] if r.kept[e >> 6] & bit else x.val
+                    if r.sel != NULL:
+                        r.pending[e >> 6] &= ~bit
                 r.at = hi
             PyThread_release_lock(self.lock)
         if raced:
@@ -1069,7 +1113,9 @@ cdef class StateTable:
             if r.open:
                 PyMem_RawFree(r.kept)
                 PyMem_RawFree(r.old)
-                r.kept, r.old, r.open = NULL, NULL, False
+                PyMem_RawFree(r.sel)
+                PyMem_RawFree(r.pending)
+                r.kept, r.old, r.sel, r.pending, r.open = NULL, NULL, NULL, NULL, False
                 self.ncuts -= 1
             PyThread_release_lock(self.lock)
 

@@ -268,6 +268,10 @@ class StateTable:
         """A TableCut of the table as it is now (every key, as export gives them)."""
         return TableCut(self.export())
 
+    def take_dirty_cut(self) -> "TableCut":
+        """As take_dirty, as a TableCut."""
+        return TableCut(self.take_dirty())
+
     def get(self, key, default=None):
         entry = self._d.get(key_parts(key))
         return default if entry is None else entry[1]
