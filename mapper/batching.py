@@ -359,12 +359,25 @@ async def linger_loop(batcher: Batcher, delivery, linger: float) -> None:
     of tokens with nothing on its way and those older than `linger`, submit them, and
     let the delivery look for a newer ring when acks stall."""
     tick = min(linger / 2, SEAL_TICK)
-    while True:
-        await asyncio.sleep(tick)
-        batcher.drain(delivery.submit)
+    delivery.on_delivered = functools.partial(seal_and_drain, batcher, delivery, linger)
+    try:
+        while True:
+            await asyncio.sleep(tick)
+            seal_and_drain(batcher, delivery, linger)
+            delivery.check_progress()
+    finally:
+        delivery.on_delivered = None
+
+
+def seal_and_drain(batcher: Batcher, delivery, linger: float) -> None:
+    """On the delivery's loop: submit what is sealed, then seal the buffers of tokens
+    with nothing on its way and those older than `linger`, and submit them. Run at
+    every tick and as soon as a reply completes a batch's delivery, so a token's next
+    batch goes without waiting for the tick."""
+    batcher.drain(delivery.submit)
+    if batcher.buffers:
         batcher.seal_older(linger, {b.token for b in delivery.undelivered.values()})
         batcher.drain(delivery.submit)
-        delivery.check_progress()
 
 
 def route_in_bulk(keys: list, tokens: tuple, route) -> None:

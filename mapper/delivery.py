@@ -149,13 +149,18 @@ class NodeSender:
                     if self.inflight:
                         raise Unavailable(f"{self.node} closed the stream with batches unacked")
                     return
+                delivered = False
                 for ack in reply.acks:
                     batch = self.inflight.popleft()
                     if batch.id != ack.id:
                         raise Unavailable(f"{self.node} acked batch {ack.id}, expected {batch.id}")
-                    self.delivery.acked(batch, self.node)
+                    delivered |= self.delivery.acked(batch, self.node)
                 self.waiting_since = self.delivery.clock() if self.inflight else None
                 self.wakeup.set()
+                if delivered and self.delivery.on_delivered is not None:
+                    # a token whose batch is delivered may send its next one now,
+                    # not at the batcher's next tick
+                    self.delivery.on_delivered()
         except grpc.RpcError as exc:
             raise error_from_rpc(exc) from None
 
@@ -192,6 +197,9 @@ class Delivery:
         self._watching: asyncio.Task | None = None
         self._fetching: asyncio.Future | None = None  # the reads' shared refresh
         self.on_ring_change = None             # set by the client (router update)
+        # set by the client: called on the loop after a reply that completed the
+        # delivery of some batch (its token's buffer may go: batching.seal_and_drain)
+        self.on_delivered: Callable[[], None] | None = None
         # (seconds from first emit to the last destination's ack, tuples) per batch
         self.latencies: deque[tuple[float, int]] = deque(maxlen=100_000)
         self.last_errors: dict[str, str] = {}        # node -> why its stream last failed
@@ -410,13 +418,16 @@ class Delivery:
         version = self.ring.version if self.ring is not None else "none"
         return f"waiting for {', '.join(parts) or 'nobody'} at ring v{version}"
 
-    def acked(self, batch: PendingBatch, node: str) -> None:
+    def acked(self, batch: PendingBatch, node: str) -> bool:
+        """`node` acknowledged `batch`; True when that completes its delivery."""
         self.last_errors.pop(node, None)
         latency = self.machine.acked(batch, node, self.clock())
-        if latency is not None:
-            self.latencies.append((latency, batch.inputs or batch.count))
-            with self.changed:
-                self.changed.notify_all()
+        if latency is None:
+            return False
+        self.latencies.append((latency, batch.inputs or batch.count))
+        with self.changed:
+            self.changed.notify_all()
+        return True
 
     async def reopen_streams(self) -> None:
         """Close every Push stream (nothing may be undelivered); the next batch to a
