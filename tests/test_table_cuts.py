@@ -175,3 +175,36 @@ def test_a_checkpoint_delta_is_its_changed_keys_at_the_cut_while_batches_apply()
     nxt = rng.cut_checkpoint()
     copy.apply_fragment(read_back(plan(nxt.states, 1000, 1 << 20)))
     assert copy.master == dict(expect)
+
+
+@compiled
+def test_one_delta_read_on_two_threads_while_batches_apply_is_exact_on_both():
+    """A checkpoint's delta is shipped from the event loop and written from the
+    disk's thread at once: both read every slice, each made once, as of the cut."""
+    import threading
+    rnd, expect = random.Random(7), Counter()
+    rng = PrimaryRange(1, load_reducer("count"))
+    for _ in range(100):
+        feed(rng.state, rnd, expect, keys=400_000, n=2000)
+    at_cut = dict(expect)
+    delta = rng.cut_checkpoint()
+    got: list[dict] = [{}, {}]
+    failed: list = []
+
+    def read(i, entries):
+        try:
+            for piece in plan(delta.states, entries, 1 << 20):
+                got[i].update(decode(piece.encode()).to_dict())
+        except Exception as exc:        # noqa: BLE001 - reported below
+            failed.append(exc)
+
+    readers = [threading.Thread(target=read, args=(0, 1 << 16)),
+               threading.Thread(target=read, args=(1, 4096))]
+    for reader in readers:
+        reader.start()
+    while any(reader.is_alive() for reader in readers):
+        feed(rng.state, rnd, expect, keys=500_000, n=2000)
+    for reader in readers:
+        reader.join()
+    assert not failed
+    assert got[0] == got[1] == at_cut and len(at_cut) > 100_000

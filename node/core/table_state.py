@@ -15,6 +15,7 @@ either alike; `inactive` is the fragment of the checkpoint being shipped (or Non
 
 from __future__ import annotations
 
+import threading
 from array import array
 from collections.abc import Iterator
 from itertools import accumulate
@@ -95,9 +96,12 @@ class CutView(ExportView):
     read: a reader takes `slices()` (each slice made once, kept for any other reader
     of the view), so no step exports the whole range while batches keep applying.
     `buffers`, the whole export as one, is made on first use: in one call of the
-    table when no slice was made yet."""
+    table when no slice was made yet. Readers may be on several threads (a delta is
+    shipped from the event loop and written from the disk's thread): a lock keeps
+    each slice made once."""
 
     def __init__(self, cut) -> None:
+        self._lock = threading.Lock()
         self._cut = cut
         self._size = len(cut)
         self._parts: list[tuple] = []
@@ -111,8 +115,12 @@ class CutView(ExportView):
         """The export's slices in order, each of at most `most` entries (those made
         already as they were made)."""
         i, most = 0, min(most, MAX_SLICE)
-        while i < len(self._parts) or self._more(most):
-            yield self._parts[i]
+        while True:
+            with self._lock:
+                if i >= len(self._parts) and not self._more(most):
+                    return
+                part = self._parts[i]
+            yield part
             i += 1
 
     def _more(self, most: int) -> bool:
@@ -130,12 +138,13 @@ class CutView(ExportView):
 
     @property
     def buffers(self) -> tuple:
-        if self._whole is None:
-            while self._more(self._size - sum(len(p[0]) for p in self._parts)):
-                pass
-            self._whole = self._parts[0] if len(self._parts) == 1 else \
-                _joined(self._parts)
-        return self._whole
+        with self._lock:
+            if self._whole is None:
+                while self._more(self._size - sum(len(p[0]) for p in self._parts)):
+                    pass
+                self._whole = self._parts[0] if len(self._parts) == 1 else \
+                    _joined(self._parts)
+            return self._whole
 
     def __iter__(self):
         for kinds, data, offsets, _, _ in self.slices():
