@@ -15,7 +15,6 @@ either alike; `inactive` is the fragment of the checkpoint being shipped (or Non
 
 from __future__ import annotations
 
-import threading
 from array import array
 from collections.abc import Iterator
 from itertools import accumulate
@@ -93,18 +92,15 @@ MAX_SLICE = 1 << 16      # at most, whatever a reader asks (some 2.5 ms)
 
 class CutView(ExportView):
     """A table's export as of a cut (StateTable.cut), made a slice at a time as it is
-    read: a reader takes `slices()` (each slice made once, kept for any other reader
-    of the view), so no step exports the whole range while batches keep applying.
-    `buffers`, the whole export as one, is made on first use: in one call of the
-    table when no slice was made yet. Readers may be on several threads (a delta is
-    shipped from the event loop and written from the disk's thread): a lock keeps
-    each slice made once."""
+    read: a reader takes `slices()` (each slice made once by the cut and kept for any
+    other reader, on any thread: a delta is shipped from the event loop while the
+    disk's thread writes it), so no step exports the whole range while batches keep
+    applying. `buffers`, the whole export as one, is made on first use: in one call
+    of the table when no slice was made yet."""
 
     def __init__(self, cut) -> None:
-        self._lock = threading.Lock()
         self._cut = cut
         self._size = len(cut)
-        self._parts: list[tuple] = []
         self._whole: tuple | None = None
         self._dict = None
 
@@ -114,37 +110,20 @@ class CutView(ExportView):
     def slices(self, most: int = CUT_SLICE):
         """The export's slices in order, each of at most `most` entries (those made
         already as they were made)."""
-        i, most = 0, min(most, MAX_SLICE)
-        while True:
-            with self._lock:
-                if i >= len(self._parts) and not self._more(most):
-                    return
-                part = self._parts[i]
+        i, most = 0, min(max(1, most), MAX_SLICE)
+        while (part := self._cut.part(i, most)) is not None:
             yield part
             i += 1
 
-    def _more(self, most: int) -> bool:
-        cut = self._cut
-        if cut is None:
-            return False
-        part = cut.take(max(1, most))
-        if cut.taken >= self._size:
-            cut.close()
-            self._cut = None
-        if not len(part[0]):
-            return False
-        self._parts.append(part)
-        return True
-
     @property
     def buffers(self) -> tuple:
-        with self._lock:
-            if self._whole is None:
-                while self._more(self._size - sum(len(p[0]) for p in self._parts)):
-                    pass
-                self._whole = self._parts[0] if len(self._parts) == 1 else \
-                    _joined(self._parts)
-            return self._whole
+        if self._whole is None:
+            first = self._cut.part(0, max(1, self._size))
+            if first is not None and len(first[0]) == self._size:
+                self._whole = first
+            else:
+                self._whole = _joined(list(self.slices(MAX_SLICE)))
+        return self._whole
 
     def __iter__(self):
         for kinds, data, offsets, _, _ in self.slices():

@@ -1160,9 +1160,31 @@ cdef class TableCut:
     cdef int slot
     cdef readonly Py_ssize_t size
     cdef bint closed
+    cdef list parts
+    cdef PyThread_type_lock plock
 
     def __cinit__(self, StateTable table, int slot, Py_ssize_t size):
-        self.table, self.slot, self.size = table, slot, size
+        self.table, self.slot, self.size, self.parts = table, slot, size, []
+        self.plock = PyThread_allocate_lock()
+        if self.plock == NULL:
+            raise MemoryError()
+
+    def part(self, Py_ssize_t i, Py_ssize_t most):
+        """Slice i of the cut (take's, made once and kept: every reader of the cut
+        reads the same slices, from any thread), slices made as needed of at most
+        `most` entries each; None past the last."""
+        if i < 0:
+            raise ValueError("a slice's index is 0 or more")
+        with nogil:
+            PyThread_acquire_lock(self.plock, 1)
+        try:
+            while len(self.parts) <= i and not self.closed:
+                got = self.take(most)
+                if len(got[0]):
+                    self.parts.append(got)
+            return self.parts[i] if i < len(self.parts) else None
+        finally:
+            PyThread_release_lock(self.plock)
 
     def __len__(self):
         return self.size
@@ -1191,6 +1213,8 @@ cdef class TableCut:
         if not self.closed and self.table is not None:
             self.closed = True
             self.table._close(self.slot)
+        if self.plock != NULL:
+            PyThread_free_lock(self.plock)
 
 
 def _empty_export():

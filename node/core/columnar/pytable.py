@@ -305,6 +305,7 @@ class TableCut:
         self._buffers: tuple | None = buffers
         self.size = len(buffers[0])
         self._at = 0
+        self._parts: list[tuple] = []
 
     def __len__(self) -> int:
         return self.size
@@ -329,6 +330,17 @@ class TableCut:
         if hi >= self.size:
             self.close()
         return out
+
+    def part(self, i: int, most: int) -> tuple | None:
+        """Slice i of the cut (take's, made once and kept), slices made as needed of
+        at most `most` entries each; None past the last."""
+        if i < 0:
+            raise ValueError("a slice's index is 0 or more")
+        while len(self._parts) <= i and self._buffers is not None:
+            got = self.take(most)
+            if len(got[0]):
+                self._parts.append(got)
+        return self._parts[i] if i < len(self._parts) else None
 
     def close(self) -> None:
         self._buffers = None
