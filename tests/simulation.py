@@ -32,9 +32,10 @@ from floering.node.core.machine import REPAIR_DELAY, NodeMachine
 from floering.node.core.machine_io import (
     BatchApplied, CheckpointAcked, CheckpointDue, CheckpointFailed, CheckpointRoundDone, Exit,
     Farewell, FoldAnswered, Gossip, HandoffEnded, HandoffRequested, HeardFrom, HeartbeatDue,
-    HeartbeatFailed, LeaveRing, LoadSampled, MapperAhead, MonitorDue, Note, ProbedFor, ProbeFinished,
-    Record, RefillDue, RingSeen, SendFolds, SendHeartbeat, ShipCheckpoints, SignOfLife, Split,
-    SplitRequested, StartHandoff, StartProbe, StartShed)
+    HeartbeatFailed, LeaveRing, LoadSampled, MapperAhead, MonitorDue, NextRound, Note, ProbedFor,
+    ProbeFinished, Record, RingSeen, RoundEnded, RoundNow, SendFolds, SendHeartbeat,
+    ShipCheckpoints, SignOfLife, Split, SplitRequested, StartProbe, StartShed)
+from floering.node.core.handoff_driver import HandoffDriver
 from floering.node.core.membership import base_name, decide_start, sender_matches
 from floering.node.core.node_core import NodeCore
 from floering.node.core.reducers import load_reducer
@@ -57,7 +58,6 @@ from tests.sim_mapper import MapperSide, SimMapper
 
 HEARTBEAT = 0.05
 CHECKPOINT = 0.2
-HANDOFF_ROUND = 0.01        # rounds while a handoff runs (the runtime's hand_off loop)
 HANDOFF_TIMEOUT = 2.0
 PULL_SETTLE = 5.0      # seconds past the end a pull's handoff may take to settle
 CALL_TIMEOUT = 0.5          # node-to-node calls (checkpoints, ring exchanges)
@@ -85,7 +85,9 @@ class SimProcess:
         self.inbound: deque = deque()   # batches received, not applied yet (bounded)
         self.waiting: deque = deque()   # deliveries held back while the queue is full
         self.applying = False
-        self.after_handoff: list = []   # callbacks for the end of its running handoff
+        self.handoffs: dict[int, object] = {}   # request id -> told how it ended
+        self.round_gen = 0        # the one checkpoint round scheduled counts
+        self.in_round = False
         self.durable: SimDurability | None = None   # its data directory, if durable
 
     @property
@@ -110,9 +112,12 @@ def make_machine(node_id: str, ring: Ring, incarnation: int, address: str,
         return NodeCore(name, r, load_reducer("count"), Limits(piece_idle=PIECE_IDLE))
     # Shedding on unless the ring's balancer shares keys instead (node.config does the
     # same): the default ring's `none` runs shedding too, to exercise it everywhere.
-    return NodeMachine(make_core(node_id, ring), incarnation, FailureDetector(DetectorConfig()),
-                       LoadMonitor(load), make_core, listen=address,
-                       balance=balancer(ring.balancer).pieces == 1, repair_delay=REPAIR_DELAY)
+    machine = NodeMachine(make_core(node_id, ring), incarnation,
+                          FailureDetector(DetectorConfig()), LoadMonitor(load), make_core,
+                          listen=address, balance=balancer(ring.balancer).pieces == 1,
+                          repair_delay=REPAIR_DELAY)
+    machine.driver = HandoffDriver(HANDOFF_TIMEOUT, CHECKPOINT)
+    return machine
 
 
 class Simulation(MapperSide, DurableNodes):
@@ -162,6 +167,7 @@ class Simulation(MapperSide, DurableNodes):
         self.sent = Counter()
         self.pieces_sent: set = set()      # the pieces of shared keys tuples went to
         self.log: list[str] = []
+        self.requests = 0            # handoff requests made (their ids)
         self.pulled = False     # a member short of its share was handed ranges
         self.declared: list[tuple[float, str, str]] = []   # (when, by whom, whom)
         self.leave_failures: list[tuple[float, str, str]] = []   # (when, who, why)
@@ -341,10 +347,15 @@ class Simulation(MapperSide, DurableNodes):
                     self._ship(proc, e)
                 case SendFolds():
                     self._send_folds(proc, e)
-                case StartHandoff():
-                    self.request_handoff(proc, e.moves, e.why)
                 case HandoffEnded():
-                    self._handoff_ended(proc, e.handoff)
+                    ended = proc.handoffs.pop(e.request, None)
+                    if ended is not None:
+                        ended(e.handoff, e.refused)
+                case RoundNow():
+                    if not proc.in_round:
+                        self._schedule_round(proc, self.now)
+                case NextRound():
+                    self._schedule_round(proc, self.now + e.after)
                 case Farewell():
                     for _, address in e.ring.addresses:
                         self.call(proc, address, lambda s, r=e.ring: self.handle(s, RingSeen(r)),
@@ -479,7 +490,15 @@ class Simulation(MapperSide, DurableNodes):
         self.handle(proc, MonitorDue(scheduled))
         self.handle(proc, HeartbeatDue())
 
-    def checkpoint_round(self, proc: SimProcess) -> None:
+    def _schedule_round(self, proc: SimProcess, when: float) -> None:
+        """The next checkpoint round, replacing any scheduled before."""
+        proc.round_gen += 1
+        self.on(proc, when + self._starved(proc), self.checkpoint_round, proc, proc.round_gen)
+
+    def checkpoint_round(self, proc: SimProcess, gen: int) -> None:
+        if gen != proc.round_gen or proc.in_round:
+            return
+        proc.in_round = True
         self.handle(proc, CheckpointDue())
 
     def _ship(self, proc: SimProcess, e: ShipCheckpoints) -> None:
@@ -568,27 +587,29 @@ class Simulation(MapperSide, DurableNodes):
 
     def _round_done(self, proc: SimProcess, e: ShipCheckpoints, started: float) -> None:
         self.handle(proc, CheckpointRoundDone(e.tokens, e.behind_before, e.epoch))
-        self.handle(proc, RefillDue())
+        proc.in_round = False
         self._continue_leave(proc)
-        busy = proc.machine.handoff is not None
-        when = self.now + HANDOFF_ROUND if busy else max(self.now, started + CHECKPOINT)
-        self.on(proc, when + self._starved(proc), self.checkpoint_round, proc)
+        self.handle(proc, RoundEnded(started))      # its NextRound schedules the next
 
     # --------------------------------------------------------------- handoffs
 
-    def request_handoff(self, proc: SimProcess, moves: dict[int, str], what: str) -> bool:
+    def request_handoff(self, proc: SimProcess, moves: dict[int, str], what: str,
+                        ended=None) -> str:
+        """Ask `proc`'s machine for a handoff (node.core.handoff_driver runs it, maybe
+        behind another); `ended(handoff, refused)` is told how it ended. Returns why it
+        was refused at once (nothing told then), or "" when accepted."""
+        self.requests += 1
+        request = self.requests
+        if ended is not None:
+            proc.handoffs[request] = ended
         try:
-            self.handle(proc, HandoffRequested(dict(moves), HANDOFF_TIMEOUT))
-        except InvalidArgument as exc:
+            self.handle(proc, HandoffRequested(dict(moves), 0.0, request))
+        except FloeError as exc:
+            proc.handoffs.pop(request, None)
             self.log.append(f"{self.now:.3f} {proc.name} handoff refused: {exc}")
-            return False
+            return str(exc)
         self.log.append(f"{self.now:.3f} {proc.name} {what}")
-        return True
-
-    def _handoff_ended(self, proc: SimProcess, h) -> None:
-        callbacks, proc.after_handoff = proc.after_handoff, []
-        for callback in callbacks:
-            callback(h)
+        return ""
 
     def handoff(self, name: str, to: str = "heir", crash_after: tuple | None = None) -> None:
         """`name` hands one of its tokens to its first replica ("heir") or to another
@@ -604,14 +625,14 @@ class Simulation(MapperSide, DurableNodes):
         if not others:
             return
         target = core.ring.heir(token) if to == "heir" else self.rng.choice(others)
-        if self.request_handoff(proc, {token: target}, f"hands {token} to {target}") \
-                and crash_after is not None:
+        ended = None
+        if crash_after is not None:
             delay, downtime = crash_after
 
-            def ended(h) -> None:
+            def ended(h, refused: bool) -> None:
                 if h.state == "committed":
                     self.at(self.now + delay, self.crash, target, downtime)
-            proc.after_handoff.append(ended)
+        self.request_handoff(proc, {token: target}, f"hands {token} to {target}", ended)
 
     def split(self, name: str, hand_tail: bool = True) -> None:
         """`name` cuts one of its ranges at a seeded position and (as load shedding
@@ -666,17 +687,15 @@ class Simulation(MapperSide, DurableNodes):
                 self.leave_failures.append((self.now, proc.name, reason))
                 proc.leaving = None
             case [HandAway(moves=moves, again=again)]:
-                try:
-                    self.handle(proc, HandoffRequested(dict(moves), HANDOFF_TIMEOUT))
-                except InvalidArgument as exc:
-                    self.log.append(f"{self.now:.3f} {proc.name} handoff refused: {exc}")
-                    self._run_leave(proc, leaving.handle(HandingRefused(str(exc))))
-                    return
-                self.log.append(f"{self.now:.3f} {proc.name} " + (
-                    "hands on ranges that came back while leaving" if again
-                    else f"hands {len(moves)} ranges away"))
-                proc.after_handoff.append(lambda h: self._run_leave(proc, leaving.handle(
-                    HandedAway(h.state == "committed", h.reason))))
+                def ended(h, refused: bool) -> None:
+                    self._run_leave(proc, leaving.handle(
+                        HandingRefused(h.reason) if refused
+                        else HandedAway(h.state == "committed", h.reason)))
+
+                what = ("hands on ranges that came back while leaving" if again
+                        else f"hands {len(moves)} ranges away")
+                if refused := self.request_handoff(proc, moves, what, ended):
+                    self._run_leave(proc, leaving.handle(HandingRefused(refused)))
             case [CheckAgain()]:
                 if proc.machine.copy_in_use():
                     self._gossip(proc, None)
@@ -713,7 +732,7 @@ class Simulation(MapperSide, DurableNodes):
     def _start_loops(self, proc: SimProcess, grace: float = 0.0) -> None:
         proc.machine.watch_peers(self.now, grace)
         self.on(proc, self.now + HEARTBEAT, self.tick_node, proc, self.now + HEARTBEAT)
-        self.on(proc, self.now + CHECKPOINT, self.checkpoint_round, proc)
+        self._schedule_round(proc, self.now + CHECKPOINT)
         self.on(proc, self.now + 0.1, self.load_tick, proc)
         self._gossip(proc, None)      # every peer learns our incarnation now
 
@@ -860,26 +879,22 @@ class Simulation(MapperSide, DurableNodes):
         def serve(server: SimProcess) -> bool:
             moves = server.machine.share_moves_for(proc.name)
             self.pulled |= bool(moves)
-            return bool(moves) and self.request_handoff(
+            return bool(moves) and not self.request_handoff(
                 server, moves, f"hands {len(moves)} ranges to {proc.name}, short of its share")
 
         self.call(proc, e.address, serve, _ignore, _ignore)
 
     def _shed_moves(self, proc: SimProcess, moves: dict, then) -> None:
-        try:
-            self.handle(proc, HandoffRequested(dict(moves), HANDOFF_TIMEOUT))
-        except InvalidArgument as exc:
-            self.log.append(f"{self.now:.3f} {proc.name} handoff refused: {exc}")
-            then(HandoffRefused(str(exc)))
-            return
-        self.log.append(f"{self.now:.3f} {proc.name} sheds {len(moves)} ranges to "
-                        f"{','.join(sorted(set(moves.values())))}")
-
-        def ended(h) -> None:
+        def ended(h, refused: bool) -> None:
+            if refused:
+                then(HandoffRefused(h.reason))
+                return
             proc.machine.shed_done(self.now)
             then(HandoffDone(h.state == "committed", str(h.state), h.reason))
 
-        proc.after_handoff.append(ended)
+        if refused := self.request_handoff(proc, moves, f"sheds {len(moves)} ranges to "
+                                           f"{','.join(sorted(set(moves.values())))}", ended):
+            then(HandoffRefused(refused))
 
     # -------------------------------------------------------------- scenario
 
@@ -887,7 +902,7 @@ class Simulation(MapperSide, DurableNodes):
         for proc in self.procs:
             first = self.rng.uniform(0, HEARTBEAT)
             self.on(proc, first, self.tick_node, proc, first)
-            self.on(proc, self.rng.uniform(0, CHECKPOINT), self.checkpoint_round, proc)
+            self._schedule_round(proc, self.rng.uniform(0, CHECKPOINT))
             self.on(proc, self.rng.uniform(0, 0.1), self.load_tick, proc)
         for mapper in self.mappers:
             self.at(0.1, self.mapper_tick, mapper)

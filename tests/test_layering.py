@@ -226,8 +226,10 @@ def test_only_the_machine_makes_protocol_decisions(path):
 def test_the_simulation_drives_the_production_machines():
     assert "floering.node.core.machine" in imports(ROOT / "tests" / "simulation.py")
     assert "floering.mapper.machine" in imports(ROOT / "tests" / "sim_mapper.py")
-    # shedding, leaving and start-up: the runtime and the simulation run the same rounds
+    # shedding, leaving, start-up and the handoff driver: the runtime and the simulation
+    # run the same machines
     for machine, users in (("shed_round", ("node/runtime/balancing.py", "tests/simulation.py")),
+                           ("handoff_driver", ("node/runtime/node.py", "tests/simulation.py")),
                            ("leaving", ("node/runtime/balancing.py", "tests/simulation.py")),
                            ("startup_round", ("node/runtime/startup.py", "tests/simulation.py",
                                               "tests/sim_durable.py"))):

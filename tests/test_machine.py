@@ -15,7 +15,8 @@ from floering.node.core.machine_io import (CheckpointDue, CheckpointRoundDone, E
                                   HandoffAbandoned, HandoffEnded, HandoffRequested, HeardFrom,
                                   LeaveRing, LoadSampled, MonitorDue, ProbeFinished, Record,
                                   Note, RingSeen, SendHeartbeat, ShipCheckpoints, StartProbe,
-                                  StartShed, HeartbeatDue)
+                                  StartShed, HeartbeatDue, NextRound, RoundEnded, RoundNow)
+from floering.node.core.handoff_driver import REPAIR_SLACK
 from floering.node.core.node_core import NodeCore
 from floering.node.core.reducers import load_reducer
 from floering.node.core.ring import Ring
@@ -156,17 +157,25 @@ def test_a_handoff_commits_after_a_round_the_targets_acknowledged():
     m = machine()
     token = m.core.ring.tokens_of("n0")[0]
     heir = m.core.ring.heir(token)
-    effects = m.handle(HandoffRequested({token: heir}, 5.0), 1.0)
-    assert kinds(effects) == ["handoff_prepared"]
-    with pytest.raises(InvalidArgument):
-        m.handle(HandoffRequested({token: heir}, 5.0), 1.0)   # one at a time
+    effects = m.handle(HandoffRequested({token: heir}, 5.0, request=1), 1.0)
+    assert kinds(effects) == ["handoff_prepared"] and RoundNow() in effects
+    assert kinds(m.handle(HandoffRequested({token: heir}, 5.0, request=2), 1.0)) == []
+    assert len(m.driver.waiting) == 1                        # one at a time: it waits
     (ship,) = [e for e in m.handle(CheckpointDue(), 1.1) if isinstance(e, ShipCheckpoints)]
     for s in ship.shipments:       # every replica acknowledges the final checkpoint
         m.core.checkpoint_acked(s.checkpoint.token, s.replica, s.checkpoint.seq, False)
     effects = m.handle(CheckpointRoundDone(ship.tokens, ship.behind_before, ship.epoch), 1.2)
     ended = [e for e in effects if isinstance(e, HandoffEnded)]
-    assert ended and ended[0].handoff.state == HandoffState.COMMITTED
-    assert m.core.ring.owner_of_token(token) == heir and m.handoff is None
+    assert ended[0].request == 1 and ended[0].handoff.state == HandoffState.COMMITTED
+    assert m.core.ring.owner_of_token(token) == heir
+    # the one in line starts now: it waits for the range's extras to retire, then
+    # ends without moving anything, the token being no longer ours
+    assert m.handoff.state == HandoffState.NEW and not m.driver.waiting
+    effects = m.handle(CheckpointRoundDone((), False, m.epoch), 6.5)
+    (ended,) = [e for e in effects if isinstance(e, HandoffEnded)]
+    assert ended.request == 2 and ended.handoff.state == HandoffState.ABORTED
+    assert "does not own" in ended.handoff.reason
+    assert m.handoff is None and m.driver.state == "idle"
 
 
 def test_an_abandoned_handoff_clears_its_extras_and_frees_the_next():
@@ -274,31 +283,13 @@ def test_the_machine_says_when_held_back_full_copies_may_go():
     assert any(full for _, _, full in _round(m, 5.4))
 
 
-def test_the_checkpoint_loop_starts_a_round_when_held_back_full_copies_fall_due(monkeypatch):
-    """Not at its next tick: with a 0.2 s interval and copies due 0.05 s after a round,
-    the loop sleeps 0.05 s (and a hair), then its usual interval."""
-    import asyncio
-    from types import SimpleNamespace
-    from floering.node.runtime import node as runtime_node
-    clock = [0.0]
-    pauses: list[float] = []
-    due = {"at": 0.25}
-
-    async def checkpoint_once():
-        if len(pauses) >= 3:
-            raise asyncio.CancelledError
-
-    async def sleep(seconds):
-        pauses.append(seconds)
-        clock[0] += seconds
-
-    fake = SimpleNamespace(
-        config=SimpleNamespace(checkpoint_interval=0.2), clock=lambda: clock[0],
-        checkpoint_once=checkpoint_once, _handle=lambda event: [],
-        machine=SimpleNamespace(full_copies_due_in=lambda now: max(0.0, due["at"] - now)),
-        checkpoint_rounds=0, checkpoint_seconds=0.0)
-    monkeypatch.setattr(runtime_node.asyncio, "sleep", sleep)
-    with pytest.raises(asyncio.CancelledError):
-        asyncio.run(runtime_node.NodeRuntime._checkpoint_loop(fake))
-    slack = runtime_node.REPAIR_SLACK
-    assert pauses == [pytest.approx(0.2), pytest.approx(0.05 + slack), pytest.approx(0.2)]
+def test_the_machine_starts_a_round_when_held_back_full_copies_fall_due():
+    """Not at the next tick: with a 0.2 s interval and copies due 0.05 s after a round,
+    the next round comes 0.05 s (and a hair) later, then at the usual interval."""
+    m = machine(repair_delay=0.3)
+    m.driver.interval = 0.2
+    assert m.handle(RoundEnded(0.0), 0.0) == [NextRound(pytest.approx(0.2))]
+    m.repair_after = 0.25
+    (nxt,) = m.handle(RoundEnded(0.2), 0.2)
+    assert nxt.after == pytest.approx(0.05 + REPAIR_SLACK)
+    assert m.handle(RoundEnded(0.26), 0.3) == [NextRound(pytest.approx(0.16))]

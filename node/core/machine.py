@@ -21,6 +21,7 @@ from floering.node.core.detector import (ALIVE, DEAD, EXCHANGE, REFUSED, TIMED_O
                                 Isolation, combine, declaration, indirect_vias, suspicion_note)
 from floering.node.core.errors import InvalidArgument, inert
 from floering.node.core.handoff import (Handoff, HandoffState, SplitBudget, leave_moves, retired_extras, split_ring, unpinned)
+from floering.node.core.handoff_driver import HandoffDriver, Request
 from floering.node.core.folding import FOLDING_BALANCERS, routed
 from floering.node.core.evidence import ViewGuard
 from floering.node.core.load import LoadMonitor
@@ -29,8 +30,9 @@ from floering.node.core.machine_io import (
     BatchApplied, CheckpointAcked, CheckpointDue, CheckpointFailed, CheckpointRoundDone, Exit,
     Farewell, FoldAnswered, Gossip, HandoffAbandoned, HandoffEnded, HandoffRequested,
     HeardFrom, HeartbeatDue, HeartbeatFailed, LeaveRing, LoadSampled, MapperAhead, MonitorDue,
-    Note, ProbeAbandoned, ProbedFor, ProbeFinished, Record, RefillDue, RingSeen, SendFolds, SendHeartbeat,
-    ShipCheckpoints, SignOfLife, Split, SplitRequested, StartHandoff, StartProbe, StartShed)
+    NextRound, Note, ProbeAbandoned, ProbedFor, ProbeFinished, Record, RingSeen, RoundEnded,
+    RoundNow, SendFolds, SendHeartbeat, ShipCheckpoints, SignOfLife, Split, SplitRequested,
+    StartProbe, StartShed)
 from floering.node.core.membership import (RecentDonors, refill_moves, rejoin_name, removal_losses, restarted)
 from floering.node.core.node_core import NodeCore, RingChange
 from floering.node.core.ring import Ring
@@ -70,6 +72,7 @@ class NodeMachine(ViewChecks, SharePulling):
         self._stimulus = ""
         self.rejoined = 0                # times this process rejoined as a new member
         self.handoff: Handoff | None = None
+        self.driver = HandoffDriver()    # the handoff running, those in line, round pace
         self.leaving = False
         # Ranges taken over whose first new tuples are not applied yet: token -> the
         # dead owner. Recorded once applied, so recovery can be timed to that moment.
@@ -86,7 +89,7 @@ class NodeMachine(ViewChecks, SharePulling):
             ProbedFor: self._probed_for,
             CheckpointDue: self._checkpoint_due, CheckpointAcked: self._checkpoint_acked,
             CheckpointFailed: self._checkpoint_failed,
-            CheckpointRoundDone: self._round_done, RefillDue: self._refill_due,
+            CheckpointRoundDone: self._round_done, RoundEnded: self._round_ended,
             BatchApplied: self._batch_applied, LoadSampled: self._load_sampled,
             HandoffRequested: self._handoff_requested, SplitRequested: self._split,
             HandoffAbandoned: self._handoff_abandoned,
@@ -177,7 +180,7 @@ class NodeMachine(ViewChecks, SharePulling):
         self.rejoined += 1
         self.epoch += 1
         if self.handoff is not None:
-            self._abort_handoff("this node was removed from the ring", out)
+            self._abort_handoff("this node was removed from the ring", now, out)
         out.append(Gossip())
 
     # ------------------------------------------------------- signs of life
@@ -230,6 +233,7 @@ class NodeMachine(ViewChecks, SharePulling):
         if self.core.fenced:
             return
         self._retry_views(now, out)
+        self._expire_handoff(now, out)
         ring = self.core.ring
         for probe in self.detector.due_probes(now):
             if probe.node not in ring.nodes:
@@ -353,7 +357,14 @@ class NodeMachine(ViewChecks, SharePulling):
                                f"of {core.node_id} is on r+1 nodes again"))
         self._step_handoff(now, out)
 
-    def _refill_due(self, event: RefillDue, now: float, out: list) -> None:
+    def _round_ended(self, event: RoundEnded, now: float, out: list) -> None:
+        """A checkpoint round (begun at `event.started`) is over: refill a member that
+        owns nothing, or pull our share, then say when the next round starts."""
+        self._refill(now, out)
+        out.append(NextRound(self.driver.pause(now, event.started,
+                                               self.full_copies_due_in(now))))
+
+    def _refill(self, now: float, out: list) -> None:
         """Hand ranges to a member that owns none when ours lack replicas for want of
         owners (a restarted node comes back empty): the ring is whole again without
         waiting for an operator."""
@@ -364,24 +375,56 @@ class NodeMachine(ViewChecks, SharePulling):
         if moves:
             to = ",".join(sorted(set(moves.values())))
             out.append(Note(f"refilling {to} with {len(moves)} ranges: ours lack replicas"))
-            out.append(StartHandoff(moves, f"refill {to}"))
+            try:
+                self._request_handoff(moves, 0.0, 0, now, out)
+            except InvalidArgument as exc:
+                out.append(Note(f"refilling {to} refused: {exc}", logging.WARNING))
         else:
             self._pull_due(now, out)    # a member short of its share asks for ranges
 
     # --------------------------------------------------------------- handoffs
 
     def _handoff_requested(self, event: HandoffRequested, now: float, out: list) -> None:
-        """Start handing ranges away. A range still keeping its former holders as
-        extras waits (up to SETTLE_SECONDS) for our checkpoints to retire them."""
-        if self.handoff is not None:
-            raise InvalidArgument(f"{self.core.node_id} is already handing off ranges")
-        h = Handoff(self.core.node_id, dict(event.moves), deadline=now + event.timeout)
-        h.settle_until = now + min(event.timeout, SETTLE_SECONDS)
-        if self._settling(h, now):
-            self.handoff = h
+        """Hand ranges away now, or once the running handoff ended (in line, bounded).
+        Refused at once (InvalidArgument) when it could start and cannot be prepared."""
+        self._request_handoff(event.moves, event.timeout, event.request, now, out)
+
+    def _request_handoff(self, moves: dict, timeout: float, request: int, now: float,
+                         out: list) -> None:
+        req = self.driver.request(moves, timeout, request)
+        if req is None:
+            out.append(Note(f"handoff of {len(moves)} ranges waits for the running one"))
             return
-        self._prepare(h, now, out)    # refused at once: the caller hears why
+        try:
+            self._start_handoff(req, now, out)
+        except InvalidArgument:
+            self.driver.ended()          # nothing waited: the driver is idle again
+            raise                        # the caller hears why
+
+    def _start_handoff(self, req: Request, now: float, out: list) -> None:
+        """Start one: a range still keeping its former holders as extras waits (up to
+        SETTLE_SECONDS) for our checkpoints to retire them before it is prepared."""
+        h = Handoff(self.core.node_id, dict(req.moves), deadline=now + req.timeout)
+        h.settle_until = now + min(req.timeout, SETTLE_SECONDS)
+        out.append(RoundNow())           # its steps come at the ends of rounds
+        if not self._settling(h, now):
+            self._prepare(h, now, out)
         self.handoff = h
+
+    def _next_handoff(self, req: Request | None, now: float, out: list) -> None:
+        """Start the next in line; one refused now is told to its waiter as refused."""
+        while req is not None:
+            try:
+                self._start_handoff(req, now, out)
+                return
+            except InvalidArgument as exc:
+                h = Handoff(self.core.node_id, dict(req.moves), deadline=now)
+                h.abort(str(exc))
+                out.append(self._record("handoff_aborted", f"handoff refused: {h.reason}",
+                                        logging.WARNING, to=sorted(set(req.moves.values())),
+                                        reason=h.reason))
+                out.append(HandoffEnded(h, req.request, refused=True))
+                _, req = self.driver.ended()
 
     def _settling(self, h: Handoff, now: float) -> bool:
         ring = self.core.ring
@@ -408,7 +451,7 @@ class NodeMachine(ViewChecks, SharePulling):
             try:
                 self._prepare(h, now, out)
             except InvalidArgument as exc:
-                self._abort_handoff(str(exc), out)
+                self._abort_handoff(str(exc), now, out)
             return
         ring = h.step(self.core, now)
         if ring is not None:
@@ -417,40 +460,52 @@ class NodeMachine(ViewChecks, SharePulling):
         if h.finished:
             self._end_handoff(now, out)
 
-    def _handoff_abandoned(self, event: HandoffAbandoned, now: float, out: list) -> None:
-        """Nobody drives the handoff any more: abort it and clear the extras it pinned,
-        so the next one may start."""
+    def _expire_handoff(self, now: float, out: list) -> None:
+        """A handoff past its deadline ends even while no round does (rounds stuck)."""
         h = self.handoff
-        if h is None:
+        if h is None or now <= h.deadline:
+            return
+        if h.state == HandoffState.PREPARED:
+            self._step_handoff(now, out)
+        else:
+            self._abort_handoff("timed out before it could be prepared", now, out)
+
+    def _handoff_abandoned(self, event: HandoffAbandoned, now: float, out: list) -> None:
+        """Whoever waited for a handoff went away: one in line is dropped; the running
+        one is aborted and the extras it pinned cleared, so the next may start."""
+        h = self.handoff
+        if h is None or not self.driver.abandoned(event.request):
             return
         ring = self.core.ring
         mine = [t for t in h.moves if h.state == HandoffState.PREPARED
                 and ring.has_token(t) and ring.owner_of_token(t) == self.core.node_id]
-        self._abort_handoff(event.reason, out)
+        self._abort_handoff(event.reason, now, out)
         cleared = unpinned(ring, mine)
         if cleared is not None:
             self._adopt(cleared, now, out)
             out.append(Gossip())
 
-    def _abort_handoff(self, reason: str, out: list) -> None:
+    def _abort_handoff(self, reason: str, now: float, out: list) -> None:
         h = self.handoff
         if h is not None and not h.finished:
             h.abort(reason)
-        self._end_handoff(None, out)
+        self._end_handoff(now, out)
 
-    def _end_handoff(self, now: float | None, out: list) -> None:
+    def _end_handoff(self, now: float, out: list) -> None:
         h, self.handoff = self.handoff, None
         if h is None:
             raise InvalidArgument("no handoff to end")
         to = sorted(set(h.moves.values()))
-        if h.state == HandoffState.COMMITTED and now is not None:
+        if h.state == HandoffState.COMMITTED:
             ms = round(1000 * (now - h.prepared_at), 1)
             out.append(self._record("handoff_committed", f"handed off {len(h.moves)} ranges at "
                                     f"{{t}} in {ms:.0f} ms", to=to, tokens=sorted(h.moves), ms=ms))
         else:
             out.append(self._record("handoff_aborted", f"handoff aborted: {h.reason}",
                                logging.WARNING, to=to, reason=h.reason))
-        out.append(HandoffEnded(h))
+        done, nxt = self.driver.ended()
+        out.append(HandoffEnded(h, done.request if done else 0))
+        self._next_handoff(nxt, now, out)
 
     def _split(self, event: SplitRequested, now: float, out: list) -> None:
         """Cut our range holding the position at it (a ring change told to everyone).

@@ -128,8 +128,11 @@ class CheckpointRoundDone:
 
 
 @dataclass(frozen=True)
-class RefillDue:
-    pass
+class RoundEnded:
+    """A checkpoint round, begun at `started`, is over (answered, failed or timed out):
+    the machine says when the next one starts (`NextRound`)."""
+
+    started: float
 
 
 @dataclass(frozen=True)
@@ -163,15 +166,22 @@ class FoldAnswered:
 
 @dataclass(frozen=True)
 class HandoffRequested:
+    """Hand `moves` away within `timeout` seconds of its start (0: the default), now or
+    once the running handoff ended. `request`: the executor's id for whoever waits for
+    it, told in the `HandoffEnded` (0: nobody waits)."""
+
     moves: dict = field(hash=False)    # token -> target
     timeout: float
+    request: int = 0
 
 
 @dataclass(frozen=True)
 class HandoffAbandoned:
-    """Whoever drove the handoff stopped (cancelled, or a round failed): end it."""
+    """Whoever waited for handoff `request` went away (cancelled): drop it, or end it if
+    it runs. `request` 0: the running one, whoever asked."""
 
     reason: str
+    request: int = 0
 
 
 @dataclass(frozen=True)
@@ -264,18 +274,25 @@ class SendFolds:
 
 
 @dataclass(frozen=True)
-class StartHandoff:
-    """Hand `moves` away (a HandoffRequested once no other handoff runs)."""
+class HandoffEnded:
+    """The handoff of `request` is over: committed or aborted (see its state), or
+    `refused` as it was to start (its waiter hears InvalidArgument with the reason)."""
 
-    moves: dict = field(hash=False)
-    why: str = ""
+    handoff: object
+    request: int = 0
+    refused: bool = False
 
 
 @dataclass(frozen=True)
-class HandoffEnded:
-    """The handoff this node ran is over: committed or aborted (see its state)."""
+class RoundNow:
+    """Start a checkpoint round now unless one is under way (a handoff started)."""
 
-    handoff: object
+
+@dataclass(frozen=True)
+class NextRound:
+    """Start the next checkpoint round `after` seconds from now."""
+
+    after: float
 
 
 @dataclass(frozen=True)

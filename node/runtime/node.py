@@ -8,6 +8,7 @@ object (node.transport.peers in production), so this module imports no gRPC.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 import time
@@ -19,14 +20,15 @@ from floering.node.config import NodeConfig
 from floering.node.core.detector import DetectorConfig, FailureDetector
 from floering.node.core.errors import Fenced, FloeError, InvalidArgument, StaleRing, inert
 from floering.node.core.handoff import Handoff
+from floering.node.core.handoff_driver import HandoffDriver
 from floering.node.core.load import LoadConfig, LoadMonitor
 from floering.node.core.machine import NodeMachine
 from floering.node.core.machine_io import (
     BatchApplied, CheckpointAcked, CheckpointDue, CheckpointFailed, CheckpointRoundDone, Exit,
     Farewell, Gossip, HandoffAbandoned, HandoffEnded, HandoffRequested, HeardFrom,
-    HeartbeatDue, HeartbeatFailed, LeaveRing, LoadSampled, MapperAhead, MonitorDue, Note,
-    Record, RefillDue, RingSeen, SendFolds, SendHeartbeat, ShipCheckpoints, SignOfLife, Split,
-    SplitRequested, StartHandoff, StartProbe, StartShed)
+    HeartbeatDue, HeartbeatFailed, LeaveRing, LoadSampled, MapperAhead, MonitorDue, NextRound,
+    Note, Record, RingSeen, RoundEnded, RoundNow, SendFolds, SendHeartbeat, ShipCheckpoints,
+    SignOfLife, Split, SplitRequested, StartProbe, StartShed)
 from floering.node.core.membership import founding_ring
 from floering.node.core.node_core import NodeCore
 from floering.node.core.reducers import Reducer
@@ -45,9 +47,6 @@ if TYPE_CHECKING:
     from floering.node.runtime.retiring import Retiring
 
 log = logging.getLogger("floe.node")
-# past the end of the repair delay a round waits for: the loop's timers may fire a
-# clock resolution early, and a round a hair early holds the full copies a tick more
-REPAIR_SLACK = 0.005
 
 RETIRE_EVERY = 10.0   # seconds between looks for channels to peers the ring has left
 
@@ -78,8 +77,10 @@ class NodeRuntime:
         self._tasks: list[asyncio.Task] = []
         self._syncing: asyncio.Task | None = None
         self._background: set[asyncio.Task] = set()
-        self._handoff_lock = asyncio.Lock()
-        self._handoff_done: asyncio.Future | None = None
+        self._requests = itertools.count(1)     # ids of handoff requests we wait for
+        self._handoffs: dict[int, asyncio.Future] = {}
+        self._round_now = asyncio.Event()       # a handoff started: a round at once
+        self._next_round = config.checkpoint_interval
         self.left = asyncio.Event()             # set once we left the ring: the process exits
         self.retiring: Retiring | None = None   # what removed members held (node.app)
         self._rejoins_seen = 0                  # rejoins a peer has answered for
@@ -103,6 +104,8 @@ class NodeRuntime:
                               max_splits_per_minute=config.max_splits_per_minute,
                               repair_delay=config.repair_delay)
         machine.pull_grace = config.share_pull_grace
+        machine.driver = HandoffDriver(max(10.0, 20 * config.checkpoint_interval),
+                                       config.checkpoint_interval)
         machine.pull_interval = config.share_pull_interval
         return machine
 
@@ -203,12 +206,12 @@ class NodeRuntime:
                     awaitable.append(self._spawn(self._ship(effect)))
                 case SendFolds():
                     self._spawn(send_folds(effect, self.peers, self._handle))
-                case StartHandoff():
-                    if not self._handoff_lock.locked():
-                        self._spawn(self.hand_off(effect.moves))
                 case HandoffEnded():
-                    if self._handoff_done is not None and not self._handoff_done.done():
-                        self._handoff_done.set_result(effect.handoff)
+                    self._handoff_ended(effect)
+                case RoundNow():
+                    self._round_now.set()
+                case NextRound():
+                    self._next_round = effect.after
                 case StartShed():
                     self._spawn(self.shed_load(reason=effect.reason))
                 case PullRanges():
@@ -365,22 +368,26 @@ class NodeRuntime:
     # ----------------------------------------------------------- checkpoints
 
     async def _checkpoint_loop(self) -> None:
-        interval = self.config.checkpoint_interval
+        """Rounds one after the other, as far apart as the machine says (NextRound),
+        sooner when it asks for one now (RoundNow)."""
         while True:
             started = self.clock()
             try:
                 await self.checkpoint_once()
-                self._handle(RefillDue())
             except Exception:
                 log.exception("checkpoint round failed")
-            elapsed = self.clock() - started
             self.checkpoint_rounds += 1
-            self.checkpoint_seconds += elapsed
-            pause = max(0.0, interval - elapsed)
-            held = self.machine.full_copies_due_in(self.clock())
-            if 0.0 < held < pause:   # new replicas' full copies: the round starts when due
-                pause = held + REPAIR_SLACK
-            await asyncio.sleep(pause)
+            self.checkpoint_seconds += self.clock() - started
+            try:
+                self._handle(RoundEnded(started))
+            except Exception:
+                log.exception("the end of a checkpoint round failed")
+            if not self._round_now.is_set():
+                try:
+                    await asyncio.wait_for(self._round_now.wait(), self._next_round)
+                except asyncio.TimeoutError:
+                    pass
+            self._round_now.clear()
 
     async def checkpoint_once(self) -> None:
         """One round: cut, ship to every replica concurrently, then merge."""
@@ -467,31 +474,40 @@ class NodeRuntime:
     # -------------------------------------------------------------- handoffs
 
     async def hand_off(self, moves: dict[int, str], timeout: float | None = None) -> Handoff:
-        """Hand token ranges to other nodes live (prepare, final checkpoint, commit).
-        Returns the finished Handoff: committed, or aborted with a reason."""
-        timeout = timeout or max(10.0, 20 * self.config.checkpoint_interval)
-        async with self._handoff_lock:
-            done = self._handoff_done = asyncio.get_running_loop().create_future()
-            try:
-                self._handle(HandoffRequested(dict(moves), timeout))
-                while not done.done():
-                    await self.checkpoint_once()     # each round moves the handoff on
-                    if not done.done():
-                        await asyncio.sleep(0.01)
-            finally:
-                if not done.done():                  # cancelled, or a round failed
-                    self._handle(HandoffAbandoned("the node stopped running it"))
-                self._handoff_done = None
-            return done.result()
+        """Hand token ranges to other nodes live (node.core.handoff_driver runs it, in
+        line behind a running one). Returns the finished Handoff: committed, or aborted
+        with a reason; raises InvalidArgument when it is refused."""
+        request = next(self._requests)
+        done = self._handoffs[request] = asyncio.get_running_loop().create_future()
+        try:
+            self._handle(HandoffRequested(dict(moves), timeout or 0.0, request))
+        except FloeError:
+            del self._handoffs[request]          # refused at once
+            raise
+        try:
+            return await done
+        finally:
+            del self._handoffs[request]
+            if not done.done():                      # cancelled: nobody waits any more
+                self._handle(HandoffAbandoned("the node stopped running it", request))
+
+    def _handoff_ended(self, effect: HandoffEnded) -> None:
+        done = self._handoffs.get(effect.request)
+        if done is None or done.done():
+            return
+        h = effect.handoff
+        if effect.refused:
+            done.set_exception(InvalidArgument(getattr(h, "reason", "refused")))
+        else:
+            done.set_result(h)
 
     async def split_range(self, position: int) -> tuple[int, int]:
         """Cut our range holding `position` at it: returns (head token = position,
         tail token = the range's token)."""
-        async with self._handoff_lock:
-            effects = self.machine.handle(SplitRequested(position), self.clock())
-            self._run(effects)
-            split = next(e for e in effects if isinstance(e, Split))
-            return split.position, split.token
+        effects = self.machine.handle(SplitRequested(position), self.clock())
+        self._run(effects)
+        split = next(e for e in effects if isinstance(e, Split))
+        return split.position, split.token
 
     async def leave(self, timeout: float | None = None) -> None:
         """Scale-in: hand every range away (node.runtime.balancing.hand_all_away),
