@@ -215,16 +215,17 @@ def _bytes_written(cluster: LocalCluster) -> int:
 
 
 def latency(words: list[str], nodes: int, replicas: int, rate: float, seconds: float = 8.0,
-            tls: bool = True, fsync: float | None = None,
-            combine: bool = True) -> tuple[float, float, float, bool]:
+            tls: bool = True, fsync: float | None = None, combine: bool = True,
+            stages: list | None = None) -> tuple[float, float, float, bool]:
     """Feed `rate` tuples/s open loop for `seconds`; (p50, p99, p999) seconds from each
-    tuple's due time to its batch's last ack, weighted by tuples, and exactness."""
-    return open_loop(words, nodes, replicas, rate, seconds, tls, fsync, combine)[:4]
+    tuple's due time to its batch's last ack, weighted by tuples, and exactness.
+    `stages` gets where each delivered batch's time went (mapper Delivery.stages)."""
+    return open_loop(words, nodes, replicas, rate, seconds, tls, fsync, combine, stages)[:4]
 
 
 def open_loop(words: list[str], nodes: int, replicas: int, rate: float, seconds: float,
-              tls: bool = True, fsync: float | None = None,
-              combine: bool = True) -> tuple[float, float, float, bool, float]:
+              tls: bool = True, fsync: float | None = None, combine: bool = True,
+              stages: list | None = None) -> tuple[float, float, float, bool, float]:
     """latency(), and how long after the last due time the last tuple was acknowledged
     (a ring that keeps up with `rate` has its backlog gone within a round trip)."""
     per_tick = max(1, int(rate * TICK))
@@ -251,6 +252,8 @@ def open_loop(words: list[str], nodes: int, replicas: int, rate: float, seconds:
                 client.flush()
                 behind = time.monotonic() - (started + (ticks - 1) * TICK)
                 samples = client.delivery_latencies()
+                if stages is not None:
+                    stages.extend(client._delivery.stages)
                 exact = dict(client.scan()) == fed
     return (*percentiles(samples, (0.50, 0.99, 0.999)), exact, behind)
 
@@ -431,15 +434,29 @@ def latency_only(words: list[str], nodes: int, sustained: float, seconds: float,
           flush=True)
     for i in range(repeat):
         for share in LOADS[:2]:
-            load = _loadavg()
+            load, stages = _loadavg(), []
             p50, p99, p999, ok = latency(words, nodes, 1, sustained * share, seconds,
-                                         fsync=fsync)
+                                         fsync=fsync, stages=stages)
             exact = exact and ok
             print(f"round {i + 1}, {share:.0%} load ({sustained * share / 1e6:.3f} M "
                   f"tuples/s, {seconds:g} s, {mode}): p50 {p50 * 1e3:.1f} ms, p99 "
                   f"{p99 * 1e3:.1f} ms, p999 {p999 * 1e3:.1f} ms (exact={ok}; machine "
                   f"load {load} before, {_loadavg()} after)", flush=True)
+            print("  " + stage_summary(stages), flush=True)
     return exact
+
+
+def stage_summary(stages: list) -> str:
+    """p50 / p99 of each stage of the batches' way (mapper delivery.STAGES), per batch."""
+    from floering.mapper.delivery import STAGES
+    if not stages:
+        return "no batch timed"
+    parts = []
+    for i, name in enumerate(STAGES):
+        times = sorted(s[i] for s in stages)
+        parts.append(f"{name} {times[len(times) // 2] * 1e3:.1f} / "
+                     f"{times[min(len(times) - 1, int(0.99 * len(times)))] * 1e3:.1f}")
+    return f"stages, ms p50 / p99 over {len(stages):,} batches: " + ", ".join(parts)
 
 
 def _loadavg() -> str:

@@ -33,6 +33,10 @@ from floering.node.transport.status import error_from_rpc
 log = logging.getLogger("floe.mapper")
 
 STREAM_IDLE = 5.0           # seconds an idle Push stream stays open
+# what Delivery.stages keeps of each delivered batch: seconds from its first tuple's
+# due time to its hand-over to the delivery (the buffer: Nagle's rule per token, the
+# linger), to its first write to a stream, to its first ack, to its last (r+1) ack
+STAGES = ("buffer", "queue", "first ack", "last ack")
 MESSAGE_BYTES = 2 << 20     # batches are packed into one message up to about this size
 
 
@@ -108,9 +112,11 @@ class NodeSender:
                     batches, size = [], 0
                     if not self.inflight:
                         self.waiting_since = d.clock()
+                    now = d.clock()
                     while self.queue and len(self.inflight) < d.window and size < MESSAGE_BYTES:
                         batch = self.queue.popleft()
                         self.inflight.append(batch)
+                        batch.sent = batch.sent or now
                         batches.append(to_message(batch, d.known_ring.stamp, stream))
                         size += len(batch.payload) + len(batch.seqs)
                     await write(call, floe_pb2.PushRequest(batches=batches), self.node)
@@ -202,6 +208,8 @@ class Delivery:
         self.on_delivered: Callable[[], None] | None = None
         # (seconds from first emit to the last destination's ack, tuples) per batch
         self.latencies: deque[tuple[float, int]] = deque(maxlen=100_000)
+        # where each delivered batch's time went, seconds (STAGES), for the latest ones
+        self.stages: deque[tuple[float, float, float, float]] = deque(maxlen=100_000)
         self.last_errors: dict[str, str] = {}        # node -> why its stream last failed
 
     @property
@@ -394,6 +402,7 @@ class Delivery:
     # ------------------------------------------------------------- batches
 
     def submit(self, batch: PendingBatch) -> None:
+        batch.submitted = self.clock()
         self._send(self.machine.submit(batch))
 
     def _send(self, sends) -> None:
@@ -421,10 +430,15 @@ class Delivery:
     def acked(self, batch: PendingBatch, node: str) -> bool:
         """`node` acknowledged `batch`; True when that completes its delivery."""
         self.last_errors.pop(node, None)
-        latency = self.machine.acked(batch, node, self.clock())
+        now = self.clock()
+        batch.first_ack = batch.first_ack or now
+        latency = self.machine.acked(batch, node, now)
         if latency is None:
             return False
         self.latencies.append((latency, batch.inputs or batch.count))
+        if batch.submitted and batch.sent:       # (not a part a ring change cut)
+            self.stages.append((batch.submitted - batch.born, batch.sent - batch.submitted,
+                                batch.first_ack - batch.sent, now - batch.first_ack))
         with self.changed:
             self.changed.notify_all()
         return True

@@ -35,6 +35,11 @@ class PendingBatch:
     tokens: tuple = ()        # the ring's tokens its keys were routed with
     order: tuple = ()         # resend order, when a split made it a part of another batch
     inputs: int = 0           # tuples emitted into it, when combining made them fewer
+    # monotonic times of its way (0.0: not yet; `Delivery.stages`): handed to the
+    # delivery, first written to a stream, first acknowledged
+    submitted: float = 0.0
+    sent: float = 0.0
+    first_ack: float = 0.0
 
     def sort_key(self) -> tuple:
         return self.order or (self.id,)

@@ -154,5 +154,47 @@ def test_ticks_of_tuples_on_a_durable_ring_are_delivered_exactly(tmp_path):
                 fed.update(chunk)
                 client.emit_many(chunk, due=due)
             client.flush()
-            assert sum(n for _, n in client.delivery_latencies()) == len(words)
+            delivered = client.delivery_latencies()
+            assert sum(n for _, n in delivered) == len(words)
+            # where each batch's time went, stamped on its real way (one ring throughout)
+            stages = list(client._delivery.stages)
+            assert len(stages) == len(delivered) and all(min(s) >= 0 for s in stages)
             assert dict(client.scan()) == fed
+
+
+async def test_each_delivered_batch_keeps_where_its_time_went_on_the_delivery_clock():
+    """Buffer (born -> handed over), queue (-> first write), first ack, last ack."""
+    from floering.mapper.delivery import STAGES
+    now = [10.0]
+    d = Delivery(["h:0"], 8, 1.0, None, clock=lambda: now[0], wall_ns=lambda: 5_000_000)
+    d.adopt(BASE)
+    a = pending(BASE, 1)
+    a.born = 9.0
+    d.machine.submit(a)
+    a.submitted = d.clock()                           # as Delivery.submit stamps it
+    now[0] = 10.25
+    first, second = sorted(a.waiting_for)
+    senders = {node: NodeSender(d, node, MEMBERS[node]) for node in (first, second)}
+    for sender in senders.values():
+        sender.task.cancel()
+    a.sent = d.clock()                                # as the stream's first write does
+    now[0] = 10.5
+    ack = floe_pb2.PushReply(acks=[floe_pb2.PushAck(id=a.id)])
+    senders[first].inflight.append(a)
+    await senders[first]._read_acks(Replies(ack))
+    assert not d.stages                                # not delivered yet
+    now[0] = 11.5
+    senders[second].inflight.append(a)
+    await senders[second]._read_acks(Replies(ack))
+    assert len(STAGES) == 4
+    assert list(d.stages) == [pytest.approx((1.0, 0.25, 0.25, 1.0))]
+    assert list(d.latencies) == [(2.5, 3)]
+
+
+def test_a_batch_handed_to_the_delivery_is_stamped_on_its_clock():
+    d = Delivery(["h:0"], 8, 1.0, None, clock=lambda: 4.0, wall_ns=lambda: 5_000_000)
+    d.adopt(BASE)
+    d._send = lambda sends: None                       # routed, not streamed
+    a = pending(BASE, 3)
+    d.submit(a)
+    assert a.submitted == 4.0 and a.id in d.undelivered and not a.sent
