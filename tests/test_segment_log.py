@@ -117,3 +117,24 @@ def test_an_empty_or_oversized_record_is_refused(tmp_path):
     log = SegmentLog(tmp_path)
     with pytest.raises(ValueError):
         log.append(b"")
+
+
+def test_segments_let_go_are_deleted_later_and_the_log_goes_on(tmp_path):
+    """Segments before a seq leave the log at once (detach_before: it neither reads
+    nor writes them); their files go when `remove` runs (on the disk's thread)."""
+    log = SegmentLog(tmp_path / "log", segment_bytes=64)
+    for i in range(40):
+        log.append(b"x" * 20)
+    log.sync()
+    before = sorted(p.name for p in (tmp_path / "log").iterdir())
+    paths = log.detach_before(20)
+    assert paths and all(p.exists() for p in paths)
+    assert all(seq > 0 for seq, _ in log.segments) and log.segments[0][0] <= 20
+    log.append(b"y")
+    log.sync()
+    log.remove(paths)
+    assert not any(p.exists() for p in paths)
+    after = sorted(p.name for p in (tmp_path / "log").iterdir())
+    assert set(after) - set(before) <= {log.segments[-1][1].name}
+    assert [seq for seq, _ in log][-1] == log.next_seq - 1
+    log.remove(paths)                   # a second time changes nothing

@@ -174,8 +174,8 @@ class Durability:
                     self._queue(lambda e=e: self.store.write(e.copies, e.dropped, e.ring_wire,
                                                              e.replace_all),
                                 CopiesWritten(e.write))
-                case CompactLog():
-                    self.store.drop_log_before(e.before)
+                case CompactLog():   # the files deleted on the disk's thread
+                    self._queue(self.store.detach_log_before(e.before), None)
                 case SaveIdentity():
                     self._save_identity(e)
                 case RefuseBatches():

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from itertools import islice
 from operator import itemgetter
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 import msgpack
 
@@ -435,6 +435,12 @@ class NodeStore:
 
     def drop_log_before(self, record: int) -> int:
         return self.log.drop_before(record)
+
+    def detach_log_before(self, record: int) -> Callable[[], None]:
+        """The log's segments before `record` let go now; what deletes their files
+        (run on the disk's thread)."""
+        paths, log = self.log.detach_before(record), self.log
+        return lambda: log.remove(paths)
 
     # -------------------------------------------------------------- copies
 
