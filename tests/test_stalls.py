@@ -40,3 +40,15 @@ def test_a_step_over_the_bound_is_logged_with_its_task_and_reported(tmp_path):
     assert lines[0].startswith("n0: 1 steps over the bound, longest ")
     assert float(lines[0].split("longest ")[1].split()[0]) >= 30.0
     assert any(line.strip().endswith("holds_the_loop") for line in lines[2:])
+    assert "once serving 1, longest " in lines[0]       # no READY line: it counts
+
+
+def test_steps_before_a_node_is_ready_are_told_apart(tmp_path):
+    log = tmp_path / "n1.log"
+    log.write_text("SLOWSTEP 1.00 cpu=14.0 wall=20.0 gc=0.1 serve\n"
+                   "READY n1 127.0.0.1:1\n"
+                   "SLOWSTEP 2.00 cpu=6.5 wall=7.0 gc=0.0 _apply_loop\n")
+    lines = report([log])
+    assert lines[0] == ("n1: 2 steps over the bound, longest 14.0 ms CPU; once serving 1, "
+                        "longest 6.5 ms")
+    assert lines[1] == "once serving, every node: 1 steps over the bound, longest 6.5 ms CPU"
