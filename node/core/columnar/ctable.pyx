@@ -1044,14 +1044,14 @@ cdef class StateTable:
                     self.ent[i].flags &= ~(<uint8_t>DIRTY)
                     pending[i >> 6] |= (<uint64_t>1) << (i & 63)
                 self.ndirty = 0
+                if self.dirtycap > 4096:    # a large fragment's list is not kept
+                    PyMem_RawFree(self.dirty)
+                    self.dirty, self.dirtycap = NULL, 0
             self.cuts[c].open, self.cuts[c].n, self.cuts[c].at = True, k, 0
             self.cuts[c].kept, self.cuts[c].old = kept, old
             self.cuts[c].sel, self.cuts[c].pending, self.cuts[c].tn = sel, pending, n
             self.ncuts += 1
             PyThread_release_lock(self.lock)
-        if dirty and self.dirtycap > 4096:   # a large fragment's list is not kept
-            PyMem_RawFree(self.dirty)
-            self.dirty, self.dirtycap = NULL, 0
         return TableCut(self, c, k)
 
     cdef tuple _take(self, int c, Py_ssize_t most):
