@@ -23,7 +23,7 @@ from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, replace
 
 from floering.node.core.batch import Batch, Limits, encode_payload
-from floering.node.core.detector import (ALIVE, REFUSED, TIMED_OUT, UNASKED, DetectorConfig,
+from floering.node.core.detector import (ALIVE, REFUSED, TIMED_OUT, DetectorConfig,
                                 FailureDetector)
 from floering.node.core.errors import (Fenced, FloeError, InvalidArgument, Overloaded, Refused,
                               StaleRing, Unavailable)
@@ -33,8 +33,9 @@ from floering.node.core.machine_io import (
     BatchApplied, CheckpointAcked, CheckpointDue, CheckpointFailed, CheckpointRoundDone, Exit,
     Farewell, FoldAnswered, Gossip, HandoffEnded, HandoffRequested, HeardFrom, HeartbeatDue,
     HeartbeatFailed, LeaveRing, LoadSampled, MapperAhead, MonitorDue, NextRound, Note, ProbedFor,
-    ProbeFinished, Record, RingSeen, RoundEnded, RoundNow, SendFolds, SendHeartbeat,
+    ProbeAnswered, Record, RingSeen, RoundEnded, RoundNow, SendFolds, SendHeartbeat,
     ShipCheckpoints, SignOfLife, Split, SplitRequested, StartProbe, StartShed)
+from floering.node.core.calls import Failure, failure_of
 from floering.node.core.handoff_driver import HandoffDriver
 from floering.node.core.membership import base_name, decide_start, sender_matches
 from floering.node.core.node_core import NodeCore
@@ -57,6 +58,8 @@ from tests.sim_durable import DurableNodes, Starter
 from tests.sim_mapper import MapperSide, SimMapper
 
 HEARTBEAT = 0.05
+# how a call ends on the simulated network, as node.core.calls names it
+CALL_ENDS = {ALIVE: None, REFUSED: Failure.REFUSED, TIMED_OUT: Failure.UNAVAILABLE}
 CHECKPOINT = 0.2
 HANDOFF_TIMEOUT = 2.0
 PULL_SETTLE = 5.0      # seconds past the end a pull's handoff may take to settle
@@ -420,7 +423,7 @@ class Simulation(MapperSide, DurableNodes):
             self.handle(proc, HeardFrom(e.node, reply[0], reply[1], e.address))
 
         def failed(exc):
-            self.handle(proc, HeartbeatFailed(e.address, isinstance(exc, (StaleRing, Fenced))))
+            self.handle(proc, HeartbeatFailed(e.address, failure_of(exc)))
 
         self.call(proc, e.address, serve, answered, failed, timeout=4 * HEARTBEAT)
 
@@ -442,44 +445,44 @@ class Simulation(MapperSide, DurableNodes):
 
     def _probe(self, proc: SimProcess, e: StartProbe) -> None:
         """One probe round, direct and through every member named, as the runtime runs
-        it: the round ends once every answer is in or timed out."""
+        it: the round ends once every call answered or timed out; how each ended goes
+        to the machine, which judges what it means (node.core.calls)."""
         sent, deadline = self.now, e.probe.deadline
         kind, when, incarnation, member = self._answer(proc.address, e.address, sent)
         if when is None or when > sent + deadline:
-            direct, direct_at, incarnation, member = TIMED_OUT, sent + deadline, 0, ""
+            direct, direct_at = Failure.UNAVAILABLE, sent + deadline
         else:
-            direct, direct_at = kind, when
+            direct, direct_at = CALL_ENDS[kind], when
         answers, ends = [], [direct_at]
         for via_address in e.via_addresses:
-            seen, at = self._ask_via(proc, via_address, e.probe.node, sent, deadline)
-            answers.append(seen)
+            failure, reached, at = self._ask_via(proc, via_address, e.probe.node, sent,
+                                                 deadline)
+            answers.append((failure, reached))
             ends.append(at)
-        failure = ": connection refused" if direct == REFUSED else ""
         self.on(proc, max(ends), self.handle, proc,
-                ProbeFinished(e.probe, direct, tuple(answers), e.epoch, incarnation, failure,
-                              member))
+                ProbeAnswered(e.probe, direct, tuple(answers), e.epoch, incarnation,
+                              "connection refused", member))
 
     def _ask_via(self, proc: SimProcess, via_address: str, suspect: str, sent: float,
-                 deadline: float) -> tuple[str, float]:
-        """What the member at `via_address` answers when asked at `sent` whether it
-        reaches `suspect`, and when the answer is in: ALIVE, TIMED_OUT (it cannot),
-        or UNASKED (it did not answer us in time, or refused the call)."""
+                 deadline: float) -> tuple[Failure | None, bool, float]:
+        """How the call asking the member at `via_address` at `sent` whether it reaches
+        `suspect` ends (a failure, or None and whether it does), and when."""
         limit = sent + 2 * deadline                    # the outer call's deadline
         kind, reached, _, _ = self._answer(proc.address, via_address, sent)
         if kind == REFUSED:
-            return UNASKED, reached
+            return Failure.REFUSED, False, reached
         if reached is None or reached > limit:
-            return UNASKED, limit
+            return Failure.UNAVAILABLE, False, limit
         via = self.listening[via_address]
         where = via.machine.address_of(suspect)
         seen, seen_at, theirs, member = (self._answer(via_address, where, reached)
                                          if where else (TIMED_OUT, None, 0, ""))
         if (seen == ALIVE and seen_at <= reached + deadline
                 and via.machine.is_process_of(suspect, theirs, member)):
-            return ALIVE, min(limit, seen_at)
+            return None, True, min(limit, seen_at)
         if where:       # the member asked could not reach it: its own evidence
             self.on(via, reached + deadline, self.handle, via, ProbedFor(suspect))
-        return TIMED_OUT, min(limit, reached + deadline)
+        return None, False, min(limit, reached + deadline)
 
     # ------------------------------------------------------------ timers
 
@@ -1066,7 +1069,7 @@ class Simulation(MapperSide, DurableNodes):
         self.log.append(f"{self.now:.3f} {rogue.name} answers forged views until "
                         f"{self.rogue_until:.3f}")
         ring = rogue.core.ring
-        if target.name in ring.nodes and len(ring.nodes) > 2:
+        if target.name in ring.nodes and len(ring.nodes) >= 2:
             self.handle(target, RingSeen(ring.without([target.name]),
                                          sender=base_name(rogue.name)))
 

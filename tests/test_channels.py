@@ -173,7 +173,8 @@ async def test_a_dropped_channel_is_replaced_at_once_and_closed_once_idle():
 async def test_a_refused_probe_asks_again_on_a_new_connection_before_it_counts():
     """A channel in reconnect backoff repeats the refusal it saw before a member's new
     process bound the address; the probe takes a refusal only from a new connection."""
-    from floering.node.core.detector import ALIVE, REFUSED, Probe
+    from floering.node.core.calls import Failure
+    from floering.node.core.detector import Probe
     from floering.node.core.errors import Refused
     from floering.node.core.machine_io import StartProbe
     from floering.node.runtime.probing import probe_round
@@ -205,7 +206,9 @@ async def test_a_refused_probe_asks_again_on_a_new_connection_before_it_counts()
     stale = Runtime(Peers([Refused("connection refused"), (5, 7, "n0#4")]))
     await probe_round(stale, start)
     assert stale.peers.reconnected == ["127.0.0.1:9"]
-    assert (stale.finished[0].direct, stale.finished[0].member) == (ALIVE, "n0#4")
+    # the probe reports how its calls ended; the machine judges (node.core.calls)
+    assert (stale.finished[0].direct, stale.finished[0].member) == (None, "n0#4")
     gone = Runtime(Peers([Refused("connection refused")] * 2))
     await probe_round(gone, start)
-    assert gone.finished[0].direct == REFUSED and gone.peers.reconnected == ["127.0.0.1:9"]
+    assert gone.finished[0].direct == Failure.REFUSED
+    assert gone.peers.reconnected == ["127.0.0.1:9"]

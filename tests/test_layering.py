@@ -230,6 +230,7 @@ def test_the_simulation_drives_the_production_machines():
     # run the same machines
     for machine, users in (("shed_round", ("node/runtime/balancing.py", "tests/simulation.py")),
                            ("handoff_driver", ("node/runtime/node.py", "tests/simulation.py")),
+                           ("calls", ("node/runtime/probing.py", "tests/simulation.py")),
                            ("leaving", ("node/runtime/balancing.py", "tests/simulation.py")),
                            ("startup_round", ("node/runtime/startup.py", "tests/simulation.py",
                                               "tests/sim_durable.py"))):

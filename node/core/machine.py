@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
+from floering.node.core.calls import direct_evidence, refreshes, via_evidence
 from floering.node.core.detector import (ALIVE, DEAD, EXCHANGE, REFUSED, TIMED_OUT, FailureDetector,
                                 Isolation, combine, declaration, indirect_vias, suspicion_note)
 from floering.node.core.errors import InvalidArgument, inert
@@ -30,7 +31,8 @@ from floering.node.core.machine_io import (
     BatchApplied, CheckpointAcked, CheckpointDue, CheckpointFailed, CheckpointRoundDone, Exit,
     Farewell, FoldAnswered, Gossip, HandoffAbandoned, HandoffEnded, HandoffRequested,
     HeardFrom, HeartbeatDue, HeartbeatFailed, LeaveRing, LoadSampled, MapperAhead, MonitorDue,
-    NextRound, Note, ProbeAbandoned, ProbedFor, ProbeFinished, Record, RingSeen, RoundEnded,
+    NextRound, Note, ProbeAbandoned, ProbeAnswered, ProbedFor, ProbeFinished, Record, RingSeen,
+    RoundEnded,
     RoundNow, SendFolds, SendHeartbeat, ShipCheckpoints, SignOfLife, Split, SplitRequested,
     StartProbe, StartShed)
 from floering.node.core.membership import (RecentDonors, refill_moves, rejoin_name, removal_losses, restarted)
@@ -86,6 +88,7 @@ class NodeMachine(ViewChecks, SharePulling):
             SignOfLife: self._sign_of_life, HeartbeatFailed: self._heartbeat_failed,
             HeartbeatDue: self._heartbeat_due, MonitorDue: self._monitor_due,
             ProbeFinished: self._probe_finished, ProbeAbandoned: self._probe_abandoned,
+            ProbeAnswered: self._probe_answered,
             ProbedFor: self._probed_for,
             CheckpointDue: self._checkpoint_due, CheckpointAcked: self._checkpoint_acked,
             CheckpointFailed: self._checkpoint_failed,
@@ -216,7 +219,7 @@ class NodeMachine(ViewChecks, SharePulling):
             out.append(Gossip())
 
     def _heartbeat_failed(self, event: HeartbeatFailed, now: float, out: list) -> None:
-        if event.refresh:
+        if refreshes(event.failure):
             out.append(Gossip(event.address))
 
     # ------------------------------------------------------ failure detection
@@ -242,6 +245,16 @@ class NodeMachine(ViewChecks, SharePulling):
             vias = indirect_vias(ring, self.core.node_id, probe.node)
             out.append(StartProbe(probe, ring.address(probe.node), vias,
                                   tuple(map(ring.address, vias)), ring.stamp, self.epoch))
+
+    def _probe_answered(self, event: ProbeAnswered, now: float, out: list) -> None:
+        """What the round's calls mean (node.core.calls), judged as a ProbeFinished."""
+        direct = direct_evidence(event.direct)
+        answered = event.direct is None
+        self._probe_finished(ProbeFinished(
+            event.probe, direct, tuple(via_evidence(f, reached) for f, reached in event.vias),
+            event.epoch, event.incarnation if answered else 0,
+            f": {event.why}" if direct == REFUSED else "",
+            event.member if answered else ""), now, out)
 
     def _probe_abandoned(self, event: ProbeAbandoned, now: float, out: list) -> None:
         self.guard.abandon(event.probe)

@@ -50,8 +50,10 @@ class SignOfLife:
 
 @dataclass(frozen=True)
 class HeartbeatFailed:
+    """A heartbeat to `address` ended with `failure` (a node.core.calls.Failure)."""
+
     address: str
-    refresh: bool            # the peer said our ring is stale, or that it was removed
+    failure: str
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,23 @@ class ProbeFinished:
     epoch: int
     incarnation: int = 0
     failure: str = ""
+    member: str = ""
+
+
+@dataclass(frozen=True)
+class ProbeAnswered:
+    """One probe round ended, as the calls did (node.core.calls): `direct` how the call
+    to the suspect's address failed (None: it answered, as member `member` with
+    `incarnation`; `why`: the error's text), `vias` per member of StartProbe.vias how
+    the call asking it failed and, if it answered, whether it reached the suspect. The
+    machine judges what that means (a ProbeFinished)."""
+
+    probe: Probe
+    direct: str | None
+    vias: tuple[tuple[str | None, bool], ...]
+    epoch: int
+    incarnation: int = 0
+    why: str = ""
     member: str = ""
 
 

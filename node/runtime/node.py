@@ -18,7 +18,8 @@ import msgpack
 
 from floering.node.config import NodeConfig
 from floering.node.core.detector import DetectorConfig, FailureDetector
-from floering.node.core.errors import Fenced, FloeError, InvalidArgument, StaleRing, inert
+from floering.node.core.errors import FloeError, InvalidArgument, StaleRing, inert
+from floering.node.core.calls import failure_of
 from floering.node.core.handoff import Handoff
 from floering.node.core.handoff_driver import HandoffDriver
 from floering.node.core.load import LoadConfig, LoadMonitor
@@ -461,7 +462,7 @@ class NodeRuntime:
                 e.address, sender=self.machine.node_id, ring_stamp=e.ring_stamp,
                 incarnation=self.incarnation, timeout=self.config.heartbeat_interval * 4)
         except FloeError as exc:
-            self._handle(HeartbeatFailed(e.address, isinstance(exc, (StaleRing, Fenced))))
+            self._handle(HeartbeatFailed(e.address, failure_of(exc)))
             return
         self._handle(HeardFrom(e.node, theirs, incarnation, e.address))
 
