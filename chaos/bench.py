@@ -253,7 +253,7 @@ def open_loop(words: list[str], nodes: int, replicas: int, rate: float, seconds:
                 behind = time.monotonic() - (started + (ticks - 1) * TICK)
                 samples = client.delivery_latencies()
                 if stages is not None:
-                    stages.extend(client._delivery.stages)
+                    stages.extend(client.delivery_stages())
                 exact = dict(client.scan()) == fed
     return (*percentiles(samples, (0.50, 0.99, 0.999)), exact, behind)
 

@@ -68,3 +68,10 @@ class ClientBase:
         """(seconds from a batch's first emit to its last ack, tuples in it) for the
         most recent batches delivered."""
         return list(self._delivery.latencies)
+
+    def delivery_stages(self) -> list[tuple[float, float, float, float]]:
+        """Where each of the most recent delivered batches' time went, seconds per
+        stage of `floering.mapper.delivery.STAGES`: in its token's buffer (from its
+        first tuple's due time to its hand-over), queued until first written to a
+        stream, to its first ack, to its last (r+1-th) ack."""
+        return list(self._delivery.stages)
