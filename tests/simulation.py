@@ -597,7 +597,7 @@ class Simulation(MapperSide, DurableNodes):
     # --------------------------------------------------------------- handoffs
 
     def request_handoff(self, proc: SimProcess, moves: dict[int, str], what: str,
-                        ended=None) -> str:
+                        ended=None, still_ours: bool = False) -> str:
         """Ask `proc`'s machine for a handoff (node.core.handoff_driver runs it, maybe
         behind another); `ended(handoff, refused)` is told how it ended. Returns why it
         was refused at once (nothing told then), or "" when accepted."""
@@ -606,7 +606,7 @@ class Simulation(MapperSide, DurableNodes):
         if ended is not None:
             proc.handoffs[request] = ended
         try:
-            self.handle(proc, HandoffRequested(dict(moves), 0.0, request))
+            self.handle(proc, HandoffRequested(dict(moves), 0.0, request, still_ours))
         except FloeError as exc:
             proc.handoffs.pop(request, None)
             self.log.append(f"{self.now:.3f} {proc.name} handoff refused: {exc}")
@@ -697,7 +697,7 @@ class Simulation(MapperSide, DurableNodes):
 
                 what = ("hands on ranges that came back while leaving" if again
                         else f"hands {len(moves)} ranges away")
-                if refused := self.request_handoff(proc, moves, what, ended):
+                if refused := self.request_handoff(proc, moves, what, ended, still_ours=True):
                     self._run_leave(proc, leaving.handle(HandingRefused(refused)))
             case [CheckAgain()]:
                 if proc.machine.copy_in_use():
@@ -883,7 +883,8 @@ class Simulation(MapperSide, DurableNodes):
             moves = server.machine.share_moves_for(proc.name)
             self.pulled |= bool(moves)
             return bool(moves) and not self.request_handoff(
-                server, moves, f"hands {len(moves)} ranges to {proc.name}, short of its share")
+                server, moves, f"hands {len(moves)} ranges to {proc.name}, short of its share",
+                still_ours=True)
 
         self.call(proc, e.address, serve, _ignore, _ignore)
 
@@ -896,7 +897,8 @@ class Simulation(MapperSide, DurableNodes):
             then(HandoffDone(h.state == "committed", str(h.state), h.reason))
 
         if refused := self.request_handoff(proc, moves, f"sheds {len(moves)} ranges to "
-                                           f"{','.join(sorted(set(moves.values())))}", ended):
+                                           f"{','.join(sorted(set(moves.values())))}", ended,
+                                           still_ours=True):
             then(HandoffRefused(refused))
 
     # -------------------------------------------------------------- scenario

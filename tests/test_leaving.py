@@ -85,12 +85,29 @@ def test_finished_states_take_nothing():
         leave.handle(Checked(2.0, False, {}))
 
 
-def test_the_simulation_reports_a_leave_whose_handoff_is_refused():
+def test_a_leave_behind_a_running_handoff_hands_on_what_is_still_its_own():
+    """The leave's handoff waits in line behind the running one, which moves one of
+    the leaver's tokens away: when its turn comes it hands the rest, and the node
+    leaves (it used to fail on the token the first handoff took)."""
     from tests.simulation import Simulation
     sim = Simulation(seed=3, nodes=3)
     proc = sim.process("n0")
-    sim.handoff("n0")                      # a handoff under way: the leave's is refused
+    sim.handoff("n0")                      # a handoff under way: the leave's waits
     assert proc.machine.handoff is not None
+    sim.leave("n0")
+    assert proc.leaving is not None
+    sim.run(10.0, 0.0, [])
+    assert sim.leave_failures == [], sim.log
+    assert "n0" not in sim.process("n1").core.ring.nodes
+
+
+def test_the_simulation_reports_a_leave_whose_handoff_is_refused():
+    from tests.simulation import Simulation
+    from floering.node.core.handoff_driver import MAX_WAITING
+    sim = Simulation(seed=3, nodes=3)
+    proc = sim.process("n0")
+    for _ in range(MAX_WAITING + 1):       # one running, the line full: the leave's is refused
+        sim.handoff("n0")
     sim.leave("n0")
     assert [(who, why[:13]) for _, who, why in sim.leave_failures] == [("n0", "cannot leave:")]
     assert any("n0 leave failed: cannot leave" in line for line in sim.log), sim.log

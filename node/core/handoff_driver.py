@@ -48,6 +48,10 @@ class Request:
     timeout: float                    # seconds from its start
     request: int = 0                  # the executor's id for its waiter; 0: nobody
     why: str = ""
+    # The node's own rounds (shed, leave, share pulls) hand what is still theirs when
+    # their turn comes: the handoff before may have moved one of their tokens away.
+    # An operator's move is handed as asked, or refused.
+    still_ours: bool = False
 
 
 class HandoffDriver:
@@ -64,10 +68,10 @@ class HandoffDriver:
         self.state = to
 
     def request(self, moves: dict, timeout: float = 0.0, request: int = 0,
-                why: str = "") -> Request | None:
+                why: str = "", still_ours: bool = False) -> Request | None:
         """A new request: returned when it starts now, None when it waits in line."""
         req = Request(dict(moves), timeout if timeout > 0 else self.default_timeout,
-                      request, why)
+                      request, why, still_ours)
         if self.state == DriverState.IDLE:
             self._move(DriverState.RUNNING)
             self.current = req

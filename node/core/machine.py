@@ -400,11 +400,12 @@ class NodeMachine(ViewChecks, SharePulling):
     def _handoff_requested(self, event: HandoffRequested, now: float, out: list) -> None:
         """Hand ranges away now, or once the running handoff ended (in line, bounded).
         Refused at once (InvalidArgument) when it could start and cannot be prepared."""
-        self._request_handoff(event.moves, event.timeout, event.request, now, out)
+        self._request_handoff(event.moves, event.timeout, event.request, now, out,
+                              event.still_ours)
 
     def _request_handoff(self, moves: dict, timeout: float, request: int, now: float,
-                         out: list) -> None:
-        req = self.driver.request(moves, timeout, request)
+                         out: list, still_ours: bool = False) -> None:
+        req = self.driver.request(moves, timeout, request, still_ours=still_ours)
         if req is None:
             out.append(Note(f"handoff of {len(moves)} ranges waits for the running one"))
             return
@@ -417,7 +418,11 @@ class NodeMachine(ViewChecks, SharePulling):
     def _start_handoff(self, req: Request, now: float, out: list) -> None:
         """Start one: a range still keeping its former holders as extras waits (up to
         SETTLE_SECONDS) for our checkpoints to retire them before it is prepared."""
-        h = Handoff(self.core.node_id, dict(req.moves), deadline=now + req.timeout)
+        moves = dict(req.moves)
+        if req.still_ours:
+            # nothing left of ours: prepare refuses it with the first token's reason
+            moves = {t: to for t, to in moves.items() if t in self.core.primaries} or moves
+        h = Handoff(self.core.node_id, moves, deadline=now + req.timeout)
         h.settle_until = now + min(req.timeout, SETTLE_SECONDS)
         out.append(RoundNow())           # its steps come at the ends of rounds
         if not self._settling(h, now):

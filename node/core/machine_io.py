@@ -187,11 +187,14 @@ class FoldAnswered:
 class HandoffRequested:
     """Hand `moves` away within `timeout` seconds of its start (0: the default), now or
     once the running handoff ended. `request`: the executor's id for whoever waits for
-    it, told in the `HandoffEnded` (0: nobody waits)."""
+    it, told in the `HandoffEnded` (0: nobody waits). `still_ours`: the node's own
+    round asks (shed, leave, share pull): when its turn comes, the tokens no longer ours
+    are left out (handoff_driver.Request)."""
 
     moves: dict = field(hash=False)    # token -> target
     timeout: float
     request: int = 0
+    still_ours: bool = False
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ async def shed_load(runtime, reason: str, depth: int = 0, sender: str = "") -> S
                 effects = shed.handle(await _plan(runtime, e))
             case [HandOver(moves=moves)]:
                 try:
-                    h = await runtime.hand_off(moves)
+                    h = await runtime.hand_off(moves, still_ours=True)
                 except FloeError as exc:
                     effects = shed.handle(HandoffRefused(str(exc)))
                     continue
@@ -124,7 +124,7 @@ async def hand_all_away(runtime, timeout: float) -> None:
             case [HandAway(moves=moves)]:
                 try:
                     h = await runtime.hand_off(
-                        moves, max(1.0, leaving.deadline - runtime.clock()))
+                        moves, max(1.0, leaving.deadline - runtime.clock()), still_ours=True)
                 except FloeError as exc:
                     effects = leaving.handle(HandingRefused(str(exc)))
                     continue

@@ -474,14 +474,16 @@ class NodeRuntime:
 
     # -------------------------------------------------------------- handoffs
 
-    async def hand_off(self, moves: dict[int, str], timeout: float | None = None) -> Handoff:
+    async def hand_off(self, moves: dict[int, str], timeout: float | None = None,
+                       still_ours: bool = False) -> Handoff:
         """Hand token ranges to other nodes live (node.core.handoff_driver runs it, in
         line behind a running one). Returns the finished Handoff: committed, or aborted
-        with a reason; raises InvalidArgument when it is refused."""
+        with a reason; raises InvalidArgument when it is refused. `still_ours`: the
+        node's own round asks (machine_io.HandoffRequested)."""
         request = next(self._requests)
         done = self._handoffs[request] = asyncio.get_running_loop().create_future()
         try:
-            self._handle(HandoffRequested(dict(moves), timeout or 0.0, request))
+            self._handle(HandoffRequested(dict(moves), timeout or 0.0, request, still_ours))
         except FloeError:
             del self._handoffs[request]          # refused at once
             raise
