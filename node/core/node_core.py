@@ -16,6 +16,7 @@ from floering.node.core.batch import Batch, Limits, check_header
 from floering.node.core.epochs import check_source
 from floering.node.core.folding import FOLDING_BALANCERS, FoldBook
 from floering.node.core.pieces import is_fold_source
+from floering.node.core.placement import CopyBook
 from floering.node.core.errors import (Fenced, InvalidArgument, RangeLost, StaleRing, Starting,
                               TooLarge, inert)
 from floering.node.core.ranges import Checkpoint, PrimaryRange, ReplicaSide
@@ -66,6 +67,11 @@ class NodeCore:
         self.streams = StreamGuard(limits.max_sources_per_node, limits.source_expiry,
                                    limits.max_stream_ahead)
         self.cuts: list[Checkpoint] = []     # the checkpoints the last round cut
+        self.copies = CopyBook(node_id)      # rings held lately, full copies arriving
+        # The last checkpoint seq of each range we handed away: taken back, the range
+        # numbers on from there, so an acknowledgement of a copy cut before it left
+        # never counts for the new one (bounded by the ring's tokens).
+        self.released_seq: dict[int, int] = {}
         self.fenced = False
         self._ring_checked: Ring | None = None
         # A process that has not yet heard its peers may be the restart of a member
@@ -96,6 +102,7 @@ class NodeCore:
         if new is old:
             return None
         self.ring = new
+        self.copies.adopted(old, new)
         if self.node_id in new.removed:
             # Declared dead (we were paused or cut off): everything here is stale.
             self.fenced = True
@@ -108,6 +115,7 @@ class NodeCore:
             if token in self.primaries:
                 continue
             rng = PrimaryRange(token, self.reducer)
+            rng.checkpoint_seq = rng.min_ack = self.released_seq.pop(token, 0)
             if self.replicas.is_complete(token) and token not in new.lost:
                 # The copy becomes the range's master as it is (it is dropped below):
                 # no second dict of a range of millions of keys, built while it serves.
@@ -124,6 +132,7 @@ class NodeCore:
                 # Handed away (load shedding, scale-in). If we stay one of its replicas
                 # our state is a complete copy: keep it as one.
                 rng = self.primaries.pop(token)
+                self.released_seq[token] = rng.checkpoint_seq
                 if new.role_of(self.node_id, token) == "replica":
                     self.replicas.adopt_copy(token, new.owner_of_token(token),
                                              rng.state, dict(rng.watermarks))
@@ -140,6 +149,7 @@ class NodeCore:
                 rng.replica_seq.pop(node, None)
                 rng.ack_floor[node] = rng.checkpoint_seq
         self.lost_tokens |= set(new.lost)
+        self.released_seq = {t: n for t, n in self.released_seq.items() if new.has_token(t)}
         self.counters["takeovers"] += len(taken)
         return RingChange(new, tuple(taken), tuple(lost))
 
@@ -361,15 +371,28 @@ class NodeCore:
         self._check_started()
         if self.fenced:
             raise Fenced(f"node {self.node_id} was removed from the ring")
-        if ring_version != ring.stamp:
+        if not self.copies.accepts(ring, ring_version, sender, token):
             raise StaleRing(f"checkpoint from ring stamp {ring_version:#x}, node "
-                            f"{self.node_id} is at {ring.stamp:#x}")
+                            f"{self.node_id} is at {ring.stamp:#x}, where the range of "
+                            f"token {token} has moved since or is unknown")
         if not ring.has_token(token) or ring.owner_of_token(token) != sender \
                 or ring.role_of(self.node_id, token) != "replica":
             raise StaleRing(f"{self.node_id} does not back up token {token} of {inert(sender)}")
         self.counters["checkpoints_received"] += 1
         return self.replicas.apply_checkpoint(token, sender, seq, base_seq, full, states,
                                               watermarks, now, self.limits.backup_expiry)
+
+    def check_copy_chunk(self, sender: str, ring_version: int, token: int) -> None:
+        """A chunk of a full copy of `sender`'s range of `token`, cut under ring stamp
+        `ring_version`: refused once the range has moved since (another primary, cut,
+        or no longer ours to back up), kept across ring changes that leave it where it
+        was (node.core.placement)."""
+        self._check_started()
+        if self.fenced:
+            raise Fenced(f"node {self.node_id} was removed from the ring")
+        if not self.copies.chunk(self.ring, ring_version, sender, token):
+            raise StaleRing(f"{self.node_id} does not back up token {token} of "
+                            f"{inert(sender)} as it was in ring stamp {ring_version:#x}")
 
     def expire_idle_sources(self, now: float) -> list[str]:
         """Forget the dedup watermarks of sources idle for --source-expiry seconds in

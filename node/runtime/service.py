@@ -56,6 +56,10 @@ class NodeService:
 
     check_started = _check_started   # for a transport taking a call in parts (chunks)
 
+    def check_copy_chunk(self, sender: str, ring_stamp: int, token: int) -> None:
+        """A chunk of a full copy: refused once its range moved (NodeCore.check_copy_chunk)."""
+        self.runtime.core.check_copy_chunk(sender, ring_stamp, token)
+
     # ------------------------------------------------------------ data path
 
     async def submit(self, batches: list[Batch], stream: StreamState):

@@ -291,6 +291,7 @@ class ControlPlane(floe_pb2_grpc.ControlPlaneServicer):
         turn, so a turn that takes in several keeps reads and heartbeats waiting
         behind all of them."""
         self.service.check_started()
+        self.service.check_copy_chunk(request.sender, request.ring_stamp, request.token)
         async with self.one_chunk:
             # A full copy and a delta of one seq are two checkpoints.
             held, whole = self.chunks.add(
