@@ -461,11 +461,7 @@ def stage_summary(stages: list) -> str:
 
 def _loadavg() -> str:
     """The machine's 1-minute load average (other work on a shared machine)."""
-    try:
-        with open("/proc/loadavg") as f:
-            return f.read().split()[0]
-    except OSError:
-        return "?"
+    return f"{os.getloadavg()[0]:.2f}"
 
 
 def tls_side_by_side(words, sample, nodes: int, rate: float, repeat: int) -> bool:

@@ -61,10 +61,10 @@ def ceiling(words: list[str], combine: bool, kernel: bool, columns: bool,
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process `pid` so far (/proc, Linux)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU seconds of process `pid` so far."""
+    import psutil
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
 
 
 def end_to_end(words: list[str], combine: bool, new: bool, memory: bool,
