@@ -11,7 +11,9 @@ import psutil
 import pytest
 
 from floering.floe.cluster import LocalCluster
+from floering.node.config import NodeConfig
 from floering.node.transport.budget import READS_PER_CALLER
+from floering.node.transport.server import message_bytes
 from floering.v1 import floe_pb2, floe_pb2_grpc
 from tests.helpers import outcome_codes
 
@@ -53,10 +55,12 @@ def member_of(cluster) -> str:
 
 
 # What the node may hold for one caller: READS_PER_CALLER requests of the largest
-# message (8 MiB) being read, each held up to three times at once (gRPC's frames, the
-# assembled bytes, the parsed request), and the streams waiting their turn, 64 KiB
-# each; plus the allocator's slack.
-SHARE_MIB = 3 * READS_PER_CALLER * 8
+# message (as the node computes it from its default flags) being read, each held up
+# to three times at once (gRPC's frames, the assembled bytes, the parsed request),
+# and the streams waiting their turn, 64 KiB each; plus the allocator's slack.
+MESSAGE_MIB = message_bytes(NodeConfig(node_id="n0", listen="127.0.0.1:1",
+                                       peers=(("n0", "127.0.0.1:1"),))) >> 20
+SHARE_MIB = 3 * READS_PER_CALLER * MESSAGE_MIB
 
 
 def test_large_calls_at_once_on_one_connection_hold_a_callers_share_not_their_sum(tmp_path):

@@ -14,21 +14,25 @@ import pytest
 from floering.floe.cluster import LocalCluster
 from floering.chaos.hostile import LargePushes
 from floering.mapper import RingClient
-from floering.node.transport.budget import PUSH_READS_PER_CALLER
+from floering.node.config import NodeConfig
+from floering.node.transport.budget import PUSH_READS_PER_CALLER, READING_PER_CALLER
+from floering.node.transport.server import message_bytes
 from floering.v1 import floe_pb2, floe_pb2_grpc
 from tests.helpers import Feeder, diff, wait_for
 
 pytestmark = pytest.mark.multiprocess
 
-MESSAGE_MIB = 8          # the largest message a node takes with the default flags
+# the largest message a node takes with the default flags, as the node computes it
+MESSAGE_MIB = message_bytes(NodeConfig(node_id="n0", listen="127.0.0.1:1",
+                                       peers=(("n0", "127.0.0.1:1"),))) >> 20
 STREAMS, MESSAGES = 8, 12
 # What the node may hold for one caller identity (in the clear, a host: here every
 # process on loopback): PUSH_READS_PER_CALLER messages read and not yet applied, and
-# on each of its streams one more read and waiting for room (the stream is not read
-# further meanwhile; its streams are bounded by the caller's calls), each up to twice
-# at once (the bytes and the parsed request; the tuples of the one applied), plus the
-# allocator's slack.
-SHARE_MIB = 2 * (PUSH_READS_PER_CALLER + STREAMS) * MESSAGE_MIB + 64
+# one more on each stream reading in its turn (at most READING_PER_CALLER, here
+# STREAMS) and waiting for room, each up to twice at once (the bytes and the parsed
+# request; the tuples of the one applied), plus the allocator's slack.
+SHARE_MIB = (2 * (PUSH_READS_PER_CALLER + min(STREAMS, READING_PER_CALLER)) * MESSAGE_MIB
+             + 64)
 
 
 class PeakRss:

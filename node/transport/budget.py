@@ -57,6 +57,10 @@ MEMBER_READS_IN_ALL = 64
 # Push messages read but not yet applied, per caller identity (every Push stream
 # of the caller's, members' too); in all, the inbound queue's bound in bytes.
 PUSH_READS_PER_CALLER = 8
+# Push streams of one caller reading a message, or holding one read that waits for
+# room, at once: gRPC reads a stream's message whole once its handler asks for it
+# (a stream past them waits its turn before asking, held back by flow control).
+READING_PER_CALLER = 8
 
 
 class Tally:
@@ -199,6 +203,70 @@ class RequestBytes:
             turn.set_result(None)
 
 
+class Turns:
+    """Turns to read a stream's next message, at most `per_identity` at once per caller
+    identity, handed out in order (one caller's waits hold back no other caller's).
+    gRPC reads a message whole, up to the largest a node takes, as soon as a handler
+    asks for it, before anyone knows its size: without turns a caller's every stream
+    asks at once, and the node holds one message per stream (250 streams of 8 MiB,
+    2 GiB). A turn is held while the stream waits for its message and until the
+    message has room (RequestBytes.reserve), so a caller holds at most `per_identity`
+    messages without room. A stream waiting for its turn is not read: its sender is
+    held back by HTTP/2 flow control (the stream's 64 KiB window). A stream idle with
+    its turn while another waits is ended (node.transport.server.DataPlane)."""
+
+    def __init__(self, per_identity: int = READING_PER_CALLER) -> None:
+        self.per_identity = max(1, per_identity)
+        self.by_identity: dict[str, int] = {}      # turns held, callers holding one
+        # streams waiting for a turn, per caller: at most one per stream being served
+        self._waiting: dict[str, deque[asyncio.Future]] = {}
+        self.waited = 0                            # turns that were not free at once
+
+    def holding(self, identity: str) -> int:
+        return self.by_identity.get(identity, 0)
+
+    def wanted(self, identity: str) -> bool:
+        """Whether a stream of `identity`'s waits for a turn."""
+        return any(not turn.done() for turn in self._waiting.get(identity, ()))
+
+    async def take(self, identity: str) -> None:
+        queue = self._waiting.get(identity)
+        if queue is None and self.holding(identity) < self.per_identity:
+            self.by_identity[identity] = self.holding(identity) + 1
+            return
+        turn = asyncio.get_running_loop().create_future()
+        self._waiting.setdefault(identity, deque()).append(turn)
+        self.waited += 1
+        try:
+            await turn          # handed over by give(), counted for us already
+        except BaseException:
+            if turn.done() and not turn.cancelled():
+                self.give(identity)                # granted meanwhile: pass it on
+            else:
+                turn.cancel()
+                queue = self._waiting.get(identity)
+                if queue is not None:
+                    queue.remove(turn)
+                    if not queue:
+                        del self._waiting[identity]
+            raise
+
+    def give(self, identity: str) -> None:
+        queue = self._waiting.get(identity)
+        while queue:
+            turn = queue.popleft()
+            if not queue:
+                del self._waiting[identity]
+            if not turn.done():
+                turn.set_result(None)              # the turn passes on, still counted
+                return
+        left = self.holding(identity) - 1
+        if left > 0:
+            self.by_identity[identity] = left
+        else:
+            self.by_identity.pop(identity, None)
+
+
 class Budgets:
     """A node's budgets of request bytes (docs/security.md, *Bytes of requests in
     flight*): `callers` for the one-message requests of any caller but a member,
@@ -215,6 +283,7 @@ class Budgets:
         # queue's own wait): never refused, its sender held back by flow control
         self.pushes = RequestBytes(message, PUSH_READS_PER_CALLER * message,
                                    push_total, None, self.tally)
+        self.reading = Turns(READING_PER_CALLER)     # Push streams reading at once
 
     def all(self) -> tuple[RequestBytes, ...]:
         return self.callers, self.members, self.pushes

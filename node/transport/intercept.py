@@ -46,15 +46,25 @@ def around(handler, enter):
             unary_stream, handler.request_deserializer, handler.response_serializer)
     if handler.stream_stream:
         async def stream_stream(requests, context):
-            async with enter(None, context):
-                async for reply in handler.stream_stream(requests, context):
-                    yield reply
+            try:
+                async with enter(None, context):
+                    async for reply in handler.stream_stream(requests, context):
+                        yield reply
+            except BaseException as exc:
+                # a refused Push stream's error holds the frames that held its
+                # messages (let_go): let them go now, not at the next collection
+                let_go(exc)
+                raise
         return grpc.stream_stream_rpc_method_handler(
             stream_stream, handler.request_deserializer, handler.response_serializer)
 
     async def stream_unary(requests, context):
-        async with enter(None, context):
-            return await handler.stream_unary(requests, context)
+        try:
+            async with enter(None, context):
+                return await handler.stream_unary(requests, context)
+        except BaseException as exc:
+            let_go(exc)
+            raise
     return grpc.stream_unary_rpc_method_handler(
         stream_unary, handler.request_deserializer, handler.response_serializer)
 

@@ -7,7 +7,7 @@ import asyncio
 import ipaddress
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -28,7 +28,7 @@ from floering.node.runtime.inbound import StreamState
 from floering.node.runtime.node import NodeRuntime
 from floering.node.runtime.service import NodeService
 from floering.node.transport.binding import SERVER_OPTIONS, claim_port
-from floering.node.transport.budget import Budgets, ByteBudget, RequestBytes
+from floering.node.transport.budget import Budgets, ByteBudget, Held, RequestBytes, Turns
 from floering.node.transport.chunking import CHUNK_ENTRIES, Reassembly, fill, received
 from floering.node.transport.intercept import CALLER, CallLimiter
 from floering.node.transport.metrics import NodeMetrics
@@ -96,6 +96,7 @@ log = logging.getLogger("floe.transport")
 
 SCAN_CHUNK = 5000
 SCAN_STALL = 30.0        # seconds a scan waits for its reader to take a chunk
+IDLE_TURN = 1.0          # seconds an idle Push stream keeps its turn while others wait
 FILL_STEP = CHUNK_ENTRIES   # entries put into a range's dict per turn (some 10 ms)
 # What health checks answer for: the server as a whole ("") and each Floe service.
 FLOE_SERVICES = tuple(s.full_name for s in floe_pb2.DESCRIPTOR.services_by_name.values())
@@ -126,12 +127,15 @@ def refused(exc: Exception) -> asyncio.Future:
 
 
 class DataPlane(floe_pb2_grpc.DataPlaneServicer):
-    def __init__(self, service: NodeService, pushes: RequestBytes | None = None) -> None:
+    def __init__(self, service: NodeService, pushes: RequestBytes | None = None,
+                 reading: Turns | None = None) -> None:
         self.service = service
         self.intake = asyncio.Lock()     # one Push message parsed at a time
         # Push messages read but not yet applied, per caller identity and in all
         self.pushes = pushes if pushes is not None else RequestBytes(
             message_bytes(service.runtime.config), wait=None)
+        # a caller's streams reading (or holding a message without room) at once
+        self.reading = reading if reading is not None else Turns()
 
     async def _take(self, raw: bytes, who, owner: str | None, may_fold: bool
                     ) -> list[Batch]:
@@ -152,6 +156,36 @@ class DataPlane(floe_pb2_grpc.DataPlaneServicer):
                     f"({FOLD_SOURCE}...): only nodes merge pieces back")
             return batches_of(request, owner)
 
+    async def _next_message(self, context, caller: str, answered: Callable[[], bool]
+                            ) -> tuple[bytes | None, Held | None]:
+        """A Push stream's next message and the room it took, or (None, None) at its
+        end. gRPC reads a message whole once asked: a caller's streams ask in turns
+        (Turns), each holding its turn until its message has room for its wire bytes
+        (before it is parsed or queued, and before the stream's next message is asked
+        for); until then the sender is held back by flow control, and an idle stream
+        holds no room. A stream that holds a turn, has every message answered
+        (`answered()`) and gets nothing for IDLE_TURN seconds while another stream of
+        its caller waits for a turn is ended (its sender opens a new one when it has
+        more): idle streams cannot keep their caller's others from reading. Read with
+        context.read(), not the request iterator, which keeps the message it last
+        gave until the next one comes (an idle stream held its last message)."""
+        reading = self.reading
+        await reading.take(caller)
+        try:
+            message = asyncio.ensure_future(context.read())
+            try:
+                while not (await asyncio.wait((message,), timeout=IDLE_TURN))[0]:
+                    if answered() and reading.wanted(caller):
+                        return None, None
+                raw = message.result()
+            finally:
+                message.cancel()
+            if raw is grpc.aio.EOF:
+                return None, None
+            return raw, await self.pushes.reserve(caller, len(raw))
+        finally:
+            reading.give(caller)
+
     async def Push(self, request_iterator, context):
         service = self.service
         stream = StreamState()
@@ -165,14 +199,17 @@ class DataPlane(floe_pb2_grpc.DataPlaneServicer):
         # A client's or operator's sources are its own: kept under its identity.
         owner = None if may_fold else f"{who[0]}:{who[1]}"
         pushes, caller = self.pushes, CALLER.get()
+        unanswered = 0           # messages read whose reply has not been sent yet
 
         async def read():
+            nonlocal unanswered
             try:
-                async for raw in request_iterator:
-                    # room for its wire bytes before it is parsed or queued, and
-                    # before gRPC reads the stream's next message: until then the
-                    # sender is held back by flow control (an idle stream holds none)
-                    held = await pushes.reserve(caller, len(raw))
+                while True:
+                    raw, held = await self._next_message(context, caller,
+                                                         lambda: unanswered == 0)
+                    if raw is None:
+                        break
+                    unanswered += 1
                     try:
                         batches = await self._take(raw, who, owner, may_fold)
                         raw = None
@@ -205,6 +242,7 @@ class DataPlane(floe_pb2_grpc.DataPlaneServicer):
                 yield floe_pb2.PushReply(acks=[
                     floe_pb2.PushAck(id=batch_id, applied=r.applied, duplicates=r.duplicates,
                                      ring_stamp=stamp) for batch_id, r in acks])
+                unanswered -= 1
             await reader  # surfaces a failed read (the client went away)
         finally:
             reader.cancel()
@@ -489,7 +527,7 @@ async def start_server(runtime: NodeRuntime, metrics: NodeMetrics | None = None
                                       *SERVER_OPTIONS,          # the port is ours alone
                                       *flow_options()],
                              interceptors=interceptors)
-    add_data_plane(DataPlane(service, budgets.pushes), server)
+    add_data_plane(DataPlane(service, budgets.pushes, budgets.reading), server)
     floe_pb2_grpc.add_ControlPlaneServicer_to_server(ControlPlane(service), server)
     floe_pb2_grpc.add_QueryPlaneServicer_to_server(QueryPlane(service), server)
     floe_pb2_grpc.add_SnapshotsServicer_to_server(Snapshots(service), server)
