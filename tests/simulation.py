@@ -37,7 +37,7 @@ from floering.node.core.machine_io import (
     ShipCheckpoints, SignOfLife, Split, SplitRequested, StartProbe, StartShed)
 from floering.node.core.calls import Failure, failure_of
 from floering.node.core.handoff_driver import HandoffDriver
-from floering.node.core.membership import base_name, decide_start, sender_matches
+from floering.node.core.membership import answered_by, base_name, decide_start, sender_matches
 from floering.node.core.node_core import NodeCore
 from floering.node.core.reducers import load_reducer
 from floering.node.core.ring import Ring
@@ -389,13 +389,13 @@ class Simulation(MapperSide, DurableNodes):
             authenticate(proc, me)
             self.handle(server, SignOfLife(me))
             self.handle(server, RingSeen(ring, sender=base_name(me)))   # its certificate
-            return self.answer_view(server, me)
+            return self.answer_view(server, me), base_name(server.name)
 
-        names = {a: n for n, a in ring.addresses}
-        for target in targets:
-            self.call(proc, target, serve,
-                      lambda r, t=names.get(target, f"@{target}"): self.handle(
-                          proc, RingSeen(r, pulled=True, sender=t)), _ignore)
+        for target in targets:      # the answer is the word of the member its server's
+            self.call(proc, target, serve,      # certificate names there, else nobody's
+                      lambda answer, t=target: self.handle(proc, RingSeen(
+                          answer[0], pulled=True,
+                          sender=answered_by(proc.core.ring, t, answer[1]))), _ignore)
 
     def answer_view(self, server: SimProcess, caller: str) -> Ring:
         """The view `server` answers `caller`'s exchange with: its own ring, or, while
@@ -404,10 +404,10 @@ class Simulation(MapperSide, DurableNodes):
         if self.rogue != server.name or self.now >= self.rogue_until:
             return ring
         others = sorted(n for n in ring.nodes if n not in (caller, server.name))
-        if caller not in ring.nodes or not others:
+        if caller not in ring.nodes or len(ring.nodes) < 2:
             return ring
-        self.forged_answers.append((self.now, caller, others[0]))
-        return ring.without([caller, others[0]])
+        self.forged_answers.append((self.now, caller, others[0] if others else ""))
+        return ring.without([caller, *others[:1]])     # a ring of two: the caller alone
 
     def _heartbeat(self, proc: SimProcess, e: SendHeartbeat) -> None:
         me, incarnation = proc.name, proc.machine.incarnation

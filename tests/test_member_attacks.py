@@ -187,6 +187,44 @@ def test_an_accusation_nobody_contests_stands():
     assert m2.node_id == "n0"
 
 
+def two_members():
+    """n0 of a ring of n0 and n1 (n2 and n3 left)."""
+    m = machine()
+    m.core.adopt_ring(m.core.ring.without(["n2", "n3"]))
+    assert sorted(m.core.ring.nodes) == ["n0", "n1"]
+    return m
+
+
+def test_in_a_ring_of_two_the_other_members_word_alone_removes_nobody():
+    m = two_members()
+    removed = m.core.ring.without(["n0"])
+    out = m.handle(RingSeen(removed, pulled=True, sender="n1"), 1.0)
+    assert m.node_id == "n0" and not m.core.fenced
+    (record,) = [e for e in out if isinstance(e, Record)]
+    assert record.kind == "removal_refused" and "a ring of two" in record.text
+    t = 1.0
+    while t < 14.0:          # asked again each second, it answers the same: refused
+        t += 0.5
+        m.handle(MonitorDue(t), t)
+        m.handle(RingSeen(removed, pulled=True, sender="n1"), t + 0.01)
+        assert m.node_id == "n0" and not m.core.fenced
+    assert m.guard.counters["own_removal_refused"] >= 20
+
+
+def test_in_a_ring_of_two_a_member_that_stalled_takes_the_others_word():
+    m = two_members()
+    m.handle(MonitorDue(1.0), 2.5)          # our loop woke 1.5 s late: paused, starved
+    m.handle(RingSeen(m.core.ring.without(["n0"]), pulled=True, sender="n1"), 2.6)
+    assert m.node_id == "n0#1" and m.rejoined == 1
+    # a stall long past is no evidence: the lag is remembered for a while only
+    m = two_members()
+    m.handle(MonitorDue(1.0), 2.5)
+    for t in range(3, 20):
+        m.handle(MonitorDue(float(t)), float(t))
+    m.handle(RingSeen(m.core.ring.without(["n0"]), pulled=True, sender="n1"), 20.1)
+    assert m.node_id == "n0"
+
+
 def test_a_probe_answer_counts_as_the_member_it_names():
     m = machine("n1")
     ring = m.core.ring
@@ -336,6 +374,51 @@ def test_rogue_answer_seed(seed):
     named = {n for _, caller, other in sim.forged_answers for n in (caller, other)}
     assert not (named - faulted) & removed, (seed, sim.forged_answers, sim.log)
     assert sim.forged_answers or not any("forged views" in x for x in sim.log), seed
+
+
+PAIR_SEEDS = int(os.environ.get("FLOE_SIM_PAIR_SEEDS", "20"))
+
+
+def pair_scenario(seed: int):
+    """A ring of two whose one member answers every exchange for a while with a view
+    removing the caller, and pushes it its removal (so it asks at once), while tuples
+    flow, maybe around a pause or a cut of the other."""
+    import random
+
+    from tests.simulation import Simulation
+    from tests.test_simulation import one_fault
+    pick = random.Random(seed * 15485863)
+    sim = Simulation(seed, nodes=2, replication=1, tokens=pick.randint(1, 3),
+                     loss=pick.choice([0.0, 0.0, 0.002]), mappers=pick.choice([1, 2]))
+    names = sorted(sim.nodes)
+    rogue = pick.randrange(2)
+    faults = [(pick.uniform(0.1, 1.2), sim.turn_rogue,
+               (names[rogue], names[1 - rogue], pick.uniform(0.5, 2.5)))]
+    faults += one_fault(pick, sim, names, pick.choice(["none", "none", "pause", "partition"]),
+                        1 - rogue, pick.uniform(0.2, 1.3))
+    sim.run(until=7.0, emit_until=1.5, faults=faults)
+    return sim
+
+
+@pytest.mark.parametrize("seed", range(PAIR_SEEDS))
+def test_rogue_in_a_ring_of_two_seed(seed):
+    """The other member's word alone fences nobody in a ring of two (a live member
+    cannot be declared there: no quorum confirms a probe's timeout)."""
+    sim = pair_scenario(seed)
+    check(sim, seed)
+    from tests.test_simulation import assert_forgery_changed_no_verdict
+    assert_forgery_changed_no_verdict(sim.log)    # nobody fenced but a fault's victim
+    live = [p for p in sim.procs if p.alive and not p.core.fenced]
+    assert len({p.core.ring.stamp for p in live}) == 1, (seed, sim.log)   # converged
+    faulted = {line.split(" ")[2] for line in sim.log
+               if line.split(" ")[1] in ("kill", "pause", "cut")}
+    from floering.node.core.membership import base_name
+    called = {c for _, c, _ in sim.forged_answers}
+    assert not {n for n in called & live[0].core.ring.removed if base_name(n) not in faulted}
+
+
+def test_a_rogue_in_a_ring_of_two_answers_its_forgeries():
+    assert sum(bool(pair_scenario(seed).forged_answers) for seed in range(4)) >= 3
 
 
 def test_rogue_answers_reach_their_victims():

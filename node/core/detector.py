@@ -180,6 +180,10 @@ class FailureDetector:
         while self._lags and self._lags[0][0] < now - self.config.lag_window:
             self._lags.popleft()
 
+    def last_late(self) -> float:
+        """How late our monitor woke the last time it did."""
+        return self._lags[-1][1] if self._lags else 0.0
+
     def lag(self, now: float) -> float:
         """How late our own loop ran beyond ordinary noise: the worst lateness of the
         last `lag_window` seconds, less `lag_floor`."""

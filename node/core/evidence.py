@@ -76,6 +76,7 @@ class ViewGuard:
         self.vouchers: dict[str, float] = {}         # member -> when it answered us live
         self.asked = -RETRY                          # when we last asked again (accused)
         self.accused_since = 0.0
+        self.stalled_at = float("-inf")              # when our own loop last stalled
         self.counters = dict(views_absorbed=0, removals_refused=0, views_held=0,
                              own_removal_refused=0)
         self._reported: dict[str, float] = {}
@@ -91,6 +92,7 @@ class ViewGuard:
         self.accusers.clear()
         self.vouchers.clear()
         self.asked = -RETRY
+        self.stalled_at = float("-inf")
         self.moves.reset()
 
     def unverified(self, claims: frozenset[str], now: float) -> set[str]:
@@ -181,13 +183,18 @@ class ViewGuard:
     def removal_backed(self, others: set[str], now: float) -> bool:
         """Do the answers we asked for back our removal? Our accusers among the other
         members are more than half of them, or, SETTLE after we asked every peer, more
-        than those that answered lately that we are live. Forgets whoever is no longer
-        a member."""
+        than those that answered lately that we are live. In a ring of two, the other
+        member's word alone never does: it counts only if our own loop stalled long
+        enough to be declared in the last FRESH seconds (`stalled_at`, set by the
+        machine; a rejoin forgets it), as no probe of a live member can confirm its
+        death with two members (no quorum). Forgets whoever is no longer a member."""
         self.accusers &= others
         self.vouchers = {n: t for n, t in self.vouchers.items()
                          if n in others and now - t <= FRESH}
         if not self.accusers:
             return False
+        if len(others) == 1:
+            return now - self.stalled_at <= FRESH
         return 2 * len(self.accusers) > len(others) or (
             self.asked >= self.accused_since and now - self.asked >= SETTLE
             and len(self.accusers) > len(self.vouchers))

@@ -113,10 +113,13 @@ class ViewChecks:
         guard.counters["own_removal_refused"] += 1
         if guard.report("own_pulled", now):
             accusers, live = sorted(guard.accusers), sorted(guard.vouchers)
+            why = ("a ring of two: not taken on the other member's word alone"
+                   if len(ring.nodes) == 2 else
+                   f"{','.join(live) or 'no other member yet'} that it is live: not "
+                   "taken on a minority's word")
             out.append(self._record(
                 "removal_refused", f"{','.join(accusers)} answer that {me} was removed, "
-                f"{','.join(live) or 'no other member yet'} that it is live: not taken on "
-                "a minority's word", logging.WARNING, about=[me], accusers=accusers,
+                f"{why}", logging.WARNING, about=[me], accusers=accusers,
                 count=guard.counters["own_removal_refused"]))
         return False
 
@@ -128,7 +131,11 @@ class ViewChecks:
         """Probe again the members of held views (a member declared honestly answers
         as fenced, or as the member it rejoined as, once it learns it); while our own
         removal is contested, judge it again and ask every peer again."""
-        guard = self.guard
+        guard, c = self.guard, self.detector.config
+        if self.detector.last_late() >= c.min_timeout + c.probe_timeout:
+            # our loop stalled as long as a member must be silent to be declared (the
+            # shortest suspicion, then a probe): we may have been, while alive
+            guard.stalled_at = now
         self._retry_moves(now, out)
         if guard.accusers and self._own_removal(now, out, answered=False):
             return

@@ -50,6 +50,19 @@ def sender_matches(name: str, sender: str) -> bool:
     return rest == "" or _REJOIN_SUFFIX.fullmatch(rest) is not None
 
 
+def answered_by(ring: Ring, address: str, certificate: str | None) -> str:
+    """Whose word a ring view answered at `address` is. `certificate`: the node the
+    server's certificate names, as the TLS handshake checked it ("" when it took any
+    node's; None in the clear). The member of `ring` at `address` that certificate
+    is (that node, or a later member of the same process); in the clear, the one
+    member the ring places there, on the address's word alone. Else nobody's:
+    `@address`."""
+    here = [n for n, a in ring.addresses if a == address]
+    if certificate is not None:
+        here = [n for n in here if sender_matches(certificate, n)]
+    return here[0] if len(here) == 1 else f"@{address}"
+
+
 def rejoin_name(node_id: str, ring: Ring) -> str:
     """The first `base#k` the ring has never known, live or removed."""
     base = base_name(node_id)

@@ -47,34 +47,52 @@ Claims = dict[str, dict[int, tuple[str, int]]]     # giver -> token -> (new owne
 
 
 def move_claims(ring: "Ring", view: "Ring") -> Claims:
-    """The ranges `view` would move away from members live in `ring` that it does not
-    remove nor hear restarted: per giver, each token the merge would give another
-    owner (a higher generation, or the same one in a newer view)."""
+    """The ranges `view` would move away from members live in `ring`: per giver, each
+    token the merge would give another owner (a higher generation, or the same one in
+    a newer view). A range of a member the view removes or hears restarted (a
+    takeover) is the heir's to give: the member our own takeover rule gives it to
+    (`Ring.without` of our ring: a retiring holder of a full copy, else the next
+    owner clockwise). A takeover giving it to the heir, or to a member our ring names
+    as a handoff's destination of it, is no move; one giving it to anybody else is
+    judged as a move away from the heir."""
     if not ring.tokens:
         return {}
     live = set(ring.nodes)
     gone = set(view.removed) | {n for n, i in view.incarnations
                                 if ring.incarnation_of(n) not in (0, i)}
+    heirs = ring.without(gone & live) if gone & live else ring
     newer = (absorbed_version(ring, view), view.stamp) > (ring.version, ring.stamp)
     claims: Claims = {}
     for token, owner, generation in zip(view.tokens, view.owners, view.generations):
         i = ring.token_index(token)
         held, ours = ring.owners[i], ring.generations[i]
-        if owner == held or held not in live or held in gone:
+        if owner == held or held not in live:
+            continue
+        if held in gone:                       # a takeover: the heir's to give
+            if not (generation > ours or (generation == ours and newer)):
+                continue
+            held = heirs.owners[i]
+            if owner == held or owner in ring.extras_of(ring.tokens[i]):
+                continue
+            claims.setdefault(held, {})[token] = (owner, generation)
             continue
         if generation > ours or (generation == ours and newer):
             claims.setdefault(held, {})[token] = (owner, generation)
     return claims
 
 
-def backs(word: "Ring", giver: str, token: int, owner: str, generation: int) -> bool:
-    """Does `giver`'s own view back giving `token` to `owner` at `generation`?"""
+def backs(word: "Ring", giver: str, token: int, owner: str, generation: int) -> bool | None:
+    """Does `giver`'s own view back giving `token` to `owner` at `generation`? None
+    when it cannot tell yet: the view is older than the move and names another owner
+    than the giver (an heir that has not heard of the takeover)."""
     if not word.tokens:
         return False
     i = word.token_index(token)
     if word.generations[i] == generation:
         return word.owners[i] == owner
-    return word.generations[i] > generation and word.owners[i] != giver
+    if word.generations[i] > generation:
+        return word.owners[i] != giver
+    return False if word.owners[i] == giver else None
 
 
 class MoveGuard:
@@ -122,10 +140,15 @@ class MoveGuard:
             if giver != me:
                 heard = self.words.get(base_name(giver))
                 word, when = heard if heard is not None else (None, -1.0)
-            if word is not None and all(backs(word, giver, t, o, g)
-                                        for t, (o, g) in moves.items()):
+            said = {backs(word, giver, t, o, g) for t, (o, g) in moves.items()} \
+                if word is not None else {None}
+            if said == {True}:
                 continue
-            (refused if word is not None and when >= since else awaited).add(giver)
+            # Our own ring is our word at once; a giver's answer heard since the view
+            # came refuses it when it says otherwise, and makes it wait when it cannot
+            # tell yet (an heir that has not heard of the takeover).
+            final = giver == me or (False in said and when >= since)
+            (refused if final else awaited).add(giver)
         return refused, awaited
 
     def since(self, stamp: int, now: float) -> float:

@@ -30,7 +30,7 @@ from floering.node.core.machine_io import (
     HeartbeatDue, HeartbeatFailed, LeaveRing, LoadSampled, MapperAhead, MonitorDue, NextRound,
     Note, Record, RingSeen, RoundEnded, RoundNow, SendFolds, SendHeartbeat, ShipCheckpoints,
     SignOfLife, Split, SplitRequested, StartProbe, StartShed)
-from floering.node.core.membership import founding_ring
+from floering.node.core.membership import answered_by, founding_ring
 from floering.node.core.node_core import NodeCore
 from floering.node.core.reducers import Reducer
 from floering.node.core.ring import Ring
@@ -436,15 +436,15 @@ class NodeRuntime:
         core = self.core
         targets = [address] if address else [a for n, a in core.ring.addresses
                                              if n != core.node_id]
-        names = {a: n for n, a in core.ring.addresses}
 
         async def exchange(target):
             try:
-                wire = await self.peers.exchange_ring(
+                wire, certificate = await self.peers.exchange_ring(
                     target, sender=self.core.node_id, ring_wire=self.core.ring.to_wire(),
                     version=self.core.ring.version, reducer=self.reducer.name)
-                self.adopt(Ring.from_wire(wire), pulled=True,   # "@addr": no member
-                           sender=names.get(target, f"@{target}"))
+                # the member the answering certificate names ("@addr": nobody)
+                self.adopt(Ring.from_wire(wire), pulled=True,
+                           sender=answered_by(self.core.ring, target, certificate))
             except FloeError as exc:
                 if isinstance(exc, InvalidArgument):
                     log.warning("ring view from %s refused: %s", target, exc)

@@ -14,6 +14,7 @@ from typing import Protocol
 
 from floering.node.core.codec import pack_entries, unpack_entries
 from floering.node.core.errors import Refused, Unavailable
+from floering.node.core.membership import base_name
 from floering.node.core.ring import Ring
 from floering.node.runtime.inbound import StreamState
 
@@ -36,7 +37,7 @@ class Peers(Protocol):
     async def ring_at_start(self, address: str, timeout: float) -> tuple[bytes, bool]: ...
 
     async def exchange_ring(self, address: str, *, sender: str, ring_wire: bytes,
-                            version: int, reducer: str) -> bytes: ...
+                            version: int, reducer: str) -> tuple[bytes, str | None]: ...
 
     async def push(self, address: str, batch) -> None: ...
 
@@ -112,9 +113,9 @@ class InMemoryPeers:
         return ring.to_wire(), starting
 
     async def exchange_ring(self, address, *, sender, ring_wire, version, reducer):
-        ring = await self._call(address, None,
-                                lambda s: s.exchange_ring(sender, Ring.from_wire(ring_wire)))
-        return ring.to_wire()
+        ring, name = await self._call(address, None, lambda s: (
+            s.exchange_ring(sender, Ring.from_wire(ring_wire)), s.node_id))
+        return ring.to_wire(), base_name(name)     # whom the server's certificate names
 
     async def push(self, address, batch):
         async def submit(service):

@@ -56,6 +56,7 @@ class ServerNames:
         self._ring_of = ring_of
         self._ring: object = None
         self._names: dict[str, str] = {}
+        self._nodes: dict[str, str] = {}       # address -> the node its name is of
         self._remembered = remembered
 
     def __call__(self, address: str) -> str:
@@ -65,17 +66,24 @@ class ServerNames:
             ring = None
         if ring is not self._ring:
             self._ring = ring
-            placed: dict[str, set[str]] = {}
+            placed: dict[str, dict[str, str]] = {}
             for node, at in (getattr(ring, "addresses", None) or ()):
-                placed.setdefault(at, set()).add(server_name(node))
+                placed.setdefault(at, {})[server_name(node)] = node.split("#", 1)[0]
             for at, names in placed.items():
                 if len(names) > 1:
                     continue        # two members at one address: the name we knew stays
                 self._names.pop(at, None)          # the newest last: kept longest
-                self._names[at] = names.pop()
+                (self._names[at], self._nodes[at]), = names.items()
             while len(self._names) > self._remembered:
-                del self._names[next(iter(self._names))]
+                oldest = next(iter(self._names))
+                del self._names[oldest]
+                self._nodes.pop(oldest, None)
         return self._names.get(address, NODE_ROLE_NAME)
+
+    def node_at(self, address: str) -> str:
+        """The node whose certificate a call to `address` accepts now (its configured
+        id: `n2` for `n2#1` too), "" where any node's is accepted."""
+        return self._nodes.get(address, "") if self(address) != NODE_ROLE_NAME else ""
 
 
 class ChannelPool:

@@ -94,8 +94,8 @@ class PeerPool:
         # With TLS, a peer must present the certificate of the member our ring places
         # at its address (any node's where it names none): `follow` gives the ring.
         self._ring_of = lambda: None
-        self._channels = ChannelPool(self._new_channel, names=ServerNames(
-            lambda: self._ring_of()) if credentials is not None else None)
+        self._names = ServerNames(lambda: self._ring_of()) if credentials is not None else None
+        self._channels = ChannelPool(self._new_channel, names=self._names)
         # One chunk packed per turn of the event loop, whatever the shipments on their
         # way: each turn of the loop lets the gRPC server accept one new call (a read,
         # a heartbeat), so turns stay short while ranges are re-replicated.
@@ -328,15 +328,18 @@ class PeerPool:
         return reply.ring, reply.starting
 
     async def exchange_ring(self, address: str, *, sender: str, ring_wire: bytes,
-                            version: int, reducer: str) -> bytes:
-        """Send our ring view, get the peer's (each side merges the other's)."""
-        try:
+                            version: int, reducer: str) -> tuple[bytes, str | None]:
+        """Send our ring view, get the peer's (each side merges the other's), with the
+        node whose certificate the answer came under: the one the TLS handshake
+        checked the server against ("" when it took any node's, None in the clear)."""
+        checked = None if self._names is None else self._names.node_at(address)
+        try:    # the channel is picked now, for the same name: no await in between
             reply = await self._control(address).ExchangeRing(
                 floe_pb2.RingView(version=version, ring=ring_wire, reducer=reducer,
                                   sender=sender), timeout=self.timeout)
         except grpc.RpcError as exc:
             raise error_from_rpc(exc) from None
-        return reply.ring
+        return reply.ring, checked
 
     async def close(self) -> None:
         await self._channels.close()
