@@ -51,6 +51,9 @@ class Replica:
     def check_started(self) -> None:
         """Taking a full checkpoint in chunks (a million keys goes so)."""
 
+    def check_copy_chunk(self, sender: str, ring_stamp: int, token: int) -> None:
+        """Every chunk's range is where it was: this replica holds one ring."""
+
     async def receive_checkpoint(self, sender, ring_stamp, incarnation, token, seq,
                                  base_seq, full, states, watermarks):
         self.received.append((token, seq, full, states, watermarks))
