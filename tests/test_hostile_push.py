@@ -55,6 +55,9 @@ class PeakRss:
         self._thread.join()
         return (self.peak - self.base) >> 20
 
+    def now(self) -> int:
+        return (self.proc.memory_info().rss - self.base) >> 20
+
 
 def test_many_streams_of_large_pushes_hold_a_callers_share_and_stay_exact(tmp_path):
     # Before the bound: +437-466 MiB (the inbound queue, 256 MiB, filled with one caller's

@@ -11,7 +11,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
-import psutil
 import pytest
 
 from floering.floe.cluster import LocalCluster
@@ -23,6 +22,7 @@ from floering.node.transport.server import message_bytes
 from floering.node.transport.tls import issue
 from floering.v1 import floe_pb2, floe_pb2_grpc
 from tests.helpers import Feeder, diff
+from tests.test_hostile_push import PeakRss
 
 pytestmark = pytest.mark.multiprocess
 
@@ -109,30 +109,6 @@ class OneMessageStreams:
                 finally:
                     self._release.set()
                 list(waits)
-
-
-class PeakRss:
-    """The most RSS a process had while sampled (every 20 ms), above its start."""
-
-    def __init__(self, pid: int) -> None:
-        self.proc = psutil.Process(pid)
-        self.base = self.peak = self.proc.memory_info().rss
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._watch, daemon=True)
-        self._thread.start()
-
-    def _watch(self) -> None:
-        while not self._done.is_set():
-            self.peak = max(self.peak, self.proc.memory_info().rss)
-            time.sleep(0.02)
-
-    def stop(self) -> int:
-        self._done.set()
-        self._thread.join()
-        return (self.peak - self.base) >> 20
-
-    def now(self) -> int:
-        return (self.proc.memory_info().rss - self.base) >> 20
 
 
 # What one caller may make a node hold with Push streams: READING_PER_CALLER messages
