@@ -193,13 +193,15 @@ class SplitStorm(threading.Thread):
         lo, hi = self.ring.range_of_token(self.token)
         size = (hi - lo) % HASH_SPACE
         try:
-            for k in range(1, 1000):
+            # paced, and cuts enough for minutes of it: the storm must outlast the copies
+            for k in range(1, 100_000):
                 if self.stop.is_set():
                     return
                 try:
-                    split(self.ring, (lo + size * k // 1000) % HASH_SPACE, tls=self.tls,
+                    split(self.ring, (lo + size * k // 100_000) % HASH_SPACE, tls=self.tls,
                           timeout=10)
                     self.done += 1
+                    time.sleep(0.02)
                 except FloeError:          # a handoff under way: splits wait
                     time.sleep(0.05)
         except Exception as exc:            # reported by the test
