@@ -11,7 +11,7 @@ a checkpoint or a scan, each state holds its own `pad` bytes.
 
 from __future__ import annotations
 
-from floering.node.core.errors import InvalidArgument
+from floering.wire.errors import InvalidArgument
 from floering.node.core.reducers import Reducer
 
 

@@ -11,7 +11,7 @@ import argparse
 import os
 import sys
 
-from floering.node.core.errors import FloeError
+from floering.wire.errors import FloeError
 
 
 def cmd_list(args) -> int:

@@ -20,7 +20,7 @@ from floering.floe.cluster import LocalCluster
 from floering.chaos.timeline import Injected
 from floering.v1 import floe_pb2, floe_pb2_grpc
 from floering.node.core.batch import encode_payload
-from floering.node.core.codec import pack, pack_entries
+from floering.wire.codec import pack, pack_entries
 from floering.node.core.forged_views import forged_views
 from floering.node.core.ring import Ring
 
@@ -95,7 +95,8 @@ def impersonate(cluster: LocalCluster, address: str, scratch: Path) -> dict[str,
     """On a TLS ring: callers without the right credentials, each once against the
     node at `address`. Returns how each was refused (raises if one was not)."""
     from floering.floe.cluster import channel
-    from floering.node.transport.tls import TlsFiles, generate
+    from floering.wire.tls import TlsFiles
+    from floering.node.transport.tls import generate
     outcome = {}
     unavailable, denied = grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.PERMISSION_DENIED
     get_ring = floe_pb2.GetRingRequest()
@@ -168,7 +169,7 @@ class IdleStreams:
         import asyncio
         import threading
         from grpc_health.v1 import health_pb2, health_pb2_grpc
-        from floering.node.transport.channels import open_channel
+        from floering.wire.channels import open_channel
         self.refused: dict[str, int] = {}
         self.details: list[str] = []
         self._loop = asyncio.new_event_loop()

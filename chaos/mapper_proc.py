@@ -100,7 +100,7 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
 
     from floering.mapper import RingClient
-    from floering.node.transport.tls import TlsFiles
+    from floering.wire.tls import TlsFiles
     journal = Journal(args.journal)
     tls = TlsFiles.in_dir(args.tls_dir, "client") if args.tls_dir else None
     client = RingClient(args.seeds, linger=0.005, batch_size=1000, timeout=args.timeout,

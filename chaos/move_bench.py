@@ -35,7 +35,7 @@ from itertools import accumulate
 import grpc
 
 from floering.node.core.columnar import KERNEL, hash_positions
-from floering.node.core.hashing import position
+from floering.wire.hashing import position
 from floering.node.core.ranges import Checkpoint, FullStates, PrimaryRange
 from floering.node.core.reducers import Count
 from floering.node.core.ring import Ring
@@ -72,7 +72,7 @@ class LegacyPiece:
         self.chunks, self.count = chunks, count
 
     def encode(self) -> bytes:
-        from floering.node.core.codec import pack
+        from floering.wire.codec import pack
         return pack(next(self.chunks))
 
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from floering.node.core.errors import InvalidArgument
+from floering.wire.errors import InvalidArgument
 from floering.node.core.reducers import Reducer
 
 

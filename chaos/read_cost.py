@@ -35,7 +35,7 @@ from collections import Counter
 from floering.floe.cluster import LocalCluster
 from floering.chaos.skew import TOKENS_PER_NODE, raw_holders, workload
 from floering.mapper import RingClient
-from floering.node.core.balancers import BALANCERS
+from floering.wire.balancers import BALANCERS
 
 READS = ("get hot", "get cold", "top 10", "scan")
 

@@ -300,7 +300,7 @@ def hottest_piece_holder(scenario: "Scenario", seed: int) -> str:
     """The node holding the first piece of the hottest key placed away from the key's
     own node (the first a sharing balancer spreads it to)."""
     from floering.chaos.load import hottest_key
-    from floering.node.core.pieces import piece_key
+    from floering.wire.pieces import piece_key
     ring = _initial_ring(scenario.nodes, 0, scenario.tokens_per_node)
     key = hottest_key(scenario.load, seed)
     return next(ring.owner(piece_key(key, i)) for i in range(1, 64)

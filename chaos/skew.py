@@ -59,10 +59,10 @@ from floering.chaos.skew_measures import (distribution_cost, imbalance, load_std
                                          piece_counts, skew)
 from floering.v1 import floe_pb2, floe_pb2_grpc
 from floering.mapper import RingClient
-from floering.node.core.balancers import BALANCERS
-from floering.node.core.codec import unpack_entries
-from floering.node.core.errors import FloeError
-from floering.node.core.pieces import base_of
+from floering.wire.balancers import BALANCERS
+from floering.wire.codec import unpack_entries
+from floering.wire.errors import FloeError
+from floering.wire.pieces import base_of
 from floering.node.core.ring import Ring
 
 # WL name -> (nodes, items on the most loaded node out of 100): S = (W - 25) / 75

@@ -23,7 +23,7 @@ SPARK_WORKLOADS = ("every-other", "hot-half", "corpus", "one-key")
 def replayable_plan(client, keys: list, chunk: int = 65_536):
     """The plan `floe feed` makes for a file: from its first chunk, on the ring."""
     from floering.mapper.plans import plan_of_keys
-    from floering.node.core.balancers import balancer
+    from floering.wire.balancers import balancer
     policy = balancer(client.ring.balancer)
     return plan_of_keys(policy, client.ring, keys[:chunk]) if policy.pieces > 1 else None
 

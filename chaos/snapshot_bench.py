@@ -31,7 +31,7 @@ from floering.node.core import snapshot_format
 from floering.node.core.batch import Limits
 from floering.node.core.columnar import KERNEL
 from floering.node.core.chunks import CHUNK_BYTES, column_slices, packed_chunks
-from floering.node.core.codec import unpack_columns
+from floering.wire.codec import unpack_columns
 from floering.node.core.ranges import PrimaryRange
 from floering.node.core.reducers import load_reducer
 from floering.node.core.ring import Ring

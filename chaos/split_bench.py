@@ -18,7 +18,7 @@ import argparse
 import random
 from collections import Counter, defaultdict
 
-from floering.node.core.hashing import position
+from floering.wire.hashing import position
 from floering.node.core.load import choose_shed
 from floering.node.core.ring import Ring
 from floering.node.core.split_point import PositionLoad, plan_split

@@ -28,7 +28,7 @@ from array import array
 from collections import Counter
 
 from floering.node.core import columnar
-from floering.node.core.codec import pack_entries, unpack_entries
+from floering.wire.codec import pack_entries, unpack_entries
 from floering.node.core.columnar import pytable
 from floering.node.core.reducers import Count
 from floering.node.core.state_store import LayeredState

@@ -7,13 +7,11 @@ of it: they start through `floering.node` (`python -m floering.node`)."""
 # errors, the ring, the snapshot format, the node's entry point and its settings. The
 # chaos harness and the benchmarks build on this package, never the other way round.
 __may_import__ = (
-    "floering.floe", "floering.mapper", "floering.v1",
+    "floering.floe", "floering.mapper", "floering.v1", "floering.wire",
     "floering.node.__main__", "floering.node.app", "floering.node.config",
-    "floering.node.files", "floering.node.core.balancers", "floering.node.core.batch",
-    "floering.node.core.chunks", "floering.node.core.codec", "floering.node.core.columnar",
-    "floering.node.core.errors", "floering.node.core.hashing", "floering.node.core.load",
-    "floering.node.core.pieces", "floering.node.core.reducers", "floering.node.core.ring",
+    "floering.node.files", "floering.node.core.batch",
+    "floering.node.core.chunks", "floering.node.core.columnar", "floering.node.core.load",
+    "floering.node.core.reducers", "floering.node.core.ring",
     "floering.node.core.shares", "floering.node.core.snapshot_format",
     "floering.node.core.state_wire", "floering.node.core.table_state",
-    "floering.node.transport.channels", "floering.node.transport.status",
     "floering.node.transport.tls", "*")

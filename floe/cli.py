@@ -38,8 +38,8 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 from floering.floe.cluster import (DEFAULT_STATE_FILE, LayoutMismatch, LocalCluster, describe_layout,
                            kept_layout, wipe)
 from floering.mapper.admin import hex_position, parse_position, position_format
-from floering.node.core.balancers import BALANCERS, described
-from floering.node.core.errors import FloeError
+from floering.wire.balancers import BALANCERS, described
+from floering.wire.errors import FloeError
 
 
 def _seeds(args) -> list[str]:

@@ -26,10 +26,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from floering.floe.records import (check_extra, exited, flag, is_our_node, loaded_node,
                                     not_ours, reducer_refusal, start_time)
 from floering.node.config import check_node_id
-from floering.node.core.errors import FloeError
+from floering.wire.errors import FloeError
 from floering.node.files import open_private, private_dir, write_private
-from floering.node.transport.channels import server_options
-from floering.node.transport.tls import TlsFiles, generate as generate_tls, issue as issue_tls
+from floering.wire.channels import server_options
+from floering.wire.tls import TlsFiles
+from floering.node.transport.tls import generate as generate_tls, issue as issue_tls
 
 DEFAULT_STATE_FILE = "floe-cluster.json"
 
@@ -107,7 +108,7 @@ class LocalCluster:
         floe-cluster/tls/ and every call is mutual TLS (node.transport.tls); callers
         take their credentials from `tls("client")` / `tls("operator")`. `tls=False`
         serves in the clear, for what must be shown without authentication.
-        `balancer`: the ring's load-balancing policy (node.core.balancers; none).
+        `balancer`: the ring's load-balancing policy (wire.balancers; none).
 
         With `data_dir` every node is durable (`--data-dir data_dir/<node-id>`) and the
         cluster's layout is kept there (and kept up to date by `add_nodes` and

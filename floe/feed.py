@@ -208,7 +208,7 @@ def file_plan(client, item: Input, first: list[str], plans: Path | None):
     pieces 0 and 1 evenly, which needs none (standard input, a fresh source each time,
     keeps none). None when the ring's balancer shares no keys."""
     from floering.mapper.plans import Plan, plan_of_keys
-    from floering.node.core.balancers import balancer
+    from floering.wire.balancers import balancer
     ring = client.ring
     policy = balancer(ring.balancer)
     if policy.pieces == 1:

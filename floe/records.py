@@ -22,7 +22,7 @@ from pathlib import Path
 import psutil
 
 from floering.node.config import build_parser, check_node_id, load_config, parse_peers
-from floering.node.core.errors import inert
+from floering.wire.errors import inert
 from floering.node.core.reducers import BUILTINS
 
 # psutil derives a start time from the boot time and clock ticks: equal to well

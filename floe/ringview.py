@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from floering.node.core.hashing import HASH_SPACE, position
+from floering.wire.hashing import HASH_SPACE, position
 from floering.node.core.ring import Ring
 
 SERVING, JOINING, LEAVING, SUSPECT, DEAD, FENCED, REMOVED = (

@@ -30,13 +30,13 @@ import grpc
 from floering.v1 import floe_pb2, floe_pb2_grpc
 from floering.node.core.batch import KEY_TYPES
 from floering.node.core.chunks import CHUNK_BYTES, column_slices, packed_chunks
-from floering.node.core.codec import pack, unpack, unpack_columns
-from floering.node.core.errors import (FloeError, InvalidArgument, ReducerMismatch, StaleRing,
+from floering.wire.codec import pack, unpack, unpack_columns
+from floering.wire.errors import (FloeError, InvalidArgument, ReducerMismatch, StaleRing,
                                        Unavailable)
 from floering.node.core.columnar import StateTable
 from floering.node.core.columnar.buffers import KIND_BYTES, in_range
-from floering.node.core.hashing import position
-from floering.node.core.pieces import RESERVED
+from floering.wire.hashing import position
+from floering.wire.pieces import RESERVED
 from floering.node.core.reducers import BUILTINS
 from floering.node.core.ring import Ring
 from floering.node.core.state_wire import (ExportSegment, PairSegment, decode, is_frame,
@@ -46,9 +46,9 @@ from floering.node.core.snapshot_format import (IMPORT_SOURCE, Header, Section, 
                                                 Writer, check_keys, check_watermarks,
                                                 checked_walk, entry_count, parse_section,
                                                 read)
-from floering.node.transport.channels import server_options
-from floering.node.transport.status import error_from_rpc
-from floering.node.transport.tls import TlsFiles, server_name
+from floering.wire.channels import server_options
+from floering.wire.status import error_from_rpc
+from floering.wire.tls import TlsFiles, server_name
 
 CALL_TIMEOUT = 60.0
 MAX_MESSAGE = 64 << 20

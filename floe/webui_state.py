@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from floering.floe.ringview import member_rows, range_rows, unlisted_processes, verdict
-from floering.node.core.hashing import HASH_SPACE
+from floering.wire.hashing import HASH_SPACE
 
 if TYPE_CHECKING:
     from floering.mapper.aclient import AsyncRingClient

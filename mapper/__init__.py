@@ -8,22 +8,22 @@ from typing import TYPE_CHECKING
 _HOMES = {
     "AsyncRingClient": "floering.mapper.aclient", "RingClient": "floering.mapper.client",
     "split_words": "floering.mapper.words", "words_of_lines": "floering.mapper.words",
-    "MAX_POSITION": "floering.node.core.epochs", "epoch_seq": "floering.node.core.epochs",
-    "epoch_source": "floering.node.core.epochs", "FoldDuringScan": "floering.mapper.scanning",
+    "MAX_POSITION": "floering.wire.epochs", "epoch_seq": "floering.wire.epochs",
+    "epoch_source": "floering.wire.epochs", "FoldDuringScan": "floering.mapper.scanning",
     **dict.fromkeys(("FloeError", "InvalidArgument", "InvalidKey", "RangeLost",
-                     "ReducerMismatch", "StaleRing", "Unavailable"), "floering.node.core.errors"),
-    "Reducer": "floering.node.core.reducers", "TlsFiles": "floering.node.transport.tls"}
+                     "ReducerMismatch", "StaleRing", "Unavailable"), "floering.wire.errors"),
+    "Reducer": "floering.node.core.reducers", "TlsFiles": "floering.wire.tls"}
 
 if TYPE_CHECKING:
     from floering.mapper.aclient import AsyncRingClient
     from floering.mapper.client import RingClient
     from floering.mapper.words import split_words, words_of_lines
-    from floering.node.core.epochs import MAX_POSITION, epoch_seq, epoch_source
+    from floering.wire.epochs import MAX_POSITION, epoch_seq, epoch_source
     from floering.mapper.scanning import FoldDuringScan
-    from floering.node.core.errors import (FloeError, InvalidArgument, InvalidKey, RangeLost,
+    from floering.wire.errors import (FloeError, InvalidArgument, InvalidKey, RangeLost,
                                            ReducerMismatch, StaleRing, Unavailable)
     from floering.node.core.reducers import Reducer
-    from floering.node.transport.tls import TlsFiles
+    from floering.wire.tls import TlsFiles
 
 
 def _module(home: str):
@@ -33,14 +33,13 @@ def _module(home: str):
             "floering.mapper.client": lambda: importlib.import_module("floering.mapper.client"),
             "floering.mapper.words": lambda: importlib.import_module("floering.mapper.words"),
             "floering.mapper.scanning": lambda: importlib.import_module("floering.mapper.scanning"),
-            "floering.node.core.epochs":
-                lambda: importlib.import_module("floering.node.core.epochs"),
-            "floering.node.core.errors":
-                lambda: importlib.import_module("floering.node.core.errors"),
+            "floering.wire.epochs":
+                lambda: importlib.import_module("floering.wire.epochs"),
+            "floering.wire.errors":
+                lambda: importlib.import_module("floering.wire.errors"),
             "floering.node.core.reducers":
                 lambda: importlib.import_module("floering.node.core.reducers"),
-            "floering.node.transport.tls":
-                lambda: importlib.import_module("floering.node.transport.tls")}[home]()
+            "floering.wire.tls": lambda: importlib.import_module("floering.wire.tls")}[home]()
 
 
 def __getattr__(name: str):
@@ -56,15 +55,12 @@ def __dir__() -> list[str]:
     return sorted([*globals(), *_HOMES])
 
 
-# The node's shared vocabulary only: the wire (batches, codec, errors, epochs, ring,
-# hashing, TLS files, channels, statuses), the ring's balancer, shared keys' pieces,
-# the hot-key sketch and the reducers (a read of a shared key merges its pieces).
+# floering.wire (what node and client share), and of the node's core only the ring
+# value, the batch format, the hot-key sketch and the reducers (a read of a shared key
+# merges its pieces).
 __may_import__ = (
-    "floering.mapper", "floering.v1", "floering.node.core.ring", "floering.node.core.hashing",
-    "floering.node.core.batch", "floering.node.core.codec", "floering.node.core.errors",
-    "floering.node.core.epochs", "floering.node.core.balancers", "floering.node.core.pieces",
-    "floering.node.core.reducers", "floering.node.core.sketch", "floering.node.transport.status",
-    "floering.node.transport.tls", "floering.node.transport.channels", "*")
+    "floering.mapper", "floering.v1", "floering.wire", "floering.node.core.ring",
+    "floering.node.core.batch", "floering.node.core.reducers", "floering.node.core.sketch", "*")
 
 # What a user needs, in one place: the clients (sync and asyncio), the errors they raise,
 # their credentials on a TLS ring, the reducer base class (it lives in the node's core, which runs it),

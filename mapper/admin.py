@@ -10,13 +10,13 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 
 from floering.v1 import floe_pb2, floe_pb2_grpc
-from floering.node.core.errors import InvalidArgument
-from floering.node.core.hashing import HASH_SPACE
+from floering.wire.errors import InvalidArgument
+from floering.wire.hashing import HASH_SPACE
 from floering.node.core.ring import Ring
-from floering.node.transport.status import error_from_rpc
-from floering.node.transport.channels import server_options
+from floering.wire.status import error_from_rpc
+from floering.wire.channels import server_options
 from floering.mapper.credentials import FIND, TlsChoice, find_tls
-from floering.node.transport.tls import server_name
+from floering.wire.tls import server_name
 
 
 def request_handoff(address: str, tokens, target: str = "", *, leave: bool = False,

@@ -23,12 +23,12 @@ from floering.mapper.kernel import Combiner, KernelBuffer, kernel, kernel_value,
 from floering.mapper.outbox import PendingBatch
 from floering.mapper.routing import Router
 from floering.mapper.sharing import check_key, chooser_for
-from floering.node.core.balancers import balancer
+from floering.wire.balancers import balancer
 from floering.node.core.batch import (DEFAULT_LIMITS, KEY_TYPES, encode_batch, encode_payload,
                                       encode_seqs, positions_of)
-from floering.node.core.errors import InvalidArgument, InvalidKey
-from floering.node.core.hashing import key_bytes
-from floering.node.core.pieces import check_user_key
+from floering.wire.errors import InvalidArgument, InvalidKey
+from floering.wire.hashing import key_bytes
+from floering.wire.pieces import check_user_key
 
 PLAIN_VALUES = frozenset((int, float, str, bytes, bool, type(None)))
 # A combining buffer is sealed at batch_size keys or this many tuples per key of it.

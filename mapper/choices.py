@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
-from floering.node.core.pieces import piece_key
+from floering.wire.pieces import piece_key
 from floering.node.core.ring import Ring
 from floering.node.core.sketch import SpaceSaving
 

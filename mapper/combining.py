@@ -34,8 +34,8 @@ from floering.mapper.batching import (MAX_KEY_BYTES, PLAIN_VALUES, Batcher, chec
 from floering.mapper.outbox import PendingBatch
 from floering.mapper.sharing import check_key
 from floering.node.core.batch import encode_payload
-from floering.node.core.errors import FloeError
-from floering.node.core.pieces import COMBINED_SOURCE
+from floering.wire.errors import FloeError
+from floering.wire.pieces import COMBINED_SOURCE
 from floering.node.core.reducers import Count, Max, Min, Reducer, Sum, reducer_from_identity
 from floering.mapper.kernel import (COMBINE_KERNEL, Combiner, KernelBuffer,  # noqa: F401
                                     kernel, kernel_value, new_combiner)

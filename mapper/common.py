@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from floering.mapper.batching import check_settings, default_source
 from floering.mapper.delivery import Delivery
-from floering.node.core.balancers import balancer
-from floering.node.core.pieces import COMBINED_SOURCE, FOLD_SOURCE, carries_states
+from floering.wire.balancers import balancer
+from floering.wire.pieces import COMBINED_SOURCE, FOLD_SOURCE, carries_states
 from floering.node.core.reducers import load_reducer
 from floering.node.core.ring import Ring
-from floering.node.transport.tls import TlsFiles
+from floering.wire.tls import TlsFiles
 
 BATCH_TUPLES = 1000         # tuples a batch holds, by default
 # distinct keys a token's combining buffer holds, by default: the node's cost of a

@@ -20,8 +20,8 @@ import socket
 import ssl
 from pathlib import Path
 
-from floering.node.core.errors import Unavailable
-from floering.node.transport.tls import TlsFiles
+from floering.wire.errors import Unavailable
+from floering.wire.tls import TlsFiles
 
 TLS_ENV = "FLOE_TLS_DIR"
 CLUSTER_FILE = "floe-cluster.json"

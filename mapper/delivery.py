@@ -25,10 +25,10 @@ from floering.mapper.machine import WATCH_LIMIT, MapperMachine, OnFailure
 from floering.mapper.outbox import Outbox, PendingBatch
 from floering.mapper.ring_watch import RETIRE_EVERY, Look
 from floering.node.core.batch import formats_said
-from floering.node.core.errors import FloeError, Unavailable
+from floering.wire.errors import FloeError, Unavailable
 from floering.node.core.ring import Ring
-from floering.node.transport.channels import ChannelPool, ServerNames, open_channel
-from floering.node.transport.status import error_from_rpc
+from floering.wire.channels import ChannelPool, ServerNames, open_channel
+from floering.wire.status import error_from_rpc
 
 log = logging.getLogger("floe.mapper")
 
@@ -191,7 +191,7 @@ class Delivery:
         self.reducer = ""
         # The payload formats every node that answered for the ring decodes.
         self.formats: frozenset[int] = frozenset((1,))
-        # with TLS, each node must present its own certificate (node.transport.channels)
+        # with TLS, each node must present its own certificate (wire.channels)
         self.channels = ChannelPool(self._new_channel, names=ServerNames(
             lambda: self.ring) if credentials is not None else None)
         self._retiring: asyncio.Task | None = None

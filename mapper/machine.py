@@ -24,7 +24,7 @@ from enum import Enum
 
 from floering.mapper.outbox import Outbox, PendingBatch
 from floering.mapper.ring_watch import RETIRE_EVERY, STALL, Look, ProgressWatch, choose_ring
-from floering.node.core.errors import FloeError, Unavailable
+from floering.wire.errors import FloeError, Unavailable
 from floering.node.core.ring import Ring
 
 RING_PATIENCE = 0.2         # seconds a ring fetch waits for slow nodes once one answered

@@ -37,8 +37,8 @@ from typing import Mapping
 import mmh3
 import msgpack
 
-from floering.node.core.balancers import balancer
-from floering.node.core.pieces import piece_key
+from floering.wire.balancers import balancer
+from floering.wire.pieces import piece_key
 from floering.node.core.ring import Ring
 from floering.node.core.sketch import SpaceSaving
 

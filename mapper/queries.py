@@ -12,13 +12,13 @@ import heapq
 import grpc
 
 from floering.v1 import floe_pb2
-from floering.node.core.balancers import balancer
+from floering.wire.balancers import balancer
 from floering.node.core.batch import KEY_TYPES
-from floering.node.core.codec import pack, unpack
-from floering.node.core.errors import InvalidKey
-from floering.node.core.pieces import check_user_key, piece_key
+from floering.wire.codec import pack, unpack
+from floering.wire.errors import InvalidKey
+from floering.wire.pieces import check_user_key, piece_key
 from floering.node.core.ring import Ring
-from floering.node.transport.status import error_from_rpc
+from floering.wire.status import error_from_rpc
 
 
 async def query(delivery, timeout: float, make_call):

@@ -34,11 +34,11 @@ import grpc
 import msgpack
 
 from floering.v1 import floe_pb2
-from floering.node.core.codec import unpack_entries
-from floering.node.core.errors import Unavailable
-from floering.node.core.pieces import absorb_piece, fold_source, is_fold_key, is_piece, on_its_way
+from floering.wire.codec import unpack_entries
+from floering.wire.errors import Unavailable
+from floering.wire.pieces import absorb_piece, fold_source, is_fold_key, is_piece, on_its_way
 from floering.node.core.ring import Ring
-from floering.node.transport.status import error_from_rpc
+from floering.wire.status import error_from_rpc
 
 READ_TIMEOUT = 30.0     # seconds one chunk may take to come
 FOLD_RETRIES = 5        # whole reads (top over shared keys) tried while folds run

@@ -1,6 +1,6 @@
-"""Mapper side of the balancers that share keys (`floering.node.core.balancers`): which piece
+"""Mapper side of the balancers that share keys (`floering.wire.balancers`): which piece
 of its key a tuple goes to. Reads merge the pieces back (`RingClient`, with
-`node.core.pieces.merge_pieces`).
+`wire.pieces.merge_pieces`).
 
 Partial key grouping (`pkg`): a key's two candidates are its pieces 0 and 1, each on
 its own place of the ring; the tuple goes to the candidate whose owner this mapper has
@@ -17,8 +17,8 @@ from floering.mapper.choices import ChoicesChooser
 from floering.mapper.plans import EVEN, PlanChooser
 from floering.mapper.smalops import SmalopsChooser
 from floering.node.core.batch import KEY_TYPES
-from floering.node.core.errors import InvalidKey
-from floering.node.core.pieces import check_user_key, piece_key
+from floering.wire.errors import InvalidKey
+from floering.wire.pieces import check_user_key, piece_key
 from floering.node.core.ring import Ring
 from floering.node.core.sketch import SpaceSaving
 

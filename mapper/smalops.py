@@ -12,7 +12,7 @@ cut queueing delay, the mapper acting as the paper's gateway.
   best fit: the heavy streams of every node above the mean, smallest first, each move
   to the node below the mean that minimises |size + target - mean|, unless the move
   would widen the gap between source and target.
-- **A stream on a node** is sent to the first piece of its key (`floering.node.core.pieces`,
+- **A stream on a node** is sent to the first piece of its key (`floering.wire.pieces`,
   pieces 0 to `max_pieces` - 1) that the ring places on that node; a node none of
   them lands on is not a candidate for that key. A stream moves whole: unlike `dkg`,
   one key never goes to two nodes at once, so a single key hotter than a node stays
@@ -24,7 +24,7 @@ cut queueing delay, the mapper acting as the paper's gateway.
 
 from __future__ import annotations
 
-from floering.node.core.pieces import piece_key
+from floering.wire.pieces import piece_key
 from floering.node.core.ring import Ring
 from floering.node.core.sketch import SpaceSaving
 

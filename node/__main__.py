@@ -8,7 +8,7 @@ import sys
 
 from floering.node.app import serve
 from floering.node.config import load_config
-from floering.node.core.errors import InvalidArgument, UnknownReducer
+from floering.wire.errors import InvalidArgument, UnknownReducer
 from floering.node.logs import configure_logging
 from floering.node.transport.binding import PortInUse
 from floering.node.transport.server import node_tls

@@ -9,7 +9,7 @@ import logging
 import signal
 
 from floering.node.config import NodeConfig
-from floering.node.core.balancers import balancer, check_reducer
+from floering.wire.balancers import balancer, check_reducer
 from floering.node.core.reducers import load_reducer, parse_reducer_args
 from floering.node.core.table_state import state_kernel
 from floering.node.loop_lag import LoopLag

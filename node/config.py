@@ -15,7 +15,7 @@ import tomllib
 from dataclasses import dataclass, fields
 from typing import Mapping, Sequence
 
-from floering.node.core.balancers import BALANCERS, described
+from floering.wire.balancers import BALANCERS, described
 from floering.node.core.batch import Limits
 from floering.node.core.detector import DetectorConfig
 from floering.node.core.machine import REPAIR_DELAY

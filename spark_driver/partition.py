@@ -5,7 +5,7 @@ Runs in Spark's Python worker processes. The RingClient is created inside the wo
 next task (spark_driver.connections); each task rebinds it and flushes before it
 returns, so Spark commits a batch only once the ring holds all of it on r+1
 nodes. Tuples are numbered from (batch id, position) under the source
-`<query id>#<partition id>` (node.core.epochs): a retried task or a batch replayed
+`<query id>#<partition id>` (wire.epochs): a retried task or a batch replayed
 after a driver restart resends the very same (source, seq)s and the ring drops them.
 
 Three ways in:

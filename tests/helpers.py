@@ -19,7 +19,7 @@ from pathlib import Path
 
 from floering.node.core.batch import Batch, encode_payload, encode_seqs
 from floering.node.core.handoff import Handoff, HandoffState
-from floering.node.core.hashing import HASH_SPACE
+from floering.wire.hashing import HASH_SPACE
 from floering.node.core.node_core import NodeCore
 from floering.node.core.reducers import load_reducer
 from floering.node.core.ring import Ring

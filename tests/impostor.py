@@ -19,7 +19,7 @@ import grpc
 import msgpack
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from floering.node.transport.tls import TlsFiles
+from floering.wire.tls import TlsFiles
 from floering.v1 import floe_pb2, floe_pb2_grpc
 
 FORGED = 424242

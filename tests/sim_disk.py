@@ -20,7 +20,7 @@ from collections import deque
 from dataclasses import replace
 
 from floering.node.core.batch import Batch
-from floering.node.core.errors import Overloaded
+from floering.wire.errors import Overloaded
 from floering.node.core.persistence import DiskPlan
 from floering.node.core.persistence_io import (AcceptBatches, AckWanted, AppendRecord, BatchKept,
                                       CheckpointMerged, CompactLog, CopiesWritten, CopyWrite,

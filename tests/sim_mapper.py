@@ -12,10 +12,10 @@ from floering.mapper.machine import WATCH_LIMIT, MapperMachine, OnFailure
 from floering.mapper.outbox import Outbox, PendingBatch
 from floering.mapper.ring_watch import Look
 from floering.mapper.sharing import chooser_for
-from floering.node.core.balancers import balancer
+from floering.wire.balancers import balancer
 from floering.node.core.batch import decode_payload, encode_payload, encode_seqs
-from floering.node.core.errors import FloeError, Unavailable
-from floering.node.core.pieces import COMBINED_SOURCE, base_of
+from floering.wire.errors import FloeError, Unavailable
+from floering.wire.pieces import COMBINED_SOURCE, base_of
 from floering.node.core.ring import Ring
 
 ACK_TIMEOUT = 0.4           # a stream with no ack for this long fails (as a broken one)

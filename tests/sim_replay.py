@@ -9,7 +9,7 @@ messages in flight lost with it, or still going as a zombie), the driver dies an
 attempt of the epoch with it (the new driver has measured nothing, and reads the
 recorded plan), and nodes are killed meanwhile. A retry sends the whole slice again on
 the newest ring, by the same plan. Epoch e + 1 starts once every batch of epoch e is
-acknowledged by all its nodes (the group's promise, node.core.epochs)."""
+acknowledged by all its nodes (the group's promise, wire.epochs)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from collections import Counter, defaultdict
 from floering.mapper.outbox import PendingBatch
 from floering.mapper.plans import History, PlanChooser
 from floering.node.core.batch import encode_payload, encode_seqs
-from floering.node.core.epochs import epoch_seq, epoch_source
+from floering.wire.epochs import epoch_seq, epoch_source
 from tests.simulation import SimMapper, Simulation
 
 HOT = "w0"

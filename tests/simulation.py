@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from floering.node.core.batch import Batch, Limits, encode_payload
 from floering.node.core.detector import (ALIVE, REFUSED, TIMED_OUT, DetectorConfig,
                                 FailureDetector)
-from floering.node.core.errors import (Fenced, FloeError, InvalidArgument, Overloaded, Refused,
+from floering.wire.errors import (Fenced, FloeError, InvalidArgument, Overloaded, Refused,
                               StaleRing, Unavailable)
 from floering.node.core.load import LoadConfig, LoadMonitor
 from floering.node.core.machine import REPAIR_DELAY, NodeMachine
@@ -51,8 +51,8 @@ from floering.node.core.shed_round import (AskToShed, CascadeAnswered, CascadeFa
                                            HandoffDone, HandoffRefused, HandOver, PlanComputed,
                                            PlanRound, ShedRound)
 from floering.node.core.shedding import PeerLoad, cut_positions, shed_reach
-from floering.node.core.balancers import balancer
-from floering.node.core.pieces import base_of, merge_pieces
+from floering.wire.balancers import balancer
+from floering.wire.pieces import base_of, merge_pieces
 from tests.sim_disk import SimDisk, SimDurability
 from tests.sim_durable import DurableNodes, Starter
 from tests.sim_mapper import MapperSide, SimMapper

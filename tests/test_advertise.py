@@ -14,7 +14,8 @@ import pytest
 
 from floering.floe.cluster import _free_ports, node_env, serving
 from floering.mapper import RingClient
-from floering.node.transport.tls import TlsFiles, generate
+from floering.wire.tls import TlsFiles
+from floering.node.transport.tls import generate
 
 WORDS = ("the quick brown fox jumps over the lazy dog and the dog sleeps " * 20).split()
 HOSTS = ("127.0.0.1", "127.0.0.2", "127.0.0.3", "localhost")

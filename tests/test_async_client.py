@@ -15,8 +15,8 @@ from floering.chaos.corpus import kjv_lines
 from floering.v1 import floe_pb2
 from floering.mapper import AsyncRingClient, FloeError, RingClient, split_words
 from floering.mapper.scanning import RingScan
-from floering.node.core.codec import pack_entries
-from floering.node.core.pieces import merge_pieces, piece_key, pieces_first
+from floering.wire.codec import pack_entries
+from floering.wire.pieces import merge_pieces, piece_key, pieces_first
 from tests.helpers import wait_for, wait_until
 
 WORDS = [w for line in kjv_lines(4000) for w in split_words(line)]
@@ -92,7 +92,7 @@ async def test_async_client_on_a_sharing_ring_reads_keys_whole(tmp_path):
 
 @pytest.mark.multiprocess
 async def test_async_bad_input_linger_race_and_combining_over_tls(tmp_path):
-    from floering.node.core.errors import InvalidArgument, InvalidKey
+    from floering.wire.errors import InvalidArgument, InvalidKey
     words = WORDS[:60_000]
     with LocalCluster.up(4, 1, workdir=tmp_path) as cluster:
         assert cluster.tls() is not None                # every call mutual TLS
@@ -123,7 +123,7 @@ async def test_async_bad_input_linger_race_and_combining_over_tls(tmp_path):
 
 @pytest.mark.multiprocess
 async def test_async_flush_to_a_dead_node_fails_cleanly_instead_of_hanging(tmp_path):
-    from floering.node.core.errors import Unavailable
+    from floering.wire.errors import Unavailable
     with LocalCluster.up(2, 0, workdir=tmp_path) as cluster:
         client = AsyncRingClient(cluster.seeds, timeout=3.0, rpc_timeout=0.5,
                                  tls=cluster.tls())

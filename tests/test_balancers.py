@@ -19,10 +19,10 @@ from floering.v1 import floe_pb2, floe_pb2_grpc
 from floering.mapper import RingClient
 from floering.mapper.sharing import DynamicChooser, PieceChooser
 from floering.node.config import load_config
-from floering.node.core.balancers import balancer, check_reducer
-from floering.node.core.codec import pack, unpack
-from floering.node.core.errors import InvalidArgument, InvalidKey
-from floering.node.core.pieces import (FOLD_MARK, PIECE_MARK, RESERVED, base_of, check_user_key, is_piece,
+from floering.wire.balancers import balancer, check_reducer
+from floering.wire.codec import pack, unpack
+from floering.wire.errors import InvalidArgument, InvalidKey
+from floering.wire.pieces import (FOLD_MARK, PIECE_MARK, RESERVED, base_of, check_user_key, is_piece,
                               merge_pieces, piece_key)
 from floering.node.core.reducers import load_reducer
 from floering.node.core.ring import Ring

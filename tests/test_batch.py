@@ -5,7 +5,7 @@ from hypothesis import given, strategies as st
 from floering.node.core.batch import (Limits, check_header, decode_payload, decode_seqs,
                              encode_payload, encode_seqs)
 from floering.node.core.dedup import first_new_index
-from floering.node.core.errors import InvalidArgument, InvalidKey, TooLarge
+from floering.wire.errors import InvalidArgument, InvalidKey, TooLarge
 
 
 def test_round_trip_keeps_key_types():
@@ -70,7 +70,7 @@ def test_first_new_index_skips_exactly_the_applied_prefix(seqs, watermark):
 
 
 def test_a_pushed_key_may_use_the_reserved_mark_only_as_a_well_formed_piece():
-    from floering.node.core.pieces import FOLD_MARK, PIECE_MARK, RESERVED, fold_key, piece_key
+    from floering.wire.pieces import FOLD_MARK, PIECE_MARK, RESERVED, fold_key, piece_key
     fine = [piece_key("w", 1), piece_key(b"w", 15), piece_key(7, 2), b"\x00flo", "\x00floe:x"]
     assert decode_payload(encode_payload(fine, [1] * 5), 5)[0] == tuple(fine)
     for key in (fold_key("w", 1, 0),                       # only its owner writes it

@@ -17,7 +17,7 @@ from floering.node.core.batch import Batch, Limits, encode_payload
 from floering.node.core.detector import DetectorConfig, FailureDetector
 from floering.node.core.load import LoadMonitor
 from floering.node.core.machine import NodeMachine
-from floering.node.core.errors import InvalidArgument, InvalidKey, Overloaded, TooLarge
+from floering.wire.errors import InvalidArgument, InvalidKey, Overloaded, TooLarge
 from floering.node.core.machine_io import CheckpointDue, Note, ShipCheckpoints, SplitRequested
 from floering.node.core.node_core import NodeCore
 from floering.node.core.reducers import load_reducer

@@ -9,7 +9,7 @@ import grpc
 import msgpack
 import pytest
 
-from floering.node.core.errors import Overloaded
+from floering.wire.errors import Overloaded
 from floering.node.transport.budget import RequestBytes
 from floering.node.transport.intercept import CallLimiter
 from floering.node.transport.server import flow_options

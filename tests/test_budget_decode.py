@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import msgpack
 import pytest
 
-from floering.node.core.codec import unpack_columns, unpack_columns_sliced
-from floering.node.core.errors import InvalidArgument
+from floering.wire.codec import unpack_columns, unpack_columns_sliced
+from floering.wire.errors import InvalidArgument
 from floering.node.transport.snapshots import (AT_ONCE_BYTES, chunk_columns,
                                                chunk_columns_async)
 

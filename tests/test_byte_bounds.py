@@ -21,8 +21,8 @@ from floering.mapper.admin import move
 from floering.node.transport import server
 from floering.node.core.chunks import (ScanSlots, column_slices, packed_chunks, pair_slices,
                                        range_copy, scan_pairs)
-from floering.node.core.codec import pack_entries, unpack_entries
-from floering.node.core.errors import Overloaded
+from floering.wire.codec import pack_entries, unpack_entries
+from floering.wire.errors import Overloaded
 from floering.node.core.reducers import load_reducer
 from floering.node.core.state_store import LayeredState
 from floering.v1 import floe_pb2, floe_pb2_grpc

@@ -6,7 +6,7 @@ import pytest
 from floering.node.core.calls import (Failure, ask_again_fresh, direct_evidence, failure_of,
                                       refreshes, via_evidence)
 from floering.node.core.detector import ALIVE, REFUSED, TIMED_OUT, UNASKED
-from floering.node.core.errors import (Busy, Fenced, InvalidArgument, Refused, StaleRing,
+from floering.wire.errors import (Busy, Fenced, InvalidArgument, Refused, StaleRing,
                                        Starting, Unavailable)
 from floering.node.core.machine_io import Gossip, HeartbeatFailed, ProbeAnswered
 from tests.test_machine import kinds, machine, probe_of

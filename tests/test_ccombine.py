@@ -17,9 +17,9 @@ from floering.mapper import pycombine
 from floering.mapper.batching import MAX_KEY_BYTES, batcher_for
 from floering.mapper.combining import COMBINE_KERNEL, CombiningBatcher, ColumnBuffer
 from floering.node.core.batch import Columns, decode_batch, formats_said, is_versioned
-from floering.node.core.errors import InvalidKey
-from floering.node.core.hashing import position
-from floering.node.core.pieces import COMBINED_SOURCE
+from floering.wire.errors import InvalidKey
+from floering.wire.hashing import position
+from floering.wire.pieces import COMBINED_SOURCE
 from floering.node.core.reducers import reducer_identity
 from floering.node.core.ring import Ring
 

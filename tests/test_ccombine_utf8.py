@@ -190,7 +190,7 @@ def test_emit_utf8_makes_the_batches_emit_and_emit_many_make(columns, width):
 def test_emit_utf8_refuses_a_bad_key_after_the_keys_before_it():
     from floering.mapper.batching import Batcher
     from floering.mapper.routing import Router
-    from floering.node.core.errors import InvalidKey
+    from floering.wire.errors import InvalidKey
     from floering.node.core.ring import Ring
 
     batcher = Batcher(Router(Ring.initial({"a": "h:1"}, 0, 4)), None, "m", 64)

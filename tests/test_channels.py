@@ -14,8 +14,8 @@ from floering.mapper import RingClient
 from floering.mapper import delivery as delivery_module
 from floering.node.core.ranges import Checkpoint
 from floering.node.runtime import node as node_module
-from floering.node.transport import channels as channels_module
-from floering.node.transport.channels import ChannelPool
+from floering.wire import channels as channels_module
+from floering.wire.channels import ChannelPool
 from floering.node.transport.peers import PeerPool
 from tests.helpers import wait_for, wait_until
 from tests.test_event_loop import replica_server  # noqa: F401 (a fixture)
@@ -175,7 +175,7 @@ async def test_a_refused_probe_asks_again_on_a_new_connection_before_it_counts()
     process bound the address; the probe takes a refusal only from a new connection."""
     from floering.node.core.calls import Failure
     from floering.node.core.detector import Probe
-    from floering.node.core.errors import Refused
+    from floering.wire.errors import Refused
     from floering.node.core.machine_io import StartProbe
     from floering.node.runtime.probing import probe_round
 

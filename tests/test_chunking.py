@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from floering.v1 import floe_pb2_grpc
-from floering.node.core.errors import InvalidArgument, Unavailable
+from floering.wire.errors import InvalidArgument, Unavailable
 from floering.node.core.ranges import Checkpoint, FullStates
 from floering.node.transport.chunking import (Reassembly, SendWindow, chunk_count, chunks_of,
                                               Columns, fill, whole_states)

@@ -13,7 +13,7 @@ import tomllib
 import pytest
 
 from floering.floe.cli import build_parser
-from floering.node.core.hashing import position
+from floering.wire.hashing import position
 from tests.helpers import ROOT, floe, floe_run, wait_for
 
 

@@ -16,7 +16,7 @@ from floering.floe.cluster import LocalCluster, node_env
 from floering.chaos.corpus import kjv_lines
 from floering.v1 import floe_pb2, floe_pb2_grpc
 from floering.mapper import RingClient, split_words
-from floering.node.core.codec import unpack_entries
+from floering.wire.codec import unpack_entries
 from tests.helpers import floe, floe_run, wait_for
 
 pytestmark = pytest.mark.multiprocess
@@ -139,7 +139,7 @@ def test_sigterm_drains_and_ships_a_final_checkpoint(tmp_path):
 
 def test_flush_to_a_dead_node_fails_cleanly_instead_of_hanging(tmp_path):
     # With r=0 nobody holds a copy to take over from: the client must give up, not hang.
-    from floering.node.core.errors import Unavailable
+    from floering.wire.errors import Unavailable
     with LocalCluster.up(2, 0, workdir=tmp_path) as cluster:
         client = RingClient(cluster.seeds, timeout=3.0, rpc_timeout=0.5, tls=cluster.tls())
         client.emit_many(WORDS[:1000])
@@ -156,7 +156,7 @@ def test_flush_to_a_dead_node_fails_cleanly_instead_of_hanging(tmp_path):
 
 
 def test_bad_keys_and_values_are_refused_at_emit(cluster):
-    from floering.node.core.errors import InvalidArgument, InvalidKey
+    from floering.wire.errors import InvalidArgument, InvalidKey
     with RingClient(cluster.seeds, tls=cluster.tls()) as client:
         for key in (1.5, None, True, ("a",), "\ud800"):
             with pytest.raises(InvalidKey):

@@ -15,9 +15,9 @@ from floering.mapper.routing import Router
 from floering.node.core.batch import (Limits, decode_batch, decode_payload, encode_batch,
                                       encode_payload, encode_seqs)
 from floering.node.core.columns import BYTES, STR, Columns, encode_columns, is_versioned
-from floering.node.core.errors import InvalidArgument, InvalidKey
-from floering.node.core.hashing import position
-from floering.node.core.pieces import PIECE_MARK, piece_key
+from floering.wire.errors import InvalidArgument, InvalidKey
+from floering.wire.hashing import position
+from floering.wire.pieces import PIECE_MARK, piece_key
 from floering.node.core.ranges import PrimaryRange
 from floering.node.core.reducers import load_reducer
 from floering.node.core.ring import Ring

@@ -13,10 +13,10 @@ from floering.mapper.batching import Batcher, batcher_for
 from floering.mapper.combining import CombiningBatcher, combiner_for
 from floering.mapper.routing import Router
 from floering.mapper.sharing import chooser_for
-from floering.node.core.balancers import balancer
+from floering.wire.balancers import balancer
 from floering.node.core.batch import decode_payload, decode_seqs
-from floering.node.core.errors import InvalidArgument, UnknownReducer
-from floering.node.core.pieces import COMBINED_SOURCE, merge_pieces
+from floering.wire.errors import InvalidArgument, UnknownReducer
+from floering.wire.pieces import COMBINED_SOURCE, merge_pieces
 from floering.node.core.ranges import PrimaryRange
 from floering.node.core.reducers import (BUILTINS, Reducer, load_reducer, reducer_from_identity,
                                 reducer_identity)

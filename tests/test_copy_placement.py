@@ -13,9 +13,9 @@ import pytest
 from floering.floe.cluster import LocalCluster
 from floering.mapper import RingClient
 from floering.mapper.admin import split
-from floering.node.core.errors import FloeError, StaleRing
+from floering.wire.errors import FloeError, StaleRing
 from floering.node.core.placement import RECENT_RINGS
-from floering.node.core.hashing import HASH_SPACE
+from floering.wire.hashing import HASH_SPACE
 from floering.v1 import floe_pb2, floe_pb2_grpc
 from tests.helpers import CoreCluster, fail, wait_for
 

@@ -22,7 +22,8 @@ import pytest
 from floering.floe.cluster import _free_ports, node_env, serving
 from floering.mapper import RingClient
 from floering.node.config import load_config
-from floering.node.transport.tls import TlsFiles, generate
+from floering.wire.tls import TlsFiles
+from floering.node.transport.tls import generate
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy" / "systemd"
 UNIT = DEPLOY / "floe-node@.service"

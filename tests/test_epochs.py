@@ -5,9 +5,9 @@ from collections import Counter
 
 import pytest
 
-from floering.node.core.epochs import (EPOCH_BITS, effective_mark, epoch_seq, epoch_source,
+from floering.wire.epochs import (EPOCH_BITS, effective_mark, epoch_seq, epoch_source,
                               floor_key, raise_floor)
-from floering.node.core.errors import InvalidArgument
+from floering.wire.errors import InvalidArgument
 from tests.helpers import CoreCluster, fail
 
 WORDS = ("in the beginning god created the heaven and the earth and the earth was "

@@ -12,8 +12,8 @@ import pytest
 
 from floering.v1 import floe_pb2_grpc
 from floering.node.core.batch import encode_payload
-from floering.node.core.codec import pack, pack_entries, unpack_entries
-from floering.node.core.errors import InvalidArgument
+from floering.wire.codec import pack, pack_entries, unpack_entries
+from floering.wire.errors import InvalidArgument
 from floering.node.core.ranges import PrimaryRange
 from floering.node.core.reducers import Count, load_reducer
 from floering.node.transport.peers import PeerPool, channel_options
@@ -114,12 +114,12 @@ async def test_a_full_checkpoint_of_a_million_keys_leaves_the_loop_free(replica_
 # transport's and the core's entry points)
 
 def sliced_pack(items, size):
-    from floering.node.core.codec import pack_entries_sliced
+    from floering.wire.codec import pack_entries_sliced
     return b"".join(pack_entries_sliced(items, size))
 
 
 def sliced_unpack(data, size):
-    from floering.node.core.codec import unpack_entries_sliced
+    from floering.wire.codec import unpack_entries_sliced
     out: dict = {}
     steps = sum(1 for _ in unpack_entries_sliced(out, data, size))
     return out, steps

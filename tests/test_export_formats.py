@@ -11,7 +11,7 @@ import pytest
 
 from floering.floe.cluster import LocalCluster
 from floering.floe.snapshot import export_ring, import_ring, read_ring
-from floering.node.core.codec import unpack_columns
+from floering.wire.codec import unpack_columns
 from floering.node.core.state_wire import decode, is_frame
 from floering.v1 import floe_pb2, floe_pb2_grpc
 from tests.helpers import corpus_words
@@ -89,7 +89,7 @@ def _file(by_token: dict, *, reducer: str = "count", framed: bool = True) -> byt
     msgpack entries), two chunks a range."""
     import io
 
-    from floering.node.core.codec import pack_entries
+    from floering.wire.codec import pack_entries
     from floering.node.core.snapshot_format import Header, Writer
     from floering.node.core.state_wire import encode_pairs
     out = io.BytesIO()

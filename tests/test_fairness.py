@@ -13,8 +13,8 @@ from floering.chaos.hostile import IdleStreams
 from floering.mapper import RingClient
 from floering.node.core.batch import encode_payload
 from floering.node.core.dedup import bind_source, owner_of
-from floering.node.core.epochs import floor_key
-from floering.node.core.errors import Busy, TooLarge
+from floering.wire.epochs import floor_key
+from floering.wire.errors import Busy, TooLarge
 from floering.node.core.ranges import PrimaryRange
 from floering.node.core.reducers import load_reducer
 from floering.node.core.slots import (CLIENT, HEALTH, MEMBER, OPERATOR, CallSlots, kind_of,
@@ -440,7 +440,7 @@ def test_a_query_refused_busy_is_called_again_until_it_is_served():
     import asyncio
     import time
     from floering.mapper.queries import query
-    from floering.node.transport.status import details_for
+    from floering.wire.status import details_for
 
     busy = grpc.aio.AioRpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.aio.Metadata(),
                                 grpc.aio.Metadata(), details_for(Busy("all taken")))

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from floering.node.core.batch import Batch, Limits, encode_payload
-from floering.node.core.errors import InvalidArgument
+from floering.wire.errors import InvalidArgument
 from floering.node.core.folding import pending
 from floering.node.core.node_core import NodeCore
-from floering.node.core.pieces import fold_key, is_fold_key, merge_pieces, piece_key
+from floering.wire.pieces import fold_key, is_fold_key, merge_pieces, piece_key
 from floering.node.core.reducers import load_reducer
 from floering.node.core.ring import Ring
 

@@ -118,7 +118,7 @@ async def test_a_write_on_a_stream_the_node_ended_is_its_status_not_a_crash(node
     or reports. gRPC itself raises InvalidStateError there, which once killed the
     sender's task and stranded its batches until the ring changed."""
     from floering.mapper.delivery import write
-    from floering.node.core.errors import FloeError, InvalidArgument
+    from floering.wire.errors import FloeError, InvalidArgument
     token = node.runtime.core.ring.tokens[0]
     bad = batch(node.runtime.core.ring.stamp, token, b"\xc1", 1)
     async with grpc.aio.insecure_channel(node.address) as channel:

@@ -3,7 +3,7 @@ while tuples keep arriving, and counts stay exact whoever dies along the way."""
 
 import pytest
 
-from floering.node.core.errors import InvalidArgument
+from floering.wire.errors import InvalidArgument
 from floering.node.core.handoff import Handoff, retired_extras
 from floering.node.core.node_core import NodeCore
 from floering.node.core.reducers import load_reducer

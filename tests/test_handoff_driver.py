@@ -4,7 +4,7 @@ deadlines kept while no round ends, and the pace of checkpoint rounds."""
 
 import pytest
 
-from floering.node.core.errors import InvalidArgument, Overloaded
+from floering.wire.errors import InvalidArgument, Overloaded
 from floering.node.core.handoff import HandoffState
 from floering.node.core.handoff_driver import (MAX_WAITING, REPAIR_SLACK, ROUND_SECONDS,
                                                DriverState, DriverStateError, HandoffDriver)

@@ -3,7 +3,7 @@ kill-while-doubling loss, docs/chaos.md): whoever a single death hands a range t
 a complete copy of it."""
 
 from floering.node.core.handoff import Handoff, commit_ring, complete_copies, retired_extras
-from floering.node.core.hashing import HASH_SPACE
+from floering.wire.hashing import HASH_SPACE
 from floering.node.core.node_core import NodeCore
 from floering.node.core.reducers import load_reducer
 from floering.node.core.ring import Ring

@@ -15,8 +15,8 @@ from floering.node.core.forged_views import forged_views
 from floering.v1 import floe_pb2, floe_pb2_grpc
 from floering.mapper import RingClient
 from floering.node.core.batch import Batch, encode_payload
-from floering.node.core.codec import pack, pack_entries, unpack, unpack_entries
-from floering.node.core.errors import InvalidArgument, StaleRing
+from floering.wire.codec import pack, pack_entries, unpack, unpack_entries
+from floering.wire.errors import InvalidArgument, StaleRing
 from floering.node.core.node_core import NodeCore
 from floering.node.core.reducers import load_reducer
 from floering.node.core.ring import MAX_VERSION, Ring
@@ -122,7 +122,7 @@ def test_a_stream_numbered_far_past_the_nodes_clock_is_refused_and_retires_nothi
 
 def test_the_sources_a_node_tracks_are_bounded_and_idle_ones_make_room():
     from floering.node.core.batch import Limits
-    from floering.node.core.errors import TooLarge
+    from floering.wire.errors import TooLarge
     key = next(k for k in (f"k{i}" for i in range(100)) if ring().owner(k) == "n0")
     token = ring().token_for_key(key)
     core = NodeCore("n0", ring(), load_reducer("count"),
@@ -470,7 +470,7 @@ def test_every_key_of_a_batch_is_checked_against_its_token_not_only_the_first():
 
 def test_a_full_backup_store_refuses_batches_until_checkpoints_make_room():
     from floering.node.core.batch import Limits
-    from floering.node.core.errors import Overloaded
+    from floering.wire.errors import Overloaded
     r = Ring.initial({"p": "a:1", "b": "a:2"}, 1, 1)
     token = r.tokens_of("p")[0]
     key = next(k for k in (f"k{i}" for i in range(1000)) if r.token_for_key(k) == token)
@@ -500,7 +500,7 @@ def test_a_full_backup_store_refuses_batches_until_checkpoints_make_room():
 
 def test_a_source_ids_limit_counts_bytes_not_characters():
     from floering.node.core.batch import Limits
-    from floering.node.core.errors import TooLarge
+    from floering.wire.errors import TooLarge
     key = next(k for k in (f"k{i}" for i in range(100)) if ring().owner(k) == "n0")
     token = ring().token_for_key(key)
     core = NodeCore("n0", ring(), load_reducer("count"), Limits(max_source_bytes=16))

@@ -7,8 +7,8 @@ from collections import Counter
 import grpc
 import pytest
 
-from floering.node.core.codec import pack
-from floering.node.core.errors import FloeError, InvalidArgument, StaleRing
+from floering.wire.codec import pack
+from floering.wire.errors import FloeError, InvalidArgument, StaleRing
 from floering.node.core.retired import (Held, RetiredSet, held, pieces, restore_chunk)
 from floering.node.core.snapshot_format import MAX_CHUNKS
 from tests.test_retired import WORDS, cluster

@@ -14,11 +14,11 @@ from floering.floe.cluster import LocalCluster
 from floering.v1 import floe_pb2, floe_pb2_grpc
 from floering.mapper import RingClient
 from floering.node.core.batch import encode_payload
-from floering.node.core.codec import pack, pack_entries, unpack_entries
-from floering.node.core.pieces import PIECE_MARK, fold_key
+from floering.wire.codec import pack, pack_entries, unpack_entries
+from floering.wire.pieces import PIECE_MARK, fold_key
 from floering.node.core.ring import Ring
 from floering.node.transport import tls
-from floering.node.transport.tls import TlsFiles
+from floering.wire.tls import TlsFiles
 from tests.helpers import wait_for
 from tests.test_tls import status_of
 from tests.test_hostile import rss_mib

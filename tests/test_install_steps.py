@@ -14,8 +14,8 @@ from collections import Counter
 
 import pytest
 
-from floering.node.core.codec import unpack_entries
-from floering.node.core.errors import InvalidArgument
+from floering.wire.codec import unpack_entries
+from floering.wire.errors import InvalidArgument
 from floering.node.core.reducers import load_reducer
 from floering.node.core.state_store import LayeredState, copy_pairs
 from floering.node.core.state_wire import StateColumns, StateRun, decode, plan

@@ -7,7 +7,7 @@ import pytest
 
 from floering.node.core.detector import (ALIVE, REFUSED, TIMED_OUT, UNASKED, DetectorConfig,
                                 FailureDetector, Isolation)
-from floering.node.core.errors import InvalidArgument
+from floering.wire.errors import InvalidArgument
 from floering.node.core.handoff import HandoffState
 from floering.node.core.load import LoadMonitor
 from floering.node.core.machine import NodeMachine

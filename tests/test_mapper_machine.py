@@ -9,7 +9,7 @@ from floering.mapper.machine import RING_PATIENCE, WATCH_LIMIT, MapperMachine, O
 from floering.mapper.outbox import PendingBatch
 from floering.mapper.ring_watch import RETIRE_EVERY, STALL, Look
 from floering.node.core.batch import encode_payload, encode_seqs
-from floering.node.core.errors import (Fenced, InvalidArgument, Overloaded, ReducerMismatch,
+from floering.wire.errors import (Fenced, InvalidArgument, Overloaded, ReducerMismatch,
                                        Refused, StaleRing, Unavailable)
 from floering.node.core.ring import Ring
 

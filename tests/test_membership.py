@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from floering.node.core.batch import Batch
-from floering.node.core.errors import RangeLost, Starting
+from floering.wire.errors import RangeLost, Starting
 from floering.node.core.membership import (DONOR_QUIET, RecentDonors, decide_start, idle_members,
                                   ready_to_decide, refill_moves, rejoin_name, restarted)
 from floering.node.core.node_core import NodeCore
@@ -223,7 +223,7 @@ def test_a_message_from_another_process_is_a_restart():
 
 
 def test_a_ring_from_the_wire_with_bad_incarnations_is_refused():
-    from floering.node.core.errors import InvalidArgument
+    from floering.wire.errors import InvalidArgument
     import msgpack
     wire = msgpack.unpackb(running({"n0": 1, "n1": 2, "n2": 3}).to_wire())
     for bad in ([["n0", 0]], [["n0", -5]], [["n9", 4]], [["n0", 1], ["n0", 2]], [["n0", "x"]]):

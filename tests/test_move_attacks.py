@@ -116,7 +116,7 @@ def test_an_exchanges_answer_is_the_word_of_the_member_its_certificate_names():
 
 
 def test_server_names_say_whose_certificate_they_accept():
-    from floering.node.transport.channels import ServerNames
+    from floering.wire.channels import ServerNames
     ring = machine("n0").core.ring
     current = [None]
     names = ServerNames(lambda: current[0])
@@ -354,7 +354,7 @@ def answered_as(cluster, ring, address: str, placed):
     `placed`: the member the answer is the word of (None: no answer)."""
     import asyncio
 
-    from floering.node.core.errors import FloeError
+    from floering.wire.errors import FloeError
     from floering.node.core.membership import answered_by
     from floering.node.transport.peers import PeerPool
 

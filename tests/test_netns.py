@@ -37,7 +37,7 @@ VOCAB = [f"w{i}" for i in range(300)]
 FEED = """
 import sys
 from floering.mapper import RingClient
-from floering.node.transport.tls import TlsFiles
+from floering.wire.tls import TlsFiles
 seeds, tls_dir, path, timeout = sys.argv[1:5]
 tls = TlsFiles.in_dir(tls_dir, "client")
 with RingClient(seeds, tls=tls, timeout=float(timeout)) as client:

@@ -4,7 +4,7 @@ import msgpack
 import pytest
 
 from floering.node.core.batch import Batch
-from floering.node.core.errors import Fenced, InvalidArgument, InvalidKey, RangeLost, StaleRing, TooLarge
+from floering.wire.errors import Fenced, InvalidArgument, InvalidKey, RangeLost, StaleRing, TooLarge
 from tests.helpers import CoreCluster
 
 WORDS = ("the quick brown fox jumps over the lazy dog and the dog sleeps " * 20).split()

@@ -92,7 +92,7 @@ def test_every_package_is_marked_typed_and_ships_the_marker():
 def test_the_public_api_is_exported_from_mapper():
     import floering.mapper as mapper
     from floering.mapper.client import RingClient
-    from floering.node.core import errors
+    from floering.wire import errors
     from floering.node.core.reducers import Reducer
     assert mapper.RingClient is RingClient and mapper.Reducer is Reducer
     for name in ("FloeError", "Unavailable", "RangeLost", "InvalidArgument", "InvalidKey",

@@ -13,8 +13,8 @@ import pytest
 from floering.chaos.load import corpus_words
 from floering.mapper.plans import EVEN, Plan, PlanChooser, make_plan
 from floering.mapper.sharing import chooser_for
-from floering.node.core.balancers import balancer
-from floering.node.core.pieces import base_of, is_piece, merge_pieces, parse_piece, piece_key
+from floering.wire.balancers import balancer
+from floering.wire.pieces import base_of, is_piece, merge_pieces, parse_piece, piece_key
 from floering.node.core.ring import Ring
 
 SHARING = ("pkg", "dkg", "dchoices", "wchoices", "smalops")

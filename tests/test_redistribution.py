@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from floering.node.core.hashing import position
+from floering.wire.hashing import position
 from floering.node.core.redistribution import doubling_cuts, halving_moves
 from floering.node.core.ring import Ring
 from floering.node.core.shedding import PeerLoad, cut_positions, plan_shed, with_split_tail

@@ -9,7 +9,7 @@ import pytest
 from floering.floe.cluster import LocalCluster
 from floering.mapper import RingClient
 from floering.node.config import load_config
-from floering.node.core.errors import InvalidArgument
+from floering.wire.errors import InvalidArgument
 from floering.node.core.reducers import reducer_identity
 from floering.node.core.ring import Ring
 from floering.node.core.ring_merge import check_compatible

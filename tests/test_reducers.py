@@ -3,7 +3,7 @@ from functools import reduce as fold
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from floering.node.core.errors import InvalidArgument, UnknownReducer
+from floering.wire.errors import InvalidArgument, UnknownReducer
 from floering.node.core.reducers import (BUILTINS, Count, Max, Min, Reducer, SlidingWindowCount, Sum,
                                 TopK, load_reducer, parse_reducer_args)
 

@@ -11,7 +11,7 @@ from floering.floe.cluster import LocalCluster
 from floering.floe.restart import (member_at, restart_node, rolling_restart, wait_replicated,
                                     wait_share)
 from floering.mapper import RingClient
-from floering.node.core.errors import RangeLost
+from floering.wire.errors import RangeLost
 from tests.helpers import Feeder, diff, events_of
 
 pytestmark = pytest.mark.multiprocess

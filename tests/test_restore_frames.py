@@ -13,10 +13,10 @@ from types import SimpleNamespace
 import grpc
 import pytest
 
-from floering.node.core.codec import pack
+from floering.wire.codec import pack
 from floering.node.core.columnar import pytable
-from floering.node.core.errors import InvalidArgument
-from floering.node.core.pieces import RESERVED
+from floering.wire.errors import InvalidArgument
+from floering.wire.pieces import RESERVED
 from floering.node.core.reducers import Count
 from floering.node.core.retired import pieces, restore_chunk
 from floering.node.core.state_store import LayeredState

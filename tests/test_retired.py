@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 
 from floering.node.core.batch import Batch
-from floering.node.core.errors import RangeLost
+from floering.wire.errors import RangeLost
 from floering.node.core.reducers import load_reducer
 from floering.node.core.restore import DiskCopy
 from floering.node.core.retired import (Held, RetainingCore, RetiredRange, RetiredSet, decode,

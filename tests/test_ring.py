@@ -1,8 +1,8 @@
 import pytest
 from hypothesis import assume, given, settings, strategies as st
 
-from floering.node.core.errors import InvalidArgument, InvalidKey
-from floering.node.core.hashing import HASH_SPACE, key_bytes, position
+from floering.wire.errors import InvalidArgument, InvalidKey
+from floering.wire.hashing import HASH_SPACE, key_bytes, position
 from floering.node.core.ring import Ring
 
 keys = st.one_of(st.text(max_size=12), st.binary(max_size=12),
@@ -178,7 +178,7 @@ def test_a_member_joining_in_one_view_survives_a_merge_with_a_removal():
 
 
 def test_two_views_that_remove_every_member_between_them_are_refused_not_merged():
-    from floering.node.core.errors import InvalidArgument
+    from floering.wire.errors import InvalidArgument
     ring = Ring.initial({"n0": "a:1", "n1": "a:2", "n2": "a:3"}, 1, 2)
     alone, rest = ring.without(["n1", "n2"]), ring.without(["n0"])
     for a, b in ((alone, rest), (rest, alone)):

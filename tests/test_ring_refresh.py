@@ -12,7 +12,7 @@ import grpc
 import pytest
 
 from floering.mapper import AsyncRingClient, FloeError
-from floering.node.core.codec import pack, unpack
+from floering.wire.codec import pack, unpack
 from floering.node.core.ring import Ring
 from floering.v1 import floe_pb2, floe_pb2_grpc
 from tests.helpers import wait_until

@@ -6,8 +6,8 @@ import time
 import msgpack
 import pytest
 
-from floering.node.core.errors import InvalidArgument
-from floering.node.core.hashing import HASH_SPACE
+from floering.wire.errors import InvalidArgument
+from floering.wire.hashing import HASH_SPACE
 from floering.node.core.ring import Ring
 from floering.node.core.ring_wire import (MAX_RING_TOKENS, MAX_VIEW_BYTES, decode_view,
                                           replica_walks)

@@ -12,8 +12,8 @@ from floering.floe.cluster import LocalCluster, channel
 from floering.floe.restart import rolling_restart
 from floering.v1 import floe_pb2, floe_pb2_grpc
 from floering.mapper import RingClient
-from floering.node.transport.tls import (TlsFiles, reissue, rotate_ca, served_certificate,
-                                trusted_cas)
+from floering.wire.tls import TlsFiles
+from floering.node.transport.tls import reissue, rotate_ca, served_certificate, trusted_cas
 from tests.helpers import Feeder, corpus_words, diff
 
 CORPUS = corpus_words()[:20_000]

@@ -9,7 +9,7 @@ from collections import Counter
 
 from floering.node.config import NodeConfig
 from floering.node.core.batch import Batch, encode_payload, encode_seqs
-from floering.node.core.errors import FloeError
+from floering.wire.errors import FloeError
 from floering.node.core.handoff import HandoffState
 from floering.node.core.reducers import load_reducer
 from floering.node.runtime.inbound import StreamState

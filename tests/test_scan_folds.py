@@ -8,8 +8,8 @@ import msgpack
 import pytest
 
 from floering.mapper.scanning import FoldDuringScan, RingScan
-from floering.node.core.codec import pack_entries
-from floering.node.core.pieces import fold_key, fold_source, piece_key
+from floering.wire.codec import pack_entries
+from floering.wire.pieces import fold_key, fold_source, piece_key
 from floering.node.core.ring import Ring
 from floering.v1 import floe_pb2
 

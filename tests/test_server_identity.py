@@ -25,9 +25,9 @@ from floering.floe.cluster import LocalCluster
 from floering.mapper import RingClient
 from floering.node.core.ring import Ring
 from floering.node.transport import tls as tls_module
-from floering.node.transport.channels import ServerNames, server_options
-from floering.node.transport.tls import (CA_KEY, TlsFiles, generate, issue, node_files,
-                                         reissue, rotate_ca, server_name)
+from floering.wire.channels import ServerNames, server_options
+from floering.wire.tls import TlsFiles, server_name
+from floering.node.transport.tls import CA_KEY, generate, issue, node_files, reissue, rotate_ca
 from floering.v1 import floe_pb2, floe_pb2_grpc
 from tests.helpers import floe, wait_for
 
@@ -352,7 +352,7 @@ async def test_a_channel_accepts_only_the_server_name_it_expects(tmp_path):
     from grpc_health.v1 import health_pb2, health_pb2_grpc
     from grpc_health.v1.health import aio as health_aio
     from floering.node.transport.binding import SERVER_OPTIONS
-    from floering.node.transport.channels import open_channel
+    from floering.wire.channels import open_channel
     d = generate(tmp_path / "tls", ["n1", "n2"])
     caller = TlsFiles.in_dir(d, "client").channel_credentials()
 

@@ -8,7 +8,7 @@ import pytest
 
 from floering.node.core.folding import pending
 from floering.node.core.membership import base_name
-from floering.node.core.pieces import is_fold_key, is_piece
+from floering.wire.pieces import is_fold_key, is_piece
 from tests.sim_storm import StormSimulation
 from tests.simulation import Simulation
 

@@ -8,8 +8,8 @@ from collections import Counter
 
 from floering.mapper.sharing import chooser_for
 from floering.mapper.smalops import SmalopsChooser
-from floering.node.core.balancers import balancer
-from floering.node.core.pieces import base_of
+from floering.wire.balancers import balancer
+from floering.wire.pieces import base_of
 from floering.node.core.ring import Ring
 
 MEMBERS = {f"n{i}": f"127.0.0.1:{7000 + i}" for i in range(4)}

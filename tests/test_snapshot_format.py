@@ -8,8 +8,8 @@ from collections import Counter
 import pytest
 
 from floering.node.core.batch import Limits
-from floering.node.core.codec import pack_entries, unpack_columns
-from floering.node.core.errors import InvalidArgument, ReducerMismatch, StaleRing
+from floering.wire.codec import pack_entries, unpack_columns
+from floering.wire.errors import InvalidArgument, ReducerMismatch, StaleRing
 from floering.node.core.snapshot_format import Header, SnapshotError, Writer, sections, verify
 from floering.node.core.snapshots import HoldsState, export_range, import_chunk, import_mark
 from tests.helpers import CoreCluster
@@ -176,7 +176,7 @@ def test_import_refuses_hostile_chunks_changing_nothing():
 
 def test_the_importer_refuses_bad_keys_and_states_before_the_first_write(tmp_path):
     from floering.floe.snapshot import check_states, load_recut
-    from floering.node.core.codec import pack
+    from floering.wire.codec import pack
     ring = CoreCluster(nodes=2).ring
     for entries, why in ((pack(((1.5,), (1,))), "str, bytes or int"),
                          (pack(((b"\x00floe:x",), (1,))), "reserved mark")):
@@ -213,7 +213,7 @@ def test_an_export_of_a_ring_changing_under_it_is_read_again_three_times(monkeyp
 
 
 def test_an_imports_marks_never_expire_so_a_late_resume_merges_nothing_twice():
-    from floering.node.core.epochs import check_source
+    from floering.wire.epochs import check_source
     target = CoreCluster(nodes=2, replication=1, tokens_per_node=3).cores["n1"]
     token = target.ring.tokens_of("n1")[0]
     keys = [f"k{i}" for i in range(20_000) if target.ring.token_for_key(f"k{i}") == token][:4]

@@ -13,7 +13,7 @@ from floering.floe.cluster import LocalCluster
 from floering.floe import snapshot as snapshot_mod
 from floering.floe.snapshot import export_ring, import_ring
 from floering.mapper import RingClient
-from floering.node.core.errors import FloeError, ReducerMismatch, Unavailable
+from floering.wire.errors import FloeError, ReducerMismatch, Unavailable
 from floering.node.core.snapshot_format import SnapshotError
 from floering.v1 import floe_pb2, floe_pb2_grpc
 from tests.helpers import corpus_words, floe_run, wait_for
@@ -114,7 +114,7 @@ def written_snapshot(path, words, tokens=(1 << 62, 1 << 63, 3 << 62),
     """A snapshot of a Counter over `words` written by the test itself: the keys dealt
     over `tokens` as ranges, the source's watermark (bound to the client's
     certificate, as a node keeps it) at the last seq the mapper numbered."""
-    from floering.node.core.codec import pack_entries
+    from floering.wire.codec import pack_entries
     from floering.node.core.dedup import bind_source
     from floering.node.core.snapshot_format import Header, Writer
     expect = Counter(words)

@@ -102,7 +102,7 @@ def test_a_forked_worker_does_not_use_its_parents_connection(ring, monkeypatch):
 
 
 def test_a_dead_ring_is_not_reused_and_is_reported(tmp_path):
-    from floering.node.core.errors import Unavailable
+    from floering.wire.errors import Unavailable
     from floering.spark_driver import connections
     connections.close_all()
     with LocalCluster.up(2, 1, workdir=tmp_path) as cluster:

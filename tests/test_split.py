@@ -10,7 +10,7 @@ from hypothesis import assume, given, settings, strategies as st
 from floering.node.core.backup_store import BackupEntry, BackupStore, split_entry
 from floering.node.core.batch import decode_payload, decode_seqs, encode_payload, encode_seqs
 from floering.node.core.handoff import Handoff
-from floering.node.core.hashing import HASH_SPACE, position
+from floering.wire.hashing import HASH_SPACE, position
 from floering.node.core.node_core import cut_ranges
 from floering.node.core.ring import Ring
 from tests.helpers import CoreCluster, Feed, fail, middle, run, spread

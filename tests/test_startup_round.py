@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from floering.node.core.errors import Unavailable
+from floering.wire.errors import Unavailable
 from floering.node.core.ring import Ring
 from floering.node.core.startup_round import (ASK_AGAIN_SECONDS, TRANSITIONS, WAIT_LOG_SECONDS,
                                               Answered, AskPeers, Decide, StartState, Startup,

@@ -3,7 +3,7 @@ from collections import Counter
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from floering.node.core.errors import InvalidArgument
+from floering.wire.errors import InvalidArgument
 from floering.node.core.reducers import Count, Min, TopK
 from floering.node.core.state_store import MISSING, LayeredState, ReplicaState
 

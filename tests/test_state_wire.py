@@ -17,7 +17,7 @@ from collections import Counter
 import pytest
 
 from floering.node.core.columnar import KERNEL
-from floering.node.core.errors import InvalidArgument
+from floering.wire.errors import InvalidArgument
 from floering.node.core.ranges import FullStates, PrimaryRange
 from floering.node.core.reducers import load_reducer
 from floering.node.core.state_wire import (HEADER_BYTES, MAGIC, StateColumns, StateRun,
@@ -92,7 +92,7 @@ def test_a_tables_full_copy_is_cut_by_its_offsets_and_installed_by_frames():
 
 
 def test_a_full_copy_in_msgpack_chunks_is_still_taken():
-    from floering.node.core.codec import pack
+    from floering.wire.codec import pack
     box = Reassembly(window=2)
     box.add("p", 1, 1, 1, 2, dict([("a", 1)]), 0.0)
     _, done = box.add("p", 1, 1, 2, 2, {"b": 2}, 0.0)
@@ -232,7 +232,7 @@ def test_a_tables_split_by_position_is_the_split_by_key():
     bounds = {mid: (lo, mid), token: (mid, hi)}
 
     def part_of(key):
-        from floering.node.core.hashing import position
+        from floering.wire.hashing import position
         return mid if Ring.in_range(position(key), (lo, mid)) else token
     by_key = rng.split((mid, token), part_of)
     by_position = rng.split((mid, token), part_of, bounds)

@@ -4,8 +4,8 @@ relies on telling a peer that is gone (refused, reset) from one that is only lat
 import grpc
 import pytest
 
-from floering.node.core import errors
-from floering.node.transport.status import error_from_rpc
+from floering.wire import errors
+from floering.wire.status import error_from_rpc
 
 
 class FakeRpcError(grpc.RpcError):

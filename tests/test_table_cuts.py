@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 
 from floering.node.core import columnar
-from floering.node.core.errors import InvalidArgument
+from floering.wire.errors import InvalidArgument
 from floering.node.core.ranges import FullStates, PrimaryRange
 from floering.node.core.reducers import load_reducer
 from floering.node.core.state_wire import StateColumns, StateRun, decode, plan

@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 
 from floering.node.core import columnar
 from floering.node.core.columnar import pytable
-from floering.node.core.errors import InvalidArgument
+from floering.wire.errors import InvalidArgument
 from floering.node.core.state_wire import HEADER_BYTES, decode, encode_frame
 
 pytestmark = pytest.mark.skipif(columnar.KERNEL != "compiled", reason="extension not built")
@@ -126,7 +126,7 @@ def part_of(pairs):
        st.booleans())
 def test_install_parts_is_install_of_each_part_in_turn_in_both_kernels(before, parts, mark):
     from floering.node.core.columnar.buffers import encode_keys
-    from floering.node.core.hashing import position
+    from floering.wire.hashing import position
     tables = [ctable.StateTable("sum"), pytable.StateTable("sum"), ctable.StateTable("sum")]
     for table in tables:
         table.install((*part_of(before)[:3], array("Q", [position(k) for k, _ in before]),

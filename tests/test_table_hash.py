@@ -12,7 +12,7 @@ from hypothesis import given, settings, strategies as st
 from floering.node.core import columnar
 from floering.node.core.columnar import pytable
 from floering.node.core.columnar.buffers import encode_keys
-from floering.node.core.hashing import position
+from floering.wire.hashing import position
 
 KERNELS = [pytable.hash_positions]
 if columnar.KERNEL == "compiled":

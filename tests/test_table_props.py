@@ -12,7 +12,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from floering.node.core import columnar
 from floering.node.core.columnar import pytable
 from floering.node.core.columnar.buffers import encode_keys, in_range, key_parts
-from floering.node.core.hashing import position
+from floering.wire.hashing import position
 
 pytestmark = pytest.mark.skipif(columnar.KERNEL != "compiled", reason="extension not built")
 if columnar.KERNEL == "compiled":

@@ -10,9 +10,9 @@ from hypothesis import given, settings, strategies as st
 from floering.node.core import columnar
 from floering.node.core.batch import decode_batch, encode_batch
 from floering.node.core.columnar import pytable
-from floering.node.core.codec import pack_entries, unpack_entries
-from floering.node.core.errors import InvalidArgument, InvalidKey
-from floering.node.core.pieces import FOLD_MARK
+from floering.wire.codec import pack_entries, unpack_entries
+from floering.wire.errors import InvalidArgument, InvalidKey
+from floering.wire.pieces import FOLD_MARK
 from floering.node.core.ranges import FullStates
 from floering.node.core.reducers import load_reducer
 from floering.node.core.state_store import LayeredState

@@ -10,7 +10,7 @@ from floering.floe.cluster import LocalCluster
 from floering.v1 import floe_pb2, floe_pb2_grpc
 from floering.mapper import RingClient
 from floering.node.config import NodeConfig
-from floering.node.core.errors import Unavailable
+from floering.wire.errors import Unavailable
 from floering.node.transport.server import node_tls
 
 pytestmark = pytest.mark.multiprocess

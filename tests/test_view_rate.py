@@ -9,7 +9,7 @@ import pytest
 
 from tests.helpers import wait_for
 
-from floering.node.core.errors import Busy
+from floering.wire.errors import Busy
 from floering.node.core.slots import ViewRate
 
 

@@ -14,8 +14,8 @@ from typing import Iterator
 
 from floering.node.core.batch import (decode_payload, decode_seqs, encode_payload, encode_seqs,
                              group_by_part)
-from floering.node.core.epochs import effective_mark
-from floering.node.core.errors import FloeError
+from floering.wire.epochs import effective_mark
+from floering.wire.errors import FloeError
 
 
 @dataclass(frozen=True, slots=True)

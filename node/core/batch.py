@@ -18,9 +18,9 @@ import msgpack
 
 from floering.node.core.columns import (FORMATS_SPOKEN, Columns, decode_columns, encode_columns,
                                        is_versioned, positions_of)
-from floering.node.core.errors import InvalidArgument, InvalidKey, TooLarge, inert
-from floering.node.core.hashing import key_bytes
-from floering.node.core.pieces import check_pushed_keys
+from floering.wire.errors import InvalidArgument, InvalidKey, TooLarge, inert
+from floering.wire.hashing import key_bytes
+from floering.wire.pieces import check_pushed_keys
 
 KEY_TYPES = frozenset((str, bytes, int))
 # The payload formats a node decodes, told to a mapper in the initial metadata of its

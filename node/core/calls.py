@@ -16,7 +16,7 @@ from __future__ import annotations
 from enum import StrEnum
 
 from floering.node.core.detector import ALIVE, REFUSED, TIMED_OUT, UNASKED
-from floering.node.core.errors import Fenced, FloeError, Refused, StaleRing, Unavailable
+from floering.wire.errors import Fenced, FloeError, Refused, StaleRing, Unavailable
 
 
 class Failure(StrEnum):
@@ -28,7 +28,7 @@ class Failure(StrEnum):
 
 
 def failure_of(exc: FloeError) -> Failure:
-    """How a call that raised `exc` ended (the error classes of node.core.errors)."""
+    """How a call that raised `exc` ended (the error classes of wire.errors)."""
     if isinstance(exc, Fenced):
         return Failure.FENCED
     if isinstance(exc, StaleRing):

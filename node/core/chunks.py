@@ -15,9 +15,9 @@ from collections import Counter
 from itertools import chain, islice
 from typing import Generator, Iterable, Iterator
 
-from floering.node.core.codec import entry_columns, pack
-from floering.node.core.errors import Overloaded
-from floering.node.core.pieces import RESERVED
+from floering.wire.codec import entry_columns, pack
+from floering.wire.errors import Overloaded
+from floering.wire.pieces import RESERVED
 
 CHUNK_BYTES = 1 << 20        # bytes of encoded entries per message, a lone large entry aside
 # Entries encoded per C call while chunks are cut. A slice is encoded whole before its
@@ -38,7 +38,7 @@ def _header(n: int) -> bytes:
 
 def column_slices(items):
     """take(n): the next n keys and states (two lists, empty at the end) of a dict or
-    a layered mapping (node.core.codec.entry_columns), in pack_entries' order."""
+    a layered mapping (wire.codec.entry_columns), in pack_entries' order."""
     _, keys, states = entry_columns(items)
 
     def take(n: int) -> tuple[list, list]:

@@ -29,8 +29,8 @@ from typing import Iterable
 
 import msgpack
 
-from floering.node.core.errors import InvalidArgument, InvalidKey
-from floering.node.core.pieces import RESERVED, check_pushed_keys
+from floering.wire.errors import InvalidArgument, InvalidKey
+from floering.wire.pieces import RESERVED, check_pushed_keys
 
 from floering.node.core.columnar import hash_positions
 

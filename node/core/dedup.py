@@ -11,7 +11,7 @@ import hashlib
 from bisect import bisect_right
 from typing import Callable, Sequence
 
-from floering.node.core.pieces import COMBINED_SOURCE
+from floering.wire.pieces import COMBINED_SOURCE
 
 
 def first_new_index(watermark: int, first_seq: int, last_seq: int, count: int,

@@ -1,7 +1,7 @@
 """Merging the pieces a shared key no longer uses back into the key, exactly once.
 
 In a ring whose balancer grows and shrinks a hot key's pool of pieces (`dkg`,
-`smalops`: `floering.node.core.balancers`), a piece left out of a pool keeps its state, and
+`smalops`: `floering.wire.balancers`), a piece left out of a pool keeps its state, and
 reads merge it. The owner of a piece's range folds it back once its state has not
 changed for `idle` seconds:
 
@@ -37,7 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from floering.node.core.state_store import MISSING
-from floering.node.core.pieces import (fold_key, fold_source, is_fold_key, is_piece,
+from floering.wire.pieces import (fold_key, fold_source, is_fold_key, is_piece,
                                        on_its_way, parse_piece)
 
 FOLDING_BALANCERS = frozenset({"dkg", "dchoices", "wchoices", "smalops"})  # pools shrink

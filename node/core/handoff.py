@@ -26,7 +26,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from floering.node.core.errors import InvalidArgument, Overloaded, TooLarge, inert
+from floering.wire.errors import InvalidArgument, Overloaded, TooLarge, inert
 from floering.node.core.ring import Ring
 from floering.node.core.shares import spread_leave
 

@@ -17,7 +17,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from floering.node.core.errors import Overloaded
+from floering.wire.errors import Overloaded
 
 ROUND_SECONDS = 0.01        # between checkpoint rounds while a handoff runs
 MAX_WAITING = 16            # requests in line behind the running handoff

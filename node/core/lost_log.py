@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from floering.node.core.epochs import effective_mark
+from floering.wire.epochs import effective_mark
 from floering.node.core.ranges import PrimaryRange
 from floering.node.core.snapshot_format import IMPORT_SOURCE
 

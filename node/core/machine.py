@@ -20,7 +20,7 @@ from typing import Any, Callable
 from floering.node.core.calls import direct_evidence, refreshes, via_evidence
 from floering.node.core.detector import (ALIVE, DEAD, EXCHANGE, REFUSED, TIMED_OUT, FailureDetector,
                                 Isolation, combine, declaration, indirect_vias, suspicion_note)
-from floering.node.core.errors import InvalidArgument, inert
+from floering.wire.errors import InvalidArgument, inert
 from floering.node.core.handoff import (Handoff, HandoffState, SplitBudget, leave_moves, retired_extras, split_ring, unpinned)
 from floering.node.core.handoff_driver import HandoffDriver, Request
 from floering.node.core.folding import FOLDING_BALANCERS, routed

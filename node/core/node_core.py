@@ -13,11 +13,11 @@ from typing import Iterator, Mapping
 
 from floering.node.core.backup_store import BackupEntry
 from floering.node.core.batch import Batch, Limits, check_header
-from floering.node.core.epochs import check_source
+from floering.wire.epochs import check_source
 from floering.node.core.folding import FOLDING_BALANCERS, FoldBook
-from floering.node.core.pieces import is_fold_source
+from floering.wire.pieces import is_fold_source
 from floering.node.core.placement import CopyBook
-from floering.node.core.errors import (Fenced, InvalidArgument, RangeLost, StaleRing, Starting,
+from floering.wire.errors import (Fenced, InvalidArgument, RangeLost, StaleRing, Starting,
                               TooLarge, inert)
 from floering.node.core.ranges import Checkpoint, PrimaryRange, ReplicaSide
 from floering.node.core.reducers import Reducer

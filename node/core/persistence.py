@@ -36,7 +36,7 @@ from typing import Any, Callable, Mapping
 from dataclasses import dataclass
 
 from floering.node.core.batch import Batch
-from floering.node.core.epochs import effective_mark
+from floering.wire.epochs import effective_mark
 from floering.node.core.persistence_io import (AcceptBatches, AckWanted, AppendRecord, Began,
                                       BatchKept, CheckpointMerged, CompactLog, CopiesWritten,
                                       CopyWrite, CoreSettled, DiskFailed, DiskRepaired,

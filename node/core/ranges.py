@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from floering.node.core.backup_store import BackupEntry, BackupStore
 from floering.node.core.batch import Columns, decode_batch, decode_seqs
 from floering.node.core.dedup import SHARES, first_new_index, owned_by, owner_of
-from floering.node.core.epochs import effective_mark, floor_key, raise_floor, replay_order
-from floering.node.core.errors import FloeError, Overloaded, TooLarge
-from floering.node.core.pieces import carries_states
+from floering.wire.epochs import effective_mark, floor_key, raise_floor, replay_order
+from floering.wire.errors import FloeError, Overloaded, TooLarge
+from floering.wire.pieces import carries_states
 from floering.node.core.reducers import Reducer
 from floering.node.core.snapshot_format import is_import_mark
 from floering.node.core.state_store import LayeredState, ReplicaState
@@ -39,7 +39,7 @@ class Checkpoint:
 class FullStates(Mapping):
     """A full checkpoint's states: the range's master with the checkpoint's delta laid
     over it, read in place. A copy of a large range would hold the event loop for as
-    long as it takes; the encoder (node.core.codec) reads the `layers` in slices. Valid
+    long as it takes; the encoder (wire.codec) reads the `layers` in slices. Valid
     while master changes only by merging this delta: before it changes otherwise, the
     range freezes (copies) a FullStates still in use."""
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Mapping
 
-from floering.node.core.hashing import position
+from floering.wire.hashing import position
 from floering.node.core.ring import Ring
 
 # Doubling stops cutting once the ring holds this many times the tokens it started with,

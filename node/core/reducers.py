@@ -17,7 +17,7 @@ from math import isfinite
 from operator import gt, lt
 from typing import Any, Callable
 
-from floering.node.core.errors import InvalidArgument, UnknownReducer, inert
+from floering.wire.errors import InvalidArgument, UnknownReducer, inert
 
 # Exact types: bool is an int subclass, but True is not a count.
 _INT: frozenset[type] = frozenset((int,))

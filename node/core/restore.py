@@ -11,7 +11,7 @@ from typing import Any
 
 from floering.node.core.backup_store import BackupEntry, split_entry
 from floering.node.core.batch import Batch, Limits
-from floering.node.core.epochs import effective_mark
+from floering.wire.epochs import effective_mark
 from floering.node.core.node_core import NodeCore
 from floering.node.core.ranges import ReplicaSide
 from floering.node.core.reducers import Reducer

@@ -39,9 +39,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from floering.node.core.codec import pack, unpack
-from floering.node.core.epochs import effective_mark
-from floering.node.core.errors import Fenced, InvalidArgument, StaleRing
+from floering.wire.codec import pack, unpack
+from floering.wire.epochs import effective_mark
+from floering.wire.errors import Fenced, InvalidArgument, StaleRing
 from floering.node.core.lost_log import (LOST_LOG_BYTES, RESTORE_WINDOW, LostLog, batch_size,
                                          busy, install, predates, rebuilt, replaces)
 from floering.node.core.node_core import NodeCore, PushResult, RingChange

@@ -15,10 +15,10 @@ from typing import Any, Iterable, Mapping
 import mmh3
 import msgpack
 
-from floering.node.core.balancers import BALANCERS
-from floering.node.core.balancers import DEFAULT as DEFAULT_BALANCER
-from floering.node.core.errors import InvalidArgument, inert
-from floering.node.core.hashing import HASH_SPACE, position
+from floering.wire.balancers import BALANCERS
+from floering.wire.balancers import DEFAULT as DEFAULT_BALANCER
+from floering.wire.errors import InvalidArgument, inert
+from floering.wire.hashing import HASH_SPACE, position
 from floering.node.core.ring_merge import merge_rings, retiring_by_token
 from floering.node.core.ring_wire import (MAX_REPLICATION, MAX_VERSION,  # noqa: F401
                                           MAX_INCARNATION, decode_view, replica_walks)
@@ -54,7 +54,7 @@ class Ring:
     # removes it (its ranges pass to their replicas, as after a crash), and the new
     # process comes back under another name.
     incarnations: tuple[tuple[str, int], ...] = ()
-    # The load-balancing policy (node.core.balancers), fixed when the ring is founded.
+    # The load-balancing policy (wire.balancers), fixed when the ring is founded.
     balancer: str = DEFAULT_BALANCER
     # The reducer every member runs (node.core.reducers.reducer_identity); "": not recorded.
     reducer: str = ""

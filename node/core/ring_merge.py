@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from floering.node.core.errors import InvalidArgument, inert
+from floering.wire.errors import InvalidArgument, inert
 from floering.node.core.ring_wire import MAX_RING_TOKENS, MAX_VERSION
 
 if TYPE_CHECKING:

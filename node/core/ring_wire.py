@@ -13,7 +13,7 @@ from typing import Sequence
 
 import msgpack
 
-from floering.node.core.errors import InvalidArgument
+from floering.wire.errors import InvalidArgument
 
 # The stamp packs the version above a 24-bit digest into one uint64 on the wire.
 MAX_VERSION = 1 << 40     # a token's generation too: its next change must fit the wire

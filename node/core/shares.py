@@ -38,8 +38,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from floering.node.core.balancers import balancer
-from floering.node.core.hashing import HASH_SPACE
+from floering.wire.balancers import balancer
+from floering.wire.hashing import HASH_SPACE
 from floering.node.core.ring import Ring
 
 if TYPE_CHECKING:

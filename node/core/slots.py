@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from floering.node.core.errors import Busy, inert
+from floering.wire.errors import Busy, inert
 
 MEMBER, OPERATOR, HEALTH, CLIENT = "member", "operator", "health", "client"
 FLAG = "--max-concurrent-rpcs"

@@ -26,8 +26,8 @@ from typing import BinaryIO, Iterator
 import msgpack
 
 from floering.node.core.batch import KEY_TYPES
-from floering.node.core.errors import InvalidArgument
-from floering.node.core.pieces import check_pushed_keys
+from floering.wire.errors import InvalidArgument
+from floering.wire.pieces import check_pushed_keys
 from floering.node.core.state_wire import decode, is_frame
 
 MAGIC = b"FLOESNAP"

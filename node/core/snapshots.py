@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from floering.node.core.errors import Fenced, InvalidArgument, ReducerMismatch, StaleRing
+from floering.wire.errors import Fenced, InvalidArgument, ReducerMismatch, StaleRing
 from floering.node.core.state_wire import StateColumns
 from floering.node.core.snapshot_format import (IMPORT_SOURCE, MAX_CHUNKS, SnapshotError,
                                                 check_keys, check_watermarks)

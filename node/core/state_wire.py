@@ -14,7 +14,7 @@ A frame (little-endian throughout):
              not a table's (a float, None, a big int, a tuple key), over the columns
 
 0xc1 is a byte msgpack never writes: a frame never reads as the older msgpack
-[keys, states] entries (node.core.codec), which a receiver still takes. Every field
+[keys, states] entries (wire.codec), which a receiver still takes. Every field
 is the sender's: `decode` checks the sizes add up to the frame's exactly, the count
 (bounded by the frame's bytes), the kinds, the offsets (0 first, K last, never
 decreasing) and the rest before anything reads them; a key's bytes are checked when
@@ -33,10 +33,10 @@ from dataclasses import dataclass
 from itertools import accumulate, islice
 from typing import Iterator
 
-from floering.node.core.codec import pack, unpack_columns
+from floering.wire.codec import pack, unpack_columns
 from floering.node.core.columnar import pack_frame_columns, unpack_frame_columns
 from floering.node.core.columnar.buffers import KIND_INT, decode_key, encode_keys, valid_key
-from floering.node.core.errors import InvalidArgument
+from floering.wire.errors import InvalidArgument
 
 MAGIC = b"\xc1FS"
 VERSION = 1

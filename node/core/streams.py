@@ -12,7 +12,7 @@ without end. A number is recorded only once its batch is accepted.
 from __future__ import annotations
 
 from floering.node.core.dedup import SHARES, owner_of
-from floering.node.core.errors import InvalidArgument, StaleRing, TooLarge, inert
+from floering.wire.errors import InvalidArgument, StaleRing, TooLarge, inert
 
 SWEEP_EVERY = 10.0     # seconds between two sweeps of idle sources, at most
 

@@ -22,8 +22,8 @@ from itertools import accumulate
 from floering.node.core.columnar import KERNEL, StateTable, hash_positions
 from floering.node.core.columnar.buffers import decode_key, encode_keys
 from floering.node.core.columns import Columns
-from floering.node.core.errors import InvalidArgument, InvalidKey, inert
-from floering.node.core.pieces import RESERVED, is_fold_key
+from floering.wire.errors import InvalidArgument, InvalidKey, inert
+from floering.wire.pieces import RESERVED, is_fold_key
 from floering.node.core.reducers import Count, Max, Min, Reducer, Sum
 from floering.node.core.state_store import MISSING, LayeredState, ReplicaState
 from floering.node.core.state_wire import (ExportView, Layers, StateColumns, StateRun, keys_of,

@@ -8,7 +8,7 @@ import asyncio
 import logging
 import time
 
-from floering.node.core.errors import FloeError, InvalidArgument
+from floering.wire.errors import FloeError, InvalidArgument
 from floering.node.core.handoff import HandoffState
 from floering.node.core.leaving import (CheckAgain, Checked, Go, HandAway, HandedAway,
                                         HandingRefused, LeaveFailed, Leaving)

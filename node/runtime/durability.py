@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
-from floering.node.core.errors import Overloaded
+from floering.wire.errors import Overloaded
 from floering.node.core.node_core import NodeCore
 from floering.node.core.persistence import DiskPlan
 from floering.node.core.persistence_io import (AcceptBatches, AckWanted, AppendRecord, Began,

@@ -7,7 +7,7 @@ import asyncio
 import logging
 
 from floering.node.core.batch import Batch, encode_payload
-from floering.node.core.errors import FloeError, Unavailable
+from floering.wire.errors import FloeError, Unavailable
 from floering.node.core.machine_io import FoldAnswered, SendFolds
 
 log = logging.getLogger("floe.node")

@@ -18,7 +18,7 @@ import msgpack
 
 from floering.node.config import NodeConfig
 from floering.node.core.detector import DetectorConfig, FailureDetector
-from floering.node.core.errors import FloeError, InvalidArgument, StaleRing, inert
+from floering.wire.errors import FloeError, InvalidArgument, StaleRing, inert
 from floering.node.core.calls import failure_of
 from floering.node.core.handoff import Handoff
 from floering.node.core.handoff_driver import HandoffDriver

@@ -12,8 +12,8 @@ import asyncio
 from dataclasses import dataclass
 from typing import Protocol
 
-from floering.node.core.codec import pack_entries, unpack_entries
-from floering.node.core.errors import Refused, Unavailable
+from floering.wire.codec import pack_entries, unpack_entries
+from floering.wire.errors import Refused, Unavailable
 from floering.node.core.membership import base_name
 from floering.node.core.ring import Ring
 from floering.node.runtime.inbound import StreamState

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 
 from floering.node.core.calls import ask_again_fresh, failure_of
-from floering.node.core.errors import FloeError
+from floering.wire.errors import FloeError
 from floering.node.core.machine_io import ProbeAbandoned, ProbeAnswered, ProbedFor, StartProbe
 
 

@@ -24,7 +24,7 @@ import os
 from pathlib import Path
 
 from floering.node.core.chunks import CHUNK_BYTES, column_slices, packed_chunks
-from floering.node.core.errors import FloeError
+from floering.wire.errors import FloeError
 from floering.node.core.retired import (Held, RetainingCore, RetiredSet, decode, encode, held,
                                         retire_directory)
 from floering.node.core.ring import Ring

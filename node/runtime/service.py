@@ -10,10 +10,10 @@ from collections.abc import Iterator, Mapping
 
 from floering.node.core.batch import Batch
 from floering.node.core.membership import base_name
-from floering.node.core.errors import (Fenced, InvalidArgument, ReducerMismatch, StaleRing, Starting,
+from floering.wire.errors import (Fenced, InvalidArgument, ReducerMismatch, StaleRing, Starting,
                               TooLarge, inert)
 from floering.node.core.handoff import Handoff
-from floering.node.core.balancers import balancer
+from floering.wire.balancers import balancer
 from floering.node.core.chunks import (CHUNK_BYTES, ScanSlots, column_slices, packed_chunks,
                                        pair_slices, scan_pairs)
 from floering.node.core.ring import Ring

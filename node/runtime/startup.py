@@ -11,7 +11,7 @@ import logging
 import time
 
 from floering.node.core.columnar import KERNEL
-from floering.node.core.errors import FloeError, InvalidArgument, Unavailable, inert
+from floering.wire.errors import FloeError, InvalidArgument, Unavailable, inert
 from floering.node.core.membership import StartDecision, decide_start
 from floering.node.core.ring import Ring
 from floering.node.core.startup_round import AskPeers, Answered, Decide, Startup, Stop

@@ -1,3 +1,4 @@
 """The durable node's embedded store and segment log."""
 
-__may_import__ = ("floering.node.storage", "floering.node.core", "floering.node.files", "*")
+__may_import__ = ("floering.wire", "floering.node.storage", "floering.node.core",
+                  "floering.node.files", "*")

@@ -43,8 +43,8 @@ from typing import Callable, Iterable
 import msgpack
 
 from floering.node.core.batch import Batch
-from floering.node.core.codec import pack, unpack
-from floering.node.core.errors import InvalidArgument
+from floering.wire.codec import pack, unpack
+from floering.wire.errors import InvalidArgument
 from floering.node.core.persistence_io import CopyWrite
 from floering.node.core.restore import DiskCopy, batch_from_record, batch_record
 from floering.node.core.reducers import Count

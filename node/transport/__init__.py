@@ -1,4 +1,4 @@
 """The node's gRPC shell: server, peer calls, TLS, metrics."""
 
-__may_import__ = ("floering.node.transport", "floering.node.core", "floering.node.runtime",
-                  "floering.v1", "*")
+__may_import__ = ("floering.wire", "floering.node.transport", "floering.node.core",
+                  "floering.node.runtime", "floering.v1", "*")

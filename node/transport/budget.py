@@ -10,7 +10,7 @@ import asyncio
 from collections import deque
 from contextlib import asynccontextmanager
 
-from floering.node.core.errors import Overloaded
+from floering.wire.errors import Overloaded
 
 INBOUND_BYTES = 32 << 20     # bytes of messages being decoded at once, node-wide
 INBOUND_WAIT = 5.0           # seconds a message waits for room before it is refused

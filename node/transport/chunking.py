@@ -17,8 +17,8 @@ from itertools import islice
 from typing import NamedTuple
 
 from floering.node.core.chunks import CHUNK_BYTES, column_slices, packed_chunks
-from floering.node.core.codec import entry_columns
-from floering.node.core.errors import InvalidArgument, Overloaded, Unavailable
+from floering.wire.codec import entry_columns
+from floering.wire.errors import InvalidArgument, Overloaded, Unavailable
 from floering.node.core.state_wire import StateColumns, StateRun
 
 COLUMNS = object()           # fill's key for the frames of column states kept as they are

@@ -12,10 +12,10 @@ import traceback
 
 import grpc
 
-from floering.node.core.errors import Busy, FloeError, Overloaded
+from floering.wire.errors import Busy, FloeError, Overloaded
 from floering.node.core.slots import MEMBER, CallSlots, ViewRate, kind_of, peer_host
 from floering.node.transport.budget import RequestBytes
-from floering.node.transport.status import abort
+from floering.wire.status import abort
 
 log = logging.getLogger("floe.node")
 REPORT_EVERY = 10.0         # seconds between two log lines of ring views refused

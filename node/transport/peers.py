@@ -10,14 +10,14 @@ import grpc
 
 from floering.v1 import floe_pb2, floe_pb2_grpc
 from floering.node.core.chunks import CHUNK_BYTES
-from floering.node.core.codec import (SLICE, entry_count, pack, pack_entries, pack_entries_sliced,
+from floering.wire.codec import (SLICE, entry_count, pack, pack_entries, pack_entries_sliced,
                              unpack_columns, unpack_entries, unpack_entries_sliced)
-from floering.node.core.errors import FloeError
+from floering.wire.errors import FloeError
 from floering.node.core.state_wire import StateColumns, decode as decode_frame, is_frame, plan
-from floering.node.transport.channels import ChannelPool, ServerNames, open_channel
+from floering.wire.channels import ChannelPool, ServerNames, open_channel
 from floering.node.transport.chunking import (CHUNK_ENTRIES, WINDOW, Columns, SendWindow,
                                               chunk_deadline)
-from floering.node.transport.status import error_from_rpc
+from floering.wire.status import error_from_rpc
 
 CHUNK_RETRIES = 3     # sends of one chunk that may fail in a row before the shipment does
 
@@ -125,7 +125,7 @@ class PeerPool:
         return self._channels.get(address)
 
     async def reconnect(self, address: str) -> None:
-        """The next call to `address` connects anew (node.transport.channels.drop)."""
+        """The next call to `address` connects anew (wire.channels.drop)."""
         await self._channels.drop(address)
 
     async def retire_channels(self, named) -> list[str]:

@@ -18,11 +18,11 @@ from grpc_reflection.v1alpha import reflection
 
 from floering.v1 import floe_pb2, floe_pb2_grpc
 from floering.node.core.batch import FORMATS_METADATA, PAYLOAD_FORMATS, Batch
-from floering.node.core.codec import pack, unpack
+from floering.wire.codec import pack, unpack
 from floering.node.core.dedup import bind_source
-from floering.node.core.errors import FloeError, InvalidArgument, Unavailable, inert
+from floering.wire.errors import FloeError, InvalidArgument, Unavailable, inert
 from floering.node.core.handoff import HandoffState
-from floering.node.core.pieces import FOLD_SOURCE, is_fold_source
+from floering.wire.pieces import FOLD_SOURCE, is_fold_source
 from floering.node.core.ring import Ring
 from floering.node.runtime.inbound import StreamState
 from floering.node.runtime.node import NodeRuntime
@@ -34,8 +34,9 @@ from floering.node.transport.intercept import CALLER, CallLimiter
 from floering.node.transport.metrics import NodeMetrics
 from floering.node.transport.peers import channel_options, unpack_chunk, unpack_entries_async
 from floering.node.transport.snapshots import Snapshots
-from floering.node.transport.status import abort
-from floering.node.transport.tls import Authorizer, TlsFiles, node_files, peer_identity
+from floering.wire.status import abort
+from floering.wire.tls import TlsFiles
+from floering.node.transport.tls import Authorizer, node_files, peer_identity
 
 
 def listen_host(listen: str) -> str:

@@ -14,14 +14,14 @@ import grpc
 
 from floering.v1 import floe_pb2, floe_pb2_grpc
 from floering.node.core.chunks import CHUNK_BYTES, column_slices, packed_chunks
-from floering.node.core.codec import pack, unpack, unpack_columns, unpack_columns_sliced
-from floering.node.core.errors import FloeError, InvalidArgument, Unavailable
+from floering.wire.codec import pack, unpack, unpack_columns, unpack_columns_sliced
+from floering.wire.errors import FloeError, InvalidArgument, Unavailable
 from floering.node.core.retired import Held, check_marks_header, held, restore_chunk
 from floering.node.core.snapshot_format import MAX_SECTION
 from floering.node.core.snapshots import export_columns, export_range, import_chunk
 from floering.node.core.state_wire import (ExportSegment, PairSegment, SlicedSegment, decode,
                                            encode_pairs, is_frame)
-from floering.node.transport.status import abort, error_from_rpc
+from floering.wire.status import abort, error_from_rpc
 from floering.node.transport.tls import peer_identity
 
 STALL = 30.0              # seconds an export waits for its reader to take a chunk

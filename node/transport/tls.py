@@ -17,7 +17,7 @@ certificate, never a field of its message, says who is speaking:
 
 Servers are checked as callers are: a node's certificate also names it as a server
 (DNS names `<node>.node.floe-ring` and `node.floe-ring`, `server_name`), and nodes and
-clients dial each member under its own name (node.transport.channels), a seed whose
+clients dial each member under its own name (floering.wire.channels), a seed whose
 member they do not know yet under the role's: a client's or operator's certificate
 (which carries neither) serves nobody, and a node's serves only as that node.
 
@@ -33,13 +33,10 @@ from __future__ import annotations
 import contextlib
 import datetime
 import functools
-import hashlib
 import ipaddress
 import os
-import re
 import socket
 import ssl
-from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -49,54 +46,12 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from floering.node.core.errors import inert
+from floering.wire.errors import inert
+from floering.wire.tls import NODE_ROLE_NAME, ROLES, TlsFiles, server_name
 from floering.node.core.membership import sender_matches
 from floering.node.transport.intercept import around
 
-ROLES = ("node", "client", "operator")
 VALID_DAYS = 365
-NODE_ROLE_NAME = "node.floe-ring"      # every node certificate's server name
-_LABEL = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")
-
-
-def server_name(node_id: str) -> str:
-    """The DNS name a node's certificate carries for it, and that callers dial it
-    under: `n2.node.floe-ring` for `n2` and its later members (`n2#1`). An id that is
-    not a lowercase DNS label (hostnames compare without case) is named by its hash
-    (`h--<hex>.node.floe-ring`: a plain label never holds `--`)."""
-    base = node_id.split("#", 1)[0]
-    if len(base) > 63 or not _LABEL.fullmatch(base):
-        base = "h--" + hashlib.sha256(base.encode()).hexdigest()[:40]
-    return f"{base}.{NODE_ROLE_NAME}"
-
-
-@dataclass(frozen=True)
-class TlsFiles:
-    """The CA certificate and one certificate with its key, as PEM files."""
-
-    ca: Path
-    cert: Path
-    key: Path
-
-    @classmethod
-    def in_dir(cls, directory: str | Path, name: str) -> "TlsFiles":
-        """`name`'s files in a directory `generate` wrote (`n0`, `client`, ...)."""
-        d = Path(directory)
-        files = cls(d / "ca.pem", d / f"{name}.pem", d / f"{name}.key")
-        for path in (files.ca, files.cert, files.key):
-            if not path.is_file():
-                raise FileNotFoundError(f"TLS file {path} is missing")
-        return files
-
-    def server_credentials(self) -> grpc.ServerCredentials:
-        return grpc.ssl_server_credentials(
-            [(self.key.read_bytes(), self.cert.read_bytes())],
-            root_certificates=self.ca.read_bytes(), require_client_auth=True)
-
-    def channel_credentials(self) -> grpc.ChannelCredentials:
-        return grpc.ssl_channel_credentials(root_certificates=self.ca.read_bytes(),
-                                            private_key=self.key.read_bytes(),
-                                            certificate_chain=self.cert.read_bytes())
 
 
 # -------------------------------------------------------------- issuing

@@ -1,10 +1,11 @@
 """floe-ring: a peer-ring elastic reducer cluster for streaming MapReduce.
 
 Everything lives under this one namespace: `floering.node` (the reducer nodes),
-`floering.mapper` (the clients and the public API), `floering.floe` (the operator's
-`floe` command and the local cluster it starts), `floering.chaos` (chaos runs and
-benchmarks), `floering.spark_driver` (the spark-submit driver) and `floering.v1` (the
-generated gRPC modules)."""
+`floering.wire` (what node and client share: errors, codec, the ring's policy names,
+TLS files, channels), `floering.mapper` (the clients and the public API),
+`floering.floe` (the operator's `floe` command and the local cluster it starts),
+`floering.chaos` (chaos runs and benchmarks), `floering.spark_driver` (the
+spark-submit driver) and `floering.v1` (the generated gRPC modules)."""
 
 from pathlib import Path as _Path
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from array import array
 
-from floering.node.core.errors import InvalidKey
-from floering.node.core.hashing import key_bytes
+from floering.wire.errors import InvalidKey
+from floering.wire.hashing import key_bytes
 
 KIND_STR, KIND_BYTES, KIND_INT = 0, 1, 2
 _KIND_OF = {str: KIND_STR, bytes: KIND_BYTES, int: KIND_INT}

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Iterable, Protocol, TypeVar
 
-from floering.node.core.errors import InvalidArgument, inert
+from floering.wire.errors import InvalidArgument, inert
 
 EPOCH_BITS = 32
 MAX_POSITION = (1 << EPOCH_BITS) - 2   # position + 1 must stay below 1 << EPOCH_BITS

@@ -14,7 +14,7 @@ from typing import Iterable, Iterator
 
 import msgpack
 
-from floering.node.core.errors import InvalidArgument
+from floering.wire.errors import InvalidArgument
 
 BIG_INT = 1          # msgpack extension code: a Python int as decimal ASCII
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import mmh3
 
-from floering.node.core.errors import InvalidKey, inert
+from floering.wire.errors import InvalidKey, inert
 
 HASH_SPACE = 2 ** 64
 

@@ -12,7 +12,7 @@ replication factor, so all agree. What each policy decides:
   other nodes' doubled tokens fall and hands them the heads
   (`floering.node.core.redistribution`).
 - `pkg`: partial key grouping: every key has two candidate pieces
-  (`floering.node.core.pieces`), and a mapper sends each tuple to the candidate whose node it
+  (`floering.wire.pieces`), and a mapper sends each tuple to the candidate whose node it
   has itself sent fewer tuples to (local load estimation). Reads merge the two.
 - `dkg`: dynamic key grouping: a mapper finds its hot keys with a Space-Saving sketch
   and gives each a pool of pieces that grows while its candidates are loaded above
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from floering.node.core.errors import InvalidArgument
+from floering.wire.errors import InvalidArgument
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Pieces of a shared key: how one key's state is spread over several ranges.
 
-A balancer that shares a hot key (`floering.node.core.balancers`) sends its tuples to pieces:
+A balancer that shares a hot key (`floering.wire.balancers`) sends its tuples to pieces:
 piece 0 is the key itself, piece i > 0 a bytes key made of a reserved mark and the
 msgpack of (key, i), which hashes to its own place on the ring. Each piece is an
 ordinary key to the ring: its own range, replicas, checkpoints, takeover and dedup.
@@ -21,7 +21,7 @@ from typing import Callable, Iterable
 import mmh3
 import msgpack
 
-from floering.node.core.errors import InvalidKey
+from floering.wire.errors import InvalidKey
 
 PIECE_MARK = b"\x00floe:piece\x00"
 FOLD_MARK = b"\x00floe:fold\x00"

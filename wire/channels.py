@@ -22,7 +22,7 @@ from typing import Callable, Collection
 
 import grpc
 
-from floering.node.transport.tls import NODE_ROLE_NAME, server_name
+from floering.wire.tls import NODE_ROLE_NAME, server_name
 
 IDLE = 60.0     # seconds: far past any call's deadline, so no call is cut short
 MAX_DROPPED = 64   # channels dropped for a fresh connection, not yet closed

@@ -1,6 +1,6 @@
 """The project's errors, each with the flags a client's retry loop branches on.
 
-`node/transport/status.py` is the one table that maps these to gRPC status codes.
+`wire/status.py` is the one table that maps these to gRPC status codes.
 """
 
 from __future__ import annotations

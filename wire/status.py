@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import grpc
 
-from floering.node.core import errors
+from floering.wire import errors
 
 # Most specific first: the first matching class decides.
 _TO_CODE: tuple[tuple[type[errors.FloeError], grpc.StatusCode], ...] = (
