@@ -26,7 +26,7 @@ from floering.chaos.corpus import kjv_lines
 from floering.chaos.timeline import node_events
 from floering.mapper import RingClient, split_words
 from floering.node.core.load import choose_shed, halving_shed
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 
 
 

@@ -39,7 +39,7 @@ from floering.mapper.combining import CombiningBatcher
 from floering.mapper.routing import Router
 from floering.node.core.batch import decode_batch, decode_payload, encode_batch, encode_payload
 from floering.node.core.reducers import Count, reducer_identity
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 from floering.node.core.state_store import LayeredState
 from floering.node.core.table_state import TableState
 

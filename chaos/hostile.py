@@ -22,7 +22,7 @@ from floering.v1 import floe_pb2, floe_pb2_grpc
 from floering.node.core.batch import encode_payload
 from floering.wire.codec import pack, pack_entries
 from floering.node.core.forged_views import forged_views
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 
 
 def _refused(call, expected: grpc.StatusCode) -> str:

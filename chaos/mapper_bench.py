@@ -36,7 +36,7 @@ from floering.mapper.batching import Batcher
 from floering.mapper.combining import COMBINE_KERNEL, CombiningBatcher
 from floering.mapper.routing import Router
 from floering.node.core.reducers import Count, reducer_identity
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 
 NODES = 4
 

@@ -38,7 +38,7 @@ from floering.node.core.columnar import KERNEL, hash_positions
 from floering.wire.hashing import position
 from floering.node.core.ranges import Checkpoint, FullStates, PrimaryRange
 from floering.node.core.reducers import Count
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 from floering.node.core.table_state import TableCopy
 from floering.node.transport.chunking import chunks_at, planned_counts
 from floering.node.transport.peers import PeerPool, channel_options

@@ -35,7 +35,7 @@ from collections import Counter, deque
 from floering.chaos.skew import PAPER_S, RAY, TOKENS_PER_NODE, ray_items
 from floering.chaos.skew_measures import skew
 from floering.wire.hashing import position
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 from floering.node.core.shedding import PeerLoad, cut_positions, plan_shed, with_split_tail
 
 TAU = 0.2

@@ -20,7 +20,7 @@ import tomllib
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 
 NODE_FAULTS = ("kill", "pause", "kill-mid-handoff", "restart", "rolling-restart", "hostile",
                "impostor")

@@ -63,7 +63,7 @@ from floering.wire.balancers import BALANCERS
 from floering.wire.codec import unpack_entries
 from floering.wire.errors import FloeError
 from floering.wire.pieces import base_of
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 
 # WL name -> (nodes, items on the most loaded node out of 100): S = (W - 25) / 75
 RAY = {"wl1-h": 25, "wl1-d": 100, "wl2": 25, "wl3": None, "wl4-h": 85, "wl4-d": 62,

@@ -34,7 +34,7 @@ from floering.node.core.chunks import CHUNK_BYTES, column_slices, packed_chunks
 from floering.wire.codec import unpack_columns
 from floering.node.core.ranges import PrimaryRange
 from floering.node.core.reducers import load_reducer
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 from floering.node.core.snapshot_format import Header, Writer, read
 from floering.node.core.snapshots import export_columns, import_chunk
 from floering.node.core.state_wire import decode, is_frame

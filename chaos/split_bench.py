@@ -20,7 +20,7 @@ from collections import Counter, defaultdict
 
 from floering.wire.hashing import position
 from floering.node.core.load import choose_shed
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 from floering.node.core.split_point import PositionLoad, plan_split
 
 CASES = {

@@ -11,7 +11,7 @@ __may_import__ = (
     "floering.node.__main__", "floering.node.app", "floering.node.config",
     "floering.node.files", "floering.node.core.batch",
     "floering.node.core.chunks", "floering.node.core.columnar", "floering.node.core.load",
-    "floering.node.core.reducers", "floering.node.core.ring",
+    "floering.node.core.reducers",
     "floering.node.core.shares", "floering.node.core.snapshot_format",
     "floering.node.core.state_wire", "floering.node.core.table_state",
     "floering.node.transport.tls", "*")

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from floering.wire.hashing import HASH_SPACE, position
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 
 SERVING, JOINING, LEAVING, SUSPECT, DEAD, FENCED, REMOVED = (
     "serving", "joining", "leaving", "suspect", "dead", "fenced", "removed")

@@ -38,7 +38,7 @@ from floering.node.core.columnar.buffers import KIND_BYTES, in_range
 from floering.wire.hashing import position
 from floering.wire.pieces import RESERVED
 from floering.node.core.reducers import BUILTINS
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 from floering.node.core.state_wire import (ExportSegment, PairSegment, decode, is_frame,
                                            key_blob)
 from floering.node.core.table_state import TABLE_REDUCERS, pairs_of

@@ -31,7 +31,7 @@ from floering.wire.hashing import HASH_SPACE
 
 if TYPE_CHECKING:
     from floering.mapper.aclient import AsyncRingClient
-    from floering.node.core.ring import Ring
+    from floering.wire.ring import Ring
 
 MAX_EVENTS = 300            # timeline entries kept (and sent)
 PROCESS_CHECK = 0.1         # seconds between two looks at the recorded processes

@@ -55,11 +55,11 @@ def __dir__() -> list[str]:
     return sorted([*globals(), *_HOMES])
 
 
-# floering.wire (what node and client share), and of the node's core only the ring
-# value, the batch format, the hot-key sketch and the reducers (a read of a shared key
+# floering.wire (what node and client share), and of the node's core only the batch
+# format, the hot-key sketch and the reducers (a read of a shared key
 # merges its pieces).
 __may_import__ = (
-    "floering.mapper", "floering.v1", "floering.wire", "floering.node.core.ring",
+    "floering.mapper", "floering.v1", "floering.wire",
     "floering.node.core.batch", "floering.node.core.reducers", "floering.node.core.sketch", "*")
 
 # What a user needs, in one place: the clients (sync and asyncio), the errors they raise,

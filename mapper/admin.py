@@ -12,7 +12,7 @@ import grpc
 from floering.v1 import floe_pb2, floe_pb2_grpc
 from floering.wire.errors import InvalidArgument
 from floering.wire.hashing import HASH_SPACE
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 from floering.wire.status import error_from_rpc
 from floering.wire.channels import server_options
 from floering.mapper.credentials import FIND, TlsChoice, find_tls

@@ -19,7 +19,7 @@ import math
 from collections import defaultdict
 
 from floering.wire.pieces import piece_key
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 from floering.node.core.sketch import SpaceSaving
 
 

@@ -21,7 +21,7 @@ from floering.mapper.common import ClientBase
 from floering.mapper.queries import get_state, node_stats, query, top_entries, top_of
 from floering.mapper.scanning import FOLD_RETRIES, FoldDuringScan, open_scan
 from floering.wire.errors import Unavailable
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 from floering.mapper.credentials import FIND, TlsChoice, find_tls, mismatch
 
 _shared: tuple[int, asyncio.AbstractEventLoop, threading.Thread] | None = None

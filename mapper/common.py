@@ -8,7 +8,7 @@ from floering.mapper.delivery import Delivery
 from floering.wire.balancers import balancer
 from floering.wire.pieces import COMBINED_SOURCE, FOLD_SOURCE, carries_states
 from floering.node.core.reducers import load_reducer
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 from floering.wire.tls import TlsFiles
 
 BATCH_TUPLES = 1000         # tuples a batch holds, by default

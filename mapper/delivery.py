@@ -26,7 +26,7 @@ from floering.mapper.outbox import Outbox, PendingBatch
 from floering.mapper.ring_watch import RETIRE_EVERY, Look
 from floering.node.core.batch import formats_said
 from floering.wire.errors import FloeError, Unavailable
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 from floering.wire.channels import ChannelPool, ServerNames, open_channel
 from floering.wire.status import error_from_rpc
 

@@ -25,7 +25,7 @@ from enum import Enum
 from floering.mapper.outbox import Outbox, PendingBatch
 from floering.mapper.ring_watch import RETIRE_EVERY, STALL, Look, ProgressWatch, choose_ring
 from floering.wire.errors import FloeError, Unavailable
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 
 RING_PATIENCE = 0.2         # seconds a ring fetch waits for slow nodes once one answered
 WATCH_LIMIT = 3.0           # seconds a watch polls the ring for a change at most

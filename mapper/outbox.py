@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from floering.node.core.batch import (decode_payload, decode_seqs, encode_batch, encode_payload,
                              encode_seqs, group_by_part, is_versioned)
 from floering.wire.errors import FloeError
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 
 
 @dataclass(eq=False)

@@ -39,7 +39,7 @@ import msgpack
 
 from floering.wire.balancers import balancer
 from floering.wire.pieces import piece_key
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 from floering.node.core.sketch import SpaceSaving
 
 SPACE = 1 << 64

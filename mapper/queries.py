@@ -17,7 +17,7 @@ from floering.node.core.batch import KEY_TYPES
 from floering.wire.codec import pack, unpack
 from floering.wire.errors import InvalidKey
 from floering.wire.pieces import check_user_key, piece_key
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 from floering.wire.status import error_from_rpc
 
 

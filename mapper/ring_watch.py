@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 
 STALL = 0.5                 # seconds of no ack before the mapper looks for a newer ring
 RETIRE_EVERY = 10.0         # seconds between looks for channels to nodes the ring has left

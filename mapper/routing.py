@@ -7,7 +7,7 @@ token, and then the cache starts afresh."""
 
 from __future__ import annotations
 
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 
 
 class Router:

@@ -37,7 +37,7 @@ from floering.v1 import floe_pb2
 from floering.wire.codec import unpack_entries
 from floering.wire.errors import Unavailable
 from floering.wire.pieces import absorb_piece, fold_source, is_fold_key, is_piece, on_its_way
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 from floering.wire.status import error_from_rpc
 
 READ_TIMEOUT = 30.0     # seconds one chunk may take to come

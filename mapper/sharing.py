@@ -19,7 +19,7 @@ from floering.mapper.smalops import SmalopsChooser
 from floering.node.core.batch import KEY_TYPES
 from floering.wire.errors import InvalidKey
 from floering.wire.pieces import check_user_key, piece_key
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 from floering.node.core.sketch import SpaceSaving
 
 

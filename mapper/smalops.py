@@ -25,7 +25,7 @@ cut queueing delay, the mapper acting as the paper's gateway.
 from __future__ import annotations
 
 from floering.wire.pieces import piece_key
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 from floering.node.core.sketch import SpaceSaving
 
 

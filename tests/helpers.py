@@ -22,7 +22,7 @@ from floering.node.core.handoff import Handoff, HandoffState
 from floering.wire.hashing import HASH_SPACE
 from floering.node.core.node_core import NodeCore
 from floering.node.core.reducers import load_reducer
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 
 
 class CoreCluster:

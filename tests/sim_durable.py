@@ -19,7 +19,7 @@ from floering.node.core.persistence import DiskPlan
 from floering.node.core.persistence_io import Began
 from floering.node.core.reducers import load_reducer
 from floering.node.core.restore import restored_core
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 from floering.node.storage.node_store import Loaded
 from tests.sim_disk import SimDisk, SimDurability
 

@@ -16,7 +16,7 @@ from floering.wire.balancers import balancer
 from floering.node.core.batch import decode_payload, encode_payload, encode_seqs
 from floering.wire.errors import FloeError, Unavailable
 from floering.wire.pieces import COMBINED_SOURCE, base_of
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 
 ACK_TIMEOUT = 0.4           # a stream with no ack for this long fails (as a broken one)
 TICK = 0.1                  # the delivery's progress check (batching.linger_loop)

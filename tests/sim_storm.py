@@ -10,7 +10,7 @@ from __future__ import annotations
 from floering.node.core.load import LoadConfig
 from floering.node.core.machine import NodeMachine
 from floering.node.core.machine_io import Record
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 from tests.simulation import Simulation, make_machine
 
 HAIR_TRIGGER = LoadConfig(high_queue=-1, high_cpu=-1, low_queue=-2, low_cpu=-2, cooldown=0.5)

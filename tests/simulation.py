@@ -40,9 +40,9 @@ from floering.node.core.handoff_driver import HandoffDriver
 from floering.node.core.membership import answered_by, base_name, decide_start, sender_matches
 from floering.node.core.node_core import NodeCore
 from floering.node.core.reducers import load_reducer
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 from floering.node.core.forged_views import forged_views
-from floering.node.core.ring_merge import MAX_VERSION_STEP
+from floering.wire.ring_merge import MAX_VERSION_STEP
 from floering.node.core.shares import PullRanges
 from floering.node.core.leaving import (CheckAgain, Checked, Go, HandAway, HandedAway,
                                         HandingRefused, LeaveFailed, LeaveState, Leaving)

@@ -25,7 +25,7 @@ from floering.wire.errors import InvalidArgument, InvalidKey
 from floering.wire.pieces import (FOLD_MARK, PIECE_MARK, RESERVED, base_of, check_user_key, is_piece,
                               merge_pieces, piece_key)
 from floering.node.core.reducers import load_reducer
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 from tests.helpers import corpus_words
 
 MEMBERS = {f"n{i}": f"127.0.0.1:{7000 + i}" for i in range(4)}

@@ -21,7 +21,7 @@ from floering.wire.errors import InvalidArgument, InvalidKey, Overloaded, TooLar
 from floering.node.core.machine_io import CheckpointDue, Note, ShipCheckpoints, SplitRequested
 from floering.node.core.node_core import NodeCore
 from floering.node.core.reducers import load_reducer
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 from floering.node.runtime.inbound import Inbound, InboundQueue, StreamState
 from floering.node.runtime.peers import Network
 from tests.helpers import wait_until

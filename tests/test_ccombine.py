@@ -21,7 +21,7 @@ from floering.wire.errors import InvalidKey
 from floering.wire.hashing import position
 from floering.wire.pieces import COMBINED_SOURCE
 from floering.node.core.reducers import reducer_identity
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 
 try:
     from floering.mapper import ccombine

@@ -163,7 +163,7 @@ def test_emit_utf8_makes_the_batches_emit_and_emit_many_make(columns, width):
     str: the very same batches, seqs and payload bytes."""
     from floering.mapper.batching import Batcher
     from floering.mapper.routing import Router
-    from floering.node.core.ring import Ring
+    from floering.wire.ring import Ring
 
     rng = random.Random(4)
     ring = Ring.initial({"a": "h:1", "b": "h:2", "c": "h:3"}, 1, 8)
@@ -191,7 +191,7 @@ def test_emit_utf8_refuses_a_bad_key_after_the_keys_before_it():
     from floering.mapper.batching import Batcher
     from floering.mapper.routing import Router
     from floering.wire.errors import InvalidKey
-    from floering.node.core.ring import Ring
+    from floering.wire.ring import Ring
 
     batcher = Batcher(Router(Ring.initial({"a": "h:1"}, 0, 4)), None, "m", 64)
     data, offsets = buffers(["ok", "fine"], 4)

@@ -21,7 +21,7 @@ from floering.chaos.scenarios import (BUILTIN, Fault, Load, Round, Scenario, los
                              ring_order)
 from floering.chaos.timeline import (Injected, by_simultaneous, failure_timelines, parse_events,
                             percentile)
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 from tests.helpers import came_back_fresh
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -13,7 +13,7 @@ from floering.mapper.choices import ChoicesChooser
 from floering.mapper.sharing import chooser_for
 from floering.wire.balancers import balancer
 from floering.wire.pieces import base_of, piece_key
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 
 MEMBERS = {f"n{i}": f"127.0.0.1:{7000 + i}" for i in range(8)}
 

@@ -20,7 +20,7 @@ from floering.wire.hashing import position
 from floering.wire.pieces import PIECE_MARK, piece_key
 from floering.node.core.ranges import PrimaryRange
 from floering.node.core.reducers import load_reducer
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 
 
 def fields(keys, values, kinds=None):

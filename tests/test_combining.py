@@ -20,7 +20,7 @@ from floering.wire.pieces import COMBINED_SOURCE, merge_pieces
 from floering.node.core.ranges import PrimaryRange
 from floering.node.core.reducers import (BUILTINS, Reducer, load_reducer, reducer_from_identity,
                                 reducer_identity)
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 
 MEMBERS = {"a": "h:1", "b": "h:2", "c": "h:3"}
 ARGS = {"count": {}, "sum": {}, "min": {}, "max": {}, "topk": {"k": 3},

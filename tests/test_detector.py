@@ -147,7 +147,7 @@ def test_a_timeout_is_confirmed_only_by_a_quorum_of_the_ring():
 
 def test_every_other_member_is_asked_clockwise_from_the_suspect():
     from floering.node.core.detector import indirect_vias
-    from floering.node.core.ring import Ring
+    from floering.wire.ring import Ring
     ring = Ring.initial({f"n{i}": f"a:{i}" for i in range(5)}, 1, 1)
     assert indirect_vias(ring, "n1", "n0") == ("n2", "n3", "n4")
     assert indirect_vias(ring, "n0", "n4") == ("n1", "n2", "n3")

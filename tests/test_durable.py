@@ -17,7 +17,7 @@ from floering.node.core.persistence import DiskPlan
 from floering.node.core.persistence_io import Began, WriteCopies
 from floering.node.core.reducers import load_reducer
 from floering.node.core.restore import DiskCopy, restored_core
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 from floering.node.storage import node_store
 from floering.node.storage.node_store import CopyWrite, NodeStore
 from floering.node.storage.segment_log import SUFFIX

@@ -123,7 +123,7 @@ def test_an_import_holds_one_snapshot_range_at_a_time_and_is_exact(monkeypatch):
     import random
 
     from floering.floe import snapshot as snap
-    from floering.node.core.ring import Ring
+    from floering.wire.ring import Ring
     from floering.node.core.state_wire import decode
     rnd = random.Random(3)
     words = [f"w{rnd.randrange(40_000)}" for _ in range(120_000)] + [b"raw", 7, -3]
@@ -170,7 +170,7 @@ def test_files_an_import_reads_whole_and_a_file_changed_between_passes(monkeypat
     import io
 
     from floering.floe import snapshot as snap
-    from floering.node.core.ring import Ring
+    from floering.wire.ring import Ring
     from floering.node.core.snapshot_format import SnapshotError
     source = Ring(1, 1, (1 << 62, 1 << 63, 3 << 62), ("n0",) * 3, (("n0", "a:1"),))
     counts = {f"k{i}": i + 1 for i in range(2_000)}

@@ -390,7 +390,7 @@ def test_a_combined_count_past_64_bits_goes_as_several_tuples_none_lost():
     from floering.mapper.batching import batcher_for
     from floering.node.core.batch import decode_payload
     from floering.node.core.reducers import reducer_identity
-    from floering.node.core.ring import Ring
+    from floering.wire.ring import Ring
     from floering.mapper.combining import HIGHEST, LOWEST
 
     class Delivery:

@@ -11,7 +11,7 @@ from floering.node.core.folding import pending
 from floering.node.core.node_core import NodeCore
 from floering.wire.pieces import fold_key, is_fold_key, merge_pieces, piece_key
 from floering.node.core.reducers import load_reducer
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 
 MEMBERS = {"a": "h:1", "b": "h:2", "c": "h:3"}
 RING = Ring.initial(MEMBERS, 1, 4, "dkg")

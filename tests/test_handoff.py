@@ -233,7 +233,7 @@ def test_a_replica_pushed_in_and_out_again_before_it_was_filled_is_no_heir():
     # newcomer, pushing n0 out of n2's walk before n2 ever filled it. When n2 dies its
     # range must go to n3, which holds it, not to n0, which holds nothing.
     from floering.node.core.handoff import commit_ring
-    from floering.node.core.ring import Ring
+    from floering.wire.ring import Ring
     ring = Ring.initial({f"n{i}": f"a:{i}" for i in range(4)}, 1, 1)
     a, b, c, d = ring.tokens
     first = commit_ring(ring, {d: "n0"})

@@ -6,7 +6,7 @@ from floering.node.core.handoff import Handoff, commit_ring, complete_copies, re
 from floering.wire.hashing import HASH_SPACE
 from floering.node.core.node_core import NodeCore
 from floering.node.core.reducers import load_reducer
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 
 TOKENS = tuple((i + 1) * HASH_SPACE // 8 - 1 for i in range(8))
 T0, T1 = TOKENS[0], TOKENS[1]

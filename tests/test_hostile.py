@@ -19,8 +19,8 @@ from floering.wire.codec import pack, pack_entries, unpack, unpack_entries
 from floering.wire.errors import InvalidArgument, StaleRing
 from floering.node.core.node_core import NodeCore
 from floering.node.core.reducers import load_reducer
-from floering.node.core.ring import MAX_VERSION, Ring
-from floering.node.core.ring_merge import MAX_VERSION_STEP
+from floering.wire.ring import MAX_VERSION, Ring
+from floering.wire.ring_merge import MAX_VERSION_STEP
 
 MEMBERS = {f"n{i}": f"127.0.0.1:{7100 + i}" for i in range(3)}
 

@@ -16,7 +16,7 @@ import pytest
 from floering.floe.cluster import LocalCluster
 from floering.node.config import NodeConfig
 from floering.node.core.batch import encode_payload
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 from floering.node.transport.budget import PUSH_READS_PER_CALLER, READING_PER_CALLER
 from floering.node.transport.server import message_bytes
 from floering.node.transport.tls import issue

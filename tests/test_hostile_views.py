@@ -17,7 +17,7 @@ import pytest
 from floering.floe.cluster import LocalCluster
 from floering.mapper import RingClient
 from floering.wire.hashing import HASH_SPACE
-from floering.node.core.ring_wire import MAX_RING_TOKENS
+from floering.wire.ring_wire import MAX_RING_TOKENS
 from floering.v1 import floe_pb2, floe_pb2_grpc
 from tests.helpers import Feeder, diff
 

@@ -16,7 +16,7 @@ from floering.mapper import RingClient
 from floering.node.core.batch import encode_payload
 from floering.wire.codec import pack, pack_entries, unpack_entries
 from floering.wire.pieces import PIECE_MARK, fold_key
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 from floering.node.transport import tls
 from floering.wire.tls import TlsFiles
 from tests.helpers import wait_for

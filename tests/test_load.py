@@ -1,7 +1,7 @@
 """The load monitor's verdicts and the split choice, on explicit samples."""
 
 from floering.node.core.load import LoadConfig, LoadMonitor, choose_shed, halving_shed
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 
 
 def feed(monitor, start, seconds, queue, cpu_fraction, rate=1000.0, step=0.1):

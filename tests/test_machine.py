@@ -19,7 +19,7 @@ from floering.node.core.machine_io import (CheckpointDue, CheckpointRoundDone, E
 from floering.node.core.handoff_driver import REPAIR_SLACK
 from floering.node.core.node_core import NodeCore
 from floering.node.core.reducers import load_reducer
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 
 MEMBERS = {f"n{i}": f"a:{i}" for i in range(4)}
 INCARNATIONS = {n: 100 + i for i, n in enumerate(MEMBERS)}

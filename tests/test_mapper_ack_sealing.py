@@ -16,7 +16,7 @@ from floering.mapper.delivery import Delivery, NodeSender
 from floering.mapper.routing import Router
 from floering.node.core.batch import encode_payload, encode_seqs
 from floering.mapper.outbox import PendingBatch
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 from floering.v1 import floe_pb2
 
 MEMBERS = {f"n{i}": f"h:{i}" for i in range(3)}

@@ -11,7 +11,7 @@ from floering.mapper.ring_watch import RETIRE_EVERY, STALL, Look
 from floering.node.core.batch import encode_payload, encode_seqs
 from floering.wire.errors import (Fenced, InvalidArgument, Overloaded, ReducerMismatch,
                                        Refused, StaleRing, Unavailable)
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 
 MEMBERS = {f"n{i}": f"h:{i}" for i in range(3)}
 BASE = Ring.initial(MEMBERS, 1, 4)

@@ -16,8 +16,8 @@ from floering.node.core.evidence import (MAX_PENDING, MAX_PER_SENDER, SETTLE, Vi
                                          removal_claims)
 from floering.node.core.machine_io import (Gossip, MonitorDue, ProbedFor, ProbeFinished, Record,
                                           RingSeen, StartProbe)
-from floering.node.core.ring import Ring
-from floering.node.core.ring_merge import MAX_VERSION_STEP
+from floering.wire.ring import Ring
+from floering.wire.ring_merge import MAX_VERSION_STEP
 from tests.test_simulation import check, random_cluster
 
 MEMBERS = {"n0": "h:0", "n1": "h:1", "n2": "h:2"}

@@ -10,7 +10,7 @@ from floering.node.core.membership import (DONOR_QUIET, RecentDonors, decide_sta
                                   ready_to_decide, refill_moves, rejoin_name, restarted)
 from floering.node.core.node_core import NodeCore
 from floering.node.core.reducers import load_reducer
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 
 MEMBERS = {f"n{i}": f"127.0.0.1:{7000 + i}" for i in range(3)}
 

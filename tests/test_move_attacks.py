@@ -342,7 +342,7 @@ WORDS = [f"w{i % 131}" for i in range(4000)]
 
 
 def _ring_of(cluster, node_id):
-    from floering.node.core.ring import Ring
+    from floering.wire.ring import Ring
     from floering.v1 import floe_pb2, floe_pb2_grpc
     with cluster.channel(cluster.node(node_id).address) as ch:
         return Ring.from_wire(floe_pb2_grpc.ControlPlaneStub(ch).GetRing(

@@ -2,7 +2,7 @@
 
 from floering.mapper.outbox import Outbox, PendingBatch
 from floering.node.core.batch import decode_payload, encode_payload, encode_seqs
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 from tests.helpers import middle
 
 RING = Ring.initial({"a": "h:1", "b": "h:2", "c": "h:3"}, 1, 2)

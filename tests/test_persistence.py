@@ -11,7 +11,7 @@ from floering.node.core.persistence_io import (AcceptBatches, AckWanted, AppendR
 from floering.node.core.batch import Limits
 from floering.node.core.reducers import load_reducer
 from floering.node.core.restore import DiskCopy, restored_core
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 from floering.node.storage.node_store import NodeStore
 
 RING = Ring.initial({"p": "a:1", "b": "a:2", "c": "a:3"}, 1, 2)

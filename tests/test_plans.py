@@ -15,7 +15,7 @@ from floering.mapper.plans import EVEN, Plan, PlanChooser, make_plan
 from floering.mapper.sharing import chooser_for
 from floering.wire.balancers import balancer
 from floering.wire.pieces import base_of, is_piece, merge_pieces, parse_piece, piece_key
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 
 SHARING = ("pkg", "dkg", "dchoices", "wchoices", "smalops")
 

@@ -7,7 +7,7 @@ from collections import Counter
 
 from floering.wire.hashing import position
 from floering.node.core.redistribution import doubling_cuts, halving_moves
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 from floering.node.core.shedding import PeerLoad, cut_positions, plan_shed, with_split_tail
 
 KEYS = [f"k{i}" for i in range(20_000)]

@@ -11,8 +11,8 @@ from floering.mapper import RingClient
 from floering.node.config import load_config
 from floering.wire.errors import InvalidArgument
 from floering.node.core.reducers import reducer_identity
-from floering.node.core.ring import Ring
-from floering.node.core.ring_merge import check_compatible
+from floering.wire.ring import Ring
+from floering.wire.ring_merge import check_compatible
 
 MEMBERS = {f"n{i}": f"127.0.0.1:{7000 + i}" for i in range(3)}
 COUNT = reducer_identity("count", {})

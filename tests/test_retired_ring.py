@@ -11,7 +11,7 @@ import pytest
 
 from floering.floe.cluster import LocalCluster
 from floering.mapper import RingClient
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 from floering.node.core.retired import decode
 from floering.v1 import floe_pb2, floe_pb2_grpc
 from tests.helpers import wait_for

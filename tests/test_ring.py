@@ -3,7 +3,7 @@ from hypothesis import assume, given, settings, strategies as st
 
 from floering.wire.errors import InvalidArgument, InvalidKey
 from floering.wire.hashing import HASH_SPACE, key_bytes, position
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 
 keys = st.one_of(st.text(max_size=12), st.binary(max_size=12),
                  st.integers(-2 ** 63, 2 ** 64 - 1))

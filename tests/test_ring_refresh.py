@@ -13,7 +13,7 @@ import pytest
 
 from floering.mapper import AsyncRingClient, FloeError
 from floering.wire.codec import pack, unpack
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 from floering.v1 import floe_pb2, floe_pb2_grpc
 from tests.helpers import wait_until
 

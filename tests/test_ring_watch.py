@@ -2,7 +2,7 @@
 and when it looks for a newer ring, on a fake clock."""
 
 from floering.mapper.ring_watch import RETIRE_EVERY, STALL, Look, ProgressWatch, choose_ring
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 
 MEMBERS = {f"n{i}": f"h:{i}" for i in range(3)}
 

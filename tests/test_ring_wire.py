@@ -1,5 +1,5 @@
 """A ring view's encoding is bounded before it is decoded, and building a ring from it
-costs time linear in its size (node.core.ring_wire)."""
+costs time linear in its size (wire.ring_wire)."""
 
 import time
 
@@ -8,8 +8,8 @@ import pytest
 
 from floering.wire.errors import InvalidArgument
 from floering.wire.hashing import HASH_SPACE
-from floering.node.core.ring import Ring
-from floering.node.core.ring_wire import (MAX_RING_TOKENS, MAX_VIEW_BYTES, decode_view,
+from floering.wire.ring import Ring
+from floering.wire.ring_wire import (MAX_RING_TOKENS, MAX_VIEW_BYTES, decode_view,
                                           replica_walks)
 
 

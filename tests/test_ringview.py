@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from floering.floe.ringview import locate, member_rows, range_rows, verdict
 from floering.wire.hashing import position
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 
 MEMBERS = {f"n{i}": f"127.0.0.1:{7400 + i}" for i in range(4)}
 

@@ -10,7 +10,7 @@ import pytest
 from floering.mapper.scanning import FoldDuringScan, RingScan
 from floering.wire.codec import pack_entries
 from floering.wire.pieces import fold_key, fold_source, piece_key
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 from floering.v1 import floe_pb2
 
 RING = Ring.initial({"a": "h:1", "b": "h:2"}, 1, 2, "dkg")

@@ -23,7 +23,7 @@ from cryptography import x509
 
 from floering.floe.cluster import LocalCluster
 from floering.mapper import RingClient
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 from floering.node.transport import tls as tls_module
 from floering.wire.channels import ServerNames, server_options
 from floering.wire.tls import TlsFiles, server_name

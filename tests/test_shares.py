@@ -8,7 +8,7 @@ import pytest
 from floering.node.core.handoff import leave_moves
 from floering.node.core.shares import (PULL_GRACE, PULL_INTERVAL, PullRanges, pull_plan,
                                        short_after_removal, short_of_share, spread_leave)
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 
 MEMBERS = {f"n{i}": f"h:{i}" for i in range(4)}
 

@@ -9,7 +9,7 @@ import pytest
 
 from floering.chaos.skew import PAPER_S, RAY, TOKENS_PER_NODE, ray_items, run_one, workload
 from floering.chaos.skew_measures import skew
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 
 
 def static_skew(keys, nodes: int) -> float:

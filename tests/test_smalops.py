@@ -10,7 +10,7 @@ from floering.mapper.sharing import chooser_for
 from floering.mapper.smalops import SmalopsChooser
 from floering.wire.balancers import balancer
 from floering.wire.pieces import base_of
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 
 MEMBERS = {f"n{i}": f"127.0.0.1:{7000 + i}" for i in range(4)}
 RING = Ring.initial(MEMBERS, 1, 8, "smalops")

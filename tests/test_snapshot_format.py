@@ -415,7 +415,7 @@ def test_frames_are_recut_by_position_into_a_ring_of_other_tokens_exactly():
     import random
 
     from floering.floe.snapshot import ColumnRange, import_chunks, load_recut
-    from floering.node.core.ring import Ring
+    from floering.wire.ring import Ring
     from floering.node.core.state_wire import decode
     rnd = random.Random(7)
     vocabulary = ["w%d" % i for i in range(3000)] + ["é%d" % i for i in range(50)]
@@ -451,7 +451,7 @@ def test_frames_are_recut_by_position_into_a_ring_of_other_tokens_exactly():
 
 def test_frames_recut_refuses_a_key_twice_a_bad_key_or_state_before_the_first_write():
     from floering.floe.snapshot import check_states, load_recut
-    from floering.node.core.ring import Ring
+    from floering.wire.ring import Ring
     ring = Ring(1, 1, (5, 1 << 63), ("n0",) * 2, (("n0", "a:1"),))
     for ranges, why in (({10: {"a": 1, "b": 2}, 20: {"a": 4}}, "two ranges"),
                         ({10: {"a": 1, "x": 2.5}, 20: {"x": 1.5}}, "two ranges"),

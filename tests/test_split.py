@@ -12,7 +12,7 @@ from floering.node.core.batch import decode_payload, decode_seqs, encode_payload
 from floering.node.core.handoff import Handoff
 from floering.wire.hashing import HASH_SPACE, position
 from floering.node.core.node_core import cut_ranges
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 from tests.helpers import CoreCluster, Feed, fail, middle, run, spread
 
 WORDS = [f"w{i % 97}" for i in range(3000)]

@@ -9,7 +9,7 @@ import pytest
 
 from floering.floe.cluster import LocalCluster
 from floering.mapper.admin import request_handoff
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 from tests.helpers import Feeder, finish_exact, floe, live_ring, middle, status, wait_for
 
 pytestmark = pytest.mark.multiprocess

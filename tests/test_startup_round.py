@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from floering.wire.errors import Unavailable
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 from floering.node.core.startup_round import (ASK_AGAIN_SECONDS, TRANSITIONS, WAIT_LOG_SECONDS,
                                               Answered, AskPeers, Decide, StartState, Startup,
                                               StartStateError, Stop)

@@ -220,7 +220,7 @@ def test_the_pure_node_writes_and_reads_the_bytes_the_compiled_one_does():
 
 @compiled
 def test_a_tables_split_by_position_is_the_split_by_key():
-    from floering.node.core.ring import Ring
+    from floering.wire.ring import Ring
     ring = Ring.initial({"a": "h:1", "b": "h:2"}, 1, 2)
     token = ring.tokens[1]
     lo, hi = ring.range_of_token(token)

@@ -80,7 +80,7 @@ def test_each_role_may_call_only_its_own_methods(cluster):
         assert status_of(lambda: as_node.Heartbeat(floe_pb2.HeartbeatRequest(
             sender="n1", ring_stamp=1), timeout=5)) == grpc.StatusCode.OK
         # and an operator may split (a range of the node it talks to)
-        from floering.node.core.ring import Ring
+        from floering.wire.ring import Ring
         r = Ring.from_wire(ring.ring)
         token = r.tokens_of(cluster.nodes[0].node_id)[0]
         lo, _ = r.range_of_token(token)
@@ -89,7 +89,7 @@ def test_each_role_may_call_only_its_own_methods(cluster):
 
 
 def test_a_nodes_message_names_exactly_its_certificates_node(cluster):
-    from floering.node.core.ring import Ring
+    from floering.wire.ring import Ring
     denied = grpc.StatusCode.PERMISSION_DENIED
     with channel(cluster, "n1") as n:
         as_node = floe_pb2_grpc.ControlPlaneStub(n)

@@ -78,7 +78,7 @@ def three_free_ports() -> int:
 def test_a_member_flooding_views_is_refused_and_the_ring_stays_exact(tmp_path):
     from floering.floe.cluster import LocalCluster
     from floering.mapper import RingClient
-    from floering.node.core.ring import Ring
+    from floering.wire.ring import Ring
     from floering.v1 import floe_pb2, floe_pb2_grpc
     from tests.test_observability import scrape, value
     words = [f"v{i % 89}" for i in range(3000)]

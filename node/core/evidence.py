@@ -40,8 +40,8 @@ from collections import Counter
 from typing import Iterable
 
 from floering.node.core.move_evidence import MoveGuard
-from floering.node.core.ring import Ring
-from floering.node.core.ring_merge import MAX_VERSION_STEP
+from floering.wire.ring import Ring
+from floering.wire.ring_merge import MAX_VERSION_STEP
 
 MAX_PENDING = 4            # views held while their removals are verified
 MAX_PER_SENDER = 2         # of them, from one sender

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 
 
 def forged_views(ring: Ring) -> dict[str, Ring]:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from floering.wire.errors import InvalidArgument, Overloaded, TooLarge, inert
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 from floering.node.core.shares import spread_leave
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 
 
 @dataclass(frozen=True)

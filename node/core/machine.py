@@ -37,7 +37,7 @@ from floering.node.core.machine_io import (
     StartProbe, StartShed)
 from floering.node.core.membership import (RecentDonors, refill_moves, rejoin_name, removal_losses, restarted)
 from floering.node.core.node_core import NodeCore, RingChange
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 from floering.node.core.shares import FAILING_ROUNDS, SharePulling
 from floering.node.core.shedding import PeerLoad, ShedPlan, plan_shed, with_split_tail
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from floering.node.core.detector import Probe
 from floering.node.core.node_core import Shipment
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 
 # ------------------------------------------------------------------- events
 

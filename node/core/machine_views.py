@@ -15,13 +15,13 @@ from floering.node.core.machine_io import (Gossip, Note, ProbedFor, ProbeFinishe
                                           StartProbe)
 from floering.node.core.membership import restarted
 from floering.node.core.move_evidence import move_claims
-from floering.node.core.ring_merge import MAX_VERSION_STEP, check_compatible
+from floering.wire.ring_merge import MAX_VERSION_STEP, check_compatible
 
 if TYPE_CHECKING:
     from floering.node.core.evidence import ViewGuard
     from floering.node.core.machine_io import Record
     from floering.node.core.node_core import NodeCore, RingChange
-    from floering.node.core.ring import Ring
+    from floering.wire.ring import Ring
 
 
 class ViewChecks:

@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Iterable
 
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 
 
 @dataclass(frozen=True)

@@ -32,10 +32,10 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 from floering.node.core.membership import base_name
-from floering.node.core.ring_merge import absorbed_version
+from floering.wire.ring_merge import absorbed_version
 
 if TYPE_CHECKING:
-    from floering.node.core.ring import Ring
+    from floering.wire.ring import Ring
 
 MAX_PENDING = 4            # views held while their moves wait for their givers' word
 MAX_PER_SENDER = 2         # of them, from one sender

@@ -21,7 +21,7 @@ from floering.wire.errors import (Fenced, InvalidArgument, RangeLost, StaleRing,
                               TooLarge, inert)
 from floering.node.core.ranges import Checkpoint, PrimaryRange, ReplicaSide
 from floering.node.core.reducers import Reducer
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 from floering.node.core.split_point import PositionLoad
 from floering.node.core.table_state import (Columns, ColumnKeys, check_positions,
                                             marked_keys)

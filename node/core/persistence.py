@@ -43,7 +43,7 @@ from floering.node.core.persistence_io import (AcceptBatches, AckWanted, AppendR
                                       FailAcks, LogSynced, RefuseBatches, ReleaseAcks,
                                       RoundCut, SaveIdentity, SyncLog, SyncWanted,
                                       WriteCopies)
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 from floering.node.core.state_wire import Layers
 
 

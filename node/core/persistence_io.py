@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Mapping
 
 from floering.node.core.batch import Batch
 from floering.node.core.ranges import Checkpoint
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 
 if TYPE_CHECKING:
     from floering.node.core.node_core import NodeCore

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections import deque
 from typing import NamedTuple
 
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 
 RECENT_RINGS = 8      # rings held before the current one: a delta cut under one still lands
 MAX_PINS = 256        # full copies arriving at once (node.transport.chunking.Reassembly)

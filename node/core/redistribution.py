@@ -29,7 +29,7 @@ from bisect import bisect_left
 from collections.abc import Mapping
 
 from floering.wire.hashing import position
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 
 # Doubling stops cutting once the ring holds this many times the tokens it started with,
 # or DOUBLING_FLOOR tokens if that is more (a ring started from one token a node).

@@ -15,7 +15,7 @@ from floering.wire.epochs import effective_mark
 from floering.node.core.node_core import NodeCore
 from floering.node.core.ranges import ReplicaSide
 from floering.node.core.reducers import Reducer
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 from floering.node.core.state_wire import StateRun
 from floering.node.core.table_state import TableCopy
 

@@ -46,7 +46,7 @@ from floering.node.core.lost_log import (LOST_LOG_BYTES, RESTORE_WINDOW, LostLog
                                          busy, install, predates, rebuilt, replaces)
 from floering.node.core.node_core import NodeCore, PushResult, RingChange
 from floering.node.core.restore import restored_core
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 from floering.node.core.snapshot_format import IMPORT_SOURCE, MAX_CHUNKS
 from floering.node.core.snapshots import HoldsState, checked_parts, merge_parts, parts_as_lists
 

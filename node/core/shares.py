@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 
 from floering.wire.balancers import balancer
 from floering.wire.hashing import HASH_SPACE
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 
 if TYPE_CHECKING:
     from floering.node.core.node_core import NodeCore

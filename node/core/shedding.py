@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from floering.node.core.load import choose_shed, clockwise_nodes
 from floering.node.core.redistribution import (DOUBLING_FLOOR, DOUBLING_GROWTH, doubling_cuts,
                                                halving_moves)
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 from floering.node.core.split_point import plan_split
 
 # Load shedding splits ranges only while the ring has fewer than this many times the

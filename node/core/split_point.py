@@ -15,7 +15,7 @@ token back to p".
 from __future__ import annotations
 
 from floering.wire.hashing import HASH_SPACE, position
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 
 SAMPLES_PER_BATCH = 4
 

@@ -22,7 +22,7 @@ from floering.node.core.persistence_io import (AcceptBatches, AckWanted, AppendR
                                       RefuseBatches, ReleaseAcks, SaveIdentity, SyncLog,
                                       SyncWanted, WriteCopies)
 from floering.node.core.restore import restored_core
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 from floering.node.storage.node_store import Loaded, NodeStore, open_store
 
 log = logging.getLogger("floe.node")

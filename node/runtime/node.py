@@ -33,7 +33,7 @@ from floering.node.core.machine_io import (
 from floering.node.core.membership import answered_by, founding_ring
 from floering.node.core.node_core import NodeCore
 from floering.node.core.reducers import Reducer
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 from floering.node.core.shed_round import ShedOutcome
 from floering.node.runtime.balancing import PullRanges, hand_all_away, pull_share, shed_load
 from floering.node.runtime.durability import Durability, open_data_dir, restore

@@ -15,7 +15,7 @@ from typing import Protocol
 from floering.wire.codec import pack_entries, unpack_entries
 from floering.wire.errors import Refused, Unavailable
 from floering.node.core.membership import base_name
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 from floering.node.runtime.inbound import StreamState
 
 

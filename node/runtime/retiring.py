@@ -27,7 +27,7 @@ from floering.node.core.chunks import CHUNK_BYTES, column_slices, packed_chunks
 from floering.wire.errors import FloeError
 from floering.node.core.retired import (Held, RetainingCore, RetiredSet, decode, encode, held,
                                         retire_directory)
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 from floering.node.core.state_wire import plan
 from floering.node.core.table_state import table_op
 from floering.node.files import open_private, private_dir

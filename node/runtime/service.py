@@ -16,7 +16,7 @@ from floering.node.core.handoff import Handoff
 from floering.wire.balancers import balancer
 from floering.node.core.chunks import (CHUNK_BYTES, ScanSlots, column_slices, packed_chunks,
                                        pair_slices, scan_pairs)
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 from floering.node.core.state_store import LayeredState, copy_pairs
 from floering.node.core.state_wire import StateColumns, StateRun, into_dict
 from floering.node.core.table_state import copies_in_tables, copy_in_steps

@@ -13,7 +13,7 @@ import time
 from floering.node.core.columnar import KERNEL
 from floering.wire.errors import FloeError, InvalidArgument, Unavailable, inert
 from floering.node.core.membership import StartDecision, decide_start
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 from floering.node.core.startup_round import AskPeers, Answered, Decide, Startup, Stop
 
 log = logging.getLogger("floe.node")

@@ -23,7 +23,7 @@ from floering.node.core.dedup import bind_source
 from floering.wire.errors import FloeError, InvalidArgument, Unavailable, inert
 from floering.node.core.handoff import HandoffState
 from floering.wire.pieces import FOLD_SOURCE, is_fold_source
-from floering.node.core.ring import Ring
+from floering.wire.ring import Ring
 from floering.node.runtime.inbound import StreamState
 from floering.node.runtime.node import NodeRuntime
 from floering.node.runtime.service import NodeService

@@ -19,8 +19,8 @@ from floering.wire.balancers import BALANCERS
 from floering.wire.balancers import DEFAULT as DEFAULT_BALANCER
 from floering.wire.errors import InvalidArgument, inert
 from floering.wire.hashing import HASH_SPACE, position
-from floering.node.core.ring_merge import merge_rings, retiring_by_token
-from floering.node.core.ring_wire import (MAX_REPLICATION, MAX_VERSION,  # noqa: F401
+from floering.wire.ring_merge import merge_rings, retiring_by_token
+from floering.wire.ring_wire import (MAX_REPLICATION, MAX_VERSION,  # noqa: F401
                                           MAX_INCARNATION, decode_view, replica_walks)
 
 
@@ -390,7 +390,7 @@ class Ring:
 
     def merge(self, other: "Ring") -> "Ring":
         """Combine two views; every node that merges the same two views reaches the
-        same ring, whichever it held (node.core.ring_merge)."""
+        same ring, whichever it held (wire.ring_merge)."""
         if other.stamp == self.stamp and other == self:
             return self
         return merge_rings(self, other)

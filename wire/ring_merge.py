@@ -12,10 +12,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from floering.wire.errors import InvalidArgument, inert
-from floering.node.core.ring_wire import MAX_RING_TOKENS, MAX_VERSION
+from floering.wire.ring_wire import MAX_RING_TOKENS, MAX_VERSION
 
 if TYPE_CHECKING:
-    from floering.node.core.ring import Ring
+    from floering.wire.ring import Ring
 
 # token -> (generation, owner, extras, retiring holders)
 Entries = dict[int, tuple]
