@@ -3,6 +3,7 @@
     python -m floering.chaos.bench [--tuples 3000000] [--words zipf|corpus] [--nodes 4]
                           [--seconds 8] [--insecure] [--durable] [--spark]
     python -m floering.chaos.bench --latency-only [--rate 0.8] [--repeat 3] [--memory]
+    python -m floering.chaos.bench --spark-rounds 3 [--tuples 3000000] [--memory]
 
 Prints: the in-process ceilings (msgpack decode + reducer apply; the feeder's route +
 batch + encode, tuple by tuple and combined); end-to-end throughput in input tuples/s
@@ -341,7 +342,12 @@ def _parser() -> argparse.ArgumentParser:
                         help="with --latency-only: the sustained open-loop rate in M "
                              "tuples/s, rather than finding it")
     parser.add_argument("--memory", action="store_true",
-                        help="with --latency-only: the nodes in memory, not durable")
+                        help="with --latency-only or --spark-rounds: the nodes in memory, not durable")
+    parser.add_argument("--spark-rounds", type=int, default=0, metavar="N",
+                        help="only Spark's warm count against the ring end to end, every "
+                             "tuple sent and combined, in the default `floe up` mode "
+                             "(durable, 2 ms group commit; --memory: in memory), N rounds "
+                             "taking turns, the machine's load printed with each")
     parser.add_argument("--kernels", action="store_true",
                         help="only the node state before and after the state table, side "
                              "by side (dict nodes fed format 1, table nodes format 2)")
@@ -359,6 +365,10 @@ def main(argv=None) -> int:
     if args.kernels:
         gc.freeze()
         return 0 if kernels_side_by_side(words, args.nodes) else 1
+    if args.spark_rounds:
+        gc.freeze()
+        return 0 if spark_side_by_side(words, args.nodes, args.spark_rounds,
+                                       None if args.memory else DEFAULT_FSYNC) else 1
     if args.latency_only:
         gc.freeze()
         return 0 if latency_only(words, args.nodes, args.rate * 1e6, args.seconds,
@@ -443,6 +453,42 @@ def latency_only(words: list[str], nodes: int, sustained: float, seconds: float,
                   f"{p99 * 1e3:.1f} ms, p999 {p999 * 1e3:.1f} ms (exact={ok}; machine "
                   f"load {load} before, {_loadavg()} after)", flush=True)
             print("  " + stage_summary(stages), flush=True)
+    return exact
+
+
+def spark_side_by_side(words: list[str], nodes: int, rounds: int,
+                       fsync: float | None) -> bool:
+    """Spark Structured Streaming's warm count of `words` (chaos.spark_bench), the ring
+    with every tuple sent (`RingClient(combine=False)`) and combined, r=1, mutual TLS,
+    durable at `fsync` (None: in memory); `rounds` rounds taking turns, each round's
+    ratios and the medians."""
+    from floering.chaos.spark_bench import WarmSparkCount
+    mode = "in memory" if fsync is None else f"durable, fsync every {fsync * 1e3:g} ms"
+    print(f"workload: {len(words):,} words ({len(set(words)):,} distinct), {nodes} nodes, "
+          f"r=1, mutual TLS, {mode}; Spark: local[2], RocksDB changelog state store, warm "
+          f"JVM, 1,000 words a line in 8 files, 2 a micro-batch", flush=True)
+    rates: dict[str, list[float]] = {"spark": [], "every tuple": [], "combined": []}
+    exact = True
+    # The JVM starts first, while this process runs no gRPC thread (spark_count_rate).
+    with WarmSparkCount(words) as spark:
+        for i in range(rounds):
+            load = _loadavg()
+            spark_rate, ok = spark.run()
+            rates["spark"].append(spark_rate)
+            exact = exact and ok
+            for name, combine in (("every tuple", False), ("combined", True)):
+                rate, ok, _ = end_to_end(words, nodes, 1, fsync=fsync, combine=combine)
+                rates[name].append(rate)
+                exact = exact and ok
+            print(f"round {i + 1}: Spark {spark_rate / 1e6:.3f} M/s; every tuple "
+                  f"{rates['every tuple'][-1] / 1e6:.3f} M/s (x{rates['every tuple'][-1] / spark_rate:.2f}); "
+                  f"combined {rates['combined'][-1] / 1e6:.3f} M/s "
+                  f"(x{rates['combined'][-1] / spark_rate:.2f}); exact={exact}; machine load "
+                  f"{load} before, {_loadavg()} after", flush=True)
+    for name in ("every tuple", "combined"):
+        ratios = sorted(r / s for r, s in zip(rates[name], rates["spark"]))
+        print(f"{name} / Spark: median x{ratios[len(ratios) // 2]:.2f} "
+              f"(x{ratios[0]:.2f}-x{ratios[-1]:.2f} over {rounds} rounds)", flush=True)
     return exact
 
 

@@ -234,23 +234,49 @@ def spark_count_rate(words: list[str], files: int = 8, rounds: int = 2) -> tuple
     """Spark's own streaming count of `words` (written 1,000 to a line in `files`
     files, two files per micro-batch), on a JVM warmed by a first small run: the best
     of `rounds` runs in words/s, and whether every run counted exactly."""
-    lines = [" ".join(words[i:i + 1000]) for i in range(0, len(words), 1000)]
-    expected = Counter(words)
-    spark = bench_session()
-    try:
-        with tempfile.TemporaryDirectory(prefix="floe-spark-count-") as tmp:
-            workdir = Path(tmp)
-            warm = workdir / "warm"
-            write_files(warm, lines[:200], 2)
-            throughput(SparkCount(spark), warm, workdir,
-                       Counter(w for line in lines[:200] for w in line.split()))
-            source = workdir / "input"
-            write_files(source, lines, files)
-            runs = [throughput(SparkCount(spark), source, workdir, expected)
-                    for _ in range(rounds)]
-    finally:
-        spark.stop()
+    with WarmSparkCount(words, files) as count:
+        runs = [count.run() for _ in range(rounds)]
     return max(rate for rate, _ in runs), all(ok for _, ok in runs)
+
+
+class WarmSparkCount:
+    """A SparkSession kept open with `words` written 1,000 to a line in `files` files
+    and the JVM warmed by a first small run; each run() is Spark's own streaming count
+    of them (two files per micro-batch): (words/s, exact). Start it before any gRPC
+    thread runs in this process (PySpark forks its JVM with a preexec_fn)."""
+
+    def __init__(self, words: list[str], files: int = 8) -> None:
+        self.lines = [" ".join(words[i:i + 1000]) for i in range(0, len(words), 1000)]
+        self.expected = Counter(words)
+        self.files = files
+        self.spark = bench_session()
+        self.tmp = tempfile.TemporaryDirectory(prefix="floe-spark-count-")
+        try:
+            self.workdir = Path(self.tmp.name)
+            warm = self.workdir / "warm"
+            write_files(warm, self.lines[:200], 2)
+            throughput(SparkCount(self.spark), warm, self.workdir,
+                       Counter(w for line in self.lines[:200] for w in line.split()))
+            self.source = self.workdir / "input"
+            write_files(self.source, self.lines, files)
+        except BaseException:
+            self.close()
+            raise
+
+    def run(self) -> tuple[float, bool]:
+        return throughput(SparkCount(self.spark), self.source, self.workdir, self.expected)
+
+    def close(self) -> None:
+        try:
+            self.spark.stop()
+        finally:
+            self.tmp.cleanup()
+
+    def __enter__(self) -> "WarmSparkCount":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def main(argv=None) -> int:
