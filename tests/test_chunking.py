@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from floering.v1 import floe_pb2_grpc
-from floering.wire.errors import InvalidArgument, Unavailable
+from floering.wire.errors import InvalidArgument, StaleRing, Unavailable
 from floering.node.core.ranges import Checkpoint, FullStates
 from floering.node.transport.chunking import (Reassembly, SendWindow, chunk_count, chunks_of,
                                               Columns, fill, whole_states)
@@ -177,6 +177,7 @@ class Flaky(ControlPlane):
         super().__init__(service)
         self.fail, self.forget_at, self.calls = set(fail), forget_at, []
         self.delay, self.at_once, self.most_at_once = delay, 0, 0
+        self.stale: set[int] = set()      # chunks refused as the range having moved
 
     async def ShipCheckpoint(self, request, context):
         self.calls.append(request.chunk)
@@ -189,6 +190,9 @@ class Flaky(ControlPlane):
             self.at_once -= 1
 
     async def _ship(self, request, context):
+        if request.chunk in self.stale:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                f"StaleRing: token {request.token} moved")
         if request.chunk in self.fail:
             self.fail.discard(request.chunk)
             await context.abort(grpc.StatusCode.UNAVAILABLE, "lost on the way")
@@ -273,6 +277,23 @@ async def test_a_replica_that_keeps_failing_a_chunk_fails_the_shipment(flaky_rep
     finally:
         await peers.close()
     assert plane.calls == [1, 2, 3, 3, 3, 3] and not replica.received
+
+
+async def test_a_chunk_refused_as_stale_ends_the_shipment_at_once(flaky_replica):
+    """A replica refusing a chunk because the range moved since the copy was cut
+    refuses it again under the same stamp: it is not sent again."""
+    replica, plane, address = await flaky_replica(fail=set())
+    plane.stale = {3}
+    peers = PeerPool(timeout=5.0, max_message_bytes=1 << 26, chunk_entries=100,
+                     chunk_window=1)
+    try:
+        with pytest.raises(StaleRing):
+            await peers.ship_checkpoint(
+                address, sender="p", ring_stamp=5, base_seq=0,
+                checkpoint=Checkpoint(7, 3, {f"k{i}": i for i in range(500)}, {}, full=True))
+    finally:
+        await peers.close()
+    assert plane.calls == [1, 2, 3] and not replica.received
 
 
 class _Always(set):

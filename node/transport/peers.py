@@ -12,7 +12,7 @@ from floering.v1 import floe_pb2, floe_pb2_grpc
 from floering.node.core.chunks import CHUNK_BYTES
 from floering.wire.codec import (SLICE, entry_count, pack, pack_entries, pack_entries_sliced,
                              unpack_columns, unpack_entries, unpack_entries_sliced)
-from floering.wire.errors import FloeError
+from floering.wire.errors import FloeError, StaleRing
 from floering.node.core.state_wire import StateColumns, decode as decode_frame, is_frame, plan
 from floering.wire.channels import ChannelPool, ServerNames, open_channel
 from floering.node.transport.chunking import (CHUNK_ENTRIES, WINDOW, Columns, SendWindow,
@@ -180,8 +180,8 @@ class PeerPool:
                               planned: list) -> tuple[bool, int]:
         """A full checkpoint chunk by chunk (node.transport.chunking), up to
         `chunk_window` chunks on their way at once: each with a deadline for its own
-        bytes; a chunk that fails is sent again (up to CHUNK_RETRIES failures in a row),
-        and when the receiver says it did not keep one, the run goes on from what it
+        bytes; a chunk that fails is sent again (up to CHUNK_RETRIES failures in a row;
+        one refused as stale ends the shipment at once), and when the receiver says it did not keep one, the run goes on from what it
         holds."""
         total = len(planned)
         run = SendWindow(total, self.chunk_window, CHUNK_RETRIES,
@@ -213,7 +213,12 @@ class PeerPool:
                         reply = call.result()
                     except grpc.RpcError as exc:
                         error = error_from_rpc(exc)
-                        if run.failed(sent, error.retriable):
+                        # StaleRing: the range moved since the copy was cut (or the
+                        # receiver does not back it up). The same chunk under the
+                        # same stamp is refused again: the copy ends at once, and
+                        # the next round cuts a new one under the ring as it is.
+                        if run.failed(sent, error.retriable and
+                                      not isinstance(error, StaleRing)):
                             raise error from None
                         continue
                     self.checkpoint_bytes += nbytes
