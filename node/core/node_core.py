@@ -366,7 +366,11 @@ class NodeCore:
 
     def receive_checkpoint(self, sender: str, ring_version: int, token: int, seq: int,
                            base_seq: int, full: bool, states: Mapping,
-                           watermarks: dict[str, int], now: float = 0.0) -> tuple[bool, int]:
+                           watermarks: dict[str, int], now: float = 0.0,
+                           sliced: bool = False) -> tuple[bool, int]:
+        """Merge a checkpoint of `sender`'s range into our copy. `sliced`: a large
+        delta is left pending, for the caller to install a slice per turn of its
+        loop (ReplicaSide.step_delta); any read of the copy installs the rest first."""
         ring = self.ring
         self._check_started()
         if self.fenced:
@@ -380,7 +384,8 @@ class NodeCore:
             raise StaleRing(f"{self.node_id} does not back up token {token} of {inert(sender)}")
         self.counters["checkpoints_received"] += 1
         return self.replicas.apply_checkpoint(token, sender, seq, base_seq, full, states,
-                                              watermarks, now, self.limits.backup_expiry)
+                                              watermarks, now, self.limits.backup_expiry,
+                                              sliced=sliced)
 
     def check_copy_chunk(self, sender: str, ring_version: int, token: int) -> None:
         """A chunk of a full copy of `sender`'s range of `token`, cut under ring stamp

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from floering.node.core.backup_store import BackupEntry, BackupStore
 from floering.node.core.batch import Columns, decode_batch, decode_seqs
@@ -21,7 +21,8 @@ from floering.wire.pieces import carries_states
 from floering.node.core.reducers import Reducer
 from floering.node.core.snapshot_format import is_import_mark
 from floering.node.core.state_store import LayeredState, ReplicaState
-from floering.node.core.table_state import TableCopy, TableState, new_copy, new_state
+from floering.node.core.table_state import (TableCopy, TableState, delta_size, new_copy,
+                                            new_state)
 
 
 @dataclass
@@ -252,17 +253,112 @@ class PrimaryRange:
                 raise AssertionError(f"watermark of {source} went backwards")
 
 
-@dataclass
 class ReplicaRange:
-    token: int
-    primary: str
-    copy: ReplicaState
-    watermarks: dict[str, int] = field(default_factory=dict)
-    checkpoint_seq: int = 0
-    # The copy is the primary's whole range: true from the ring's first version (all
-    # empty) or once a full checkpoint arrived. A takeover from an incomplete copy
-    # would serve partial state, so it is reported lost instead.
-    complete: bool = False
+    """A replica's copy of one range: the primary's state as of its last checkpoint
+    (`copy`), the watermarks it covers, its seq and whether it is the whole range.
+
+    A large checkpoint delta is installed into a table copy a slice per turn of the
+    event loop (`pending`, a PendingDelta). Until its last slice the copy is half
+    changed, so reading any of copy, watermarks, checkpoint_seq or complete first
+    installs the rest of it: whoever reads (a takeover, an export, a scan, a split,
+    the disk) sees the range as of the whole delta, with its seq and watermarks."""
+
+    def __init__(self, token: int, primary: str, copy, watermarks: dict | None = None,
+                 checkpoint_seq: int = 0, complete: bool = False) -> None:
+        self.token, self.primary = token, primary
+        self._copy, self._watermarks = copy, dict(watermarks or {})
+        # The copy is the primary's whole range: true from the ring's first version (all
+        # empty) or once a full checkpoint arrived. A takeover from an incomplete copy
+        # would serve partial state, so it is reported lost instead.
+        self._seq, self._complete = checkpoint_seq, complete
+        self.pending: PendingDelta | None = None
+
+    def settle(self) -> None:
+        """Install what is left of a pending delta, at once."""
+        pending, self.pending = self.pending, None
+        if pending is not None:
+            pending.finish()
+
+    def drop_pending(self) -> None:
+        """A full copy replaces the copy whole: a pending delta's rest is moot."""
+        self.pending = None
+
+    @property
+    def copy(self):
+        self.settle()
+        return self._copy
+
+    @copy.setter
+    def copy(self, value) -> None:
+        self.pending = None
+        self._copy = value
+
+    @property
+    def watermarks(self) -> dict[str, int]:
+        self.settle()
+        return self._watermarks
+
+    @watermarks.setter
+    def watermarks(self, value: dict[str, int]) -> None:
+        self.settle()
+        self._watermarks = value
+
+    @property
+    def checkpoint_seq(self) -> int:
+        self.settle()
+        return self._seq
+
+    @checkpoint_seq.setter
+    def checkpoint_seq(self, value: int) -> None:
+        self.settle()
+        self._seq = value
+
+    @property
+    def complete(self) -> bool:
+        self.settle()
+        return self._complete
+
+    @complete.setter
+    def complete(self, value: bool) -> None:
+        self.settle()
+        self._complete = value
+
+
+DELTA_STEP = 16_384     # entries of a checkpoint delta installed per turn (a frame)
+DICT_DELTA_STEP = 4_096     # entries of a delta put into a dict copy per turn (~2 ms)
+SLICED_DELTA = 2 * DELTA_STEP   # a smaller delta is installed in one call, as before
+
+
+class PendingDelta:
+    """A checkpoint delta installed into a replica's table copy a slice at a time
+    (step()), its seq, watermarks and the backups it covers taken in with the last
+    slice (the copy, its seq and its watermarks change together). A slice the table
+    refuses leaves the copy half changed: it is marked incomplete and behind every
+    seq, so the primary's next checkpoint is a full copy; `error` says why."""
+
+    def __init__(self, slices, done) -> None:
+        self.slices, self.done = slices, done
+        self.error: FloeError | None = None
+        self.finished = False
+
+    def step(self) -> bool:
+        """Install one slice; True while some are left."""
+        if self.finished:
+            return False
+        try:
+            next(self.slices)
+            return True
+        except StopIteration:
+            self.finished = True
+            self.done(None)
+        except FloeError as exc:
+            self.finished, self.error = True, exc
+            self.done(exc)
+        return False
+
+    def finish(self) -> None:
+        while self.step():
+            pass
 
 
 class ReplicaSide:
@@ -312,22 +408,67 @@ class ReplicaSide:
 
     def apply_checkpoint(self, token: int, primary: str, seq: int, base_seq: int, full: bool,
                          states: Mapping, watermarks: dict[str, int], now: float = 0.0,
-                         backup_expiry: float = float("inf")) -> tuple[bool, int]:
+                         backup_expiry: float = float("inf"),
+                         sliced: bool = False) -> tuple[bool, int]:
         """Merge a checkpoint; return (need_full, latest seq held). Batches received
-        `backup_expiry` seconds before it that it still does not cover are dropped."""
+        `backup_expiry` seconds before it that it still does not cover are dropped.
+        `sliced`: a large delta into a table copy is left pending (ReplicaRange), for
+        the caller to install a slice per turn with step_delta."""
         rng = self._range(token, primary)
         if full:
+            rng.drop_pending()
             rng.copy.replace(states)
             rng.complete = True
-        elif base_seq != rng.checkpoint_seq:
+        elif base_seq != rng.checkpoint_seq:          # a pending delta installed first
             return True, rng.checkpoint_seq
+        elif sliced and delta_size(states) >= SLICED_DELTA:
+            rng.pending = PendingDelta(
+                rng.copy.fragment_in_steps(states, DELTA_STEP if isinstance(
+                    rng.copy, TableCopy) else DICT_DELTA_STEP),
+                lambda error: self._delta_done(rng, seq, watermarks, now - backup_expiry,
+                                               error))
+            return False, seq
         else:
             rng.copy.apply_fragment(states)
+        self._covered(rng, seq, watermarks, now - backup_expiry)
+        return False, seq
+
+    def _covered(self, rng: ReplicaRange, seq: int, watermarks: dict[str, int],
+                 expire_before: float) -> None:
         rng.checkpoint_seq = seq
         rng.watermarks = dict(watermarks)
-        self.backups.evict(token, rng.watermarks)
-        self.expired += self.backups.expire(token, rng.watermarks, now - backup_expiry)
-        return False, seq
+        self.backups.evict(rng.token, rng.watermarks)
+        self.expired += self.backups.expire(rng.token, rng.watermarks, expire_before)
+
+    def _delta_done(self, rng: ReplicaRange, seq: int, watermarks: dict[str, int],
+                    expire_before: float, error) -> None:
+        """A sliced delta's last slice: the copy is as of it. Or a slice refused: the
+        copy is half changed, so incomplete (a takeover reports the range lost rather
+        than serve it) and behind any seq (the next checkpoint is a full copy); the
+        batches kept for it stay."""
+        rng.pending = None
+        if self.ranges.get(rng.token) is not rng:
+            return                              # dropped or split meanwhile
+        if error is not None:
+            rng.complete, rng.checkpoint_seq = False, -1
+            return
+        self._covered(rng, seq, watermarks, expire_before)
+
+    def pending_delta(self, token: int) -> PendingDelta | None:
+        rng = self.ranges.get(token)
+        return rng.pending if rng is not None else None
+
+    def step_delta(self, token: int, pending: PendingDelta) -> bool:
+        """One more slice of `pending`: True while it is still `token`'s pending
+        delta with slices left (a reader of the copy may have installed the rest, a
+        full copy or a drop made it moot)."""
+        rng = self.ranges.get(token)
+        if rng is None or rng.pending is not pending:
+            return False
+        if pending.step():
+            return True
+        rng.pending = None
+        return False
 
     def rebuild(self, token: int, verify=None,
                 into: LayeredState | TableState | None = None) -> tuple[dict, dict[str, int]]:

@@ -13,6 +13,7 @@ from itertools import islice
 from typing import Generator, Iterator, Mapping
 
 from floering.node.core.reducers import Reducer
+from floering.node.core.state_wire import into_dict
 
 MISSING = object()  # "no such key", for callers whose states may be None
 
@@ -206,6 +207,10 @@ class ReplicaState:
 
     def apply_fragment(self, fragment: Mapping) -> None:
         self.master.update(fragment)
+
+    def fragment_in_steps(self, fragment, step: int) -> Iterator[None]:
+        """apply_fragment `step` entries at a time, yielding after each."""
+        return into_dict(self.master, fragment, step)
 
     def replace(self, full: Mapping) -> None:
         # Copied: one full checkpoint may be handed to several replicas in-process.

@@ -461,6 +461,30 @@ class TableCopy:
     def apply_fragment(self, fragment) -> None:
         self.state.install(fragment, mark_dirty=False)
 
+    def fragment_in_steps(self, fragment, step: int = INSTALL_STEP) -> Iterator[None]:
+        """apply_fragment about `step` entries at a time, yielding after each: room
+        made for the whole delta first (a step of its own), then its frames in
+        order, each laid over the ones before as install lays them. A bad frame
+        raises InvalidArgument with the frames before it installed (the caller
+        counts the copy as half changed: ReplicaSide)."""
+        state = self.state                # replace() may swap it: this one is installed
+        layers = layers_of(fragment)
+        frames = [layer for layer in layers if isinstance(layer, StateColumns)]
+        state.table.reserve(sum(len(f.kinds) for f in frames),
+                                 sum(len(f.key_data) for f in frames))
+        yield None
+        run: list = []
+        held = 0
+        for layer in layers:
+            run.append(layer)
+            held += delta_size(layer)
+            if held >= step:
+                state.install(StateRun(run), mark_dirty=False)
+                run, held = [], 0
+                yield None
+        if run:
+            state.install(StateRun(run), mark_dirty=False)
+
     def replace(self, full) -> None:
         """The whole range: a mapping (copied in), or a range's TableState (taken over
         as it is: its owner drops it)."""
@@ -496,6 +520,13 @@ class TableCopy:
 
     def __len__(self) -> int:
         return len(self.state)
+
+
+def delta_size(states) -> int:
+    """Entries of received states (a StateRun, StateColumns or a dict), duplicates
+    across layers counted as often as they come."""
+    return sum(len(layer.kinds) + len(layer.rest_keys) if isinstance(layer, StateColumns)
+               else len(layer) for layer in layers_of(states))
 
 
 def copies_in_tables(reducer: Reducer) -> bool:

@@ -116,7 +116,8 @@ class NodeService:
             copy = await table_in_steps(core.reducer, states)
         need_full, held = core.receive_checkpoint(sender, ring_stamp, token, seq, base_seq,
                                                   full, copy, watermarks,
-                                                  self.runtime.clock())
+                                                  self.runtime.clock(), sliced=True)
+        await install_pending(core.replicas, token)
         durable = self.runtime.durable
         if durable is not None and not need_full:         # acknowledged once on disk too
             await durable.checkpoint(token, sender, states, watermarks, full)
@@ -259,6 +260,20 @@ async def dict_in_steps(states: StateRun | StateColumns) -> dict:
     for _ in into_dict(out, states, DICT_STEP):
         await asyncio.sleep(0)
     return out
+
+
+async def install_pending(replicas, token: int) -> None:
+    """A large delta left pending in `token`'s copy, installed a slice per turn of
+    the event loop (a delta of 300 k keys into a copy of 1.25 M held the loop for
+    6-19 ms in one call); the sender is answered once it is in, or refused as the
+    one call would have been."""
+    pending = replicas.pending_delta(token)
+    if pending is None:
+        return
+    while replicas.step_delta(token, pending):
+        await asyncio.sleep(0)
+    if pending.error is not None:
+        raise pending.error
 
 
 async def table_in_steps(reducer, states: StateRun):
