@@ -412,7 +412,7 @@ class ReplicaSide:
                          sliced: bool = False) -> tuple[bool, int]:
         """Merge a checkpoint; return (need_full, latest seq held). Batches received
         `backup_expiry` seconds before it that it still does not cover are dropped.
-        `sliced`: a large delta into a table copy is left pending (ReplicaRange), for
+        `sliced`: a large delta is left pending on the copy (ReplicaRange), for
         the caller to install a slice per turn with step_delta."""
         rng = self._range(token, primary)
         if full:
