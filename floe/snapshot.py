@@ -46,12 +46,12 @@ from floering.node.core.snapshot_format import (IMPORT_SOURCE, Header, Section, 
                                                 Writer, check_keys, check_watermarks,
                                                 checked_walk, entry_count, parse_section,
                                                 read)
-from floering.wire.channels import server_options
+from floering.wire.channels import MESSAGE_LIMIT, server_options, size_options
 from floering.wire.status import error_from_rpc
 from floering.wire.tls import TlsFiles, server_name
 
 CALL_TIMEOUT = 60.0
-MAX_MESSAGE = 64 << 20
+MAX_MESSAGE = MESSAGE_LIMIT    # what a node sends and takes at the default settings
 
 
 @contextmanager
@@ -86,8 +86,7 @@ def _calls(ring: Ring, tls: TlsFiles | None):
     def stub(node: str):
         if node not in open_:
             # a chunk is 1 MiB, a lone large entry up to a node's message limit
-            sizes = [("grpc.max_receive_message_length", MAX_MESSAGE),
-                     ("grpc.max_send_message_length", MAX_MESSAGE)]
+            sizes = size_options(MAX_MESSAGE)
             ch = (grpc.secure_channel(ring.address(node), tls.channel_credentials(),
                                       options=server_options(server_name(node)) + sizes)
                   if tls else grpc.insecure_channel(ring.address(node), options=sizes))

@@ -25,6 +25,7 @@ from floering.mapper.queries import get_state, node_stats, query, top_entries, t
 from floering.mapper.scanning import FOLD_RETRIES, FoldDuringScan, open_scan
 from floering.wire.errors import Unavailable
 from floering.wire.ring import Ring
+from floering.wire.channels import MESSAGE_LIMIT
 from floering.mapper.credentials import FIND, TlsChoice, find_tls, mismatch
 
 POLL = 0.005        # seconds between two looks at the delivery while waiting on it
@@ -42,10 +43,12 @@ class AsyncRingClient(ClientBase):
                  timeout: float = 60.0, rpc_timeout: float = 5.0,
                  expect_reducer: str | None = None, first_seq: int = 1,
                  tls: TlsChoice = FIND, combine: bool = True,
-                 columnar: bool | None = None) -> None:
+                 columnar: bool | None = None,
+                 max_message_bytes: int = MESSAGE_LIMIT) -> None:
         self.tls = find_tls("client", tls)
         super().__init__(seeds, source, batch_size, linger, window, max_pending_batches,
-                         timeout, rpc_timeout, expect_reducer, self.tls, combine)
+                         timeout, rpc_timeout, expect_reducer, self.tls, combine,
+                         max_message_bytes)
         self._named = source is not None
         self._first_seq = first_seq
         self._batcher: Batcher | None = None

@@ -22,6 +22,7 @@ from floering.mapper.queries import get_state, node_stats, query, top_entries, t
 from floering.mapper.scanning import FOLD_RETRIES, FoldDuringScan, open_scan
 from floering.wire.errors import Unavailable
 from floering.wire.ring import Ring
+from floering.wire.channels import MESSAGE_LIMIT
 from floering.mapper.credentials import FIND, TlsChoice, find_tls, mismatch
 
 _shared: tuple[int, asyncio.AbstractEventLoop, threading.Thread] | None = None
@@ -56,6 +57,9 @@ class RingClient(ClientBase):
     decode it, True always, False never. `batch_size`: the tuples a batch holds, or,
     combining, the distinct keys a token's buffer holds before it is sealed; None (the
     default): 1000 tuples, 4096 keys combining (common.COMBINED_BATCH_KEYS).
+    `max_message_bytes`: the largest reply taken and request sent, what a node of the
+    default settings sends and takes (8 MiB); nodes run with --max-batch-bytes over
+    4 MiB send up to twice it. A larger reply fails its call with TooLarge.
     """
 
     def __init__(self, seeds: str | Iterable[str], *, source: str | None = None,
@@ -63,10 +67,12 @@ class RingClient(ClientBase):
                  max_pending_batches: int = 512, timeout: float = 60.0,
                  rpc_timeout: float = 5.0, expect_reducer: str | None = None,
                  first_seq: int = 1, tls: TlsChoice = FIND,
-                 combine: bool = True, columnar: bool | None = None) -> None:
+                 combine: bool = True, columnar: bool | None = None,
+                 max_message_bytes: int = MESSAGE_LIMIT) -> None:
         self.tls = find_tls("client", tls)
         super().__init__(seeds, source, batch_size, linger, window, max_pending_batches,
-                         timeout, rpc_timeout, expect_reducer, self.tls, combine)
+                         timeout, rpc_timeout, expect_reducer, self.tls, combine,
+                         max_message_bytes)
         self._loop, self._thread = _client_loop()
         try:
             self._call(self._delivery.fetch_ring())

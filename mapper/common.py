@@ -9,6 +9,7 @@ from floering.wire.balancers import balancer
 from floering.wire.pieces import COMBINED_SOURCE, FOLD_SOURCE, carries_states
 from floering.node.core.reducers import load_reducer
 from floering.wire.ring import Ring
+from floering.wire.channels import MESSAGE_LIMIT
 from floering.wire.tls import TlsFiles
 
 BATCH_TUPLES = 1000         # tuples a batch holds, by default
@@ -20,7 +21,8 @@ COMBINED_BATCH_KEYS = 4096
 class ClientBase:
     def __init__(self, seeds, source: str | None, batch_size: int | None, linger: float,
                  window: int, max_pending_batches: int, timeout: float, rpc_timeout: float,
-                 expect_reducer: str | None, tls: TlsFiles | None, combine: bool) -> None:
+                 expect_reducer: str | None, tls: TlsFiles | None, combine: bool,
+                 max_message_bytes: int = MESSAGE_LIMIT) -> None:
         if batch_size is None:   # an unnamed source combines where the reducer merges
             batch_size = COMBINED_BATCH_KEYS if combine and source is None else BATCH_TUPLES
         seeds = check_settings(seeds, batch_size, max_pending_batches)
@@ -37,7 +39,8 @@ class ClientBase:
         self._closed = False
         self._merging = None                # the reducer, once a read merges pieces
         self._delivery = Delivery(seeds, window, rpc_timeout, expect_reducer,
-                                 tls.channel_credentials() if tls else None)
+                                 tls.channel_credentials() if tls else None,
+                                 max_message_bytes=max_message_bytes)
 
     @property
     def ring(self) -> Ring:

@@ -27,7 +27,8 @@ from floering.mapper.ring_watch import RETIRE_EVERY, Look
 from floering.node.core.batch import formats_said
 from floering.wire.errors import FloeError, Unavailable
 from floering.wire.ring import Ring
-from floering.wire.channels import ChannelPool, ServerNames, open_channel
+from floering.wire.channels import (MESSAGE_LIMIT, ChannelPool, ServerNames, open_channel,
+                                    size_options)
 from floering.wire.status import error_from_rpc
 
 log = logging.getLogger("floe.mapper")
@@ -177,8 +178,10 @@ class Delivery:
     def __init__(self, seeds: list[str], window: int, rpc_timeout: float,
                  expect_reducer: str | None, credentials=None,
                  clock: Callable[[], float] = time.monotonic,
-                 wall_ns: Callable[[], int] = time.time_ns) -> None:
+                 wall_ns: Callable[[], int] = time.time_ns,
+                 max_message_bytes: int = MESSAGE_LIMIT) -> None:
         self.seeds = seeds
+        self.max_message_bytes = max_message_bytes
         self.clock = clock
         self.wall_ns = wall_ns
         self.credentials = credentials           # grpc.ChannelCredentials, or None
@@ -238,8 +241,9 @@ class Delivery:
         # gRPC's default reconnect backoff grows to 2 minutes: a mapper that rode
         # out a whole-cluster restart would wait that long after the nodes are
         # back. Retry within a second instead (min is the handshake's deadline).
-        options = [("grpc.max_receive_message_length", 64 << 20),
-                   ("grpc.max_send_message_length", 64 << 20),
+        # Replies and requests at most as large as a node's messages (a scan's chunk
+        # with one large entry, a Top, a ring), not gRPC's 4 MiB nor anything larger.
+        options = [*size_options(self.max_message_bytes),
                    ("grpc.initial_reconnect_backoff_ms", 100),
                    ("grpc.min_reconnect_backoff_ms", 1000),
                    ("grpc.max_reconnect_backoff_ms", 1000)]

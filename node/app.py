@@ -18,7 +18,8 @@ from floering.node.runtime.node import NodeRuntime
 from floering.node.runtime.retiring import Retiring
 from floering.node.transport.peers import PeerPool
 from floering.node.transport.metrics import NodeMetrics
-from floering.node.transport.server import listen_host, node_tls, set_health, start_server
+from floering.node.transport.server import (listen_host, message_bytes, node_tls, set_health,
+                                            start_server)
 from floering.node.transport.snapshots import RetiredCalls
 
 log = logging.getLogger("floe.node")
@@ -113,7 +114,8 @@ async def start_node(config: NodeConfig) -> RunningNode:
     reducer = configured_reducer(config)
     check_config_reducer(config, reducer)
     tls = node_tls(config)
-    peers = PeerPool(config.rpc_timeout, config.max_message_bytes,
+    # a peer sends and takes no message over message_bytes: neither do we to it
+    peers = PeerPool(config.rpc_timeout, message_bytes(config),
                      tls.channel_credentials() if tls else None,
                      chunk_entries=config.checkpoint_chunk_entries)
     runtime = NodeRuntime(config, reducer, peers,

@@ -26,6 +26,18 @@ from floering.wire.tls import NODE_ROLE_NAME, server_name
 
 IDLE = 60.0     # seconds: far past any call's deadline, so no call is cut short
 MAX_DROPPED = 64   # channels dropped for a fresh connection, not yet closed
+# The largest message a node takes or sends at the default settings (at most
+# node.transport.server.message_bytes: twice --max-batch-bytes, at least this). A
+# client's channel accepts no larger reply and sends no larger request, so a node (or
+# anything answering at its address) cannot make a client hold more per call.
+MESSAGE_LIMIT = 8 << 20
+
+
+def size_options(max_message_bytes: int) -> list[tuple[str, int]]:
+    """gRPC channel options: messages sent and received at most this large (a larger
+    one fails its call RESOURCE_EXHAUSTED, raised as TooLarge naming both sizes)."""
+    return [("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.max_receive_message_length", max_message_bytes)]
 
 
 def server_options(name: str | None = None) -> list[tuple[str, str]]:

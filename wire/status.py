@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import grpc
 
 from floering.wire import errors
@@ -27,6 +29,10 @@ _TO_CODE: tuple[tuple[type[errors.FloeError], grpc.StatusCode], ...] = (
 # kernel reset a connection the process held. A handshake that timed out (a paused or
 # starved peer still accepts TCP connections) proves nothing and is not listed.
 _GONE = ("Connection refused", "Connection reset", "Broken pipe")
+
+# gRPC's refusal of a message over a channel's or server's size limit, by either side
+_OVERSIZE = re.compile(r"(CLIENT|SERVER): (Received|Sent) message larger than max "
+                       r"\((\d+) vs\. (\d+)\)")
 
 # The error class is carried in the status details' first word so the client can
 # rebuild the exact type (several classes share FAILED_PRECONDITION).
@@ -68,9 +74,23 @@ def error_from_rpc(exc: grpc.RpcError) -> errors.FloeError:
                 grpc.StatusCode.CANCELLED, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN):
         return errors.Unavailable(f"{code.name}: {details}")
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-        return errors.TooLarge(details)
+        return errors.TooLarge(_oversize(details) or details)
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         return errors.InvalidArgument(details)
     if code == grpc.StatusCode.FAILED_PRECONDITION:
         return errors.StaleRing(details)
     return errors.FloeError(f"{code.name}: {details}")
+
+
+def _oversize(details: str) -> str | None:
+    """gRPC's words for a message over a size limit, said plainly: which side
+    refused it, its size and the limit, and how the limits are set."""
+    said = _OVERSIZE.search(details)
+    if said is None:
+        return None
+    side, verb, size, limit = said.groups()
+    whose = "the caller's" if side == "CLIENT" else "the node's"
+    return (f"a message of {size} bytes {'received' if verb == 'Received' else 'to send'} "
+            f"is over {whose} limit of {limit} bytes (a node takes and sends messages "
+            f"of up to twice its --max-batch-bytes, at least 8 MiB; a client of nodes "
+            f"set higher passes max_message_bytes as large)")

@@ -14,7 +14,7 @@ from floering.wire.codec import (SLICE, entry_count, pack, pack_entries, pack_en
                              unpack_columns, unpack_entries, unpack_entries_sliced)
 from floering.wire.errors import FloeError, StaleRing
 from floering.node.core.state_wire import StateColumns, decode as decode_frame, is_frame, plan
-from floering.wire.channels import ChannelPool, ServerNames, open_channel
+from floering.wire.channels import ChannelPool, ServerNames, open_channel, size_options
 from floering.node.transport.chunking import (CHUNK_ENTRIES, WINDOW, Columns, SendWindow,
                                               chunk_deadline)
 from floering.wire.status import error_from_rpc
@@ -76,8 +76,7 @@ def channel_options(max_message_bytes: int) -> list[tuple[str, int]]:
     # not as a backoff: a starved peer that takes more than 100 ms to answer it must
     # not put the channel into backoff, so it gets a second (a refused connect, the
     # usual case of a peer still starting or dead, fails at once regardless).
-    return [("grpc.max_send_message_length", max_message_bytes),
-            ("grpc.max_receive_message_length", max_message_bytes),
+    return [*size_options(max_message_bytes),
             ("grpc.initial_reconnect_backoff_ms", 100),
             ("grpc.min_reconnect_backoff_ms", 1000),
             ("grpc.max_reconnect_backoff_ms", 500)]

@@ -29,6 +29,7 @@ from floering.node.runtime.node import NodeRuntime
 from floering.node.runtime.service import NodeService
 from floering.node.transport.binding import SERVER_OPTIONS, claim_port
 from floering.node.transport.budget import Budgets, ByteBudget, Held, RequestBytes, Turns
+from floering.wire.channels import MESSAGE_LIMIT
 from floering.node.transport.chunking import CHUNK_ENTRIES, Reassembly, fill, received
 from floering.node.transport.intercept import CALLER, CallLimiter
 from floering.node.transport.metrics import NodeMetrics
@@ -466,8 +467,9 @@ def message_bytes(config) -> int:
     2 MiB, the last up to --max-batch-bytes), a chunk of state (1 MiB, or one entry
     alone: a key and state up to this size still move) or a ring view; gRPC refuses
     a larger one from its header. Two batches, at least 8 MiB, never over
-    `max_message_bytes`."""
-    return min(config.max_message_bytes, max(8 << 20, 2 * config.max_batch_bytes))
+    `max_message_bytes`. It sends none larger either (gRPC's send limit): its peers'
+    channels take this much, clients' channels.MESSAGE_LIMIT (this, by default)."""
+    return min(config.max_message_bytes, max(MESSAGE_LIMIT, 2 * config.max_batch_bytes))
 
 
 STREAM_WINDOW = 64 << 10     # bytes a call's stream takes in before its request is read
