@@ -267,16 +267,22 @@ async def test_a_window_of_chunks_goes_at_once_and_arrives_whole_through_losses(
 async def test_a_replica_that_keeps_failing_a_chunk_fails_the_shipment(flaky_replica):
     replica, plane, address = await flaky_replica(fail=set())
     plane.fail = _Always({3})
+    await ship_five_chunks_one_at_a_time(address, Unavailable)
+    assert plane.calls == [1, 2, 3, 3, 3, 3] and not replica.received
+
+
+async def ship_five_chunks_one_at_a_time(address: str, fails_with) -> None:
+    """A full copy of 500 keys in chunks of 100, one in flight, which fails with
+    `fails_with`."""
     peers = PeerPool(timeout=5.0, max_message_bytes=1 << 26, chunk_entries=100,
                      chunk_window=1)
     try:
-        with pytest.raises(Unavailable):
+        with pytest.raises(fails_with):
             await peers.ship_checkpoint(
                 address, sender="p", ring_stamp=5, base_seq=0,
                 checkpoint=Checkpoint(7, 3, {f"k{i}": i for i in range(500)}, {}, full=True))
     finally:
         await peers.close()
-    assert plane.calls == [1, 2, 3, 3, 3, 3] and not replica.received
 
 
 async def test_a_chunk_refused_as_stale_ends_the_shipment_at_once(flaky_replica):
@@ -284,15 +290,7 @@ async def test_a_chunk_refused_as_stale_ends_the_shipment_at_once(flaky_replica)
     refuses it again under the same stamp: it is not sent again."""
     replica, plane, address = await flaky_replica(fail=set())
     plane.stale = {3}
-    peers = PeerPool(timeout=5.0, max_message_bytes=1 << 26, chunk_entries=100,
-                     chunk_window=1)
-    try:
-        with pytest.raises(StaleRing):
-            await peers.ship_checkpoint(
-                address, sender="p", ring_stamp=5, base_seq=0,
-                checkpoint=Checkpoint(7, 3, {f"k{i}": i for i in range(500)}, {}, full=True))
-    finally:
-        await peers.close()
+    await ship_five_chunks_one_at_a_time(address, StaleRing)
     assert plane.calls == [1, 2, 3] and not replica.received
 
 

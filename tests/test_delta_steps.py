@@ -105,12 +105,18 @@ def test_a_takeover_while_a_delta_is_pending_sees_the_whole_delta(kind, slices):
     assert pending.finished and not side.step_delta(TOKEN, pending)   # nothing left
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_the_next_delta_while_one_is_pending_composes(kind):
+def one_slice_in(kind):
+    """A replica with a sliced delta pending after its first slice, and the delta."""
     side = replica(kind)
     side.apply_checkpoint(TOKEN, "p", 2, 1, False, delta(kind), {"s": 2}, sliced=True)
-    first = side.pending_delta(TOKEN)
-    side.step_delta(TOKEN, first)
+    pending = side.pending_delta(TOKEN)
+    side.step_delta(TOKEN, pending)
+    return side, pending
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_next_delta_while_one_is_pending_composes(kind):
+    side, first = one_slice_in(kind)
     later = {"w0": 99, "z": 5}
     assert side.apply_checkpoint(TOKEN, "p", 3, 2, False,
                                  frames_of(later) if kind == "table" else later, {"s": 3},
@@ -121,10 +127,7 @@ def test_the_next_delta_while_one_is_pending_composes(kind):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_full_copy_while_a_delta_is_pending_drops_its_rest(kind):
-    side = replica(kind)
-    side.apply_checkpoint(TOKEN, "p", 2, 1, False, delta(kind), {"s": 2}, sliced=True)
-    pending = side.pending_delta(TOKEN)
-    side.step_delta(TOKEN, pending)
+    side, pending = one_slice_in(kind)
     full = {"a": 1, "b": 2}
     side.apply_checkpoint(TOKEN, "p", 3, 0, True, full, {"s": 3})
     assert not side.step_delta(TOKEN, pending)    # the service stops stepping it
