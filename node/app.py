@@ -135,7 +135,6 @@ async def start_node(config: NodeConfig) -> RunningNode:
     seeds = [s.strip() for s in config.join.split(",") if s.strip()] if config.join else None
     # What a member removed from the ring held is kept until r+1 others hold it.
     retiring = Retiring.attach(runtime, RetiredCalls(peers, config.rpc_timeout))
-    runtime.retiring = retiring
     with_view_and_retired_stats(runtime, retiring)
     lag = LoopLag()
     with_kernel_and_lag(runtime, lag)

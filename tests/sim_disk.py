@@ -49,6 +49,7 @@ class SimDisk:
         self.refuses_writes = False     # as RocksDB after a failed write, until reopened
         self.write_delay = 0.0          # every copy write takes this much longer (a slow disk)
         self.damaged: set[int] = set()  # copies whose bytes no longer read back (bit rot)
+        self.retired: dict[str, tuple] = {}   # member -> its retired ranges (synced at once)
 
     # ------------------------------------------------------------ the log
 

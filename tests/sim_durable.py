@@ -19,6 +19,7 @@ from floering.node.core.persistence import DiskPlan
 from floering.node.core.persistence_io import Began
 from floering.node.core.reducers import load_reducer
 from floering.node.core.restore import restored_core
+from floering.node.core.retired import RetainingCore
 from floering.wire.ring import Ring
 from floering.node.storage.node_store import Loaded
 from tests.sim_disk import SimDisk, SimDurability
@@ -165,11 +166,18 @@ class DurableNodes:
         machine = self.make_machine(decision.node_id, decision.ring, starter.incarnation, address)
         proc = self._spawn_process(machine, address, base_name(starter.old.started_as))
         loaded = starter.loaded
+        for ranges in starter.disk.retired.values():     # kept across the restart
+            self.run_retiring(proc, machine.retiring.loaded(list(ranges)))
         if loaded is not None and decision.node_id == starter.me:     # the same member
             ring = starter.initial or decision.ring
             machine.begin(starter.me, ring, restored_core(
                 starter.me, ring, load_reducer("count"), Limits(), loaded.copies,
-                loaded.batches, self.now, corrupt=frozenset(loaded.corrupt)))
+                loaded.batches, self.now, corrupt=frozenset(loaded.corrupt),
+                make=RetainingCore))
             self.handle(proc, RingSeen(decision.ring, pulled=True))
         self._keep_on_disk(proc, starter.disk, loaded.node_id if loaded else None, loaded)
+        if loaded is not None and decision.node_id != starter.me:
+            # removed while it was down: what its directory held is kept (as `began`)
+            self.run_retiring(proc, machine.retiring.keep_directory(
+                loaded, load_reducer("count"), Limits(), self.now, decision.node_id))
         self._start_loops(proc, STARTUP_GRACE)

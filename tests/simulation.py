@@ -40,6 +40,8 @@ from floering.node.core.handoff_driver import HandoffDriver
 from floering.node.core.membership import answered_by, base_name, decide_start, sender_matches
 from floering.node.core.node_core import NodeCore
 from floering.node.core.reducers import load_reducer
+from floering.node.core.retired import RetainingCore
+from floering.node.core.retiring import Retiring, WriteRetired
 from floering.wire.ring import Ring
 from floering.node.core.forged_views import forged_views
 from floering.wire.ring_merge import MAX_VERSION_STEP
@@ -56,6 +58,7 @@ from floering.wire.pieces import base_of, merge_pieces
 from tests.sim_disk import SimDisk, SimDurability
 from tests.sim_durable import DurableNodes, Starter
 from tests.sim_mapper import MapperSide, SimMapper
+from tests.sim_retiring import RetiringSide
 
 HEARTBEAT = 0.05
 # how a call ends on the simulated network, as node.core.calls names it
@@ -92,6 +95,7 @@ class SimProcess:
         self.round_gen = 0        # the one checkpoint round scheduled counts
         self.in_round = False
         self.durable: SimDurability | None = None   # its data directory, if durable
+        self.retire_at = 0.0      # its next round about retired ranges (tests/sim_retiring.py)
 
     @property
     def core(self) -> NodeCore:
@@ -112,7 +116,8 @@ MEMBER_FORGERIES = ("version far ahead", "removes live members", "moves a live r
 def make_machine(node_id: str, ring: Ring, incarnation: int, address: str,
                  load: LoadConfig = LoadConfig()) -> NodeMachine:
     def make_core(name: str, r: Ring) -> NodeCore:
-        return NodeCore(name, r, load_reducer("count"), Limits(piece_idle=PIECE_IDLE))
+        # as the runtime's (node.runtime.retiring): a fenced member keeps what it held
+        return RetainingCore(name, r, load_reducer("count"), Limits(piece_idle=PIECE_IDLE))
     # Shedding on unless the ring's balancer shares keys instead (node.config does the
     # same): the default ring's `none` runs shedding too, to exercise it everywhere.
     machine = NodeMachine(make_core(node_id, ring), incarnation,
@@ -120,10 +125,11 @@ def make_machine(node_id: str, ring: Ring, incarnation: int, address: str,
                           listen=address, balance=balancer(ring.balancer).pieces == 1,
                           repair_delay=REPAIR_DELAY)
     machine.driver = HandoffDriver(HANDOFF_TIMEOUT, CHECKPOINT)
+    machine.retiring = Retiring()
     return machine
 
 
-class Simulation(MapperSide, DurableNodes):
+class Simulation(MapperSide, DurableNodes, RetiringSide):
     make_machine = staticmethod(make_machine)
 
     def __init__(self, seed: int, nodes: int = 5, replication: int = 1, tokens: int = 2,
@@ -369,6 +375,8 @@ class Simulation(MapperSide, DurableNodes):
                     self.shed_load(proc, e.reason, 0)
                 case PullRanges():
                     self._pull(proc, e)
+                case WriteRetired():
+                    self.write_retired(proc, e)
                 case _:
                     raise TypeError(f"unknown effect {e!r}")
 
@@ -492,6 +500,7 @@ class Simulation(MapperSide, DurableNodes):
                 self.now + HEARTBEAT)
         self.handle(proc, MonitorDue(scheduled))
         self.handle(proc, HeartbeatDue())
+        self.retire_tick(proc)
 
     def _schedule_round(self, proc: SimProcess, when: float) -> None:
         """The next checkpoint round, replacing any scheduled before."""

@@ -22,7 +22,7 @@ from floering.node.core.retired import pieces, restore_chunk
 from floering.node.core.state_store import LayeredState
 from floering.node.core.state_wire import decode, encode_pairs, is_frame
 from floering.node.core.table_state import KERNEL, TableState
-from floering.node.runtime import retiring
+from floering.node.core import retiring
 from floering.node.transport.snapshots import Snapshots
 from floering.v1 import floe_pb2
 from tests.test_hostile_restore import snapshot

@@ -38,6 +38,7 @@ from floering.node.core.machine_io import (
 from floering.node.core.membership import (RecentDonors, refill_moves, rejoin_name, removal_losses, restarted)
 from floering.node.core.node_core import NodeCore, RingChange
 from floering.wire.ring import Ring
+from floering.node.core.retiring import Retiring
 from floering.node.core.shares import FAILING_ROUNDS, SharePulling
 from floering.node.core.shedding import PeerLoad, ShedPlan, plan_shed, with_split_tail
 
@@ -83,6 +84,7 @@ class NodeMachine(ViewChecks, SharePulling):
         self.failing: dict[tuple[int, str], int] = {}   # (token, replica) -> failed rounds
         self.isolation = Isolation()     # were we cut off? then views first, suspicions after
         self.guard = ViewGuard()         # views held until our own probes back their removals
+        self.retiring: Retiring | None = None   # what removed members held (RetainingCore)
         self._handlers: dict[type, Callable[[Any, float, list], None]] = {
             RingSeen: self._ring_seen, HeardFrom: self._heard_from,
             SignOfLife: self._sign_of_life, HeartbeatFailed: self._heartbeat_failed,
@@ -170,6 +172,9 @@ class NodeMachine(ViewChecks, SharePulling):
         RetainingCore kept what it held as retired ranges), given ranges by handoffs."""
         old, kept = self.core.node_id, getattr(self.core, "retired", None)
         node_id = rejoin_name(old, ring)
+        if kept and self.retiring is not None:     # written before the store is wiped
+            self.core.retired = []
+            out.extend(self.retiring.keep(kept, f"{old} was removed from the ring", old))
         what = "dropping its ranges" if kept is None else f"keeping its {len(kept)} ranges retired"
         out.append(self._record("fenced", f"{old} was declared dead in ring v{ring.version}: "
                            f"{what}, rejoining empty as {node_id}",

@@ -33,6 +33,7 @@ from floering.node.core.machine_io import (
 from floering.node.core.membership import answered_by, founding_ring
 from floering.node.core.node_core import NodeCore
 from floering.node.core.reducers import Reducer
+from floering.node.core.retiring import WriteRetired
 from floering.wire.ring import Ring
 from floering.node.core.shed_round import ShedOutcome
 from floering.node.runtime.balancing import PullRanges, hand_all_away, pull_share, shed_load
@@ -223,6 +224,8 @@ class NodeRuntime:
                     self.left.set()
                 case Split():
                     pass       # the caller of SplitRequested reads it
+                case WriteRetired():
+                    self.retiring.run([effect])
                 case _:
                     raise TypeError(f"unknown effect {effect!r}")
         return awaitable

@@ -1,19 +1,13 @@
-"""What a removed member held, kept until the ring holds it on r+1 others
-(node.core.retired has the rules): the questions to the members, the file that keeps
-it across a restart, the log lines and events.
+"""The executor of node.core.retiring (what a removed member held, kept until the ring
+holds it on r+1 others; node.core.retired has the rules): its questions and hand-overs
+become calls, its rounds a timer, and its ranges a file that keeps them across a
+restart.
 
 When this process learns that its member was removed (fenced), it rejoins as a new
-member (`n2#1`) and its node core drops every range; the ranges are kept here
-instead, in memory and, with a data directory, in `retired/` beside the store (written
-and synced before the store is wiped for the new member). A data directory whose
-member the ring removed while the process was down is kept the same way. Every
-RETIRED_CHECK seconds each retired range is asked about: each current range it
-overlaps, of each member the ring places it on (its primary and its r replicas).
-Once all of them hold it whole at or past its watermarks it is deleted, memory and
-file. A current range whose primary answers that it holds it as lost is handed the
-retired copy's part of it (RestoreRange, in chunks of at most CHUNK_BYTES: frames
-of column states for a built-in reducer's, msgpack entries for a user-defined one's).
-The set is bounded by what the member held when it was removed.
+member (`n2#1`) and its node core drops every range; the ranges are kept instead, in
+memory and, with a data directory, in `retired/` beside the store (written and synced
+before the store is wiped for the new member). A data directory whose member the ring
+removed while the process was down is kept the same way.
 """
 
 from __future__ import annotations
@@ -23,19 +17,17 @@ import logging
 import os
 from pathlib import Path
 
-from floering.node.core.chunks import CHUNK_BYTES, column_slices, packed_chunks
-from floering.wire.errors import FloeError
-from floering.node.core.retired import (Held, RetainingCore, RetiredSet, decode, encode, held,
-                                        retire_directory)
-from floering.wire.ring import Ring
-from floering.node.core.state_wire import plan
-from floering.node.core.table_state import table_op
+from floering.node.core.machine_io import Note, Record
+from floering.node.core.retired import Held, RetainingCore, decode, encode
+from floering.node.core.retiring import (RETIRED_CHECK, AskHeld, HeldAnswers, RestoreRefused,
+                                         Restored, RestoreRetired, Retiring as RetiringMachine,
+                                         WriteRetired)
 from floering.node.files import open_private, private_dir
+from floering.wire.errors import FloeError
+from floering.wire.ring import Ring
 
 log = logging.getLogger("floe.node")
 
-RETIRED_CHECK = 1.0      # seconds between two rounds of questions
-REPORT_EVERY = 30.0      # seconds between two reports of what is still kept
 DIRECTORY = "retired"
 SUFFIX = ".retired"
 
@@ -45,18 +37,19 @@ class Retiring:
         self.runtime = runtime
         self.calls = calls               # node.transport.snapshots.RetiredCalls
         self.dir = directory
-        self.kept = RetiredSet()
+        self.machine = RetiringMachine()
         self.former = None               # a data directory's member, until we know who we are
-        self.handed_over = 0             # parts of retired ranges merged into lost ones
-        self._reported = 0.0
-        self._refusals: dict[tuple, float] = {}    # last time each refusal was logged
         self._task: asyncio.Task | None = None
+
+    @property
+    def kept(self):
+        return self.machine.kept
 
     @classmethod
     def attach(cls, runtime, calls) -> "Retiring":
         """Keep what the members `runtime` serves as hold when they are removed: its
-        cores from now on keep their ranges when fenced (RetainingCore). Before the
-        runtime confirms its membership."""
+        cores from now on keep their ranges when fenced (RetainingCore), and its
+        machine hands them here. Before the runtime confirms its membership."""
         config = runtime.config
         directory = Path(config.data_dir) / DIRECTORY if config.data_dir else None
         self = cls(runtime, calls, directory)
@@ -64,10 +57,11 @@ class Retiring:
         first = machine.core
         machine.core = self._new_core(first.node_id, first.ring)
         machine.core.starting = first.starting
-        machine.make_core = self._make_core
-        disk = runtime.disk
-        if disk is not None:
-            self.former = disk.former or disk.loaded
+        machine.make_core = self._new_core
+        machine.retiring = self.machine
+        runtime.retiring = self
+        if runtime.disk is not None:
+            self.former = runtime.disk.former or runtime.disk.loaded
         self._load()
         return self
 
@@ -76,54 +70,42 @@ class Retiring:
         return RetainingCore(node_id, ring, runtime.reducer, runtime.config.limits(),
                              verify_keys=runtime.config.verify_keys)
 
-    def _make_core(self, node_id: str, ring: Ring) -> RetainingCore:
-        """The machine's core for a member: a rejoin's, after the member before it was
-        fenced, takes what that one kept."""
-        old = self.runtime.machine.core
-        retired = getattr(old, "retired", None)
-        if retired:
-            old.retired = []
-            self.keep(retired, f"{old.node_id} was removed from the ring")
-        return self._new_core(node_id, ring)
-
     def began(self) -> None:
         """The runtime knows who it is: a data directory's member it does not serve as
         (removed while we were down) has its copies kept."""
         former, self.former = self.former, None
-        if former is None or former.node_id == self.runtime.core.node_id:
-            return
-        ring = Ring.from_wire(former.ring_wire) if former.ring_wire else None
         runtime = self.runtime
-        self.keep(retire_directory(former.node_id, ring, runtime.reducer,
-                                   runtime.config.limits(), former.copies, former.batches,
-                                   runtime.clock(), frozenset(former.corrupt)),
-                  f"the data directory held {former.node_id}, which the ring removed")
-
-    # ------------------------------------------------------------- keeping
+        if former is not None and former.node_id != runtime.core.node_id:
+            self.run(self.machine.keep_directory(former, runtime.reducer,
+                                                 runtime.config.limits(), runtime.clock(),
+                                                 runtime.core.node_id))
 
     def keep(self, ranges, why: str) -> None:
-        fresh = [r for r in ranges if r.key not in self.kept.ranges]
-        if not fresh:
-            return
-        self.kept.add(fresh)
-        for member in sorted({r.member for r in fresh}):
-            self._write(member)
-        keys = sum(len(r.states) for r in fresh)
-        member = fresh[0].member
-        log.warning("%s: keeping its %d ranges (%d keys) until the ring holds each on r+1 "
-                    "members at or past their watermarks", why, len(fresh), keys)
-        self.runtime.events.record("retired", self.runtime.core.node_id, member=member,
-                                   ranges=len(fresh), keys=keys,
-                                   tokens=sorted(r.token for r in fresh))
+        self.run(self.machine.keep(ranges, why, self.runtime.core.node_id))
+
+    def run(self, effects) -> None:
+        """Carry out the effects that need no call (the runtime's _run takes these)."""
+        for effect in effects:
+            match effect:
+                case WriteRetired():
+                    self._write(effect.member, effect.ranges)
+                case Record():
+                    self.runtime.events.record(effect.kind, effect.node, **dict(effect.fields))
+                    log.log(effect.level, effect.text)
+                case Note():
+                    log.log(effect.level, effect.text)
+                case _:
+                    raise TypeError(f"unknown effect {effect!r}")
 
     def _path(self, directory: Path, member: str) -> Path:
         return directory / (member.encode().hex() + SUFFIX)
 
-    def _write(self, member: str) -> None:
+    def _write(self, member: str, ranges=None) -> None:
         """The file of `member`'s retired ranges now, synced (gone once none is left)."""
         if self.dir is None:
             return
-        ranges, path = self.kept.of(member), self._path(self.dir, member)
+        ranges = self.kept.of(member) if ranges is None else list(ranges)
+        path = self._path(self.dir, member)
         if not ranges:
             if path.exists():
                 path.unlink()
@@ -149,13 +131,9 @@ class Retiring:
                           path, exc, path.name)
                 os.replace(path, path.with_name(path.name + ".corrupt"))
                 continue
-            self.kept.add(ranges)
-            log.warning("keeping %d ranges (%d keys) of %s, removed from the ring before "
-                        "this process started, until the ring holds each on r+1 members",
-                        len(ranges), sum(len(r.states) for r in ranges),
-                        ranges[0].member if ranges else "?")
+            self.run(self.machine.loaded(ranges))
 
-    # ------------------------------------------------------------- confirming
+    # ------------------------------------------------------------- rounds
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="retired")
@@ -168,97 +146,53 @@ class Retiring:
     async def _run(self) -> None:
         while True:
             await asyncio.sleep(RETIRED_CHECK)
-            if not self.kept.ranges:
-                continue
             try:
                 await self.check()
             except Exception:            # asked again next round
                 log.exception("asking about retired ranges failed")
+                self.machine.abandon()
 
     async def check(self) -> int:
-        """One round: ask, and delete what r+1 members hold. Returns how many."""
-        core = self.runtime.core
-        if core.starting or core.fenced:
-            return 0
-        ring = core.ring
-        asks = self.kept.asks(ring)
-        answers = await asyncio.gather(*(self._answer(core, ring, a) for a in asks))
-        for ask, answer in zip(asks, answers):
-            r = self.kept.ranges.get(ask.key)
-            if ask.role == "primary" and answer.lost and r is not None and r.role != "partial":
-                await self._hand_over(ring, r, ask.token, ask.node)
-        done = self.kept.confirmed_by(ring, {(a.key, a.token, a.node): h
-                                              for a, h in zip(asks, answers)})
-        for member in sorted({r.member for r in done}):
-            self._write(member)
-        for r in done:
-            log.info("the retired range of token %d of %s is held on r+1 members at or "
-                     "past its watermarks (ring v%d): deleted", r.token, r.member, ring.version)
-            self.runtime.events.record("retired_deleted", core.node_id, member=r.member,
-                                       token=r.token, keys=len(r.states),
-                                       ring_version=ring.version)
-        self._report(ring)
-        return len(done)
+        """One round: ask, hand over, delete what r+1 members hold. Returns how many."""
+        machine = self.machine
+        effects = machine.start(self.runtime.core, self.runtime.clock())
+        while effects:
+            later = []
+            for effect in effects:
+                match effect:
+                    case AskHeld():
+                        answers = await asyncio.gather(*(
+                            self._held(address, ask, effect.ring_stamp)
+                            for ask, address in zip(effect.asks, effect.addresses)))
+                        later += machine.handle(HeldAnswers(tuple(answers)),
+                                                self.runtime.clock())
+                    case RestoreRetired():
+                        later += machine.handle(await self._restore(effect),
+                                                self.runtime.clock())
+                    case _:
+                        self.run([effect])
+            effects = later
+        return machine.deleted_last
 
-    async def _answer(self, core, ring: Ring, ask) -> Held:
+    async def _held(self, address: str, ask, ring_stamp: int) -> Held:
         try:
-            if ask.node == core.node_id:
-                return held(core, ask.token, ask.want)
-            return await self.calls.held(ring.address(ask.node), ask.token, ring.stamp,
-                                         ask.want)
+            return await self.calls.held(address, ask.token, ring_stamp, ask.want)
         except (FloeError, ValueError):
             return Held("", False)
 
-    async def _hand_over(self, ring: Ring, r, token: int, node: str) -> None:
-        """Merge the part of retired range `r` that falls in the range of `token` into
-        it at `node`, its primary, which holds it as lost."""
-        part = {k: v for k, v in r.states.items() if ring.token_for_key(k) == token}
-        chunks = restore_chunks(part, table_op(self.runtime.reducer) is not None)
+    async def _restore(self, e: RestoreRetired):
         try:
-            for n, entries in enumerate(chunks, 1):
+            for n, entries in enumerate(e.chunks, 1):
                 await self.calls.restore(
-                    ring.address(node), ring_stamp=ring.stamp, token=token, member=r.member,
-                    retired=r.token, chunk=n, chunks=len(chunks), entries=entries,
-                    watermarks=r.watermarks if n == 1 else {})
+                    e.address, ring_stamp=e.ring_stamp, token=e.token, member=e.member,
+                    retired=e.retired, chunk=n, chunks=len(e.chunks), entries=entries,
+                    watermarks=e.watermarks if n == 1 else {})
         except (FloeError, ValueError) as exc:
-            now = self.runtime.clock()
-            if now - self._refusals.get((r.key, token), -REPORT_EVERY) >= REPORT_EVERY:
-                self._refusals[(r.key, token)] = now
-                log.error("the range of token %d is lost on %s, and it refused the retired "
-                          "copy of %s's range of token %d: %s", token, node, r.member,
-                          r.token, exc)
-            return
-        self.handed_over += 1
-        log.warning("the range of token %d was lost on %s: %d keys of %s's retired range of "
-                    "token %d merged into it, in %d chunks", token, node, len(part), r.member,
-                    r.token, len(chunks))
-        self.runtime.events.record("retired_handed_over", self.runtime.core.node_id,
-                                   member=r.member, token=r.token, into=token, owner=node,
-                                   keys=len(part))
-
-    def _report(self, ring: Ring) -> None:
-        now = self.runtime.clock()
-        if not self.kept.ranges or now - self._reported < REPORT_EVERY:
-            return
-        self._reported = now
-        log.warning("still keeping %d retired ranges (%d keys) of %s: not yet held on r+1 "
-                    "members at or past their watermarks in ring v%d", len(self.kept.ranges),
-                    self.kept.keys, ",".join(sorted(self.kept.members())), ring.version)
+            return RestoreRefused(str(exc))
+        return Restored()
 
     def stats(self) -> dict:
-        return dict(retired_ranges=len(self.kept.ranges), retired_keys=self.kept.keys,
-                    retired_deleted=self.kept.confirmed, retired_handed_over=self.handed_over)
-
-
-def restore_chunks(part: dict, frames: bool) -> list[bytes]:
-    """A retired copy's part of a range as RestoreRange chunks of at most CHUNK_BYTES
-    (an entry larger alone in its chunk): frames of column states for a built-in
-    reducer's states (state_wire: a table's int64 states in columns, any other entry
-    in a frame's rest; one empty frame for none), else msgpack [keys, states] entries
-    (a user-defined reducer's states)."""
-    if frames:
-        return [piece.encode() for piece in plan(part, 1 << 30, CHUNK_BYTES)]
-    return [entries for _, entries in packed_chunks(column_slices(part), CHUNK_BYTES)]
+        return self.machine.stats()
 
 
 def _sync_dir(path: Path) -> None:
