@@ -24,6 +24,7 @@ from floering.mapper.outbox import PendingBatch
 from floering.mapper.routing import Router
 from floering.mapper.sharing import check_key, chooser_for
 from floering.wire.balancers import balancer
+from floering.wire.channels import MESSAGE_LIMIT, check_message_bytes
 from floering.node.core.batch import (DEFAULT_LIMITS, KEY_TYPES, encode_batch, encode_payload,
                                       encode_seqs, positions_of)
 from floering.wire.errors import InvalidArgument, InvalidKey
@@ -36,6 +37,12 @@ COMBINED_INPUTS_PER_KEY = 64
 SEAL_TICK = 0.002     # seconds between two looks at which buffers may go
 BULK_ROUTE_MIN = 64   # keys not yet cached, from which a list is hashed in one call
 MAX_KEY_BYTES = DEFAULT_LIMITS.max_key_bytes      # what a node takes
+# A token's buffer is sealed once its tuples' bytes reach this, whatever their count:
+# with one more tuple (a key of 64 KiB, a value of 1 MiB at most) a batch stays under
+# a node's --max-batch-bytes (4 MiB by default), and a Push message (batches packed
+# up to 2 MiB, delivery.MESSAGE_BYTES) under the 8 MiB message limit.
+SEAL_BYTES = 1 << 20
+TUPLE_BYTES = 24      # what a tuple costs beside its key and value (format 2's columns)
 
 
 class OpenBuffer(Protocol):
@@ -53,12 +60,13 @@ def wrong_kind(token: int, buf: OpenBuffer, wanted: type) -> TypeError:
 
 
 class Buffer:
-    __slots__ = ("keys", "values", "seqs", "since", "tokens")
+    __slots__ = ("keys", "values", "seqs", "since", "tokens", "nbytes")
 
     def __init__(self, now: float, tokens: tuple) -> None:
         self.keys: list = []
         self.values: list = []
         self.seqs: list[int] = []
+        self.nbytes = 0            # about what its tuples take in a batch (value_size)
         self.since = now
         # The ring's tokens read before any of its keys was routed: if the ring is
         # cut meanwhile (a split), delivery re-checks every key of the batch.
@@ -132,8 +140,7 @@ class Batcher:
             return self._append([key], value, due or self.clock())
         if type(key) not in KEY_TYPES:
             raise InvalidKey(f"key must be str, bytes or int, not {type(key).__name__}")
-        if type(value) not in PLAIN_VALUES:
-            check_value(value)
+        value_bytes = value_size(value)
         if type(key) is bytes:
             check_user_key(key)
         if type(key) is not int and len(key) > MAX_KEY_BYTES // 4:
@@ -153,16 +160,16 @@ class Batcher:
             buf.keys.append(key)
             buf.values.append(value)
             buf.seqs.append(self.next_seq)
+            buf.nbytes += key_size(key) + value_bytes
             self.next_seq += 1
-            if len(buf.keys) >= self.batch_size:
+            if len(buf.keys) >= self.batch_size or buf.nbytes >= SEAL_BYTES:
                 self._seal_locked(token)
                 sealed = True
         return sealed
 
     def emit_many(self, keys: Iterable, value, due: float | None = None) -> bool:
         """emit(key, value) for every key, several times faster than a loop of emit()."""
-        if type(value) not in PLAIN_VALUES:
-            check_value(value)
+        value_bytes = value_size(value)
         size = self.batch_size
         born = due or self.clock()
         if type(keys) is list and self.chooser is None and self.kernels and \
@@ -198,8 +205,10 @@ class Batcher:
                     buf.keys.append(key)
                     buf.values.append(value)
                     buf.seqs.append(seq)
+                    buf.nbytes += (len(key) if type(key) is str and key.isascii()
+                                   else key_size(key)) + value_bytes
                     seq += 1
-                    if len(buf.keys) >= size:
+                    if len(buf.keys) >= size or buf.nbytes >= SEAL_BYTES:
                         self._seal_locked(token)
                         full = True
             finally:
@@ -214,7 +223,7 @@ class Batcher:
             check_str_keys(keys)
         return self._append_with(
             lambda appender, i, seq0: appender.fold(keys, i, value, None, self.batch_size,
-                                                    0, seq0),
+                                                    0, seq0, SEAL_BYTES),
             lambda i: refuse_key(keys[i]), born)
 
     def _append_with(self, fold, refuse, born: float) -> bool:
@@ -264,7 +273,8 @@ class Batcher:
                              f"{MAX_KEY_BYTES} bytes")
         return self._append_with(
             lambda appender, i, seq0: appender.fold_utf8(data, offsets, width, i, count, value,
-                                                         values, self.batch_size, 0, seq0),
+                                                         values, self.batch_size, 0, seq0,
+                                                         SEAL_BYTES),
             refuse, born)
 
     def _emit_decoded(self, data, offsets, width: int, count: int, value, values,
@@ -432,15 +442,40 @@ def check_key_bytes(data: list[bytes]) -> None:
         raise InvalidKey(f"a key of {size} bytes is over the limit of {MAX_KEY_BYTES} bytes")
 
 
-def check_value(value) -> None:
+def check_value(value) -> int:
+    """The msgpack bytes of `value`; InvalidArgument when it has none."""
     try:
-        msgpack.packb(value)
+        return len(msgpack.packb(value))
     except Exception as exc:
         raise InvalidArgument(f"value {value!r} is not msgpack-serialisable: {exc}") from None
 
 
-def check_settings(seeds, batch_size: int, max_pending_batches: int) -> list[str]:
-    """The seed addresses of a client's `seeds` (a comma-separated str or a list)."""
+def value_size(value) -> int:
+    """About the bytes `value` takes in a batch, with a tuple's own (TUPLE_BYTES);
+    a value that is not plain is encoded once to check it (InvalidArgument) and
+    measure it."""
+    kind = type(value)
+    if kind is str or kind is bytes:
+        return TUPLE_BYTES + 5 + (len(value) if kind is bytes or value.isascii()
+                                  else 4 * len(value))
+    if kind in PLAIN_VALUES:
+        return TUPLE_BYTES + 9
+    return TUPLE_BYTES + check_value(value)
+
+
+def key_size(key) -> int:
+    """A key's bytes in a batch, or (a str key not ASCII) at most that."""
+    kind = type(key)
+    if kind is int:
+        return 9
+    return len(key) if kind is bytes or key.isascii() else 4 * len(key)
+
+
+def check_settings(seeds, batch_size: int, max_pending_batches: int,
+                   max_message_bytes: int = MESSAGE_LIMIT) -> list[str]:
+    """The seed addresses of a client's `seeds` (a comma-separated str or a list);
+    ValueError for a setting out of its range."""
+    check_message_bytes(max_message_bytes)
     seeds = [s.strip() for s in (seeds.split(",") if isinstance(seeds, str) else seeds)
              if s.strip()]
     if not seeds:

@@ -47,6 +47,11 @@ cdef enum:
     APPEND = 4
 # What fold() says when it stops.
 DONE, FULL, OVERFLOW, BAD_KEY, LONG_KEY, NOT_STR = 0, 1, 2, 3, 4, 5
+# What a part's entry costs in a batch beside its key's bytes (format 2: its offset,
+# position and value), counted towards a fold's `max_bytes`.
+cdef enum:
+    C_ENTRY_BYTES = 24
+ENTRY_BYTES = C_ENTRY_BYTES
 
 
 ctypedef struct Entry:      # 32 bytes: what a lookup reads, on one cache line
@@ -160,6 +165,11 @@ cdef Py_ssize_t _add(Part *p, uint64_t h, const unsigned char *s, size_t ln,
         if _grow_index(p) < 0:
             return -1
     return i
+
+
+cdef inline bint _over(const Part *p, Py_ssize_t max_bytes) noexcept:
+    """Whether part p's batch reached `max_bytes` (0: no byte bound)."""
+    return max_bytes > 0 and p.dlen + <size_t>C_ENTRY_BYTES * p.n >= <size_t>max_bytes
 
 
 cdef inline Py_ssize_t _find(const Part *p, uint64_t h, const unsigned char *s, size_t ln,
@@ -419,9 +429,10 @@ cdef class Combiner:
         return self.parts[t].n, self.parts[t].inputs
 
     def fold(self, list keys, Py_ssize_t start, int64_t value, values, Py_ssize_t size,
-             int64_t most, uint64_t seq0=0):
+             int64_t most, uint64_t seq0=0, Py_ssize_t max_bytes=0):
         """Fold keys[start:] (each with `value`, or values[i] from an int64 buffer of
-        len(keys)) until a part holds `size` keys or `most` tuples. Returns (i, t,
+        len(keys)) until a part holds `size` keys or `most` tuples, or (`max_bytes` > 0)
+        its keys' bytes and ENTRY_BYTES an entry reach `max_bytes`. Returns (i, t,
         status): tuples before i are folded; status FULL: token t's part is full (i is
         past its last tuple); OVERFLOW: key i's sum would leave int64 in part t; BAD_KEY,
         LONG_KEY, NOT_STR: key i is not UTF-8, too long, not a str; DONE: all folded.
@@ -435,10 +446,11 @@ cdef class Combiner:
                 raise ValueError(f"{n} keys but {vals.shape[0]} values")
             if n:
                 vp = &vals[0]
-        return self._fold(keys, start, n, value, vp, size, most, seq0)
+        return self._fold(keys, start, n, value, vp, size, most, seq0, max_bytes)
 
     cdef tuple _fold(self, list keys, Py_ssize_t start, Py_ssize_t n, int64_t value,
-                     const int64_t *vp, Py_ssize_t size, int64_t most, uint64_t seq0):
+                     const int64_t *vp, Py_ssize_t size, int64_t most, uint64_t seq0,
+                     Py_ssize_t max_bytes):
         cdef PyObject *key
         cdef const unsigned char *s
         cdef Py_ssize_t ln, i, t, e
@@ -471,7 +483,7 @@ cdef class Combiner:
                 if _push(p, h, s, ln, v, seq0 + i) < 0:
                     raise MemoryError()
                 p.inputs += 1
-                if p.n >= size:
+                if p.n >= size or _over(p, max_bytes):
                     return i + 1, t, FULL
                 continue
             if p.index == NULL and _grow_index(p) < 0:
@@ -494,12 +506,13 @@ cdef class Combiner:
                 if _add(p, h, s, ln, v, slot) < 0:
                     raise MemoryError()
             p.inputs += 1
-            if p.n >= size or p.inputs >= most:
+            if p.n >= size or p.inputs >= most or _over(p, max_bytes):
                 return i + 1, t, FULL
         return n, -1, DONE
 
     def fold_utf8(self, data, offsets, int width, Py_ssize_t start, Py_ssize_t stop,
-                  int64_t value, values, Py_ssize_t size, int64_t most, uint64_t seq0=0):
+                  int64_t value, values, Py_ssize_t size, int64_t most, uint64_t seq0=0,
+                  Py_ssize_t max_bytes=0):
         """fold() over keys given as UTF-8 bytes, as an Arrow string array holds them:
         key i is data[offsets[i]:offsets[i + 1]], `offsets` little-endian integers of
         `width` bytes (4: Arrow's string, 8: large_string), keys start..stop-1 folded.
@@ -523,12 +536,13 @@ cdef class Combiner:
         if stop == start:
             return stop, -1, DONE
         return self._fold_utf8(&d[0] if d.shape[0] else NULL, d.shape[0], &o[0], width,
-                               start, stop, value, vp, size, most, seq0)
+                               start, stop, value, vp, size, most, seq0, max_bytes)
 
     cdef tuple _fold_utf8(self, const unsigned char *data, Py_ssize_t dlen,
                           const unsigned char *offs, int width, Py_ssize_t start,
                           Py_ssize_t stop, int64_t value, const int64_t *vp,
-                          Py_ssize_t size, int64_t most, uint64_t seq0):
+                          Py_ssize_t size, int64_t most, uint64_t seq0,
+                          Py_ssize_t max_bytes):
         cdef const unsigned char *s
         cdef Py_ssize_t ln, i, t, e
         cdef int64_t a, b, v, r
@@ -563,7 +577,7 @@ cdef class Combiner:
                 if _push(p, h, s, ln, v, seq0 + i) < 0:
                     raise MemoryError()
                 p.inputs += 1
-                if p.n >= size:
+                if p.n >= size or _over(p, max_bytes):
                     return i + 1, t, FULL
                 continue
             if p.index == NULL and _grow_index(p) < 0:
@@ -586,7 +600,7 @@ cdef class Combiner:
                 if _add(p, h, s, ln, v, slot) < 0:
                     raise MemoryError()
             p.inputs += 1
-            if p.n >= size or p.inputs >= most:
+            if p.n >= size or p.inputs >= most or _over(p, max_bytes):
                 return i + 1, t, FULL
         return stop, -1, DONE
 

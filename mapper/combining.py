@@ -29,8 +29,9 @@ import time
 from collections import Counter
 from typing import Callable, Hashable, Iterable
 
-from floering.mapper.batching import (MAX_KEY_BYTES, PLAIN_VALUES, Batcher, check_str_keys,
-                                     check_value, refuse_key, wrong_kind)
+from floering.mapper.batching import (MAX_KEY_BYTES, PLAIN_VALUES, SEAL_BYTES, Batcher,
+                                     check_str_keys, check_value, key_size, refuse_key,
+                                     value_size, wrong_kind)
 from floering.mapper.outbox import PendingBatch
 from floering.mapper.sharing import check_key
 from floering.node.core.batch import encode_payload
@@ -55,11 +56,12 @@ class ColumnBuffer(KernelBuffer):
 
 
 class StateBuffer:
-    __slots__ = ("states", "inputs", "since", "tokens")
+    __slots__ = ("states", "inputs", "since", "tokens", "nbytes")
 
     def __init__(self, now: float, tokens: tuple) -> None:
         self.states: dict = {}     # key -> the partial state of the tuples folded in
         self.inputs = 0            # tuples folded in
+        self.nbytes = 0            # about its keys' and states' bytes in a batch
         self.since = now
         self.tokens = tokens
 
@@ -148,7 +150,7 @@ class CombiningBatcher(Batcher):
         buffers, size, most = self.buffers, self.batch_size, self.max_inputs
         sealed, i = False, 0
         while True:
-            i, t, status = combiner.fold(keys, i, value, None, size, most)
+            i, t, status = combiner.fold(keys, i, value, None, size, most, 0, SEAL_BYTES)
             for index in combiner.opened:
                 buffers[tokens[index]] = ColumnBuffer(born, tokens, index)
             combiner.opened.clear()
@@ -177,6 +179,8 @@ class CombiningBatcher(Batcher):
                        Counter(place(k, next(tuples)) for k in keys).items())
             cached = None
         buffers, size, most = self.buffers, self.batch_size, self.max_inputs
+        # a key's state is sized as the value folded in (a built-in's is a number)
+        state_bytes = value_size(value)
         additive = reducer.additive
         low, high = LOWEST, HIGHEST
         combine, merge = reducer.combine, reducer.merge
@@ -199,6 +203,9 @@ class CombiningBatcher(Batcher):
             elif not isinstance(buf, StateBuffer):
                 raise wrong_kind(token, buf, StateBuffer)
             states = buf.states
+            if key not in states:
+                buf.nbytes += (len(key) if type(key) is str and key.isascii()
+                               else key_size(key)) + state_bytes
             if additive:
                 total = states.get(key, 0) + n * value
                 if type(total) is int and not low <= total <= high:
@@ -211,7 +218,7 @@ class CombiningBatcher(Batcher):
                 partial = combine(key, value, n)
                 states[key] = merge(states[key], partial) if key in states else partial
             buf.inputs += n
-            if len(states) >= size or buf.inputs >= most:
+            if len(states) >= size or buf.inputs >= most or buf.nbytes >= SEAL_BYTES:
                 self._seal_locked(token)
                 sealed = True
         return sealed

@@ -25,7 +25,7 @@ class ClientBase:
                  max_message_bytes: int = MESSAGE_LIMIT) -> None:
         if batch_size is None:   # an unnamed source combines where the reducer merges
             batch_size = COMBINED_BATCH_KEYS if combine and source is None else BATCH_TUPLES
-        seeds = check_settings(seeds, batch_size, max_pending_batches)
+        seeds = check_settings(seeds, batch_size, max_pending_batches, max_message_bytes)
         if source is not None and carries_states(source):
             raise ValueError(f"source {source[:40]!r}: names beginning {COMBINED_SOURCE!r} "
                              f"or {FOLD_SOURCE!r} are reserved for tuples that carry states")

@@ -17,6 +17,7 @@ DONE, FULL, OVERFLOW, BAD_KEY, LONG_KEY, NOT_STR = 0, 1, 2, 3, 4, 5
 LOWEST, HIGHEST = -(1 << 63), (1 << 63) - 1
 _HEADER = bytes((0xC1, 0x02))
 ROUTE_AHEAD = 4096    # keys hashed in one call
+ENTRY_BYTES = 24      # an entry's bytes in a batch beside its key's (see ccombine)
 
 
 def check_keys(keys: list, max_key_bytes: int) -> tuple[int, int]:
@@ -38,19 +39,21 @@ def check_keys(keys: list, max_key_bytes: int) -> tuple[int, int]:
 
 
 class _Part:
-    __slots__ = ("states", "data", "inputs")
+    __slots__ = ("states", "data", "inputs", "nbytes")
 
     def __init__(self) -> None:
         self.states: dict = {}      # key -> [position, state], in first-seen order
         self.data: dict = {}        # key -> its UTF-8 bytes
         self.inputs = 0
+        self.nbytes = 0             # its keys' bytes and ENTRY_BYTES an entry
 
 
 class _Appended:
     """A part of the append kernel: every tuple an entry of its own, with its seq."""
-    __slots__ = ("keys", "data", "positions", "values", "seqs")
+    __slots__ = ("keys", "data", "positions", "values", "seqs", "nbytes")
 
     def __init__(self) -> None:
+        self.nbytes = 0
         self.keys: list = []
         self.data: list = []
         self.positions: list = []
@@ -108,11 +111,12 @@ class Combiner:
         return routes.get(keys[i]) if type(keys[i]) is str else None
 
     def fold(self, keys: list, start: int, value: int, values, size: int, most: int,
-             seq0: int = 0):
+             seq0: int = 0, max_bytes: int = 0):
         if values is not None and len(values) != len(keys):
             raise ValueError(f"{len(keys)} keys but {len(values)} values")
+        most_bytes = max_bytes if max_bytes > 0 else 1 << 62
         if self.op == APPEND:
-            return self._append(keys, start, value, values, size, seq0)
+            return self._append(keys, start, value, values, size, seq0, most_bytes)
         op, parts, routes = self.op, self.parts, self.routes
         for i in range(start, len(keys)):
             key = keys[i]
@@ -130,6 +134,7 @@ class Combiner:
                     self.opened.append(t)
                 part.states[key] = [pos, v]
                 part.data[key] = raw
+                part.nbytes += len(raw) + ENTRY_BYTES
             elif op <= 1:
                 if not LOWEST <= held[1] + v <= HIGHEST:
                     return i, t, OVERFLOW
@@ -137,12 +142,12 @@ class Combiner:
             elif (v < held[1]) if op == 2 else (v > held[1]):
                 held[1] = v
             part.inputs += 1
-            if len(part.states) >= size or part.inputs >= most:
+            if len(part.states) >= size or part.inputs >= most or part.nbytes >= most_bytes:
                 return i + 1, t, FULL
         return len(keys), -1, DONE
 
     def fold_utf8(self, data, offsets, width: int, start: int, stop: int, value: int,
-                  values, size: int, most: int, seq0: int = 0):
+                  values, size: int, most: int, seq0: int = 0, max_bytes: int = 0):
         """fold() over UTF-8 keys data[offsets[i]:offsets[i + 1]] (see ccombine)."""
         if width not in (4, 8):
             raise ValueError("offsets are 4 or 8 bytes wide")
@@ -171,7 +176,7 @@ class Combiner:
         # fold() indexes keys and values from 0: shift them by `start`
         i, t, status = self.fold(keys, 0, value,
                                  None if vals is None else vals[start:start + len(keys)],
-                                 size, most, seq0 + start)
+                                 size, most, seq0 + start, max_bytes)
         if status == NOT_STR or (status == DONE and bad):
             return start + i, -1, BAD_KEY
         return start + i, t, status
@@ -191,7 +196,8 @@ class Combiner:
             offsets.append(total)
         return b"".join(data), offsets.tobytes(), array("q", values).tobytes()
 
-    def _append(self, keys: list, start: int, value: int, values, size: int, seq0: int):
+    def _append(self, keys: list, start: int, value: int, values, size: int, seq0: int,
+                most_bytes: int):
         routes, parts = self.routes, self.parts
         for i in range(start, len(keys)):
             key = keys[i]
@@ -209,7 +215,8 @@ class Combiner:
             part.positions.append(pos)
             part.values.append(values[i] if values is not None else value)
             part.seqs.append(seq0 + i)
-            if len(part.keys) >= size:
+            part.nbytes += len(raw) + ENTRY_BYTES
+            if len(part.keys) >= size or part.nbytes >= most_bytes:
                 return i + 1, t, FULL
         return len(keys), -1, DONE
 

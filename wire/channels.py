@@ -33,6 +33,19 @@ MAX_DROPPED = 64   # channels dropped for a fresh connection, not yet closed
 MESSAGE_LIMIT = 8 << 20
 
 
+def check_message_bytes(max_message_bytes) -> int:
+    """`max_message_bytes` if it is a size a channel can take (an int from 1 to 2 GiB
+    - 1, gRPC's own bound); else ValueError saying what is wrong. gRPC reads 0 and
+    negative limits as "none" or "the default", so they are refused, not passed on."""
+    if type(max_message_bytes) is not int:
+        raise ValueError(f"max_message_bytes must be an int (bytes), not "
+                         f"{type(max_message_bytes).__name__}")
+    if not 0 < max_message_bytes < 1 << 31:
+        raise ValueError(f"max_message_bytes must be from 1 to {(1 << 31) - 1} bytes, not "
+                         f"{max_message_bytes} (a node's default is {MESSAGE_LIMIT})")
+    return max_message_bytes
+
+
 def size_options(max_message_bytes: int) -> list[tuple[str, int]]:
     """gRPC channel options: messages sent and received at most this large (a larger
     one fails its call RESOURCE_EXHAUSTED, raised as TooLarge naming both sizes)."""
