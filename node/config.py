@@ -26,6 +26,9 @@ from floering.node.core.shares import PULL_GRACE, PULL_INTERVAL
 _DETECTOR = DetectorConfig()
 
 LOG_FORMATS = ("text", "json")
+# The shortest --source-expiry: a source's watermarks must outlast its resends
+# (a mapper's timeout: 60 s by default, shorter where its operator sets it).
+MIN_SOURCE_EXPIRY = 10.0
 # A node id names files (its data directory, certificate, key and log): letters,
 # digits, _ and -, up to 64; a member that came back new carries `#k` after it.
 NODE_ID = re.compile(r"[A-Za-z0-9_-]{1,64}(#[0-9]{1,9})?")
@@ -167,11 +170,13 @@ class NodeConfig:
             raise ValueError("max_stream_ahead must be at least 60 seconds (clocks drift)")
         if not self.piece_idle >= 0.5:
             raise ValueError("piece_idle must be at least 0.5 seconds")
-        for name in ("backup_expiry", "source_expiry"):
-            # Both must outlast any resend and any queue: an expiry cut short drops
-            # or double-counts what a slow sender still holds.
-            if not getattr(self, name) >= 60:       # NaN fails too
-                raise ValueError(f"{name} must be at least 60 seconds")
+        # Both must outlast any resend and any queue: an expiry cut short drops or
+        # double-counts what a slow sender still holds. A backed-up batch waits in its
+        # primary's queue; a source's resends last its mapper's timeout (60 s by
+        # default), which its operator knows and may set shorter.
+        for name, least in (("backup_expiry", 60), ("source_expiry", MIN_SOURCE_EXPIRY)):
+            if not getattr(self, name) >= least:       # NaN fails too
+                raise ValueError(f"{name} must be at least {least:g} seconds")
 
     def _check_peers(self) -> None:
         """Every id names files (check_node_id), once; this node among them."""
@@ -427,7 +432,8 @@ def _add_limits(p: argparse.ArgumentParser) -> None:
                         "of this node's clock; past it a batch is refused (default 3600)")
     p.add_argument("--source-expiry", type=float,
                    help="seconds a source may stay idle before its watermarks are dropped; "
-                        "it must outlast any resend (default 604800, a week)")
+                        "it must outlast any resend: the mappers' timeout, 60 s by default "
+                        "(at least 10; default 604800, a week)")
     p.add_argument("--piece-idle", type=float,
                    help="seconds a piece of a shared key (dkg, dchoices, wchoices, "
                         "smalops) must stay unchanged before its owner merges it back "
