@@ -164,7 +164,9 @@ def session_builder(app: str, shuffle_partitions: int = 2):
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = (SparkSession.builder.appName(app)
                .config("spark.sql.shuffle.partitions", shuffle_partitions)
-               .config("spark.ui.showConsoleProgress", "false"))
+               .config("spark.ui.showConsoleProgress", "false")
+               # workers forked with the ring's client imported (spark_driver.daemon)
+               .config("spark.python.daemon.module", "floering.spark_driver.daemon"))
     if (ROOT / "proto" / "floering").is_dir():
         path = os.pathsep.join(p for p in (str(ROOT), str(ROOT / "proto"),
                                            os.environ.get("PYTHONPATH", "")) if p)
