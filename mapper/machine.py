@@ -1,6 +1,6 @@
 """The mapper's decisions, in one pure machine: no I/O, no event loop, no clock of its
 own (every time is passed in). The asyncio delivery (`mapper/delivery.py`) and the
-deterministic simulation (`tests/sim_mapper.py`) both drive it and carry out what it
+deterministic simulation (`tests/support/sim_mapper.py`) both drive it and carry out what it
 returns; they only move bytes and keep time.
 
 It owns:

@@ -2,7 +2,7 @@
 which of the views the nodes sent it adopts, and when it looks for a newer ring.
 
 Only the mapper machine (`mapper/machine.py`) calls them; the asyncio delivery and
-the deterministic simulation (`tests/sim_mapper.py`) drive that machine.
+the deterministic simulation (`tests/support/sim_mapper.py`) drive that machine.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ if [ ! -f "$stamp" ]; then
   rm -f .venv/.installed-*
   touch "$stamp"
 fi
-# The web page's test (tests/test_webui.py) drives a headless Chromium, Debian's
+# The web page's test (tests/cluster/test_webui_live.py) drives a headless Chromium, Debian's
 # `chromium` package: installed here when missing, as root with apt-get; elsewhere
 # that test is skipped, saying so.
 if ! command -v chromium >/dev/null 2>&1; then
@@ -31,10 +31,10 @@ if ! command -v chromium >/dev/null 2>&1; then
     echo "installing chromium (apt-get) for the web page's test" >&2
     { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
         apt-get install -y -qq --no-install-recommends chromium >/dev/null; } ||
-      echo "could not install chromium: tests/test_webui.py's browser test will skip" >&2
+      echo "could not install chromium: tests/cluster/test_webui_live.py's browser test will skip" >&2
   else
     echo "chromium is not installed (as root: apt-get install chromium):" \
-         "tests/test_webui.py's browser test will skip" >&2
+         "tests/cluster/test_webui_live.py's browser test will skip" >&2
   fi
 fi
 # The compiled modules (setup.py), built again in place when a .pyx is newer than its

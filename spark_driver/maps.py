@@ -21,7 +21,7 @@ DEFAULT_RATE_MAP = "floering.spark_driver.maps:rate_bucket"
 # Both lower-case first and match ASCII letters only, so the only non-ASCII input that
 # can become part of a word is what lower-cases into ASCII (U+0130 -> "i" + U+0307,
 # the Kelvin sign -> "k"), and Java and Python lower-case those alike; both regex
-# engines are backtracking and leftmost-first. tests/test_spark_driver.py checks the
+# engines are backtracking and leftmost-first. tests/spark/test_spark_driver.py checks the
 # two agree on apostrophes, unicode letters, digits and such.
 WORD_PATTERN = r"[a-z]+(?:'[a-z]+)*"
 # The map steps Spark SQL does instead of Python (the Arrow path).

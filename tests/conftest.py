@@ -1,4 +1,4 @@
-"""Suite-wide checks. Helpers live in tests/helpers.py.
+"""Suite-wide checks. Helpers live in tests/support/helpers.py.
 
 Every process a test starts, it stops by its own PID: when the session ends, a child of
 the test process that is still running (not a reaped or zombie exit) is a stray. The
@@ -59,27 +59,27 @@ def pytest_sessionfinish(session, exitstatus):
 SEED_SHARE = 4
 # Real processes, real TLS, real Spark: one test of each path a user takes first.
 SMOKE = (
-    "tests/test_cluster.py::test_corpus_counts_are_exact_and_resends_are_not_counted",
-    "tests/test_cluster.py::test_cli_up_feed_query_status_down",
-    "tests/test_failover.py::test_sigkill_one_node_under_load",
-    "tests/test_restart.py::test_a_leave_from_a_pair_hands_its_ranges_over_once_under_load",
-    "tests/test_spark_driver.py::test_a_node_killed_mid_stream_loses_and_doubles_nothing",
+    "tests/cluster/test_cluster.py::test_corpus_counts_are_exact_and_resends_are_not_counted",
+    "tests/cluster/test_cluster.py::test_cli_up_feed_query_status_down",
+    "tests/cluster/test_failover.py::test_sigkill_one_node_under_load",
+    "tests/cluster/test_restart.py::test_a_leave_from_a_pair_hands_its_ranges_over_once_under_load",
+    "tests/spark/test_spark_driver.py::test_a_node_killed_mid_stream_loses_and_doubles_nothing",
     # and the short real-process tests beside in-process ones (a few seconds each)
-    "tests/test_channels.py::test_a_mapper_closes_its_channel_to_a_killed_node_and_counts_stay_exact",
-    "tests/test_metrics_bounds.py::"
+    "tests/cluster/test_channels_live.py::test_a_mapper_closes_its_channel_to_a_killed_node_and_counts_stay_exact",
+    "tests/cluster/test_metrics_bounds_live.py::"
     "test_a_flood_of_idle_connections_grows_no_threads_and_a_scrape_is_answered",
-    "tests/test_private_files.py::test_everything_the_cluster_writes_is_private_from_birth",
-    "tests/test_private_files.py::test_restart_runs_no_recorded_command_and_signals_no_stranger",
-    "tests/test_private_files.py::test_no_node_serves_in_the_clear_unless_told_so",
-    "tests/test_server_identity.py::"
+    "tests/cluster/test_private_files_live.py::test_everything_the_cluster_writes_is_private_from_birth",
+    "tests/cluster/test_private_files_live.py::test_restart_runs_no_recorded_command_and_signals_no_stranger",
+    "tests/cluster/test_private_files_live.py::test_no_node_serves_in_the_clear_unless_told_so",
+    "tests/cluster/test_server_identity_live.py::"
     "test_a_second_node_on_a_bound_port_exits_naming_it_and_the_first_serves_on",
-    "tests/test_server_identity.py::"
+    "tests/cluster/test_server_identity_live.py::"
     "test_an_impostor_on_a_dead_nodes_address_is_refused_by_peers_and_mappers",
-    "tests/test_server_identity.py::"
+    "tests/cluster/test_server_identity_live.py::"
     "test_floe_up_on_a_durable_cluster_keeps_its_ca_and_every_certificate_handed_out",
-    "tests/test_snapshot_live.py::test_export_then_import_into_a_ring_of_another_size",
-    "tests/test_snapshot_live.py::test_an_import_is_durable_and_replicated",
-    "tests/test_snapshot_live.py::"
+    "tests/cluster/test_snapshot_live.py::test_export_then_import_into_a_ring_of_another_size",
+    "tests/cluster/test_snapshot_live.py::test_an_import_is_durable_and_replicated",
+    "tests/cluster/test_snapshot_live.py::"
     "test_an_export_under_a_running_feed_replays_exactly_into_a_ring_of_another_size",
 )
 

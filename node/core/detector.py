@@ -38,7 +38,7 @@ ordinary scheduling noise, is added to every silence timeout and stretches probe
 deadlines and the suspicion period.
 
 Pure: every method takes `now`. The runtime (node/runtime/node.py) and the
-deterministic simulation (tests/simulation.py) both drive this one class.
+deterministic simulation (tests/support/simulation.py) both drive this one class.
 """
 
 from __future__ import annotations
