@@ -12,7 +12,7 @@ channel, event loop or client is made here: those still begin in each worker.
 
 from __future__ import annotations
 
-# Importing these starts no thread (tests/test_spark_daemon.py counts the process's).
+# Importing these starts no thread (tests/spark/test_spark_daemon.py counts the process's).
 PRELOAD = ("grpc", "floering.mapper.client", "floering.mapper.kernel",
            "floering.spark_driver.partition", "floering.spark_driver.connections")
 
