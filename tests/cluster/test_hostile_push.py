@@ -37,8 +37,8 @@ SHARE_MIB = (2 * (PUSH_READS_PER_CALLER + min(STREAMS, READING_PER_CALLER)) * ME
 def test_many_streams_of_large_pushes_hold_a_callers_share_and_stay_exact(tmp_path):
     # Before the bound: +437-466 MiB (the inbound queue, 256 MiB, filled with one caller's
     # requests, and one more read on every stream waiting for room); with the bound
-    # +186 to +235; with streams read in turns as wire bytes, +127 to +142 (load 6,
-    # every request applied). SHARE_MIB (320) is kept: runs cut short by a ring change
+    # +186 to +235; measured again later, +127 to +142 (load 6, every request
+    # applied). SHARE_MIB (320) is kept: runs cut short by a ring change
     # under heavier load measured less, so nothing yet shows a tighter bound holds there.
     with LocalCluster.up(3, 1, workdir=tmp_path, tls=False) as cluster:
         node = cluster.node("n0")
