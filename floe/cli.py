@@ -492,6 +492,7 @@ def build_parser() -> argparse.ArgumentParser:
     _cluster_commands(sub)
     _query_commands(sub)
     _admin_commands(sub)
+    _cert_command(sub)
     from floering.floe.snapshot import add_snapshot_commands
     add_snapshot_commands(sub, _seeds, _tls)
     from floering.floe.webui import add_ui_command
@@ -680,6 +681,35 @@ def _admin_commands(sub) -> None:
     sp.add_argument("--to", metavar="NODE",
                     help="hand the tail (POSITION, token] to NODE, e.g. the clockwise neighbour")
     sp.set_defaults(func=cmd_split)
+
+
+def _cert_command(sub) -> None:
+    cert = sub.add_parser(
+        "cert", help="a certificate with an identity of its own for one client or operator",
+        description="Issue a client (or operator) certificate named NAME from the ring's "
+                    "CA (found as --tls-dir, $FLOE_TLS_DIR or the cluster's floe-cluster/tls; "
+                    "it must hold the CA's key) into a new directory OUT, with the CA "
+                    "certificates: give OUT as that caller's --tls-dir (tls= in the API). "
+                    "Nodes share call slots and source tables out per identity, so callers "
+                    "holding floe up's one client certificate share one share; each with its "
+                    "own cannot crowd out the others (docs/security.md).")
+    cert.add_argument("name", help="the identity (CN): 1-64 letters, digits, '.', '_', '-'")
+    cert.add_argument("--out", required=True, help="a new (or empty) directory, made 0700")
+    cert.add_argument("--role", choices=("client", "operator"), default="client",
+                      help="operator: may also move, split, export and import")
+    cert.set_defaults(func=cmd_cert)
+
+
+def cmd_cert(args) -> int:
+    from floering.mapper.credentials import FIND, find_tls_dir
+    from floering.node.transport.tls import issue_identity
+    ca_dir = find_tls_dir(args.tls_dir or FIND, cluster_file=args.cluster_file)
+    if ca_dir is None:
+        raise ValueError("no certificate directory found: give --tls-dir (the ring's CA), "
+                         "or run beside a cluster `floe up` started with TLS")
+    files = issue_identity(ca_dir, args.out, args.name, args.role)
+    print(f"{args.role} {args.name}: {files.cert} (use --tls-dir {files.ca.parent})")
+    return 0
 
 
 def one_line(exc: BaseException) -> str:

@@ -35,6 +35,7 @@ import datetime
 import functools
 import ipaddress
 import os
+import re
 import socket
 import ssl
 from pathlib import Path
@@ -221,9 +222,12 @@ def node_files(directory: str | Path, node_id: str) -> TlsFiles:
     return files
 
 
-def issue(directory: Path, name: str, role: str, hosts, ca_cert=None, ca_key=None) -> TlsFiles:
+def issue(directory: Path, name: str, role: str, hosts, ca_cert=None, ca_key=None, *,
+          common: str | None = None) -> TlsFiles:
     """One more certificate (a new key, a new serial) from the directory's issuing CA
-    (a node added later), or one that replaces `name`'s."""
+    (a node added later), or one that replaces `name`'s. Its files are `name`.pem/.key;
+    its identity (CN) is `common`, `name` unless given (a client of its own, whose files
+    keep the name a client looks for)."""
     if role not in ROLES:
         raise ValueError(f"role must be one of {ROLES}, not {role!r}")
     d = _private_dir(directory)
@@ -232,12 +236,43 @@ def issue(directory: Path, name: str, role: str, hosts, ca_cert=None, ca_key=Non
     key = ec.generate_private_key(ec.SECP256R1())
     # A node's certificate names it as a server (and is valid for `hosts`, for tools
     # that check the address they dial); a client's or operator's serves nobody.
-    cert = _certificate(_name(name, role), ca_cert.subject, key.public_key(), ca_key,
+    cert = _certificate(_name(common or name, role), ca_cert.subject, key.public_key(), ca_key,
                         ca=False, hosts=hosts if role == "node" else (),
                         server=name if role == "node" else None)
     _write(d / f"{name}.key", _key_bytes(key), private=True)
     _write(d / f"{name}.pem", _pem(cert))
     return TlsFiles(d / "ca.pem", d / f"{name}.pem", d / f"{name}.key")
+
+
+# A caller's own identity: what `floe cert` names in a certificate's CN.
+IDENTITY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def issue_identity(ca_dir: str | Path, out: str | Path, name: str, role: str) -> TlsFiles:
+    """A client or operator certificate with an identity of its own (`name`), from the
+    issuing CA in `ca_dir`, written to a new private directory `out` with the CAs `ca_dir`
+    trusts: `out` is then a `--tls-dir` for that caller alone. Nodes count call slots and
+    source tables per identity, so callers that should not share them each get one."""
+    if role not in ("client", "operator"):
+        raise ValueError(f"role must be client or operator, not {role!r}")
+    if not isinstance(name, str) or not IDENTITY.fullmatch(name):
+        raise ValueError(f"identity {name!r}: 1-64 letters, digits, '.', '_' or '-', "
+                         "starting with a letter or digit")
+    if name in ("client", "operator"):
+        raise ValueError(f"identity {name!r} is the one `floe up` hands out to every "
+                         "caller; choose a name of its own")
+    src = Path(ca_dir)
+    if not (src / CA_KEY).is_file():
+        raise ValueError(f"no issuing CA key ({CA_KEY}) in {src}: certificates are issued "
+                         "where the cluster's CA is kept (floe up's floe-cluster/tls)")
+    dest = Path(out)
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        raise ValueError(f"{dest} exists and is not an empty directory: a caller's "
+                         "certificates go to a directory of their own")
+    ca_cert, ca_key = _issuer(src)
+    d = _private_dir(dest)
+    _write(d / "ca.pem", (src / "ca.pem").read_bytes())
+    return issue(d, role, role, (), ca_cert, ca_key, common=name)
 
 
 def trusted_cas(directory: str | Path) -> list[x509.Certificate]:

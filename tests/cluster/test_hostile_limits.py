@@ -17,9 +17,9 @@ from floering.chaos.hostile import IdleStreams
 from floering.floe.cluster import LocalCluster, channel
 from floering.mapper import RingClient
 from floering.node.core.batch import DEFAULT_LIMITS, encode_payload
-from floering.node.transport import tls as tls_mod
 from floering.v1 import floe_pb2, floe_pb2_grpc
-from tests.support.helpers import wait_for
+from floering.wire.tls import TlsFiles
+from tests.support.helpers import floe_run, wait_for
 
 pytestmark = pytest.mark.multiprocess
 
@@ -27,8 +27,13 @@ KEY_BYTES = DEFAULT_LIMITS.max_key_bytes        # 64 KiB: the largest key a node
 
 
 def another_client(cluster, name: str):
-    """A client certificate of its own from the ring's CA: another identity."""
-    return tls_mod.issue(cluster.tls_dir, name, "client", ["127.0.0.1", "localhost"])
+    """A client certificate of its own from the ring's CA, as an operator makes one
+    (`floe cert NAME --out DIR`): another identity, in a directory of its own."""
+    workdir = cluster.tls_dir.parent.parent        # beside floe-cluster/, as floe up's
+    out = workdir / f"{name}-tls"
+    done = floe_run(workdir, "cert", name, "--out", str(out))   # finds the cluster's CA
+    assert done.returncode == 0, done.stderr
+    return TlsFiles.in_dir(out, "client")
 
 
 def keys_of_token(ring, token: int, count: int, prefix: str) -> list[str]:
