@@ -173,7 +173,7 @@ class NodeMachine(ViewChecks, SharePulling):
         old, kept = self.core.node_id, getattr(self.core, "retired", None)
         node_id = rejoin_name(old, ring)
         if kept and self.retiring is not None:     # written before the store is wiped
-            self.core.retired = []
+            self.core.retired = []         # type: ignore[attr-defined]  # a RetainingCore
             out.extend(self.retiring.keep(kept, f"{old} was removed from the ring", old))
         what = "dropping its ranges" if kept is None else f"keeping its {len(kept)} ranges retired"
         out.append(self._record("fenced", f"{old} was declared dead in ring v{ring.version}: "

@@ -19,6 +19,7 @@ from enum import StrEnum
 
 from floering.node.core.chunks import CHUNK_BYTES, column_slices, packed_chunks
 from floering.node.core.machine_io import Note, Record
+from floering.node.core.node_core import NodeCore
 from floering.node.core.retired import (Ask, Held, RetiredRange, RetiredSet, held,
                                         retire_directory)
 from floering.node.core.state_wire import plan
@@ -119,7 +120,7 @@ class Retiring:
         self._queue: list[RestoreRetired] = []
         self._handing: list[_Handing] = []
         self._remote: list[tuple[int, Ask]] = []   # the questions other members answer
-        self._core = None                # the member we are, during a round
+        self._core: NodeCore | None = None     # the member we are, during a round
         self._node = ""
         self.deleted_last = 0            # ranges the last round deleted
 
@@ -224,8 +225,9 @@ class Retiring:
     def _answered(self, now: float) -> list:
         """Every question answered: hand over to the primaries that hold a piece as
         lost, one at a time, then confirm."""
-        ring = self._ring
-        reducer_frames = table_op(self._core.reducer) is not None
+        ring, core = self._ring, self._core
+        assert ring is not None and core is not None     # set for the round's length
+        reducer_frames = table_op(core.reducer) is not None
         for i in sorted(self._answers):
             ask, answer = self._answers[i]
             r = self.kept.ranges.get(ask.key)
@@ -247,6 +249,7 @@ class Retiring:
 
     def _confirm(self, now: float) -> list:
         ring = self._ring
+        assert ring is not None                          # set for the round's length
         done = self.kept.confirmed_by(ring, {(a.key, a.token, a.node): h
                                               for a, h in self._answers.values()})
         out: list = [WriteRetired(m, tuple(self.kept.of(m)))

@@ -225,6 +225,7 @@ class NodeRuntime:
                 case Split():
                     pass       # the caller of SplitRequested reads it
                 case WriteRetired():
+                    assert self.retiring is not None   # a core keeps ranges only with one
                     self.retiring.run([effect])
                 case _:
                     raise TypeError(f"unknown effect {effect!r}")
