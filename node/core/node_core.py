@@ -150,10 +150,7 @@ class NodeCore:
                 rng.ack_floor[node] = rng.checkpoint_seq
         self.lost_tokens |= set(new.lost)
         self.released_seq = {t: n for t, n in self.released_seq.items() if new.has_token(t)}
-        # Counted as takeovers only when the range's last primary was declared dead: a
-        # replica made primary by a handoff (a move, a shed, a leave) took nothing over.
-        self.counters["takeovers"] += sum(
-            1 for token in taken if old.owners[old.token_index(token)] in new.removed)
+        self.counters["takeovers"] += len(taken)
         return RingChange(new, tuple(taken), tuple(lost))
 
     def _split_ranges(self, old: Ring, new: Ring) -> None:
