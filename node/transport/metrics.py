@@ -48,7 +48,8 @@ COUNTERS = (
     ("floe_moved_bytes", "moved_bytes",
      "Bytes of state moved to other nodes: full range copies (handoffs, splits, new "
      "replicas) and pieces merged back, acknowledged"),
-    ("floe_takeovers", "takeovers", "Ranges taken over from nodes declared dead"),
+    ("floe_takeovers", "takeovers",
+     "Ranges served from this node's replica copy: taken over from dead nodes or handed over"),
     ("floe_deaths_declared", "declared", "Nodes this node declared dead"),
     ("floe_handoffs", "handed_off", "Ranges handed to other nodes (moves, splits, leaving)"),
     ("floe_sources_expired", "sources_expired", "Dedup watermarks dropped for idle sources"),
