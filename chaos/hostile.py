@@ -159,18 +159,24 @@ def impostors(cluster: LocalCluster, node_ids, scratch: Path) -> Injected:
 
 class IdleStreams:
     """`count` calls held open against the node at `address` and never fed: Push
-    streams with no batch and health Watch streams (every role may open one), half
-    each, as one caller on one connection. `refused` counts those the node refused
-    (by status code name); the rest stay open until `close()`. `options`: the
-    channel's (("grpc.use_local_subchannel_pool", 1): a connection of its own, not
-    shared with another channel of this process to the same address)."""
+    streams with no batch and health Watch streams (every role may open one), taken
+    in turn from `kinds`, as one caller on one connection. `refused` counts those the
+    node refused (by status code name), `ended` those it ended without an error (a
+    node ends an idle Push stream whose caller has others waiting to be read: held
+    calls that must stay held are Watch streams); the rest stay open until `close()`.
+    `options`: the channel's (("grpc.use_local_subchannel_pool", 1): a connection of
+    its own, not shared with another channel of this process to the same address)."""
 
-    def __init__(self, address: str, tls, count: int, options=()) -> None:
+    def __init__(self, address: str, tls, count: int, options=(),
+                 kinds: tuple[str, ...] = ("watch", "push")) -> None:
         import asyncio
         import threading
         from grpc_health.v1 import health_pb2, health_pb2_grpc
         from floering.wire.channels import open_channel
+        if not kinds or set(kinds) - {"watch", "push"}:
+            raise ValueError(f"kinds must be of 'watch' and 'push', not {kinds!r}")
         self.refused: dict[str, int] = {}
+        self.ended = 0
         self.details: list[str] = []
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -190,11 +196,12 @@ class IdleStreams:
                 yield
 
             async def one(i):
-                call = data.Push(nothing()) if i % 2 else \
+                call = data.Push(nothing()) if kinds[i % len(kinds)] == "push" else \
                     health.Watch(health_pb2.HealthCheckRequest(service=""))
                 try:
                     async for _ in call:
                         pass
+                    self.ended += 1
                 except grpc.RpcError as exc:
                     if exc.code() != grpc.StatusCode.CANCELLED:
                         name = exc.code().name

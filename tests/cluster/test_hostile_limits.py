@@ -104,8 +104,11 @@ def test_one_identitys_calls_are_capped_over_all_its_connections(tmp_path):
                          extra_args=["--max-concurrent-rpcs", "200"]) as cluster:
         node = cluster.nodes[0]
         alice = another_client(cluster, "alice")
-        with IdleStreams(node.address, cluster.tls("client"), 40, own) as one, \
-                IdleStreams(node.address, cluster.tls("client"), 40, own) as two:
+        # Watch streams: a node ends an idle Push stream while its caller's others
+        # wait to be read, which would give the flooder's slots back
+        watch = ("watch",)
+        with IdleStreams(node.address, cluster.tls("client"), 40, own, watch) as one, \
+                IdleStreams(node.address, cluster.tls("client"), 40, own, watch) as two:
             refused = lambda: sum(one.refused.values()) + sum(two.refused.values())  # noqa: E731
             wait_for(lambda: refused() >= 30, 30, "the streams past the quarter refused")
             time.sleep(0.5)                     # none more is refused late
@@ -119,6 +122,7 @@ def test_one_identitys_calls_are_capped_over_all_its_connections(tmp_path):
                 client.emit_many(words)
                 client.flush()
                 assert dict(client.scan()) == Counter(words)
+            assert one.ended == two.ended == 0
             with cluster.channel(node.address) as ch:     # the flooder's own: refused
                 with pytest.raises(grpc.RpcError) as busy:
                     floe_pb2_grpc.QueryPlaneStub(ch).Stats(floe_pb2.StatsRequest(), timeout=5)
