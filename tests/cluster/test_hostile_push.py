@@ -13,7 +13,8 @@ from floering.floe.cluster import LocalCluster
 from floering.chaos.hostile import LargePushes
 from floering.mapper import RingClient
 from floering.node.config import NodeConfig
-from floering.node.transport.budget import PUSH_READS_PER_CALLER, READING_PER_CALLER
+from floering.node.transport.budget import (MEMBER_READS_PER_CALLER, PUSH_READS_PER_CALLER,
+                                            READING_PER_CALLER, READS_PER_CALLER)
 from floering.node.transport.server import message_bytes
 from floering.v1 import floe_pb2, floe_pb2_grpc
 from tests.support.helpers import Feeder, diff, wait_for
@@ -32,6 +33,15 @@ STREAMS, MESSAGES = 8, 12
 # request; the tuples of the one applied), plus the allocator's slack.
 SHARE_MIB = (2 * (PUSH_READS_PER_CALLER + min(STREAMS, READING_PER_CALLER)) * MESSAGE_MIB
              + 64)
+# The budget's peak is of the three budgets together (budget.Budgets), and in the clear
+# every process on loopback is one caller: its Push messages read and not yet applied,
+# and the members' calls and the clients' (the feeder's GetRing, the Stats here), each
+# reserving the largest message until gRPC reads it. A checkpoint round sends a call
+# per range and replica at once, so on a loaded node up to the members' whole share
+# waits to be read alongside the pushes. Without the pushes' share per caller the
+# inbound queue's bound (256 MiB) alone would be past it.
+PEAK_BYTES = ((PUSH_READS_PER_CALLER + MEMBER_READS_PER_CALLER + READS_PER_CALLER)
+              * (MESSAGE_MIB << 20))
 
 
 def test_many_streams_of_large_pushes_hold_a_callers_share_and_stay_exact(tmp_path):
@@ -66,14 +76,12 @@ def test_many_streams_of_large_pushes_hold_a_callers_share_and_stay_exact(tmp_pa
         got = client.scan_all()
         client.close()
     print(f"hostile pushes: +{grown} MiB in {took:.1f} s, acked {hostile.acked}, "
-          f"refused {hostile.refused}")
+          f"refused {hostile.refused}, peak {peak >> 20} MiB")
     # on a loaded machine the ring may change meanwhile (a member slow to answer its
     # peers): a stream is then refused for its ring, and what was acked still counts
     assert set(hostile.refused) <= {"FAILED_PRECONDITION"}, hostile.refused
     assert sum(garbage.refused.values()) == 4 and garbage.acked == 0, garbage.refused
-    # the pushes' share of one caller, and a message or two of other calls (members'
-    # checkpoints, the feeder's GetRing)
-    assert peak <= (PUSH_READS_PER_CALLER + 2 * 2) * (MESSAGE_MIB << 20), peak >> 20
+    assert peak <= PEAK_BYTES, peak >> 20
     if not hostile.refused:
         assert hostile.acked == STREAMS * MESSAGES * 2 * hostile.tuples
         assert got.pop(hostile.key) == hostile.acked
