@@ -5,14 +5,14 @@ the ring's counts equal an independent count of what flush() confirmed. And a re
 node refuses hostile frames naming what is wrong, and goes on serving."""
 
 import struct
-import time
 
 import grpc
 import pytest
 
 from floering.floe.cluster import LocalCluster
 from floering.node.core.state_wire import MAGIC, encode_pairs
-from tests.support.helpers import Feeder, finish_exact, floe, middle, status, wait_for
+from tests.support.helpers import (Feeder, finish_exact, floe, middle, status,
+                                   wait_checkpoint_rounds, wait_for)
 
 pytestmark = pytest.mark.multiprocess
 
@@ -57,18 +57,19 @@ def test_state_moves_as_frames_through_a_split_and_two_kills_with_exact_counts(t
     with LocalCluster.up(4, 1, workdir=tmp_path, tokens_per_node=2) as cluster:
         feeder = Feeder(cluster.seeds, tls=cluster.tls())
         feeder.start()
-        time.sleep(0.5)
+        feeder.wait_rounds(3)
         refuse_hostile_frames(cluster, cluster.node("n0").address)
         ring = feeder.client.refresh_ring()
         token = ring.tokens_of("n0")[0]
         moved = status(tmp_path)["n0"]["moved_bytes"]
         assert "handed the tail" in floe(tmp_path, "split", hex(middle(ring, token)), "--to",
                                          ring.heir(token))
-        time.sleep(0.5)
+        # the split's ranges are on r+1 nodes before a node dies
+        wait_for(lambda: replicated(tmp_path, set()), timeout=60, what="the split replicated")
         cluster.kill("n1")
         # the dead node's ranges get their second copies: full copies, as frames
         wait_for(lambda: replicated(tmp_path, {"n1"}), timeout=60, what="re-replicated")
-        time.sleep(0.3)
+        feeder.wait_rounds(2)       # the stream goes on into the copies just made
         cluster.kill("n2")          # its ranges come back from the copies just made
         wait_for(lambda: replicated(tmp_path, {"n1", "n2"}), timeout=60,
                  what="re-replicated twice")
@@ -92,7 +93,7 @@ def test_a_pure_node_among_compiled_ones_takes_and_gives_state_as_frames(tmp_pat
     with LocalCluster.up(3, 1, workdir=tmp_path, tokens_per_node=2) as cluster:
         feeder = Feeder(cluster.seeds, tls=cluster.tls())
         feeder.start()
-        time.sleep(0.5)
+        feeder.wait_rounds(3)
         monkeypatch.setenv("FLOE_PURE", "1")
         (pure,) = cluster.add_nodes(1, tokens_per_node=2)
         monkeypatch.delenv("FLOE_PURE")
@@ -113,7 +114,7 @@ def test_a_pure_node_among_compiled_ones_takes_and_gives_state_as_frames(tmp_pat
         assert all(0 <= r["loop_lag_ms"] < 10_000 for r in rows.values())
         table = floe(tmp_path, "status")
         assert "kernel" in table and " dict " in table and " compiled " in table
-        time.sleep(1.0)             # a few checkpoint rounds from the pure node
+        wait_checkpoint_rounds(cluster, 3, [pure.node_id])   # its replicas hold its copies
         cluster.kill(pure.node_id)
         wait_for(lambda: replicated(tmp_path, {pure.node_id}), timeout=60,
                  what="re-replicated")

@@ -173,6 +173,26 @@ def ring_seen_by(cluster, node_id: str):
             floe_pb2.GetRingRequest(), timeout=5).ring)
 
 
+def node_stats(cluster, node_id: str):
+    """One member's own Stats (a NodeStats message), asked of it alone."""
+    from floering.v1 import floe_pb2, floe_pb2_grpc
+    with cluster.channel(cluster.node(node_id).address) as ch:
+        return floe_pb2_grpc.QueryPlaneStub(ch).Stats(floe_pb2.StatsRequest(), timeout=5)
+
+
+def wait_checkpoint_rounds(cluster, rounds=3, nodes=None, timeout=60.0) -> None:
+    """Wait until each of `nodes` (default: every node of the cluster) has ended `rounds`
+    more checkpoint rounds than now. The second of them began after this call, so its
+    cut holds everything acknowledged before it; a durable node queues that cut's write
+    to its copies as the round begins, and the third begins a checkpoint interval after
+    the second has ended (its shipments acknowledged)."""
+    nodes = [n.node_id for n in cluster.nodes] if nodes is None else list(nodes)
+    target = {n: node_stats(cluster, n).checkpoint_rounds + rounds for n in nodes}
+    wait_for(lambda: all(node_stats(cluster, n).checkpoint_rounds >= t
+                         for n, t in target.items()),
+             timeout, f"{rounds} more checkpoint rounds on {', '.join(nodes)}")
+
+
 def events_of(cluster, node_id: str) -> list[dict]:
     """The structured events of a cluster's node (node.runtime.events), oldest first."""
     from floering.chaos.timeline import node_events
