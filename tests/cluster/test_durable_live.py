@@ -18,7 +18,7 @@ from floering.mapper import RingClient
 from floering.node.storage import node_store
 from floering.node.storage.node_store import NodeStore
 from floering.node.storage.segment_log import SUFFIX
-from tests.support.helpers import Feeder, events_of, wait_for
+from tests.support.helpers import Feeder, events_of, wait_checkpoint_rounds, wait_for
 from tests.support.durable_shared import durable_cluster, restart_all
 
 
@@ -28,12 +28,12 @@ def test_a_whole_cluster_killed_under_load_comes_back_exact(tmp_path, power_loss
     with durable_cluster(tmp_path) as cluster:
         feeder = Feeder(cluster.seeds, tls=cluster.tls())
         feeder.start()
-        time.sleep(1.5)
+        feeder.wait_rounds(3)
         before = sum(feeder.acked.values())
         torn = []
         restart_all(cluster, (lambda: torn.append(tear_every_log(tmp_path / "data")))
                     if power_loss else None)
-        time.sleep(1.5)
+        feeder.wait_rounds(3, timeout=60)                # the stream goes on after it
         client = feeder.finish()
         assert before > 0 and sum(feeder.acked.values()) > before     # it went on
         got = dict(client.scan())
@@ -137,9 +137,9 @@ def test_a_rolling_restart_on_data_dirs_under_load_is_exact(tmp_path):
             "--share-pull-interval", "0.5"]) as cluster:
         feeder = Feeder(cluster.seeds, tls=cluster.tls())
         feeder.start()
-        time.sleep(0.5)
+        feeder.wait_rounds(3)
         rolling_restart(cluster, report=lambda line: None)
-        time.sleep(0.5)
+        feeder.wait_rounds(2, timeout=60)                # the stream goes on after it
         client = feeder.finish()
         got = dict(client.scan())
         client.close()
@@ -195,7 +195,7 @@ def test_a_corrupt_copy_of_one_range_goes_to_its_heir_and_the_member_keeps_the_r
             client.emit_many(words)
             client.flush()
             ring = client.refresh_ring()
-        time.sleep(1.5)                          # a checkpoint round writes the copies
+        wait_checkpoint_rounds(cluster)          # a checkpoint round writes the copies
 
         def damage():
             store = NodeStore(tmp_path / "data" / "n0")

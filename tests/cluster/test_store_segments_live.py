@@ -8,8 +8,6 @@ The tests here start real node processes; the in-process ones are in
 tests/unit/test_store_segments.py.
 """
 
-import time
-
 import pytest
 
 from floering.node.storage import node_store
@@ -24,7 +22,7 @@ def test_a_cluster_killed_on_directories_of_the_earlier_format_comes_back_exact(
     from collections import Counter
 
     from floering.mapper import RingClient
-    from tests.support.helpers import wait_for
+    from tests.support.helpers import wait_checkpoint_rounds, wait_for
     from tests.support.durable_shared import durable_cluster, restart_all
     words = [f"w{i % 700}" for i in range(9000)]
     more = [f"v{i % 300}" for i in range(3000)] + words[:2000]
@@ -43,13 +41,13 @@ def test_a_cluster_killed_on_directories_of_the_earlier_format_comes_back_exact(
         with RingClient(cluster.seeds, tls=cluster.tls()) as client:
             client.emit_many(words)
             client.flush()
-        time.sleep(1.5)                          # a checkpoint round writes the copies
+        wait_checkpoint_rounds(cluster)          # a checkpoint round writes the copies
         restart_all(cluster, to_format_1)
         with RingClient(cluster.seeds, tls=cluster.tls(), timeout=30) as client:
             assert dict(client.scan()) == Counter(words)
             client.emit_many(more)
             client.flush()
-        time.sleep(1.5)
+        wait_checkpoint_rounds(cluster)
         restart_all(cluster)
         with RingClient(cluster.seeds, tls=cluster.tls(), timeout=30) as client:
             wait_for(lambda: dict(client.scan()) == Counter(words + more), 30,
