@@ -97,7 +97,24 @@ def test_a_shrunk_pools_pieces_are_merged_back_exactly_into_their_keys(tmp_path,
                 assert raw_get(cluster, ring, word) == expect[word], word
                 assert client.get(word) == expect[word], word
             assert sum(s["pieces_folded"] for s in client.stats()) >= len(shared)
+            # the colder keys' pieces fold too: read the whole ring once none has run
+            # for longer than a piece's idle time
+            folds_settle(client, quiet=4.0, timeout=90)
             assert client.scan_all() == dict(expect)
+
+
+def folds_settle(client, quiet: float, timeout: float) -> None:
+    """Wait until no node's fold epoch has moved for `quiet` seconds."""
+    deadline = time.monotonic() + timeout
+    last, since = None, time.monotonic()
+    while time.monotonic() < deadline:
+        epochs = [s["fold_epoch"] for s in client.stats()]
+        if epochs != last:
+            last, since = epochs, time.monotonic()
+        elif time.monotonic() - since >= quiet:
+            return
+        time.sleep(0.25)
+    raise AssertionError(f"folds still ran {timeout}s on (fold epochs {last})")
 
 
 @pytest.mark.multiprocess
