@@ -245,7 +245,8 @@ class Turns:
             else:
                 turn.cancel()
                 queue = self._waiting.get(identity)
-                if queue is not None:
+                # give() may have passed over our cancelled turn already
+                if queue is not None and turn in queue:
                     queue.remove(turn)
                     if not queue:
                         del self._waiting[identity]

@@ -159,3 +159,24 @@ def held_bytes(obj) -> int:
     else:
         return 0
     return sum(len(v) for v in values if isinstance(v, (bytes, bytearray)) and len(v) >= MiB // 2)
+
+
+async def test_a_stream_cancelled_while_waiting_for_its_turn_raises_cancelled_and_loses_no_turn():
+    """A waiting stream cancelled, and its turn passed over by give() before it ran
+    again: it raises CancelledError (not an error of the queue), and the turns left
+    are still counted right: the next waiter gets one, then all are given back."""
+    from floering.node.transport.budget import Turns
+    turns = Turns(per_identity=1)
+    await turns.take("a")                       # held
+    first, second, third = (asyncio.create_task(turns.take("a")) for _ in range(3))
+    await asyncio.sleep(0)
+    first.cancel()                              # its future is cancelled at once ...
+    turns.give("a")                             # ... and passed over here, before it ran
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    await asyncio.wait_for(second, 1)           # the turn went to the next waiter
+    assert turns.holding("a") == 1 and turns.wanted("a")
+    turns.give("a")
+    await asyncio.wait_for(third, 1)
+    turns.give("a")
+    assert turns.holding("a") == 0 and turns._waiting == {}
