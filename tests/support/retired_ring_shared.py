@@ -8,6 +8,7 @@ from collections import Counter
 from floering.mapper import RingClient
 from floering.wire.ring import Ring
 from floering.v1 import floe_pb2, floe_pb2_grpc
+from tests.support.helpers import node_stats as stats_of  # noqa: F401 (used by others)
 
 
 def feed(cluster, words, want: Counter) -> None:
@@ -26,11 +27,6 @@ def ring_of(cluster, node_id: str) -> Ring:
     with cluster.channel(cluster.node(node_id).address) as ch:
         return Ring.from_wire(floe_pb2_grpc.ControlPlaneStub(ch).GetRing(
             floe_pb2.GetRingRequest(), timeout=5).ring)
-
-
-def stats_of(cluster, node_id: str):
-    with cluster.channel(cluster.node(node_id).address) as ch:
-        return floe_pb2_grpc.QueryPlaneStub(ch).Stats(floe_pb2.StatsRequest(), timeout=5)
 
 
 def events(cluster, node_id: str, kind: str) -> list[dict]:
