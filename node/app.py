@@ -17,7 +17,6 @@ from floering.node.runtime.events import EventLog
 from floering.node.runtime.node import NodeRuntime
 from floering.node.runtime.retiring import Retiring
 from floering.node.transport.peers import PeerPool
-from floering.node.transport.metrics import NodeMetrics
 from floering.node.transport.server import (listen_host, message_bytes, node_tls, set_health,
                                             start_server)
 from floering.node.transport.snapshots import RetiredCalls
@@ -121,7 +120,10 @@ async def start_node(config: NodeConfig) -> RunningNode:
     runtime = NodeRuntime(config, reducer, peers,
                           events=EventLog(config.events_file, config.node_id))
     peers.follow(lambda: runtime.core.ring)     # each peer is checked as its member
-    metrics = NodeMetrics(runtime) if config.metrics_port else None
+    metrics = None
+    if config.metrics_port:   # prometheus_client: imported only when serving metrics
+        from floering.node.transport.metrics import NodeMetrics
+        metrics = NodeMetrics(runtime)
     server, health, port = await start_server(runtime, metrics)
     if config.listen.endswith(":0"):
         # Bound to an ephemeral port (tests): publish the real address in the ring.

@@ -8,6 +8,7 @@ import ipaddress
 import logging
 import time
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -32,12 +33,14 @@ from floering.node.transport.budget import Budgets, ByteBudget, Held, RequestByt
 from floering.wire.channels import MESSAGE_LIMIT
 from floering.node.transport.chunking import CHUNK_ENTRIES, Reassembly, fill, received
 from floering.node.transport.intercept import CALLER, CallLimiter
-from floering.node.transport.metrics import NodeMetrics
 from floering.node.transport.peers import channel_options, unpack_chunk, unpack_entries_async
 from floering.node.transport.snapshots import Snapshots
 from floering.wire.status import abort
 from floering.wire.tls import TlsFiles
 from floering.node.transport.tls import Authorizer, node_files, peer_identity
+
+if TYPE_CHECKING:     # prometheus_client is imported only by a node serving metrics
+    from floering.node.transport.metrics import NodeMetrics
 
 
 def listen_host(listen: str) -> str:
