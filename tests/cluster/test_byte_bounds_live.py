@@ -22,7 +22,7 @@ from floering.mapper import RingClient
 from floering.mapper.admin import move
 from floering.wire.codec import pack_entries, unpack_entries
 from floering.v1 import floe_pb2, floe_pb2_grpc
-from tests.support.helpers import wait_for
+from tests.support.helpers import node_stats, wait_for
 
 
 PAD = 4 << 20
@@ -39,15 +39,11 @@ def keys_in_one_range(ring, count: int) -> tuple[int, list[str]]:
     return token, keys
 
 
-def node_stats(cluster, node) -> floe_pb2.NodeStats:
-    with cluster.channel(node.address) as channel:
-        return floe_pb2_grpc.QueryPlaneStub(channel).Stats(floe_pb2.StatsRequest(), timeout=10)
-
-
 def settled(cluster, alive) -> bool:
     """Every live node answers and has every range it owns on r+1 nodes."""
     try:
-        return all(node_stats(cluster, n).under_replicated == 0 for n in alive)
+        return all(node_stats(cluster, n.node_id, timeout=10).under_replicated == 0
+                   for n in alive)
     except grpc.RpcError:
         return False
 

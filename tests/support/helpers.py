@@ -173,11 +173,12 @@ def ring_seen_by(cluster, node_id: str):
             floe_pb2.GetRingRequest(), timeout=5).ring)
 
 
-def node_stats(cluster, node_id: str):
+def node_stats(cluster, node_id: str, timeout: float = 5.0):
     """One member's own Stats (a NodeStats message), asked of it alone."""
     from floering.v1 import floe_pb2, floe_pb2_grpc
     with cluster.channel(cluster.node(node_id).address) as ch:
-        return floe_pb2_grpc.QueryPlaneStub(ch).Stats(floe_pb2.StatsRequest(), timeout=5)
+        return floe_pb2_grpc.QueryPlaneStub(ch).Stats(floe_pb2.StatsRequest(),
+                                                      timeout=timeout)
 
 
 def wait_checkpoint_rounds(cluster, rounds=3, nodes=None, timeout=60.0) -> None:
