@@ -99,9 +99,13 @@ class RingCount:
 
     def start(self, source: Path, checkpoint: Path, available_now: bool, files_per_batch: int):
         tls_dir = self.cluster.tls_dir
+        # the ring as the driver sees it (driver.check_ring): the tasks' first
+        # channels expect each seed's member
+        with RingClient(self.cluster.seeds, tls=self.cluster.tls("client")) as client:
+            names = tuple((a, n) for n, a in client.ring.addresses)
         sink = RingSink(seeds=tuple(self.cluster.seeds), map_spec=DEFAULT_TEXT_MAP,
                         reducer="count", combine=self.combine, sql_split=self.sql,
-                        tls_dir=None if tls_dir is None else str(tls_dir))
+                        tls_dir=None if tls_dir is None else str(tls_dir), names=names)
         writer = (self.spark.readStream.option("maxFilesPerTrigger", files_per_batch)
                   .text(str(source)).writeStream.foreachBatch(sink)
                   .option("checkpointLocation", str(checkpoint)))

@@ -194,9 +194,14 @@ class Delivery:
         self.reducer = ""
         # The payload formats every node that answered for the ring decodes.
         self.formats: frozenset[int] = frozenset((1,))
-        # with TLS, each node must present its own certificate (wire.channels)
-        self.channels = ChannelPool(self._new_channel, names=ServerNames(
-            lambda: self.ring) if credentials is not None else None)
+        # with TLS, each node must present its own certificate (wire.channels); a
+        # seed's first channel expects the member this process last saw there
+        self.names = ServerNames(lambda: self.ring) if credentials is not None else None
+        self._placed: list[str] = []       # seeds whose name came from PLACED
+        if self.names is not None:
+            self._placed = [a for a in seeds if a in PLACED]
+            self.names.place({a: PLACED[a] for a in self._placed})
+        self.channels = ChannelPool(self._new_channel, names=self.names)
         self._retiring: asyncio.Task | None = None
         self.closing = False                   # close() began: nothing new starts
         self.senders: dict[str, NodeSender] = {}
@@ -270,7 +275,22 @@ class Delivery:
     # ------------------------------------------------------------------ ring
 
     async def fetch_ring(self) -> Ring:
-        """Ask every known address; adopt the highest ring version any of them has."""
+        """Ask every known address; adopt the highest ring version any of them has.
+        A first fetch that reached no seed under the names placed from an earlier
+        ring (their members may have left) asks again accepting any node there, as
+        a client that never saw a ring does."""
+        try:
+            return await self._fetch_ring()
+        except Unavailable:
+            if self.ring is not None or not self._placed or self.names is None:
+                raise
+        placed, self._placed = self._placed, []
+        self.names.unplace(placed)
+        for address in placed:
+            await self.channels.drop(address)
+        return await self._fetch_ring()
+
+    async def _fetch_ring(self) -> Ring:
         addresses = list(dict.fromkeys(
             self.seeds + ([a for _, a in self.ring.addresses] if self.ring else [])))
         request = floe_pb2.GetRingRequest(expect_reducer=self.expect_reducer or "")
@@ -336,6 +356,7 @@ class Delivery:
         old = self.ring
         sends = self.machine.adopt(ring)
         if old is None:
+            remember(ring)
             if self.on_ring_change:
                 self.on_ring_change(ring)
             return
@@ -345,6 +366,7 @@ class Delivery:
         """The machine took `ring`: the router follows, and every undelivered batch
         goes again, in resend order, to its token's destinations in it (every one of
         them must ack anew) on new streams."""
+        remember(ring)
         if self.on_ring_change:
             self.on_ring_change(ring)
         for sender in self.senders.values():
@@ -467,6 +489,36 @@ class Delivery:
         if self._retiring is not None:      # closing channels: let it finish
             await asyncio.gather(self._retiring, return_exceptions=True)
         await self.channels.close()
+
+
+# The member each address held in the last ring any client of this process adopted
+# ({address: node}), so the next client's seed channels expect it (Delivery.names):
+# a Spark worker's later tasks, a script's second client. Names, not channels: safe
+# across fork(). Bounded; an address holding two members is left out.
+PLACED: dict[str, str] = {}
+PLACED_MAX = 4096
+
+
+def remember(ring: Ring) -> None:
+    placed: dict[str, list[str]] = {}
+    for node, address in ring.addresses:
+        placed.setdefault(address, []).append(node)
+    for address, nodes in placed.items():
+        PLACED.pop(address, None)             # the newest last: kept longest
+        if len(nodes) == 1:
+            PLACED[address] = nodes[0]
+    while len(PLACED) > PLACED_MAX:
+        del PLACED[next(iter(PLACED))]
+
+
+def place(names) -> None:
+    """Expect these members ((address, node) pairs: a ring another process saw, e.g.
+    the Spark driver's) at addresses this process has not seen a ring name yet."""
+    for address, node in list(names)[:PLACED_MAX]:
+        if type(address) is str and type(node) is str and address and node:
+            PLACED.setdefault(address, node)
+    while len(PLACED) > PLACED_MAX:
+        del PLACED[next(iter(PLACED))]
 
 
 async def write(call, request, node: str) -> None:

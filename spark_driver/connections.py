@@ -22,10 +22,13 @@ _idle: dict[tuple, Any] = {}          # key -> the flushed RingClient nobody use
 
 def acquire(seeds: tuple[str, ...], *, source: str, first_seq: int,
             expect_reducer: str | None, batch_size: int, tls_dir: str | None = None,
-            plan: bytes | None = None):
+            plan: bytes | None = None, names=()):
     """A RingClient for one task: the worker's idle one rebound, or a new one; its
-    shared keys routed by the batch's `plan` (mapper/plans.py, encoded)."""
+    shared keys routed by the batch's `plan` (mapper/plans.py, encoded); a new one's
+    seed channels expect the members `names` ((address, node): the driver's ring)
+    places there, where this process saw no ring yet."""
     from floering.mapper import RingClient, TlsFiles
+    from floering.mapper.delivery import place
     from floering.mapper.plans import Plan
     routing = Plan.decode(plan) if plan is not None else None
     key = (tuple(seeds), expect_reducer, batch_size, tls_dir)
@@ -38,6 +41,7 @@ def acquire(seeds: tuple[str, ...], *, source: str, first_seq: int,
             return client
         except Exception:
             _close_quietly(client)        # a dead ring or a stale client: start over
+    place(names)
     client = RingClient(list(seeds), source=source, first_seq=first_seq,
                         expect_reducer=expect_reducer, batch_size=batch_size,
                         tls=TlsFiles.in_dir(tls_dir, "client") if tls_dir else None)

@@ -157,6 +157,7 @@ def run(args) -> int:
     sink = RingSink(seeds=tuple(args.seeds), map_spec=args.map_spec, reducer=args.reducer,
                     combine=args.combine, combine_keys=args.combine_keys,
                     batch_size=args.batch_size, tls_dir=args.tls_dir,
+                    names=tuple((a, n) for n, a in ring.ring.addresses),
                     task_split={"task": True, "sql": False}.get(args.word_split),
                     fail_once=args.inject_task_failure, hang_once=args.inject_hang)
     if not args.combine and BatchPlans.usable(checkpoint):

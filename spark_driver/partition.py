@@ -54,6 +54,9 @@ class PartitionConfig:
     # The batch's routing plan (mapper/plans.py, encoded), recorded by the driver before
     # the batch's first attempt: every attempt sends each seq to the same piece.
     plan: bytes | None = None
+    # (address, node) of the ring the driver saw: a worker's first client expects each
+    # seed's member on its first channel, one TLS handshake a node, not two.
+    names: tuple[tuple[str, str], ...] = ()
 
 
 class InjectedFailure(RuntimeError):
@@ -181,7 +184,8 @@ def _task(config: PartitionConfig, batch_id: int, partition_id: int,
     client = connections.acquire(config.seeds, source=epoch_source(config.query_id, partition_id),
                                  first_seq=epoch_seq(batch_id, 0),
                                  expect_reducer=config.reducer, batch_size=config.batch_size,
-                                 tls_dir=config.tls_dir, plan=config.plan)
+                                 tls_dir=config.tls_dir, plan=config.plan,
+                                 names=config.names)
     try:
         emitter = feed(client)
         client.flush()

@@ -10,15 +10,16 @@ With TLS the server is checked as the caller is: a channel accepts only the
 certificate of the member the ring places at its address (its server name,
 `<node>.node.floe-ring`, node.transport.tls; once that member left, still the one
 placed there last), or of any node (the role's name, `node.floe-ring`) where no ring
-named a member yet (a seed). A channel is kept per
-address and name: once the ring names the member at a seed's address, calls go to
-a channel that accepts that member only.
+named a member yet (a seed) and none was placed there from a ring seen before
+(ServerNames.place). A channel is kept per address and name: once the ring names the
+member at a seed's address, calls go to a channel that accepts that member only (the
+seed's own, when it was placed there already).
 """
 
 from __future__ import annotations
 
 import time
-from typing import Callable, Collection
+from typing import Callable, Collection, Mapping
 
 import grpc
 
@@ -104,6 +105,27 @@ class ServerNames:
                 del self._names[oldest]
                 self._nodes.pop(oldest, None)
         return self._names.get(address, NODE_ROLE_NAME)
+
+    def place(self, nodes: Mapping[str, str]) -> None:
+        """Expect the member `nodes` ({address: node}) names at each address it is
+        not told of otherwise: a ring seen before (the last one this process knew),
+        so a seed's first channel already expects the member its ring will name
+        there, and serves on once it does (one connection, one handshake). Only
+        tighter than any node's name; a ring naming another member there wins."""
+        for address, node in list(nodes.items())[-self._remembered:]:
+            if address not in self._names:
+                self._names[address] = server_name(node)
+                self._nodes[address] = node.split("#", 1)[0]
+
+    def unplace(self, addresses: Collection[str]) -> None:
+        """Forget what `place` expected at `addresses` where no ring named a member
+        since: any node's certificate is accepted there again."""
+        self(next(iter(addresses), ""))
+        named = {at for _, at in (getattr(self._ring, "addresses", None) or ())}
+        for address in addresses:
+            if address not in named:
+                self._names.pop(address, None)
+                self._nodes.pop(address, None)
 
     def node_at(self, address: str) -> str:
         """The node whose certificate a call to `address` accepts now (its configured

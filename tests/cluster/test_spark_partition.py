@@ -90,6 +90,24 @@ def test_a_worker_reuses_its_connection_across_tasks_and_stays_exact(ring, tmp_p
     connections.close_all()
 
 
+def test_a_fresh_workers_first_task_opens_one_channel_a_node_with_the_drivers_names(
+        ring, monkeypatch):
+    from floering.mapper import delivery
+    from floering.spark_driver import connections
+    connections.close_all()
+    before, _ = state(ring)
+    names = tuple((n.address, n.node_id) for n in ring.nodes)    # the driver's ring
+    for given, per_node in (((), 2), (names, 1)):
+        monkeypatch.setattr(delivery, "PLACED", {})             # a worker that saw no ring
+        write_partition(config(ring, "q6", names=given), len(given), 0, rows(LINES[:100]))
+        (client,) = connections._idle.values()
+        opened = Counter(a for a, _ in client._delivery.channels._open)
+        assert opened == Counter({n.address: per_node for n in ring.nodes})
+        connections.close_all()
+    got, _ = state(ring)
+    assert Counter(got) - Counter(before) == words(LINES[:100]) + words(LINES[:100])
+
+
 def test_a_forked_worker_does_not_use_its_parents_connection(ring, monkeypatch):
     from floering.spark_driver import connections
     connections.close_all()

@@ -85,6 +85,24 @@ def test_server_names_follow_the_ring_and_remember_a_member_that_left():
     assert names("h:9") == "node.floe-ring"
 
 
+def test_names_placed_from_an_earlier_ring_only_tighten_and_yield_to_the_ring():
+    current = [None]
+    names = ServerNames(lambda: current[0])
+    names.place({"h:1": "n0#2", "h:2": "n1"})
+    assert names("h:1") == "n0.node.floe-ring" and names.node_at("h:1") == "n0"
+    assert names("h:3") == "node.floe-ring"                 # not placed: any node
+    current[0] = Ring.initial({"n5": "h:2", "n0": "h:1"}, 1, 2)
+    assert names("h:2") == "n5.node.floe-ring"              # the ring names another
+    names.place({"h:2": "n1"})                              # a ring's name is not undone
+    assert names("h:2") == "n5.node.floe-ring"
+    names.unplace(["h:1", "h:2"])                           # both named by the ring
+    assert names("h:1") == "n0.node.floe-ring" and names("h:2") == "n5.node.floe-ring"
+    fresh = ServerNames(lambda: None)
+    fresh.place({"h:1": "n0"})
+    fresh.unplace(["h:1"])
+    assert fresh("h:1") == "node.floe-ring" and fresh.node_at("h:1") == ""
+
+
 def test_a_second_member_at_a_known_address_does_not_rename_it():
     class View:                 # what no ring holds (its invariants refuse it)
         addresses = (("n1", "h:2"), ("n3#7", "h:2"))
