@@ -47,7 +47,7 @@ def acquire(seeds: tuple[str, ...], *, source: str, first_seq: int,
                         tls=TlsFiles.in_dir(tls_dir, "client") if tls_dir else None)
     if routing is not None:
         try:
-            client.rebind(source, first_seq, routing)
+            client.rebind(source, first_seq, routing, refetch=False)   # fetched just now
         except BaseException:
             _close_quietly(client)
             raise

@@ -108,6 +108,28 @@ def test_a_fresh_workers_first_task_opens_one_channel_a_node_with_the_drivers_na
     assert Counter(got) - Counter(before) == words(LINES[:100]) + words(LINES[:100])
 
 
+def test_a_new_client_given_a_plan_fetches_the_ring_once(ring, monkeypatch):
+    from floering.mapper import delivery
+    from floering.mapper.plans import EVEN
+    from floering.spark_driver import connections
+    connections.close_all()
+    before, _ = state(ring)
+    fetches = []
+    real = delivery.Delivery.fetch_ring
+
+    async def counted(self):
+        fetches.append(self)
+        return await real(self)
+    monkeypatch.setattr(delivery.Delivery, "fetch_ring", counted)
+    write_partition(config(ring, "q7", plan=EVEN.encode()), 0, 0, rows(LINES[:100]))
+    assert len(fetches) == 1                  # the rebind to the plan fetched no more
+    write_partition(config(ring, "q7", plan=EVEN.encode()), 1, 0, rows(LINES[:100]))
+    assert len(fetches) == 2                  # a kept client's rebind fetches anew
+    connections.close_all()
+    got, _ = state(ring)
+    assert Counter(got) - Counter(before) == words(LINES[:100]) + words(LINES[:100])
+
+
 def test_a_forked_worker_does_not_use_its_parents_connection(ring, monkeypatch):
     from floering.spark_driver import connections
     connections.close_all()
