@@ -20,7 +20,7 @@ from typing import Any, Callable
 from floering.node.core.calls import direct_evidence, refreshes, via_evidence
 from floering.node.core.detector import (ALIVE, DEAD, EXCHANGE, REFUSED, TIMED_OUT, FailureDetector,
                                 Isolation, combine, declaration, indirect_vias, suspicion_note)
-from floering.wire.errors import InvalidArgument, inert
+from floering.wire.errors import FloeError, InvalidArgument, inert
 from floering.node.core.handoff import (Handoff, HandoffState, SplitBudget, leave_moves, retired_extras, split_ring, unpinned)
 from floering.node.core.handoff_driver import HandoffDriver, Request
 from floering.node.core.folding import FOLDING_BALANCERS, routed
@@ -31,13 +31,14 @@ from floering.node.core.machine_io import (
     BatchApplied, CheckpointAcked, CheckpointDue, CheckpointFailed, CheckpointRoundDone, Exit,
     Farewell, FoldAnswered, Gossip, HandoffAbandoned, HandoffEnded, HandoffRequested,
     HeardFrom, HeartbeatDue, HeartbeatFailed, LeaveRing, LoadSampled, MapperAhead, MonitorDue,
-    NextRound, Note, ProbeAbandoned, ProbeAnswered, ProbedFor, ProbeFinished, Record, RingSeen,
-    RoundEnded,
+    NextRound, Note, ProbeAbandoned, ProbeAnswered, ProbedFor, ProbeFinished, Record, Reply,
+    Requested, RingSeen, RoundEnded,
     RoundNow, SendFolds, SendHeartbeat, ShipCheckpoints, SignOfLife, Split, SplitRequested,
     StartProbe, StartShed)
 from floering.node.core.membership import (RecentDonors, refill_moves, rejoin_name, removal_losses, restarted)
 from floering.node.core.node_core import NodeCore, RingChange
 from floering.wire.ring import Ring
+from floering.node.core.requests import RequestLimits, answer
 from floering.node.core.retiring import Retiring
 from floering.node.core.shares import FAILING_ROUNDS, SharePulling
 from floering.node.core.shedding import PeerLoad, ShedPlan, plan_shed, with_split_tail
@@ -85,8 +86,11 @@ class NodeMachine(ViewChecks, SharePulling):
         self.isolation = Isolation()     # were we cut off? then views first, suspicions after
         self.guard = ViewGuard()         # views held until our own probes back their removals
         self.retiring: Retiring | None = None   # what removed members held (RetainingCore)
+        self.limits = RequestLimits()    # what callers may ask (node.core.requests)
+        self.started_as = ""             # the name this process was started as
+        self.rejoins_seen = 0            # rejoins a peer's view has shown us in
         self._handlers: dict[type, Callable[[Any, float, list], None]] = {
-            RingSeen: self._ring_seen, HeardFrom: self._heard_from,
+            RingSeen: self._view_seen, HeardFrom: self._heard_from,
             SignOfLife: self._sign_of_life, HeartbeatFailed: self._heartbeat_failed,
             HeartbeatDue: self._heartbeat_due, MonitorDue: self._monitor_due,
             ProbeFinished: self._probe_finished, ProbeAbandoned: self._probe_abandoned,
@@ -99,7 +103,7 @@ class NodeMachine(ViewChecks, SharePulling):
             HandoffRequested: self._handoff_requested, SplitRequested: self._split,
             HandoffAbandoned: self._handoff_abandoned,
             LeaveRing: self._leave_ring, MapperAhead: self._mapper_ahead,
-            FoldAnswered: self._fold_answered,
+            FoldAnswered: self._fold_answered, Requested: self._requested,
         }
 
     @property
@@ -111,9 +115,23 @@ class NodeMachine(ViewChecks, SharePulling):
         the node refuses (an impossible handoff, split or leave)."""
         out: list = []
         self.stimuli += 1
-        self._stimulus = f"{self.core.node_id}:{self.stimuli}:{type(event).__name__}"
+        what = event.kind if type(event) is Requested else type(event).__name__
+        self._stimulus = f"{self.core.node_id}:{self.stimuli}:{what}"
         self._handlers[type(event)](event, now, out)
         return out
+
+    def handle_into(self, event, now: float, out: list) -> None:
+        """`event`'s effects into `out`, as part of the stimulus being handled."""
+        self._handlers[type(event)](event, now, out)
+
+    def _requested(self, event: Requested, now: float, out: list) -> None:
+        """A caller's request, answered by one Reply (node.core.requests)."""
+        try:
+            value = answer(self, event.kind, event.fields, now, out)
+        except FloeError as exc:
+            out.append(Reply(event.request_id, error=exc))
+        else:
+            out.append(Reply(event.request_id, value))
 
     # ------------------------------------------------------------- lifecycle
 
@@ -190,6 +208,11 @@ class NodeMachine(ViewChecks, SharePulling):
         if self.handoff is not None:
             self._abort_handoff("this node was removed from the ring", now, out)
         out.append(Gossip())
+
+    def _view_seen(self, event: RingSeen, now: float, out: list) -> None:
+        self._ring_seen(event, now, out)
+        if self.core.node_id in event.ring.nodes:
+            self.rejoins_seen = self.rejoined     # a peer knows who we are now
 
     # ------------------------------------------------------- signs of life
 

@@ -216,6 +216,16 @@ class LeaveRing:
     """This node's ranges are handed away: remove it from the ring for good."""
 
 
+@dataclass(frozen=True)
+class Requested:
+    """A caller asks the node something (a kind of node.core.requests, with its
+    fields): answered by one `Reply` carrying `request_id`."""
+
+    kind: str
+    fields: dict = field(default_factory=dict, hash=False)
+    request_id: int = 0
+
+
 # ------------------------------------------------------------------ effects
 
 
@@ -232,6 +242,15 @@ class Record:
     level: int = logging.INFO
     text: str = ""
     stimulus: str = ""
+
+
+@dataclass(frozen=True)
+class Reply:
+    """The answer to `Requested` `request_id`: its value, or the FloeError refusing it."""
+
+    request_id: int
+    value: object = None
+    error: Exception | None = None
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,6 @@ import os
 import time
 from typing import TYPE_CHECKING
 
-import msgpack
-
 from floering.node.config import NodeConfig
 from floering.node.core.detector import DetectorConfig, FailureDetector
 from floering.wire.errors import FloeError, InvalidArgument, StaleRing, inert
@@ -28,11 +26,12 @@ from floering.node.core.machine_io import (
     BatchApplied, CheckpointAcked, CheckpointDue, CheckpointFailed, CheckpointRoundDone, Exit,
     Farewell, Gossip, HandoffAbandoned, HandoffEnded, HandoffRequested, HeardFrom,
     HeartbeatDue, HeartbeatFailed, LeaveRing, LoadSampled, MapperAhead, MonitorDue, NextRound,
-    Note, Record, RingSeen, RoundEnded, RoundNow, SendFolds, SendHeartbeat, ShipCheckpoints,
-    SignOfLife, Split, SplitRequested, StartProbe, StartShed)
+    Note, Record, Reply, Requested, RingSeen, RoundEnded, RoundNow, SendFolds, SendHeartbeat,
+    ShipCheckpoints, SignOfLife, Split, SplitRequested, StartProbe, StartShed)
 from floering.node.core.membership import answered_by, founding_ring
 from floering.node.core.node_core import NodeCore
 from floering.node.core.reducers import Reducer
+from floering.node.core.requests import STATS, RequestLimits
 from floering.node.core.retiring import WriteRetired
 from floering.wire.ring import Ring
 from floering.node.core.shed_round import ShedOutcome
@@ -85,7 +84,7 @@ class NodeRuntime:
         self._next_round = config.checkpoint_interval
         self.left = asyncio.Event()             # set once we left the ring: the process exits
         self.retiring: Retiring | None = None   # what removed members held (node.app)
-        self._rejoins_seen = 0                  # rejoins a peer has answered for
+        self._reply: Reply | None = None        # the last request's, taken by ask()
 
     def _make_machine(self, config: NodeConfig) -> NodeMachine:
         """The machine of the ring this node would found alone; it serves nothing until
@@ -109,6 +108,9 @@ class NodeRuntime:
         machine.driver = HandoffDriver(max(10.0, 20 * config.checkpoint_interval),
                                        config.checkpoint_interval)
         machine.pull_interval = config.share_pull_interval
+        machine.limits = RequestLimits(config.max_top, config.max_scan_chunk,
+                                       config.max_handoff_timeout)
+        machine.started_as = config.node_id
         return machine
 
     def _initial_ring(self, config: NodeConfig) -> Ring:
@@ -162,21 +164,25 @@ class NodeRuntime:
         """What health checks say: not while starting or gone, nor from being fenced
         until a peer's ring holds the member we rejoined as."""
         return not (self.starting or self.left.is_set() or self.core.fenced
-                    or self.machine.rejoined > self._rejoins_seen)
+                    or self.machine.rejoined > self.machine.rejoins_seen)
+
+    def ask(self, kind: str, **fields):
+        """A request answered by the machine (node.core.requests): its reply's value,
+        or the FloeError refusing it raised."""
+        self._handle(Requested(kind, fields))
+        reply, self._reply = self._reply, None
+        assert reply is not None
+        if reply.error is not None:
+            raise reply.error
+        return reply.value
 
     def adopt(self, ring: Ring, pulled: bool = False, sender: str = "") -> None:
         """A ring view from a peer (`pulled`: its answer to our call; `sender`: the
         member that pushed it, or that we called)."""
         self._handle(RingSeen(ring, pulled, sender))
-        if self.core.node_id in ring.nodes:
-            self._rejoins_seen = self.machine.rejoined     # a peer knows who we are now
 
     def sign_of_life(self, node: str) -> None:
         self._handle(SignOfLife(node))
-
-    def heard_from(self, node: str, ring_stamp: int, address: str | None = None,
-                   incarnation: int = 0) -> None:
-        self._handle(HeardFrom(node, ring_stamp, incarnation, address))
 
     # ------------------------------------------------------------- effects
 
@@ -198,6 +204,8 @@ class NodeRuntime:
                         log.log(effect.level, effect.text.replace("{t}", f"{t:.6f}"))
                 case Note():
                     log.log(effect.level, effect.text)
+                case Reply():
+                    self._reply = effect
                 case Gossip():
                     self.sync_ring(effect.address)
                 case SendHeartbeat():
@@ -537,21 +545,11 @@ class NodeRuntime:
     # --------------------------------------------------------------- queries
 
     def stats(self) -> dict:
-        machine = self.machine
-        core, load = machine.core, machine.load
-        rates = load.token_rates()
-        return dict(core.stats(), fenced=core.fenced, cpu=load.cpu(), busy=load.busy(),
-                    apply_rate=sum(rates.values()), overloaded=load.overloaded,
-                    tokens=len(core.ring.tokens_of(core.node_id)),
-                    leaving=machine.leaving or machine.departing,   # handing all away too
-                    suspects=sorted(machine.detector.suspected),
-                    load=msgpack.packb(dict(rates)), rejoined=machine.rejoined,
-                    node_id=core.node_id, address=self.config.advertise,
+        """The machine's stats and this process's."""
+        return dict(self.ask(STATS), address=self.config.advertise,
                     queue_length=self.inbound.qsize(), queued_bytes=self.inbound.nbytes,
-                    reducer=self.reducer.name, pid=os.getpid(),
-                    uptime=self.clock() - self.started_at,
+                    pid=os.getpid(), uptime=self.clock() - self.started_at,
                     moved_bytes=getattr(self.peers, "moved_bytes", 0),
                     checkpoint_bytes=getattr(self.peers, "checkpoint_bytes", 0),
                     checkpoint_rounds=self.checkpoint_rounds,
                     checkpoint_seconds=self.checkpoint_seconds)
-

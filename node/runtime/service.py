@@ -9,9 +9,9 @@ import asyncio
 from collections.abc import Iterator, Mapping
 
 from floering.node.core.batch import Batch
-from floering.node.core.membership import base_name
-from floering.wire.errors import (Fenced, InvalidArgument, ReducerMismatch, StaleRing, Starting,
-                              TooLarge, inert)
+from floering.node.core.requests import (CHECKPOINT, COPY_CHUNK, EXCHANGE_RING, GET, GET_RING,
+                                         HEARTBEAT, SCAN, SHED, STARTED, TIMEOUT, TOP)
+from floering.wire.errors import InvalidArgument, inert
 from floering.node.core.handoff import Handoff
 from floering.wire.balancers import balancer
 from floering.node.core.chunks import (CHUNK_BYTES, ScanSlots, column_slices, packed_chunks,
@@ -49,16 +49,12 @@ class NodeService:
     def ring(self) -> Ring:
         return self.runtime.core.ring
 
-    def _check_started(self) -> None:
-        if self.runtime.starting:
-            raise Starting(f"{self.runtime.config.node_id} is starting: it has not yet "
-                           f"confirmed its place in the ring")
-
-    check_started = _check_started   # for a transport taking a call in parts (chunks)
+    def check_started(self) -> None:
+        """For a transport taking a call in parts (chunks)."""
+        self.runtime.ask(STARTED)
 
     def check_copy_chunk(self, sender: str, ring_stamp: int, token: int) -> None:
-        """A chunk of a full copy: refused once its range moved (NodeCore.check_copy_chunk)."""
-        self.runtime.core.check_copy_chunk(sender, ring_stamp, token)
+        self.runtime.ask(COPY_CHUNK, sender=sender, ring_stamp=ring_stamp, token=token)
 
     # ------------------------------------------------------------ data path
 
@@ -68,33 +64,14 @@ class NodeService:
     # ------------------------------------------------------------ the ring
 
     def ring_view(self, starting_ok: bool = False, expect_reducer: str = "") -> tuple[Ring, bool]:
-        """Our ring, and whether we are still starting (then only if `starting_ok`:
-        the ring we would found, for a starting peer's decision)."""
-        if self.runtime.starting:
-            if not starting_ok:
-                self._check_started()
-            return self.ring, True
-        if expect_reducer and expect_reducer != self.reducer:
-            raise ReducerMismatch(f"the ring runs reducer {self.reducer!r}, the caller "
-                                  f"expects {inert(expect_reducer)}")
-        return self.ring, False
+        return self.runtime.ask(GET_RING, starting_ok=starting_ok, expect_reducer=expect_reducer)
 
     def exchange_ring(self, sender: str, ring: Ring, caller: str = "") -> Ring:
-        """Take a peer's view; answer with ours. `caller`: the name its certificate
-        gives (a sender's word is not checked in the clear)."""
-        self._check_started()
-        if sender:
-            self.runtime.sign_of_life(sender)
-        self.runtime.adopt(ring, sender=caller or sender)
-        return self.ring
+        return self.runtime.ask(EXCHANGE_RING, sender=sender, ring=ring, caller=caller)
 
     def heartbeat(self, sender: str, ring_stamp: int, incarnation: int) -> tuple[int, int]:
-        """Our ring stamp and incarnation."""
-        self._check_started()
-        if self.runtime.core.fenced:
-            raise Fenced(f"{self.node_id} was removed from the ring")
-        self.runtime.heard_from(sender, ring_stamp, incarnation=incarnation)
-        return self.ring.stamp, self.runtime.incarnation
+        return self.runtime.ask(HEARTBEAT, sender=sender, ring_stamp=ring_stamp,
+                                incarnation=incarnation)
 
     async def probe(self, target: str, timeout: float) -> bool:
         return await self.runtime.probe_for(target, min(max(timeout, 0.01), 5.0))
@@ -104,10 +81,8 @@ class NodeService:
                                  watermarks) -> tuple[bool, int, int]:
         """(whether we need a full copy, the seq we hold, our ring stamp); a durable
         node answers once the merged copy is on its disk."""
-        self._check_started()
-        self.runtime.heard_from(sender, ring_stamp, incarnation=incarnation)
-        if not isinstance(watermarks, dict):
-            raise InvalidArgument("watermarks must be a msgpack map")
+        self.runtime.ask(CHECKPOINT, sender=sender, ring_stamp=ring_stamp,
+                         incarnation=incarnation, watermarks=watermarks)
         core, copy = self.runtime.core, states
         if isinstance(states, (StateRun, StateColumns)) and \
                 not copies_in_tables(core.reducer):
@@ -125,16 +100,8 @@ class NodeService:
 
     # ------------------------------------------------------------ operations
 
-    def _timeout(self, asked: float) -> float | None:
-        """A caller's timeout: 0 for the default, else finite, positive and bounded."""
-        limit = self.runtime.config.max_handoff_timeout
-        if not 0 <= asked <= limit:         # NaN fails too
-            raise InvalidArgument(f"timeout must be 0 (the default) to {limit} seconds "
-                                  f"(--max-handoff-timeout), not {inert(asked)}")
-        return asked or None
-
     async def hand_off(self, moves: dict[int, str], timeout: float = 0.0) -> Handoff:
-        wait = self._timeout(timeout)
+        wait = self.runtime.ask(TIMEOUT, asked=timeout)
         try:
             return await self.runtime.hand_off(moves, wait)
         except ValueError as exc:
@@ -144,28 +111,21 @@ class NodeService:
         return await self.runtime.split_range(at)
 
     async def leave(self, timeout: float = 0.0) -> None:
-        await self.runtime.leave(self._timeout(timeout))
+        await self.runtime.leave(self.runtime.ask(TIMEOUT, asked=timeout))
 
     async def shed(self, sender: str, depth: int, identity: str = "") -> ShedOutcome:
-        # A member short of its share is handed ranges by name: only a caller whose
-        # certificate names that member may ask for it (another member's request is
-        # an ordinary shedding request).
-        member = sender if not identity or base_name(sender) == identity else ""
+        member = self.runtime.ask(SHED, sender=sender, identity=identity)
         return await self.runtime.shed_load(f"asked by {inert(sender)}", depth=depth,
                                             sender=member)
 
     # ------------------------------------------------------------ queries
 
     def get(self, key) -> tuple[bool, object, int]:
-        core = self.runtime.core
-        found, state = core.get(key)
-        return found, state, core.ring.version
+        return self.runtime.ask(GET, key=key)
 
     async def top(self, k: int) -> list:
         """Ranked off the event loop: a large state must not keep heartbeats waiting."""
-        limit = self.runtime.config.max_top
-        if k > limit:
-            raise TooLarge(f"top {k} is over the limit of {limit} keys (--max-top)")
+        self.runtime.ask(TOP, k=k)
         # One range copied at a time (the event loop runs in between) and its best k
         # kept: never a copy of the whole state.
         core = self.runtime.core
@@ -177,23 +137,15 @@ class NodeService:
         return core.rank(k, best)
 
     def scan_chunk(self, asked: int, default: int) -> int:
-        limit = self.runtime.config.max_scan_chunk
-        if asked > limit:
-            raise TooLarge(f"scan chunks of {asked} keys are over the limit of {limit} "
-                           f"(--max-scan-chunk)")
-        return asked or min(default, limit)
+        return self.runtime.ask(SCAN, asked=asked, default=default)
 
     def open_scan(self, ring_stamp: int, caller: str, chunk: int) -> "ScanRun":
         """A scan of what this node owns, taken a range at a time as it is read; one
         of at most MAX_SCANS at once (MAX_SCANS_PER_CALLER by `caller`), refused
         (Overloaded) beyond. The caller closes it."""
-        core = self.runtime.core
-        if ring_stamp and ring_stamp != core.ring.stamp:
-            raise StaleRing(f"scan for ring stamp {ring_stamp:#x}, node {core.node_id} is "
-                            f"at {core.ring.stamp:#x}")
-        core.check_readable()
+        self.runtime.ask(SCAN, ring_stamp=ring_stamp)
         self.scans.take(caller)
-        return ScanRun(self, core, caller, chunk)
+        return ScanRun(self, self.runtime.core, caller, chunk)
 
     def stats(self) -> dict:
         return self.runtime.stats()

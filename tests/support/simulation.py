@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from floering.node.core.batch import Batch, Limits, encode_payload
 from floering.node.core.detector import (ALIVE, REFUSED, TIMED_OUT, DetectorConfig,
                                 FailureDetector)
-from floering.wire.errors import (Fenced, FloeError, InvalidArgument, Overloaded, Refused,
+from floering.wire.errors import (FloeError, InvalidArgument, Overloaded, Refused,
                               StaleRing, Unavailable)
 from floering.node.core.load import LoadConfig, LoadMonitor
 from floering.node.core.machine import REPAIR_DELAY, NodeMachine
@@ -33,13 +33,14 @@ from floering.node.core.machine_io import (
     BatchApplied, CheckpointAcked, CheckpointDue, CheckpointFailed, CheckpointRoundDone, Exit,
     Farewell, FoldAnswered, Gossip, HandoffEnded, HandoffRequested, HeardFrom, HeartbeatDue,
     HeartbeatFailed, LeaveRing, LoadSampled, MapperAhead, MonitorDue, NextRound, Note, ProbedFor,
-    ProbeAnswered, Record, RingSeen, RoundEnded, RoundNow, SendFolds, SendHeartbeat,
-    ShipCheckpoints, SignOfLife, Split, SplitRequested, StartProbe, StartShed)
+    ProbeAnswered, Record, Reply, Requested, RingSeen, RoundEnded, RoundNow, SendFolds,
+    SendHeartbeat, ShipCheckpoints, Split, SplitRequested, StartProbe, StartShed)
 from floering.node.core.calls import Failure, failure_of
 from floering.node.core.handoff_driver import HandoffDriver
 from floering.node.core.membership import answered_by, base_name, decide_start, sender_matches
 from floering.node.core.node_core import NodeCore
 from floering.node.core.reducers import load_reducer
+from floering.node.core import requests
 from floering.node.core.retired import RetainingCore
 from floering.node.core.retiring import Retiring, WriteRetired
 from floering.wire.ring import Ring
@@ -248,6 +249,15 @@ class Simulation(MapperSide, DurableNodes, RetiringSide):
             proc.durable.after(proc.core)
         return effects
 
+    def ask(self, proc: SimProcess, kind: str, **fields):
+        """A request served by `proc`'s machine (node.core.requests), as the runtime's
+        service asks it: the reply's value, or its refusal raised."""
+        reply = next(e for e in self.handle(proc, Requested(kind, fields))
+                     if isinstance(e, Reply))
+        if reply.error is not None:
+            raise reply.error
+        return reply.value
+
     # ---------------------------------------------------------------- network
 
     def send(self, src, dst, action, *args) -> None:
@@ -344,8 +354,8 @@ class Simulation(MapperSide, DurableNodes, RetiringSide):
             match e:
                 case Record():
                     self._record(e)
-                case Note() | Split():
-                    pass
+                case Note() | Split() | Reply():
+                    pass       # a Reply is read by ask(), a Split by its requester
                 case Gossip():
                     self._gossip(proc, e.address)
                 case SendHeartbeat():
@@ -395,9 +405,9 @@ class Simulation(MapperSide, DurableNodes, RetiringSide):
 
         def serve(server, ring=ring):
             authenticate(proc, me)
-            self.handle(server, SignOfLife(me))
-            self.handle(server, RingSeen(ring, sender=base_name(me)))   # its certificate
-            return self.answer_view(server, me), base_name(server.name)
+            ours = self.ask(server, requests.EXCHANGE_RING, sender=me, ring=ring,
+                            caller=base_name(me))                # its certificate
+            return self.answer_view(server, me, ours), base_name(server.name)
 
         for target in targets:      # the answer is the word of the member its server's
             self.call(proc, target, serve,      # certificate names there, else nobody's
@@ -405,10 +415,9 @@ class Simulation(MapperSide, DurableNodes, RetiringSide):
                           answer[0], pulled=True,
                           sender=answered_by(proc.core.ring, t, answer[1]))), _ignore)
 
-    def answer_view(self, server: SimProcess, caller: str) -> Ring:
-        """The view `server` answers `caller`'s exchange with: its own ring, or, while
+    def answer_view(self, server: SimProcess, caller: str, ring: Ring) -> Ring:
+        """The view `server` answers `caller`'s exchange with: its own `ring`, or, while
         it is the rogue member, one removing the caller and another live member."""
-        ring = server.core.ring
         if self.rogue != server.name or self.now >= self.rogue_until:
             return ring
         others = sorted(n for n in ring.nodes if n not in (caller, server.name))
@@ -422,10 +431,8 @@ class Simulation(MapperSide, DurableNodes, RetiringSide):
 
         def serve(server):
             authenticate(proc, me)
-            if server.core.fenced:
-                raise Fenced(f"{server.name} was removed from the ring")
-            self.handle(server, HeardFrom(me, e.ring_stamp, incarnation))
-            return server.core.ring.stamp, server.machine.incarnation
+            return self.ask(server, requests.HEARTBEAT, sender=me, ring_stamp=e.ring_stamp,
+                            incarnation=incarnation)
 
         def answered(reply):
             self.handle(proc, HeardFrom(e.node, reply[0], reply[1], e.address))
@@ -541,9 +548,10 @@ class Simulation(MapperSide, DurableNodes, RetiringSide):
 
             def serve(server, respond, s=s, cp=cp):
                 authenticate(proc, me)
-                self.handle(server, HeardFrom(me, e.ring_stamp, incarnation))
                 states, watermarks = dict(cp.states), dict(cp.watermarks)
                 try:
+                    self.ask(server, requests.CHECKPOINT, sender=me, ring_stamp=e.ring_stamp,
+                             incarnation=incarnation, watermarks=watermarks)
                     need_full, seq = server.core.receive_checkpoint(
                         me, e.ring_stamp, cp.token, cp.seq, s.base_seq, cp.full, states,
                         watermarks, self.now)

@@ -244,11 +244,12 @@ def test_only_the_machine_makes_protocol_decisions(path):
 def test_the_simulation_drives_the_production_machines():
     assert "floering.node.core.machine" in imports(ROOT / "tests" / "support" / "simulation.py")
     assert "floering.mapper.machine" in imports(ROOT / "tests" / "support" / "sim_mapper.py")
-    # shedding, leaving, start-up and the handoff driver: the runtime and the simulation
-    # run the same machines
+    # shedding, leaving, start-up, the handoff driver and inbound requests: the runtime
+    # and the simulation run the same machines
     for machine, users in (("shed_round", ("node/runtime/balancing.py", "tests/support/simulation.py")),
                            ("handoff_driver", ("node/runtime/node.py", "tests/support/simulation.py")),
                            ("calls", ("node/runtime/probing.py", "tests/support/simulation.py")),
+                           ("requests", ("node/runtime/service.py", "tests/support/simulation.py")),
                            ("leaving", ("node/runtime/balancing.py", "tests/support/simulation.py")),
                            ("startup_round", ("node/runtime/startup.py", "tests/support/simulation.py",
                                               "tests/support/sim_durable.py"))):

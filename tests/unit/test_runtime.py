@@ -26,7 +26,7 @@ async def test_a_crashed_node_is_taken_over_and_nothing_is_lost(tmp_path):
         assert any(kind == "taken_over" for _, kind in events), events
         # every protocol record names the machine event that caused it
         caused = [e for e in c.records() if e["kind"] in ("detected", "taken_over")]
-        assert all(re.fullmatch(r"n\d:\d+:(ProbeAnswered|RingSeen)", e["stimulus"])
+        assert all(re.fullmatch(r"n\d:\d+:(ProbeAnswered|RingSeen|ExchangeRing)", e["stimulus"])
                    for e in caused), caused
     finally:
         await c.stop()
