@@ -178,4 +178,3 @@ def answer(m: NodeMachine, kind: str, fields: dict, now: float, out: list):
     except KeyError:
         raise InvalidArgument(f"unknown request {inert(kind)}") from None
     return decide(m, now, out, **fields)
-

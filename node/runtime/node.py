@@ -211,7 +211,7 @@ class NodeRuntime:
                 case SendHeartbeat():
                     self._spawn(self._heartbeat(effect))
                 case StartProbe():
-                    self._spawn(self._probe(effect))
+                    self._spawn(probe_round(self, effect))
                 case ShipCheckpoints():
                     awaitable.append(self._spawn(self._ship(effect)))
                 case SendFolds():
@@ -451,9 +451,7 @@ class NodeRuntime:
 
         async def exchange(target):
             try:
-                wire, certificate = await self.peers.exchange_ring(
-                    target, sender=self.core.node_id, ring_wire=self.core.ring.to_wire(),
-                    version=self.core.ring.version, reducer=self.reducer.name)
+                wire, certificate = await self._offer_ring(target, self.core.ring)
                 # the member the answering certificate names ("@addr": nobody)
                 self.adopt(Ring.from_wire(wire), pulled=True,
                            sender=answered_by(self.core.ring, target, certificate))
@@ -477,9 +475,6 @@ class NodeRuntime:
             self._handle(HeartbeatFailed(e.address, failure_of(exc)))
             return
         self._handle(HeardFrom(e.node, theirs, incarnation, e.address))
-
-    async def _probe(self, e: StartProbe) -> None:
-        await probe_round(self, e)
 
     async def probe_for(self, target: str, timeout: float) -> bool:
         return await probe_for(self, target, timeout)
@@ -532,10 +527,16 @@ class NodeRuntime:
             await task
         self.left.set()
 
+    def _offer_ring(self, address: str, ring: Ring):
+        """An ExchangeRing call offering `ring`: answered with (the peer's view, the
+        member its certificate names)."""
+        return self.peers.exchange_ring(address, sender=self.machine.node_id,
+                                        ring_wire=ring.to_wire(), version=ring.version,
+                                        reducer=self.reducer.name)
+
     async def _farewell(self, ring: Ring) -> None:
-        await asyncio.gather(*(self.peers.exchange_ring(
-            a, sender=self.machine.node_id, ring_wire=ring.to_wire(), version=ring.version,
-            reducer=self.reducer.name) for n, a in ring.addresses), return_exceptions=True)
+        await asyncio.gather(*(self._offer_ring(a, ring) for _, a in ring.addresses),
+                             return_exceptions=True)
 
     # --------------------------------------------------------- load balancing
 
