@@ -34,7 +34,7 @@ from floering.node.core.machine_io import (
     Farewell, FoldAnswered, Gossip, HandoffEnded, HandoffRequested, HeardFrom, HeartbeatDue,
     HeartbeatFailed, LeaveRing, LoadSampled, MapperAhead, MonitorDue, NextRound, Note, ProbedFor,
     ProbeAnswered, Record, Reply, Requested, RingSeen, RoundEnded, RoundNow, SendFolds,
-    SendHeartbeat, ShipCheckpoints, Split, SplitRequested, StartProbe, StartShed)
+    SendHeartbeat, ShipCheckpoints, SignOfLife, Split, SplitRequested, StartProbe, StartShed)
 from floering.node.core.calls import Failure, failure_of
 from floering.node.core.handoff_driver import HandoffDriver
 from floering.node.core.membership import answered_by, base_name, decide_start, sender_matches
@@ -494,6 +494,9 @@ class Simulation(MapperSide, DurableNodes, RetiringSide):
                                          if where else (TIMED_OUT, None, 0, ""))
         if (seen == ALIVE and seen_at <= reached + deadline
                 and via.machine.is_process_of(suspect, theirs, member)):
+            # as the runtime's probe_for: the member asked takes the answer as a sign
+            # of life of the suspect
+            self.on(via, seen_at, self.handle, via, SignOfLife(suspect))
             return None, True, min(limit, seen_at)
         if where:       # the member asked could not reach it: its own evidence
             self.on(via, reached + deadline, self.handle, via, ProbedFor(suspect))
