@@ -507,7 +507,11 @@ def remember(ring: Ring) -> None:
         PLACED.pop(address, None)             # the newest last: kept longest
         if len(nodes) == 1:
             PLACED[address] = nodes[0]
-    while len(PLACED) > PLACED_MAX:
+    _trim()
+
+
+def _trim() -> None:
+    while len(PLACED) > PLACED_MAX:            # the oldest first
         del PLACED[next(iter(PLACED))]
 
 
@@ -517,8 +521,7 @@ def place(names) -> None:
     for address, node in list(names)[:PLACED_MAX]:
         if type(address) is str and type(node) is str and address and node:
             PLACED.setdefault(address, node)
-    while len(PLACED) > PLACED_MAX:
-        del PLACED[next(iter(PLACED))]
+    _trim()
 
 
 async def write(call, request, node: str) -> None:
