@@ -4,6 +4,8 @@
 #      2) pytest-xdist workers;
 #   2. the tests marked `multiprocess` (real node processes on loopback ports, Spark)
 #      one at a time, as their timings expect.
+# Each pass ends with its slowest tests (--durations), so a run's log says where its
+# time went.
 # Usage: pytest-split.sh MARKER-EXPRESSION [pytest arguments...]. A `-m EXPR` among
 # the arguments takes the place of the tier's expression, as a later -m does in
 # pytest. Fails if either pass fails; exits 5 (pytest's "no tests collected") only
@@ -23,10 +25,10 @@ while (($#)); do
 done
 workers=${FLOE_TEST_WORKERS:-2}
 
-.venv/bin/python -m pytest -m "($expr) and not multiprocess" \
+.venv/bin/python -m pytest -m "($expr) and not multiprocess" --durations=25 \
   -n "$workers" --dist worksteal "${args[@]}"
 inproc=$?
-.venv/bin/python -m pytest -m "($expr) and multiprocess" "${args[@]}"
+.venv/bin/python -m pytest -m "($expr) and multiprocess" --durations=40 "${args[@]}"
 multi=$?
 
 for rc in "$inproc" "$multi"; do
