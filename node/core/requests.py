@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import msgpack
 
-from floering.node.core.machine_io import HeardFrom, RingSeen, SignOfLife
+from floering.node.core.machine_io import HeardFrom, Note, RingSeen, SignOfLife
 from floering.node.core.membership import base_name
 from floering.wire.errors import (Fenced, InvalidArgument, ReducerMismatch, StaleRing, Starting,
                                   TooLarge, inert)
@@ -157,11 +157,18 @@ def timeout(m: NodeMachine, now: float, out: list, asked: float) -> float | None
     return asked or None
 
 
-def shed(m: NodeMachine, now: float, out: list, sender: str, identity: str = "") -> str:
-    """The member a shedding request speaks for ("": none). A member short of its share
-    is handed ranges by name: only a caller whose certificate names that member may ask
-    for it (another member's request is an ordinary shedding request)."""
-    return sender if not identity or base_name(sender) == identity else ""
+def shed(m: NodeMachine, now: float, out: list, sender: str,
+         identity: str = "") -> tuple[str, dict[int, str] | None]:
+    """The member a shedding request speaks for ("": none), and the ranges we hand it
+    (None: an ordinary shedding round; SharePulling.share_moves_for). A member short of
+    its share is handed ranges by name: only a caller whose certificate names that
+    member may ask for it (another member's request is an ordinary shedding request)."""
+    member = sender if not identity or base_name(sender) == identity else ""
+    share = m.share_moves_for(member) if member else None
+    if share is not None:
+        out.append(Note(f"share: handing {len(share)} ranges to {member}, short of its "
+                        f"share of the ring"))
+    return member, share
 
 
 ANSWERS: dict[str, Callable[..., Any]] = {

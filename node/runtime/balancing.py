@@ -21,17 +21,12 @@ from floering.node.core.shedding import PeerLoad, cut_positions, shed_reach
 log = logging.getLogger("floe.node")
 
 
-async def shed_load(runtime, reason: str, depth: int = 0, sender: str = "") -> ShedOutcome:
-    """Run one shedding round (node.core.shed_round) to its outcome. Asked by a
-    `sender` short of its share: hand it its ranges."""
+async def shed_load(runtime, reason: str, depth: int = 0, share: dict[int, str] | None = None,
+                    member: str = "") -> ShedOutcome:
+    """Run one shedding round (node.core.shed_round) to its outcome; with a `share`
+    (node.core.requests.shed), hand it to the `member` short of its share instead."""
     shed = ShedRound(reason, depth)
-    share = runtime.machine.share_moves_for(sender) if sender else None
-    if share is not None:
-        log.info("share: handing %d ranges to %s, short of its share of the ring",
-                 len(share), sender)
-        effects = shed.start_share(sender, share)
-    else:
-        effects = shed.start()
+    effects = shed.start() if share is None else shed.start_share(member, share)
     while True:
         match effects:
             case [Finished(outcome=outcome)]:

@@ -540,8 +540,9 @@ class NodeRuntime:
 
     # --------------------------------------------------------- load balancing
 
-    async def shed_load(self, reason: str, depth: int = 0, sender: str = "") -> ShedOutcome:
-        return await shed_load(self, reason, depth, sender)
+    async def shed_load(self, reason: str, depth: int = 0, share: dict[int, str] | None = None,
+                        member: str = "") -> ShedOutcome:
+        return await shed_load(self, reason, depth, share, member)
 
     # --------------------------------------------------------------- queries
 

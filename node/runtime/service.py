@@ -114,9 +114,8 @@ class NodeService:
         await self.runtime.leave(self.runtime.ask(TIMEOUT, asked=timeout))
 
     async def shed(self, sender: str, depth: int, identity: str = "") -> ShedOutcome:
-        member = self.runtime.ask(SHED, sender=sender, identity=identity)
-        return await self.runtime.shed_load(f"asked by {inert(sender)}", depth=depth,
-                                            sender=member)
+        member, share = self.runtime.ask(SHED, sender=sender, identity=identity)
+        return await self.runtime.shed_load(f"asked by {inert(sender)}", depth, share, member)
 
     # ------------------------------------------------------------ queries
 

@@ -900,7 +900,8 @@ class Simulation(MapperSide, DurableNodes, RetiringSide):
     def _pull(self, proc: SimProcess, e: PullRanges) -> None:
         """As the runtime's pull: the donor hands what the rule names from its ring."""
         def serve(server: SimProcess) -> bool:
-            moves = server.machine.share_moves_for(proc.name)
+            _, moves = self.ask(server, requests.SHED, sender=proc.name,
+                                identity=base_name(proc.name))     # its certificate
             self.pulled |= bool(moves)
             return bool(moves) and not self.request_handoff(
                 server, moves, f"hands {len(moves)} ranges to {proc.name}, short of its share",

@@ -190,16 +190,17 @@ def test_hostile_text_in_statuses_is_escaped_and_cut():
     from floering.node.runtime.service import NodeService
     reasons = []
 
-    async def shed_load(reason, depth=0, sender=""):
+    async def shed_load(reason, depth=0, share=None, member=""):
         reasons.append(reason)
     asyncio.run(NodeService(SimpleNamespace(shed_load=shed_load, ask=_ask)).shed(sender, 1))
     inert_text(reasons[0])
 
 
 def _ask(kind, **fields):
-    """A runtime's request to its machine, for requests that read nothing of it."""
+    """A runtime's request to a machine of a ring of three (n0..n2)."""
     from floering.node.core.requests import answer
-    return answer(None, kind, fields, 0.0, [])
+    from tests.support.machine_shared import machine
+    return answer(machine(), kind, fields, 0.0, [])
 
 
 def test_a_share_is_asked_for_only_by_the_member_the_certificate_names():
@@ -210,8 +211,8 @@ def test_a_share_is_asked_for_only_by_the_member_the_certificate_names():
     from floering.node.runtime.service import NodeService
     asked = []
 
-    async def shed_load(reason, depth=0, sender=""):
-        asked.append(sender)
+    async def shed_load(reason, depth=0, share=None, member=""):
+        asked.append(member)
     service = NodeService(SimpleNamespace(shed_load=shed_load, ask=_ask))
     asyncio.run(service.shed("n2#1", 0, identity="n2"))
     asyncio.run(service.shed("n2#1", 0, identity="n3"))

@@ -85,8 +85,29 @@ def test_reads_and_operations_are_bounded_as_configured():
 @pytest.mark.parametrize("sender,identity,member", [
     ("n2#1", "n2", "n2#1"), ("n2#1", "n3", ""), ("n2", "", "n2")])
 def test_a_share_is_asked_in_a_members_name_only_by_its_certificate(sender, identity, member):
-    assert ask(machine(), SHED, sender=sender, identity=identity)[0].value == member
+    assert ask(machine(), SHED, sender=sender, identity=identity)[0].value[0] == member
 
 
 def test_an_unknown_request_is_refused():
     assert isinstance(ask(machine(), "Nonsense")[0].error, InvalidArgument)
+
+
+def test_a_shedding_request_of_a_member_short_of_its_share_is_answered_with_its_ranges():
+    from floering.node.core.machine_io import Note, RingSeen
+    from floering.node.core.shares import pull_plan
+    m, other = machine("n3"), machine("n0")
+    assert ask(m, SHED, sender="n1")[0].value == ("n1", None)    # ordinary shedding
+    empty = m.core.ring.add_node("n4", "a:4", (), 5)             # owns nothing
+    m.handle(RingSeen(empty), 2.0)
+    other.handle(RingSeen(empty), 2.0)
+    donor, moves = pull_plan(m.core.ring, "n4")
+    assert moves and donor == "n3"
+    assert ask(other, SHED, sender="n4")[0].value == ("n4", {})  # not the donor
+    assert ask(m, SHED, sender="n4")[0].value == ("n4", {})      # its copies owed first
+    for token, rng in m.core.primaries.items():                  # now held by the replicas
+        rng.replica_seq.update({r: 1 for r in m.core.ring.replicas_of_token(token)})
+    reply, effects = ask(m, SHED, now=3.0, sender="n4", identity="n4")
+    assert reply.value == ("n4", moves)
+    assert any(isinstance(e, Note) and e.text.startswith(f"share: handing {len(moves)} ranges to n4")
+               for e in effects)
+    assert ask(m, SHED, sender="n4", identity="n1")[0].value == ("", None)   # not its name
