@@ -376,9 +376,7 @@ class Simulation(MapperSide, DurableNodes, RetiringSide):
                 case NextRound():
                     self._schedule_round(proc, self.now + e.after)
                 case Farewell():
-                    for _, address in e.ring.addresses:
-                        self.call(proc, address, lambda s, r=e.ring: self.handle(s, RingSeen(r)),
-                                  _ignore, _ignore)
+                    self._farewell(proc, e.ring)
                 case Exit():
                     proc.alive = False
                 case StartShed():
@@ -414,6 +412,19 @@ class Simulation(MapperSide, DurableNodes, RetiringSide):
                       lambda answer, t=target: self.handle(proc, RingSeen(
                           answer[0], pulled=True,
                           sender=answered_by(proc.core.ring, t, answer[1]))), _ignore)
+
+    def _farewell(self, proc: SimProcess, ring: Ring) -> None:
+        """As the runtime's: the ring without us offered to every member left, in an
+        ExchangeRing whose answer nobody reads."""
+        me = proc.name
+
+        def serve(server):
+            authenticate(proc, me)
+            return self.ask(server, requests.EXCHANGE_RING, sender=me, ring=ring,
+                            caller=base_name(me))
+
+        for _, address in ring.addresses:
+            self.call(proc, address, serve, _ignore, _ignore)
 
     def answer_view(self, server: SimProcess, caller: str, ring: Ring) -> Ring:
         """The view `server` answers `caller`'s exchange with: its own `ring`, or, while
