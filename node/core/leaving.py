@@ -13,6 +13,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import TYPE_CHECKING
+
+from floering.wire.errors import InvalidArgument
+
+if TYPE_CHECKING:
+    from floering.node.core.machine import NodeMachine
 
 
 class LeaveState(StrEnum):
@@ -141,3 +147,24 @@ class Leaving:
     def _go(self, warning: str) -> list:
         self._move(LeaveState.GONE)
         return [Go(warning)]
+
+
+def begin_leave(machine: NodeMachine, deadline: float) -> tuple[Leaving, list]:
+    """A leave of `machine`'s member, to go by `deadline`, and its first effects:
+    its ranges handed away, or the leave refused (removed, or the last member)."""
+    leaving = Leaving(deadline)
+    try:
+        moves = machine.leave_moves()
+    except InvalidArgument as exc:
+        return leaving, leaving.refused(str(exc))
+    machine.begin_leaving()
+    return leaving, leaving.start(moves)
+
+
+def check_leave(machine: NodeMachine, leaving: Leaving, now: float) -> list:
+    """What a waiting leave does next, from `machine`'s ring as it is `now`."""
+    try:
+        moves, refused = machine.leave_moves(), ""
+    except InvalidArgument as exc:
+        moves, refused = {}, str(exc)
+    return leaving.handle(Checked(now, machine.copy_in_use(), moves, refused))

@@ -10,8 +10,8 @@ import time
 
 from floering.wire.errors import FloeError, InvalidArgument
 from floering.node.core.handoff import HandoffState
-from floering.node.core.leaving import (CheckAgain, Checked, Go, HandAway, HandedAway,
-                                        HandingRefused, LeaveFailed, Leaving)
+from floering.node.core.leaving import (CheckAgain, Go, HandAway, HandedAway, HandingRefused,
+                                        LeaveFailed, begin_leave, check_leave)
 from floering.node.core.shares import PullRanges
 from floering.node.core.shed_round import (AskToShed, CascadeAnswered, CascadeFailed, Finished,
                                            HandoffDone, HandoffRefused, HandOver, PlanComputed,
@@ -100,14 +100,7 @@ async def hand_all_away(runtime, timeout: float) -> None:
     """Scale-in up to leaving, as node.core.leaving decides it: raises InvalidArgument
     when a handoff is refused or aborted (the node stays a member)."""
     machine = runtime.machine
-    leaving = Leaving(runtime.clock() + timeout)
-    try:
-        moves = machine.leave_moves()
-    except InvalidArgument as exc:
-        effects = leaving.refused(str(exc))
-    else:
-        machine.begin_leaving()
-        effects = leaving.start(moves)
+    leaving, effects = begin_leave(machine, runtime.clock() + timeout)
     while True:
         match effects:
             case [Go(warning=warning)]:
@@ -129,9 +122,4 @@ async def hand_all_away(runtime, timeout: float) -> None:
                 if machine.copy_in_use():
                     runtime.sync_ring()
                     await asyncio.sleep(0.05)
-                try:
-                    moves, refused = machine.leave_moves(), ""
-                except InvalidArgument as exc:
-                    moves, refused = {}, str(exc)
-                effects = leaving.handle(Checked(runtime.clock(), machine.copy_in_use(),
-                                                 moves, refused))
+                effects = check_leave(machine, leaving, runtime.clock())

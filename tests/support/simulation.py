@@ -47,8 +47,9 @@ from floering.wire.ring import Ring
 from floering.node.core.forged_views import forged_views
 from floering.wire.ring_merge import MAX_VERSION_STEP
 from floering.node.core.shares import PullRanges
-from floering.node.core.leaving import (CheckAgain, Checked, Go, HandAway, HandedAway,
-                                        HandingRefused, LeaveFailed, LeaveState, Leaving)
+from floering.node.core.leaving import (CheckAgain, Go, HandAway, HandedAway, HandingRefused,
+                                        LeaveFailed, LeaveState, Leaving, begin_leave,
+                                        check_leave)
 from floering.node.core.startup_round import Answered, AskPeers, Startup, Stop
 from floering.node.core.shed_round import (AskToShed, CascadeAnswered, CascadeFailed, Finished,
                                            HandoffDone, HandoffRefused, HandOver, PlanComputed,
@@ -697,16 +698,11 @@ class Simulation(MapperSide, DurableNodes, RetiringSide):
         proc = self.process(name)
         if proc is None or not self._usable(proc) or proc.leaving is not None:
             return
-        leaving = Leaving(self.now + HANDOFF_TIMEOUT)
-        try:
-            moves = proc.machine.leave_moves()
-        except InvalidArgument as exc:
-            self._run_leave(proc, leaving.refused(str(exc)))
-            return
-        self.log.append(f"{self.now:.3f} {proc.name} leaves")
-        proc.machine.begin_leaving()
-        proc.leaving = leaving
-        self._run_leave(proc, leaving.start(moves))
+        leaving, effects = begin_leave(proc.machine, self.now + HANDOFF_TIMEOUT)
+        if leaving.state != LeaveState.FAILED:
+            self.log.append(f"{self.now:.3f} {proc.name} leaves")
+            proc.leaving = leaving
+        self._run_leave(proc, effects)
 
     def _run_leave(self, proc: SimProcess, effects: list) -> None:
         leaving = proc.leaving
@@ -739,12 +735,7 @@ class Simulation(MapperSide, DurableNodes, RetiringSide):
         leaving = proc.leaving
         if leaving is None or leaving.state != LeaveState.WAITING:
             return
-        try:
-            moves, refused = proc.machine.leave_moves(), ""
-        except InvalidArgument as exc:
-            moves, refused = {}, str(exc)
-        self._run_leave(proc, leaving.handle(Checked(
-            self.now, proc.machine.copy_in_use(), moves, refused)))
+        self._run_leave(proc, check_leave(proc.machine, leaving, self.now))
 
     def join(self, name: str, via: str) -> None:
         """A new, empty member joins through `via`'s view, then `via` hands it a token
