@@ -12,13 +12,16 @@ looking at individual seqs.
 from __future__ import annotations
 
 from array import array
+from collections.abc import Generator
 from dataclasses import dataclass
+from io import BytesIO
+from itertools import islice
 
 import msgpack
 
 from floering.node.core.columns import (FORMATS_SPOKEN, Columns, decode_columns, encode_columns,
                                        is_versioned, positions_of)
-from floering.wire.errors import InvalidArgument, InvalidKey, TooLarge, inert
+from floering.wire.errors import FloeError, InvalidArgument, InvalidKey, TooLarge, inert
 from floering.wire.hashing import key_bytes
 from floering.wire.pieces import check_pushed_keys
 
@@ -138,6 +141,14 @@ def decode_payload(payload: bytes, count: int,
     InvalidKey saying what is wrong."""
     if is_versioned(payload):
         return decode_columns(payload, count, limits.max_key_bytes).to_tuples()
+    keys, values = unpack_payload(payload, count)
+    check_tuples(keys, values, len(payload), limits)
+    return keys, values
+
+
+def unpack_payload(payload: bytes, count: int) -> tuple[tuple, tuple]:
+    """A format 1 payload's (keys, values), two arrays of `count`, not yet checked
+    tuple by tuple (check_tuples does, on the whole or on consecutive slices)."""
     try:
         # use_list=False: tuples are ~3x cheaper to build than lists (the GC is the cost).
         decoded = msgpack.unpackb(payload, use_list=False, raw=False)
@@ -154,6 +165,46 @@ def decode_payload(payload: bytes, count: int,
     if len(keys) != count or len(values) != count:
         raise InvalidArgument(f"payload has {len(keys)} keys and {len(values)} values, "
                               f"header says {count}")
+    return keys, values
+
+
+def unpack_payload_steps(payload: bytes, count: int,
+                         size: int) -> Generator[None, None, tuple[tuple, tuple]]:
+    """unpack_payload, read `size` tuples' keys or values a step (yielding between):
+    the same tuples, or the same refusal (in its own words where a step finds it)."""
+    unpacker = msgpack.Unpacker(BytesIO(payload), read_size=min(len(payload), 1 << 20),
+                                use_list=False, raw=False, max_buffer_size=len(payload))
+    try:
+        if unpacker.read_array_header() != 2:
+            raise InvalidArgument("payload must be a msgpack array [keys, values]")
+        columns = []
+        for _ in range(2):
+            n = unpacker.read_array_header()
+            if n != count:
+                raise InvalidArgument(f"payload has {n} keys or values, header says {count}")
+            column: list = []
+            while len(column) < n:
+                got = list(islice(unpacker, min(size, n - len(column))))
+                if not got:
+                    raise InvalidArgument("payload is cut short")
+                column += got
+                yield
+            columns.append(tuple(column))
+        if unpacker.tell() != len(payload):
+            raise InvalidArgument("payload has bytes past its [keys, values]")
+    except UnicodeDecodeError as exc:
+        raise InvalidKey(f"payload holds a string that is not valid UTF-8: {exc}") from None
+    except FloeError:
+        raise
+    except Exception as exc:  # msgpack raises several unrelated types for bad input
+        raise InvalidArgument(f"payload is not valid msgpack ({exc}); this node speaks "
+                              f"payload formats {FORMATS_SPOKEN}") from None
+    return columns[0], columns[1]
+
+
+def check_tuples(keys, values, payload_bytes: int, limits: Limits = DEFAULT_LIMITS) -> None:
+    """The checks of decoded format 1 tuples (key types, reserved keys, key and value
+    sizes), per tuple: a batch passes them whole exactly when each of its slices does."""
     types = set(map(type, keys))
     bad = types - KEY_TYPES
     if bad:
@@ -162,11 +213,10 @@ def decode_payload(payload: bytes, count: int,
     if bytes in types:
         check_pushed_keys(keys)
     # No key or value can be larger than the payload: most batches skip these checks.
-    if len(payload) > limits.max_key_bytes:
+    if payload_bytes > limits.max_key_bytes:
         check_key_sizes(keys, types, limits.max_key_bytes)
-    if len(payload) > limits.max_value_bytes:
+    if payload_bytes > limits.max_value_bytes:
         check_value_sizes(values, limits.max_value_bytes)
-    return keys, values
 
 
 def check_key_sizes(keys, types, most: int) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
-from typing import Iterator, Mapping
+from typing import Generator, Iterator, Mapping
 
 from floering.node.core.backup_store import BackupEntry
 from floering.node.core.batch import Batch, Limits, check_header
@@ -19,7 +19,7 @@ from floering.wire.pieces import is_fold_source
 from floering.node.core.placement import CopyBook
 from floering.wire.errors import (Fenced, InvalidArgument, RangeLost, StaleRing, Starting,
                               TooLarge, inert)
-from floering.node.core.ranges import Checkpoint, PrimaryRange, ReplicaSide
+from floering.node.core.ranges import T, Checkpoint, PrimaryRange, ReplicaSide, drain
 from floering.node.core.reducers import Reducer
 from floering.wire.ring import Ring
 from floering.node.core.split_point import PositionLoad
@@ -227,10 +227,20 @@ class NodeCore:
                       wall: float | None = None) -> PushResult:
         """Apply or back up one batch. `wall`: this node's clock (seconds since the
         epoch), which the sender's stream numbers are checked against."""
+        return drain(self.receive_batch_steps(b, now, wall))
+
+    def receive_batch_steps(self, b: Batch, now: float = 0.0, wall: float | None = None
+                            ) -> Generator[None, None, PushResult]:
+        """receive_batch a step at a time: the caller may run other work where it
+        yields. A large batch of a range we are primary of is read, checked and
+        verified over several steps (PrimaryRange.apply_steps) and applied whole in
+        the last; before each step after the first, the ring and the range must still
+        be those it was taken under, else it is refused StaleRing, nothing applied."""
         try:
             self.streams.check(b.source, b.stream, now, wall)
-            result = self._receive_batch(b.ring_stamp, b.token, b.source, b.first_seq,
-                                         b.last_seq, b.count, b.payload, b.seqs, now)
+            result = yield from self._receive_batch_steps(
+                b.ring_stamp, b.token, b.source, b.first_seq, b.last_seq, b.count,
+                b.payload, b.seqs, now)
             # Recorded once accepted: a refused batch must not retire anyone's stream.
             self.streams.accept(b.source, b.stream, now)
             return result
@@ -238,8 +248,8 @@ class NodeCore:
             self.counters["refused"] += 1
             raise
 
-    def _receive_batch(self, ring_version, token, source, first_seq, last_seq, count,
-                       payload, seqs, now) -> PushResult:
+    def _receive_batch_steps(self, ring_version, token, source, first_seq, last_seq, count,
+                             payload, seqs, now) -> Generator[None, None, PushResult]:
         ring = self.ring
         self._check_started()
         if self.fenced:
@@ -259,7 +269,7 @@ class NodeCore:
         check_header(count, first_seq, last_seq, seqs, payload, self.limits)
         role = ring.role_of(self.node_id, token) if ring.has_token(token) else None
         if role == "primary":
-            state = self.primaries[token].state
+            rng = self.primaries[token]
 
             def check(keys):
                 # Every key is checked against the token, exactly: a key the range
@@ -270,14 +280,14 @@ class NodeCore:
                     self._verify_all(token, keys)
                     keys, new = ColumnKeys(keys), marked_keys(keys)
                 else:
-                    new = keys if self.verify_keys else state.unknown(keys)
+                    new = keys if self.verify_keys else rng.state.unknown(keys)
                     self._verify_all(token, new)
                 self.positions.record(token, keys)
                 if ring.balancer in FOLDING_BALANCERS:
                     self.folds.saw(token, new)
-            applied, dups = self.primaries[token].apply(
+            applied, dups = yield from self._while_ours(rng, ring, rng.apply_steps(
                 source, first_seq, last_seq, count, payload, seqs, verify=check, now=now,
-                max_sources=self.limits.max_sources_per_range)
+                max_sources=self.limits.max_sources_per_range))
             if applied and is_fold_source(source):
                 self.fold_merges += 1
             self.counters["applied"] += applied
@@ -293,6 +303,23 @@ class NodeCore:
             return PushResult(stored, dups)
         raise StaleRing(f"node {self.node_id} is not a destination of token {token} "
                         f"in ring version {ring.version}")
+
+    def _while_ours(self, rng: PrimaryRange, ring: Ring, steps: Generator[None, None, T]
+                    ) -> Generator[None, None, T]:
+        """`steps` run one after the other, each after the first only while we are
+        not fenced and `rng` is still our range of its token in `ring`."""
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
+            yield
+            if self.fenced or self.ring.stamp != ring.stamp or \
+                    self.primaries.get(rng.token) is not rng:
+                steps.close()
+                raise StaleRing(f"the ring changed (now version {self.ring.version}) while "
+                                f"a batch of token {rng.token} was read; nothing of it "
+                                f"was applied")
 
     def _keys_of(self, token: int):
         """A check that every key given belongs to `token` in our ring."""

@@ -9,11 +9,15 @@ rebuild exactly what the primary has, which is what a takeover does.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Mapping
+from array import array
+from collections.abc import Generator, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 from floering.node.core.backup_store import BackupEntry, BackupStore
-from floering.node.core.batch import Columns, decode_batch, decode_seqs
+from floering.node.core.batch import (Columns, check_tuples, decode_batch, decode_seqs,
+                                      unpack_payload_steps)
+from floering.node.core.columns import is_versioned
 from floering.node.core.dedup import SHARES, first_new_index, owned_by, owner_of
 from floering.wire.epochs import effective_mark, floor_key, raise_floor, replay_order
 from floering.wire.errors import FloeError, Overloaded, TooLarge
@@ -21,8 +25,8 @@ from floering.wire.pieces import carries_states
 from floering.node.core.reducers import Reducer
 from floering.node.core.snapshot_format import is_import_mark
 from floering.node.core.state_store import LayeredState, ReplicaState
-from floering.node.core.table_state import (TableCopy, TableState, delta_size, new_copy,
-                                            new_state)
+from floering.node.core.table_state import (TableCopy, TableState, delta_size, int64_values,
+                                            key_columns, new_copy, new_state)
 
 
 @dataclass
@@ -103,21 +107,54 @@ class PrimaryRange:
               max_sources: int = 1 << 62) -> tuple[int, int]:
         """Apply a batch; return (applied, duplicates). Raises before changing anything
         when the batch is malformed. `verify(keys)` may refuse keys outside the range."""
-        mark = effective_mark(self.watermarks, source)
-        start = first_new_index(mark, first_seq, last_seq, count,
-                                lambda: decode_seqs(first_seq, last_seq, count, seqs))
+        return drain(self.apply_steps(source, first_seq, last_seq, count, payload, seqs,
+                                      verify, now, max_sources))
+
+    def apply_steps(self, source: str, first_seq: int, last_seq: int, count: int,
+                    payload: bytes, seqs: bytes, verify=None, now: float = 0.0,
+                    max_sources: int = 1 << 62) -> Generator[None, None, tuple[int, int]]:
+        """apply() a step at a time, yielding between steps; returns (applied,
+        duplicates). A batch of more than STEP_TUPLES tuples is decoded, checked, its
+        keys verified and (format 1) its key columns built over several steps that
+        change nothing; the last step applies it whole, its dedup and room taken
+        again then. A caller that runs other work between steps checks the range is
+        still this one, under the same ring, before each (NodeCore does)."""
+        start = self._new_from(source, first_seq, last_seq, count, seqs)
         if start == count:
             return 0, count
         if source not in self.watermarks:
             self._check_room(source, max_sources)
-        decoded = decode_batch(payload, count)
-        if isinstance(decoded, Columns) and hasattr(self.state, "apply_columns"):
-            if verify is not None:
-                verify(decoded)           # checked by positions, no key decoded
-            # int64 values: a state merged in and a value reduced are folded alike
-            self.state.apply_columns(decoded, start)
+        merge = carries_states(source)
+        decoded: Columns | tuple[tuple, tuple] | Prepared
+        if count > STEP_TUPLES:
+            if is_versioned(payload):
+                decoded = decode_batch(payload, count)
+                yield
+                if verify is not None:
+                    verify(decoded)
+                yield
+            else:
+                decoded = yield from self._prepare_steps(payload, count, merge, verify)
+            start = self._new_from(source, first_seq, last_seq, count, seqs)
+            if start == count:                  # (a watermark may move, or expire)
+                return 0, count
+            if source not in self.watermarks:
+                self._check_room(source, max_sources)
+            if isinstance(decoded, Columns) and hasattr(self.state, "apply_columns"):
+                self.state.apply_columns(decoded, start)
+            elif isinstance(decoded, Prepared):
+                decoded.apply(self.state, start, merge)
+            else:
+                self._apply_tuples(decoded, start, merge, None)
         else:
-            self._apply_tuples(decoded, start, carries_states(source), verify)
+            decoded = decode_batch(payload, count)
+            if isinstance(decoded, Columns) and hasattr(self.state, "apply_columns"):
+                if verify is not None:
+                    verify(decoded)           # checked by positions, no key decoded
+                # int64 values: a state merged in and a value reduced are folded alike
+                self.state.apply_columns(decoded, start)
+            else:
+                self._apply_tuples(decoded, start, merge, verify)
         self.watermarks[source] = last_seq
         raise_floor(self.watermarks, source, first_seq)
         self.last_seen[source] = now
@@ -125,6 +162,32 @@ class PrimaryRange:
         if group is not None:
             self.last_seen[group] = now
         return count - start, start
+
+    def _new_from(self, source: str, first_seq: int, last_seq: int, count: int,
+                  seqs: bytes) -> int:
+        return first_new_index(effective_mark(self.watermarks, source), first_seq, last_seq,
+                               count, lambda: decode_seqs(first_seq, last_seq, count, seqs))
+
+    def _prepare_steps(self, payload: bytes, count: int, merge: bool,
+                       verify) -> Generator[None, None, "Prepared"]:
+        """A format 1 batch read, checked and verified STEP_TUPLES tuples a step, as
+        decode_batch, the reducer's check and `verify` would whole; for a table, its
+        key columns and int64 values built along (the work a table's apply does before
+        its one call of the table)."""
+        keys, values = yield from unpack_payload_steps(payload, count, STEP_TUPLES)
+        check = self.state.reducer.check_states if merge else self.state.reducer.check_values
+        table = hasattr(self.state, "apply_prepared")
+        prepared = Prepared(keys, values)
+        for lo in range(0, count, STEP_TUPLES):
+            some_keys, some = keys[lo:lo + STEP_TUPLES], values[lo:lo + STEP_TUPLES]
+            check_tuples(some_keys, some, len(payload))
+            check(some)
+            if verify is not None:
+                verify(some_keys)
+            if table:
+                prepared.add_columns(key_columns(some_keys), int64_values(some))
+            yield
+        return prepared
 
     def _apply_tuples(self, decoded, start: int, merge: bool, verify) -> None:
         keys, values = decoded.to_tuples() if isinstance(decoded, Columns) else decoded
@@ -322,6 +385,55 @@ class ReplicaRange:
     def complete(self, value: bool) -> None:
         self.settle()
         self._complete = value
+
+
+T = TypeVar("T")
+STEP_TUPLES = 4_096     # tuples of a batch read, or checked and verified, per step (~3 ms)
+
+
+def drain(steps: Generator[None, None, T]) -> T:
+    """Run a generator of steps to its end; its return value."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+
+
+class Prepared:
+    """A format 1 batch checked and verified (PrimaryRange._prepare_steps): its keys
+    and values, and for a table their key columns and int64 values (None when one is
+    not an int64, or the range holds dicts)."""
+
+    def __init__(self, keys: tuple, values: tuple) -> None:
+        self.keys, self.values = keys, values
+        self.columns: list | None = [bytearray(), bytearray(), array("Q", [0]), array("Q")]
+        self.ints: array | None = array("q")
+
+    def add_columns(self, columns, ints) -> None:
+        """The next slice's key columns (kinds, key_data, offsets, positions) and its
+        values as int64 (or None)."""
+        mine, mine_ints = self.columns, self.ints
+        if mine is None or mine_ints is None or ints is None:
+            self.columns = self.ints = None
+            return
+        kinds, data, offsets, positions = columns
+        end = mine[2][-1]
+        mine[0] += kinds
+        mine[1] += data
+        mine[2].extend([end + o for o in offsets[1:]] if end else offsets[1:])
+        mine[3].extend(positions)
+        mine_ints.extend(ints)
+
+    def apply(self, state, start: int, merge: bool) -> None:
+        """Fold the tuples from `start` on into `state`, its checks already run."""
+        if self.columns is not None and hasattr(state, "apply_prepared"):
+            state.apply_prepared(self.keys, self.values, merge, start, self.columns,
+                                 self.ints)
+        elif merge:
+            state.merge_in(self.keys[start:], self.values[start:])
+        else:
+            state.apply(self.keys[start:], self.values[start:])
 
 
 DELTA_STEP = 16_384     # entries of a checkpoint delta installed per turn (a frame)

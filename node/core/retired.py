@@ -37,6 +37,7 @@ here, with the owner's answer `held`.
 from __future__ import annotations
 
 import re
+from collections.abc import Generator
 from dataclasses import dataclass, field
 
 from floering.wire.codec import pack, unpack
@@ -212,10 +213,11 @@ class RetainingCore(NodeCore):
         self.lost_log_bytes = 0
         self.clock = 0.0                            # the latest time a batch came
 
-    def _receive_batch(self, ring_version, token, source, first_seq, last_seq, count,
-                       payload, seqs, now) -> PushResult:
-        result = super()._receive_batch(ring_version, token, source, first_seq, last_seq,
-                                        count, payload, seqs, now)
+    def _receive_batch_steps(self, ring_version, token, source, first_seq, last_seq, count,
+                             payload, seqs, now) -> Generator[None, None, PushResult]:
+        result = yield from super()._receive_batch_steps(ring_version, token, source,
+                                                         first_seq, last_seq, count,
+                                                         payload, seqs, now)
         self.clock = max(self.clock, now)
         log = self.lost_logs.get(token)
         if result.applied and log is not None and log.batches is not None and \

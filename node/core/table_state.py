@@ -248,6 +248,20 @@ class TableState:
                 pass                    # past int64: the dict path holds big ints
         self._dict_path(keys, values, merge)
 
+    def apply_prepared(self, keys, values, merge: bool, start: int, columns, ints) -> None:
+        """Fold a format 1 batch from tuple `start` on whose values the reducer checked
+        and whose key columns and int64 values were built (ranges.Prepared): in one
+        call of the table, as _fold's."""
+        if start >= len(keys):
+            return
+        if not self._touches_spill(keys[start:] if start else keys):
+            try:
+                self.table.apply(*columns, ints, start)
+                return
+            except OverflowError:
+                pass
+        self._dict_path(keys[start:], values[start:], merge)
+
     def apply_columns(self, cols, start: int = 0) -> None:
         """Fold a checked format 2 batch (`columns.Columns`) from tuple `start` on: in
         one call of the table, without a Python object per tuple. Its values are int64,

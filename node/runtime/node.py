@@ -343,7 +343,21 @@ class NodeRuntime:
             for b in item.batches:
                 if self.durable is not None:
                     self.durable.check_writable()
-                result = core.receive_batch(b, mark, wall)
+                # A large batch is read and checked over steps (NodeCore.
+                # receive_batch_steps), the loop running others between them.
+                steps = core.receive_batch_steps(b, mark, wall)
+                while True:
+                    try:
+                        next(steps)
+                    except StopIteration as done:
+                        result = done.value
+                        break
+                    if self.clock() - started > 0.003:
+                        now = self.clock()
+                        self.busy_seconds += now - mark
+                        await asyncio.sleep(0)
+                        started = mark = self.clock()
+                        core = machine.core
                 if self.durable is not None:          # the plan decides what is logged
                     self.durable.kept(b, result.applied)
                 acks.append((b.id, result))

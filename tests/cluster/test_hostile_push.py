@@ -17,6 +17,7 @@ from floering.node.transport.budget import (MEMBER_READS_PER_CALLER, PUSH_READS_
                                             READING_PER_CALLER, READS_PER_CALLER)
 from floering.node.transport.server import message_bytes
 from floering.v1 import floe_pb2, floe_pb2_grpc
+from floering.wire.ring import Ring
 from tests.support.helpers import Feeder, diff, wait_for
 from tests.support.hostile_push_shared import PeakRss
 
@@ -44,6 +45,25 @@ PEAK_BYTES = ((PUSH_READS_PER_CALLER + MEMBER_READS_PER_CALLER + READS_PER_CALLE
               * (MESSAGE_MIB << 20))
 
 
+class RingSettled:
+    """True once the node at `address` owns ranges of a ring whose version has not
+    moved for `quiet` seconds (the ring of a fresh cluster changes while its members
+    pull their shares)."""
+
+    def __init__(self, address: str, quiet: float) -> None:
+        self.address, self.quiet = address, quiet
+        self.version, self.since = None, time.monotonic()
+
+    def __call__(self) -> bool:
+        with grpc.insecure_channel(self.address) as channel:
+            ring = Ring.from_wire(floe_pb2_grpc.ControlPlaneStub(channel).GetRing(
+                floe_pb2.GetRingRequest(), timeout=10).ring)
+        if ring.version != self.version:
+            self.version, self.since = ring.version, time.monotonic()
+        owns = any(a == self.address and ring.tokens_of(n) for n, a in ring.addresses)
+        return owns and time.monotonic() - self.since >= self.quiet
+
+
 def test_many_streams_of_large_pushes_hold_a_callers_share_and_stay_exact(tmp_path):
     # Before the bound: +437-466 MiB (the inbound queue, 256 MiB, filled with one caller's
     # requests, and one more read on every stream waiting for room); with the bound
@@ -55,6 +75,8 @@ def test_many_streams_of_large_pushes_hold_a_callers_share_and_stay_exact(tmp_pa
         feeder = Feeder([node.address])
         feeder.start()
         feeder.wait_rounds(3)
+        wait_for(RingSettled(node.address, quiet=5.0), timeout=120,
+                 what=f"{node.node_id} owning ranges of a ring that stopped changing for 5 s")
         hostile = LargePushes(node.address, STREAMS, MESSAGES)
         garbage = LargePushes(node.address, 4, 4, garbage=True)
         rss = PeakRss(node.pid)
@@ -77,16 +99,14 @@ def test_many_streams_of_large_pushes_hold_a_callers_share_and_stay_exact(tmp_pa
         client.close()
     print(f"hostile pushes: +{grown} MiB in {took:.1f} s, acked {hostile.acked}, "
           f"refused {hostile.refused}, peak {peak >> 20} MiB")
-    # on a loaded machine the ring may change meanwhile (a member slow to answer its
-    # peers): a stream is then refused for its ring, and what was acked still counts
-    assert set(hostile.refused) <= {"FAILED_PRECONDITION"}, hostile.refused
+    # The flooded node keeps answering its peers' probes (a large batch is read and
+    # checked over several steps of its loop): no false removal cuts the flood short,
+    # as one did at load 5-10 when a batch was one step of 55-80 ms.
+    assert not hostile.refused, f"the flood was cut short: {hostile.refused}"
+    assert hostile.acked == STREAMS * MESSAGES * 2 * hostile.tuples
     assert sum(garbage.refused.values()) == 4 and garbage.acked == 0, garbage.refused
     assert peak <= PEAK_BYTES, peak >> 20
-    if not hostile.refused:
-        assert hostile.acked == STREAMS * MESSAGES * 2 * hostile.tuples
-        assert got.pop(hostile.key) == hostile.acked
-    else:       # pushed to the primary alone, without a replica's backup as a client
-        assert got.pop(hostile.key, 0) <= hostile.acked       # sends: lost in a takeover
+    assert got.pop(hostile.key) == hostile.acked
     assert got == feeder.acked, diff(got, feeder.acked)
     assert grown < SHARE_MIB, grown
 
