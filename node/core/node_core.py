@@ -23,6 +23,7 @@ from floering.node.core.ranges import T, Checkpoint, PrimaryRange, ReplicaSide, 
 from floering.node.core.reducers import Reducer
 from floering.wire.ring import Ring
 from floering.node.core.split_point import PositionLoad
+from floering.node.core.state_store import LayeredState, copy_pairs
 from floering.node.core.table_state import (Columns, ColumnKeys, check_positions,
                                             marked_keys)
 from floering.node.core.streams import StreamGuard
@@ -492,6 +493,20 @@ class NodeCore:
         if token in self.replicas.ranges or token in self.replicas.backups.tokens():
             return "replica", self.replicas.rebuild(token, self._keys_of(token))[0]
         return "", {}
+
+    def inspect_steps(self, token: int, step: int) -> Iterator:
+        """inspect_range, yielding None between steps and (role, states) last: an owned
+        range of layers (LayeredState) is copied `step` keys of its master at a time,
+        as of the call, while batches keep applying between the steps."""
+        rng = self.primaries.get(token)
+        if rng is not None and isinstance(rng.state, LayeredState):
+            keys: list = []
+            values: list = []
+            fixed: dict = {}
+            yield from rng.state.copy_in_steps(keys, values, fixed, step)
+            yield "primary", copy_pairs(keys, values, fixed)
+        else:
+            yield self.inspect_range(token)
 
     @property
     def fold_epoch(self) -> int:

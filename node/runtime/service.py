@@ -17,7 +17,6 @@ from floering.wire.balancers import balancer
 from floering.node.core.chunks import (CHUNK_BYTES, ScanSlots, column_slices, packed_chunks,
                                        pair_slices, scan_pairs)
 from floering.wire.ring import Ring
-from floering.node.core.state_store import LayeredState, copy_pairs
 from floering.node.core.state_wire import StateColumns, StateRun, into_dict
 from floering.node.core.table_state import copies_in_tables, copy_in_steps
 from floering.node.core.shed_round import ShedOutcome
@@ -88,7 +87,8 @@ class NodeService:
                 not copies_in_tables(core.reducer):
             states = copy = await dict_in_steps(states)
         elif full and isinstance(states, StateRun):      # a table copy built in steps
-            copy = await table_in_steps(core.reducer, states)
+            # a frame per turn of the event loop: in one turn, 1.25 M keys held it for 48 ms
+            copy = await last_step(copy_in_steps(core.reducer, states))
         need_full, held = core.receive_checkpoint(sender, ring_stamp, token, seq, base_seq,
                                                   full, copy, watermarks,
                                                   self.runtime.clock(), sliced=True)
@@ -155,17 +155,7 @@ class NodeService:
         dicts is copied COPY_STEP keys per turn of the event loop (as of the call)."""
         self.scans.take(caller)         # before the copy: the slots bound the copies
         try:
-            states: dict | Iterator
-            rng = self.runtime.core.primaries.get(token)
-            if rng is not None and isinstance(rng.state, LayeredState):
-                keys: list = []
-                values: list = []
-                fixed: dict = {}
-                for _ in rng.state.copy_in_steps(keys, values, fixed, COPY_STEP):
-                    await asyncio.sleep(0)
-                role, states = "primary", copy_pairs(keys, values, fixed)
-            else:
-                role, states = self.runtime.core.inspect_range(token)
+            role, states = await last_step(self.runtime.core.inspect_steps(token, COPY_STEP))
         except BaseException:
             self.scans.give(caller)
             raise
@@ -227,11 +217,11 @@ async def install_pending(replicas, token: int) -> None:
         raise pending.error
 
 
-async def table_in_steps(reducer, states: StateRun):
-    """A full copy's frames built into the table a replica's copy takes over
-    (table_state.copy_in_steps), a frame of it per turn of the event loop: in one
-    turn, 1.25 M keys held the loop for 48 ms."""
-    built = None
-    for built in copy_in_steps(reducer, states):
-        await asyncio.sleep(0)
-    return built
+async def last_step(steps: Iterator):
+    """What a generator of steps yields last (None before it: a step done), the event
+    loop running between two steps."""
+    last = None
+    for last in steps:
+        if last is None:
+            await asyncio.sleep(0)
+    return last

@@ -102,6 +102,21 @@ def test_a_copy_in_steps_reads_the_master_it_began_with_after_a_replace():
     assert dict(copy_pairs(keys, states, fixed)) == expect
 
 
+def test_a_core_inspects_an_owned_range_of_dicts_in_steps_and_any_other_at_once():
+    from tests.support.helpers import CoreCluster
+    c = CoreCluster(nodes=2, replication=1, tokens_per_node=1)
+    core = c.cores["n0"]
+    [token] = core.primaries
+    counts = Counter({f"k{i}": 1 + i % 3 for i in range(5_000)})
+    core.primaries[token].state = layered("count", counts)
+    *steps, (role, states) = core.inspect_steps(token, 1_000)
+    assert steps == [None] * len(steps) and len(steps) >= 5
+    assert role == "primary" and dict(states) == dict(counts)
+    other = c.ring.tokens_of("n1")[0]          # n0 holds n1's range as its replica
+    assert list(core.inspect_steps(other, 1_000)) == [core.inspect_range(other)]
+    assert list(core.inspect_steps(12345, 1_000)) == [("", {})]
+
+
 async def test_inspect_range_copies_a_range_of_dicts_in_steps_while_batches_apply():
     """A primary range of 1,000,000 keys in dicts, read by InspectRange over a real
     grpc.aio server while batches apply and checkpoints merge in the same loop: what
@@ -115,8 +130,10 @@ async def test_inspect_range_copies_a_range_of_dicts_in_steps_while_batches_appl
     base = Counter({f"k{i}": 1 + i % 3 for i in range(1_000_000)})
     state = layered("count", base)
     group = [f"k{i}" for i in range(0, 1_000_000, 1_000)]
-    rng = SimpleNamespace(state=state)
-    service = NodeService(SimpleNamespace(core=SimpleNamespace(primaries={7: rng})))
+    from floering.node.core.node_core import NodeCore
+    core = SimpleNamespace(primaries={7: SimpleNamespace(state=state)})
+    core.inspect_steps = lambda token, step: NodeCore.inspect_steps(core, token, step)
+    service = NodeService(SimpleNamespace(core=core))
     server = grpc.aio.server()
     floe_pb2_grpc.add_QueryPlaneServicer_to_server(QueryPlane(service), server)
     port = server.add_insecure_port("127.0.0.1:0")
