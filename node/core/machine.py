@@ -33,8 +33,8 @@ from floering.node.core.machine_io import (
     HeardFrom, HeartbeatDue, HeartbeatFailed, LeaveRing, LoadSampled, MapperAhead, MonitorDue,
     NextRound, Note, ProbeAbandoned, ProbeAnswered, ProbedFor, ProbeFinished, Record, Reply,
     Requested, RingSeen, RoundEnded,
-    RoundNow, SendFolds, SendHeartbeat, ShipCheckpoints, SignOfLife, Split, SplitRequested,
-    StartProbe, StartShed)
+    RoundNow, SendFolds, SendHeartbeat, ShedMoved, ShipCheckpoints, SignOfLife, Split,
+    SplitRequested, StartProbe, StartShed)
 from floering.node.core.membership import (RecentDonors, refill_moves, rejoin_name, removal_losses, restarted)
 from floering.node.core.node_core import NodeCore, RingChange
 from floering.wire.ring import Ring
@@ -104,6 +104,7 @@ class NodeMachine(ViewChecks, SharePulling):
             HandoffAbandoned: self._handoff_abandoned,
             LeaveRing: self._leave_ring, MapperAhead: self._mapper_ahead,
             FoldAnswered: self._fold_answered, Requested: self._requested,
+            ShedMoved: self._shed_moved,
         }
 
     @property
@@ -624,5 +625,5 @@ class NodeMachine(ViewChecks, SharePulling):
     def shed_moves(self, plan: ShedPlan) -> dict[int, str]:
         return with_split_tail(plan, self.core.ring, self.core.node_id)
 
-    def shed_done(self, now: float) -> None:
+    def _shed_moved(self, event: ShedMoved, now: float, out: list) -> None:
         self.load.moved(now)       # the cool-down counts from the end of the move

@@ -167,6 +167,11 @@ class BatchApplied:
 
 
 @dataclass(frozen=True)
+class ShedMoved:
+    """A shedding round's handoff ended: the load's cool-down counts from now."""
+
+
+@dataclass(frozen=True)
 class LoadSampled:
     queued: int              # batches received, not applied yet
     busy_seconds: float      # the applier's busy time so far

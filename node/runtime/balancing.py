@@ -40,7 +40,7 @@ async def shed_load(runtime, reason: str, depth: int = 0, share: dict[int, str] 
                     effects = shed.handle(HandoffRefused(str(exc)))
                     continue
                 if share is None:
-                    runtime.machine.shed_done(runtime.clock())
+                    runtime.shed_moved()
                 effects = shed.handle(HandoffDone(h.state == HandoffState.COMMITTED,
                                                   str(h.state), h.reason))
             case [AskToShed(node=node, depth=asked_depth)]:

@@ -27,7 +27,7 @@ from floering.node.core.machine_io import (
     Farewell, Gossip, HandoffAbandoned, HandoffEnded, HandoffRequested, HeardFrom,
     HeartbeatDue, HeartbeatFailed, LeaveRing, LoadSampled, MapperAhead, MonitorDue, NextRound,
     Note, Record, Reply, Requested, RingSeen, RoundEnded, RoundNow, SendFolds, SendHeartbeat,
-    ShipCheckpoints, SignOfLife, Split, SplitRequested, StartProbe, StartShed)
+    ShedMoved, ShipCheckpoints, SignOfLife, Split, SplitRequested, StartProbe, StartShed)
 from floering.node.core.membership import answered_by, founding_ring
 from floering.node.core.node_core import NodeCore
 from floering.node.core.reducers import Reducer
@@ -183,6 +183,9 @@ class NodeRuntime:
 
     def sign_of_life(self, node: str) -> None:
         self._handle(SignOfLife(node))
+
+    def shed_moved(self) -> None:
+        self._handle(ShedMoved())
 
     # ------------------------------------------------------------- effects
 

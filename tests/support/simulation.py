@@ -34,7 +34,8 @@ from floering.node.core.machine_io import (
     Farewell, FoldAnswered, Gossip, HandoffEnded, HandoffRequested, HeardFrom, HeartbeatDue,
     HeartbeatFailed, LeaveRing, LoadSampled, MapperAhead, MonitorDue, NextRound, Note, ProbedFor,
     ProbeAnswered, Record, Reply, Requested, RingSeen, RoundEnded, RoundNow, SendFolds,
-    SendHeartbeat, ShipCheckpoints, SignOfLife, Split, SplitRequested, StartProbe, StartShed)
+    SendHeartbeat, ShedMoved, ShipCheckpoints, SignOfLife, Split, SplitRequested, StartProbe,
+    StartShed)
 from floering.node.core.calls import Failure, failure_of
 from floering.node.core.handoff_driver import HandoffDriver
 from floering.node.core.membership import answered_by, base_name, decide_start, sender_matches
@@ -916,7 +917,7 @@ class Simulation(MapperSide, DurableNodes, RetiringSide):
             if refused:
                 then(HandoffRefused(h.reason))
                 return
-            proc.machine.shed_done(self.now)
+            self.handle(proc, ShedMoved())
             then(HandoffDone(h.state == "committed", str(h.state), h.reason))
 
         if refused := self.request_handoff(proc, moves, f"sheds {len(moves)} ranges to "

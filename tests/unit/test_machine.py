@@ -169,6 +169,15 @@ def test_overload_is_recorded_and_sheds_only_when_balancing(balance):
     assert any(isinstance(e, StartShed) for e in effects) == balance
 
 
+def test_the_cooldown_after_shedding_counts_from_the_end_of_its_handoff():
+    from floering.node.core.machine_io import ShedMoved
+    m = machine(balance=True)
+    cooldown = m.load.config.cooldown
+    assert m.load.may_move(100.0)
+    assert m.handle(ShedMoved(), 100.0) == []
+    assert not m.load.may_move(100.0 + cooldown - 0.01) and m.load.may_move(100.0 + cooldown)
+
+
 def test_records_name_the_stimulus_that_caused_them():
     m = machine()
     start = probe_of(m, 5.0)
