@@ -891,8 +891,9 @@ class Simulation(MapperSide, DurableNodes, RetiringSide):
             if len(loads) == len(reach):
                 plan_now()
 
-        def serve(server: SimProcess) -> PeerLoad:
-            return PeerLoad(server.machine.load.rate(), server.machine.load.overloaded)
+        def serve(server: SimProcess) -> PeerLoad:     # a Stats call, as the runtime's
+            st = self.ask(server, requests.STATS)
+            return PeerLoad(st["apply_rate"], st["overloaded"])
 
         for node in reach:
             self.call(proc, ring.address(node), serve, lambda v, n=node: got(n, v),
