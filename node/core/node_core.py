@@ -235,8 +235,10 @@ class NodeCore:
         """receive_batch a step at a time: the caller may run other work where it
         yields. A large batch of a range we are primary of is read, checked and
         verified over several steps (PrimaryRange.apply_steps) and applied whole in
-        the last; before each step after the first, the ring and the range must still
-        be those it was taken under, else it is refused StaleRing, nothing applied."""
+        the last; one we back up is read and checked so and kept in the last
+        (ReplicaSide.store_steps). Before each step after the first, the ring and the
+        range (or our copy of it) must still be those it was taken under, else it is
+        refused StaleRing, nothing applied or kept."""
         try:
             self.streams.check(b.source, b.stream, now, wall)
             result = yield from self._receive_batch_steps(
@@ -286,9 +288,10 @@ class NodeCore:
                 self.positions.record(token, keys)
                 if ring.balancer in FOLDING_BALANCERS:
                     self.folds.saw(token, new)
-            applied, dups = yield from self._while_ours(rng, ring, rng.apply_steps(
-                source, first_seq, last_seq, count, payload, seqs, verify=check, now=now,
-                max_sources=self.limits.max_sources_per_range))
+            applied, dups = yield from self._while_ours(
+                token, ring, lambda: self.primaries.get(token) is rng, rng.apply_steps(
+                    source, first_seq, last_seq, count, payload, seqs, verify=check, now=now,
+                    max_sources=self.limits.max_sources_per_range))
             if applied and is_fold_source(source):
                 self.fold_merges += 1
             self.counters["applied"] += applied
@@ -296,31 +299,33 @@ class NodeCore:
             self.applied_by_token[token] = self.applied_by_token.get(token, 0) + applied
             return PushResult(applied, dups)
         if role == "replica":
-            stored, dups = self.replicas.store(
-                token, ring.owner_of_token(token), source,
-                BackupEntry(first_seq, last_seq, count, payload, seqs, now),
-                self.limits.max_backup_bytes)
+            replicas = self.replicas
+            copy = replicas.range_of(token, ring.owner_of_token(token))
+            stored, dups = yield from self._while_ours(
+                token, ring, lambda: replicas.ranges.get(token) is copy, replicas.store_steps(
+                    copy, source, BackupEntry(first_seq, last_seq, count, payload, seqs, now),
+                    self.limits.max_backup_bytes))
             self.counters["backed_up"] += stored
             return PushResult(stored, dups)
         raise StaleRing(f"node {self.node_id} is not a destination of token {token} "
                         f"in ring version {ring.version}")
 
-    def _while_ours(self, rng: PrimaryRange, ring: Ring, steps: Generator[None, None, T]
+    def _while_ours(self, token: int, ring: Ring, held, steps: Generator[None, None, T]
                     ) -> Generator[None, None, T]:
         """`steps` run one after the other, each after the first only while we are
-        not fenced and `rng` is still our range of its token in `ring`."""
+        not fenced, the ring is still `ring` and `held()` (the range, or our copy of
+        it, is still the one the steps work on)."""
         while True:
             try:
                 next(steps)
             except StopIteration as done:
                 return done.value
             yield
-            if self.fenced or self.ring.stamp != ring.stamp or \
-                    self.primaries.get(rng.token) is not rng:
+            if self.fenced or self.ring.stamp != ring.stamp or not held():
                 steps.close()
                 raise StaleRing(f"the ring changed (now version {self.ring.version}) while "
-                                f"a batch of token {rng.token} was read; nothing of it "
-                                f"was applied")
+                                f"a batch of token {token} was read; nothing of it "
+                                f"was kept")
 
     def _keys_of(self, token: int):
         """A check that every key given belongs to `token` in our ring."""

@@ -174,19 +174,16 @@ class PrimaryRange:
         decode_batch, the reducer's check and `verify` would whole; for a table, its
         key columns and int64 values built along (the work a table's apply does before
         its one call of the table)."""
-        keys, values = yield from unpack_payload_steps(payload, count, STEP_TUPLES)
         check = self.state.reducer.check_states if merge else self.state.reducer.check_values
         table = hasattr(self.state, "apply_prepared")
-        prepared = Prepared(keys, values)
-        for lo in range(0, count, STEP_TUPLES):
-            some_keys, some = keys[lo:lo + STEP_TUPLES], values[lo:lo + STEP_TUPLES]
-            check_tuples(some_keys, some, len(payload))
-            check(some)
+        prepared = Prepared()
+
+        def each(some_keys, some) -> None:
             if verify is not None:
                 verify(some_keys)
             if table:
                 prepared.add_columns(key_columns(some_keys), int64_values(some))
-            yield
+        prepared.keys, prepared.values = yield from tuples_steps(payload, count, check, each)
         return prepared
 
     def _apply_tuples(self, decoded, start: int, merge: bool, verify) -> None:
@@ -400,12 +397,42 @@ def drain(steps: Generator[None, None, T]) -> T:
             return done.value
 
 
+def tuples_steps(payload: bytes, count: int, check,
+                 each=None) -> Generator[None, None, tuple[tuple, tuple]]:
+    """A format 1 batch's (keys, values) read, then checked STEP_TUPLES tuples a step
+    (the tuple checks, `check(values)`, then `each(keys, values)` of the slice): the
+    same tuples, or the same refusal, as decode_batch and the checks on the whole."""
+    keys, values = yield from unpack_payload_steps(payload, count, STEP_TUPLES)
+    for lo in range(0, count, STEP_TUPLES):
+        some_keys, some = keys[lo:lo + STEP_TUPLES], values[lo:lo + STEP_TUPLES]
+        check_tuples(some_keys, some, len(payload))
+        check(some)
+        if each is not None:
+            each(some_keys, some)
+        yield
+    return keys, values
+
+
+def _checked_steps(payload: bytes, count: int, check) -> Generator[None, None, None]:
+    """A batch decoded and its values checked (`check`) over steps, as a replica does
+    before it keeps the batch: format 1 STEP_TUPLES tuples a step; format 2's columns
+    in one step (their keys checked by positions and bytes), its values a slice a step."""
+    if not is_versioned(payload):
+        yield from tuples_steps(payload, count, check)
+        return
+    values = decode_batch(payload, count).values
+    yield
+    for lo in range(0, count, STEP_TUPLES):
+        check(values[lo:lo + STEP_TUPLES])
+        yield
+
+
 class Prepared:
     """A format 1 batch checked and verified (PrimaryRange._prepare_steps): its keys
     and values, and for a table their key columns and int64 values (None when one is
     not an int64, or the range holds dicts)."""
 
-    def __init__(self, keys: tuple, values: tuple) -> None:
+    def __init__(self, keys: tuple = (), values: tuple = ()) -> None:
         self.keys, self.values = keys, values
         self.columns: list | None = [bytearray(), bytearray(), array("Q", [0]), array("Q")]
         self.ints: array | None = array("q")
@@ -494,29 +521,52 @@ class ReplicaSide:
             rng.checkpoint_seq = 0
         return rng
 
+    def range_of(self, token: int, primary: str) -> ReplicaRange:
+        """Our copy of `primary`'s range of `token` (a new, empty one if none)."""
+        return self._range(token, primary)
+
     def store(self, token: int, primary: str, source: str, entry: BackupEntry,
               max_bytes: int = 1 << 62) -> tuple[int, int]:
         """Keep a batch until a checkpoint covers it. It is decoded and its values
         checked as the primary would: a replica acknowledges only what a takeover can
         replay. (Whether its keys belong to the range is checked at that replay.)"""
-        rng = self._range(token, primary)
-        if entry.last_seq <= effective_mark(rng.watermarks, source):
-            return 0, entry.count  # already covered by a checkpoint
+        return drain(self.store_steps(self._range(token, primary), source, entry, max_bytes))
+
+    def store_steps(self, rng: ReplicaRange, source: str, entry: BackupEntry,
+                    max_bytes: int = 1 << 62) -> Generator[None, None, tuple[int, int]]:
+        """store() a step at a time; returns (stored, duplicates). A batch of more than
+        STEP_TUPLES tuples is decoded and checked over several steps that keep nothing;
+        the last step stores it, whether a checkpoint covers it and the room taken
+        again then. A caller that runs other work between steps checks `rng` is still
+        the range's copy, under the same ring, before each (NodeCore does)."""
+        if self._covers(rng, source, entry):
+            return 0, entry.count
+        self._check_room(entry, max_bytes)
+        check = self.reducer.check_states if carries_states(source) else \
+            self.reducer.check_values
+        if entry.count > STEP_TUPLES:
+            yield from _checked_steps(entry.payload, entry.count, check)
+            if self._covers(rng, source, entry):    # a checkpoint came meanwhile
+                return 0, entry.count
+            self._check_room(entry, max_bytes)
+        else:
+            # format 2: the columns checked (keys by their positions and bytes) without
+            # a Python object per key; the values are checked as the reducer takes them
+            decoded = decode_batch(entry.payload, entry.count)
+            check(decoded.values if isinstance(decoded, Columns) else decoded[1])
+        self.backups.add(rng.token, source, entry)
+        return entry.count, 0
+
+    @staticmethod
+    def _covers(rng: ReplicaRange, source: str, entry: BackupEntry) -> bool:
+        return entry.last_seq <= effective_mark(rng.watermarks, source)
+
+    def _check_room(self, entry: BackupEntry, max_bytes: int) -> None:
         if self.backups.bytes + entry.nbytes > max_bytes:
             # The primary's checkpoints are not reaching us (or not fast enough): hold
             # the sender back rather than grow without bound; nothing is acknowledged.
             raise Overloaded(f"the backup store holds {self.backups.bytes} bytes, the limit "
-                           f"is {max_bytes} (--max-backup-bytes)")
-        # format 2: the columns checked (keys by their positions and bytes) without a
-        # Python object per key; the values are checked as the reducer takes them
-        decoded = decode_batch(entry.payload, entry.count)
-        values = decoded.values if isinstance(decoded, Columns) else decoded[1]
-        if carries_states(source):
-            self.reducer.check_states(values)
-        else:
-            self.reducer.check_values(values)
-        self.backups.add(token, source, entry)
-        return entry.count, 0
+                             f"is {max_bytes} (--max-backup-bytes)")
 
     def apply_checkpoint(self, token: int, primary: str, seq: int, base_seq: int, full: bool,
                          states: Mapping, watermarks: dict[str, int], now: float = 0.0,

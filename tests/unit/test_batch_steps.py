@@ -1,9 +1,11 @@
 """A large batch is read, checked and verified over several steps and applied whole in
 the last (NodeCore.receive_batch_steps): nothing of it shows before, a malformed one
 is refused whole, and one whose ring or range changed between steps is refused
-StaleRing with nothing of it applied."""
+StaleRing with nothing of it applied. A replica reads and checks a large backup so,
+and keeps it in the last step."""
 
 from collections import Counter
+from dataclasses import replace
 
 import msgpack
 import pytest
@@ -14,7 +16,7 @@ from floering.node.core.node_core import NodeCore
 from floering.node.core.ranges import STEP_TUPLES, drain
 from floering.node.core.reducers import Count
 from floering.node.core.table_state import state_kernel
-from floering.wire.errors import InvalidArgument, InvalidKey, StaleRing
+from floering.wire.errors import InvalidArgument, InvalidKey, Overloaded, StaleRing
 from tests.support.helpers import CoreCluster
 
 N = 3 * STEP_TUPLES + 17           # a few steps, the last one short
@@ -41,6 +43,20 @@ def owned(c: CoreCluster, node: str = "n0") -> int:
     return c.ring.tokens_of(node)[0]
 
 
+def steps_of(gen, between=None) -> tuple[int, object]:
+    """(the steps a generator yielded, its value), run to its end; `between(taken)`
+    after each step it yields."""
+    taken = 0
+    while True:
+        try:
+            next(gen)
+        except StopIteration as done:
+            return taken, done.value
+        taken += 1
+        if between is not None:
+            between(taken)
+
+
 class DictCount(Count):
     """Count in dicts (a subclass of a built-in keeps the dict path)."""
 
@@ -57,16 +73,10 @@ def test_a_large_batch_applies_whole_in_its_last_step(kind, distinct):
          else "TableState")
     keys = keys_of(c, token, N, distinct)
     expect = Counter(keys)
-    steps = core.receive_batch_steps(batch(c, token, keys))
-    taken = 0
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            result = done.value
-            break
-        taken += 1
+
+    def nothing_yet(taken: int) -> None:
         assert dict(core.items()) == {}, f"applied before the last step ({taken})"
+    taken, result = steps_of(core.receive_batch_steps(batch(c, token, keys)), nothing_yet)
     assert taken > N // STEP_TUPLES                    # in several steps
     assert (result.applied, result.duplicates) == (N, 0)
     assert dict(core.items()) == expect
@@ -177,3 +187,119 @@ def test_unpacking_in_steps_reads_or_refuses_as_unpacking_whole(payload, count, 
 def test_unpacking_in_steps_refuses_a_str_that_is_not_utf8_as_a_key_error():
     with pytest.raises(InvalidKey):
         drain(unpack_payload_steps(b"\x92\x91\xa2\xff\xfe\x91\x01", 1, 4))
+
+
+# ------------------------------------------------- a replica's backup of a large batch
+
+def backed_up(c: CoreCluster, node: str = "n1") -> int:
+    """A token `node` backs up (of another member's range)."""
+    return next(t for t in c.ring.tokens if c.ring.role_of(node, t) == "replica")
+
+
+@pytest.mark.parametrize("fmt", [1, 2])
+@pytest.mark.parametrize("distinct", [True, False])
+def test_a_large_backup_is_kept_whole_in_its_last_step_and_replays_exactly(fmt, distinct):
+    c = CoreCluster(nodes=2, replication=1)
+    replica, token = c.cores["n1"], backed_up(c)
+    keys = keys_of(c, token, N, distinct)
+    values = [i % 5 + 1 for i in range(N)]
+    payload = encode_payload(keys, values) if fmt == 1 else encode_batch(keys, values)
+
+    def nothing_yet(taken: int) -> None:
+        assert replica.replicas.backups.tuples == 0, f"kept before the last step ({taken})"
+    taken, result = steps_of(replica.receive_batch_steps(
+        batch(c, token, keys, values, payload=payload)), nothing_yet)
+    assert taken > N // STEP_TUPLES                    # in several steps
+    assert (result.applied, result.duplicates) == (N, 0)
+    assert replica.replicas.backups.tuples == N
+    expect = Counter()
+    for k, v in zip(keys, values):
+        expect[k] += v
+    state, marks = replica.replicas.rebuild(token)      # what a takeover would serve
+    assert state == expect and marks == {"s": N}
+    resent = replica.receive_batch(batch(c, token, keys, values, payload=payload))
+    assert (resent.applied, replica.replicas.backups.tuples) == (N, N)   # held once
+    assert replica.replicas.rebuild(token)[0] == expect
+    replica.check_invariants()
+
+
+@pytest.mark.parametrize("fmt", [1, 2])
+@pytest.mark.parametrize("bad_at", [0, N - 1])
+def test_a_malformed_large_backup_is_refused_whole(fmt, bad_at):
+    c = CoreCluster(nodes=2, replication=1)
+    replica, token = c.cores["n1"], backed_up(c)
+    keys, values = keys_of(c, token, N), [1] * N
+    if fmt == 1:
+        values[bad_at] = 1.5                             # count takes no float
+        payload = encode_payload(keys, values)
+    else:                                                # a key not its position's
+        payload = bytearray(encode_batch(keys, values))
+        key = keys[bad_at].encode()
+        at = (payload.find if bad_at == 0 else payload.rfind)(key) + len(key) - 1
+        payload[at] = ord("9") if payload[at] != ord("9") else ord("8")
+        payload = bytes(payload)
+    with pytest.raises(InvalidArgument):
+        replica.receive_batch(batch(c, token, keys, values, payload=payload))
+    assert replica.replicas.backups.tuples == 0 and replica.counters["backed_up"] == 0
+
+
+def test_a_ring_change_between_steps_refuses_the_backup_with_nothing_kept():
+    c = CoreCluster(nodes=3, replication=1)
+    replica, token = c.cores["n1"], backed_up(c)
+    primary = c.ring.owner_of_token(token)
+    gone = next(n for n in c.cores if n not in (primary, "n1"))
+    keys = keys_of(c, token, N)
+    steps = replica.receive_batch_steps(batch(c, token, keys))
+    for _ in range(3):
+        next(steps)
+    replica.adopt_ring(c.ring.without([gone]))           # another member removed
+    with pytest.raises(StaleRing):
+        drain(steps)
+    assert replica.replicas.backups.tuples == 0
+    c.ring = replica.ring                                # resent with the new ring
+    assert replica.ring.role_of("n1", token) == "replica"
+    assert replica.receive_batch(batch(c, token, keys)).applied == N
+    assert replica.replicas.backups.tuples == N
+    assert replica.replicas.rebuild(token)[0] == Counter(keys)
+
+
+def test_a_checkpoint_covering_the_backup_between_steps_makes_it_all_duplicates():
+    c = CoreCluster(nodes=2, replication=1)
+    primary, replica, token = c.cores["n0"], c.cores["n1"], backed_up(c)
+    keys = keys_of(c, token, N, distinct=False)
+    b = batch(c, token, keys)
+    steps = replica.receive_batch_steps(b)
+    for _ in range(4):
+        next(steps)
+    assert primary.receive_batch(b).applied == N
+    c.checkpoint()                                       # covers the batch, between steps
+    assert replica.replicas.ranges[token].watermarks == {"s": N}
+    result = drain(steps)
+    assert (result.applied, result.duplicates) == (0, N)
+    assert replica.replicas.backups.tuples == 0
+    assert replica.inspect_range(token) == ("replica", {keys[0]: N})
+
+
+def test_a_backup_past_the_room_taken_between_steps_is_refused_overloaded():
+    c = CoreCluster(nodes=2, replication=1)
+    replica, token = c.cores["n1"], backed_up(c)
+    keys = keys_of(c, token, N)
+    big = batch(c, token, keys, source="big")
+    small = batch(c, token, keys[:10], source="small")
+    replica.limits = replace(replica.limits,
+                             max_backup_bytes=len(big.payload) + len(small.payload) - 1)
+    steps = replica.receive_batch_steps(big)
+    next(steps)
+    assert replica.receive_batch(small).applied == 10    # takes the room meanwhile
+    with pytest.raises(Overloaded):
+        drain(steps)
+    assert replica.replicas.backups.tuples == 10
+
+
+def test_a_small_backup_is_kept_in_one_step():
+    c = CoreCluster(nodes=2, replication=1)
+    replica, token = c.cores["n1"], backed_up(c)
+    keys = keys_of(c, token, STEP_TUPLES)
+    taken, result = steps_of(replica.receive_batch_steps(batch(c, token, keys)))
+    assert (taken, result.applied, result.duplicates) == (0, STEP_TUPLES, 0)
+    assert replica.replicas.backups.tuples == STEP_TUPLES
