@@ -33,6 +33,14 @@ from floering.wire.tls import TlsFiles
 from floering.node.transport.tls import generate as generate_tls, issue as issue_tls
 
 DEFAULT_STATE_FILE = "floe-cluster.json"
+# wait_ready: how often a starting node is asked whether it serves, and how soon its
+# channel tries again while nothing listens at its address yet (gRPC's backoff starts
+# at a second). Not the minimum connect timeout: a handshake with a node still
+# starting on busy cores may take longer than that.
+READY_POLL = 0.02
+READY_BACKOFF_MS = 50
+READY_OPTIONS = [("grpc.initial_reconnect_backoff_ms", READY_BACKOFF_MS),
+                 ("grpc.max_reconnect_backoff_ms", READY_BACKOFF_MS)]
 
 
 @dataclass
@@ -182,16 +190,23 @@ class LocalCluster:
         return self
 
     def wait_ready(self, timeout: float) -> None:
+        """Until every node serves. Each node is asked over one channel, which
+        reconnects within READY_BACKOFF_MS while the node is not listening yet: one
+        TLS handshake per node, not one per look (the handshakes cost the starting
+        nodes CPU)."""
         deadline = time.monotonic() + timeout
+        tls = self.tls("client")
         for node in self.nodes:
-            while not serving(node.address, self.tls("client")):
-                if not node.alive():
-                    raise RuntimeError(f"node {node.node_id} exited during start:\n"
-                                       + _tail(node.log))
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"node {node.node_id} not serving after {timeout}s:\n"
-                                       + _tail(node.log))
-                time.sleep(0.05)
+            with channel(node.address, tls, options=READY_OPTIONS) as ready:
+                check = health_pb2_grpc.HealthStub(ready).Check
+                while not _says_serving(check):
+                    if not node.alive():
+                        raise RuntimeError(f"node {node.node_id} exited during start:\n"
+                                           + _tail(node.log))
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"node {node.node_id} not serving after "
+                                           f"{timeout}s:\n" + _tail(node.log))
+                    time.sleep(READY_POLL)
 
     def down(self, grace: float = 5.0, kill: bool = False) -> None:
         """SIGTERM every node we started (graceful: final checkpoint), SIGKILL stragglers;
@@ -735,13 +750,16 @@ def channel(address: str, tls: TlsFiles | None = None, options=None) -> grpc.Cha
 
 
 def serving(address: str, tls: TlsFiles | None = None) -> bool:
+    with channel(address, tls) as health:
+        return _says_serving(health_pb2_grpc.HealthStub(health).Check)
+
+
+def _says_serving(check) -> bool:
     try:
-        with channel(address, tls) as health:
-            reply = health_pb2_grpc.HealthStub(health).Check(
-                health_pb2.HealthCheckRequest(), timeout=0.5)
-            return reply.status == health_pb2.HealthCheckResponse.SERVING
+        reply = check(health_pb2.HealthCheckRequest(), timeout=0.5)
     except grpc.RpcError:
         return False
+    return reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
 def _signal(pid: int, sig: int) -> None:
