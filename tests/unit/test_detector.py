@@ -217,3 +217,46 @@ def test_lag_is_forgotten_after_the_window_and_the_stretch_is_capped():
         d.tick(scheduled=3.0 + 0.025 * i, now=3.0 + 0.025 * i + 0.08)
     assert d.lag(8.5) == pytest.approx(0.03)
     assert d.stretch(8.5) == pytest.approx(1.2)
+
+
+def test_lag_and_timeouts_equal_a_recount_of_every_tick_and_gap():
+    """The detector keeps only the ticks that can still be the worst of a window and
+    each node's timeout until its next gap: what it answers must be, to the bit, what a
+    scan of every tick and every gap gives."""
+    import random
+    from collections import deque
+    from floering.node.core.detector import _mean_and_deviation
+    rng = random.Random(7)
+    c = DetectorConfig(lag_window=0.5)
+    d = FailureDetector(c)
+    d.watch({"a", "b"}, now=0.0)
+    ticks, gaps, last = [], {"a": deque(maxlen=c.window), "b": deque(maxlen=c.window)}, \
+        {"a": 0.0, "b": 0.0}
+    now, checked = 0.0, 0
+    for _ in range(800):
+        scheduled = now + 0.025
+        # mostly on time, at times late, now and then very late; ties included
+        now = scheduled + rng.choice([0.0, 0.0, 0.001, rng.random() * 0.01,
+                                      rng.random() * 0.3])
+        d.tick(scheduled, now)
+        ticks.append((now, max(0.0, now - scheduled)))
+        for node in ("a", "b"):
+            if rng.random() < 0.5:
+                d.heard(node, now)
+                gaps[node].append(now - last[node])
+                last[node] = now
+        for at in (now, now + rng.random() * 0.6):
+            horizon = at - c.lag_window
+            worst = max((late for when, late in ticks if when >= horizon), default=0.0)
+            assert d.lag(at) == max(0.0, worst - c.lag_floor)
+            assert d.last_late() == ticks[-1][1]
+            for node in ("a", "b"):
+                if len(gaps[node]) < 3:
+                    base = c.min_timeout
+                else:
+                    mean, deviation = _mean_and_deviation(gaps[node])
+                    base = min(c.max_timeout, max(c.min_timeout,
+                                                  mean + c.spread * deviation))
+                assert d.timeout(node, at) == base + d.lag(at)
+                checked += 1
+    assert checked == 3200
