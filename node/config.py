@@ -11,7 +11,6 @@ import dataclasses
 import ipaddress
 import os
 import re
-import tomllib
 from dataclasses import dataclass, fields
 from typing import Mapping, Sequence
 
@@ -453,6 +452,7 @@ def load_config(argv: Sequence[str] | None = None,
     values: dict = {}
     config_path = args.config or environ.get("FLOE_CONFIG")
     if config_path:
+        import tomllib              # only a node given a settings file reads TOML
         with open(config_path, "rb") as fh:
             table = tomllib.load(fh)
         table = table.get("node", table)

@@ -36,7 +36,6 @@ from floering.node.core.retiring import WriteRetired
 from floering.wire.ring import Ring
 from floering.node.core.shed_round import ShedOutcome
 from floering.node.runtime.balancing import PullRanges, hand_all_away, pull_share, shed_load
-from floering.node.runtime.durability import Durability, open_data_dir, restore
 from floering.node.runtime.events import EventLog
 from floering.node.runtime.folds import send_folds
 from floering.node.runtime.probing import probe_for, probe_round
@@ -45,6 +44,7 @@ from floering.node.runtime.inbound import (Inbound, InboundQueue, StreamState, m
 from floering.node.runtime.startup import decide_membership, record_start
 
 if TYPE_CHECKING:
+    from floering.node.runtime.durability import DataDir, Durability
     from floering.node.runtime.retiring import Retiring
 
 log = logging.getLogger("floe.node")
@@ -61,8 +61,12 @@ class NodeRuntime:
         self.reducer = reducer
         self.peers = peers
         self.clock = clock             # the one clock every event is stamped with
-        # With --data-dir the member it holds comes back (node.runtime.durability).
-        self.disk = open_data_dir(config.data_dir) if config.data_dir else None
+        # With --data-dir the member it holds comes back (node.runtime.durability,
+        # imported only then: a node in memory does without its store and plan).
+        self.disk: DataDir | None = None
+        if config.data_dir:
+            from floering.node.runtime.durability import open_data_dir
+            self.disk = open_data_dir(config.data_dir)
         loaded = self.disk.loaded if self.disk else None
         self.me = loaded.node_id if loaded else config.node_id
         self.durable: Durability | None = None
@@ -132,6 +136,7 @@ class NodeRuntime:
                                            initial.addresses if back else None)
         # the same member, with its state
         if back and disk is not None and decision.node_id == self.me:
+            from floering.node.runtime.durability import restore
             self.machine.begin(self.me, initial, restore(disk, self.core, self.clock()))
             self._handle(RingSeen(decision.ring, pulled=True))
         else:
@@ -139,6 +144,7 @@ class NodeRuntime:
         record_start(self.events, decision, self.incarnation, self.config.node_id,
                      joining=seeds is not None)
         if disk is not None:
+            from floering.node.runtime.durability import DataDir, Durability
             self.durable = Durability.begin(disk, self.core, self.incarnation,
                                             self.config.fsync_interval)
 
