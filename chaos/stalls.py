@@ -1,6 +1,7 @@
 """Every event-loop step over a bound, on a real ring: what holds a node's loop.
 
     python -m floering.chaos.stalls [--keys 5000000] [--nodes 4] [--ms 5]
+    python -m floering.chaos.stalls --flood 4,6
 
 A default ring (the count reducer in the compiled table, r=1, durable, mutual TLS) is
 fed `--keys` distinct keys; then checkpoint rounds run, a node leaves (`floe scale
@@ -12,6 +13,11 @@ inside it, and, for a step over 20 ms, where the loop's thread was (sampled ever
 20 ms). The report: for each node the steps over the bound and the longest, also
 once it served (after its READY line: start-up's steps, RocksDB's open among them,
 come before any peer or mapper is served), then by task and the longest.
+
+With `--flood STREAMS,MESSAGES`, instead: a ring of 3 whose first node's range and
+that range's replica each get STREAMS Push streams of MESSAGES requests of two
+100,000-tuple batches (about 7 MiB a request), as a mapper sends a batch to both;
+the two nodes are reported apart.
 """
 
 from __future__ import annotations
@@ -82,12 +88,7 @@ def install_probe() -> None:
 
 def run_ring(keys: int, nodes: int, workdir: Path, bound_ms: float) -> list[Path]:
     """The scenario; returns the nodes' logs."""
-    probe = workdir / "probe"
-    probe.mkdir()
-    (probe / "sitecustomize.py").write_text(PROBE)
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(probe), os.environ.get("PYTHONPATH", "")) if p)
-    os.environ["FLOE_STALL_MS"] = str(bound_ms)
+    _probe(workdir, bound_ms)
     from floering.floe.cluster import LocalCluster
     from floering.mapper import RingClient
     cluster = LocalCluster.up(nodes, 1, workdir=workdir, data_dir=workdir / "data")
@@ -109,6 +110,59 @@ def run_ring(keys: int, nodes: int, workdir: Path, bound_ms: float) -> list[Path
     finally:
         cluster.down(grace=10)
     return logs
+
+
+def run_flood(streams: int, messages: int, workdir: Path, bound_ms: float) -> list[Path]:
+    """A flood of large Push requests (chaos.hostile.LargePushes: two batches of 100,000
+    tuples a request) into a range's primary and its replica at once, as a mapper sends
+    a batch to both, on a ring of 3 in the clear whose replicas may hold the flood
+    (--max-backup-bytes 1 GiB); returns the logs of the primary, then the replica."""
+    import copy
+    import threading
+    import grpc
+    from floering.chaos.hostile import LargePushes
+    from floering.floe.cluster import LocalCluster
+    from floering.v1 import floe_pb2, floe_pb2_grpc
+    from floering.wire.ring import Ring
+    _probe(workdir, bound_ms)
+    with LocalCluster.up(3, 1, workdir=workdir, tls=False,
+                         node_args=["--max-backup-bytes", str(1 << 30)]) as cluster:
+        node = cluster.node(cluster.nodes[0].node_id)
+        seen, since = None, time.monotonic()
+        while time.monotonic() - since < 5:        # the ring settled: 5 s unchanged
+            time.sleep(0.5)
+            with grpc.insecure_channel(node.address) as channel:
+                ring = Ring.from_wire(floe_pb2_grpc.ControlPlaneStub(channel).GetRing(
+                    floe_pb2.GetRingRequest(), timeout=10).ring)
+            if ring.version != seen or not ring.tokens_of(node.node_id):
+                seen, since = ring.version, time.monotonic()
+        primary = LargePushes(node.address, streams, messages)
+        backup = ring.replicas_of_token(primary.token)[0]
+        replica = copy.copy(primary)
+        replica.address = dict(ring.addresses)[backup]
+        replica.acked, replica.refused, replica._lock = 0, {}, threading.Lock()
+        began = time.monotonic()
+        runs = [threading.Thread(target=flood.run) for flood in (primary, replica)]
+        for run in runs:
+            run.start()
+        for run in runs:
+            run.join()
+        print(f"flood of {streams * messages * 2 * primary.tuples:,} tuples in "
+              f"{time.monotonic() - began:.1f} s: primary {node.node_id} acked "
+              f"{primary.acked:,} refused {primary.refused}, replica {backup} acked "
+              f"{replica.acked:,} (the rest a checkpoint covered first) refused "
+              f"{replica.refused}", flush=True)
+        return [Path(cluster.node(n).log) for n in (node.node_id, backup)]
+
+
+def _probe(workdir: Path, bound_ms: float) -> None:
+    """Every node started after this runs the probe (a sitecustomize on PYTHONPATH)."""
+    probe = workdir / "probe"
+    probe.mkdir()
+    (probe / "sitecustomize.py").write_text(PROBE)
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(probe), os.environ.get("PYTHONPATH", "")) if p)
+    os.environ["FLOE_STALL_MS"] = str(bound_ms)
 
 
 def report(logs: list[Path], top: int = 12) -> list[str]:
@@ -149,11 +203,20 @@ def main(argv=None) -> int:
     p.add_argument("--nodes", type=int, default=4)
     p.add_argument("--ms", type=float, default=5.0, help="log steps over this (CPU ms)")
     p.add_argument("--keep", help="keep the ring's folder (logs) here")
+    p.add_argument("--flood", metavar="STREAMS,MESSAGES",
+                   help="instead: a flood of large Push requests into a range's primary "
+                        "and its replica (run_flood), each node reported apart")
     args = p.parse_args(argv)
     workdir = Path(args.keep or tempfile.mkdtemp(prefix="floe-stalls-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    logs = run_ring(args.keys, args.nodes, workdir, args.ms)
-    print("\n".join(report(logs)))
+    if args.flood:
+        streams, messages = map(int, args.flood.split(","))
+        for log, role in zip(run_flood(streams, messages, workdir, args.ms),
+                             ("primary", "replica")):
+            print(f"== {log.stem}, the {role}")
+            print("\n".join(report([log], top=8)))
+    else:
+        print("\n".join(report(run_ring(args.keys, args.nodes, workdir, args.ms))))
     if not args.keep:
         import shutil
         shutil.rmtree(workdir, ignore_errors=True)
