@@ -420,7 +420,8 @@ def _checked_steps(payload: bytes, count: int, check) -> Generator[None, None, N
     if not is_versioned(payload):
         yield from tuples_steps(payload, count, check)
         return
-    values = decode_batch(payload, count).values
+    decoded = decode_batch(payload, count)
+    values = decoded.values if isinstance(decoded, Columns) else decoded[1]
     yield
     for lo in range(0, count, STEP_TUPLES):
         check(values[lo:lo + STEP_TUPLES])
