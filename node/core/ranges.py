@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from floering.node.core.backup_store import BackupEntry, BackupStore
-from floering.node.core.batch import (Columns, check_tuples, decode_batch, decode_seqs,
-                                      unpack_payload_steps)
-from floering.node.core.columns import is_versioned
+from floering.node.core.batch import (DEFAULT_LIMITS, Columns, check_tuples, decode_batch,
+                                      decode_seqs, unpack_payload_steps)
+from floering.node.core.columns import decode_columns_steps, is_versioned
 from floering.node.core.dedup import SHARES, first_new_index, owned_by, owner_of
 from floering.wire.epochs import effective_mark, floor_key, raise_floor, replay_order
 from floering.wire.errors import FloeError, Overloaded, TooLarge
@@ -128,7 +128,8 @@ class PrimaryRange:
         decoded: Columns | tuple[tuple, tuple] | Prepared
         if count > STEP_TUPLES:
             if is_versioned(payload):
-                decoded = decode_batch(payload, count)
+                decoded = yield from decode_columns_steps(payload, count,
+                                                          DEFAULT_LIMITS.max_key_bytes)
                 yield
                 if verify is not None:
                     verify(decoded)
@@ -416,12 +417,12 @@ def tuples_steps(payload: bytes, count: int, check,
 def _checked_steps(payload: bytes, count: int, check) -> Generator[None, None, None]:
     """A batch decoded and its values checked (`check`) over steps, as a replica does
     before it keeps the batch: format 1 STEP_TUPLES tuples a step; format 2's columns
-    in one step (their keys checked by positions and bytes), its values a slice a step."""
+    in four (their keys checked by positions and bytes), its values a slice a step."""
     if not is_versioned(payload):
         yield from tuples_steps(payload, count, check)
         return
-    decoded = decode_batch(payload, count)
-    values = decoded.values if isinstance(decoded, Columns) else decoded[1]
+    values = (yield from decode_columns_steps(payload, count,
+                                              DEFAULT_LIMITS.max_key_bytes)).values
     yield
     for lo in range(0, count, STEP_TUPLES):
         check(values[lo:lo + STEP_TUPLES])

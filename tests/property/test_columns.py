@@ -12,11 +12,12 @@ from floering.mapper.batching import Batcher
 from floering.mapper.routing import Router
 from floering.node.core.batch import (Limits, decode_batch, decode_payload, encode_batch,
                                       encode_payload, encode_seqs)
-from floering.node.core.columns import BYTES, STR, Columns, encode_columns, is_versioned
+from floering.node.core.columns import (BYTES, STR, Columns, decode_columns,
+                                        decode_columns_steps, encode_columns, is_versioned)
 from floering.wire.errors import InvalidArgument, InvalidKey
 from floering.wire.hashing import position
 from floering.wire.pieces import piece_key
-from floering.node.core.ranges import PrimaryRange
+from floering.node.core.ranges import PrimaryRange, drain
 from floering.node.core.reducers import load_reducer
 from floering.wire.ring import Ring
 from tests.support.columns_shared import KEYS, MALFORMED, VALUES, fields, pack
@@ -77,6 +78,36 @@ def test_malformed_is_refused_whole_saying_why(name):
     with pytest.raises(InvalidArgument):
         rng.apply("s", 1, count, count, payload, b"")
     assert dict(rng.state.snapshot()) == {} and rng.watermarks == {}
+
+
+@pytest.mark.parametrize("name", sorted(MALFORMED) + ["good", "good, not ascii"])
+def test_decoding_in_steps_reads_or_refuses_as_decoding_whole(name):
+    """decode_columns_steps: four steps, the same Columns or the same refusal."""
+    if name.startswith("good"):
+        keys = KEYS if name == "good" else ["\u00e9t\u00e9", "b", "\u4e2d"]
+        payload, count = encode_columns(keys, [1, -2, 3]), 3
+    else:
+        payload, words = MALFORMED[name]
+        count = 1 if name in ("invalid UTF-8", "a surrogate", "reserved mark",
+                              "malformed piece", "key over the limit") \
+            else 2 if name == "key cuts a character" else 3
+    most = Limits().max_key_bytes
+    steps = decode_columns_steps(payload, count, most)
+    try:
+        whole = decode_columns(payload, count, most)
+    except InvalidArgument as exc:
+        with pytest.raises(type(exc)) as refused:
+            drain(steps)
+        assert str(refused.value) == str(exc)
+    else:
+        taken = 0
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                assert done.value == whole and taken == 3
+                break
+            taken += 1
 
 
 def test_the_count_must_agree():
