@@ -35,10 +35,53 @@ def write_corpus(directory, files=FILES, lines=LINES):
     return Counter(w for line in lines for w in split_words(line))
 
 
+@pytest.fixture(scope="module")
+def shared_ring(tmp_path_factory):
+    """One ring for the tests that leave it whole: a ring start is 4 node processes."""
+    holder = {"cluster": healthy_ring(tmp_path_factory.mktemp("shared"))}
+    try:
+        yield holder
+    finally:
+        holder["cluster"].down()
+
+
 @pytest.fixture
-def ring(tmp_path):
+def ring(shared_ring, tmp_path):
+    """The module's ring, checked intact (every node up, one ring version, pristine; a
+    new ring if not) and read before the test: `ring_state` and `applied` give what the
+    test added, so every test is exact on its own counts."""
+    cluster = shared_ring["cluster"]
+    if not intact(cluster):
+        cluster.down()
+        cluster = shared_ring["cluster"] = healthy_ring(tmp_path)
+    BEFORE[id(cluster)] = read_ring(cluster)
+    try:
+        yield cluster
+    finally:
+        BEFORE.pop(id(cluster), None)
+
+
+@pytest.fixture
+def fresh_ring(tmp_path):
+    """A ring of the test's own (for a test that kills one of its nodes)."""
     with healthy_ring(tmp_path) as cluster:
         yield cluster
+
+
+def intact(cluster):
+    if not all(n.alive() for n in cluster.nodes):
+        return False
+    try:
+        return ring_is_pristine(cluster)[0]
+    except Exception:
+        return False
+
+
+def ring_is_pristine(cluster):
+    with RingClient(cluster.seeds, tls=cluster.tls()) as client:
+        pristine = client.refresh_ring().pristine
+        versions = [s.get("ring_version") for s in client.stats()]
+    return pristine and len(set(versions)) == 1 and None not in versions, versions
 
 
 def healthy_ring(tmp_path, attempts=3, balancer=None):
@@ -48,16 +91,36 @@ def healthy_ring(tmp_path, attempts=3, balancer=None):
     for attempt in range(attempts):
         cluster = LocalCluster.up(4, 1, workdir=tmp_path / f"ring-{attempt}", balancer=balancer)
         time.sleep(1.0)
-        with RingClient(cluster.seeds, tls=cluster.tls()) as client:
-            pristine = client.refresh_ring().pristine
-            versions = [s.get("ring_version") for s in client.stats()]
-        if pristine and len(set(versions)) == 1 and None not in versions:
+        whole, versions = ring_is_pristine(cluster)
+        if whole:
             return cluster
         cluster.down()
     raise RuntimeError(f"no intact ring after {attempts} starts (ring versions {versions})")
 
 
+# id(cluster) -> what a shared ring held when the test began (see `ring`)
+BEFORE: dict[int, tuple[dict, list[dict]]] = {}
+COUNTERS = ("applied", "duplicates")
+
+
 def ring_state(cluster):
+    """The ring's counts and its nodes' Stats; on a shared ring, what the test added:
+    every key's count less the count it had (a key that lost counts shows negative),
+    each node's applied and duplicates less theirs."""
+    counts, stats = read_ring(cluster)
+    if id(cluster) not in BEFORE:
+        return counts, stats
+    counts_before, stats_before = BEFORE[id(cluster)]
+    added = {k: counts.get(k, 0) - counts_before.get(k, 0)
+             for k in counts.keys() | counts_before.keys()}
+    had = {s["node_id"]: s for s in stats_before if "error" not in s}
+    stats = [s if "error" in s else
+             {**s, **{c: s[c] - had.get(s["node_id"], {}).get(c, 0) for c in COUNTERS}}
+             for s in stats]
+    return {k: v for k, v in added.items() if v}, stats
+
+
+def read_ring(cluster):
     try:
         with RingClient(cluster.seeds, tls=cluster.tls()) as client:
             return dict(client.scan()), client.stats()
@@ -111,8 +174,11 @@ def wait_for(condition, timeout, what, spark=None):
 
 
 def applied(cluster):
+    """Tuples the ring applied (on a shared ring, since the test began)."""
     with RingClient(cluster.seeds, tls=cluster.tls()) as client:
-        return sum(s.get("applied", 0) for s in client.stats())
+        now = sum(s.get("applied", 0) for s in client.stats())
+    before = BEFORE.get(id(cluster))
+    return now - (sum(s.get("applied", 0) for s in before[1]) if before else 0)
 
 
 # Apostrophes, unicode letters and case, digits, ligatures, combining marks, the two
@@ -248,7 +314,8 @@ def test_a_durable_ring_killed_whole_mid_stream_comes_back_and_the_rerun_is_exac
         assert all(s["rejoined"] == 0 for s in stats)       # the same members came back
 
 
-def test_a_node_killed_mid_stream_loses_and_doubles_nothing(tmp_path, ring):
+def test_a_node_killed_mid_stream_loses_and_doubles_nothing(tmp_path, fresh_ring):
+    ring = fresh_ring
     expected = write_corpus(tmp_path / "in", files=12)
     total = sum(expected.values())
     # every tuple sent: the ring's applied count follows the words
