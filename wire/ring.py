@@ -65,6 +65,7 @@ class Ring:
     _walks: tuple = field(init=False, repr=False, compare=False)
     _extras: dict = field(init=False, repr=False, compare=False)
     _incarnation: dict = field(init=False, repr=False, compare=False)
+    _tokens_of: dict = field(init=False, repr=False, compare=False)
     stamp: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -84,6 +85,10 @@ class Ring:
         object.__setattr__(self, "_address", dict(self.addresses))
         object.__setattr__(self, "_extras", dict(self.extras))
         object.__setattr__(self, "_incarnation", dict(self.incarnations))
+        tokens_of: dict[str, list[int]] = {}
+        for token, owner in zip(self.tokens, self.owners):
+            tokens_of.setdefault(owner, []).append(token)
+        object.__setattr__(self, "_tokens_of", {n: tuple(ts) for n, ts in tokens_of.items()})
         walks = replica_walks(self.owners, self.replication)
         object.__setattr__(self, "_walks", walks)
         object.__setattr__(self, "_destinations",
@@ -175,7 +180,7 @@ class Ring:
             raise ValueError(f"node {inert(node)} is not in ring version {self.version}") from None
 
     def tokens_of(self, node: str) -> tuple[int, ...]:
-        return tuple(t for t, o in zip(self.tokens, self.owners) if o == node)
+        return self._tokens_of.get(node, ())
 
     def range_of_token(self, token: int) -> tuple[int, int]:
         i = self._index[token]

@@ -37,8 +37,10 @@ class BackupStore:
         self._entries: dict[int, dict[str, deque[BackupEntry]]] = {}
         self.tuples = 0
         self.bytes = 0
+        self._changed = False       # since the last check_invariants: else it skips
 
     def add(self, token: int, source: str, entry: BackupEntry) -> None:
+        self._changed = True
         per_source = self._entries.setdefault(token, {})
         queue = per_source.get(source)
         if queue is None:
@@ -84,6 +86,7 @@ class BackupStore:
         per_source = self._entries.get(token)
         if not per_source:
             return 0
+        self._changed = True
         dropped = 0
         for source, queue in list(per_source.items()):
             while queue and done(source, queue[0]):
@@ -108,6 +111,7 @@ class BackupStore:
         per_source = self._entries.pop(token, None)
         if not per_source:
             return
+        self._changed = True
         for source, queue in per_source.items():
             for entry in queue:
                 self.tuples -= entry.count
@@ -116,6 +120,7 @@ class BackupStore:
                     self.add(part, source, piece)
 
     def drop_token(self, token: int) -> None:
+        self._changed = True
         for queue in self._entries.pop(token, {}).values():
             for entry in queue:
                 self.tuples -= entry.count
@@ -128,6 +133,11 @@ class BackupStore:
         return sum(e.count for _, e in self.entries(token))
 
     def check_invariants(self) -> None:
+        # Every change goes through the methods above, which flag it; checked after
+        # each event of a simulation, an unchanged store is not walked again.
+        if not self._changed:
+            return
+        self._changed = False
         tuples = nbytes = 0
         for token, per_source in self._entries.items():
             for source, queue in per_source.items():

@@ -99,6 +99,7 @@ class SimProcess:
         self.in_round = False
         self.durable: SimDurability | None = None   # its data directory, if durable
         self.retire_at = 0.0      # its next round about retired ranges (tests/support/sim_retiring.py)
+        self.owns_checked: tuple = ()   # (its ring, the latest, its tokens) last found consistent
 
     @property
     def core(self) -> NodeCore:
@@ -1200,8 +1201,13 @@ class Simulation(MapperSide, DurableNodes, RetiringSide):
     # ------------------------------------------------------------- invariants
 
     def _latest(self) -> Ring | None:
-        return max((p.core.ring for p in self.procs if self._usable(p)),
-                   key=lambda r: r.version, default=None)
+        """The newest ring a usable process holds (the first of the newest version);
+        a plain loop: it runs after every event."""
+        latest = None
+        for p in self.procs:
+            if self._usable(p) and (latest is None or p.core.ring.version > latest.version):
+                latest = p.core.ring
+        return latest
 
     def check_invariants(self) -> None:
         touched, self.touched = self.touched, set()
@@ -1216,9 +1222,14 @@ class Simulation(MapperSide, DurableNodes, RetiringSide):
             p.core.check_invariants()
             if p.core.ring.stamp == latest.stamp:
                 # one primary per token per ring: this node applies exactly its tokens
+                # (rings are immutable: the same three found consistent need no walk)
+                ring, tokens, seen = p.core.ring, (p.name, *p.core.primaries), p.owns_checked
+                if seen and seen[0] is ring and seen[1] is latest and seen[2] == tokens:
+                    continue
                 for token in p.core.primaries:
                     if latest.owner_of_token(token) != p.name:
                         raise AssertionError(f"{p.name} applies token {token} it does not own")
+                p.owns_checked = (ring, latest, tokens)
 
     def _unsettled(self) -> bool:
         usable = [p for p in self.procs if self._usable(p)]
