@@ -7,7 +7,7 @@ node's CPU when the ring serves) and each node's CPU over an idle spell.
 
 Every figure comes from a fresh process, as every multi-process test and `floe up`
 pays it: the ring's nodes run in memory with mutual TLS and receive nothing. CPU is
-user + system time (/proc/PID/stat for the nodes). With several `--checkout` (another
+user + system time (psutil's for the nodes). With several `--checkout` (another
 source checkout, its packages found through its proto/ folder), trials alternate
 between them, for an A/B in one sitting; the machine's load is printed with each.
 """
@@ -30,14 +30,14 @@ print(time.process_time() - began)
 """
 
 RING = r"""
-import json, os, resource, sys, tempfile, time
+import json, resource, sys, tempfile, time
+import psutil
 from floering.floe.cluster import LocalCluster
 nodes, idle = int(sys.argv[1]), float(sys.argv[2])
-tick = os.sysconf("SC_CLK_TCK")
 
 def cpu(pid):
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / tick
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
 
 def own():
     r = resource.getrusage(resource.RUSAGE_SELF)
