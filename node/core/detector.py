@@ -127,21 +127,13 @@ class _Watch:
     next_deadline: float = 0.0          # of the next round, once a round timed out
     rounds: int = 0                     # rounds of the current suspicion so far
     held: bool = False                  # this suspicion was held back once (lossy)
-    # The silence timeout `gaps` give (before our own lag), kept until the next gap:
-    # the monitor asks for it every tick, a heartbeat adds a gap every other one.
-    timeout: float | None = None
 
 
 class FailureDetector:
     def __init__(self, config: DetectorConfig = DetectorConfig()) -> None:
         self.config = config
         self._watches: dict[str, _Watch] = {}
-        # (when, how late) of our own ticks within the lag window, each later and less
-        # late than the one before: a tick followed by a later one at least as late is
-        # never again the worst of a window, so the worst since any time is the first
-        # kept from then on, found without a scan of every tick (the monitor asks each
-        # tick). The last tick is always kept.
-        self._lags: deque[tuple[float, float]] = deque()
+        self._lags: deque[tuple[float, float]] = deque()   # (when, how late) of own ticks
 
     # ------------------------------------------------------------ membership
 
@@ -175,7 +167,6 @@ class FailureDetector:
             return
         if now > w.last:
             w.gaps.append(now - w.last)
-            w.timeout = None
         w.last = now
         w.suspected_since = w.evidence_since = None
         w.probe = None                  # a round still in flight no longer counts
@@ -185,13 +176,9 @@ class FailureDetector:
 
     def tick(self, scheduled: float, now: float) -> None:
         """Our monitor meant to wake at `scheduled` and woke at `now`."""
-        late = max(0.0, now - scheduled)
-        lags = self._lags
-        while lags and lags[-1][1] <= late:
-            lags.pop()
-        lags.append((now, late))
-        while lags and lags[0][0] < now - self.config.lag_window:
-            lags.popleft()
+        self._lags.append((now, max(0.0, now - scheduled)))
+        while self._lags and self._lags[0][0] < now - self.config.lag_window:
+            self._lags.popleft()
 
     def last_late(self) -> float:
         """How late our monitor woke the last time it did."""
@@ -201,7 +188,7 @@ class FailureDetector:
         """How late our own loop ran beyond ordinary noise: the worst lateness of the
         last `lag_window` seconds, less `lag_floor`."""
         horizon = now - self.config.lag_window
-        worst = next((late for when, late in self._lags if when >= horizon), 0.0)
+        worst = max((late for when, late in self._lags if when >= horizon), default=0.0)
         return max(0.0, worst - self.config.lag_floor)
 
     def stretch(self, now: float) -> float:
@@ -213,15 +200,13 @@ class FailureDetector:
 
     def timeout(self, node: str, now: float | None = None) -> float:
         """Silence after which `node` is suspected (plus our own recent lag)."""
-        c, w = self.config, self._watches[node]
-        base = w.timeout
-        if base is None:
-            if len(w.gaps) < 3:
-                base = c.min_timeout
-            else:
-                mean, deviation = _mean_and_deviation(w.gaps)
-                base = min(c.max_timeout, max(c.min_timeout, mean + c.spread * deviation))
-            w.timeout = base
+        c = self.config
+        gaps = self._watches[node].gaps
+        if len(gaps) < 3:
+            base = c.min_timeout
+        else:
+            mean, deviation = _mean_and_deviation(gaps)
+            base = min(c.max_timeout, max(c.min_timeout, mean + c.spread * deviation))
         return base + (self.lag(now) if now is not None else 0.0)
 
     def due_probes(self, now: float) -> list[Probe]:

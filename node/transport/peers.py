@@ -95,9 +95,6 @@ class PeerPool:
         self._ring_of = lambda: None
         self._names = ServerNames(lambda: self._ring_of()) if credentials is not None else None
         self._channels = ChannelPool(self._new_channel, names=self._names)
-        # The control stub of each address's channel (its 19 callables are built once,
-        # not at every heartbeat); kept only while the pool holds a channel there.
-        self._stubs: dict[str, tuple[grpc.aio.Channel, floe_pb2_grpc.ControlPlaneStub]] = {}
         # One chunk packed per turn of the event loop, whatever the shipments on their
         # way: each turn of the loop lets the gRPC server accept one new call (a read,
         # a heartbeat), so turns stay short while ranges are re-replicated.
@@ -128,22 +125,14 @@ class PeerPool:
 
     async def reconnect(self, address: str) -> None:
         """The next call to `address` connects anew (wire.channels.drop)."""
-        self._stubs.pop(address, None)
         await self._channels.drop(address)
 
     async def retire_channels(self, named) -> list[str]:
         """Close channels to addresses the ring (`named`) left and nobody calls."""
-        gone = await self._channels.retire(named)
-        for address in [a for a in self._stubs if a not in self._channels]:
-            del self._stubs[address]
-        return gone
+        return await self._channels.retire(named)
 
     def _control(self, address: str) -> floe_pb2_grpc.ControlPlaneStub:
-        channel = self._channel(address)
-        held = self._stubs.get(address)
-        if held is None or held[0] is not channel:
-            held = self._stubs[address] = (channel, floe_pb2_grpc.ControlPlaneStub(channel))
-        return held[1]
+        return floe_pb2_grpc.ControlPlaneStub(self._channel(address))
 
     async def ship_checkpoint(self, address: str, *, sender: str, ring_stamp: int,
                               checkpoint, base_seq: int, incarnation: int = 0) -> tuple[bool, int]:
@@ -357,7 +346,6 @@ class PeerPool:
         return reply.ring, checked
 
     async def close(self) -> None:
-        self._stubs.clear()
         await self._channels.close()
 
 
