@@ -259,20 +259,28 @@ class PeerPool:
             raise
         return call, len(request.states) + len(request.watermarks)
 
-    async def push(self, address: str, batch) -> None:
-        """One batch, as a mapper pushes it (a shared key's piece merged back)."""
-        request = floe_pb2.PushRequest(batches=[floe_pb2.Batch(
-            ring_stamp=batch.ring_stamp, token=batch.token, source=batch.source,
-            first_seq=batch.first_seq, last_seq=batch.last_seq, count=batch.count,
-            payload=batch.payload, seqs=batch.seqs, stream=batch.stream)])
+    async def push_many(self, address: str, batches,
+                        per_message: int) -> tuple[int, FloeError | None]:
+        """Batches, as a mapper pushes them (shared keys' pieces merged back), on one
+        stream, `per_message` to a message. (How many the node acknowledged, in order;
+        the error that ended the stream before the rest, or None.)"""
+        requests = [floe_pb2.PushRequest(batches=[
+            floe_pb2.Batch(ring_stamp=b.ring_stamp, token=b.token, source=b.source,
+                           first_seq=b.first_seq, last_seq=b.last_seq, count=b.count,
+                           payload=b.payload, seqs=b.seqs, stream=b.stream, id=b.id)
+            for b in batches[at:at + per_message]])
+            for at in range(0, len(batches), per_message)]
+        acked = 0
         try:
             call = floe_pb2_grpc.DataPlaneStub(self._channel(address)).Push(
-                iter([request]), timeout=self.timeout)
-            async for _reply in call:
-                pass
+                iter(requests), timeout=self.timeout)
+            async for reply in call:
+                acked += len(reply.acks)
+            error = None
         except grpc.RpcError as exc:
-            raise error_from_rpc(exc) from None
-        self.moved_bytes += len(batch.payload)
+            error = error_from_rpc(exc)
+        self.moved_bytes += sum(len(b.payload) for b in batches[:acked])
+        return acked, error
 
     async def heartbeat(self, address: str, *, sender: str, ring_stamp: int,
                         incarnation: int = 0,
