@@ -12,7 +12,7 @@ from floering.v1 import floe_pb2, floe_pb2_grpc
 from floering.node.core.chunks import CHUNK_BYTES
 from floering.wire.codec import (SLICE, entry_count, pack, pack_entries, pack_entries_sliced,
                              unpack_columns, unpack_entries, unpack_entries_sliced)
-from floering.wire.errors import FloeError, StaleRing
+from floering.wire.errors import FloeError, StaleRing, Unavailable
 from floering.node.core.state_wire import StateColumns, decode as decode_frame, is_frame, plan
 from floering.wire.channels import ChannelPool, ServerNames, open_channel, size_options
 from floering.node.transport.chunking import (CHUNK_ENTRIES, WINDOW, Columns, SendWindow,
@@ -263,20 +263,25 @@ class PeerPool:
                         per_message: int) -> tuple[int, FloeError | None]:
         """Batches, as a mapper pushes them (shared keys' pieces merged back), on one
         stream, `per_message` to a message. (How many the node acknowledged, in order;
-        the error that ended the stream before the rest, or None.)"""
+        the error that ended the stream before the rest, or None.) `batches` carry
+        distinct ids: each ack must name the next one."""
         requests = [floe_pb2.PushRequest(batches=[
             floe_pb2.Batch(ring_stamp=b.ring_stamp, token=b.token, source=b.source,
                            first_seq=b.first_seq, last_seq=b.last_seq, count=b.count,
                            payload=b.payload, seqs=b.seqs, stream=b.stream, id=b.id)
             for b in batches[at:at + per_message]])
             for at in range(0, len(batches), per_message)]
-        acked = 0
+        acked, error = 0, None
         try:
             call = floe_pb2_grpc.DataPlaneStub(self._channel(address)).Push(
                 iter(requests), timeout=self.timeout)
             async for reply in call:
-                acked += len(reply.acks)
-            error = None
+                ids = [ack.id for ack in reply.acks]
+                if ids != [b.id for b in batches[acked:acked + len(ids)]]:
+                    call.cancel()
+                    error = Unavailable(f"{address} acked batches it was not sent")
+                    break
+                acked += len(ids)
         except grpc.RpcError as exc:
             error = error_from_rpc(exc)
         self.moved_bytes += sum(len(b.payload) for b in batches[:acked])

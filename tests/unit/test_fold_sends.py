@@ -71,8 +71,8 @@ class EndsEarly(floe_pb2_grpc.DataPlaneServicer):
     node ends a stream whose turn it gives to another of its caller's, or with an
     error."""
 
-    def __init__(self, acks: int, code: grpc.StatusCode | None) -> None:
-        self.acks, self.code = acks, code
+    def __init__(self, acks: int, code: grpc.StatusCode | None, shift: int = 0) -> None:
+        self.acks, self.code, self.shift = acks, code, shift
 
     async def Push(self, request_iterator, context):
         answered = 0
@@ -80,24 +80,26 @@ class EndsEarly(floe_pb2_grpc.DataPlaneServicer):
             if answered == self.acks:
                 break
             answered += 1
-            yield floe_pb2.PushReply(acks=[floe_pb2.PushAck(id=b.id, applied=1)
+            yield floe_pb2.PushReply(acks=[floe_pb2.PushAck(id=b.id + self.shift, applied=1)
                                            for b in request.batches])
         if self.code is not None:
             await context.abort(self.code, "refused")
 
 
-@pytest.mark.parametrize("acks,code", [(0, None), (1, None),
-                                       (1, grpc.StatusCode.FAILED_PRECONDITION)])
-async def test_a_fold_the_node_did_not_acknowledge_is_not_taken(acks, code):
+@pytest.mark.parametrize("acks,code,shift", [(0, None, 0), (1, None, 0),
+                                             (1, grpc.StatusCode.FAILED_PRECONDITION, 0),
+                                             (3, None, 1)])
+async def test_a_fold_the_node_did_not_acknowledge_is_not_taken(acks, code, shift):
+    """Shifted: the acks name other batches than were sent, which counts as none."""
     server = grpc.aio.server()
-    floe_pb2_grpc.add_DataPlaneServicer_to_server(EndsEarly(acks, code), server)
+    floe_pb2_grpc.add_DataPlaneServicer_to_server(EndsEarly(acks, code, shift), server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     peers = PeerPool(timeout=30.0, max_message_bytes=1 << 22)
     try:
         folds = folds_of(Counter({f"w{i}": 1 for i in range(FOLDS)}))
         taken = await sent(effect(folds, 7, [f"127.0.0.1:{port}"], 1), peers)
-        acked = acks * FOLDS_PER_MESSAGE
+        acked = 0 if shift else acks * FOLDS_PER_MESSAGE
         assert [taken[f.out_key] for f in folds] == [True] * acked + [False] * (FOLDS - acked)
     finally:
         await peers.close()
