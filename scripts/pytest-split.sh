@@ -3,7 +3,9 @@
 #   1. the in-process tests (not marked `multiprocess`) on FLOE_TEST_WORKERS (default
 #      2) pytest-xdist workers;
 #   2. the tests marked `multiprocess` (real node processes on loopback ports, Spark)
-#      one at a time, as their timings expect.
+#      one at a time, as their timings expect; with FLOE_MULTIPROCESS_WORKERS=N (N > 1),
+#      those not marked `alone` (tests/conftest.py) on N workers, a test file to a
+#      worker, then the `alone` ones one at a time.
 # Each pass ends with its slowest tests (--durations), so a run's log says where its
 # time went.
 # Usage: pytest-split.sh MARKER-EXPRESSION [pytest arguments...]. A `-m EXPR` among
@@ -28,8 +30,20 @@ workers=${FLOE_TEST_WORKERS:-2}
 .venv/bin/python -m pytest -m "($expr) and not multiprocess" --durations=25 \
   -n "$workers" --dist worksteal "${args[@]}"
 inproc=$?
-.venv/bin/python -m pytest -m "($expr) and multiprocess" --durations=40 "${args[@]}"
-multi=$?
+mp_workers=${FLOE_MULTIPROCESS_WORKERS:-1}
+if [ "$mp_workers" -gt 1 ]; then
+  .venv/bin/python -m pytest -m "($expr) and multiprocess and not alone" --durations=40 \
+    -n "$mp_workers" --dist loadfile "${args[@]}"
+  shared=$?
+  .venv/bin/python -m pytest -m "($expr) and multiprocess and alone" --durations=40 "${args[@]}"
+  multi=$?
+  if [ "$multi" = 5 ] || { [ "$shared" != 0 ] && [ "$shared" != 5 ]; }; then
+    multi=$shared
+  fi
+else
+  .venv/bin/python -m pytest -m "($expr) and multiprocess" --durations=40 "${args[@]}"
+  multi=$?
+fi
 
 for rc in "$inproc" "$multi"; do
   if [ "$rc" != 0 ] && [ "$rc" != 5 ]; then

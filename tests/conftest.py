@@ -84,6 +84,35 @@ SMOKE = (
 )
 
 
+# Multi-process tests that expect no other test running beside them, marked `alone`
+# (scripts/pytest-split.sh runs them one at a time even when the others share
+# workers): failure-detection windows and kills timed against them, decisions taken on
+# measured load (shedding, autoscale, the balancers' skew, a caller's share of a
+# node), timings of their own (view rates, ack sealing), and machine-wide checks
+# (network namespaces).
+ALONE = (
+    "tests/chaos/",
+    "tests/cluster/test_bounds_live.py",
+    "tests/cluster/test_byte_bounds_live.py",
+    "tests/cluster/test_durable_live.py",
+    "tests/cluster/test_elastic.py",
+    "tests/cluster/test_failover.py",
+    "tests/cluster/test_fairness_live.py",
+    "tests/cluster/test_hostile_inflight.py",
+    "tests/cluster/test_hostile_limits.py",
+    "tests/cluster/test_hostile_push.py",
+    "tests/cluster/test_hostile_streams.py",
+    "tests/cluster/test_mapper_ack_sealing_live.py",
+    "tests/cluster/test_member_attacks_live.py",
+    "tests/cluster/test_restart.py",
+    "tests/cluster/test_share_return.py",
+    "tests/cluster/test_skew_live.py",
+    "tests/cluster/test_split_live.py",
+    "tests/cluster/test_status_verdict.py",
+    "tests/cluster/test_view_rate_live.py",
+)
+
+
 def rotation() -> int:
     import time
     chosen = os.environ.get("FLOE_ROTATION")
@@ -112,6 +141,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if in_fast_tier(item, turn):
             item.add_marker(pytest.mark.fast)
+        if item.nodeid.startswith(ALONE) and item.get_closest_marker("multiprocess"):
+            item.add_marker(pytest.mark.alone)
 
 
 def pytest_report_header(config):
