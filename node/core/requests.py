@@ -45,6 +45,11 @@ SCAN = "Scan"
 STATS = "Stats"
 TIMEOUT = "Timeout"
 SHED = "RequestShed"
+PROBE = "Probe"
+
+PROBE_TIMEOUT = (0.01, 5.0)     # seconds a peer's Probe may have us wait, at least and most
+TOP_DEFAULT = 10                # keys a Top call asking for 0 gets
+SCAN_CHUNK = 5000               # keys per chunk of a Scan asking for 0
 
 
 def check_started(m: NodeMachine, now: float = 0.0, out: list | None = None) -> None:
@@ -112,16 +117,18 @@ def get(m: NodeMachine, now: float, out: list, key) -> tuple[bool, object, int]:
 
 
 def top(m: NodeMachine, now: float, out: list, k: int) -> int:
+    """How many keys a Top call ranks (0: TOP_DEFAULT)."""
     limit = m.limits.max_top
     if k > limit:
         raise TooLarge(f"top {k} is over the limit of {limit} keys (--max-top)")
-    return k
+    return k or TOP_DEFAULT
 
 
 def scan(m: NodeMachine, now: float, out: list, ring_stamp: int | None = None,
-         asked: int = 0, default: int = 0) -> int:
+         asked: int = 0, default: int = SCAN_CHUNK) -> int:
     """The chunk size (keys) of a scan asked for at `ring_stamp` (None: only the chunk
-    is checked), once the scan may begin: refused when the node cannot answer it."""
+    is checked), once the scan may begin: refused when the node cannot answer it.
+    `asked` 0: `default`, within the limit."""
     limit = m.limits.max_scan_chunk
     if asked > limit:
         raise TooLarge(f"scan chunks of {asked} keys are over the limit of {limit} "
@@ -171,10 +178,19 @@ def shed(m: NodeMachine, now: float, out: list, sender: str,
     return member, share
 
 
+def probe(m: NodeMachine, now: float, out: list, target: str,
+          timeout: float) -> tuple[str | None, float]:
+    """A peer asks whether we reach `target` (an indirect probe): where to call it
+    (None: no member of our ring, so we do not) and for how long, the caller's timeout
+    bounded (NaN: the shortest)."""
+    low, high = PROBE_TIMEOUT
+    return m.address_of(target), min(timeout, high) if timeout >= low else low
+
+
 ANSWERS: dict[str, Callable[..., Any]] = {
     STARTED: check_started, GET_RING: ring_view, EXCHANGE_RING: exchange_ring, HEARTBEAT: heartbeat,
     CHECKPOINT: checkpoint, COPY_CHUNK: copy_chunk, GET: get, TOP: top, SCAN: scan,
-    STATS: stats, TIMEOUT: timeout, SHED: shed,
+    STATS: stats, TIMEOUT: timeout, SHED: shed, PROBE: probe,
 }
 
 

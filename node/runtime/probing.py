@@ -9,6 +9,7 @@ import asyncio
 from floering.node.core.calls import ask_again_fresh, failure_of
 from floering.wire.errors import FloeError
 from floering.node.core.machine_io import ProbeAbandoned, ProbeAnswered, ProbedFor, StartProbe
+from floering.node.core.requests import PROBE
 
 
 async def probe_round(runtime, e: StartProbe) -> None:
@@ -47,8 +48,9 @@ async def probe_round(runtime, e: StartProbe) -> None:
                                   member))
 
 async def probe_for(runtime, target: str, timeout: float) -> bool:
-    """Serve an indirect probe: can we reach `target`?"""
-    address = runtime.machine.address_of(target)
+    """Serve an indirect probe: can we reach `target`? The machine says where to call
+    and for how long (node.core.requests)."""
+    address, timeout = runtime.ask(PROBE, target=target, timeout=timeout)
     if address is None:
         return False
     try:

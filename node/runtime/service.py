@@ -73,7 +73,7 @@ class NodeService:
                                 incarnation=incarnation)
 
     async def probe(self, target: str, timeout: float) -> bool:
-        return await self.runtime.probe_for(target, min(max(timeout, 0.01), 5.0))
+        return await self.runtime.probe_for(target, timeout)
 
     async def receive_checkpoint(self, sender: str, ring_stamp: int, incarnation: int,
                                  token: int, seq: int, base_seq: int, full: bool, states: Mapping,
@@ -123,8 +123,8 @@ class NodeService:
         return self.runtime.ask(GET, key=key)
 
     async def top(self, k: int) -> list:
-        """Ranked off the event loop: a large state must not keep heartbeats waiting."""
-        self.runtime.ask(TOP, k=k)
+        """The best `k` (0: the default), ranked off the event loop: a large state must not keep heartbeats waiting."""
+        k = self.runtime.ask(TOP, k=k)
         # One range copied at a time (the event loop runs in between) and its best k
         # kept: never a copy of the whole state.
         core = self.runtime.core
@@ -135,8 +135,8 @@ class NodeService:
             del snapshot, ranked
         return core.rank(k, best)
 
-    def scan_chunk(self, asked: int, default: int) -> int:
-        return self.runtime.ask(SCAN, asked=asked, default=default)
+    def scan_chunk(self, asked: int) -> int:
+        return self.runtime.ask(SCAN, asked=asked)
 
     def open_scan(self, ring_stamp: int, caller: str, chunk: int) -> "ScanRun":
         """A scan of what this node owns, taken a range at a time as it is read; one

@@ -99,7 +99,6 @@ def node_tls(config) -> TlsFiles | None:
 
 log = logging.getLogger("floe.transport")
 
-SCAN_CHUNK = 5000
 SCAN_STALL = 30.0        # seconds a scan waits for its reader to take a chunk
 IDLE_TURN = 1.0          # seconds an idle Push stream keeps its turn while others wait
 FILL_STEP = CHUNK_ENTRIES   # entries put into a range's dict per turn (some 10 ms)
@@ -406,7 +405,7 @@ class QueryPlane(floe_pb2_grpc.QueryPlaneServicer):
 
     async def Top(self, request, context):
         try:
-            return floe_pb2.TopReply(entries=pack(await self.service.top(request.k or 10)))
+            return floe_pb2.TopReply(entries=pack(await self.service.top(request.k)))
         except FloeError as exc:
             await abort(context, exc)
 
@@ -415,7 +414,7 @@ class QueryPlane(floe_pb2_grpc.QueryPlaneServicer):
         once the reader took the one before: a reader that stops reading holds one
         range's copy and a chunk, and is cut off after SCAN_STALL seconds."""
         try:
-            chunk = self.service.scan_chunk(request.chunk, SCAN_CHUNK)
+            chunk = self.service.scan_chunk(request.chunk)
             scan = self.service.open_scan(request.ring_stamp, _caller(context), chunk)
         except FloeError as exc:
             await abort(context, exc)

@@ -503,18 +503,19 @@ class Simulation(MapperSide, DurableNodes, RetiringSide):
         if reached is None or reached > limit:
             return Failure.UNAVAILABLE, False, limit
         via = self.listening[via_address]
-        where = via.machine.address_of(suspect)
+        # where and how long the member asked calls, as the runtime's probe_for asks
+        where, wait = requests.probe(via.machine, self.now, [], suspect, deadline)
         seen, seen_at, theirs, member = (self._answer(via_address, where, reached)
                                          if where else (TIMED_OUT, None, 0, ""))
-        if (seen == ALIVE and seen_at <= reached + deadline
+        if (seen == ALIVE and seen_at <= reached + wait
                 and via.machine.is_process_of(suspect, theirs, member)):
             # as the runtime's probe_for: the member asked takes the answer as a sign
             # of life of the suspect
             self.on(via, seen_at, self.handle, via, SignOfLife(suspect))
             return None, True, min(limit, seen_at)
         if where:       # the member asked could not reach it: its own evidence
-            self.on(via, reached + deadline, self.handle, via, ProbedFor(suspect))
-        return None, False, min(limit, reached + deadline)
+            self.on(via, reached + wait, self.handle, via, ProbedFor(suspect))
+        return None, False, min(limit, reached + wait)
 
     # ------------------------------------------------------------ timers
 

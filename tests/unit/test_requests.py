@@ -6,11 +6,11 @@ import math
 import pytest
 
 from floering.node.core.machine_io import Gossip, Record, Reply, Requested
-from floering.node.core.requests import (EXCHANGE_RING, GET_RING, HEARTBEAT, SCAN, SHED,
-                                         STARTED, TIMEOUT, TOP, RequestLimits)
+from floering.node.core.requests import (EXCHANGE_RING, GET_RING, HEARTBEAT, PROBE,
+                                         SCAN, SHED, STARTED, TIMEOUT, TOP, RequestLimits)
 from floering.wire.errors import (Fenced, InvalidArgument, ReducerMismatch, StaleRing, Starting,
                                   TooLarge)
-from tests.support.machine_shared import INCARNATIONS, machine
+from tests.support.machine_shared import INCARNATIONS, MEMBERS, machine
 
 
 def ask(m, kind, now=1.0, **fields):
@@ -68,6 +68,9 @@ def test_reads_and_operations_are_bounded_as_configured():
     m = machine()
     m.limits = RequestLimits(max_top=5, max_scan_chunk=100, max_handoff_timeout=60.0)
     assert ask(m, TOP, k=5)[0].value == 5
+    assert ask(machine(), TOP, k=0)[0].value == 10              # the default
+    assert ask(machine(), SCAN, asked=0)[0].value == 5000       # the default, within the limit
+    assert ask(m, SCAN, asked=0)[0].value == 100
     assert isinstance(ask(m, TOP, k=6)[0].error, TooLarge)
     assert ask(m, SCAN, asked=0, default=1000)[0].value == 100
     assert ask(m, SCAN, asked=40, default=1000)[0].value == 40
@@ -111,3 +114,15 @@ def test_a_shedding_request_of_a_member_short_of_its_share_is_answered_with_its_
     assert any(isinstance(e, Note) and e.text.startswith(f"share: handing {len(moves)} ranges to n4")
                for e in effects)
     assert ask(m, SHED, sender="n4", identity="n1")[0].value == ("", None)   # not its name
+
+
+@pytest.mark.parametrize("asked, wait", [
+    (0.3, 0.3), (0.0, 0.01), (-1.0, 0.01), (math.nan, 0.01), (-math.inf, 0.01),
+    (5.0, 5.0), (60.0, 5.0), (math.inf, 5.0)])
+def test_a_probe_for_a_peer_waits_within_bounds_whatever_the_caller_asks(asked, wait):
+    assert ask(machine(), PROBE, target="n2", timeout=asked)[0].value == (MEMBERS["n2"], wait)
+
+
+@pytest.mark.parametrize("target", ["n9", "", "\x1bn2", "n2#1"])
+def test_a_probe_for_no_member_of_our_ring_calls_nobody(target):
+    assert ask(machine(), PROBE, target=target, timeout=1.0)[0].value == (None, 1.0)
