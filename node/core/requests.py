@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import msgpack
 
-from floering.node.core.machine_io import HeardFrom, Note, RingSeen, SignOfLife
+from floering.node.core.machine_io import HeardFrom, Note, ProbedFor, RingSeen, SignOfLife
 from floering.node.core.membership import base_name
 from floering.wire.errors import (Fenced, InvalidArgument, ReducerMismatch, StaleRing, Starting,
                                   TooLarge, inert)
@@ -46,6 +46,7 @@ STATS = "Stats"
 TIMEOUT = "Timeout"
 SHED = "RequestShed"
 PROBE = "Probe"
+PROBED = "Probed"          # how our call for a peer's Probe ended
 
 PROBE_TIMEOUT = (0.01, 5.0)     # seconds a peer's Probe may have us wait, at least and most
 TOP_DEFAULT = 10                # keys a Top call asking for 0 gets
@@ -187,10 +188,29 @@ def probe(m: NodeMachine, now: float, out: list, target: str,
     return m.address_of(target), min(timeout, high) if timeout >= low else low
 
 
+def probed(m: NodeMachine, now: float, out: list, target: str, failure: str | None,
+           incarnation: int = 0, member: str = "") -> bool:
+    """How our call to `target` for a peer's Probe ended (node.core.calls): whether we
+    reach it, taken as our own evidence too."""
+    reached, evidence = probe_evidence(m, target, failure, incarnation, member)
+    m.handle_into(evidence, now, out)
+    return reached
+
+
+def probe_evidence(m: NodeMachine, target: str, failure: str | None, incarnation: int = 0,
+                   member: str = "") -> tuple[bool, SignOfLife | ProbedFor]:
+    """Whether a call to `target` that ended so reached it, and what that tells us: a
+    sign of life when the process the ring knows answered (not another member or
+    incarnation at its address), else our own evidence that it is gone."""
+    if failure is None and m.is_process_of(target, incarnation, member):
+        return True, SignOfLife(target)
+    return False, ProbedFor(target)
+
+
 ANSWERS: dict[str, Callable[..., Any]] = {
     STARTED: check_started, GET_RING: ring_view, EXCHANGE_RING: exchange_ring, HEARTBEAT: heartbeat,
     CHECKPOINT: checkpoint, COPY_CHUNK: copy_chunk, GET: get, TOP: top, SCAN: scan,
-    STATS: stats, TIMEOUT: timeout, SHED: shed, PROBE: probe,
+    STATS: stats, TIMEOUT: timeout, SHED: shed, PROBE: probe, PROBED: probed,
 }
 
 

@@ -8,8 +8,8 @@ import asyncio
 
 from floering.node.core.calls import ask_again_fresh, failure_of
 from floering.wire.errors import FloeError
-from floering.node.core.machine_io import ProbeAbandoned, ProbeAnswered, ProbedFor, StartProbe
-from floering.node.core.requests import PROBE
+from floering.node.core.machine_io import ProbeAbandoned, ProbeAnswered, StartProbe
+from floering.node.core.requests import PROBE, PROBED
 
 
 async def probe_round(runtime, e: StartProbe) -> None:
@@ -49,7 +49,7 @@ async def probe_round(runtime, e: StartProbe) -> None:
 
 async def probe_for(runtime, target: str, timeout: float) -> bool:
     """Serve an indirect probe: can we reach `target`? The machine says where to call
-    and for how long (node.core.requests)."""
+    and for how long, and what the call's end means (node.core.requests)."""
     address, timeout = runtime.ask(PROBE, target=target, timeout=timeout)
     if address is None:
         return False
@@ -57,11 +57,7 @@ async def probe_for(runtime, target: str, timeout: float) -> bool:
         _, incarnation, member = await runtime.peers.heartbeat(
             address, sender=runtime.core.node_id, ring_stamp=runtime.core.ring.stamp,
             incarnation=runtime.incarnation, timeout=timeout)
-    except FloeError:
-        runtime._handle(ProbedFor(target))    # our own evidence the target is gone
-        return False
-    if not runtime.machine.is_process_of(target, incarnation, member):
-        runtime._handle(ProbedFor(target))
-        return False
-    runtime.sign_of_life(target)
-    return True
+    except FloeError as exc:
+        return runtime.ask(PROBED, target=target, failure=failure_of(exc))
+    return runtime.ask(PROBED, target=target, failure=None, incarnation=incarnation,
+                       member=member)

@@ -32,9 +32,9 @@ from floering.node.core.machine import REPAIR_DELAY, NodeMachine
 from floering.node.core.machine_io import (
     BatchApplied, CheckpointAcked, CheckpointDue, CheckpointFailed, CheckpointRoundDone, Exit,
     Farewell, FoldAnswered, Gossip, HandoffEnded, HandoffRequested, HeardFrom, HeartbeatDue,
-    HeartbeatFailed, LeaveRing, LoadSampled, MapperAhead, MonitorDue, NextRound, Note, ProbedFor,
+    HeartbeatFailed, LeaveRing, LoadSampled, MapperAhead, MonitorDue, NextRound, Note,
     ProbeAnswered, Record, Reply, Requested, RingSeen, RoundEnded, RoundNow, SendFolds,
-    SendHeartbeat, ShedMoved, ShipCheckpoints, SignOfLife, Split, SplitRequested, StartProbe,
+    SendHeartbeat, ShedMoved, ShipCheckpoints, Split, SplitRequested, StartProbe,
     StartShed)
 from floering.node.core.calls import Failure, failure_of
 from floering.node.core.handoff_driver import HandoffDriver
@@ -502,20 +502,21 @@ class Simulation(MapperSide, DurableNodes, RetiringSide):
             return Failure.REFUSED, False, reached
         if reached is None or reached > limit:
             return Failure.UNAVAILABLE, False, limit
+        # The member asked serves the Probe as the runtime's probe_for does, through
+        # the same decisions (node.core.requests), called directly: the prober's
+        # answer is known now, the member's evidence comes when its call ends.
         via = self.listening[via_address]
-        # where and how long the member asked calls, as the runtime's probe_for asks
         where, wait = requests.probe(via.machine, self.now, [], suspect, deadline)
-        seen, seen_at, theirs, member = (self._answer(via_address, where, reached)
-                                         if where else (TIMED_OUT, None, 0, ""))
-        if (seen == ALIVE and seen_at <= reached + wait
-                and via.machine.is_process_of(suspect, theirs, member)):
-            # as the runtime's probe_for: the member asked takes the answer as a sign
-            # of life of the suspect
-            self.on(via, seen_at, self.handle, via, SignOfLife(suspect))
-            return None, True, min(limit, seen_at)
-        if where:       # the member asked could not reach it: its own evidence
-            self.on(via, reached + wait, self.handle, via, ProbedFor(suspect))
-        return None, False, min(limit, reached + wait)
+        if not where:
+            return None, False, min(limit, reached + wait)
+        seen, seen_at, theirs, member = self._answer(via_address, where, reached)
+        failure = CALL_ENDS[seen]
+        if failure is None and seen_at > reached + wait:
+            failure = Failure.UNAVAILABLE       # answered after its deadline
+        alive, evidence = requests.probe_evidence(via.machine, suspect, failure, theirs, member)
+        at = seen_at if alive else reached + wait
+        self.on(via, at, self.handle, via, evidence)
+        return None, alive, min(limit, at)
 
     # ------------------------------------------------------------ timers
 

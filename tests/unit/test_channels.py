@@ -179,3 +179,49 @@ async def test_a_refused_probe_asks_again_on_a_new_connection_before_it_counts()
     await probe_round(gone, start)
     assert gone.finished[0].direct == Failure.REFUSED
     assert gone.peers.reconnected == ["127.0.0.1:9"]
+
+
+async def test_an_indirect_probe_calls_where_and_as_long_as_the_machine_says():
+    """Serving a peer's Probe: the machine names the address and bounds the wait, and
+    judges the call's end (node.core.requests); the runtime only makes the call."""
+    import math
+
+    from floering.node.core.machine_io import Reply, Requested
+    from floering.node.runtime.probing import probe_for
+    from floering.wire.errors import Refused
+    from tests.support.machine_shared import INCARNATIONS, machine
+
+    class Peers:
+        def __init__(self, answers):
+            self.answers, self.calls = list(answers), []
+
+        async def heartbeat(self, address, *, timeout, **_):
+            self.calls.append((address, timeout))
+            answer = self.answers.pop(0)
+            if isinstance(answer, Exception):
+                raise answer
+            return answer
+
+    class Runtime:
+        incarnation = 100
+
+        def __init__(self, *answers):
+            self.machine = machine()
+            self.core, self.peers = self.machine.core, Peers(answers)
+
+        def ask(self, kind, **fields):
+            (reply,) = [e for e in self.machine.handle(Requested(kind, fields), 5.0)
+                        if isinstance(e, Reply)]
+            assert reply.error is None
+            return reply.value
+
+    inc = INCARNATIONS["n2"]
+    live = Runtime((1, inc, "n2"))
+    assert await probe_for(live, "n2", math.nan) is True
+    assert live.peers.calls == [("a:2", 0.01)] and "n2" not in live.machine.guard.gone
+    for answer in (Refused("connection refused"), (1, inc + 1, "n2"), (1, inc, "n2#1")):
+        gone = Runtime(answer)
+        assert await probe_for(gone, "n2", 60.0) is False
+        assert gone.peers.calls == [("a:2", 5.0)] and gone.machine.guard.gone == {"n2": 5.0}
+    nobody = Runtime()
+    assert await probe_for(nobody, "n9", 1.0) is False and nobody.peers.calls == []

@@ -6,11 +6,11 @@ import math
 import pytest
 
 from floering.node.core.machine_io import Gossip, Record, Reply, Requested
-from floering.node.core.requests import (EXCHANGE_RING, GET_RING, HEARTBEAT, PROBE,
+from floering.node.core.requests import (EXCHANGE_RING, GET_RING, HEARTBEAT, PROBE, PROBED,
                                          SCAN, SHED, STARTED, TIMEOUT, TOP, RequestLimits)
 from floering.wire.errors import (Fenced, InvalidArgument, ReducerMismatch, StaleRing, Starting,
                                   TooLarge)
-from tests.support.machine_shared import INCARNATIONS, MEMBERS, machine
+from tests.support.machine_shared import INCARNATIONS, MEMBERS, machine, probe_of
 
 
 def ask(m, kind, now=1.0, **fields):
@@ -126,3 +126,23 @@ def test_a_probe_for_a_peer_waits_within_bounds_whatever_the_caller_asks(asked, 
 @pytest.mark.parametrize("target", ["n9", "", "\x1bn2", "n2#1"])
 def test_a_probe_for_no_member_of_our_ring_calls_nobody(target):
     assert ask(machine(), PROBE, target=target, timeout=1.0)[0].value == (None, 1.0)
+
+
+def test_a_probe_for_a_peer_reaches_the_target_only_if_its_process_answered():
+    m = machine()
+    node = probe_of(m, 5.0).probe.node           # suspected by us too
+    inc = INCARNATIONS[node]
+    for failure, incarnation, member in [
+            ("unavailable", inc, node), ("refused", 0, ""), ("fenced", 0, ""),
+            (None, inc + 1, node),                # restarted: another process
+            (None, inc, f"{node}#1")]:            # rejoined under another name
+        reply, effects = ask(m, PROBED, 5.1, target=node, failure=failure,
+                             incarnation=incarnation, member=member)
+        assert reply.value is False and effects == [reply]
+        assert m.guard.gone.pop(node) == 5.1 and node in m.detector.suspected
+    reply, effects = ask(m, PROBED, 5.2, target=node, failure=None, incarnation=inc,
+                         member=node)
+    assert reply.value is True and effects == [reply]
+    assert node not in m.guard.gone and node not in m.detector.suspected   # a sign of life
+    assert ask(m, PROBED, 5.3, target="n9", failure="refused")[0].value is False
+    assert "n9" not in m.guard.gone              # not a member: nothing to hold against it
