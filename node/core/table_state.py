@@ -465,6 +465,34 @@ def copy_in_steps(reducer: Reducer, states, step: int = INSTALL_STEP) -> Iterato
     yield state
 
 
+GROW_STEP = 65_536        # entries a step places in a growing index (1-2 ms)
+
+
+def index_room(table, keys: int, most: int = GROW_STEP) -> Iterator[None]:
+    """Grow `table`'s index for `keys` more keys a share at a time (StateTable.
+    grow_index), yielding after each share: nothing when it holds them already."""
+    while not table.grow_index(keys, most):
+        yield None
+
+
+def pieces(layers: list, most: int) -> Iterator:
+    """The layers with each frame (StateColumns) of more than `most` entries cut in
+    pieces of `most` (its rest in the last), in order: the pieces share the frame's
+    key bytes, their offsets are the frame's own."""
+    for layer in layers:
+        if not isinstance(layer, StateColumns) or len(layer.kinds) <= most:
+            yield layer
+            continue
+        n = len(layer.kinds)
+        for start in range(0, n, most):
+            end = min(n, start + most)
+            last = end == n
+            yield StateColumns(layer.kinds[start:end], layer.key_data,
+                               layer.offsets[start:end + 1], layer.value_column[start:end],
+                               layer.rest_keys if last else (),
+                               layer.rest_states if last else ())
+
+
 class TableCopy:
     """A replica's copy of a table-backed range as of the primary's last checkpoint:
     ReplicaState's interface over a TableState, which a takeover adopts as it is."""
@@ -476,27 +504,26 @@ class TableCopy:
         self.state.install(fragment, mark_dirty=False)
 
     def fragment_in_steps(self, fragment, step: int = INSTALL_STEP) -> Iterator[None]:
-        """apply_fragment about `step` entries at a time, yielding after each: room
-        made for the whole delta first (a step of its own), then its frames in
-        order, each laid over the ones before as install lays them. A bad frame
-        raises InvalidArgument with the frames before it installed (the caller
-        counts the copy as half changed: ReplicaSide)."""
+        """apply_fragment about `step` entries at a time, yielding after each: its
+        frames in order (one of more than `step` entries in pieces), each laid over
+        the ones before as install lays them, the table's index grown for each in
+        steps of their own first (index_room: most of a delta's keys may be held
+        already, so room is not made for all of them at once). A bad frame raises
+        InvalidArgument with the ones before it installed (the caller counts the
+        copy as half changed: ReplicaSide)."""
         state = self.state                # replace() may swap it: this one is installed
-        layers = layers_of(fragment)
-        frames = [layer for layer in layers if isinstance(layer, StateColumns)]
-        state.table.reserve(sum(len(f.kinds) for f in frames),
-                                 sum(len(f.key_data) for f in frames))
-        yield None
         run: list = []
         held = 0
-        for layer in layers:
+        for layer in pieces(layers_of(fragment), step):
             run.append(layer)
             held += delta_size(layer)
             if held >= step:
+                yield from index_room(state.table, held)
                 state.install(StateRun(run), mark_dirty=False)
                 run, held = [], 0
                 yield None
         if run:
+            yield from index_room(state.table, held)
             state.install(StateRun(run), mark_dirty=False)
 
     def replace(self, full) -> None:

@@ -1,6 +1,7 @@
 """The compiled state table and the pure-Python one agree with each other and with a
 dict model over random sequences of apply, checkpoint (take_dirty), cut and install,
-merge; and install refuses malformed buffers with an error, never a crash."""
+merge, an index grown a share a call; and install refuses malformed buffers with an
+error, never a crash."""
 
 from array import array
 from collections import Counter
@@ -190,6 +191,16 @@ class TablesAgree(RuleBasedStateMachine):
         assert self.both("install", columns_of(pairs), False)[0] == "ok"
         self.model = fold(self.op, self.model, pairs, overwrite=True)
 
+    @rule(keys=st.integers(-1, 40), most=st.integers(0, 3))
+    def grow_index(self, keys, most):
+        """A share of an index's growth (over calls in the compiled table, whatever
+        changes between them; a dict grows as it goes)."""
+        outcome = self.both("grow_index", keys, most)
+        if keys < 0 or most < 1:
+            assert outcome == ("error", ValueError)
+        else:
+            assert outcome[0] == "ok" and self.p.grow_index(keys, most) is True
+
     @rule(key=st.sampled_from(POOL))
     def get(self, key):
         assert self.c.get(key, "none") == self.p.get(key, "none") == self.model.get(key, "none")
@@ -199,6 +210,7 @@ class TablesAgree(RuleBasedStateMachine):
     def same(self):
         if hasattr(self, "c"):
             assert self.c.items() == self.p.items() == model_export(self.model, self.model)
+            assert all(self.c.get(k, "none") == v for k, v in self.model.items())
             assert self.c.dirty_count == self.p.dirty_count == len(self.dirty)
 
 

@@ -384,6 +384,14 @@ ctypedef struct CutRec:
     Py_ssize_t tn       # with sel, the table's entries when it was cut
 
 
+cdef inline uint64_t _index_cap(Py_ssize_t keys) noexcept nogil:
+    """The least index (a power of 2, 8 or more) that holds `keys` keys at most 0.7 full."""
+    cdef uint64_t cap = 8
+    while <Py_ssize_t>(cap * 7) < keys * 10:
+        cap <<= 1
+    return cap
+
+
 cdef class StateTable:
     """int64 states of one built-in reducer, keyed by (kind, key bytes, position).
 
@@ -402,6 +410,10 @@ cdef class StateTable:
     cdef size_t alen, acap
     cdef uint32_t *index
     cdef uint64_t mask
+    cdef uint32_t *nindex       # a larger index grow_index is filling, or NULL
+    cdef uint64_t nmask
+    cdef Py_ssize_t nplaced     # entries 0 to nplaced are in nindex
+    cdef uint64_t nzeroed       # its slots cleared so far
     cdef uint32_t *dirty
     cdef Py_ssize_t ndirty, dirtycap
     cdef bint busy
@@ -435,6 +447,7 @@ cdef class StateTable:
         PyMem_RawFree(self.ent)
         PyMem_RawFree(self.arena)
         PyMem_RawFree(self.index)
+        PyMem_RawFree(self.nindex)
         PyMem_RawFree(self.dirty)
 
     # -- storage -------------------------------------------------------------------
@@ -491,9 +504,8 @@ cdef class StateTable:
         cdef uint64_t cap = self.mask + 1
         if not force and keys * 10 <= <Py_ssize_t>(cap * 7):
             return OK
-        cap = 8
-        while <Py_ssize_t>(cap * 7) < keys * 10:
-            cap <<= 1
+        self._drop_growing()
+        cap = _index_cap(keys)
         cdef uint32_t *index = <uint32_t *>PyMem_RawMalloc(cap * sizeof(uint32_t))
         if index == NULL:
             return E_NOMEM
@@ -508,6 +520,46 @@ cdef class StateTable:
         PyMem_RawFree(self.index)
         self.index, self.mask = index, mask
         return OK
+
+    cdef void _drop_growing(self) noexcept nogil:
+        PyMem_RawFree(self.nindex)
+        self.nindex, self.nplaced = NULL, 0
+
+    cdef int _grow_index_some(self, Py_ssize_t keys, Py_ssize_t most) noexcept nogil:
+        """grow_index's work: 1 when the index holds `keys` more keys already, 0 after
+        a share of the work, else an error."""
+        cdef Py_ssize_t need = self.n + keys, i, end
+        if need * 10 <= <Py_ssize_t>((self.mask + 1) * 7):
+            self._drop_growing()
+            return 1
+        cdef uint64_t cap = _index_cap(need), slot
+        if self.nindex != NULL and (self.nmask + 1 < cap or self.nplaced > self.n):
+            self._drop_growing()        # too small by now, or entries it placed are gone
+        if self.nindex == NULL:
+            self.nindex = <uint32_t *>PyMem_RawMalloc(cap * sizeof(uint32_t))
+            if self.nindex == NULL:
+                return E_NOMEM
+            self.nmask, self.nplaced, self.nzeroed = cap - 1, 0, 0
+        cdef uint64_t share = <uint64_t>most * 8, clear
+        if self.nzeroed <= self.nmask:  # cleared a share a call (its pages touched then)
+            clear = self.nmask + 1 - self.nzeroed
+            clear = share if clear > share else clear
+            memset(self.nindex + self.nzeroed, 0, clear * sizeof(uint32_t))
+            self.nzeroed += clear
+            if clear == share:
+                return 0
+        end = self.n if self.n - self.nplaced <= most else self.nplaced + most
+        for i in range(self.nplaced, end):
+            slot = self.ent[i].pos & self.nmask
+            while self.nindex[slot]:
+                slot = (slot + 1) & self.nmask
+            self.nindex[slot] = <uint32_t>(i + 1)
+        self.nplaced = end
+        if end == self.n:
+            PyMem_RawFree(self.index)
+            self.index, self.mask = self.nindex, self.nmask
+            self.nindex, self.nplaced = NULL, 0
+        return 0
 
     cdef inline Py_ssize_t _find(self, uint8_t kind, const unsigned char *k, uint32_t klen,
                                  uint64_t p, uint64_t *slot) noexcept nogil:
@@ -575,6 +627,8 @@ cdef class StateTable:
             self.index[s] = 0
         if n0 < self.n:
             self.alen = self.ent[n0].off
+        if self.nplaced > n0:           # it placed entries that are gone
+            self._drop_growing()
         self.n = n0
 
     cdef inline int _mark(self, Py_ssize_t i) noexcept nogil:
@@ -997,6 +1051,28 @@ cdef class StateTable:
         if err != OK:
             _raise(err, 0, self.op)
 
+    def grow_index(self, Py_ssize_t keys, Py_ssize_t most):
+        """Grow the index to hold `keys` more keys than the table has, a share of the
+        work a call (the larger index cleared `8 * most` slots a call, then `most` of
+        the table's entries placed in it a call; rebuilt at a doubling, the index is
+        one step of O(keys)): True when it holds them already (nothing done), False
+        after a call that did a share (the larger index in use once it holds every
+        entry). The table is read and changed as ever between calls: the larger index
+        catches up with keys added meanwhile, and starts again when entries it held
+        were removed."""
+        if self.busy:
+            raise RuntimeError("the state table is in use by another call")
+        if keys < 0 or most < 1 or self.n + keys >= <Py_ssize_t>4294967295UL:
+            raise ValueError(f"cannot grow the index for {keys} more keys, {most} a call")
+        cdef int got
+        with nogil:
+            PyThread_acquire_lock(self.lock, 1)
+            got = self._grow_index_some(keys, most)
+            PyThread_release_lock(self.lock)
+        if got < 0:
+            _raise(got, 0, self.op)
+        return got == 1
+
     # -- cuts -----------------------------------------------------------------------
 
     def cut(self):
@@ -1145,7 +1221,8 @@ cdef class StateTable:
     def nbytes(self):
         """Memory the table holds (allocated, not only used)."""
         return (self.dcap * sizeof(Entry) + self.acap + self.dirtycap * 4
-                + (self.mask + 1) * sizeof(uint32_t))
+                + (self.mask + 1) * sizeof(uint32_t)
+                + ((self.nmask + 1) * sizeof(uint32_t) if self.nindex != NULL else 0))
 
 
 @cython.no_gc_clear

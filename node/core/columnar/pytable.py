@@ -264,6 +264,14 @@ class StateTable:
         if keys < 0:
             raise ValueError(f"cannot reserve room for {keys} more keys")
 
+    def grow_index(self, keys: int, most: int) -> bool:
+        """Grow the index for `keys` more keys, a share of the work a call: True when
+        it holds them already (the compiled table grows it over calls, False after
+        each that did a share; a dict grows as it goes)."""
+        if keys < 0 or most < 1:
+            raise ValueError(f"cannot grow the index for {keys} more keys, {most} a call")
+        return True
+
     def cut(self) -> "TableCut":
         """A TableCut of the table as it is now (every key, as export gives them)."""
         return TableCut(self.export())
