@@ -100,6 +100,7 @@ ALONE = (
     "tests/cluster/test_fairness_live.py",
     "tests/cluster/test_hostile_inflight.py",
     "tests/cluster/test_hostile_limits.py",
+    "tests/cluster/test_hostile_live.py",
     "tests/cluster/test_hostile_push.py",
     "tests/cluster/test_hostile_streams.py",
     "tests/cluster/test_mapper_ack_sealing_live.py",
