@@ -27,7 +27,7 @@ from floering.node.core.machine_io import (
     Farewell, Gossip, HandoffAbandoned, HandoffEnded, HandoffRequested, HeardFrom,
     HeartbeatDue, HeartbeatFailed, LeaveRing, LoadSampled, MapperAhead, MonitorDue, NextRound,
     Note, Record, Reply, Requested, RingSeen, RoundEnded, RoundNow, SendFolds, SendHeartbeat,
-    ShedMoved, ShipCheckpoints, SignOfLife, Split, SplitRequested, StartProbe, StartShed)
+    ShedMoved, ShipCheckpoints, Split, SplitRequested, StartProbe, StartShed)
 from floering.node.core.membership import answered_by, founding_ring
 from floering.node.core.node_core import NodeCore
 from floering.node.core.reducers import Reducer
@@ -38,7 +38,7 @@ from floering.node.core.shed_round import ShedOutcome
 from floering.node.runtime.balancing import PullRanges, hand_all_away, pull_share, shed_load
 from floering.node.runtime.events import EventLog
 from floering.node.runtime.folds import send_folds
-from floering.node.runtime.probing import probe_for, probe_round
+from floering.node.runtime.probing import probe_round
 from floering.node.runtime.inbound import (Inbound, InboundQueue, StreamState, mark_seen,
                                           resolve_after)
 from floering.node.runtime.startup import decide_membership, record_start
@@ -186,9 +186,6 @@ class NodeRuntime:
         """A ring view from a peer (`pulled`: its answer to our call; `sender`: the
         member that pushed it, or that we called)."""
         self._handle(RingSeen(ring, pulled, sender))
-
-    def sign_of_life(self, node: str) -> None:
-        self._handle(SignOfLife(node))
 
     def shed_moved(self) -> None:
         self._handle(ShedMoved())
@@ -498,9 +495,6 @@ class NodeRuntime:
             self._handle(HeartbeatFailed(e.address, failure_of(exc)))
             return
         self._handle(HeardFrom(e.node, theirs, incarnation, e.address))
-
-    async def probe_for(self, target: str, timeout: float) -> bool:
-        return await probe_for(self, target, timeout)
 
     # -------------------------------------------------------------- handoffs
 

@@ -22,6 +22,7 @@ from floering.node.core.table_state import copies_in_tables, copy_in_steps
 from floering.node.core.shed_round import ShedOutcome
 from floering.node.runtime.inbound import StreamState
 from floering.node.runtime.node import NodeRuntime
+from floering.node.runtime.probing import probe_for
 
 
 MAX_SCAN_CHUNK = 5000     # entries per chunk of an inspected range, at most
@@ -73,7 +74,7 @@ class NodeService:
                                 incarnation=incarnation)
 
     async def probe(self, target: str, timeout: float) -> bool:
-        return await self.runtime.probe_for(target, timeout)
+        return await probe_for(self.runtime, target, timeout)
 
     async def receive_checkpoint(self, sender: str, ring_stamp: int, incarnation: int,
                                  token: int, seq: int, base_seq: int, full: bool, states: Mapping,
