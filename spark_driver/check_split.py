@@ -21,6 +21,7 @@ if (_ROOT / "proto" / "floering").is_dir():
 
 from floering.mapper.words import split_words  # noqa: E402
 from floering.spark_driver.maps import sql_word_arrays  # noqa: E402
+from floering.spark_driver.pyspark_path import prefer_installed  # noqa: E402
 from floering.spark_driver.sink import session_builder  # noqa: E402
 
 
@@ -29,6 +30,7 @@ def main(argv=None) -> int:
     if not paths:
         print("usage: check_split.py FILE...", file=sys.stderr)
         return 2
+    prefer_installed()            # before pyspark's first import (pyspark_path)
     spark = session_builder("floe-ring word split check").getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     try:

@@ -12,6 +12,8 @@ channel, event loop or client is made here: those still begin in each worker.
 
 from __future__ import annotations
 
+from floering.spark_driver.pyspark_path import prefer_installed
+
 # Importing these starts no thread (tests/spark/test_spark_daemon.py counts the process's).
 PRELOAD = ("grpc", "floering.mapper.client", "floering.mapper.kernel",
            "floering.spark_driver.partition", "floering.spark_driver.connections")
@@ -56,6 +58,9 @@ _LOADERS = tuple(zip(PRELOAD, (_grpc, _client, _kernel, _partition, _connections
 
 
 def main() -> None:
+    # Spark put its pyspark.zip first on this path; the workers forked from here import
+    # pyspark.worker and the rest from the installed copy's bytecode instead.
+    prefer_installed()
     preload()
     from pyspark import daemon
     daemon.manager()

@@ -38,6 +38,7 @@ from floering.spark_driver.maps import DEFAULT_RATE_MAP, DEFAULT_TEXT_MAP, load_
 from floering.spark_driver.partition import COMBINE_KEYS  # noqa: E402
 from floering.spark_driver.sink import RingSink, session_builder  # noqa: E402
 from floering.spark_driver.plans import BatchPlans  # noqa: E402
+from floering.spark_driver.pyspark_path import prefer_installed  # noqa: E402
 
 
 class UsageError(Exception):
@@ -257,13 +258,16 @@ SPARK_EXTRA = "the Spark driver needs pyspark: pip install 'floe-ring[spark]'"
 
 
 def main(argv=None) -> int:
+    how = prefer_installed()      # before pyspark's first import (pyspark_path)
     try:
-        import pyspark  # noqa: F401
+        import pyspark
     except ImportError:
         print(f"error: {SPARK_EXTRA}", file=sys.stderr, flush=True)
         return 2
     try:
         args = parse_args(argv)
+        print(f"pyspark {pyspark.__version__}: {Path(pyspark.__file__).parent} ({how})",
+              flush=True)
         return run(args)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)

@@ -1,12 +1,14 @@
 """Spark's Python daemon with the ring's client imported before it forks the workers
 (spark_driver.daemon): the import starts no thread, a forked child still connects and
-counts exactly, and the driver's session forks its workers from it."""
+counts exactly, and the driver's session forks its workers from it, which import the
+installed pyspark (with its bytecode) rather than Spark's pyspark.zip."""
 
 import json
 import os
 import subprocess
 import sys
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -64,7 +66,8 @@ def task(_):
     import os, sys
     with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
         parent = f.read().split(b"\0")
-    yield ("floering.mapper.client" in sys.modules, [p.decode() for p in parent if p])
+    yield ("floering.mapper.client" in sys.modules, [p.decode() for p in parent if p],
+           sys.modules["pyspark"].__file__, sys.modules["pyspark.worker"].__file__)
 print(json.dumps(spark.sparkContext.parallelize([0], 1).mapPartitions(task).collect()))
 spark.stop()
 """
@@ -73,10 +76,16 @@ spark.stop()
 @pytest.mark.spark
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads /proc")
 def test_the_sessions_workers_are_forked_from_the_preloading_daemon():
-    pytest.importorskip("pyspark")
+    pyspark = pytest.importorskip("pyspark")
+    installed = Path(pyspark.__file__).parent       # this Python's, with its bytecode
+    assert installed.is_dir()
     out = subprocess.run([sys.executable, "-c", WORKER_SEES], capture_output=True,
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    [(preloaded, parent)] = json.loads(out.stdout.strip().splitlines()[-1])
+    [(preloaded, parent, worker_pyspark, worker_module)] = json.loads(
+        out.stdout.strip().splitlines()[-1])
     assert "floering.spark_driver.daemon" in parent
     assert preloaded
+    # Spark put its pyspark.zip first on the workers' path; they import this copy
+    assert Path(worker_pyspark) == installed / "__init__.py", worker_pyspark
+    assert Path(worker_module) == installed / "worker.py", worker_module

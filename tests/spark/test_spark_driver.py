@@ -227,11 +227,21 @@ def test_available_now_counts_exactly(tmp_path, ring, combine, split):
         assert "lines to the tasks as Arrow batches, split by the mapper's compiled " \
                "kernel" in out
     assert ("every tuple sent" if combine == "--no-combine" else "combined per partition") in out
+    assert_installed_pyspark(out)
     applied_tuples = sum(s["applied"] for s in stats)
     if combine == "--no-combine":
         assert applied_tuples >= sum(expected.values())
     else:       # one tuple per word per partition and batch: far fewer than the words
         assert applied_tuples < sum(expected.values()) // 2
+
+
+def assert_installed_pyspark(out):
+    """spark-submit puts Spark's pyspark.zip first on the driver's path; this venv's
+    pyspark is the same version, so the driver imports it instead (its bytecode)."""
+    import pyspark
+    installed = Path(pyspark.__file__).parent
+    said = [line for line in out.splitlines() if line.startswith("pyspark ")]
+    assert said and said[0].startswith(f"pyspark {pyspark.__version__}: {installed} ("), said
 
 
 def test_a_task_failing_half_way_is_retried_and_counted_once(tmp_path, ring):
