@@ -271,7 +271,8 @@ class PeerPool:
                            payload=b.payload, seqs=b.seqs, stream=b.stream, id=b.id)
             for b in batches[at:at + per_message]])
             for at in range(0, len(batches), per_message)]
-        acked, error = 0, None
+        acked = 0
+        error: FloeError | None = None
         try:
             call = floe_pb2_grpc.DataPlaneStub(self._channel(address)).Push(
                 iter(requests), timeout=self.timeout)
