@@ -22,7 +22,7 @@ import os
 import time
 from array import array
 from bisect import bisect_left, bisect_right
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import grpc
@@ -66,17 +66,30 @@ def _channel(address: str, tls: TlsFiles | None, node: str | None = None):
 
 
 def read_ring(seeds: list[str], tls: TlsFiles | None) -> tuple[Ring, str]:
-    """(ring, reducer spec) from the first seed that answers."""
+    """(ring, reducer spec): the newest view of the seeds that answer, asked at once.
+    Not the first seed's: right after a ring change (a move, a takeover) one seed can
+    lag behind the node a call then reaches, which refuses the older stamp."""
     last: Exception = Unavailable("no seed given")
-    for seed in seeds:
-        with _channel(seed, tls) as channel:
+    views = []
+    with ExitStack() as stack:
+        calls = [floe_pb2_grpc.ControlPlaneStub(stack.enter_context(_channel(seed, tls)))
+                 .GetRing.future(floe_pb2.GetRingRequest(), timeout=10)
+                 for seed in dict.fromkeys(seeds)]
+        for call in calls:
             try:
-                view = floe_pb2_grpc.ControlPlaneStub(channel).GetRing(
-                    floe_pb2.GetRingRequest(), timeout=10)
-                return Ring.from_wire(view.ring), view.reducer
+                views.append(call.result())
             except grpc.RpcError as exc:
                 last = error_from_rpc(exc)
-    raise last
+    if not views:
+        raise last
+    view = max(views, key=lambda v: v.version)
+    return Ring.from_wire(view.ring), view.reducer
+
+
+def ring_changed(attempt: int) -> None:
+    """A pause before reading a ring that changed under an operation again: the
+    change takes a moment to reach every member."""
+    time.sleep(min(0.1 * 2 ** attempt, 1.0))
 
 
 def _calls(ring: Ring, tls: TlsFiles | None):
@@ -110,6 +123,7 @@ def export_ring(seeds: list[str], path: str, tls: TlsFiles | None) -> dict:
         except StaleRing:
             if attempt == EXPORT_TRIES:
                 raise
+            ring_changed(attempt)
     raise AssertionError("unreachable")
 
 
@@ -316,6 +330,7 @@ def import_ring(seeds: list[str], path: str, tls: TlsFiles | None, *,
         except StaleRing as exc:
             if _holds_state(exc) or attempt == IMPORT_TRIES:
                 raise
+            ring_changed(attempt)
     return dict(file=path, snapshot=snapshot_id, keys=loaded, ranges=len(ring.tokens),
                 chunks=calls, sources=len({s for m in marks.values() for s in m}), ring_version=ring.version,
                 seconds=round(time.monotonic() - began, 3))
@@ -661,6 +676,7 @@ def import_streamed(seeds: list[str], f, plan: Survey, tls: TlsFiles | None, *,
         except StaleRing as exc:
             if _holds_state(exc) or attempt == IMPORT_TRIES:
                 raise
+            ring_changed(attempt)
     return dict(snapshot=plan.snapshot_id, keys=plan.keys, ranges=len(ring.tokens),
                 chunks=calls, sources=len({s for m in marks.values() for s in m}),
                 ring_version=ring.version)
