@@ -13,7 +13,7 @@ import pytest
 from floering.node.core.batch import (Batch, encode_batch, encode_payload, unpack_payload,
                                       unpack_payload_steps)
 from floering.node.core.node_core import NodeCore
-from floering.node.core.ranges import STEP_TUPLES, drain
+from floering.node.core.ranges import EACH_TUPLES, STEP_TUPLES, drain
 from floering.node.core.reducers import Count
 from floering.node.core.table_state import state_kernel
 from floering.wire.errors import InvalidArgument, InvalidKey, Overloaded, StaleRing
@@ -78,6 +78,7 @@ def test_a_large_batch_applies_whole_in_its_last_step(kind, distinct):
         assert dict(core.items()) == {}, f"applied before the last step ({taken})"
     taken, result = steps_of(core.receive_batch_steps(batch(c, token, keys)), nothing_yet)
     assert taken > N // STEP_TUPLES                    # in several steps
+    assert taken > N // EACH_TUPLES                    # its keys verified a slice a step
     assert (result.applied, result.duplicates) == (N, 0)
     assert dict(core.items()) == expect
     assert core.primaries[token].watermarks == {"s": N}
@@ -95,7 +96,7 @@ def test_format_2_large_batch_also_steps():
     assert dict(core.items()) == {k: 2 for k in keys}
 
 
-@pytest.mark.parametrize("bad_at", [0, N - 1])
+@pytest.mark.parametrize("bad_at", [0, STEP_TUPLES + 2 * EACH_TUPLES + 5, N - 1])
 @pytest.mark.parametrize("bad", ["float", "foreign key"])
 def test_a_malformed_large_batch_is_refused_whole(bad_at, bad):
     c = CoreCluster(nodes=2, replication=1)
