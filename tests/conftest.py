@@ -106,6 +106,7 @@ ALONE = (
     "tests/cluster/test_mapper_ack_sealing_live.py",
     "tests/cluster/test_member_attacks_live.py",
     "tests/cluster/test_restart.py",
+    "tests/cluster/test_restart_up.py",
     "tests/cluster/test_share_return.py",
     "tests/cluster/test_skew_live.py",
     "tests/cluster/test_split_live.py",
